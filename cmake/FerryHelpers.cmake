@@ -1,0 +1,31 @@
+# Two small helpers in the spirit of abseil's absl_cc_library: one CMake target per folder,
+# explicit source lists, warnings on for project code only.
+
+set(FERRY_COMMON_WARNINGS -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers)
+
+# ferry_cc_library(NAME <target> SRCS ... DEPS ... [PUBLIC_INCLUDE <dir>])
+function(ferry_cc_library)
+  cmake_parse_arguments(F "" "NAME" "SRCS;DEPS;DEFINES" ${ARGN})
+  add_library(${F_NAME} STATIC ${F_SRCS})
+  target_include_directories(${F_NAME} PUBLIC ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
+  target_link_libraries(${F_NAME} PUBLIC ${F_DEPS})
+  target_compile_options(${F_NAME} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${FERRY_COMMON_WARNINGS}>)
+  target_compile_definitions(${F_NAME} PUBLIC ${F_DEFINES})
+  set_target_properties(${F_NAME} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+endfunction()
+
+# ferry_cc_test(NAME <target> SRCS ... DEPS ... [LABELS ...])
+function(ferry_cc_test)
+  cmake_parse_arguments(F "" "NAME" "SRCS;DEPS;LABELS;ENV" ${ARGN})
+  add_executable(${F_NAME} ${F_SRCS})
+  target_link_libraries(${F_NAME} PRIVATE ${F_DEPS} GTest::gtest GTest::gtest_main)
+  target_compile_options(${F_NAME} PRIVATE ${FERRY_COMMON_WARNINGS})
+  add_test(NAME ${F_NAME} COMMAND ${F_NAME})
+  set_tests_properties(${F_NAME} PROPERTIES TIMEOUT 300)
+  if(F_LABELS)
+    set_tests_properties(${F_NAME} PROPERTIES LABELS "${F_LABELS}")
+  endif()
+  if(F_ENV)
+    set_tests_properties(${F_NAME} PROPERTIES ENVIRONMENT "${F_ENV}")
+  endif()
+endfunction()

@@ -1,0 +1,166 @@
+#include "common/session_protocol.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace ferry {
+namespace {
+
+absl::Status ErrnoStatus(int err, const std::string& what) {
+  absl::StatusCode code = absl::StatusCode::kInternal;
+  if (err == ENOENT) code = absl::StatusCode::kNotFound;
+  if (err == ECONNREFUSED) code = absl::StatusCode::kUnavailable;
+  if (err == EACCES || err == EPERM) code = absl::StatusCode::kPermissionDenied;
+  return absl::Status(code, absl::StrCat(what, ": ", strerror(err)));
+}
+
+absl::StatusOr<sockaddr_un> MakeAddress(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("socket path '", path, "' is longer than ",
+                                                   sizeof(addr.sun_path) - 1,
+                                                   " bytes; choose a shorter path"));
+  }
+  memcpy(addr.sun_path, path.data(), path.size());
+  return addr;
+}
+
+}  // namespace
+
+std::string DefaultSocketPath() {
+  if (geteuid() == 0) return "/run/ferry/ferryd.sock";
+  const char* xdg = getenv("XDG_RUNTIME_DIR");
+  if (xdg != nullptr && xdg[0] != '\0') return absl::StrCat(xdg, "/ferry/ferryd.sock");
+  return absl::StrCat("/tmp/ferry-", geteuid(), "/ferryd.sock");
+}
+
+std::string SessionSocketPath(const std::string& grpc_socket_path) {
+  if (absl::EndsWith(grpc_socket_path, ".sock")) {
+    return absl::StrCat(grpc_socket_path.substr(0, grpc_socket_path.size() - 5),
+                        ".session.sock");
+  }
+  return absl::StrCat(grpc_socket_path, ".session");
+}
+
+absl::StatusOr<UniqueFd> ListenUnix(const std::string& path, int type, unsigned mode) {
+  auto addr = MakeAddress(path);
+  if (!addr.ok()) return addr.status();
+  std::error_code ec;
+  std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) {
+    std::filesystem::create_directories(parent, ec);
+    if (ec) {
+      return absl::PermissionDeniedError(absl::StrCat("cannot create socket directory '",
+                                                      parent.string(), "': ", ec.message()));
+    }
+  }
+  UniqueFd fd(::socket(AF_UNIX, type | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return ErrnoStatus(errno, "socket(AF_UNIX)");
+  // A socket file left by a crashed daemon would make bind fail; if nobody accepts on it,
+  // it is stale and safe to replace.
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
+    UniqueFd probe(::socket(AF_UNIX, type | SOCK_CLOEXEC, 0));
+    if (::connect(probe.get(), reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) == 0) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "another ferryd is already listening on '", path,
+          "'; stop it (systemctl stop ferryd) or pass --listen with another path"));
+    }
+    ::unlink(path.c_str());
+  }
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("bind('", path, "')"));
+  }
+  if (::chmod(path.c_str(), mode) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("chmod('", path, "')"));
+  }
+  if (::listen(fd.get(), 128) != 0) return ErrnoStatus(errno, "listen");
+  return fd;
+}
+
+absl::StatusOr<UniqueFd> ConnectUnix(const std::string& path, int type) {
+  auto addr = MakeAddress(path);
+  if (!addr.ok()) return addr.status();
+  UniqueFd fd(::socket(AF_UNIX, type | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return ErrnoStatus(errno, "socket(AF_UNIX)");
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("connect('", path, "')"));
+  }
+  return fd;
+}
+
+absl::Status SendPacket(int sock, const std::string& message, int fd_to_pass) {
+  iovec iov{const_cast<char*>(message.data()), message.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  if (fd_to_pass >= 0) {
+    memset(control, 0, sizeof(control));
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cmsg), &fd_to_pass, sizeof(int));
+  }
+  ssize_t n;
+  do {
+    n = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return ErrnoStatus(errno, "sendmsg on session socket");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> RecvPacket(int sock, UniqueFd* received_fd) {
+  std::vector<char> buf(64 * 1024);
+  iovec iov{buf.data(), buf.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n;
+  do {
+    n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return ErrnoStatus(errno, "recvmsg on session socket");
+  if (n == 0) return absl::UnavailableError("session socket closed by the peer");
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      int fd;
+      memcpy(&fd, CMSG_DATA(c), sizeof(int));
+      if (received_fd != nullptr) {
+        received_fd->Reset(fd);
+      } else {
+        ::close(fd);
+      }
+    }
+  }
+  return std::string(buf.data(), static_cast<size_t>(n));
+}
+
+absl::StatusOr<PeerCredentials> GetPeerCredentials(int sock) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return ErrnoStatus(errno, "getsockopt(SO_PEERCRED)");
+  }
+  return PeerCredentials{cred.pid, cred.uid, cred.gid};
+}
+
+}  // namespace ferry

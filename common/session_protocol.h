@@ -1,0 +1,64 @@
+// The session socket: how ferryd learns who is calling and hands shared memory over.
+//
+// gRPC's C++ server does not expose a call's socket, so SO_PEERCRED cannot be read in an RPC
+// handler. ferryd therefore listens on a second Unix socket (SOCK_SEQPACKET) next to the gRPC
+// one ("ferryd.sock" -> "ferryd.session.sock"). A client connects to it first; ferryd reads
+// the peer's uid/gid/pid with SO_PEERCRED and answers with a random session token. The client
+// sends that token as gRPC metadata (kSessionMetadataKey) on every call, and ferryd treats
+// the call as coming from the credentials of that session. The session lasts as long as the
+// client keeps the connection open. Unix sockets are also the only way to pass a file
+// descriptor (the slab's memfd) to another process that may run as another user; that is
+// the session socket's second job.
+//
+// Messages (one datagram each, ASCII):
+//   server -> client, on accept:  "HELLO <token> <server pid>"
+//   client -> server:             "FD <attach_id>"
+//   server -> client:             "OK <slab bytes>" with the memfd attached (SCM_RIGHTS),
+//                                 or "ERR <message>"
+#ifndef FERRY_COMMON_SESSION_PROTOCOL_H_
+#define FERRY_COMMON_SESSION_PROTOCOL_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/unique_fd.h"
+
+namespace ferry {
+
+inline constexpr char kSessionMetadataKey[] = "ferry-session";
+
+// Default gRPC socket: /run/ferry/ferryd.sock for root, $XDG_RUNTIME_DIR/ferry/ferryd.sock
+// otherwise, /tmp/ferry-<uid>/ferryd.sock when XDG_RUNTIME_DIR is unset.
+std::string DefaultSocketPath();
+
+// "…/ferryd.sock" -> "…/ferryd.session.sock"; any other name gets ".session" appended.
+std::string SessionSocketPath(const std::string& grpc_socket_path);
+
+// Creates, binds and listens on a Unix socket of `type` (SOCK_STREAM or SOCK_SEQPACKET) at
+// `path`, replacing a stale socket file, with file mode `mode`. Creates the parent
+// directory if missing.
+absl::StatusOr<UniqueFd> ListenUnix(const std::string& path, int type, unsigned mode);
+
+// Connects to the Unix socket at `path`. NOT_FOUND / UNAVAILABLE name the path.
+absl::StatusOr<UniqueFd> ConnectUnix(const std::string& path, int type);
+
+// Sends one datagram, optionally with a file descriptor attached.
+absl::Status SendPacket(int sock, const std::string& message, int fd_to_pass = -1);
+
+// Receives one datagram (at most 64 KiB). `received_fd`, if not null, takes an attached fd.
+// Returns UNAVAILABLE when the peer has closed the connection.
+absl::StatusOr<std::string> RecvPacket(int sock, UniqueFd* received_fd = nullptr);
+
+struct PeerCredentials {
+  int pid = 0;
+  unsigned uid = 0;
+  unsigned gid = 0;
+};
+
+// SO_PEERCRED of a connected Unix socket.
+absl::StatusOr<PeerCredentials> GetPeerCredentials(int sock);
+
+}  // namespace ferry
+
+#endif  // FERRY_COMMON_SESSION_PROTOCOL_H_

@@ -1,0 +1,72 @@
+// A dataset together with its per-sample transform: turns a global sample index into the
+// bytes of each output field, written in place into a batch slot's rows.
+//
+// Fields (per sample; the batch dimension is added by the slot layout):
+//   imagefolder: "image" uint8 [size, size, 3], "label" int64 [], "index" int64 []
+//   tokens:      "tokens" int64|int32 [seq_len + 1], "index" int64 []
+//
+//   FERRY_ASSIGN_OR_RETURN(auto source, MakeSampleSource(spec, dataset_roots));
+//   std::vector<uint8_t*> rows = {...};  // one pointer per field, in fields() order
+//   absl::Status s = source->Fill(index, MixSeed(seed, epoch, index), rows, scratch.get());
+//
+// Thread-safety: Fill is const and may run on many threads at once, each with its own
+// Scratch (decoder state).
+#ifndef FERRY_SERVER_DATASET_SAMPLE_SOURCE_H_
+#define FERRY_SERVER_DATASET_SAMPLE_SOURCE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "ferry/v1/ferry.pb.h"
+
+namespace ferry {
+
+struct FieldLayout {
+  std::string name;
+  ferry::v1::DType dtype = ferry::v1::UINT8;
+  std::vector<int64_t> shape;  // per sample
+  size_t row_bytes = 0;        // product(shape) * sizeof(dtype)
+};
+
+size_t DTypeSize(ferry::v1::DType dtype);  // 0 for DTYPE_UNSPECIFIED
+
+class SampleSource {
+ public:
+  // Per-thread mutable state (a JPEG decoder, file buffers). Opaque to callers.
+  class Scratch {
+   public:
+    virtual ~Scratch() = default;
+  };
+
+  virtual ~SampleSource() = default;
+
+  virtual int64_t size() const = 0;
+  virtual const std::vector<FieldLayout>& fields() const = 0;
+  virtual std::unique_ptr<Scratch> NewScratch() const = 0;
+
+  // Writes sample `index` into rows[f] for each field f (rows.size() == fields().size(),
+  // each with fields()[f].row_bytes writable). `sample_seed` drives every random choice.
+  // A sample that cannot be read or decoded returns a status naming its file (DATA_LOSS for
+  // corrupt content, NOT_FOUND / PERMISSION_DENIED for I/O); the caller decides what to do.
+  virtual absl::Status Fill(int64_t index, uint64_t sample_seed, absl::Span<uint8_t* const> rows,
+                            Scratch* scratch) const = 0;
+
+  // Human-readable location of a sample ("<root>/<class>/<file>"), for error reports.
+  virtual std::string Describe(int64_t index) const = 0;
+};
+
+// Validates `spec` (dataset + transform) and opens the dataset. Errors:
+//   INVALID_ARGUMENT naming the field (crop size 0, seq_len 0, unknown token dtype, ...);
+//   NOT_FOUND naming the path when it does not exist;
+//   FAILED_PRECONDITION when the dataset is empty (says what was expected).
+// Dataset-root policy is the caller's job (it needs the config path for its message).
+absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(const ferry::v1::JobSpec& spec);
+
+}  // namespace ferry
+
+#endif  // FERRY_SERVER_DATASET_SAMPLE_SOURCE_H_

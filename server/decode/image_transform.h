@@ -1,0 +1,89 @@
+// JPEG decoding (libjpeg-turbo) and torchvision-compatible crops, writing uint8 HWC RGB
+// straight into a caller-owned row (the batch slot), so a sample is decoded with no copy
+// beyond the decoder's own scanline buffer.
+//
+// Meaning and defaults follow torchvision:
+//   RandomResizedCrop(size, scale=(0.08, 1.0), ratio=(3/4, 4/3)): up to 10 attempts to draw
+//     area fraction and log-uniform aspect ratio, fallback to a center crop clamped to the
+//     ratio range; the box is resized to size x size with antialiased bilinear
+//     interpolation (torchvision's default for tensors, equivalent to PIL's BILINEAR).
+//   Resize(resize) + CenterCrop(size): shorter side to `resize`, then the central square.
+//   RandomHorizontalFlip(p=0.5).
+// All randomness comes from the caller's Rng, so (seed, epoch, index) fixes the result.
+//
+//   JpegDecoder decoder;  // one per worker thread
+//   ImageTransform t = ImageTransform::RandomResizedCrop(224, /*flip=*/true);
+//   Rng rng(MixSeed(seed, epoch, index));
+//   FERRY_RETURN_IF_ERROR(DecodeAndTransform(decoder, bytes, t, rng, row));  // 224*224*3
+#ifndef FERRY_SERVER_DECODE_IMAGE_TRANSFORM_H_
+#define FERRY_SERVER_DECODE_IMAGE_TRANSFORM_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "common/random.h"
+
+namespace ferry {
+
+struct ImageTransform {
+  enum class Kind { kRandomResizedCrop, kResizeCenterCrop };
+  Kind kind = Kind::kRandomResizedCrop;
+  int size = 224;          // output is size x size x 3
+  double scale_min = 0.08;
+  double scale_max = 1.0;
+  double ratio_min = 3.0 / 4.0;
+  double ratio_max = 4.0 / 3.0;
+  bool flip = false;       // RandomHorizontalFlip(p=0.5)
+  int resize = 256;        // kResizeCenterCrop: shorter side before the crop
+
+  static ImageTransform RandomResizedCrop(int size, bool flip);
+  static ImageTransform ResizeCenterCrop(int size, int resize);
+};
+
+struct CropBox {
+  int x = 0, y = 0, width = 0, height = 0;
+};
+
+// torchvision RandomResizedCrop.get_params on an image of width x height.
+CropBox SampleRandomResizedCrop(int width, int height, const ImageTransform& t, Rng& rng);
+
+// One decoder per thread: owns a libjpeg-turbo decompressor and scratch buffers and reuses
+// them across images. Not thread-safe. Movable, not copyable.
+class JpegDecoder final {
+ public:
+  JpegDecoder();
+  ~JpegDecoder();
+  JpegDecoder(JpegDecoder&&) noexcept;
+  JpegDecoder& operator=(JpegDecoder&&) noexcept;
+
+  // Reads the header only. INVALID_ARGUMENT (with libjpeg's message) for data that is not a
+  // JPEG or is truncated before the frame header.
+  absl::Status ReadSize(absl::Span<const uint8_t> jpeg, int* width, int* height);
+
+  // Full decode to RGB uint8 HWC into `out` (resized to width*height*3).
+  absl::Status DecodeRgb(absl::Span<const uint8_t> jpeg, std::vector<uint8_t>* out, int* width,
+                         int* height);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Decodes `jpeg`, applies `t` drawing randomness from `rng`, and writes t.size*t.size*3 bytes
+// of RGB HWC into `out`. A corrupt or truncated JPEG returns INVALID_ARGUMENT with the
+// decoder's message; `out` may then hold partial data.
+absl::Status DecodeAndTransform(JpegDecoder& decoder, absl::Span<const uint8_t> jpeg,
+                                const ImageTransform& t, Rng& rng, absl::Span<uint8_t> out);
+
+// Antialiased bilinear resize of box `box` of an RGB HWC image to out_w x out_h (PIL
+// BILINEAR / torchvision antialias=True semantics). Exposed for tests and benchmarks.
+void ResizeBilinearAntialias(const uint8_t* src, int src_w, int src_h, int src_stride,
+                             const CropBox& box, uint8_t* dst, int out_w, int out_h);
+
+}  // namespace ferry
+
+#endif  // FERRY_SERVER_DECODE_IMAGE_TRANSFORM_H_

@@ -1,0 +1,71 @@
+// Deterministic shuffling and sharding of a dataset over the ranks of a training run.
+//
+// Semantics match torch.utils.data.DistributedSampler followed by a BatchSampler:
+//   * the epoch's order is a permutation of [0, num_samples) drawn from (seed, epoch) when
+//     shuffle is on, the identity otherwise;
+//   * with drop_last the order is cut to floor(N / world) * world samples, otherwise it is
+//     padded by repeating its head to ceil(N / world) * world samples;
+//   * rank r takes positions r, r + world, r + 2 * world, ... of that order;
+//   * each rank's share is cut into batches of batch_size; with drop_last a trailing partial
+//     batch is dropped, otherwise it is delivered short.
+// Every rank therefore gets exactly the same number of batches (DDP cannot hang), and every
+// node computes the same order from the same spec with no coordinator.
+//
+//   Sampler sampler({.num_samples = n, .batch_size = 256, .world_size = 8, ...});
+//   std::vector<int64_t> ids;
+//   sampler.BatchIndices(epoch, rank, batch, &ids);
+//
+// Thread-safe: BatchIndices may be called concurrently (it caches one epoch's permutation
+// under a mutex).
+#ifndef FERRY_SERVER_SAMPLER_SAMPLER_H_
+#define FERRY_SERVER_SAMPLER_SAMPLER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace ferry {
+
+struct SamplerOptions {
+  int64_t num_samples = 0;
+  int64_t batch_size = 1;
+  int64_t world_size = 1;
+  bool shuffle = false;
+  bool drop_last = false;
+  uint64_t seed = 0;
+};
+
+class Sampler final {
+ public:
+  // INVALID_ARGUMENT when a field is out of range (names the field), FAILED_PRECONDITION
+  // when a rank would get no batch at all.
+  static absl::StatusOr<std::unique_ptr<Sampler>> Create(const SamplerOptions& options);
+
+  Sampler(const Sampler&) = delete;
+  Sampler& operator=(const Sampler&) = delete;
+
+  int64_t samples_per_rank() const;
+  int64_t batches_per_epoch() const;  // per rank, identical for all ranks
+  const SamplerOptions& options() const { return options_; }
+
+  // Global sample indices of batch `batch` (0-based) of `rank` in `epoch`. Requires
+  // 0 <= rank < world_size and 0 <= batch < batches_per_epoch().
+  void BatchIndices(int64_t epoch, int64_t rank, int64_t batch, std::vector<int64_t>* out);
+
+ private:
+  explicit Sampler(const SamplerOptions& options);
+  int64_t Position(int64_t epoch, int64_t pos);  // order[pos] of the epoch
+
+  const SamplerOptions options_;
+  absl::Mutex mutex_;
+  int64_t cached_epoch_ ABSL_GUARDED_BY(mutex_) = -1;
+  std::vector<int64_t> permutation_ ABSL_GUARDED_BY(mutex_);
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_SERVER_SAMPLER_SAMPLER_H_
