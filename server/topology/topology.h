@@ -30,7 +30,7 @@ struct NumaNode {
 struct PciGpu {
   std::string bus_id;     // "0000:3b:00.0", lower case
   int numa_node = -1;     // -1: no preference
-  std::vector<int> local_cpus;  // sorted; else its node's CPUs, else all CPUs
+  std::vector<int> local_cpus;  // sorted: local_cpulist, else its node's CPUs, else all
 };
 
 class Topology final {
