@@ -1,0 +1,102 @@
+#include "server/pipeline/job.h"
+
+#include <unistd.h>
+
+#include <utility>
+
+#include "common/logging.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace ferry {
+namespace {
+
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+constexpr size_t kMaxRecentErrors = 32;
+
+}  // namespace
+
+SlotLayout SlotLayout::Make(const std::vector<FieldLayout>& fields, int64_t batch_size) {
+  SlotLayout layout;
+  layout.fields = fields;
+  layout.batch_size = batch_size;
+  size_t offset = 0;
+  for (const FieldLayout& f : fields) {
+    offset = RoundUp(offset, 256);
+    layout.offsets.push_back(offset);
+    offset += f.row_bytes * static_cast<size_t>(batch_size);
+  }
+  layout.slot_bytes = RoundUp(std::max<size_t>(offset, 1), static_cast<size_t>(sysconf(_SC_PAGESIZE)));
+  return layout;
+}
+
+absl::StatusOr<std::shared_ptr<Job>> Job::Create(JobIdentity identity,
+                                                 const ferry::v1::JobSpec& spec) {
+  if (spec.batch_size() == 0) {
+    return absl::InvalidArgumentError("batch_size must be at least 1 (got 0)");
+  }
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<SampleSource> source, MakeSampleSource(spec));
+  SamplerOptions options;
+  options.num_samples = source->size();
+  options.batch_size = spec.batch_size();
+  options.world_size = spec.world_size() == 0 ? 1 : spec.world_size();
+  options.shuffle = spec.shuffle();
+  options.drop_last = spec.drop_last();
+  options.seed = spec.seed();
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Sampler> sampler, Sampler::Create(options));
+  return std::shared_ptr<Job>(
+      new Job(std::move(identity), spec, std::move(source), std::move(sampler)));
+}
+
+Job::Job(JobIdentity identity, ferry::v1::JobSpec spec, std::unique_ptr<SampleSource> source,
+         std::unique_ptr<Sampler> sampler)
+    : identity_(std::move(identity)),
+      spec_(std::move(spec)),
+      source_(std::move(source)),
+      sampler_(std::move(sampler)),
+      layout_(SlotLayout::Make(source_->fields(), spec_.batch_size())),
+      create_time_(absl::Now()) {}
+
+void Job::ToProto(ferry::v1::Job* job) const {
+  job->set_id(identity_.id);
+  job->set_name(identity_.name);
+  *job->mutable_spec() = spec_;
+  job->set_owner_uid(identity_.owner_uid);
+  job->set_num_samples(source_->size());
+  job->set_batches_per_epoch(sampler_->batches_per_epoch());
+  for (size_t f = 0; f < layout_.fields.size(); ++f) {
+    ferry::v1::Field* field = job->add_fields();
+    field->set_name(layout_.fields[f].name);
+    field->set_dtype(layout_.fields[f].dtype);
+    for (int64_t d : layout_.fields[f].shape) field->add_shape(d);
+    field->set_offset(layout_.offsets[f]);
+    field->set_row_bytes(layout_.fields[f].row_bytes);
+  }
+  job->set_slot_bytes(layout_.slot_bytes);
+  job->set_create_time_unix_ms(absl::ToUnixMillis(create_time_));
+}
+
+void Job::RecordSampleError(int64_t index, const std::string& path, const std::string& message) {
+  FERRY_LOG(WARNING) << "job " << identity_.id << ": skipped sample " << index << " (" << path
+               << "): " << message;
+  absl::MutexLock lock(&errors_mutex_);
+  ++error_count_;
+  ferry::v1::SampleError e;
+  e.set_index(index);
+  e.set_path(path);
+  e.set_message(message);
+  recent_errors_.push_back(std::move(e));
+  if (recent_errors_.size() > kMaxRecentErrors) recent_errors_.pop_front();
+}
+
+int64_t Job::error_count() const {
+  absl::MutexLock lock(&errors_mutex_);
+  return error_count_;
+}
+
+std::vector<ferry::v1::SampleError> Job::recent_errors() const {
+  absl::MutexLock lock(&errors_mutex_);
+  return {recent_errors_.begin(), recent_errors_.end()};
+}
+
+}  // namespace ferry

@@ -1,0 +1,347 @@
+#include "server/pipeline/rank_pipeline.h"
+
+#include <string.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "common/logging.h"
+#include "absl/strings/str_cat.h"
+#include "common/random.h"
+#include "common/status_macros.h"
+
+namespace ferry {
+namespace {
+
+// How many other samples a failed one may be replaced by before its row is zeroed.
+constexpr int kSubstituteAttempts = 8;
+constexpr size_t kRateWindow = 64;
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<RankPipeline>> RankPipeline::Create(
+    std::shared_ptr<Job> job, int rank, int num_slots, int numa_node, WorkerPool* pool,
+    MemoryBudget* budget) {
+  if (num_slots < 1) return absl::InvalidArgumentError("prefetch_depth must be at least 1");
+  const size_t bytes = job->layout().slot_bytes * static_cast<size_t>(num_slots);
+  const std::string what =
+      absl::StrCat("job ", job->identity().id, " rank ", rank, " (", num_slots, " slots of ",
+                   job->layout().slot_bytes, " bytes)");
+  FERRY_ASSIGN_OR_RETURN(MemoryBudget::Reservation reservation, budget->Reserve(bytes, what));
+  FERRY_ASSIGN_OR_RETURN(
+      SharedSlab slab,
+      SharedSlab::Create(absl::StrCat(job->identity().id, "-rank", rank), bytes, numa_node));
+  const int group = pool->GroupForNode(numa_node);
+  return std::shared_ptr<RankPipeline>(new RankPipeline(std::move(job), rank, std::move(slab),
+                                                        std::move(reservation), num_slots,
+                                                        pool, group));
+}
+
+RankPipeline::RankPipeline(std::shared_ptr<Job> job, int rank, SharedSlab slab,
+                           MemoryBudget::Reservation reservation, int num_slots,
+                           WorkerPool* pool, int group)
+    : job_(std::move(job)),
+      rank_(rank),
+      slab_(std::move(slab)),
+      reservation_(std::move(reservation)),
+      pool_(pool),
+      group_(group),
+      batches_per_epoch_(job_->sampler().batches_per_epoch()),
+      slots_(num_slots) {}
+
+RankPipeline::~RankPipeline() = default;
+
+absl::Status RankPipeline::Bind(BatchConsumer* consumer, int pid) {
+  absl::MutexLock lock(&mutex_);
+  if (shutting_down_) {
+    return absl::UnavailableError(
+        absl::StrCat("job ", job_->identity().id, " is being deleted or ferryd is stopping"));
+  }
+  if (consumer_ != nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank_, " of job ", job_->identity().id, " already has a consumer (pid ",
+        consumer_pid_, "); each rank is consumed by one process at a time"));
+  }
+  consumer_ = consumer;
+  consumer_pid_ = pid;
+  next_seq_ = 0;
+  starved_since_ = absl::InfiniteFuture();
+  return absl::OkStatus();
+}
+
+bool RankPipeline::bound() const {
+  absl::MutexLock lock(&mutex_);
+  return consumer_ != nullptr;
+}
+
+void RankPipeline::Unbind(BatchConsumer* consumer) {
+  std::vector<WorkerPool::Task> tasks;
+  {
+    absl::MutexLock lock(&mutex_);
+    if (consumer_ != consumer) return;
+    // Wait out a delivery in progress so no callback reaches the consumer after we return.
+    mutex_.Await(absl::Condition(
+        +[](bool* delivering) { return !*delivering; }, &delivering_));
+    consumer_ = nullptr;
+    consumer_pid_ = 0;
+    for (Slot& s : slots_) {
+      if (s.state == SlotState::kLeased) {
+        s.state = SlotState::kFree;
+        s.seq = -1;
+      }
+    }
+    NoteStarvationLocked();
+    starved_since_ = absl::InfiniteFuture();
+    ScheduleLocked(&tasks);
+  }
+  pool_->Submit(group_, std::move(tasks));
+}
+
+void RankPipeline::Shutdown() {
+  absl::MutexLock lock(&mutex_);
+  shutting_down_ = true;
+  ++generation_;
+  live_generation_.store(generation_, std::memory_order_relaxed);
+}
+
+absl::Status RankPipeline::StartEpoch(BatchConsumer* consumer, int64_t epoch,
+                                      int64_t first_batch) {
+  if (epoch < 0) return absl::InvalidArgumentError(absl::StrCat("epoch must be >= 0 (got ", epoch, ")"));
+  if (first_batch < 0 || first_batch > batches_per_epoch_) {
+    return absl::InvalidArgumentError(absl::StrCat("first_batch must be in [0, ",
+                                                   batches_per_epoch_, "] (got ", first_batch,
+                                                   ")"));
+  }
+  std::vector<WorkerPool::Task> tasks;
+  {
+    absl::MutexLock lock(&mutex_);
+    if (consumer_ != consumer) return absl::FailedPreconditionError("consumer is not bound");
+    // Is (epoch, first_batch) exactly what comes next in the prefetched order?
+    bool matches;
+    if (!pending_.empty()) {
+      const Slot& head = slots_[pending_.front().slot];
+      matches = head.epoch == epoch && head.batch == first_batch;
+    } else {
+      matches = active_ && next_epoch_ == epoch && next_batch_ == first_batch;
+    }
+    if (!matches) {
+      ++generation_;
+      live_generation_.store(generation_, std::memory_order_relaxed);
+      for (const Pending& p : pending_) {
+        // Filling slots are freed by OnSlotFilled when their generation turns out stale.
+        if (slots_[p.slot].state == SlotState::kQueued) slots_[p.slot].state = SlotState::kFree;
+      }
+      pending_.clear();
+      next_epoch_ = epoch;
+      next_batch_ = first_batch;
+    }
+    active_ = true;
+    deliver_epoch_ = epoch;
+    deliver_batch_ = first_batch;
+    epoch_end_sent_ = false;
+    ScheduleLocked(&tasks);
+  }
+  Deliver(std::move(tasks));
+  return absl::OkStatus();
+}
+
+absl::Status RankPipeline::Release(BatchConsumer* consumer, uint32_t slot, int64_t seq) {
+  std::vector<WorkerPool::Task> tasks;
+  {
+    absl::MutexLock lock(&mutex_);
+    if (consumer_ != consumer) return absl::FailedPreconditionError("consumer is not bound");
+    if (slot >= slots_.size() || slots_[slot].state != SlotState::kLeased ||
+        slots_[slot].seq != seq) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "release of slot ", slot, " seq ", seq, ", which is not leased to this consumer"));
+    }
+    slots_[slot].state = SlotState::kFree;
+    slots_[slot].seq = -1;
+    ScheduleLocked(&tasks);
+  }
+  Deliver(std::move(tasks));
+  return absl::OkStatus();
+}
+
+void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
+  if (!active_ || shutting_down_) return;
+  std::vector<int64_t> indices;
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    if (slots_[s].state != SlotState::kFree) continue;
+    if (next_batch_ >= batches_per_epoch_) {
+      // Run ahead into the next epoch only; further would fill slots the trainer may never
+      // ask for.
+      if (next_epoch_ > deliver_epoch_) return;
+      ++next_epoch_;
+      next_batch_ = 0;
+      if (batches_per_epoch_ == 0) return;
+    }
+    job_->sampler().BatchIndices(next_epoch_, rank_, next_batch_, &indices);
+    Slot& slot = slots_[s];
+    slot.state = SlotState::kFilling;
+    slot.generation = generation_;
+    slot.epoch = next_epoch_;
+    slot.batch = next_batch_;
+    slot.num_samples = static_cast<uint32_t>(indices.size());
+    slot.rows_left.store(static_cast<int>(indices.size()), std::memory_order_relaxed);
+    pending_.push_back(Pending{static_cast<int>(s)});
+    ++next_batch_;
+    std::shared_ptr<RankPipeline> self = shared_from_this();
+    for (size_t row = 0; row < indices.size(); ++row) {
+      tasks->push_back([self, s = static_cast<int>(s), gen = generation_, row = static_cast<int>(row),
+                        index = indices[row], epoch = slot.epoch](WorkerContext& context) {
+        self->FillRow(s, gen, row, index, epoch, context);
+      });
+    }
+  }
+}
+
+void RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index, int64_t epoch,
+                           WorkerContext& context) {
+  if (live_generation_.load(std::memory_order_relaxed) == generation) {
+    const SlotLayout& layout = job_->layout();
+    const SampleSource& source = job_->source();
+    uint8_t* base = slab_.data() + static_cast<size_t>(slot) * layout.slot_bytes;
+    uint8_t* rows[16];
+    const size_t nfields = std::min<size_t>(layout.fields.size(), 16);
+    for (size_t f = 0; f < nfields; ++f) {
+      rows[f] = base + layout.offsets[f] + static_cast<size_t>(row) * layout.fields[f].row_bytes;
+    }
+    SampleSource::Scratch* scratch = context.ScratchFor(job_->identity().serial, source);
+    const uint64_t seed = job_->spec().seed();
+    int64_t candidate = index;
+    bool filled = false;
+    // A sample that cannot be read is replaced by a deterministic substitute, so the batch
+    // keeps its size and every rank its batch count (DDP must not hang). The "index" field
+    // tells the trainer which sample it really got.
+    for (int attempt = 0; attempt < kSubstituteAttempts && !filled; ++attempt) {
+      absl::Status s = source.Fill(candidate, MixSeed(seed, static_cast<uint64_t>(epoch),
+                                                      static_cast<uint64_t>(candidate)),
+                                   absl::MakeConstSpan(rows, nfields), scratch);
+      if (s.ok()) {
+        filled = true;
+        break;
+      }
+      job_->RecordSampleError(candidate, source.Describe(candidate), std::string(s.message()));
+      candidate = static_cast<int64_t>(
+          (static_cast<uint64_t>(candidate) + 1 + Mix64(static_cast<uint64_t>(candidate) ^ seed) %
+                                                      static_cast<uint64_t>(source.size())) %
+          static_cast<uint64_t>(source.size()));
+    }
+    if (!filled) {
+      for (size_t f = 0; f < nfields; ++f) memset(rows[f], 0, layout.fields[f].row_bytes);
+      FERRY_LOG(ERROR) << "job " << job_->identity().id << ": no readable substitute for sample "
+                 << index << "; row " << row << " of the batch is zeroed";
+    }
+  }
+  if (slots_[slot].rows_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    OnSlotFilled(slot, generation);
+  }
+}
+
+void RankPipeline::OnSlotFilled(int slot, uint64_t generation) {
+  std::vector<WorkerPool::Task> tasks;
+  {
+    absl::MutexLock lock(&mutex_);
+    Slot& s = slots_[slot];
+    if (s.generation != generation_ || shutting_down_) {
+      s.state = SlotState::kFree;  // stale: its pending entry was already dropped
+      ScheduleLocked(&tasks);
+    } else {
+      s.state = SlotState::kQueued;
+    }
+  }
+  Deliver(std::move(tasks));
+}
+
+void RankPipeline::NoteStarvationLocked() {
+  if (starved_since_ != absl::InfiniteFuture()) {
+    consumer_wait_ += absl::Now() - starved_since_;
+    starved_since_ = absl::InfiniteFuture();
+  }
+}
+
+void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
+  if (!tasks.empty()) pool_->Submit(group_, std::move(tasks));
+  absl::MutexLock lock(&mutex_);
+  if (delivering_) return;  // the thread delivering now will see our changes
+  delivering_ = true;
+  while (consumer_ != nullptr && active_) {
+    std::vector<ferry::v1::BatchReady> ready;
+    bool send_end = false;
+    while (!pending_.empty()) {
+      Slot& s = slots_[pending_.front().slot];
+      if (s.state != SlotState::kQueued || s.epoch != deliver_epoch_) break;
+      ferry::v1::BatchReady b;
+      b.set_seq(next_seq_++);
+      b.set_epoch(s.epoch);
+      b.set_batch(s.batch);
+      b.set_slot(static_cast<uint32_t>(pending_.front().slot));
+      b.set_num_samples(s.num_samples);
+      s.state = SlotState::kLeased;
+      s.seq = b.seq();
+      pending_.pop_front();
+      ++deliver_batch_;
+      ++batches_delivered_;
+      samples_delivered_ += s.num_samples;
+      recent_deliveries_.emplace_back(absl::Now(), s.num_samples);
+      if (recent_deliveries_.size() > kRateWindow) recent_deliveries_.pop_front();
+      ready.push_back(std::move(b));
+    }
+    if (deliver_batch_ >= batches_per_epoch_ && !epoch_end_sent_) {
+      send_end = true;
+      epoch_end_sent_ = true;
+    }
+    int leased = 0;
+    for (const Slot& s : slots_) leased += s.state == SlotState::kLeased;
+    if (!ready.empty()) NoteStarvationLocked();
+    if (ready.empty() && !send_end) {
+      // Nothing to send: the consumer waits on us if it is mid-epoch and not itself holding
+      // every slot.
+      if (!epoch_end_sent_ && leased < static_cast<int>(slots_.size()) &&
+          starved_since_ == absl::InfiniteFuture()) {
+        starved_since_ = absl::Now();
+      }
+      break;
+    }
+    BatchConsumer* consumer = consumer_;
+    const int64_t end_epoch = deliver_epoch_;
+    mutex_.Unlock();
+    for (const ferry::v1::BatchReady& b : ready) consumer->OnBatchReady(b);
+    if (send_end) consumer->OnEpochEnd(end_epoch);
+    mutex_.Lock();
+  }
+  delivering_ = false;
+}
+
+void RankPipeline::FillStatus(ferry::v1::RankStatus* status) const {
+  absl::MutexLock lock(&mutex_);
+  status->set_rank(rank_);
+  status->set_attached(consumer_ != nullptr);
+  status->set_batches_delivered(batches_delivered_);
+  status->set_samples_delivered(samples_delivered_);
+  if (recent_deliveries_.size() >= 2) {
+    const double seconds =
+        absl::ToDoubleSeconds(absl::Now() - recent_deliveries_.front().first);
+    uint64_t samples = 0;
+    for (size_t i = 1; i < recent_deliveries_.size(); ++i) samples += recent_deliveries_[i].second;
+    if (seconds > 0) {
+      status->set_batches_per_second((recent_deliveries_.size() - 1) / seconds);
+      status->set_samples_per_second(samples / seconds);
+    }
+  }
+  uint32_t queued = 0, leased = 0;
+  for (const Slot& s : slots_) {
+    queued += s.state == SlotState::kQueued;
+    leased += s.state == SlotState::kLeased;
+  }
+  status->set_queue_depth(queued);
+  status->set_slots_leased(leased);
+  absl::Duration wait = consumer_wait_;
+  if (starved_since_ != absl::InfiniteFuture()) wait += absl::Now() - starved_since_;
+  status->set_consumer_wait_seconds(absl::ToDoubleSeconds(wait));
+  status->set_epoch(deliver_epoch_);
+  status->set_next_batch(deliver_batch_);
+}
+
+}  // namespace ferry

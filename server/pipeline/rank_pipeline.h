@@ -1,0 +1,143 @@
+// The producer side of one (job, rank): a ring of slots in one shared-memory slab, filled
+// by the worker pool in batch order and handed to at most one bound consumer.
+//
+// Slot life cycle:  FREE -> FILLING (workers write rows) -> QUEUED (complete, waiting to be
+// sent, in sequence order) -> LEASED (sent to the consumer) -> FREE (released, or the
+// consumer went away). Only FREE slots are filled, so the prefetch depth is the slot count
+// and nothing upstream can queue without bound.
+//
+// Position: the consumer asks for (epoch, first_batch) with StartEpoch; the pipeline fills
+// that epoch in order and, once it has scheduled the epoch's last batch, goes on into the
+// next epoch speculatively, so the first batches of epoch e+1 are ready when the trainer
+// asks. A StartEpoch that does not match what was prefetched discards it (a generation
+// counter invalidates rows still being written).
+//
+// Thread-safety: all methods are thread-safe. Consumer callbacks are made from worker threads
+// or from the thread calling StartEpoch/Release, never concurrently with each other and
+// never with the pipeline's lock held; after Unbind returns no callback is running or will
+// run for that consumer.
+#ifndef FERRY_SERVER_PIPELINE_RANK_PIPELINE_H_
+#define FERRY_SERVER_PIPELINE_RANK_PIPELINE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "ferry/v1/ferry.pb.h"
+#include "server/memory/memory_budget.h"
+#include "server/memory/shared_slab.h"
+#include "server/pipeline/job.h"
+#include "server/pipeline/worker_pool.h"
+
+namespace ferry {
+
+class BatchConsumer {
+ public:
+  virtual ~BatchConsumer() = default;
+  virtual void OnBatchReady(const ferry::v1::BatchReady& batch) = 0;
+  virtual void OnEpochEnd(int64_t epoch) = 0;
+};
+
+class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
+ public:
+  // Reserves slots x slot_bytes from `budget` and allocates the slab on `numa_node`.
+  static absl::StatusOr<std::shared_ptr<RankPipeline>> Create(std::shared_ptr<Job> job,
+                                                              int rank, int num_slots,
+                                                              int numa_node, WorkerPool* pool,
+                                                              MemoryBudget* budget);
+  ~RankPipeline();
+
+  // FAILED_PRECONDITION when another consumer is bound (a rank has one consumer at a time).
+  absl::Status Bind(BatchConsumer* consumer, int pid);
+  // Unbinds `consumer` (no-op if not bound): every slot it leased is reclaimed.
+  void Unbind(BatchConsumer* consumer);
+  // Stops filling: queued rows are skipped. Called when the job is deleted or ferryd drains.
+  void Shutdown();
+  bool bound() const;
+
+  // INVALID_ARGUMENT for an epoch < 0 or first_batch outside [0, batches_per_epoch].
+  absl::Status StartEpoch(BatchConsumer* consumer, int64_t epoch, int64_t first_batch);
+  // INVALID_ARGUMENT unless `slot` is leased to the consumer under `seq`.
+  absl::Status Release(BatchConsumer* consumer, uint32_t slot, int64_t seq);
+
+  const SharedSlab& slab() const { return slab_; }
+  int num_slots() const { return static_cast<int>(slots_.size()); }
+  const Job& job() const { return *job_; }
+  int rank() const { return rank_; }
+
+  void FillStatus(ferry::v1::RankStatus* status) const;
+
+ private:
+  enum class SlotState { kFree, kFilling, kQueued, kLeased };
+  struct Slot {
+    SlotState state = SlotState::kFree;
+    uint64_t generation = 0;
+    int64_t epoch = 0;
+    int64_t batch = 0;
+    uint32_t num_samples = 0;
+    int64_t seq = -1;  // while leased
+    std::atomic<int> rows_left{0};
+  };
+  struct Pending {  // one scheduled batch, in delivery order
+    int slot;
+  };
+
+  RankPipeline(std::shared_ptr<Job> job, int rank, SharedSlab slab,
+               MemoryBudget::Reservation reservation, int num_slots, WorkerPool* pool,
+               int group);
+
+  // Takes free slots and hands their rows to the pool. Requires mutex_.
+  void ScheduleLocked(std::vector<WorkerPool::Task>* tasks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void FillRow(int slot, uint64_t generation, int row, int64_t index, int64_t epoch,
+               WorkerContext& context);
+  void OnSlotFilled(int slot, uint64_t generation);
+  // Sends what can be sent to the bound consumer; see the class comment for the guarantees.
+  void Deliver(std::vector<WorkerPool::Task> tasks) ABSL_LOCKS_EXCLUDED(mutex_);
+  void NoteStarvationLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+
+  // Constant after construction.
+  const std::shared_ptr<Job> job_;
+  const int rank_;
+  const SharedSlab slab_;
+  const MemoryBudget::Reservation reservation_;
+  WorkerPool* const pool_;
+  const int group_;
+  const int64_t batches_per_epoch_;
+
+  // State below is protected by mutex_ (slot rows_left is atomic: workers count down
+  // without the lock and only the last one takes it).
+  mutable absl::Mutex mutex_;
+  std::vector<Slot> slots_;
+  std::deque<Pending> pending_ ABSL_GUARDED_BY(mutex_);
+  uint64_t generation_ ABSL_GUARDED_BY(mutex_) = 1;
+  bool active_ ABSL_GUARDED_BY(mutex_) = false;  // a StartEpoch was received
+  int64_t next_epoch_ ABSL_GUARDED_BY(mutex_) = 0;  // next batch to schedule
+  int64_t next_batch_ ABSL_GUARDED_BY(mutex_) = 0;
+  int64_t deliver_epoch_ ABSL_GUARDED_BY(mutex_) = 0;  // next batch to deliver
+  int64_t deliver_batch_ ABSL_GUARDED_BY(mutex_) = 0;
+  bool epoch_end_sent_ ABSL_GUARDED_BY(mutex_) = false;
+  BatchConsumer* consumer_ ABSL_GUARDED_BY(mutex_) = nullptr;
+  int consumer_pid_ ABSL_GUARDED_BY(mutex_) = 0;
+  bool delivering_ ABSL_GUARDED_BY(mutex_) = false;
+  int64_t next_seq_ ABSL_GUARDED_BY(mutex_) = 0;
+  bool shutting_down_ ABSL_GUARDED_BY(mutex_) = false;
+
+  // Metrics.
+  int64_t batches_delivered_ ABSL_GUARDED_BY(mutex_) = 0;
+  int64_t samples_delivered_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::deque<std::pair<absl::Time, uint32_t>> recent_deliveries_ ABSL_GUARDED_BY(mutex_);
+  absl::Duration consumer_wait_ ABSL_GUARDED_BY(mutex_);
+  absl::Time starved_since_ ABSL_GUARDED_BY(mutex_) = absl::InfiniteFuture();
+  // Mirror of generation_ that workers read without the lock to skip stale rows early.
+  std::atomic<uint64_t> live_generation_{1};
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_SERVER_PIPELINE_RANK_PIPELINE_H_

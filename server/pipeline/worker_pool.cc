@@ -1,0 +1,100 @@
+#include "server/pipeline/worker_pool.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "common/logging.h"
+
+namespace ferry {
+
+SampleSource::Scratch* WorkerContext::ScratchFor(uint64_t job_serial, const SampleSource& source) {
+  for (size_t i = 0; i < cache_.size(); ++i) {
+    if (cache_[i].serial == job_serial) {
+      if (i != 0) std::swap(cache_[0], cache_[i]);
+      return cache_[0].scratch.get();
+    }
+  }
+  constexpr size_t kMaxCached = 8;
+  if (cache_.size() == kMaxCached) cache_.pop_back();
+  cache_.insert(cache_.begin(), Entry{job_serial, source.NewScratch()});
+  return cache_[0].scratch.get();
+}
+
+absl::StatusOr<std::unique_ptr<WorkerPool>> WorkerPool::Create(const Topology& topology,
+                                                               int threads_per_node) {
+  std::unique_ptr<WorkerPool> pool(new WorkerPool());
+  for (const NumaNode& node : topology.nodes()) {
+    GroupInfo g;
+    g.numa_node = node.id;
+    g.cpus = node.cpus;
+    g.threads = threads_per_node > 0 ? threads_per_node : std::max<int>(1, node.cpus.size());
+    pool->groups_.push_back(std::move(g));
+  }
+  if (pool->groups_.empty()) {
+    return absl::FailedPreconditionError("topology has no NUMA node with CPUs");
+  }
+  {
+    absl::MutexLock lock(&pool->mutex_);
+    pool->queues_.resize(pool->groups_.size());
+  }
+  for (size_t g = 0; g < pool->groups_.size(); ++g) {
+    for (int t = 0; t < pool->groups_[g].threads; ++t) {
+      pool->threads_.emplace_back([p = pool.get(), g] { p->Run(static_cast<int>(g)); });
+    }
+  }
+  return pool;
+}
+
+WorkerPool::~WorkerPool() {
+  {
+    absl::MutexLock lock(&mutex_);
+    stopping_ = true;
+  }
+  for (std::thread& t : threads_) t.join();
+}
+
+int WorkerPool::GroupForNode(int node) const {
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (groups_[g].numa_node == node) return static_cast<int>(g);
+  }
+  return kAnyGroup;
+}
+
+int WorkerPool::total_threads() const { return static_cast<int>(threads_.size()); }
+
+void WorkerPool::Submit(int group, std::vector<Task> tasks) {
+  absl::MutexLock lock(&mutex_);
+  std::deque<Task>& q =
+      (group >= 0 && group < static_cast<int>(queues_.size())) ? queues_[group] : any_queue_;
+  for (Task& t : tasks) q.push_back(std::move(t));
+}
+
+void WorkerPool::Run(int group) {
+  if (absl::Status s = PinCurrentThreadToCpus(groups_[group].cpus); !s.ok()) {
+    FERRY_LOG(WARNING) << "worker of NUMA node " << groups_[group].numa_node
+                 << " runs unpinned: " << s;
+  }
+  WorkerContext context(group);
+  auto has_work = [this, group]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    return stopping_ || !queues_[group].empty() || !any_queue_.empty();
+  };
+  for (;;) {
+    Task task;
+    {
+      absl::MutexLock lock(&mutex_);
+      mutex_.Await(absl::Condition(&has_work));
+      if (!queues_[group].empty()) {
+        task = std::move(queues_[group].front());
+        queues_[group].pop_front();
+      } else if (!any_queue_.empty()) {
+        task = std::move(any_queue_.front());
+        any_queue_.pop_front();
+      } else {
+        return;  // stopping and drained
+      }
+    }
+    task(context);
+  }
+}
+
+}  // namespace ferry

@@ -1,0 +1,87 @@
+// The decode worker pool: one group of threads per NUMA node, each thread pinned to its
+// node's CPUs. Work for a job whose device sits on node N goes to group N, so reads and
+// decodes run next to the memory they write; work for "cpu" jobs goes to a shared queue
+// that every group serves after its own.
+//
+// Queues are bounded by construction, not by the pool: a rank only submits the rows of
+// slots it owns, so at most (slots x batch size) tasks per rank are ever queued.
+//
+// Thread-safe. Tasks must not block on other tasks.
+#ifndef FERRY_SERVER_PIPELINE_WORKER_POOL_H_
+#define FERRY_SERVER_PIPELINE_WORKER_POOL_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/dataset/sample_source.h"
+#include "server/topology/topology.h"
+
+namespace ferry {
+
+// Per-thread state a task may use: decoder scratch cached per job.
+class WorkerContext final {
+ public:
+  // Scratch of `source` for this thread, created on first use. `job_serial` is unique per
+  // job for the daemon's lifetime, so a recycled address never returns stale scratch.
+  SampleSource::Scratch* ScratchFor(uint64_t job_serial, const SampleSource& source);
+  int group() const { return group_; }
+
+ private:
+  friend class WorkerPool;
+  explicit WorkerContext(int group) : group_(group) {}
+  int group_;
+  struct Entry {
+    uint64_t serial;
+    std::unique_ptr<SampleSource::Scratch> scratch;
+  };
+  std::vector<Entry> cache_;  // most recent first, a few entries
+};
+
+class WorkerPool final {
+ public:
+  using Task = std::function<void(WorkerContext&)>;
+  static constexpr int kAnyGroup = -1;
+
+  struct GroupInfo {
+    int numa_node = -1;
+    std::vector<int> cpus;
+    int threads = 0;
+  };
+
+  // One group per node of `topology`, `threads_per_node` threads each (0: one per CPU).
+  static absl::StatusOr<std::unique_ptr<WorkerPool>> Create(const Topology& topology,
+                                                            int threads_per_node);
+  ~WorkerPool();  // finishes queued tasks, then joins
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  // The group serving NUMA node `node`, kAnyGroup for -1 or an unknown node.
+  int GroupForNode(int node) const;
+  void Submit(int group, std::vector<Task> tasks);
+
+  const std::vector<GroupInfo>& groups() const { return groups_; }
+  int total_threads() const;
+
+ private:
+  WorkerPool() = default;
+  void Run(int group);
+
+  std::vector<GroupInfo> groups_;  // constant after Create
+  std::vector<std::thread> threads_;
+  absl::Mutex mutex_;
+  std::vector<std::deque<Task>> queues_ ABSL_GUARDED_BY(mutex_);  // per group
+  std::deque<Task> any_queue_ ABSL_GUARDED_BY(mutex_);
+  bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_SERVER_PIPELINE_WORKER_POOL_H_
