@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Sets everything up and runs ferry's demo on this machine (the README's Quick start):
+# installs the Debian packages, builds, writes a small synthetic ImageNet-like dataset,
+# starts ferryd on a private socket, trains a stand-in model on it through the Python
+# Loader, prints the throughput and `ferryctl status`, and stops ferryd.
+#   bash scripts/demo.sh
+# Knobs (environment): DEMO_CLASSES (10), DEMO_IMAGES_PER_CLASS (100), DEMO_EPOCHS (3),
+# DEMO_BATCH_SIZE (64), DEMO_SKIP_DEPS=1 to skip the apt step, PYTHON (/usr/bin/python3).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+classes=${DEMO_CLASSES:-10}
+per_class=${DEMO_IMAGES_PER_CLASS:-100}
+epochs=${DEMO_EPOCHS:-3}
+batch_size=${DEMO_BATCH_SIZE:-64}
+# Debian's interpreter, where python3-numpy/-torch/-pil live (a pyenv or venv python
+# earlier on PATH would not see them).
+python=${PYTHON:-/usr/bin/python3}
+
+if [[ ${DEMO_SKIP_DEPS:-0} != 1 ]]; then
+  bash deploy/install-deps.sh
+fi
+cmake --preset default
+cmake --build --preset default -j"$(nproc)"
+
+demo=build/demo
+data=$demo/imagenet-${classes}x${per_class}
+mkdir -p "$demo"
+if [[ -d $data ]]; then
+  echo "== dataset: reusing $data"
+else
+  echo "== dataset: writing $data"
+  # Written under another name and renamed when complete, so an interrupted run is
+  # redone rather than reused.
+  rm -rf "$data.partial"
+  "$python" examples/make_demo_dataset.py "$data.partial" --classes "$classes" \
+    --images-per-class "$per_class" --seed 0
+  mv "$data.partial" "$data"
+fi
+
+# A private daemon: its own socket, a config that allows only the demo's data. ferryd
+# running as root refuses every dataset path unless dataset_roots lists it.
+socket=$demo/ferryd.sock
+cat >"$demo/ferryd.conf" <<EOF
+# Written by scripts/demo.sh. Format: ferry.v1.DaemonConfig in protobuf text format.
+dataset_roots: "$(realpath "$demo")"
+EOF
+echo "== starting ferryd on $socket (log: $demo/ferryd.log)"
+build/server/ferryd --config "$demo/ferryd.conf" --listen "$socket" >"$demo/ferryd.log" 2>&1 &
+ferryd_pid=$!
+stop_ferryd() {
+  local rc=$?
+  if [[ $rc -ne 0 ]]; then
+    echo "== demo failed (exit $rc); last lines of $demo/ferryd.log:" >&2
+    tail -n 20 "$demo/ferryd.log" >&2 || true
+  fi
+  if kill -0 "$ferryd_pid" 2>/dev/null; then
+    kill -TERM "$ferryd_pid"
+    wait "$ferryd_pid" || true
+    echo "== ferryd stopped"
+  fi
+}
+trap stop_ferryd EXIT
+
+for _ in $(seq 100); do
+  [[ -S $socket ]] && break
+  if ! kill -0 "$ferryd_pid" 2>/dev/null; then
+    echo "ferryd exited before it listened on $socket; its log:" >&2
+    cat "$demo/ferryd.log" >&2
+    exit 1
+  fi
+  sleep 0.1
+done
+[[ -S $socket ]] || { echo "ferryd did not create $socket within 10 s; see $demo/ferryd.log" >&2; exit 1; }
+
+echo "== training: $epochs epochs, batch $batch_size, RandomResizedCrop(224, flip), host transport"
+PYTHONPATH=build/python${PYTHONPATH:+:$PYTHONPATH} "$python" examples/train_demo.py "$data" \
+  --address "$socket" --epochs "$epochs" --batch-size "$batch_size"
+
+echo "== ferryctl status"
+build/client/ferryctl/ferryctl --address "$socket" status
