@@ -58,7 +58,8 @@ class Sampler final {
 
  private:
   explicit Sampler(const SamplerOptions& options);
-  int64_t Position(int64_t epoch, int64_t pos);  // order[pos] of the epoch
+  // order[pos] of the epoch (shuffled); recomputes the cached permutation on a new epoch.
+  int64_t Position(int64_t epoch, int64_t pos) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const SamplerOptions options_;
   absl::Mutex mutex_;

@@ -1,0 +1,108 @@
+#include "server/sampler/sampler.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/random.h"
+
+namespace ferry {
+namespace {
+
+// Samples in the epoch's order after padding (ceil) or cutting (floor) to a multiple of world.
+int64_t TotalSize(const SamplerOptions& o) {
+  const int64_t full = o.num_samples / o.world_size;
+  const bool partial = o.num_samples % o.world_size != 0;
+  return (o.drop_last || !partial ? full : full + 1) * o.world_size;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Sampler>> Sampler::Create(const SamplerOptions& options) {
+  if (options.num_samples <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_samples must be at least 1 (got ", options.num_samples, ")"));
+  }
+  if (options.batch_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch_size must be at least 1 (got ", options.batch_size, ")"));
+  }
+  if (options.world_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size must be at least 1 (got ", options.world_size, ")"));
+  }
+  std::unique_ptr<Sampler> sampler(new Sampler(options));
+  if (sampler->batches_per_epoch() == 0) {
+    // Only reachable with drop_last: without it every rank gets at least one (short) batch.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dataset of ", options.num_samples, " samples over ", options.world_size,
+        " ranks with batch_size ", options.batch_size, " and drop_last gives no batch per rank (",
+        sampler->samples_per_rank(),
+        " samples per rank); lower batch_size or world_size, or turn off drop_last"));
+  }
+  return sampler;
+}
+
+Sampler::Sampler(const SamplerOptions& options) : options_(options) {}
+
+int64_t Sampler::samples_per_rank() const { return TotalSize(options_) / options_.world_size; }
+
+int64_t Sampler::batches_per_epoch() const {
+  const int64_t per_rank = samples_per_rank();
+  const int64_t full = per_rank / options_.batch_size;
+  const bool partial = per_rank % options_.batch_size != 0;
+  return options_.drop_last || !partial ? full : full + 1;
+}
+
+void Sampler::BatchIndices(int64_t epoch, int64_t rank, int64_t batch,
+                           std::vector<int64_t>* out) {
+  if (rank < 0 || rank >= options_.world_size || batch < 0 || batch >= batches_per_epoch()) {
+    // A caller bug (requests are validated at the service edge); continuing would hand out
+    // indices of another rank or past the dataset.
+    std::fprintf(stderr,
+                 "ferry: Sampler::BatchIndices(epoch=%lld, rank=%lld, batch=%lld) out of range "
+                 "(world_size=%lld, batches_per_epoch=%lld)\n",
+                 static_cast<long long>(epoch), static_cast<long long>(rank),
+                 static_cast<long long>(batch), static_cast<long long>(options_.world_size),
+                 static_cast<long long>(batches_per_epoch()));
+    std::abort();
+  }
+  const int64_t per_rank = samples_per_rank();
+  const int64_t begin = batch * options_.batch_size;
+  const int64_t end = std::min(begin + options_.batch_size, per_rank);
+  out->clear();
+  out->reserve(static_cast<size_t>(end - begin));
+  if (!options_.shuffle) {
+    for (int64_t j = begin; j < end; ++j) {
+      out->push_back((j * options_.world_size + rank) % options_.num_samples);
+    }
+    return;
+  }
+  absl::MutexLock lock(&mutex_);
+  for (int64_t j = begin; j < end; ++j) {
+    out->push_back(Position(epoch, j * options_.world_size + rank));
+  }
+}
+
+int64_t Sampler::Position(int64_t epoch, int64_t pos) {
+  if (cached_epoch_ != epoch || permutation_.empty()) {  // empty: nothing cached yet
+    // Fisher-Yates from the back, so the result depends only on (seed, epoch, num_samples).
+    permutation_.resize(static_cast<size_t>(options_.num_samples));
+    std::iota(permutation_.begin(), permutation_.end(), int64_t{0});
+    Rng rng(MixSeed(options_.seed, static_cast<uint64_t>(epoch)));
+    for (int64_t i = options_.num_samples - 1; i > 0; --i) {
+      const int64_t j = static_cast<int64_t>(rng.Below(static_cast<uint64_t>(i) + 1));
+      std::swap(permutation_[i], permutation_[j]);
+    }
+    cached_epoch_ = epoch;
+  }
+  // Positions past the dataset are padding: they repeat the head of the order (and wrap again
+  // when there are more ranks than samples), as DistributedSampler does.
+  return permutation_[pos % options_.num_samples];
+}
+
+}  // namespace ferry
