@@ -1,6 +1,7 @@
 #include "server/memory/shared_slab.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>

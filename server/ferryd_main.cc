@@ -1,0 +1,82 @@
+// ferryd: the per-node data-prefetch daemon.
+//
+//   ferryd [--config FILE] [--listen SOCKET] [--workers N]
+//
+// Starts with built-in defaults when no config file exists. SIGTERM or SIGINT drains and
+// exits 0.
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "common/logging.h"
+#include "server/service/daemon.h"
+
+namespace {
+
+void Usage(FILE* out) {
+  fprintf(out,
+          "usage: ferryd [--config FILE] [--listen SOCKET] [--workers N]\n"
+          "  --config FILE    config file (protobuf text, ferry.v1.DaemonConfig); default\n"
+          "                   /etc/ferry/ferryd.conf if it exists, else built-in defaults\n"
+          "  --listen SOCKET  Unix socket for the API (overrides unix_socket); default\n"
+          "                   /run/ferry/ferryd.sock as root, $XDG_RUNTIME_DIR/ferry/ferryd.sock\n"
+          "                   otherwise\n"
+          "  --workers N      worker threads per NUMA node (0 = one per CPU)\n"
+          "  --version        print the version\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ferry::DaemonOptions options;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto value = [&](const char* name) -> std::string {
+      if (i + 1 >= argc) {
+        fprintf(stderr, "ferryd: %s needs a value\n", name);
+        exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--config") {
+      options.config_path = value("--config");
+    } else if (arg == "--listen") {
+      options.listen = value("--listen");
+    } else if (arg == "--workers") {
+      options.workers = atoi(value("--workers").c_str());
+    } else if (arg == "--version") {
+      printf("ferryd %s\n", ferry::kFerryVersion);
+      return 0;
+    } else if (arg == "--help" || arg == "-h") {
+      Usage(stdout);
+      return 0;
+    } else {
+      fprintf(stderr, "ferryd: unknown argument '%s'\n", arg.c_str());
+      Usage(stderr);
+      return 2;
+    }
+  }
+
+  // Signals are taken synchronously by this thread; every thread started later inherits the
+  // mask, so none of them is interrupted.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto daemon = ferry::Daemon::Start(options);
+  if (!daemon.ok()) {
+    FERRY_LOG(ERROR) << "ferryd cannot start: " << daemon.status().ToString();
+    return 1;
+  }
+  int sig = 0;
+  sigwait(&signals, &sig);
+  FERRY_LOG(INFO) << "received " << strsignal(sig) << ", draining";
+  (*daemon)->Drain();
+  return 0;
+}

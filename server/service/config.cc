@@ -1,0 +1,72 @@
+#include "server/service/config.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/session_protocol.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+
+namespace ferry {
+namespace {
+
+class ErrorCollector final : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (first_.empty()) first_ = absl::StrCat("line ", line + 1, ", column ", column + 1, ": ", message);
+  }
+  const std::string& first() const { return first_; }
+
+ private:
+  std::string first_;
+};
+
+uint64_t PhysicalMemoryBytes() {
+  return static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+}  // namespace
+
+void ApplyDefaults(ferry::v1::DaemonConfig* c) {
+  if (c->unix_socket().empty()) c->set_unix_socket(DefaultSocketPath());
+  if (c->unix_socket_mode() == 0) c->set_unix_socket_mode(0660);
+  if (c->host_memory_budget_bytes() == 0) c->set_host_memory_budget_bytes(PhysicalMemoryBytes() / 2);
+  if (c->pinned_memory_budget_bytes() == 0) {
+    c->set_pinned_memory_budget_bytes(c->host_memory_budget_bytes());
+  }
+  if (c->sysfs_root().empty()) c->set_sysfs_root("/sys");
+  if (c->default_prefetch_depth() == 0) c->set_default_prefetch_depth(4);
+  if (c->drain_timeout_seconds() == 0) c->set_drain_timeout_seconds(5);
+}
+
+absl::StatusOr<LoadedConfig> LoadConfig(const std::string& path) {
+  LoadedConfig loaded;
+  loaded.path = path.empty() ? kDefaultConfigPath : path;
+  std::ifstream in(loaded.path);
+  if (!in) {
+    if (!path.empty()) {
+      return absl::NotFoundError(absl::StrCat("config file '", path,
+                                              "' cannot be read; fix the path given to --config "
+                                              "or leave it out to use the built-in defaults"));
+    }
+  } else {
+    std::stringstream text;
+    text << in.rdbuf();
+    google::protobuf::TextFormat::Parser parser;
+    ErrorCollector errors;
+    parser.RecordErrorsTo(&errors);
+    if (!parser.ParseFromString(text.str(), &loaded.config)) {
+      return absl::InvalidArgumentError(absl::StrCat("config file '", loaded.path, "', ",
+                                                     errors.first(),
+                                                     "; see deploy/ferryd.conf.example"));
+    }
+    loaded.from_file = true;
+  }
+  ApplyDefaults(&loaded.config);
+  return loaded;
+}
+
+}  // namespace ferry

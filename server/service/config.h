@@ -1,0 +1,30 @@
+// Loading ferryd's configuration (ferry.v1.DaemonConfig in protobuf text format) and filling
+// in the built-in defaults, so ferryd runs with no file at all.
+#ifndef FERRY_SERVER_SERVICE_CONFIG_H_
+#define FERRY_SERVER_SERVICE_CONFIG_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "ferry/v1/config.pb.h"
+
+namespace ferry {
+
+inline constexpr char kDefaultConfigPath[] = "/etc/ferry/ferryd.conf";
+
+struct LoadedConfig {
+  ferry::v1::DaemonConfig config;  // every default filled in
+  std::string path;                // the file read, or where it would have been
+  bool from_file = false;
+};
+
+// Reads `path` if given (it must then exist), else kDefaultConfigPath if it exists, else
+// only defaults. INVALID_ARGUMENT with the parser's line and column for a malformed file.
+absl::StatusOr<LoadedConfig> LoadConfig(const std::string& path);
+
+// Fills every unset field of `config` with its default (see config.proto).
+void ApplyDefaults(ferry::v1::DaemonConfig* config);
+
+}  // namespace ferry
+
+#endif  // FERRY_SERVER_SERVICE_CONFIG_H_

@@ -1,0 +1,151 @@
+#include "server/service/daemon.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/session_protocol.h"
+#include "common/status_macros.h"
+#include "grpcpp/health_check_service_interface.h"
+
+namespace ferry {
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
+  std::unique_ptr<Daemon> d(new Daemon());
+  d->start_time_ = absl::Now();
+  FERRY_ASSIGN_OR_RETURN(d->config_, LoadConfig(options.config_path));
+  ferry::v1::DaemonConfig& config = d->config_.config;
+  if (!options.listen.empty()) config.set_unix_socket(options.listen);
+  if (options.workers >= 0) config.set_workers_per_node(static_cast<uint32_t>(options.workers));
+
+  FERRY_ASSIGN_OR_RETURN(d->topology_, Topology::Read(config.sysfs_root()));
+  FERRY_ASSIGN_OR_RETURN(d->pool_, WorkerPool::Create(d->topology_,
+                                                      static_cast<int>(config.workers_per_node())));
+  d->host_budget_ = std::make_unique<MemoryBudget>("host memory budget",
+                                                   "host_memory_budget_bytes",
+                                                   config.host_memory_budget_bytes(),
+                                                   d->config_.path);
+  JobManager::Options job_options;
+  job_options.dataset_roots.assign(config.dataset_roots().begin(), config.dataset_roots().end());
+  // A per-user daemon reads only what its user can read anyway; a system daemon must be told
+  // which trees it may serve.
+  job_options.allow_any_dataset = job_options.dataset_roots.empty() && geteuid() != 0;
+  job_options.config_path = d->config_.path;
+  job_options.default_prefetch_depth = config.default_prefetch_depth();
+  d->jobs_ = std::make_unique<JobManager>(job_options, d->pool_.get(), d->host_budget_.get());
+
+  JobManager* jobs = d->jobs_.get();
+  FERRY_ASSIGN_OR_RETURN(
+      d->sessions_,
+      SessionServer::Start(SessionSocketPath(config.unix_socket()), config.unix_socket_mode(),
+                           [jobs](const PeerCredentials& peer, const std::string& attach_id)
+                               -> absl::StatusOr<std::pair<int, uint64_t>> {
+                             FERRY_ASSIGN_OR_RETURN(
+                                 auto pipeline,
+                                 jobs->FindAttachment(Caller{peer.uid, peer.pid}, attach_id));
+                             return std::make_pair(pipeline->slab().fd(),
+                                                   static_cast<uint64_t>(pipeline->slab().size()));
+                           }));
+  Daemon* raw = d.get();
+  d->service_ = std::make_unique<FerryService>(
+      d->jobs_.get(), d->sessions_.get(),
+      [raw](ferry::v1::DaemonStatus* status) { raw->FillDaemonStatus(status); });
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  // Bind the Unix socket ourselves first: it replaces a stale socket file, refuses to steal
+  // a live daemon's socket and sets the mode; gRPC then binds the same path again.
+  {
+    FERRY_ASSIGN_OR_RETURN(UniqueFd probe, ListenUnix(config.unix_socket(), SOCK_STREAM,
+                                                      config.unix_socket_mode()));
+    probe.Reset();
+    unlink(config.unix_socket().c_str());
+  }
+  builder.AddListeningPort(absl::StrCat("unix:", config.unix_socket()),
+                           grpc::InsecureServerCredentials());
+  if (!config.tcp_listen().empty()) {
+    builder.AddListeningPort(config.tcp_listen(), grpc::InsecureServerCredentials());
+  }
+  builder.RegisterService(d->service_.get());
+  d->server_ = builder.BuildAndStart();
+  if (d->server_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on unix:", config.unix_socket(),
+                                               config.tcp_listen().empty() ? "" : " or ",
+                                               config.tcp_listen(), "; see the log above"));
+  }
+  chmod(config.unix_socket().c_str(), config.unix_socket_mode());
+  d->server_->GetHealthCheckService()->SetServingStatus(true);
+
+  FERRY_LOG(INFO) << "ferryd " << kFerryVersion << " listening on " << config.unix_socket()
+                  << " (session socket " << d->sessions_->path() << "), "
+                  << d->pool_->total_threads() << " workers on " << d->topology_.nodes().size()
+                  << " NUMA node(s), config "
+                  << (d->config_.from_file ? d->config_.path : std::string("built-in defaults"));
+  sd_notify(0, "READY=1\nSTATUS=serving");
+  d->notify_thread_ = std::thread([raw] { raw->NotifyLoop(); });
+  return d;
+}
+
+Daemon::~Daemon() {
+  Drain();
+}
+
+void Daemon::NotifyLoop() {
+  uint64_t watchdog_usec = 0;
+  const bool watchdog = sd_watchdog_enabled(0, &watchdog_usec) > 0;
+  const absl::Duration period =
+      watchdog ? absl::Microseconds(static_cast<int64_t>(watchdog_usec / 2)) : absl::Seconds(10);
+  while (!stop_notify_.WaitForNotificationWithTimeout(period)) {
+    ferry::v1::DaemonStatus status;
+    FillDaemonStatus(&status);
+    const std::string line =
+        absl::StrCat("STATUS=", jobs_->ListJobs(Caller{0, 0}).size(), " job(s), ",
+                     status.host_memory_in_use_bytes() >> 20, " MiB of ",
+                     status.host_memory_budget_bytes() >> 20, " MiB host memory in use",
+                     watchdog ? "\nWATCHDOG=1" : "");
+    sd_notify(0, line.c_str());
+  }
+}
+
+void Daemon::Drain() {
+  if (server_ == nullptr) return;
+  sd_notify(0, "STOPPING=1\nSTATUS=draining");
+  jobs_->BeginDrain();
+  const absl::Time deadline =
+      absl::Now() + absl::Seconds(config_.config.drain_timeout_seconds());
+  while (jobs_->LeasedSlots() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+  server_->Wait();
+  server_.reset();
+  stop_notify_.Notify();
+  if (notify_thread_.joinable()) notify_thread_.join();
+  sessions_.reset();
+  unlink(config_.config.unix_socket().c_str());
+  jobs_.reset();
+  pool_.reset();
+  FERRY_LOG(INFO) << "ferryd stopped";
+}
+
+void Daemon::FillDaemonStatus(ferry::v1::DaemonStatus* status) {
+  status->set_version(kFerryVersion);
+  status->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_time_));
+  status->set_pid(static_cast<uint32_t>(getpid()));
+  for (const auto& group : pool_->groups()) {
+    ferry::v1::NumaNodeStatus* node = status->add_numa_nodes();
+    node->set_id(group.numa_node);
+    for (int cpu : group.cpus) node->add_cpus(cpu);
+    node->set_workers(static_cast<uint32_t>(group.threads));
+  }
+  status->set_host_memory_in_use_bytes(host_budget_->in_use());
+  status->set_host_memory_budget_bytes(host_budget_->limit());
+  status->set_cuda_available(false);
+  status->set_config_path(config_.from_file ? config_.path : "");
+  for (const auto& root : config_.config.dataset_roots()) status->add_dataset_roots(root);
+}
+
+}  // namespace ferry

@@ -1,0 +1,68 @@
+// ferryd as a whole: configuration, NUMA topology, worker pool, memory budget, jobs, the
+// session socket and the gRPC server, with systemd notification (READY, STATUS, WATCHDOG).
+//
+//   FERRY_ASSIGN_OR_RETURN(auto daemon, Daemon::Start(options));
+//   ... wait for SIGTERM ...
+//   daemon->Drain();  // stops taking work, waits for consumers, shuts the server down
+#ifndef FERRY_SERVER_SERVICE_DAEMON_H_
+#define FERRY_SERVER_SERVICE_DAEMON_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "ferry/v1/config.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "server/memory/memory_budget.h"
+#include "server/pipeline/worker_pool.h"
+#include "server/service/config.h"
+#include "server/service/ferry_service.h"
+#include "server/service/job_manager.h"
+#include "server/service/session_server.h"
+#include "server/topology/topology.h"
+
+namespace ferry {
+
+inline constexpr char kFerryVersion[] = "0.1.0";
+
+struct DaemonOptions {
+  std::string config_path;  // empty: /etc/ferry/ferryd.conf if present, else defaults
+  std::string listen;       // overrides unix_socket
+  int workers = -1;         // overrides workers_per_node when >= 0
+};
+
+class Daemon final {
+ public:
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
+  ~Daemon();
+
+  // Graceful stop: refuse new work, give consumers up to drain_timeout_seconds to release
+  // their batches, then close every stream and the sockets.
+  void Drain();
+
+  const std::string& socket_path() const { return config_.config.unix_socket(); }
+
+ private:
+  Daemon() = default;
+  void FillDaemonStatus(ferry::v1::DaemonStatus* status);
+  void NotifyLoop();
+
+  LoadedConfig config_;
+  Topology topology_;
+  absl::Time start_time_;
+  std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<MemoryBudget> host_budget_;
+  std::unique_ptr<JobManager> jobs_;
+  std::unique_ptr<SessionServer> sessions_;
+  std::unique_ptr<FerryService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  absl::Notification stop_notify_;
+  std::thread notify_thread_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_SERVER_SERVICE_DAEMON_H_

@@ -1,0 +1,233 @@
+#include "server/service/ferry_service.h"
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/logging.h"
+#include "common/session_protocol.h"
+
+namespace ferry {
+namespace {
+
+grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context,
+                                     const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+// One Consume stream: binds to a rank's pipeline on Open and forwards its batches. Owns
+// itself; deleted in OnDone after the pipeline has been unbound.
+class ConsumeReactor final
+    : public grpc::ServerBidiReactor<ferry::v1::ConsumeRequest, ferry::v1::ConsumeResponse>,
+      public BatchConsumer {
+ public:
+  ConsumeReactor(JobManager* jobs, absl::StatusOr<Caller> caller)
+      : jobs_(jobs), caller_(std::move(caller)) {
+    if (!caller_.ok()) {
+      FinishOnce(caller_.status());
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client closed its side or went away
+      FinishOnce(absl::OkStatus());
+      return;
+    }
+    absl::Status status = Handle(request_);
+    if (!status.ok()) {
+      FinishOnce(status);
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnBatchReady(const ferry::v1::BatchReady& batch) override {
+    ferry::v1::ConsumeResponse response;
+    *response.mutable_batch() = batch;
+    Enqueue(std::move(response));
+  }
+
+  void OnEpochEnd(int64_t epoch) override {
+    ferry::v1::ConsumeResponse response;
+    response.mutable_epoch_end()->set_epoch(epoch);
+    Enqueue(std::move(response));
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mutex_);
+    writing_ = false;
+    if (!ok) return;  // the stream is broken; OnDone follows
+    outbox_.pop_front();
+    WriteNextLocked();
+  }
+
+  void OnCancel() override { FinishOnce(absl::CancelledError("consumer cancelled")); }
+
+  void OnDone() override {
+    if (pipeline_ != nullptr) pipeline_->Unbind(this);
+    delete this;
+  }
+
+ private:
+  absl::Status Handle(const ferry::v1::ConsumeRequest& request) {
+    switch (request.kind_case()) {
+      case ferry::v1::ConsumeRequest::kOpen: {
+        if (pipeline_ != nullptr) return absl::FailedPreconditionError("stream already open");
+        auto pipeline = jobs_->FindAttachment(*caller_, request.open().attach_id());
+        if (!pipeline.ok()) return pipeline.status();
+        absl::Status bound = (*pipeline)->Bind(this, caller_->pid);
+        if (!bound.ok()) return bound;
+        pipeline_ = *std::move(pipeline);
+        return absl::OkStatus();
+      }
+      case ferry::v1::ConsumeRequest::kStartEpoch:
+        if (pipeline_ == nullptr) return absl::FailedPreconditionError("send Open first");
+        return pipeline_->StartEpoch(this, request.start_epoch().epoch(),
+                                     request.start_epoch().first_batch());
+      case ferry::v1::ConsumeRequest::kRelease:
+        if (pipeline_ == nullptr) return absl::FailedPreconditionError("send Open first");
+        return pipeline_->Release(this, request.release().slot(), request.release().seq());
+      default:
+        return absl::InvalidArgumentError("empty ConsumeRequest");
+    }
+  }
+
+  void Enqueue(ferry::v1::ConsumeResponse response) {
+    absl::MutexLock lock(&mutex_);
+    if (finished_) return;
+    outbox_.push_back(std::move(response));
+    WriteNextLocked();
+  }
+
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    if (writing_ || finished_ || outbox_.empty()) return;
+    writing_ = true;
+    StartWrite(&outbox_.front());
+  }
+
+  void FinishOnce(const absl::Status& status) {
+    absl::MutexLock lock(&mutex_);
+    if (finished_) return;
+    finished_ = true;
+    Finish(ToGrpcStatus(status));
+  }
+
+  JobManager* const jobs_;
+  const absl::StatusOr<Caller> caller_;
+  ferry::v1::ConsumeRequest request_;       // touched by the read chain only
+  std::shared_ptr<RankPipeline> pipeline_;  // set once by the read chain, read in OnDone
+
+  absl::Mutex mutex_;
+  // Bounded: at most one BatchReady per slot plus an EpochEnd are ever outstanding.
+  std::deque<ferry::v1::ConsumeResponse> outbox_ ABSL_GUARDED_BY(mutex_);
+  bool writing_ ABSL_GUARDED_BY(mutex_) = false;
+  bool finished_ ABSL_GUARDED_BY(mutex_) = false;
+};
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+FerryService::FerryService(JobManager* jobs, const SessionServer* sessions,
+                           DaemonStatusFiller daemon_status)
+    : jobs_(jobs), sessions_(sessions), daemon_status_(std::move(daemon_status)) {}
+
+absl::StatusOr<Caller> FerryService::Authenticate(grpc::CallbackServerContext* context) const {
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find(kSessionMetadataKey);
+  if (it == metadata.end()) {
+    return absl::UnauthenticatedError(
+        "call carries no ferry session; connect through the ferry client library (it opens the "
+        "session socket next to the gRPC socket)");
+  }
+  std::optional<PeerCredentials> peer =
+      sessions_->Lookup(std::string(it->second.data(), it->second.size()));
+  if (!peer.has_value()) {
+    return absl::UnauthenticatedError("unknown or closed ferry session; reconnect");
+  }
+  return Caller{peer->uid, peer->pid};
+}
+
+grpc::ServerUnaryReactor* FerryService::CreateJob(grpc::CallbackServerContext* context,
+                                                  const ferry::v1::CreateJobRequest* request,
+                                                  ferry::v1::CreateJobResponse* response) {
+  auto caller = Authenticate(context);
+  if (!caller.ok()) return FinishWith(context, caller.status());
+  auto created = jobs_->CreateJob(*caller, request->name(), request->spec());
+  if (!created.ok()) return FinishWith(context, created.status());
+  created->job->ToProto(response->mutable_job());
+  response->set_created(created->created);
+  return FinishWith(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* FerryService::GetJob(grpc::CallbackServerContext* context,
+                                               const ferry::v1::GetJobRequest* request,
+                                               ferry::v1::JobStatus* response) {
+  auto caller = Authenticate(context);
+  if (!caller.ok()) return FinishWith(context, caller.status());
+  auto job = jobs_->GetJob(*caller, request->job_id());
+  if (!job.ok()) return FinishWith(context, job.status());
+  jobs_->FillJobStatus(**job, response);
+  return FinishWith(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* FerryService::ListJobs(grpc::CallbackServerContext* context,
+                                                 const ferry::v1::ListJobsRequest* request,
+                                                 ferry::v1::ListJobsResponse* response) {
+  auto caller = Authenticate(context);
+  if (!caller.ok()) return FinishWith(context, caller.status());
+  for (const auto& job : jobs_->ListJobs(*caller)) job->ToProto(response->add_jobs());
+  return FinishWith(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* FerryService::DeleteJob(grpc::CallbackServerContext* context,
+                                                  const ferry::v1::DeleteJobRequest* request,
+                                                  ferry::v1::DeleteJobResponse* response) {
+  auto caller = Authenticate(context);
+  if (!caller.ok()) return FinishWith(context, caller.status());
+  return FinishWith(context, jobs_->DeleteJob(*caller, request->job_id()));
+}
+
+grpc::ServerUnaryReactor* FerryService::Attach(grpc::CallbackServerContext* context,
+                                               const ferry::v1::AttachRequest* request,
+                                               ferry::v1::AttachResponse* response) {
+  auto caller = Authenticate(context);
+  if (!caller.ok()) return FinishWith(context, caller.status());
+  auto attached = jobs_->Attach(*caller, request->job_id(), static_cast<int>(request->rank()));
+  if (!attached.ok()) return FinishWith(context, attached.status());
+  response->set_attach_id(attached->attach_id);
+  attached->pipeline->job().ToProto(response->mutable_job());
+  response->set_num_slots(static_cast<uint32_t>(attached->pipeline->num_slots()));
+  response->set_slot_bytes(attached->pipeline->job().layout().slot_bytes);
+  response->mutable_host()->set_slab_bytes(attached->pipeline->slab().size());
+  return FinishWith(context, absl::OkStatus());
+}
+
+grpc::ServerBidiReactor<ferry::v1::ConsumeRequest, ferry::v1::ConsumeResponse>*
+FerryService::Consume(grpc::CallbackServerContext* context) {
+  return new ConsumeReactor(jobs_, Authenticate(context));
+}
+
+grpc::ServerUnaryReactor* FerryService::GetStatus(grpc::CallbackServerContext* context,
+                                                  const ferry::v1::GetStatusRequest* request,
+                                                  ferry::v1::GetStatusResponse* response) {
+  daemon_status_(response->mutable_daemon());
+  // Without a session (TCP, grpcurl) only the daemon's own status is shown.
+  auto caller = Authenticate(context);
+  if (caller.ok()) {
+    for (const auto& job : jobs_->ListJobs(*caller)) jobs_->FillJobStatus(*job, response->add_jobs());
+  }
+  return FinishWith(context, absl::OkStatus());
+}
+
+}  // namespace ferry

@@ -1,0 +1,58 @@
+// The gRPC edge of ferryd: translates ferry.v1.Ferry calls into JobManager calls, converting
+// absl::Status to grpc::Status here and nowhere else. Uses the callback API: unary handlers
+// finish inline; Consume is a bidi reactor that owns its per-stream state and never blocks.
+#ifndef FERRY_SERVER_SERVICE_FERRY_SERVICE_H_
+#define FERRY_SERVER_SERVICE_FERRY_SERVICE_H_
+
+#include <functional>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "ferry/v1/ferry.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "server/service/job_manager.h"
+#include "server/service/session_server.h"
+
+namespace ferry {
+
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+class FerryService final : public ferry::v1::Ferry::CallbackService {
+ public:
+  using DaemonStatusFiller = std::function<void(ferry::v1::DaemonStatus*)>;
+
+  FerryService(JobManager* jobs, const SessionServer* sessions, DaemonStatusFiller daemon_status);
+
+  grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* context,
+                                      const ferry::v1::CreateJobRequest* request,
+                                      ferry::v1::CreateJobResponse* response) override;
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
+                                   const ferry::v1::GetJobRequest* request,
+                                   ferry::v1::JobStatus* response) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
+                                     const ferry::v1::ListJobsRequest* request,
+                                     ferry::v1::ListJobsResponse* response) override;
+  grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* context,
+                                      const ferry::v1::DeleteJobRequest* request,
+                                      ferry::v1::DeleteJobResponse* response) override;
+  grpc::ServerUnaryReactor* Attach(grpc::CallbackServerContext* context,
+                                   const ferry::v1::AttachRequest* request,
+                                   ferry::v1::AttachResponse* response) override;
+  grpc::ServerBidiReactor<ferry::v1::ConsumeRequest, ferry::v1::ConsumeResponse>* Consume(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
+                                      const ferry::v1::GetStatusRequest* request,
+                                      ferry::v1::GetStatusResponse* response) override;
+
+ private:
+  // The caller's credentials from its session token; UNAUTHENTICATED without one.
+  absl::StatusOr<Caller> Authenticate(grpc::CallbackServerContext* context) const;
+
+  JobManager* const jobs_;
+  const SessionServer* const sessions_;
+  const DaemonStatusFiller daemon_status_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_SERVER_SERVICE_FERRY_SERVICE_H_

@@ -1,0 +1,298 @@
+#include "server/service/job_manager.h"
+
+#include <sys/random.h>
+
+#include <filesystem>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "common/random.h"
+#include "common/status_macros.h"
+
+namespace ferry {
+namespace {
+
+std::string DatasetPath(const ferry::v1::JobSpec& spec) {
+  switch (spec.dataset().kind_case()) {
+    case ferry::v1::DatasetSpec::kImageFolder:
+      return spec.dataset().image_folder().root();
+    case ferry::v1::DatasetSpec::kTokens:
+      return spec.dataset().tokens().path();
+    default:
+      return "";
+  }
+}
+
+bool IsUnder(const std::filesystem::path& path, const std::filesystem::path& root) {
+  auto p = path.begin();
+  for (auto r = root.begin(); r != root.end(); ++r, ++p) {
+    if (r->empty()) continue;  // trailing slash of the root
+    if (p == path.end() || *p != *r) return false;
+  }
+  return true;
+}
+
+std::string SpecKey(uint32_t uid, const std::string& name, const ferry::v1::JobSpec& spec) {
+  std::string bytes;
+  google::protobuf::io::StringOutputStream out(&bytes);
+  google::protobuf::io::CodedOutputStream coded(&out);
+  coded.SetSerializationDeterministic(true);
+  spec.SerializeToCodedStream(&coded);
+  coded.Trim();
+  return absl::StrCat(uid, "/", name, "/", absl::BytesToHexString(bytes));
+}
+
+}  // namespace
+
+std::string RandomHex(int bytes) {
+  std::string raw(bytes, '\0');
+  size_t got = 0;
+  while (got < raw.size()) {
+    ssize_t n = getrandom(raw.data() + got, raw.size() - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  return absl::BytesToHexString(raw);
+}
+
+JobManager::JobManager(Options options, WorkerPool* pool, MemoryBudget* host_budget)
+    : options_(std::move(options)), pool_(pool), host_budget_(host_budget) {}
+
+JobManager::~JobManager() { BeginDrain(); }
+
+absl::Status JobManager::CheckDataset(const ferry::v1::JobSpec& spec) const {
+  const std::string path = DatasetPath(spec);
+  if (path.empty()) {
+    return absl::InvalidArgumentError(
+        "dataset is not set: give dataset.image_folder.root or dataset.tokens.path");
+  }
+  if (path[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset path '", path, "' is relative; ferryd needs an absolute path"));
+  }
+  if (options_.allow_any_dataset) return absl::OkStatus();
+  std::error_code ec;
+  const std::filesystem::path canonical = std::filesystem::weakly_canonical(path, ec);
+  for (const std::string& root : options_.dataset_roots) {
+    std::filesystem::path r = std::filesystem::weakly_canonical(root, ec);
+    if (!ec && IsUnder(canonical, r)) return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "dataset path '", path, "' is not under any configured dataset_roots (",
+      options_.dataset_roots.empty() ? std::string("none configured")
+                                     : absl::StrJoin(options_.dataset_roots, ", "),
+      "); add its directory to dataset_roots in ", options_.config_path));
+}
+
+absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
+                                                          const std::string& name,
+                                                          ferry::v1::JobSpec spec) {
+  if (spec.device().empty()) spec.set_device("cpu");
+  if (spec.world_size() == 0) spec.set_world_size(1);
+  if (spec.prefetch_depth() == 0) spec.set_prefetch_depth(options_.default_prefetch_depth);
+  if (spec.batch_size() == 0) {
+    return absl::InvalidArgumentError("batch_size must be at least 1 (got 0)");
+  }
+  if (spec.device() != "cpu") {
+    if (spec.device().rfind("cuda", 0) == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "device '", spec.device(), "' needs the GPU transport, which this ferryd does not "
+          "serve yet; use device=\"cpu\" (host transport)"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat("device must be \"cpu\" or \"cuda:N\" (got '",
+                                                   spec.device(), "')"));
+  }
+  if (spec.prefetch_depth() > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("prefetch_depth must be at most 64 (got ",
+                                                   spec.prefetch_depth(), ")"));
+  }
+  FERRY_RETURN_IF_ERROR(CheckDataset(spec));
+  // Without a name, identical specs share a job: the default name is a digest of the spec.
+  const std::string job_name =
+      name.empty() ? absl::StrCat("job-", absl::Hex(Mix64(std::hash<std::string>{}(
+                                              SpecKey(0, "", spec))) & 0xffffffffu,
+                                          absl::kZeroPad8))
+                   : name;
+  const std::string key = SpecKey(caller.uid, job_name, spec);
+  {
+    absl::MutexLock lock(&mutex_);
+    if (draining_) return absl::UnavailableError("ferryd is shutting down");
+    if (auto it = id_by_key_.find(key); it != id_by_key_.end()) {
+      return Created{jobs_.at(it->second).job, false};
+    }
+    for (const auto& [id, entry] : jobs_) {
+      if (entry.job->identity().owner_uid == caller.uid && entry.job->identity().name == job_name) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "a job named '", job_name, "' already exists (", id,
+            ") with a different spec; choose another name or delete that job"));
+      }
+    }
+  }
+  // Opening the dataset (listing directories) happens without the lock.
+  JobIdentity identity;
+  identity.id = absl::StrCat("j", RandomHex(6));
+  identity.name = job_name;
+  identity.owner_uid = caller.uid;
+  {
+    absl::MutexLock lock(&mutex_);
+    identity.serial = next_serial_++;
+  }
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, Job::Create(identity, spec));
+  absl::MutexLock lock(&mutex_);
+  if (auto it = id_by_key_.find(key); it != id_by_key_.end()) {
+    return Created{jobs_.at(it->second).job, false};  // another rank won the race
+  }
+  jobs_[identity.id] = JobEntry{job, key, {}};
+  id_by_key_[key] = identity.id;
+  FERRY_LOG(INFO) << "created job " << identity.id << " '" << job_name << "' for uid "
+                  << caller.uid << ": " << job->source().size() << " samples, "
+                  << job->sampler().batches_per_epoch() << " batches per epoch and rank";
+  return Created{job, true};
+}
+
+absl::StatusOr<JobManager::JobEntry*> JobManager::FindOwnedLocked(const Caller& caller,
+                                                                  const std::string& id) {
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("no job '", id, "'; list jobs with 'ferryctl jobs'"));
+  }
+  if (!caller.is_root() && it->second.job->identity().owner_uid != caller.uid) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "job '", id, "' belongs to uid ", it->second.job->identity().owner_uid,
+        ", not to uid ", caller.uid, "; create your own job"));
+  }
+  return &it->second;
+}
+
+absl::StatusOr<std::shared_ptr<Job>> JobManager::GetJob(const Caller& caller,
+                                                        const std::string& id) {
+  absl::MutexLock lock(&mutex_);
+  FERRY_ASSIGN_OR_RETURN(JobEntry * entry, FindOwnedLocked(caller, id));
+  return entry->job;
+}
+
+std::vector<std::shared_ptr<Job>> JobManager::ListJobs(const Caller& caller) {
+  absl::MutexLock lock(&mutex_);
+  std::vector<std::shared_ptr<Job>> out;
+  for (const auto& [id, entry] : jobs_) {
+    if (caller.is_root() || entry.job->identity().owner_uid == caller.uid) out.push_back(entry.job);
+  }
+  return out;
+}
+
+absl::Status JobManager::DeleteJob(const Caller& caller, const std::string& id) {
+  std::map<int, std::shared_ptr<RankPipeline>> ranks;
+  {
+    absl::MutexLock lock(&mutex_);
+    FERRY_ASSIGN_OR_RETURN(JobEntry * entry, FindOwnedLocked(caller, id));
+    ranks = std::move(entry->ranks);
+    id_by_key_.erase(entry->key);
+    jobs_.erase(id);
+    for (auto it = attachments_.begin(); it != attachments_.end();) {
+      if (it->second.job_id == id) {
+        attachments_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& [rank, pipeline] : ranks) pipeline->Shutdown();
+  FERRY_LOG(INFO) << "deleted job " << id;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobManager::Attachment> JobManager::Attach(const Caller& caller,
+                                                          const std::string& job_id, int rank) {
+  absl::MutexLock lock(&mutex_);
+  if (draining_) return absl::UnavailableError("ferryd is shutting down");
+  FERRY_ASSIGN_OR_RETURN(JobEntry * entry, FindOwnedLocked(caller, job_id));
+  const ferry::v1::JobSpec& spec = entry->job->spec();
+  if (rank < 0 || rank >= static_cast<int>(spec.world_size())) {
+    return absl::InvalidArgumentError(absl::StrCat("rank must be in [0, ", spec.world_size(),
+                                                   ") for job ", job_id, " (got ", rank, ")"));
+  }
+  std::shared_ptr<RankPipeline>& pipeline = entry->ranks[rank];
+  if (pipeline == nullptr) {
+    // The slab is allocated once here and reused by every later attach of this rank.
+    auto created = RankPipeline::Create(entry->job, rank, static_cast<int>(spec.prefetch_depth()),
+                                        /*numa_node=*/-1, pool_, host_budget_);
+    if (!created.ok()) {
+      entry->ranks.erase(rank);
+      return created.status();
+    }
+    pipeline = *std::move(created);
+  } else if (pipeline->bound()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, " of job ", job_id, " already has a live consumer; each rank is consumed "
+        "by one process at a time"));
+  }
+  Attachment a;
+  a.attach_id = RandomHex(16);
+  a.pipeline = pipeline;
+  attachments_[a.attach_id] = AttachEntry{job_id, rank, caller.uid};
+  return a;
+}
+
+absl::StatusOr<std::shared_ptr<RankPipeline>> JobManager::FindAttachment(
+    const Caller& caller, const std::string& attach_id) {
+  absl::MutexLock lock(&mutex_);
+  auto it = attachments_.find(attach_id);
+  if (it == attachments_.end()) {
+    return absl::NotFoundError("unknown attach_id; the job was deleted or ferryd restarted: attach again");
+  }
+  if (!caller.is_root() && it->second.uid != caller.uid) {
+    return absl::PermissionDeniedError("attach_id belongs to another uid");
+  }
+  FERRY_ASSIGN_OR_RETURN(JobEntry * entry, FindOwnedLocked(caller, it->second.job_id));
+  return entry->ranks.at(it->second.rank);
+}
+
+void JobManager::FillJobStatus(const Job& job, ferry::v1::JobStatus* status) {
+  job.ToProto(status->mutable_job());
+  std::vector<std::shared_ptr<RankPipeline>> ranks;
+  {
+    absl::MutexLock lock(&mutex_);
+    auto it = jobs_.find(job.identity().id);
+    if (it != jobs_.end()) {
+      for (const auto& [rank, p] : it->second.ranks) ranks.push_back(p);
+    }
+  }
+  for (const auto& p : ranks) p->FillStatus(status->add_ranks());
+  status->set_errors(job.error_count());
+  for (auto& e : job.recent_errors()) *status->add_recent_errors() = std::move(e);
+}
+
+void JobManager::BeginDrain() {
+  std::vector<std::shared_ptr<RankPipeline>> all;
+  {
+    absl::MutexLock lock(&mutex_);
+    draining_ = true;
+    for (auto& [id, entry] : jobs_) {
+      for (auto& [rank, p] : entry.ranks) all.push_back(p);
+    }
+  }
+  for (auto& p : all) p->Shutdown();
+}
+
+int JobManager::LeasedSlots() {
+  std::vector<std::shared_ptr<RankPipeline>> all;
+  {
+    absl::MutexLock lock(&mutex_);
+    for (auto& [id, entry] : jobs_) {
+      for (auto& [rank, p] : entry.ranks) all.push_back(p);
+    }
+  }
+  int leased = 0;
+  for (auto& p : all) {
+    ferry::v1::RankStatus s;
+    p->FillStatus(&s);
+    leased += static_cast<int>(s.slots_leased());
+  }
+  return leased;
+}
+
+}  // namespace ferry

@@ -1,0 +1,111 @@
+// Jobs, their owners and their ranks' pipelines: the daemon's state, independent of gRPC so
+// it can be tested directly. Every method checks the caller: a job belongs to the uid that
+// created it, and only that uid (or root) may see, attach to or delete it.
+//
+// Thread-safe.
+#ifndef FERRY_SERVER_SERVICE_JOB_MANAGER_H_
+#define FERRY_SERVER_SERVICE_JOB_MANAGER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "ferry/v1/config.pb.h"
+#include "ferry/v1/ferry.pb.h"
+#include "server/memory/memory_budget.h"
+#include "server/pipeline/job.h"
+#include "server/pipeline/rank_pipeline.h"
+#include "server/pipeline/worker_pool.h"
+
+namespace ferry {
+
+// Who is calling, as the session socket's SO_PEERCRED saw it.
+struct Caller {
+  uint32_t uid = 0;
+  int pid = 0;
+  bool is_root() const { return uid == 0; }
+};
+
+class JobManager final {
+ public:
+  struct Options {
+    std::vector<std::string> dataset_roots;  // empty: see allow_any_dataset
+    bool allow_any_dataset = false;          // per-user daemon with no roots configured
+    std::string config_path;                 // for error messages
+    uint32_t default_prefetch_depth = 4;
+  };
+
+  JobManager(Options options, WorkerPool* pool, MemoryBudget* host_budget);
+  ~JobManager();
+  JobManager(const JobManager&) = delete;
+  JobManager& operator=(const JobManager&) = delete;
+
+  struct Created {
+    std::shared_ptr<Job> job;
+    bool created = false;
+  };
+  // Idempotent: the same caller uid, name and spec return the existing job.
+  absl::StatusOr<Created> CreateJob(const Caller& caller, const std::string& name,
+                                    ferry::v1::JobSpec spec);
+  absl::StatusOr<std::shared_ptr<Job>> GetJob(const Caller& caller, const std::string& id);
+  std::vector<std::shared_ptr<Job>> ListJobs(const Caller& caller);
+  absl::Status DeleteJob(const Caller& caller, const std::string& id);
+
+  struct Attachment {
+    std::string attach_id;
+    std::shared_ptr<RankPipeline> pipeline;
+  };
+  // Creates the rank's pipeline (slab) on first attach. FAILED_PRECONDITION if the rank has a
+  // live consumer; INVALID_ARGUMENT for a rank outside [0, world_size).
+  absl::StatusOr<Attachment> Attach(const Caller& caller, const std::string& job_id, int rank);
+  // The pipeline of an attach_id, for the Consume stream and the memfd handoff.
+  absl::StatusOr<std::shared_ptr<RankPipeline>> FindAttachment(const Caller& caller,
+                                                               const std::string& attach_id);
+
+  void FillJobStatus(const Job& job, ferry::v1::JobStatus* status);
+
+  // Refuses new jobs and attaches from now on (UNAVAILABLE) and stops every pipeline.
+  void BeginDrain();
+  // Slots currently leased to consumers, over all jobs.
+  int LeasedSlots();
+
+ private:
+  struct JobEntry {
+    std::shared_ptr<Job> job;
+    std::string key;  // uid + name + spec
+    std::map<int, std::shared_ptr<RankPipeline>> ranks;
+  };
+  struct AttachEntry {
+    std::string job_id;
+    int rank = 0;
+    uint32_t uid = 0;
+  };
+
+  absl::Status CheckDataset(const ferry::v1::JobSpec& spec) const;
+  absl::StatusOr<JobEntry*> FindOwnedLocked(const Caller& caller, const std::string& id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+
+  const Options options_;
+  WorkerPool* const pool_;
+  MemoryBudget* const host_budget_;
+
+  absl::Mutex mutex_;
+  std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mutex_);  // by id
+  absl::flat_hash_map<std::string, std::string> id_by_key_ ABSL_GUARDED_BY(mutex_);
+  absl::flat_hash_map<std::string, AttachEntry> attachments_ ABSL_GUARDED_BY(mutex_);
+  uint64_t next_serial_ ABSL_GUARDED_BY(mutex_) = 1;
+  bool draining_ ABSL_GUARDED_BY(mutex_) = false;
+};
+
+// 128 random bits as 32 hex characters (getrandom), for tokens and ids.
+std::string RandomHex(int bytes);
+
+}  // namespace ferry
+
+#endif  // FERRY_SERVER_SERVICE_JOB_MANAGER_H_

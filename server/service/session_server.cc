@@ -1,0 +1,121 @@
+#include "server/service/session_server.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "server/service/job_manager.h"
+
+namespace ferry {
+
+absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(const std::string& path,
+                                                                    unsigned mode,
+                                                                    FdProvider fd_provider) {
+  FERRY_ASSIGN_OR_RETURN(UniqueFd listener, ListenUnix(path, SOCK_SEQPACKET, mode));
+  UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake.valid()) return absl::InternalError("eventfd failed");
+  std::unique_ptr<SessionServer> server(
+      new SessionServer(path, std::move(listener), std::move(wake), std::move(fd_provider)));
+  server->thread_ = std::thread([s = server.get()] { s->Run(); });
+  return server;
+}
+
+SessionServer::SessionServer(std::string path, UniqueFd listener, UniqueFd wake,
+                             FdProvider provider)
+    : path_(std::move(path)),
+      listener_(std::move(listener)),
+      wake_(std::move(wake)),
+      fd_provider_(std::move(provider)) {}
+
+SessionServer::~SessionServer() {
+  uint64_t one = 1;
+  ssize_t unused = write(wake_.get(), &one, sizeof(one));
+  (void)unused;
+  if (thread_.joinable()) thread_.join();
+  unlink(path_.c_str());
+}
+
+std::optional<PeerCredentials> SessionServer::Lookup(const std::string& token) const {
+  absl::MutexLock lock(&mutex_);
+  auto it = by_token_.find(token);
+  if (it == by_token_.end()) return std::nullopt;
+  return it->second;
+}
+
+void SessionServer::Run() {
+  std::vector<pollfd> fds;
+  for (;;) {
+    fds.clear();
+    fds.push_back({wake_.get(), POLLIN, 0});
+    fds.push_back({listener_.get(), POLLIN, 0});
+    for (const auto& [fd, session] : sessions_) fds.push_back({fd, POLLIN, 0});
+    if (poll(fds.data(), fds.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      FERRY_LOG(ERROR) << "session socket poll failed: " << strerror(errno);
+      return;
+    }
+    if (fds[0].revents != 0) break;
+    if (fds[1].revents & POLLIN) Accept();
+    for (size_t i = 2; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      if (!Serve(fds[i].fd)) {
+        auto it = sessions_.find(fds[i].fd);
+        {
+          absl::MutexLock lock(&mutex_);
+          by_token_.erase(it->second.token);
+        }
+        sessions_.erase(it);
+      }
+    }
+  }
+  absl::MutexLock lock(&mutex_);
+  by_token_.clear();
+  sessions_.clear();
+}
+
+void SessionServer::Accept() {
+  UniqueFd fd(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  if (!fd.valid()) return;
+  auto peer = GetPeerCredentials(fd.get());
+  if (!peer.ok()) {
+    FERRY_LOG(WARNING) << "rejected a session: " << peer.status();
+    return;
+  }
+  Session session{std::move(fd), *peer, RandomHex(16)};
+  if (!SendPacket(session.fd.get(), absl::StrCat("HELLO ", session.token, " ", getpid())).ok()) {
+    return;
+  }
+  {
+    absl::MutexLock lock(&mutex_);
+    by_token_[session.token] = session.peer;
+  }
+  const int key = session.fd.get();
+  sessions_.emplace(key, std::move(session));
+}
+
+bool SessionServer::Serve(int fd) {
+  auto message = RecvPacket(fd);
+  if (!message.ok()) return false;  // closed or broken: the session ends
+  const Session& session = sessions_.at(fd);
+  if (absl::StartsWith(*message, "FD ")) {
+    const std::string attach_id = message->substr(3);
+    auto provided = fd_provider_(session.peer, attach_id);
+    if (!provided.ok()) {
+      return SendPacket(fd, absl::StrCat("ERR ", provided.status().ToString())).ok();
+    }
+    return SendPacket(fd, absl::StrCat("OK ", provided->second), provided->first).ok();
+  }
+  return SendPacket(fd, absl::StrCat("ERR unknown request '", message->substr(0, 32),
+                                     "'; expected 'FD <attach_id>'"))
+      .ok();
+}
+
+}  // namespace ferry
