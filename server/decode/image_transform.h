@@ -47,7 +47,25 @@ struct CropBox {
   int x = 0, y = 0, width = 0, height = 0;
 };
 
-// torchvision RandomResizedCrop.get_params on an image of width x height.
+// OK when `t` can be applied: size in [1, 16384], 0 < scale_min <= scale_max,
+// 0 < ratio_min <= ratio_max (all finite), and for kResizeCenterCrop resize >= size.
+// Otherwise INVALID_ARGUMENT naming the field and value. DecodeAndTransform checks this too;
+// call it early (e.g. at job creation) to reject a bad pipeline before any decoding.
+absl::Status ValidateTransform(const ImageTransform& t);
+
+// Geometry of Resize(t.resize) + CenterCrop(t.size) on a width x height image with
+// torchvision's rounding: the shorter side becomes t.resize, the longer one
+// int(t.resize * long / short); the crop's offset is round((resized - size) / 2), ties to
+// even. Requires width, height > 0.
+struct ResizeCenterCropGeometry {
+  int resized_width = 0, resized_height = 0;
+  int left = 0, top = 0;  // offset of the size x size crop inside the resized image
+};
+ResizeCenterCropGeometry ComputeResizeCenterCrop(int width, int height, const ImageTransform& t);
+
+// torchvision RandomResizedCrop.get_params on an image of width x height (both > 0): four
+// draws from `rng` per attempt (area, log-ratio, then top, then left, as torchvision orders
+// them), and none in the fallback. The box always lies inside the image.
 CropBox SampleRandomResizedCrop(int width, int height, const ImageTransform& t, Rng& rng);
 
 // One decoder per thread: owns a libjpeg-turbo decompressor and scratch buffers and reuses
@@ -70,17 +88,34 @@ class JpegDecoder final {
   struct Impl;
 
  private:
+  friend absl::Status DecodeAndTransform(JpegDecoder& decoder, absl::Span<const uint8_t> jpeg,
+                                         const ImageTransform& t, Rng& rng,
+                                         absl::Span<uint8_t> out);
+
+  // Never null except in a moved-from decoder, which recreates it on next use.
   std::unique_ptr<Impl> impl_;
 };
 
 // Decodes `jpeg`, applies `t` drawing randomness from `rng`, and writes t.size*t.size*3 bytes
 // of RGB HWC into `out`. A corrupt or truncated JPEG returns INVALID_ARGUMENT with the
 // decoder's message; `out` may then hold partial data.
+//
+// Only the part of the image the output depends on is decoded, at the smallest libjpeg DCT
+// scale (1/8 .. 8/8) at which the crop still has at least t.size pixels per side; the
+// result matches a full decode + crop + resize within JPEG/scaling tolerance. Consequently
+// damage that lies entirely below or beside the decoded region (e.g. a baseline JPEG cut
+// short under a crop near its top) is not detected: the output is then still correct.
+// Randomness: crop draws first (RandomResizedCrop only), then one flip draw when t.flip.
+// INVALID_ARGUMENT also for an invalid `t` (see ValidateTransform) or an `out` whose size is
+// not t.size*t.size*3.
 absl::Status DecodeAndTransform(JpegDecoder& decoder, absl::Span<const uint8_t> jpeg,
                                 const ImageTransform& t, Rng& rng, absl::Span<uint8_t> out);
 
 // Antialiased bilinear resize of box `box` of an RGB HWC image to out_w x out_h (PIL
 // BILINEAR / torchvision antialias=True semantics). Exposed for tests and benchmarks.
+// The box is treated as an image of its own (as torchvision's crop-then-resize does): no
+// pixel outside it is read. `src_stride` is in bytes; `dst` is tightly packed
+// (out_w * 3 bytes per row). Requires a non-empty box inside the image and out_w, out_h > 0.
 void ResizeBilinearAntialias(const uint8_t* src, int src_w, int src_h, int src_stride,
                              const CropBox& box, uint8_t* dst, int out_w, int out_h);
 
