@@ -1,0 +1,284 @@
+// The C ABI over ferry::Client (see include/ferry/ferry.h). Every entry point converts
+// absl::Status into a code plus a per-thread message, and never lets an exception cross the
+// C boundary.
+#include "ferry/ferry.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/session_protocol.h"
+#include "ferry/client.h"
+
+struct ferry_client {
+  std::unique_ptr<ferry::Client> client;
+};
+struct ferry_consumer {
+  std::unique_ptr<ferry::Consumer> consumer;
+};
+struct ferry_batch {
+  ferry::Batch batch;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+int Fail(const absl::Status& status) {
+  last_error = std::string(status.message());
+  return static_cast<int>(status.code());
+}
+
+int Report(const absl::Status& status) {
+  if (status.ok()) return FERRY_OK;
+  return Fail(status);
+}
+
+int NullArgument(const char* function, const char* argument) {
+  return Fail(absl::InvalidArgumentError(
+      absl::StrCat(function, ": argument '", argument, "' must not be NULL")));
+}
+
+// Runs `body`, turning escaped exceptions into codes.
+template <typename F>
+int Guard(const char* function, F&& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return Fail(absl::ResourceExhaustedError(absl::StrCat(function, ": out of memory")));
+  } catch (const std::exception& e) {
+    return Fail(absl::InternalError(absl::StrCat(function, ": ", e.what())));
+  } catch (...) {
+    return Fail(absl::InternalError(absl::StrCat(function, ": unknown exception")));
+  }
+}
+
+// Returns a malloc'ed copy (callers free it with ferry_free).
+char* CopyString(const std::string& s) {
+  char* out = static_cast<char*>(std::malloc(s.size() + 1));
+  if (out == nullptr) throw std::bad_alloc();
+  std::memcpy(out, s.data(), s.size() + 1);
+  return out;
+}
+
+int ReturnJson(const absl::StatusOr<std::string>& json, char** out) {
+  if (!json.ok()) return Fail(json.status());
+  *out = CopyString(*json);
+  return FERRY_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+int ferry_abi_version(void) { return FERRY_ABI_VERSION; }
+
+const char* ferry_version(void) { return FERRY_VERSION_STRING; }
+
+const char* ferry_last_error(void) { return last_error.c_str(); }
+
+const char* ferry_status_name(int code) {
+  static const char* const kNames[] = {
+      "OK",       "CANCELLED",         "UNKNOWN",        "INVALID_ARGUMENT",
+      "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED",
+      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+      "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+  if (code < 0 || code >= static_cast<int>(sizeof(kNames) / sizeof(kNames[0]))) {
+    return "UNKNOWN";
+  }
+  return kNames[code];
+}
+
+const char* ferry_dtype_name(int dtype) {
+  // DTypeName returns views of string literals, hence NUL-terminated.
+  return ferry::DTypeName(static_cast<ferry::DType>(dtype)).data();
+}
+
+size_t ferry_dtype_size(int dtype) { return ferry::DTypeSize(static_cast<ferry::DType>(dtype)); }
+
+void ferry_free(void* p) { std::free(p); }
+
+int ferry_default_address(char** out) {
+  const char* fn = __func__;
+  return Guard(fn, [&]() -> int {
+    if (out == nullptr) return NullArgument(fn, "out");
+    *out = CopyString(ferry::DefaultSocketPath());
+    return FERRY_OK;
+  });
+}
+
+int ferry_client_connect(const char* address, ferry_client_t** out) {
+  const char* fn = __func__;
+  return Guard(fn, [&]() -> int {
+    if (out == nullptr) return NullArgument(fn, "out");
+    *out = nullptr;
+    auto client = ferry::Client::Connect(address == nullptr ? "" : address);
+    if (!client.ok()) return Fail(client.status());
+    *out = new ferry_client{std::move(*client)};
+    return FERRY_OK;
+  });
+}
+
+void ferry_client_free(ferry_client_t* client) { delete client; }
+
+int ferry_client_daemon_pid(const ferry_client_t* client, int* out) {
+  if (client == nullptr) return NullArgument(__func__, "client");
+  if (out == nullptr) return NullArgument(__func__, "out");
+  *out = client->client->daemon_pid();
+  return FERRY_OK;
+}
+
+int ferry_client_create_job(ferry_client_t* client, const char* name, const char* spec_json,
+                            char** job_json) {
+  const char* fn = __func__;
+  return Guard(fn, [&]() -> int {
+    if (client == nullptr) return NullArgument(fn, "client");
+    if (spec_json == nullptr) return NullArgument(fn, "spec_json");
+    if (job_json == nullptr) return NullArgument(fn, "job_json");
+    *job_json = nullptr;
+    return ReturnJson(client->client->CreateJobJson(name == nullptr ? "" : name, spec_json),
+                      job_json);
+  });
+}
+
+int ferry_client_get_job(ferry_client_t* client, const char* job_id, char** json) {
+  const char* fn = __func__;
+  return Guard(fn, [&]() -> int {
+    if (client == nullptr) return NullArgument(fn, "client");
+    if (job_id == nullptr) return NullArgument(fn, "job_id");
+    if (json == nullptr) return NullArgument(fn, "json");
+    *json = nullptr;
+    return ReturnJson(client->client->GetJobJson(job_id), json);
+  });
+}
+
+int ferry_client_list_jobs(ferry_client_t* client, char** json) {
+  const char* fn = __func__;
+  return Guard(fn, [&]() -> int {
+    if (client == nullptr) return NullArgument(fn, "client");
+    if (json == nullptr) return NullArgument(fn, "json");
+    *json = nullptr;
+    return ReturnJson(client->client->ListJobsJson(), json);
+  });
+}
+
+int ferry_client_delete_job(ferry_client_t* client, const char* job_id) {
+  const char* fn = __func__;
+  return Guard(fn, [&]() -> int {
+    if (client == nullptr) return NullArgument(fn, "client");
+    if (job_id == nullptr) return NullArgument(fn, "job_id");
+    return Report(client->client->DeleteJob(job_id));
+  });
+}
+
+int ferry_client_get_status(ferry_client_t* client, char** json) {
+  const char* fn = __func__;
+  return Guard(fn, [&]() -> int {
+    if (client == nullptr) return NullArgument(fn, "client");
+    if (json == nullptr) return NullArgument(fn, "json");
+    *json = nullptr;
+    return ReturnJson(client->client->GetStatusJson(), json);
+  });
+}
+
+int ferry_client_attach(ferry_client_t* client, const char* job_id, uint32_t rank,
+                        ferry_consumer_t** out) {
+  const char* fn = __func__;
+  return Guard(fn, [&]() -> int {
+    if (client == nullptr) return NullArgument(fn, "client");
+    if (job_id == nullptr) return NullArgument(fn, "job_id");
+    if (out == nullptr) return NullArgument(fn, "out");
+    *out = nullptr;
+    auto consumer = client->client->Attach(job_id, rank);
+    if (!consumer.ok()) return Fail(consumer.status());
+    *out = new ferry_consumer{std::move(*consumer)};
+    return FERRY_OK;
+  });
+}
+
+void ferry_consumer_free(ferry_consumer_t* consumer) { delete consumer; }
+
+int ferry_consumer_batches_per_epoch(const ferry_consumer_t* consumer, int64_t* out) {
+  if (consumer == nullptr) return NullArgument(__func__, "consumer");
+  if (out == nullptr) return NullArgument(__func__, "out");
+  *out = consumer->consumer->job().batches_per_epoch;
+  return FERRY_OK;
+}
+
+int ferry_consumer_num_slots(const ferry_consumer_t* consumer, uint32_t* out) {
+  if (consumer == nullptr) return NullArgument(__func__, "consumer");
+  if (out == nullptr) return NullArgument(__func__, "out");
+  *out = consumer->consumer->num_slots();
+  return FERRY_OK;
+}
+
+int ferry_consumer_start_epoch(ferry_consumer_t* consumer, int64_t epoch,
+                               int64_t first_batch) {
+  const char* fn = __func__;
+  return Guard(fn, [&]() -> int {
+    if (consumer == nullptr) return NullArgument(fn, "consumer");
+    return Report(consumer->consumer->StartEpoch(epoch, first_batch));
+  });
+}
+
+int ferry_consumer_next(ferry_consumer_t* consumer, int64_t timeout_ms, ferry_batch_t** out) {
+  const char* fn = __func__;
+  return Guard(fn, [&]() -> int {
+    if (consumer == nullptr) return NullArgument(fn, "consumer");
+    if (out == nullptr) return NullArgument(fn, "out");
+    *out = nullptr;
+    auto next = consumer->consumer->Next(timeout_ms < 0 ? absl::InfiniteDuration()
+                                                        : absl::Milliseconds(timeout_ms));
+    if (!next.ok()) return Fail(next.status());
+    if (next->has_value()) *out = new ferry_batch{std::move(**next)};
+    return FERRY_OK;
+  });
+}
+
+int ferry_batch_info(const ferry_batch_t* batch, ferry_batch_info_t* out) {
+  if (batch == nullptr) return NullArgument(__func__, "batch");
+  if (out == nullptr) return NullArgument(__func__, "out");
+  out->epoch = batch->batch.epoch();
+  out->index = batch->batch.index();
+  out->seq = batch->batch.seq();
+  out->slot = batch->batch.slot();
+  out->num_samples = batch->batch.num_samples();
+  out->num_fields = static_cast<uint32_t>(batch->batch.fields().size());
+  return FERRY_OK;
+}
+
+int ferry_batch_field(const ferry_batch_t* batch, uint32_t i, ferry_field_t* out) {
+  if (batch == nullptr) return NullArgument(__func__, "batch");
+  if (out == nullptr) return NullArgument(__func__, "out");
+  const auto& fields = batch->batch.fields();
+  if (i >= fields.size()) {
+    return Fail(absl::OutOfRangeError(
+        absl::StrCat("field ", i, " requested; the batch has ", fields.size())));
+  }
+  const ferry::BatchField& f = fields[i];
+  out->name = f.name.c_str();
+  out->dtype = static_cast<int>(f.dtype);
+  out->ndim = static_cast<int>(f.shape.size());
+  out->shape = f.shape.data();
+  out->data = f.data;
+  out->nbytes = f.bytes;
+  return FERRY_OK;
+}
+
+int ferry_batch_release(ferry_batch_t* batch) {
+  const char* fn = __func__;
+  return Guard(fn, [&]() -> int {
+    if (batch == nullptr) return NullArgument(fn, "batch");
+    return Report(batch->batch.Release());
+  });
+}
+
+void ferry_batch_free(ferry_batch_t* batch) { delete batch; }
+
+}  // extern "C"

@@ -1,0 +1,76 @@
+/* Tests of the C ABI that need no ferryd: versioning, names, argument checks, the
+ * per-thread last error, and the error for a missing daemon. Written in C on purpose. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ferry/ferry.h"
+
+static int failures = 0;
+
+#define CHECK(cond)                                                 \
+  do {                                                              \
+    if (!(cond)) {                                                  \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      ++failures;                                                   \
+    }                                                               \
+  } while (0)
+
+static void* OtherThread(void* arg) {
+  (void)arg;
+  /* A fresh thread starts with no error, whatever happened elsewhere. */
+  CHECK(strcmp(ferry_last_error(), "") == 0);
+  return NULL;
+}
+
+int main(void) {
+  CHECK(ferry_abi_version() == FERRY_ABI_VERSION);
+  CHECK(strlen(ferry_version()) > 0);
+  CHECK(strcmp(ferry_status_name(FERRY_OK), "OK") == 0);
+  CHECK(strcmp(ferry_status_name(FERRY_NOT_FOUND), "NOT_FOUND") == 0);
+  CHECK(strcmp(ferry_status_name(FERRY_UNAUTHENTICATED), "UNAUTHENTICATED") == 0);
+  CHECK(strcmp(ferry_status_name(99), "UNKNOWN") == 0);
+  CHECK(strcmp(ferry_dtype_name(FERRY_DTYPE_BFLOAT16), "bfloat16") == 0);
+  CHECK(ferry_dtype_size(FERRY_DTYPE_INT64) == 8);
+  CHECK(ferry_dtype_size(42) == 0);
+
+  char* address = NULL;
+  CHECK(ferry_default_address(&address) == FERRY_OK);
+  CHECK(address != NULL && strstr(address, "ferryd.sock") != NULL);
+  ferry_free(address);
+
+  char dir_template[] = "/tmp/ferry_c_test_XXXXXX";
+  char* dir = mkdtemp(dir_template);
+  CHECK(dir != NULL);
+  char missing[256];
+  snprintf(missing, sizeof(missing), "%s/ferryd.sock", dir);
+  ferry_client_t* client = (ferry_client_t*)0x1;
+  int code = ferry_client_connect(missing, &client);
+  CHECK(code == FERRY_NOT_FOUND);
+  CHECK(client == NULL);
+  CHECK(strstr(ferry_last_error(), "no ferryd at ") != NULL);
+  CHECK(strstr(ferry_last_error(), missing) != NULL);
+  CHECK(strstr(ferry_last_error(), "systemctl start ferryd") != NULL);
+
+  pthread_t thread;
+  CHECK(pthread_create(&thread, NULL, OtherThread, NULL) == 0);
+  pthread_join(thread, NULL);
+  CHECK(strstr(ferry_last_error(), "no ferryd at ") != NULL); /* still ours */
+
+  CHECK(ferry_client_connect(missing, NULL) == FERRY_INVALID_ARGUMENT);
+  CHECK(strstr(ferry_last_error(), "'out'") != NULL);
+  char* json = NULL;
+  CHECK(ferry_client_get_status(NULL, &json) == FERRY_INVALID_ARGUMENT);
+  CHECK(strstr(ferry_last_error(), "ferry_client_get_status") != NULL);
+  CHECK(ferry_consumer_next(NULL, 0, NULL) == FERRY_INVALID_ARGUMENT);
+  ferry_client_free(NULL);
+  ferry_consumer_free(NULL);
+  ferry_batch_free(NULL);
+  ferry_free(NULL);
+  rmdir(dir);
+
+  if (failures == 0) printf("ferry_c_test: all checks passed\n");
+  return failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,183 @@
+/* ferry's stable C ABI (libferry.so): connect to ferryd, create jobs, consume batches.
+ *
+ * Conventions
+ *   - Every function that can fail returns an int status code: 0 (FERRY_OK) on success,
+ *     otherwise an absl/gRPC canonical code (FERRY_NOT_FOUND, FERRY_UNAVAILABLE, ...). The
+ *     message of the last failure on the calling thread is ferry_last_error().
+ *   - Handles are opaque. Each has one function that frees it; passing NULL there is a
+ *     no-op.
+ *   - Strings returned through char** are NUL-terminated, malloc-compatible, and owned by
+ *     the caller: free them with ferry_free().
+ *   - JSON is the proto3 JSON mapping of the ferry.v1 messages (proto/ferry/v1/ferry.proto)
+ *     with proto field names; 64-bit integers are JSON strings, enums their names.
+ *
+ * Thread safety: a client may be used from several threads at once; a consumer from one
+ * thread at a time; batches of one consumer may be released from any thread.
+ *
+ *   ferry_client_t* client;
+ *   if (ferry_client_connect(NULL, &client) != FERRY_OK) die(ferry_last_error());
+ *   char* job;  // JSON of ferry.v1.Job; the id is in "id"
+ *   ferry_client_create_job(client, "", "{\"dataset\":{\"image_folder\":{\"root\":\"/d\"}},"
+ *       "\"transform\":{\"center_crop\":{\"size\":224}},\"batch_size\":64}", &job);
+ *   ferry_consumer_t* consumer;
+ *   ferry_client_attach(client, job_id, 0, &consumer);
+ *   ferry_consumer_start_epoch(consumer, 0, 0);
+ *   ferry_batch_t* batch;
+ *   while (ferry_consumer_next(consumer, -1, &batch) == FERRY_OK && batch != NULL) {
+ *     ferry_field_t image;
+ *     ferry_batch_field(batch, 0, &image);   // image.data, image.shape[0..ndim)
+ *     ferry_batch_free(batch);               // gives the slot back
+ *   }
+ */
+#ifndef FERRY_CLIENT_C_INCLUDE_FERRY_FERRY_H_
+#define FERRY_CLIENT_C_INCLUDE_FERRY_FERRY_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(FERRY_C_BUILDING)
+#define FERRY_API __attribute__((visibility("default")))
+#else
+#define FERRY_API
+#endif
+
+/* Bumped on any incompatible change of this header. Compare with ferry_abi_version() at
+ * run time to detect a mismatched libferry.so. */
+#define FERRY_ABI_VERSION 1
+
+/* Status codes (absl::StatusCode / grpc::StatusCode values). */
+enum {
+  FERRY_OK = 0,
+  FERRY_CANCELLED = 1,
+  FERRY_UNKNOWN = 2,
+  FERRY_INVALID_ARGUMENT = 3,
+  FERRY_DEADLINE_EXCEEDED = 4,
+  FERRY_NOT_FOUND = 5,
+  FERRY_ALREADY_EXISTS = 6,
+  FERRY_PERMISSION_DENIED = 7,
+  FERRY_RESOURCE_EXHAUSTED = 8,
+  FERRY_FAILED_PRECONDITION = 9,
+  FERRY_ABORTED = 10,
+  FERRY_OUT_OF_RANGE = 11,
+  FERRY_UNIMPLEMENTED = 12,
+  FERRY_INTERNAL = 13,
+  FERRY_UNAVAILABLE = 14,
+  FERRY_DATA_LOSS = 15,
+  FERRY_UNAUTHENTICATED = 16
+};
+
+/* Element types (ferry.v1.DType values). */
+enum {
+  FERRY_DTYPE_UNSPECIFIED = 0,
+  FERRY_DTYPE_UINT8 = 1,
+  FERRY_DTYPE_UINT16 = 2,
+  FERRY_DTYPE_UINT32 = 3,
+  FERRY_DTYPE_INT32 = 4,
+  FERRY_DTYPE_INT64 = 5,
+  FERRY_DTYPE_FLOAT16 = 6,
+  FERRY_DTYPE_BFLOAT16 = 7,
+  FERRY_DTYPE_FLOAT32 = 8
+};
+
+typedef struct ferry_client ferry_client_t;
+typedef struct ferry_consumer ferry_consumer_t;
+typedef struct ferry_batch ferry_batch_t;
+
+/* One field of a batch: a C-ordered array of shape[0..ndim) (shape[0] = samples in the
+ * batch). Pointers stay valid until the batch is freed; `data` is read-only and its
+ * contents only until the batch is released. */
+typedef struct ferry_field {
+  const char* name;
+  int dtype;            /* FERRY_DTYPE_* */
+  int ndim;
+  const int64_t* shape;
+  const void* data;
+  size_t nbytes;
+} ferry_field_t;
+
+typedef struct ferry_batch_info {
+  int64_t epoch;
+  int64_t index;        /* batch number within the epoch */
+  int64_t seq;          /* position in the consumer's stream */
+  uint32_t slot;
+  uint32_t num_samples;
+  uint32_t num_fields;
+} ferry_batch_info_t;
+
+/* FERRY_ABI_VERSION of the loaded library. */
+FERRY_API int ferry_abi_version(void);
+/* Version of the library ("0.1.0"). Static storage. */
+FERRY_API const char* ferry_version(void);
+/* Message of the last failed call on this thread ("" if none). Valid until the next
+ * ferry_* call on this thread. */
+FERRY_API const char* ferry_last_error(void);
+/* "OK", "NOT_FOUND", ... for a status code; "UNKNOWN" for anything else. Static storage. */
+FERRY_API const char* ferry_status_name(int code);
+/* "uint8", "int64", ...; "unspecified" for anything else. Static storage. */
+FERRY_API const char* ferry_dtype_name(int dtype);
+/* Bytes per element of a FERRY_DTYPE_*; 0 if unknown. */
+FERRY_API size_t ferry_dtype_size(int dtype);
+/* Frees a string returned by this library. NULL is a no-op. */
+FERRY_API void ferry_free(void* p);
+/* The default gRPC socket path (see common/session_protocol.h); free with ferry_free. */
+FERRY_API int ferry_default_address(char** out);
+
+/* Connects to ferryd at `address` (socket path, optionally "unix:"-prefixed; NULL or ""
+ * = the default socket). NOT_FOUND / UNAVAILABLE when no ferryd answers there. */
+FERRY_API int ferry_client_connect(const char* address, ferry_client_t** out);
+FERRY_API void ferry_client_free(ferry_client_t* client);
+/* Pid the daemon reported when the session opened. */
+FERRY_API int ferry_client_daemon_pid(const ferry_client_t* client, int* out);
+
+/* Creates (or finds, by name + spec) a job. `name` may be NULL or "" (derived from the
+ * spec). `spec_json` is a ferry.v1.JobSpec in JSON (proto or lowerCamelCase names), e.g.
+ *   {"dataset":{"tokens":{"path":"/d/t.bin","token_dtype":"UINT16","seq_len":2048}},
+ *    "batch_size":8,"shuffle":true,"seed":"0","world_size":1,"device":"cpu"}
+ * *job_json receives the ferry.v1.Job. */
+FERRY_API int ferry_client_create_job(ferry_client_t* client, const char* name,
+                                      const char* spec_json, char** job_json);
+/* *json receives a ferry.v1.JobStatus. */
+FERRY_API int ferry_client_get_job(ferry_client_t* client, const char* job_id, char** json);
+/* *json receives a ferry.v1.ListJobsResponse. */
+FERRY_API int ferry_client_list_jobs(ferry_client_t* client, char** json);
+FERRY_API int ferry_client_delete_job(ferry_client_t* client, const char* job_id);
+/* *json receives a ferry.v1.GetStatusResponse. */
+FERRY_API int ferry_client_get_status(ferry_client_t* client, char** json);
+
+/* Attaches as `rank` of job `job_id` (host transport: the slab is mapped read-only). The
+ * consumer keeps what it needs of the client: the client may be freed first. */
+FERRY_API int ferry_client_attach(ferry_client_t* client, const char* job_id, uint32_t rank,
+                                  ferry_consumer_t** out);
+/* Closes the stream: the daemon reclaims the consumer's slots. Batches still held stay
+ * readable (memory stays mapped) until freed. */
+FERRY_API void ferry_consumer_free(ferry_consumer_t* consumer);
+/* Batches per epoch for this rank and slot count. */
+FERRY_API int ferry_consumer_batches_per_epoch(const ferry_consumer_t* consumer, int64_t* out);
+FERRY_API int ferry_consumer_num_slots(const ferry_consumer_t* consumer, uint32_t* out);
+/* Requests batches [first_batch, batches_per_epoch) of `epoch` (reattaching first if the
+ * previous epoch was left unfinished). */
+FERRY_API int ferry_consumer_start_epoch(ferry_consumer_t* consumer, int64_t epoch,
+                                         int64_t first_batch);
+/* Waits for the next batch: *out = a batch, or NULL at the end of the epoch. timeout_ms < 0
+ * waits forever; on timeout returns FERRY_DEADLINE_EXCEEDED and nothing is lost. */
+FERRY_API int ferry_consumer_next(ferry_consumer_t* consumer, int64_t timeout_ms,
+                                  ferry_batch_t** out);
+
+FERRY_API int ferry_batch_info(const ferry_batch_t* batch, ferry_batch_info_t* out);
+/* Field `i` (0 <= i < num_fields); OUT_OF_RANGE otherwise. */
+FERRY_API int ferry_batch_field(const ferry_batch_t* batch, uint32_t i, ferry_field_t* out);
+/* Gives the slot back; idempotent. The field pointers stay valid, but the daemon may now
+ * overwrite the data. */
+FERRY_API int ferry_batch_release(ferry_batch_t* batch);
+/* Releases (if not yet) and frees the batch. */
+FERRY_API void ferry_batch_free(ferry_batch_t* batch);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif  /* FERRY_CLIENT_C_INCLUDE_FERRY_FERRY_H_ */

@@ -1,0 +1,537 @@
+// ferry::Client, Consumer and Batch over gRPC (see ferry/client.h for the contracts).
+#include "ferry/client.h"
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
+#include "client/cpp/internal/convert.h"
+#include "client/cpp/internal/session.h"
+#include "common/session_protocol.h"
+#include "common/status_macros.h"
+#include "ferry/v1/ferry.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+
+namespace ferry {
+namespace internal {
+namespace {
+
+// Unary calls that only read or delete state answer from memory; anything slower means a
+// wedged daemon. CreateJob (scans a dataset) and Attach (allocates a slab) get no deadline.
+constexpr absl::Duration kQuickCallDeadline = absl::Seconds(30);
+// How long a reattaching consumer waits for ferryd to notice that its previous stream ended.
+constexpr absl::Duration kReattachPatience = absl::Seconds(5);
+
+}  // namespace
+
+// Shared by a Client and all its consumers. Thread-safe: everything is constant after
+// construction (the stub and the session are themselves thread-safe).
+class ClientImpl {
+ public:
+  ClientImpl(std::string address, std::unique_ptr<Session> session)
+      : address_(std::move(address)),
+        session_(std::move(session)),
+        channel_(grpc::CreateChannel(absl::StrCat("unix:", address_),
+                                     grpc::InsecureChannelCredentials())),
+        stub_(v1::Ferry::NewStub(channel_)) {}
+
+  const std::string& address() const { return address_; }
+  Session& session() const { return *session_; }
+  v1::Ferry::Stub& stub() const { return *stub_; }
+
+  // Adds the session token (and for quick calls a deadline) to a call's context.
+  void Prepare(grpc::ClientContext* context, bool quick) const {
+    context->AddMetadata(kSessionMetadataKey, session_->token());
+    if (quick) context->set_deadline(absl::ToChronoTime(absl::Now() + kQuickCallDeadline));
+  }
+  // Prefix for transport errors of `rpc`.
+  std::string Context(std::string_view rpc) const {
+    return absl::StrCat(std::string(rpc), " to ferryd at ", address_);
+  }
+
+ private:
+  const std::string address_;
+  const std::unique_ptr<Session> session_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<v1::Ferry::Stub> stub_;
+};
+
+// One Consume stream. A reader thread moves every message into a queue, so the consumer can
+// wait with a timeout and a dead daemon shows up as an error, never as a hang.
+//
+// Thread safety: Write may be called from any thread (serialized by write_mu_); Read from
+// one thread at a time; Cancel from the owning consumer.
+class StreamState {
+ public:
+  static absl::StatusOr<std::shared_ptr<StreamState>> Open(const ClientImpl& client,
+                                                           const std::string& attach_id) {
+    auto state = std::shared_ptr<StreamState>(new StreamState(client.Context("Consume")));
+    client.Prepare(&state->context_, /*quick=*/false);
+    state->stream_ = client.stub().Consume(&state->context_);
+    state->reader_ = std::thread([s = state.get()] { s->ReaderLoop(); });
+    v1::ConsumeRequest open;
+    open.mutable_open()->set_attach_id(attach_id);
+    FERRY_RETURN_IF_ERROR(state->Write(open));
+    return state;
+  }
+
+  ~StreamState() { Cancel(); }
+
+  // UNAVAILABLE once the stream has ended (the daemon reclaims its slots then).
+  absl::Status Write(const v1::ConsumeRequest& request) {
+    absl::MutexLock lock(&write_mu_);
+    if (closed_ || !stream_->Write(request)) {
+      return absl::UnavailableError(
+          absl::StrCat("the batch stream (", context_text_, ") is closed"));
+    }
+    return absl::OkStatus();
+  }
+
+  // The next message; nullopt when none arrived within `timeout`; the stream's final status
+  // (never OK) once it has ended and every message before the end has been read.
+  absl::StatusOr<std::optional<v1::ConsumeResponse>> Read(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return !queue_.empty() || end_.has_value();
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+    if (!queue_.empty()) {
+      v1::ConsumeResponse message = std::move(queue_.front());
+      queue_.pop_front();
+      return std::optional<v1::ConsumeResponse>(std::move(message));
+    }
+    if (end_.has_value()) return *end_;
+    return std::optional<v1::ConsumeResponse>();
+  }
+
+  // Ends the call (the daemon sees the consumer go away) and joins the reader. Idempotent.
+  void Cancel() {
+    context_.TryCancel();
+    if (reader_.joinable()) reader_.join();
+  }
+
+ private:
+  explicit StreamState(std::string context_text) : context_text_(std::move(context_text)) {}
+
+  void ReaderLoop() {
+    v1::ConsumeResponse message;
+    while (stream_->Read(&message)) {
+      absl::MutexLock lock(&mu_);
+      queue_.push_back(std::move(message));
+      message.Clear();
+    }
+    grpc::Status status;
+    {
+      // Finish must not overlap a Write.
+      absl::MutexLock lock(&write_mu_);
+      closed_ = true;
+      status = stream_->Finish();
+    }
+    absl::Status end =
+        status.ok() ? absl::UnavailableError(absl::StrCat(
+                          "ferryd ended the batch stream without an error (", context_text_,
+                          "); the daemon is probably shutting down"))
+                    : FromGrpc(status, context_text_);
+    absl::MutexLock lock(&mu_);
+    end_ = std::move(end);
+  }
+
+  const std::string context_text_;
+  grpc::ClientContext context_;  // thread-safe for TryCancel
+  std::unique_ptr<grpc::ClientReaderWriter<v1::ConsumeRequest, v1::ConsumeResponse>> stream_;
+  std::thread reader_;
+
+  absl::Mutex write_mu_;
+  bool closed_ ABSL_GUARDED_BY(write_mu_) = false;
+
+  absl::Mutex mu_;
+  std::deque<v1::ConsumeResponse> queue_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Status> end_ ABSL_GUARDED_BY(mu_);
+};
+
+// A batch's claim on its slot; keeps the stream and the mapping alive. Release is
+// thread-safe and idempotent.
+class BatchLease {
+ public:
+  BatchLease(std::shared_ptr<StreamState> stream, std::shared_ptr<const SlabMapping> slab,
+             uint32_t slot, int64_t seq)
+      : stream_(std::move(stream)), slab_(std::move(slab)), slot_(slot), seq_(seq) {}
+  ~BatchLease() { (void)Release(); }
+
+  absl::Status Release() {
+    if (released_.exchange(true)) return absl::OkStatus();
+    v1::ConsumeRequest request;
+    request.mutable_release()->set_slot(slot_);
+    request.mutable_release()->set_seq(seq_);
+    // A stream that has ended took every lease with it: nothing is left to give back.
+    (void)stream_->Write(request);
+    return absl::OkStatus();
+  }
+  bool released() const { return released_.load(); }
+
+ private:
+  const std::shared_ptr<StreamState> stream_;
+  const std::shared_ptr<const SlabMapping> slab_;
+  const uint32_t slot_;
+  const int64_t seq_;
+  std::atomic<bool> released_{false};
+};
+
+// Thread-compatible: the owning Consumer documents one consuming thread.
+class ConsumerImpl {
+ public:
+  ConsumerImpl(std::shared_ptr<const ClientImpl> client, std::string job_id, uint32_t rank)
+      : client_(std::move(client)), job_id_(std::move(job_id)), rank_(rank) {}
+  ~ConsumerImpl() {
+    if (stream_) stream_->Cancel();
+  }
+
+  // Attaches (again), maps the slab and opens a stream. With `retry`, waits up to
+  // kReattachPatience for the daemon to let go of this rank's previous stream.
+  absl::Status Attach(bool retry) {
+    if (stream_) {
+      stream_->Cancel();
+      stream_.reset();
+    }
+    state_ = State::kBroken;
+    error_ = absl::UnavailableError("the consumer lost its stream and could not reattach");
+    v1::AttachRequest request;
+    request.set_job_id(job_id_);
+    request.set_rank(rank_);
+    v1::AttachResponse response;
+    const absl::Time give_up = absl::Now() + (retry ? kReattachPatience : absl::ZeroDuration());
+    while (true) {
+      grpc::ClientContext context;
+      client_->Prepare(&context, /*quick=*/false);
+      grpc::Status status = client_->stub().Attach(&context, request, &response);
+      if (status.ok()) break;
+      const auto code = status.error_code();
+      if ((code == grpc::StatusCode::FAILED_PRECONDITION ||
+           code == grpc::StatusCode::ALREADY_EXISTS || code == grpc::StatusCode::ABORTED) &&
+          absl::Now() < give_up) {
+        absl::SleepFor(absl::Milliseconds(50));
+        continue;
+      }
+      return FromGrpc(status, client_->Context("Attach"));
+    }
+    if (response.transport_case() != v1::AttachResponse::kHost) {
+      return absl::UnimplementedError(absl::StrCat(
+          "ferryd offered job '", job_id_,
+          "' over a transport this client does not support; create the job with device 'cpu'"));
+    }
+    JobInfo job = FromProto(response.job());
+    FERRY_ASSIGN_OR_RETURN(Session::Slab slab,
+                           client_->session().FetchSlab(response.attach_id()));
+    if (slab.bytes != response.host().slab_bytes()) {
+      return absl::InternalError(absl::StrCat("ferryd announced a slab of ",
+                                              response.host().slab_bytes(),
+                                              " bytes in Attach but handed over ", slab.bytes));
+    }
+    FERRY_RETURN_IF_ERROR(
+        ValidateLayout(job, response.num_slots(), response.slot_bytes(), slab.bytes));
+    FERRY_ASSIGN_OR_RETURN(slab_, SlabMapping::Create(slab.fd.get(), slab.bytes));
+    FERRY_ASSIGN_OR_RETURN(stream_, StreamState::Open(*client_, response.attach_id()));
+    job_ = std::move(job);
+    attach_id_ = response.attach_id();
+    num_slots_ = response.num_slots();
+    slot_bytes_ = response.slot_bytes();
+    state_ = State::kIdle;
+    error_ = absl::OkStatus();
+    next_seq_ = 0;
+    return absl::OkStatus();
+  }
+
+  absl::Status StartEpoch(int64_t epoch, int64_t first_batch) {
+    if (epoch < 0 || first_batch < 0 || first_batch > job_.batches_per_epoch) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "StartEpoch(epoch=", epoch, ", first_batch=", first_batch,
+          "): epoch must be >= 0 and first_batch in [0, ", job_.batches_per_epoch, "]"));
+    }
+    if (state_ == State::kInEpoch && next_batch_ == job_.batches_per_epoch) {
+      // Every batch was taken; only the EpochEnd is still in flight.
+      auto last = Next(absl::Seconds(5));
+      if (last.ok() && !last->has_value()) state_ = State::kEpochDone;
+    }
+    if (state_ == State::kInEpoch || state_ == State::kBroken) {
+      FERRY_RETURN_IF_ERROR(Attach(/*retry=*/true));
+    }
+    v1::ConsumeRequest request;
+    request.mutable_start_epoch()->set_epoch(epoch);
+    request.mutable_start_epoch()->set_first_batch(first_batch);
+    absl::Status written = stream_->Write(request);
+    if (!written.ok()) return Break(written);
+    state_ = State::kInEpoch;
+    epoch_ = epoch;
+    next_batch_ = first_batch;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::optional<Batch>> Next(absl::Duration timeout) {
+    switch (state_) {
+      case State::kIdle:
+        return absl::FailedPreconditionError("call StartEpoch before Next");
+      case State::kEpochDone:
+        return std::optional<Batch>();
+      case State::kBroken:
+        return error_;
+      case State::kInEpoch:
+        break;
+    }
+    absl::StatusOr<std::optional<v1::ConsumeResponse>> message = stream_->Read(timeout);
+    if (!message.ok()) return Break(message.status());
+    if (!message->has_value()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no batch from ferryd within ", absl::FormatDuration(timeout), " (epoch ", epoch_,
+          ", batch ", next_batch_, ")"));
+    }
+    const v1::ConsumeResponse& response = **message;
+    if (response.has_epoch_end()) {
+      if (response.epoch_end().epoch() != epoch_ || next_batch_ != job_.batches_per_epoch) {
+        return Break(absl::InternalError(absl::StrCat(
+            "ferryd ended epoch ", response.epoch_end().epoch(), " while this consumer was in ",
+            "epoch ", epoch_, " at batch ", next_batch_, " of ", job_.batches_per_epoch)));
+      }
+      state_ = State::kEpochDone;
+      return std::optional<Batch>();
+    }
+    if (!response.has_batch()) {
+      return Break(absl::InternalError("ferryd sent an empty message on the batch stream"));
+    }
+    const v1::BatchReady& ready = response.batch();
+    if (ready.seq() != next_seq_ || ready.epoch() != epoch_ || ready.batch() != next_batch_ ||
+        ready.slot() >= num_slots_ || ready.num_samples() == 0 ||
+        ready.num_samples() > job_.spec.batch_size) {
+      return Break(absl::InternalError(absl::StrCat(
+          "ferryd sent BatchReady{seq=", ready.seq(), ", epoch=", ready.epoch(),
+          ", batch=", ready.batch(), ", slot=", ready.slot(), ", num_samples=",
+          ready.num_samples(), "} but expected seq ", next_seq_, ", epoch ", epoch_,
+          ", batch ", next_batch_, ", slot < ", num_slots_, ", 1..", job_.spec.batch_size,
+          " samples")));
+    }
+    ++next_seq_;
+    ++next_batch_;
+    Batch batch;
+    batch.epoch_ = ready.epoch();
+    batch.index_ = ready.batch();
+    batch.seq_ = ready.seq();
+    batch.slot_ = ready.slot();
+    batch.num_samples_ = ready.num_samples();
+    const uint8_t* slot_base = slab_->data() + uint64_t{ready.slot()} * slot_bytes_;
+    batch.fields_.reserve(job_.fields.size());
+    for (const FieldInfo& f : job_.fields) {
+      BatchField field;
+      field.name = f.name;
+      field.dtype = f.dtype;
+      field.shape.reserve(f.shape.size() + 1);
+      field.shape.push_back(ready.num_samples());
+      field.shape.insert(field.shape.end(), f.shape.begin(), f.shape.end());
+      field.data = slot_base + f.offset;
+      field.bytes = uint64_t{ready.num_samples()} * f.row_bytes;
+      batch.fields_.push_back(std::move(field));
+    }
+    batch.lease_ = std::make_unique<BatchLease>(stream_, slab_, ready.slot(), ready.seq());
+    return std::optional<Batch>(std::move(batch));
+  }
+
+  const JobInfo& job() const { return job_; }
+  uint32_t rank() const { return rank_; }
+  uint32_t num_slots() const { return num_slots_; }
+
+ private:
+  enum class State { kIdle, kInEpoch, kEpochDone, kBroken };
+
+  absl::Status Break(absl::Status error) {
+    state_ = State::kBroken;
+    error_ = error;
+    return error;
+  }
+
+  const std::shared_ptr<const ClientImpl> client_;
+  const std::string job_id_;
+  const uint32_t rank_;
+
+  JobInfo job_;
+  std::string attach_id_;
+  uint32_t num_slots_ = 0;
+  uint64_t slot_bytes_ = 0;
+  std::shared_ptr<const SlabMapping> slab_;
+  std::shared_ptr<StreamState> stream_;
+  State state_ = State::kIdle;
+  absl::Status error_;
+  int64_t epoch_ = 0;
+  int64_t next_batch_ = 0;
+  int64_t next_seq_ = 0;
+};
+
+}  // namespace internal
+
+// ---------------------------------------------------------------------------------------
+// Batch
+
+Batch::Batch(Batch&&) noexcept = default;
+Batch& Batch::operator=(Batch&&) noexcept = default;
+Batch::~Batch() = default;
+
+const BatchField* Batch::field(std::string_view name) const {
+  for (const BatchField& f : fields_) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
+absl::Status Batch::Release() { return lease_ ? lease_->Release() : absl::OkStatus(); }
+bool Batch::released() const { return !lease_ || lease_->released(); }
+
+// ---------------------------------------------------------------------------------------
+// Consumer
+
+Consumer::Consumer(std::unique_ptr<internal::ConsumerImpl> impl) : impl_(std::move(impl)) {}
+Consumer::~Consumer() = default;
+const JobInfo& Consumer::job() const { return impl_->job(); }
+uint32_t Consumer::rank() const { return impl_->rank(); }
+uint32_t Consumer::num_slots() const { return impl_->num_slots(); }
+absl::Status Consumer::StartEpoch(int64_t epoch, int64_t first_batch) {
+  return impl_->StartEpoch(epoch, first_batch);
+}
+absl::StatusOr<std::optional<Batch>> Consumer::Next(absl::Duration timeout) {
+  return impl_->Next(timeout);
+}
+
+// ---------------------------------------------------------------------------------------
+// Client
+
+Client::Client(std::shared_ptr<internal::ClientImpl> impl) : impl_(std::move(impl)) {}
+Client::~Client() = default;
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::string_view address) {
+  absl::string_view rest(address.data(), address.size());
+  if (!absl::ConsumePrefix(&rest, "unix://")) absl::ConsumePrefix(&rest, "unix:");
+  const std::string path = rest.empty() ? DefaultSocketPath() : std::string(rest);
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<internal::Session> session,
+                         internal::Session::Open(path));
+  return std::unique_ptr<Client>(
+      new Client(std::make_shared<internal::ClientImpl>(path, std::move(session))));
+}
+
+const std::string& Client::address() const { return impl_->address(); }
+int Client::daemon_pid() const { return impl_->session().daemon_pid(); }
+
+namespace {
+
+absl::StatusOr<v1::Job> CallCreateJob(const internal::ClientImpl& impl,
+                                      const v1::CreateJobRequest& request) {
+  grpc::ClientContext context;
+  impl.Prepare(&context, /*quick=*/false);
+  v1::CreateJobResponse response;
+  grpc::Status status = impl.stub().CreateJob(&context, request, &response);
+  if (!status.ok()) return internal::FromGrpc(status, impl.Context("CreateJob"));
+  return std::move(*response.mutable_job());
+}
+
+absl::StatusOr<v1::JobStatus> CallGetJob(const internal::ClientImpl& impl,
+                                         std::string_view job_id) {
+  grpc::ClientContext context;
+  impl.Prepare(&context, /*quick=*/true);
+  v1::GetJobRequest request;
+  request.set_job_id(std::string(job_id));
+  v1::JobStatus response;
+  grpc::Status status = impl.stub().GetJob(&context, request, &response);
+  if (!status.ok()) return internal::FromGrpc(status, impl.Context("GetJob"));
+  return response;
+}
+
+absl::StatusOr<v1::ListJobsResponse> CallListJobs(const internal::ClientImpl& impl) {
+  grpc::ClientContext context;
+  impl.Prepare(&context, /*quick=*/true);
+  v1::ListJobsResponse response;
+  grpc::Status status = impl.stub().ListJobs(&context, v1::ListJobsRequest(), &response);
+  if (!status.ok()) return internal::FromGrpc(status, impl.Context("ListJobs"));
+  return response;
+}
+
+absl::StatusOr<v1::GetStatusResponse> CallGetStatus(const internal::ClientImpl& impl) {
+  grpc::ClientContext context;
+  impl.Prepare(&context, /*quick=*/true);
+  v1::GetStatusResponse response;
+  grpc::Status status = impl.stub().GetStatus(&context, v1::GetStatusRequest(), &response);
+  if (!status.ok()) return internal::FromGrpc(status, impl.Context("GetStatus"));
+  return response;
+}
+
+}  // namespace
+
+absl::StatusOr<JobInfo> Client::CreateJob(const JobOptions& options) {
+  v1::CreateJobRequest request;
+  request.set_name(options.name);
+  *request.mutable_spec() = internal::ToProto(options);
+  FERRY_ASSIGN_OR_RETURN(v1::Job job, CallCreateJob(*impl_, request));
+  return internal::FromProto(job);
+}
+
+absl::StatusOr<std::string> Client::CreateJobJson(std::string_view name,
+                                                  std::string_view spec_json) {
+  v1::CreateJobRequest request;
+  request.set_name(std::string(name));
+  FERRY_RETURN_IF_ERROR(
+      internal::FromJson(spec_json, "job spec (ferry.v1.JobSpec)", request.mutable_spec()));
+  FERRY_ASSIGN_OR_RETURN(v1::Job job, CallCreateJob(*impl_, request));
+  return internal::ToJson(job);
+}
+
+absl::StatusOr<JobStatus> Client::GetJob(std::string_view job_id) {
+  FERRY_ASSIGN_OR_RETURN(v1::JobStatus status, CallGetJob(*impl_, job_id));
+  return internal::FromProto(status);
+}
+
+absl::StatusOr<std::string> Client::GetJobJson(std::string_view job_id) {
+  FERRY_ASSIGN_OR_RETURN(v1::JobStatus status, CallGetJob(*impl_, job_id));
+  return internal::ToJson(status);
+}
+
+absl::StatusOr<std::vector<JobInfo>> Client::ListJobs() {
+  FERRY_ASSIGN_OR_RETURN(v1::ListJobsResponse response, CallListJobs(*impl_));
+  std::vector<JobInfo> jobs;
+  for (const v1::Job& job : response.jobs()) jobs.push_back(internal::FromProto(job));
+  return jobs;
+}
+
+absl::StatusOr<std::string> Client::ListJobsJson() {
+  FERRY_ASSIGN_OR_RETURN(v1::ListJobsResponse response, CallListJobs(*impl_));
+  return internal::ToJson(response);
+}
+
+absl::Status Client::DeleteJob(std::string_view job_id) {
+  grpc::ClientContext context;
+  impl_->Prepare(&context, /*quick=*/true);
+  v1::DeleteJobRequest request;
+  request.set_job_id(std::string(job_id));
+  v1::DeleteJobResponse response;
+  return internal::FromGrpc(impl_->stub().DeleteJob(&context, request, &response),
+                            impl_->Context("DeleteJob"));
+}
+
+absl::StatusOr<StatusReport> Client::GetStatus() {
+  FERRY_ASSIGN_OR_RETURN(v1::GetStatusResponse response, CallGetStatus(*impl_));
+  return internal::FromProto(response);
+}
+
+absl::StatusOr<std::string> Client::GetStatusJson() {
+  FERRY_ASSIGN_OR_RETURN(v1::GetStatusResponse response, CallGetStatus(*impl_));
+  return internal::ToJson(response);
+}
+
+absl::StatusOr<std::unique_ptr<Consumer>> Client::Attach(std::string_view job_id,
+                                                         uint32_t rank) {
+  auto impl = std::make_unique<internal::ConsumerImpl>(impl_, std::string(job_id), rank);
+  FERRY_RETURN_IF_ERROR(impl->Attach(/*retry=*/false));
+  return std::unique_ptr<Consumer>(new Consumer(std::move(impl)));
+}
+
+}  // namespace ferry

@@ -1,0 +1,280 @@
+// Client library tests that need no ferryd: spec <-> JSON conversion, layout validation,
+// slab mapping, and the session socket against a scripted fake daemon.
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "client/cpp/internal/convert.h"
+#include "client/cpp/internal/session.h"
+#include "common/session_protocol.h"
+#include "ferry/client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ferry {
+namespace {
+
+using ::testing::HasSubstr;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "ferry_client_XXXXXX");
+    path_ = mkdtemp(pattern.data());
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  std::string path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// A scripted session-socket server: accepts one client and runs `script` on it.
+class FakeSessionServer {
+ public:
+  FakeSessionServer(const std::string& grpc_socket, std::function<void(int)> script) {
+    auto fd = ListenUnix(SessionSocketPath(grpc_socket), SOCK_SEQPACKET, 0600);
+    EXPECT_TRUE(fd.ok()) << fd.status();
+    listener_ = std::move(*fd);
+    thread_ = std::thread([this, script = std::move(script)] {
+      UniqueFd conn(::accept(listener_.get(), nullptr, nullptr));
+      if (conn.valid()) script(conn.get());
+    });
+  }
+  ~FakeSessionServer() { thread_.join(); }
+
+ private:
+  UniqueFd listener_;
+  std::thread thread_;
+};
+
+TEST(ConnectTest, MissingSocketSaysWhereAndHowToStartFerryd) {
+  TempDir dir;
+  const std::string address = dir.path() + "/nothing/ferryd.sock";
+  auto client = Client::Connect(address);
+  ASSERT_FALSE(client.ok());
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(client.status().message(), HasSubstr(absl::StrCat("no ferryd at ", address)));
+  EXPECT_THAT(client.status().message(), HasSubstr("No such file or directory"));
+  EXPECT_THAT(client.status().message(),
+              HasSubstr("start one with 'ferryd' (per-user) or 'systemctl start ferryd', or "
+                        "pass the address"));
+}
+
+TEST(ConnectTest, UnixPrefixIsAccepted) {
+  TempDir dir;
+  const std::string address = dir.path() + "/ferryd.sock";
+  auto client = Client::Connect("unix:" + address);
+  ASSERT_FALSE(client.ok());
+  EXPECT_THAT(client.status().message(), HasSubstr(absl::StrCat("no ferryd at ", address, " ")));
+}
+
+TEST(ConnectTest, DefaultAddressIsTheDefaultSocketPath) {
+  TempDir dir;
+  ASSERT_EQ(setenv("XDG_RUNTIME_DIR", dir.path().c_str(), 1), 0);
+  auto client = Client::Connect("");
+  ASSERT_FALSE(client.ok());
+  EXPECT_THAT(client.status().message(), HasSubstr(DefaultSocketPath()));
+}
+
+TEST(ConnectTest, StaleSocketIsUnavailable) {
+  TempDir dir;
+  const std::string address = dir.path() + "/ferryd.sock";
+  {
+    // Bound and closed: the file stays, nobody listens (a crashed daemon's leftover).
+    auto fd = ListenUnix(SessionSocketPath(address), SOCK_SEQPACKET, 0600);
+    ASSERT_TRUE(fd.ok()) << fd.status();
+  }
+  auto client = Client::Connect(address);
+  ASSERT_FALSE(client.ok());
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(client.status().message(), HasSubstr("start one with 'ferryd'"));
+}
+
+TEST(ConnectTest, BadGreetingIsReported) {
+  TempDir dir;
+  const std::string address = dir.path() + "/ferryd.sock";
+  FakeSessionServer server(address, [](int fd) { (void)SendPacket(fd, "HI THERE"); });
+  auto client = Client::Connect(address);
+  ASSERT_FALSE(client.ok());
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(client.status().message(), HasSubstr("unexpected greeting 'HI THERE'"));
+}
+
+TEST(ConnectTest, HelloGivesTokenAndPidAndRpcErrorsNameTheDaemon) {
+  TempDir dir;
+  const std::string address = dir.path() + "/ferryd.sock";
+  FakeSessionServer server(address, [](int fd) {
+    (void)SendPacket(fd, "HELLO tok123 4242");
+    (void)RecvPacket(fd);  // wait for the client to hang up
+  });
+  auto client = Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_EQ((*client)->daemon_pid(), 4242);
+  EXPECT_EQ((*client)->address(), address);
+  // No gRPC server behind the address: a transport error that names call and daemon.
+  auto status = (*client)->GetStatus();
+  ASSERT_FALSE(status.ok());
+  EXPECT_EQ(status.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(status.status().message(), HasSubstr("GetStatus to ferryd at " + address));
+  client->reset();
+}
+
+TEST(SessionTest, FetchSlabReceivesTheMemfd) {
+  TempDir dir;
+  const std::string address = dir.path() + "/ferryd.sock";
+  FakeSessionServer server(address, [](int fd) {
+    (void)SendPacket(fd, "HELLO t 1");
+    auto request = RecvPacket(fd);
+    ASSERT_TRUE(request.ok());
+    EXPECT_EQ(*request, "FD att-1");
+    UniqueFd memfd(memfd_create("slab", MFD_CLOEXEC));
+    ASSERT_EQ(ftruncate(memfd.get(), 8192), 0);
+    ASSERT_EQ(pwrite(memfd.get(), "ferry", 5, 4096), 5);
+    (void)SendPacket(fd, "OK 8192", memfd.get());
+    request = RecvPacket(fd);
+    ASSERT_TRUE(request.ok());
+    (void)SendPacket(fd, "ERR attachment att-2 does not exist");
+    (void)RecvPacket(fd);
+  });
+  auto session = internal::Session::Open(address);
+  ASSERT_TRUE(session.ok()) << session.status();
+  EXPECT_EQ((*session)->token(), "t");
+  auto slab = (*session)->FetchSlab("att-1");
+  ASSERT_TRUE(slab.ok()) << slab.status();
+  EXPECT_EQ(slab->bytes, 8192u);
+  auto mapping = internal::SlabMapping::Create(slab->fd.get(), slab->bytes);
+  ASSERT_TRUE(mapping.ok()) << mapping.status();
+  slab->fd.Reset();  // the mapping stays valid without the fd
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>((*mapping)->data()) + 4096, 5), "ferry");
+
+  auto refused = (*session)->FetchSlab("att-2");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("att-2 does not exist"));
+  session->reset();
+}
+
+TEST(SlabMappingTest, RefusesAFileSmallerThanAnnounced) {
+  UniqueFd memfd(memfd_create("slab", MFD_CLOEXEC));
+  ASSERT_EQ(ftruncate(memfd.get(), 4096), 0);
+  auto mapping = internal::SlabMapping::Create(memfd.get(), 8192);
+  ASSERT_FALSE(mapping.ok());
+  EXPECT_THAT(mapping.status().message(), HasSubstr("holds 4096 bytes, ferryd announced 8192"));
+}
+
+TEST(JobOptionsJsonTest, ImageFolderRoundTrip) {
+  JobOptions options;
+  options.dataset = ImageFolderOptions{"/data/train"};
+  RandomResizedCropOptions rrc;
+  rrc.size = 224;
+  rrc.flip = true;
+  options.transform = rrc;
+  options.batch_size = 256;
+  options.shuffle = true;
+  options.seed = 7;
+  options.world_size = 8;
+  options.device = "cuda:3";
+  const std::string json = JobOptionsToJson(options);
+  EXPECT_THAT(json, HasSubstr(R"("image_folder":{"root":"/data/train"})"));
+  EXPECT_THAT(json, HasSubstr(R"("batch_size":256)"));
+  EXPECT_THAT(json, HasSubstr(R"("seed":"7")"));  // uint64 is a string in proto3 JSON
+
+  auto parsed = JobOptionsFromJson(json);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_TRUE(std::holds_alternative<ImageFolderOptions>(parsed->dataset));
+  EXPECT_EQ(std::get<ImageFolderOptions>(parsed->dataset).root, "/data/train");
+  ASSERT_TRUE(std::holds_alternative<RandomResizedCropOptions>(parsed->transform));
+  const auto& t = std::get<RandomResizedCropOptions>(parsed->transform);
+  EXPECT_EQ(t.size, 224u);
+  EXPECT_TRUE(t.flip);
+  EXPECT_FLOAT_EQ(t.scale_min, 0.08f);
+  EXPECT_FLOAT_EQ(t.ratio_max, 4.0f / 3.0f);
+  EXPECT_EQ(parsed->batch_size, 256u);
+  EXPECT_TRUE(parsed->shuffle);
+  EXPECT_EQ(parsed->seed, 7u);
+  EXPECT_EQ(parsed->world_size, 8u);
+  EXPECT_EQ(parsed->device, "cuda:3");
+}
+
+TEST(JobOptionsJsonTest, TokensFromHandWrittenJsonWithCamelCaseNames) {
+  auto parsed = JobOptionsFromJson(
+      R"({"dataset":{"tokens":{"path":"/d/t.bin","tokenDtype":"UINT32","seqLen":2048}},
+          "batchSize":8,"dropLast":true})");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_TRUE(std::holds_alternative<TokensOptions>(parsed->dataset));
+  const auto& tokens = std::get<TokensOptions>(parsed->dataset);
+  EXPECT_EQ(tokens.path, "/d/t.bin");
+  EXPECT_EQ(tokens.token_dtype, DType::kUint32);
+  EXPECT_EQ(tokens.seq_len, 2048u);
+  EXPECT_EQ(tokens.output_dtype, DType::kUnspecified);  // left to the daemon's default
+  EXPECT_TRUE(std::holds_alternative<std::monostate>(parsed->transform));
+  EXPECT_EQ(parsed->batch_size, 8u);
+  EXPECT_TRUE(parsed->drop_last);
+}
+
+TEST(JobOptionsJsonTest, MalformedJsonAndUnknownFieldsAreInvalidArgument) {
+  auto bad = JobOptionsFromJson(R"({"batch_size": )");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("cannot parse job spec"));
+
+  auto unknown = JobOptionsFromJson(R"({"batchsize": 3})");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(unknown.status().message(), HasSubstr("batchsize"));
+}
+
+TEST(DTypeTest, SizesAndNames) {
+  EXPECT_EQ(DTypeSize(DType::kUint8), 1u);
+  EXPECT_EQ(DTypeSize(DType::kBFloat16), 2u);
+  EXPECT_EQ(DTypeSize(DType::kInt64), 8u);
+  EXPECT_EQ(DTypeSize(DType::kUnspecified), 0u);
+  EXPECT_EQ(DTypeName(DType::kFloat32), "float32");
+  EXPECT_EQ(DTypeName(static_cast<DType>(99)), "unspecified");
+}
+
+JobInfo ImageJob() {
+  JobInfo job;
+  job.id = "j1";
+  job.spec.batch_size = 4;
+  job.fields.push_back({"image", DType::kUint8, {8, 8, 3}, 0, 192});
+  job.fields.push_back({"label", DType::kInt64, {}, 768, 8});
+  job.slot_bytes = 800;
+  return job;
+}
+
+TEST(ValidateLayoutTest, AcceptsAConsistentLayout) {
+  EXPECT_TRUE(internal::ValidateLayout(ImageJob(), 4, 800, 3200).ok());
+}
+
+TEST(ValidateLayoutTest, RejectsFieldsThatOverrunTheSlot) {
+  JobInfo job = ImageJob();
+  job.fields[1].offset = 780;
+  absl::Status status = internal::ValidateLayout(job, 4, 800, 3200);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(status.message(), HasSubstr("field 'label'"));
+  EXPECT_THAT(status.message(), HasSubstr("overruns the slot of 800 bytes"));
+}
+
+TEST(ValidateLayoutTest, RejectsRowBytesThatDisagreeWithTheShape) {
+  JobInfo job = ImageJob();
+  job.fields[0].row_bytes = 100;
+  EXPECT_THAT(internal::ValidateLayout(job, 4, 800, 3200).message(),
+              HasSubstr("row_bytes 100, shape and uint8 imply 192"));
+}
+
+TEST(ValidateLayoutTest, RejectsSlotsBeyondTheSlab) {
+  EXPECT_THAT(internal::ValidateLayout(ImageJob(), 5, 800, 3200).message(),
+              HasSubstr("5 slots of 800 bytes exceed the slab of 3200 bytes"));
+}
+
+}  // namespace
+}  // namespace ferry

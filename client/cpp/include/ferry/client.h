@@ -1,0 +1,336 @@
+// ferry's C++ client: talks to a local ferryd over its Unix socket, creates jobs, and
+// consumes batches straight out of the daemon's shared-memory slab (host transport).
+//
+//   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<ferry::Client> client,
+//                          ferry::Client::Connect(""));          // default socket
+//   ferry::JobOptions options;
+//   options.dataset = ferry::ImageFolderOptions{"/data/train"};
+//   options.transform = ferry::RandomResizedCropOptions{.size = 224, .flip = true};
+//   options.batch_size = 256;
+//   FERRY_ASSIGN_OR_RETURN(ferry::JobInfo job, client->CreateJob(options));
+//   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<ferry::Consumer> consumer,
+//                          client->Attach(job.id, /*rank=*/0));
+//   FERRY_RETURN_IF_ERROR(consumer->StartEpoch(/*epoch=*/0, /*first_batch=*/0));
+//   while (true) {
+//     FERRY_ASSIGN_OR_RETURN(std::optional<ferry::Batch> batch, consumer->Next());
+//     if (!batch) break;  // end of the epoch
+//     const ferry::BatchField* image = batch->field("image");
+//     ...                 // read image->data; the slot is given back when `batch` dies
+//   }
+//
+// No gRPC or protobuf type appears in this header: the implementation sits behind pImpl
+// classes, so users need only abseil to build against it.
+#ifndef FERRY_CLIENT_CPP_INCLUDE_FERRY_CLIENT_H_
+#define FERRY_CLIENT_CPP_INCLUDE_FERRY_CLIENT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace ferry {
+
+// Element types; the numeric values are those of ferry.v1.DType (and of the C ABI's codes).
+enum class DType : int {
+  kUnspecified = 0,
+  kUint8 = 1,
+  kUint16 = 2,
+  kUint32 = 3,
+  kInt32 = 4,
+  kInt64 = 5,
+  kFloat16 = 6,
+  kBFloat16 = 7,
+  kFloat32 = 8,
+};
+
+// Bytes per element; 0 for kUnspecified or an unknown value.
+size_t DTypeSize(DType dtype);
+// "uint8", "int64", "bfloat16", ...; "unspecified" for anything else.
+std::string_view DTypeName(DType dtype);
+
+// ---------------------------------------------------------------------------------------
+// Job specification: plain structs mirroring ferry.v1.JobSpec.
+
+// root/<class>/<file>; label = index of the class directory in sorted order.
+struct ImageFolderOptions {
+  std::string root;
+};
+
+// Flat binary file of little-endian token ids; a sample is seq_len + 1 tokens starting at
+// sample_index * seq_len.
+struct TokensOptions {
+  std::string path;
+  // kUint16 or kUint32. Default: kUint16.
+  DType token_dtype = DType::kUint16;
+  uint32_t seq_len = 0;
+  // kInt64 or kInt32. Default: kInt64.
+  DType output_dtype = DType::kInt64;
+};
+
+// torchvision's RandomResizedCrop followed by RandomHorizontalFlip(0.5) when `flip`.
+struct RandomResizedCropOptions {
+  uint32_t size = 0;
+  float scale_min = 0.08f;       // Default: 0.08
+  float scale_max = 1.0f;        // Default: 1.0
+  float ratio_min = 3.0f / 4.0f;  // Default: 3/4
+  float ratio_max = 4.0f / 3.0f;  // Default: 4/3
+  bool flip = false;
+};
+
+// torchvision's Resize(resize) (shorter side) followed by CenterCrop(size).
+struct CenterCropOptions {
+  uint32_t size = 0;
+  // Default: 0 = size * 256 / 224, chosen by the daemon.
+  uint32_t resize = 0;
+};
+
+struct JobOptions {
+  // Jobs with the same name and spec are one job (all local ranks of a run share it).
+  // Default: empty = derived by the daemon from the spec.
+  std::string name;
+  // Required.
+  std::variant<std::monostate, ImageFolderOptions, TokensOptions> dataset;
+  // Required for image datasets; ignored for tokens.
+  std::variant<std::monostate, RandomResizedCropOptions, CenterCropOptions> transform;
+  uint32_t batch_size = 0;  // Required.
+  bool shuffle = false;     // Default: false
+  uint64_t seed = 0;        // Default: 0
+  bool drop_last = false;   // Default: false
+  uint32_t world_size = 1;  // Default: 1
+  std::string device = "cpu";  // "cpu" (host transport) or "cuda:N". Default: "cpu"
+  uint32_t prefetch_depth = 0;  // Slots per rank. Default: 0 = the daemon's default.
+};
+
+// The JobSpec part of `options` (everything but `name`) as the proto3 JSON mapping of
+// ferry.v1.JobSpec, with proto field names, e.g.
+//   {"dataset":{"image_folder":{"root":"/data"}},"transform":{"center_crop":{"size":224}},
+//    "batch_size":32,"world_size":1,"device":"cpu"}
+std::string JobOptionsToJson(const JobOptions& options);
+// Parses the proto3 JSON mapping of ferry.v1.JobSpec (proto or lowerCamelCase names).
+// INVALID_ARGUMENT with the parser's message on malformed JSON or unknown fields.
+absl::StatusOr<JobOptions> JobOptionsFromJson(std::string_view json);
+
+// ---------------------------------------------------------------------------------------
+// Jobs and status (plain copies of the daemon's answers).
+
+struct FieldInfo {
+  std::string name;
+  DType dtype = DType::kUnspecified;
+  std::vector<int64_t> shape;  // per sample; the batch dimension is not included
+  uint64_t offset = 0;         // of the first row inside a slot
+  uint64_t row_bytes = 0;      // bytes per sample
+};
+
+struct JobInfo {
+  std::string id;
+  std::string name;
+  JobOptions spec;  // spec.name is left empty; see `name`
+  uint32_t owner_uid = 0;
+  int64_t num_samples = 0;
+  int64_t batches_per_epoch = 0;  // per rank
+  std::vector<FieldInfo> fields;
+  uint64_t slot_bytes = 0;
+  int64_t create_time_unix_ms = 0;
+};
+
+struct RankStatus {
+  uint32_t rank = 0;
+  bool attached = false;
+  int64_t batches_delivered = 0;
+  int64_t samples_delivered = 0;
+  double batches_per_second = 0;
+  double samples_per_second = 0;
+  uint32_t queue_depth = 0;   // ready, not yet taken by the consumer
+  uint32_t slots_leased = 0;  // held by the consumer
+  double consumer_wait_seconds = 0;
+  int64_t epoch = 0;
+  int64_t next_batch = 0;
+};
+
+struct SampleError {
+  int64_t index = 0;
+  std::string path;
+  std::string message;
+};
+
+struct JobStatus {
+  JobInfo job;
+  std::vector<RankStatus> ranks;
+  int64_t errors = 0;
+  std::vector<SampleError> recent_errors;
+};
+
+struct NumaNodeStatus {
+  int32_t id = 0;
+  std::vector<int32_t> cpus;
+  uint32_t workers = 0;
+};
+
+struct DaemonStatus {
+  std::string version;
+  double uptime_seconds = 0;
+  uint32_t pid = 0;
+  std::vector<NumaNodeStatus> numa_nodes;
+  uint64_t host_memory_in_use_bytes = 0;
+  uint64_t host_memory_budget_bytes = 0;
+  bool cuda_available = false;
+  std::string config_path;
+  std::vector<std::string> dataset_roots;
+};
+
+struct StatusReport {
+  DaemonStatus daemon;
+  std::vector<JobStatus> jobs;
+};
+
+// ---------------------------------------------------------------------------------------
+// Batches.
+
+// One field of a batch: a contiguous, C-ordered [num_samples, *per-sample shape] array.
+struct BatchField {
+  std::string name;
+  DType dtype = DType::kUnspecified;
+  std::vector<int64_t> shape;  // batch dimension first
+  const void* data = nullptr;  // read-only; valid until the batch is released
+  size_t bytes = 0;
+};
+
+namespace internal {
+class BatchLease;
+class ClientImpl;
+class ConsumerImpl;
+}  // namespace internal
+
+// A view of one batch in the daemon's shared memory plus a lease on its slot. The lease
+// is given back (Release on the stream) by Release() or the destructor, whichever comes
+// first; afterwards the daemon may overwrite the memory, so `data` pointers must not be
+// used. Move-only. A Batch may outlive its Consumer (releasing it is then a no-op, and
+// its memory stays mapped until the batch dies).
+//
+// Thread safety: a Batch is not synchronized; use one from one thread at a time. Batches
+// of one consumer may be released concurrently from different threads.
+class Batch final {
+ public:
+  Batch(Batch&&) noexcept;
+  Batch& operator=(Batch&&) noexcept;
+  Batch(const Batch&) = delete;
+  Batch& operator=(const Batch&) = delete;
+  ~Batch();
+
+  int64_t epoch() const { return epoch_; }
+  int64_t index() const { return index_; }  // batch number within the epoch
+  int64_t seq() const { return seq_; }      // position in the consumer's stream
+  uint32_t slot() const { return slot_; }
+  uint32_t num_samples() const { return num_samples_; }
+  const std::vector<BatchField>& fields() const { return fields_; }
+  // The field called `name`, or null.
+  const BatchField* field(std::string_view name) const;
+
+  // Gives the slot back. Idempotent: later calls return OK and do nothing. An error means
+  // the release could not be sent because the stream is gone, in which case the daemon
+  // has reclaimed the slot anyway.
+  absl::Status Release();
+  bool released() const;
+
+ private:
+  friend class internal::ConsumerImpl;
+  Batch() = default;
+
+  int64_t epoch_ = 0;
+  int64_t index_ = 0;
+  int64_t seq_ = 0;
+  uint32_t slot_ = 0;
+  uint32_t num_samples_ = 0;
+  std::vector<BatchField> fields_;
+  std::unique_ptr<internal::BatchLease> lease_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Consumer: one rank of one job.
+//
+// Thread safety: StartEpoch and Next must not be called concurrently with each other (one
+// consuming thread); the batches they return may be released from any thread.
+class Consumer final {
+ public:
+  ~Consumer();  // closes the stream: the daemon reclaims every slot still leased
+  Consumer(const Consumer&) = delete;
+  Consumer& operator=(const Consumer&) = delete;
+
+  const JobInfo& job() const;
+  uint32_t rank() const;
+  uint32_t num_slots() const;
+
+  // Asks for batches [first_batch, job().batches_per_epoch) of `epoch`. When the previous
+  // epoch has not been consumed to its end, the consumer reattaches first (a new stream;
+  // batches still held from the old one stay readable but their slots are no longer
+  // protected). INVALID_ARGUMENT when first_batch is out of range.
+  absl::Status StartEpoch(int64_t epoch, int64_t first_batch);
+
+  // The next batch of the epoch, or nullopt after its last batch. Errors: FAILED_PRECONDITION
+  // before StartEpoch; DEADLINE_EXCEEDED when nothing arrived within `timeout` (nothing is
+  // lost: call again); otherwise the stream's error (e.g. UNAVAILABLE when ferryd died),
+  // after which the consumer is unusable until the next StartEpoch.
+  absl::StatusOr<std::optional<Batch>> Next(absl::Duration timeout = absl::InfiniteDuration());
+
+ private:
+  friend class Client;
+  explicit Consumer(std::unique_ptr<internal::ConsumerImpl> impl);
+  std::unique_ptr<internal::ConsumerImpl> impl_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Client: one session with one ferryd.
+//
+// Thread safety: every method may be called concurrently. Consumers keep the session they
+// need alive on their own, so a Client may be destroyed before its consumers.
+class Client final {
+ public:
+  // Connects to ferryd's gRPC socket at `address` (a path, optionally prefixed "unix:");
+  // empty means DefaultSocketPath(). Opens the session socket next to it and keeps it open
+  // for the client's lifetime. NOT_FOUND / UNAVAILABLE when no ferryd answers there, with
+  // the path looked at and how to start one.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(std::string_view address);
+
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // The gRPC socket path in use.
+  const std::string& address() const;
+  // Pid the daemon reported in its HELLO.
+  int daemon_pid() const;
+
+  // Creates the job or returns the existing one with the same name and spec.
+  absl::StatusOr<JobInfo> CreateJob(const JobOptions& options);
+  absl::StatusOr<JobStatus> GetJob(std::string_view job_id);
+  absl::StatusOr<std::vector<JobInfo>> ListJobs();
+  absl::Status DeleteJob(std::string_view job_id);
+  absl::StatusOr<StatusReport> GetStatus();
+
+  // The same answers as the proto3 JSON mapping (proto field names, every field printed),
+  // of ferry.v1.Job (CreateJobJson), JobStatus, ListJobsResponse and GetStatusResponse.
+  absl::StatusOr<std::string> CreateJobJson(std::string_view name, std::string_view spec_json);
+  absl::StatusOr<std::string> GetJobJson(std::string_view job_id);
+  absl::StatusOr<std::string> ListJobsJson();
+  absl::StatusOr<std::string> GetStatusJson();
+
+  // Attaches as `rank` of job `job_id`, maps the job's slab read-only and opens the batch
+  // stream. Call StartEpoch on the result to receive batches.
+  absl::StatusOr<std::unique_ptr<Consumer>> Attach(std::string_view job_id, uint32_t rank);
+
+ private:
+  explicit Client(std::shared_ptr<internal::ClientImpl> impl);
+  std::shared_ptr<internal::ClientImpl> impl_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_CLIENT_CPP_INCLUDE_FERRY_CLIENT_H_

@@ -1,0 +1,294 @@
+#include "client/cpp/internal/convert.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace ferry {
+
+size_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kUint8:
+      return 1;
+    case DType::kUint16:
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      return 2;
+    case DType::kUint32:
+    case DType::kInt32:
+    case DType::kFloat32:
+      return 4;
+    case DType::kInt64:
+      return 8;
+    default:
+      return 0;
+  }
+}
+
+std::string_view DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kUint8:
+      return "uint8";
+    case DType::kUint16:
+      return "uint16";
+    case DType::kUint32:
+      return "uint32";
+    case DType::kInt32:
+      return "int32";
+    case DType::kInt64:
+      return "int64";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kFloat32:
+      return "float32";
+    default:
+      return "unspecified";
+  }
+}
+
+std::string JobOptionsToJson(const JobOptions& options) {
+  return internal::ToJson(internal::ToProto(options));
+}
+
+absl::StatusOr<JobOptions> JobOptionsFromJson(std::string_view json) {
+  v1::JobSpec spec;
+  absl::Status status = internal::FromJson(json, "job spec (ferry.v1.JobSpec)", &spec);
+  if (!status.ok()) return status;
+  return internal::FromProto(spec);
+}
+
+namespace internal {
+namespace {
+
+v1::DType ToProto(DType dtype) { return static_cast<v1::DType>(static_cast<int>(dtype)); }
+DType FromProto(v1::DType dtype) { return static_cast<DType>(static_cast<int>(dtype)); }
+
+}  // namespace
+
+v1::JobSpec ToProto(const JobOptions& options) {
+  v1::JobSpec spec;
+  if (const auto* folder = std::get_if<ImageFolderOptions>(&options.dataset)) {
+    spec.mutable_dataset()->mutable_image_folder()->set_root(folder->root);
+  } else if (const auto* tokens = std::get_if<TokensOptions>(&options.dataset)) {
+    v1::TokensDataset* t = spec.mutable_dataset()->mutable_tokens();
+    t->set_path(tokens->path);
+    t->set_token_dtype(ToProto(tokens->token_dtype));
+    t->set_seq_len(tokens->seq_len);
+    t->set_output_dtype(ToProto(tokens->output_dtype));
+  }
+  if (const auto* rrc = std::get_if<RandomResizedCropOptions>(&options.transform)) {
+    v1::RandomResizedCrop* r = spec.mutable_transform()->mutable_random_resized_crop();
+    r->set_size(rrc->size);
+    r->set_scale_min(rrc->scale_min);
+    r->set_scale_max(rrc->scale_max);
+    r->set_ratio_min(rrc->ratio_min);
+    r->set_ratio_max(rrc->ratio_max);
+    r->set_flip(rrc->flip);
+  } else if (const auto* cc = std::get_if<CenterCropOptions>(&options.transform)) {
+    v1::CenterCrop* c = spec.mutable_transform()->mutable_center_crop();
+    c->set_size(cc->size);
+    c->set_resize(cc->resize);
+  }
+  spec.set_batch_size(options.batch_size);
+  spec.set_shuffle(options.shuffle);
+  spec.set_seed(options.seed);
+  spec.set_drop_last(options.drop_last);
+  spec.set_world_size(options.world_size);
+  spec.set_device(options.device);
+  spec.set_prefetch_depth(options.prefetch_depth);
+  return spec;
+}
+
+JobOptions FromProto(const v1::JobSpec& spec) {
+  JobOptions options;
+  switch (spec.dataset().kind_case()) {
+    case v1::DatasetSpec::kImageFolder:
+      options.dataset = ImageFolderOptions{spec.dataset().image_folder().root()};
+      break;
+    case v1::DatasetSpec::kTokens: {
+      const v1::TokensDataset& t = spec.dataset().tokens();
+      TokensOptions tokens;
+      tokens.path = t.path();
+      tokens.token_dtype = FromProto(t.token_dtype());
+      tokens.seq_len = t.seq_len();
+      tokens.output_dtype = FromProto(t.output_dtype());
+      options.dataset = tokens;
+      break;
+    }
+    default:
+      break;
+  }
+  switch (spec.transform().kind_case()) {
+    case v1::TransformSpec::kRandomResizedCrop: {
+      const v1::RandomResizedCrop& r = spec.transform().random_resized_crop();
+      RandomResizedCropOptions rrc;
+      rrc.size = r.size();
+      rrc.scale_min = r.scale_min();
+      rrc.scale_max = r.scale_max();
+      rrc.ratio_min = r.ratio_min();
+      rrc.ratio_max = r.ratio_max();
+      rrc.flip = r.flip();
+      options.transform = rrc;
+      break;
+    }
+    case v1::TransformSpec::kCenterCrop:
+      options.transform =
+          CenterCropOptions{spec.transform().center_crop().size(),
+                            spec.transform().center_crop().resize()};
+      break;
+    default:
+      break;
+  }
+  options.batch_size = spec.batch_size();
+  options.shuffle = spec.shuffle();
+  options.seed = spec.seed();
+  options.drop_last = spec.drop_last();
+  options.world_size = spec.world_size();
+  options.device = spec.device();
+  options.prefetch_depth = spec.prefetch_depth();
+  return options;
+}
+
+JobInfo FromProto(const v1::Job& job) {
+  JobInfo info;
+  info.id = job.id();
+  info.name = job.name();
+  info.spec = FromProto(job.spec());
+  info.owner_uid = job.owner_uid();
+  info.num_samples = job.num_samples();
+  info.batches_per_epoch = job.batches_per_epoch();
+  for (const v1::Field& f : job.fields()) {
+    FieldInfo field;
+    field.name = f.name();
+    field.dtype = FromProto(f.dtype());
+    field.shape.assign(f.shape().begin(), f.shape().end());
+    field.offset = f.offset();
+    field.row_bytes = f.row_bytes();
+    info.fields.push_back(std::move(field));
+  }
+  info.slot_bytes = job.slot_bytes();
+  info.create_time_unix_ms = job.create_time_unix_ms();
+  return info;
+}
+
+JobStatus FromProto(const v1::JobStatus& status) {
+  JobStatus out;
+  out.job = FromProto(status.job());
+  for (const v1::RankStatus& r : status.ranks()) {
+    RankStatus rank;
+    rank.rank = r.rank();
+    rank.attached = r.attached();
+    rank.batches_delivered = r.batches_delivered();
+    rank.samples_delivered = r.samples_delivered();
+    rank.batches_per_second = r.batches_per_second();
+    rank.samples_per_second = r.samples_per_second();
+    rank.queue_depth = r.queue_depth();
+    rank.slots_leased = r.slots_leased();
+    rank.consumer_wait_seconds = r.consumer_wait_seconds();
+    rank.epoch = r.epoch();
+    rank.next_batch = r.next_batch();
+    out.ranks.push_back(rank);
+  }
+  out.errors = status.errors();
+  for (const v1::SampleError& e : status.recent_errors()) {
+    out.recent_errors.push_back(SampleError{e.index(), e.path(), e.message()});
+  }
+  return out;
+}
+
+StatusReport FromProto(const v1::GetStatusResponse& response) {
+  StatusReport report;
+  const v1::DaemonStatus& d = response.daemon();
+  report.daemon.version = d.version();
+  report.daemon.uptime_seconds = d.uptime_seconds();
+  report.daemon.pid = d.pid();
+  for (const v1::NumaNodeStatus& n : d.numa_nodes()) {
+    report.daemon.numa_nodes.push_back(
+        NumaNodeStatus{n.id(), {n.cpus().begin(), n.cpus().end()}, n.workers()});
+  }
+  report.daemon.host_memory_in_use_bytes = d.host_memory_in_use_bytes();
+  report.daemon.host_memory_budget_bytes = d.host_memory_budget_bytes();
+  report.daemon.cuda_available = d.cuda_available();
+  report.daemon.config_path = d.config_path();
+  report.daemon.dataset_roots.assign(d.dataset_roots().begin(), d.dataset_roots().end());
+  for (const v1::JobStatus& j : response.jobs()) report.jobs.push_back(FromProto(j));
+  return report;
+}
+
+std::string ToJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string out;
+  // Printing a well-formed message cannot fail (no Any fields in ferry's protos).
+  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
+  return out;
+}
+
+absl::Status FromJson(std::string_view json, std::string_view what,
+                      google::protobuf::Message* message) {
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  auto status = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(json.data(), json.size()), message, options);
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot parse ", std::string(what), " from JSON: ", std::string(status.message()), "; input: ",
+        json.size() > 200 ? absl::StrCat(std::string(json.substr(0, 200)), "...")
+                          : std::string(json)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FromGrpc(const grpc::Status& status, std::string_view context) {
+  if (status.ok()) return absl::OkStatus();
+  auto code = static_cast<absl::StatusCode>(status.error_code());
+  switch (code) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kDeadlineExceeded:
+      return absl::Status(code, absl::StrCat(std::string(context), ": ", status.error_message()));
+    default:
+      return absl::Status(code, status.error_message());
+  }
+}
+
+absl::Status ValidateLayout(const JobInfo& job, uint64_t num_slots, uint64_t slot_bytes,
+                            uint64_t slab_bytes) {
+  auto bad = [&](const std::string& what) {
+    return absl::InternalError(absl::StrCat("ferryd sent an inconsistent slot layout for job '",
+                                            job.id, "': ", what,
+                                            "; client and daemon versions may differ"));
+  };
+  if (num_slots == 0 || slot_bytes == 0) return bad("no slots");
+  if (slot_bytes > slab_bytes / num_slots) {
+    return bad(absl::StrCat(num_slots, " slots of ", slot_bytes, " bytes exceed the slab of ",
+                            slab_bytes, " bytes"));
+  }
+  const uint64_t batch_size = job.spec.batch_size;
+  for (const FieldInfo& f : job.fields) {
+    uint64_t elem = DTypeSize(f.dtype);
+    if (elem == 0) return bad(absl::StrCat("field '", f.name, "' has an unknown dtype"));
+    uint64_t count = 1;
+    for (int64_t d : f.shape) {
+      if (d < 0) return bad(absl::StrCat("field '", f.name, "' has a negative dimension"));
+      count *= static_cast<uint64_t>(d);
+    }
+    if (count * elem != f.row_bytes) {
+      return bad(absl::StrCat("field '", f.name, "' has row_bytes ", f.row_bytes, ", shape and ",
+                              std::string(DTypeName(f.dtype)), " imply ", count * elem));
+    }
+    if (f.offset > slot_bytes || batch_size * f.row_bytes > slot_bytes - f.offset) {
+      return bad(absl::StrCat("field '", f.name, "' (offset ", f.offset, ", ", batch_size,
+                              " rows of ", f.row_bytes, " bytes) overruns the slot of ",
+                              slot_bytes, " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace internal
+}  // namespace ferry

@@ -1,0 +1,142 @@
+#include "client/cpp/internal/session.h"
+
+#include <errno.h>
+#include <string.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/session_protocol.h"
+
+namespace ferry::internal {
+namespace {
+
+// How long ferryd may take to answer on the session socket (HELLO, FD). It answers from
+// memory, so only a wedged daemon gets near this.
+constexpr int kSessionTimeoutSeconds = 30;
+
+absl::Status Annotate(const absl::Status& status, const std::string& path,
+                      const std::string& what) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat(what, " on session socket ", path, ": ", status.message()));
+}
+
+// RecvPacket with a deadline, so a wedged daemon yields an error instead of a hang.
+absl::StatusOr<std::string> RecvWithTimeout(int sock, const std::string& path,
+                                            const std::string& what, UniqueFd* fd = nullptr) {
+  pollfd p{sock, POLLIN, 0};
+  int n;
+  do {
+    n = ::poll(&p, 1, kSessionTimeoutSeconds * 1000);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return absl::InternalError(absl::StrCat("poll: ", strerror(errno)));
+  if (n == 0) {
+    return absl::DeadlineExceededError(absl::StrCat("ferryd did not answer ", what, " within ",
+                                                    kSessionTimeoutSeconds, " s on ", path));
+  }
+  absl::StatusOr<std::string> packet = RecvPacket(sock, fd);
+  if (!packet.ok()) return Annotate(packet.status(), path, what);
+  return packet;
+}
+
+}  // namespace
+
+absl::Status NoDaemonError(const std::string& grpc_socket, const absl::Status& connect_error) {
+  if (connect_error.code() == absl::StatusCode::kPermissionDenied) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "cannot use ferryd at ", grpc_socket, " (", connect_error.message(),
+        "); ask to be added to the group 'ferry', or pass the address of a ferryd you may use"));
+  }
+  return absl::Status(connect_error.code(),
+                      absl::StrCat("no ferryd at ", grpc_socket, " (", connect_error.message(),
+                                   "); start one with 'ferryd' (per-user) or 'systemctl start "
+                                   "ferryd', or pass the address"));
+}
+
+Session::Session(UniqueFd fd, std::string path, std::string token, int daemon_pid)
+    : path_(std::move(path)),
+      token_(std::move(token)),
+      daemon_pid_(daemon_pid),
+      fd_(std::move(fd)) {}
+
+absl::StatusOr<std::unique_ptr<Session>> Session::Open(const std::string& grpc_socket) {
+  const std::string path = SessionSocketPath(grpc_socket);
+  absl::StatusOr<UniqueFd> fd = ConnectUnix(path, SOCK_SEQPACKET);
+  if (!fd.ok()) {
+    const absl::StatusCode code = fd.status().code();
+    if (code == absl::StatusCode::kNotFound || code == absl::StatusCode::kUnavailable ||
+        code == absl::StatusCode::kPermissionDenied) {
+      return NoDaemonError(grpc_socket, fd.status());
+    }
+    return fd.status();
+  }
+  absl::StatusOr<std::string> hello = RecvWithTimeout(fd->get(), path, "HELLO");
+  if (!hello.ok()) return hello.status();
+  std::vector<std::string> parts = absl::StrSplit(*hello, ' ');
+  int pid = 0;
+  if (parts.size() != 3 || parts[0] != "HELLO" || parts[1].empty() ||
+      !absl::SimpleAtoi(parts[2], &pid)) {
+    return absl::InternalError(absl::StrCat("unexpected greeting '", hello->substr(0, 100),
+                                            "' on ", path,
+                                            "; is it a ferryd of another version?"));
+  }
+  return std::unique_ptr<Session>(new Session(std::move(*fd), path, parts[1], pid));
+}
+
+absl::StatusOr<Session::Slab> Session::FetchSlab(const std::string& attach_id) {
+  absl::MutexLock lock(&mu_);
+  absl::Status sent = SendPacket(fd_.get(), absl::StrCat("FD ", attach_id));
+  if (!sent.ok()) return Annotate(sent, path_, "requesting the slab");
+  Slab slab;
+  absl::StatusOr<std::string> answer =
+      RecvWithTimeout(fd_.get(), path_, "the slab request", &slab.fd);
+  if (!answer.ok()) return answer.status();
+  absl::string_view text = *answer;
+  if (absl::ConsumePrefix(&text, "ERR ")) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ferryd refused the slab of attachment ", attach_id, ": ", text));
+  }
+  if (!absl::ConsumePrefix(&text, "OK ") || !absl::SimpleAtoi(text, &slab.bytes)) {
+    return absl::InternalError(absl::StrCat("unexpected answer '", answer->substr(0, 100),
+                                            "' to FD on ", path_));
+  }
+  if (!slab.fd.valid()) {
+    return absl::InternalError(
+        absl::StrCat("ferryd answered OK on ", path_, " but attached no file descriptor"));
+  }
+  return slab;
+}
+
+absl::StatusOr<std::shared_ptr<const SlabMapping>> SlabMapping::Create(int fd,
+                                                                       uint64_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("cannot map an empty slab");
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    return absl::InternalError(absl::StrCat("fstat(slab memfd): ", strerror(errno)));
+  }
+  if (static_cast<uint64_t>(st.st_size) < bytes) {
+    return absl::InternalError(absl::StrCat("slab memfd holds ", st.st_size,
+                                            " bytes, ferryd announced ", bytes));
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    int err = errno;
+    return absl::Status(err == ENOMEM ? absl::StatusCode::kResourceExhausted
+                                      : absl::StatusCode::kInternal,
+                        absl::StrCat("mmap of the ", bytes, "-byte slab: ", strerror(err)));
+  }
+  return std::shared_ptr<const SlabMapping>(
+      new SlabMapping(static_cast<const uint8_t*>(p), bytes));
+}
+
+SlabMapping::~SlabMapping() { ::munmap(const_cast<uint8_t*>(data_), size_); }
+
+}  // namespace ferry::internal
