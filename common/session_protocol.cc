@@ -40,7 +40,7 @@ absl::StatusOr<sockaddr_un> MakeAddress(const std::string& path) {
 }  // namespace
 
 std::string DefaultSocketPath() {
-  if (geteuid() == 0) return "/run/ferry/ferryd.sock";
+  if (geteuid() == 0) return kSystemSocketPath;
   const char* xdg = getenv("XDG_RUNTIME_DIR");
   if (xdg != nullptr && xdg[0] != '\0') return absl::StrCat(xdg, "/ferry/ferryd.sock");
   return absl::StrCat("/tmp/ferry-", geteuid(), "/ferryd.sock");

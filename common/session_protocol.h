@@ -27,6 +27,7 @@
 namespace ferry {
 
 inline constexpr char kSessionMetadataKey[] = "ferry-session";
+inline constexpr char kSystemSocketPath[] = "/run/ferry/ferryd.sock";
 
 // Default gRPC socket: /run/ferry/ferryd.sock for root, $XDG_RUNTIME_DIR/ferry/ferryd.sock
 // otherwise, /tmp/ferry-<uid>/ferryd.sock when XDG_RUNTIME_DIR is unset.

@@ -36,6 +36,15 @@ absl::StatusOr<std::shared_ptr<Job>> Job::Create(JobIdentity identity,
     return absl::InvalidArgumentError("batch_size must be at least 1 (got 0)");
   }
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<SampleSource> source, MakeSampleSource(spec));
+  return Create(std::move(identity), spec, std::move(source));
+}
+
+absl::StatusOr<std::shared_ptr<Job>> Job::Create(JobIdentity identity,
+                                                 const ferry::v1::JobSpec& spec,
+                                                 std::unique_ptr<SampleSource> source) {
+  if (spec.batch_size() == 0) {
+    return absl::InvalidArgumentError("batch_size must be at least 1 (got 0)");
+  }
   SamplerOptions options;
   options.num_samples = source->size();
   options.batch_size = spec.batch_size();

@@ -43,6 +43,10 @@ class Job final {
   // Opens the dataset and checks the spec. Errors name the offending field.
   static absl::StatusOr<std::shared_ptr<Job>> Create(JobIdentity identity,
                                                      const ferry::v1::JobSpec& spec);
+  // Same, over an already opened source (tests feed fakes through this).
+  static absl::StatusOr<std::shared_ptr<Job>> Create(JobIdentity identity,
+                                                     const ferry::v1::JobSpec& spec,
+                                                     std::unique_ptr<SampleSource> source);
 
   const JobIdentity& identity() const { return identity_; }
   const ferry::v1::JobSpec& spec() const { return spec_; }

@@ -32,9 +32,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                                                    d->config_.path);
   JobManager::Options job_options;
   job_options.dataset_roots.assign(config.dataset_roots().begin(), config.dataset_roots().end());
-  // A per-user daemon reads only what its user can read anyway; a system daemon must be told
-  // which trees it may serve.
-  job_options.allow_any_dataset = job_options.dataset_roots.empty() && geteuid() != 0;
+  // A per-user or private daemon reads only what its user can read anyway; the system daemon
+  // (the one on /run/ferry/ferryd.sock, serving every user) must be told which trees it may
+  // serve.
+  job_options.allow_any_dataset =
+      job_options.dataset_roots.empty() && config.unix_socket() != kSystemSocketPath;
   job_options.config_path = d->config_.path;
   job_options.default_prefetch_depth = config.default_prefetch_depth();
   d->jobs_ = std::make_unique<JobManager>(job_options, d->pool_.get(), d->host_budget_.get());

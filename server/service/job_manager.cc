@@ -2,6 +2,7 @@
 
 #include <sys/random.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <utility>
 
@@ -142,6 +143,16 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
     identity.serial = next_serial_++;
   }
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, Job::Create(identity, spec));
+  // Refuse now a job whose rank slab can never fit, rather than at every rank's attach.
+  const uint64_t rank_bytes = job->layout().slot_bytes * spec.prefetch_depth();
+  if (rank_bytes > host_budget_->limit() - std::min(host_budget_->limit(), host_budget_->in_use())) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job '", job_name, "' needs ", rank_bytes, " bytes per rank (", spec.prefetch_depth(),
+        " slots of ", job->layout().slot_bytes, " bytes) but the host memory budget has ",
+        host_budget_->limit() - std::min(host_budget_->limit(), host_budget_->in_use()), " of ",
+        host_budget_->limit(), " bytes free; lower batch_size or prefetch_depth, delete idle "
+        "jobs, or raise host_memory_budget_bytes in ", options_.config_path));
+  }
   absl::MutexLock lock(&mutex_);
   if (auto it = id_by_key_.find(key); it != id_by_key_.end()) {
     return Created{jobs_.at(it->second).job, false};  // another rank won the race

@@ -1,0 +1,275 @@
+// RankPipeline against a fake SampleSource: ordering, bounded prefetch, epoch changes,
+// reclaiming a vanished consumer's slots and substituting unreadable samples.
+#include <algorithm>
+#include <deque>
+#include <set>
+#include <variant>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/pipeline/job.h"
+#include "server/pipeline/rank_pipeline.h"
+#include "server/pipeline/worker_pool.h"
+
+namespace ferry {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Sample i has fields value = i * 10 and index = i. Samples in `corrupt` fail to read.
+class FakeSource final : public SampleSource {
+ public:
+  FakeSource(int64_t n, absl::flat_hash_set<int64_t> corrupt) : n_(n), corrupt_(std::move(corrupt)) {
+    fields_.push_back(FieldLayout{"value", ferry::v1::INT64, {}, 8});
+    fields_.push_back(FieldLayout{"index", ferry::v1::INT64, {}, 8});
+  }
+  int64_t size() const override { return n_; }
+  const std::vector<FieldLayout>& fields() const override { return fields_; }
+  std::unique_ptr<Scratch> NewScratch() const override { return std::make_unique<Scratch>(); }
+  absl::Status Fill(int64_t index, uint64_t, absl::Span<uint8_t* const> rows,
+                    Scratch*) const override {
+    if (corrupt_.contains(index)) return absl::DataLossError("corrupt on purpose");
+    int64_t value = index * 10;
+    memcpy(rows[0], &value, 8);
+    memcpy(rows[1], &index, 8);
+    return absl::OkStatus();
+  }
+  std::string Describe(int64_t index) const override { return "fake/" + std::to_string(index); }
+
+ private:
+  int64_t n_;
+  absl::flat_hash_set<int64_t> corrupt_;
+  std::vector<FieldLayout> fields_;
+};
+
+struct EpochEndMsg {
+  int64_t epoch;
+};
+using Message = std::variant<ferry::v1::BatchReady, EpochEndMsg>;
+
+class RecordingConsumer final : public BatchConsumer {
+ public:
+  void OnBatchReady(const ferry::v1::BatchReady& b) override {
+    absl::MutexLock lock(&mutex_);
+    messages_.push_back(b);
+  }
+  void OnEpochEnd(int64_t epoch) override {
+    absl::MutexLock lock(&mutex_);
+    messages_.push_back(EpochEndMsg{epoch});
+  }
+  // Waits up to 10 s for the next message.
+  std::optional<Message> Next() {
+    absl::MutexLock lock(&mutex_);
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return !messages_.empty(); };
+    if (!mutex_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(10))) return std::nullopt;
+    Message m = messages_.front();
+    messages_.pop_front();
+    return m;
+  }
+  size_t pending() {
+    absl::MutexLock lock(&mutex_);
+    return messages_.size();
+  }
+
+ private:
+  absl::Mutex mutex_;
+  std::deque<Message> messages_ ABSL_GUARDED_BY(mutex_);
+};
+
+class PipelineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Topology topo = *Topology::Read("/sys");
+    pool_ = *WorkerPool::Create(topo, 2);
+  }
+
+  std::shared_ptr<RankPipeline> Make(int64_t n, int batch, int world, int rank, int slots,
+                                     bool drop_last, absl::flat_hash_set<int64_t> corrupt = {}) {
+    ferry::v1::JobSpec spec;
+    spec.set_batch_size(batch);
+    spec.set_world_size(world);
+    spec.set_shuffle(true);
+    spec.set_seed(7);
+    spec.set_drop_last(drop_last);
+    job_ = *Job::Create(JobIdentity{"jtest", "test", 1000, next_serial_++}, spec,
+                        std::make_unique<FakeSource>(n, std::move(corrupt)));
+    auto p = RankPipeline::Create(job_, rank, slots, -1, pool_.get(), &budget_);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return *p;
+  }
+
+  // Reads the index field of a delivered batch.
+  std::vector<int64_t> Indices(RankPipeline& p, const ferry::v1::BatchReady& b) {
+    const SlotLayout& layout = job_->layout();
+    const uint8_t* base = p.slab().data() + b.slot() * layout.slot_bytes + layout.offsets[1];
+    std::vector<int64_t> out(b.num_samples());
+    memcpy(out.data(), base, out.size() * 8);
+    return out;
+  }
+
+  std::vector<int64_t> Expected(int64_t epoch, int rank, int64_t batch) {
+    std::vector<int64_t> ids;
+    job_->sampler().BatchIndices(epoch, rank, batch, &ids);
+    return ids;
+  }
+
+  MemoryBudget budget_{"host memory budget", "host_memory_budget_bytes", 1 << 30, "test.conf"};
+  std::unique_ptr<WorkerPool> pool_;
+  std::shared_ptr<Job> job_;
+  uint64_t next_serial_ = 1;
+};
+
+TEST_F(PipelineTest, DeliversEveryBatchInOrderThenEpochEnd) {
+  auto p = Make(/*n=*/103, /*batch=*/8, /*world=*/2, /*rank=*/1, /*slots=*/3, false);
+  RecordingConsumer c;
+  ASSERT_TRUE(p->Bind(&c, 1).ok());
+  ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
+  const int64_t batches = job_->sampler().batches_per_epoch();
+  ASSERT_EQ(batches, 7);  // ceil(ceil(103 / 2) / 8)
+  for (int64_t b = 0; b < batches; ++b) {
+    auto m = c.Next();
+    ASSERT_TRUE(m.has_value());
+    auto& batch = std::get<ferry::v1::BatchReady>(*m);
+    EXPECT_EQ(batch.seq(), b);
+    EXPECT_EQ(batch.epoch(), 0);
+    EXPECT_EQ(batch.batch(), b);
+    EXPECT_EQ(Indices(*p, batch), Expected(0, 1, b));
+    ASSERT_TRUE(p->Release(&c, batch.slot(), batch.seq()).ok());
+  }
+  auto end = c.Next();
+  ASSERT_TRUE(end.has_value());
+  EXPECT_EQ(std::get<EpochEndMsg>(*end).epoch, 0);
+  p->Unbind(&c);
+}
+
+TEST_F(PipelineTest, PrefetchIsBoundedBySlots) {
+  auto p = Make(200, 4, 1, 0, 2, true);
+  RecordingConsumer c;
+  ASSERT_TRUE(p->Bind(&c, 1).ok());
+  ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
+  auto a = std::get<ferry::v1::BatchReady>(*c.Next());
+  auto b = std::get<ferry::v1::BatchReady>(*c.Next());
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(c.pending(), 0u) << "a third batch was delivered with both slots leased";
+  ferry::v1::RankStatus status;
+  p->FillStatus(&status);
+  EXPECT_EQ(status.slots_leased(), 2u);
+  ASSERT_TRUE(p->Release(&c, a.slot(), a.seq()).ok());
+  auto next = std::get<ferry::v1::BatchReady>(*c.Next());
+  EXPECT_EQ(next.batch(), 2);
+  EXPECT_EQ(next.slot(), a.slot());
+  p->Unbind(&c);
+  (void)b;
+}
+
+TEST_F(PipelineTest, NextEpochIsPrefetchedAndASeekDiscardsIt) {
+  auto p = Make(64, 8, 1, 0, 4, true);
+  RecordingConsumer c;
+  ASSERT_TRUE(p->Bind(&c, 1).ok());
+  ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
+  for (int i = 0; i < 8; ++i) {
+    auto b = std::get<ferry::v1::BatchReady>(*c.Next());
+    ASSERT_TRUE(p->Release(&c, b.slot(), b.seq()).ok());
+  }
+  EXPECT_EQ(std::get<EpochEndMsg>(*c.Next()).epoch, 0);
+  // The next epoch continues the prefetched order...
+  ASSERT_TRUE(p->StartEpoch(&c, 1, 0).ok());
+  auto first = std::get<ferry::v1::BatchReady>(*c.Next());
+  EXPECT_EQ(first.epoch(), 1);
+  EXPECT_EQ(Indices(*p, first), Expected(1, 0, 0));
+  ASSERT_TRUE(p->Release(&c, first.slot(), first.seq()).ok());
+  // ...and a jump elsewhere (resume) yields exactly the batches asked for.
+  ASSERT_TRUE(p->StartEpoch(&c, 5, 6).ok());
+  for (int64_t batch = 6; batch < 8; ++batch) {
+    auto b = std::get<ferry::v1::BatchReady>(*c.Next());
+    EXPECT_EQ(b.epoch(), 5);
+    EXPECT_EQ(b.batch(), batch);
+    EXPECT_EQ(Indices(*p, b), Expected(5, 0, batch));
+    ASSERT_TRUE(p->Release(&c, b.slot(), b.seq()).ok());
+  }
+  EXPECT_EQ(std::get<EpochEndMsg>(*c.Next()).epoch, 5);
+  p->Unbind(&c);
+}
+
+TEST_F(PipelineTest, VanishedConsumersSlotsAreReclaimed) {
+  auto p = Make(100, 5, 1, 0, 2, true);
+  {
+    RecordingConsumer dead;
+    ASSERT_TRUE(p->Bind(&dead, 1).ok());
+    ASSERT_TRUE(p->StartEpoch(&dead, 0, 0).ok());
+    ASSERT_TRUE(dead.Next().has_value());
+    ASSERT_TRUE(dead.Next().has_value());
+    RecordingConsumer intruder;
+    EXPECT_EQ(p->Bind(&intruder, 2).code(), absl::StatusCode::kFailedPrecondition);
+    p->Unbind(&dead);  // never released its two slots
+  }
+  RecordingConsumer next;
+  ASSERT_TRUE(p->Bind(&next, 3).ok());
+  ASSERT_TRUE(p->StartEpoch(&next, 0, 2).ok());
+  for (int64_t batch = 2; batch < 6; ++batch) {
+    auto b = std::get<ferry::v1::BatchReady>(*next.Next());
+    EXPECT_EQ(b.batch(), batch);
+    EXPECT_EQ(Indices(*p, b), Expected(0, 0, batch));
+    ASSERT_TRUE(p->Release(&next, b.slot(), b.seq()).ok());
+  }
+  p->Unbind(&next);
+}
+
+TEST_F(PipelineTest, UnreadableSamplesAreSubstitutedAndCounted) {
+  absl::flat_hash_set<int64_t> corrupt = {3, 17, 42};
+  auto p = Make(50, 10, 1, 0, 2, true, corrupt);
+  RecordingConsumer c;
+  ASSERT_TRUE(p->Bind(&c, 1).ok());
+  ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
+  int64_t rows = 0;
+  for (int i = 0; i < 5; ++i) {
+    auto b = std::get<ferry::v1::BatchReady>(*c.Next());
+    EXPECT_EQ(b.num_samples(), 10u);
+    for (int64_t idx : Indices(*p, b)) {
+      EXPECT_FALSE(corrupt.contains(idx)) << "a corrupt sample was delivered";
+      EXPECT_GE(idx, 0);
+      ++rows;
+    }
+    ASSERT_TRUE(p->Release(&c, b.slot(), b.seq()).ok());
+  }
+  EXPECT_EQ(rows, 50);
+  EXPECT_EQ(job_->error_count(), 3);
+  auto errors = job_->recent_errors();
+  ASSERT_EQ(errors.size(), 3u);
+  EXPECT_THAT(errors[0].path(), HasSubstr("fake/"));
+  EXPECT_THAT(errors[0].message(), HasSubstr("corrupt on purpose"));
+  p->Unbind(&c);
+}
+
+TEST_F(PipelineTest, BadRequestsAreRefused) {
+  auto p = Make(40, 4, 1, 0, 2, true);
+  RecordingConsumer c;
+  ASSERT_TRUE(p->Bind(&c, 1).ok());
+  EXPECT_EQ(p->StartEpoch(&c, -1, 0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(p->StartEpoch(&c, 0, 11).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
+  auto b = std::get<ferry::v1::BatchReady>(*c.Next());
+  EXPECT_EQ(p->Release(&c, b.slot(), b.seq() + 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(p->Release(&c, 99, 0).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(p->Release(&c, b.slot(), b.seq()).ok());
+  EXPECT_EQ(p->Release(&c, b.slot(), b.seq()).code(), absl::StatusCode::kInvalidArgument);
+  p->Unbind(&c);
+}
+
+TEST_F(PipelineTest, SlabCountsAgainstTheBudget) {
+  MemoryBudget tiny("host memory budget", "host_memory_budget_bytes", 4096, "/etc/ferry/ferryd.conf");
+  ferry::v1::JobSpec spec;
+  spec.set_batch_size(1000);
+  auto job = *Job::Create(JobIdentity{"jbig", "big", 1000, 99}, spec,
+                          std::make_unique<FakeSource>(5000, absl::flat_hash_set<int64_t>{}));
+  auto p = RankPipeline::Create(job, 0, 4, -1, pool_.get(), &tiny);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(p.status().message(), HasSubstr("host_memory_budget_bytes"));
+  EXPECT_THAT(p.status().message(), HasSubstr("needs 32768 bytes"));
+}
+
+}  // namespace
+}  // namespace ferry

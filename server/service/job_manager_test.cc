@@ -1,0 +1,187 @@
+// JobManager: ownership, dataset_roots policy, idempotent creation and every bad-input error
+// a client can provoke, on a real tokens dataset in a temporary directory.
+#include "server/service/job_manager.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ferry {
+namespace {
+
+using ::testing::HasSubstr;
+
+class JobManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("ferry_job_manager_test_" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir_ / "data");
+    std::filesystem::create_directories(dir_ / "elsewhere");
+    tokens_ = (dir_ / "data" / "tokens.bin").string();
+    std::ofstream out(tokens_, std::ios::binary);
+    for (uint16_t t = 0; t < 4096; ++t) out.write(reinterpret_cast<const char*>(&t), 2);
+    out.close();
+    Topology topo = *Topology::Read("/sys");
+    pool_ = *WorkerPool::Create(topo, 1);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::unique_ptr<JobManager> Manager(std::vector<std::string> roots, bool allow_any,
+                                      uint64_t budget = 1 << 30) {
+    budget_ = std::make_unique<MemoryBudget>("host memory budget", "host_memory_budget_bytes",
+                                             budget, "/etc/ferry/ferryd.conf");
+    JobManager::Options o;
+    o.dataset_roots = std::move(roots);
+    o.allow_any_dataset = allow_any;
+    o.config_path = "/etc/ferry/ferryd.conf";
+    return std::make_unique<JobManager>(o, pool_.get(), budget_.get());
+  }
+
+  ferry::v1::JobSpec TokensSpec(const std::string& path, uint32_t seq_len = 16) {
+    ferry::v1::JobSpec spec;
+    spec.mutable_dataset()->mutable_tokens()->set_path(path);
+    spec.mutable_dataset()->mutable_tokens()->set_token_dtype(ferry::v1::UINT16);
+    spec.mutable_dataset()->mutable_tokens()->set_seq_len(seq_len);
+    spec.set_batch_size(8);
+    spec.set_world_size(2);
+    return spec;
+  }
+
+  std::filesystem::path dir_;
+  std::string tokens_;
+  std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<MemoryBudget> budget_;
+};
+
+const Caller kAlice{1000, 11};
+const Caller kBob{1001, 12};
+const Caller kRoot{0, 13};
+
+TEST_F(JobManagerTest, IdenticalSpecsShareOneJob) {
+  auto m = Manager({}, true);
+  auto a = m->CreateJob(kAlice, "", TokensSpec(tokens_));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(a->created);
+  auto b = m->CreateJob(kAlice, "", TokensSpec(tokens_));
+  ASSERT_TRUE(b.ok());
+  EXPECT_FALSE(b->created);
+  EXPECT_EQ(a->job->identity().id, b->job->identity().id);
+  auto other = m->CreateJob(kAlice, "", TokensSpec(tokens_, 32));
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(other->job->identity().id, a->job->identity().id);
+  auto clash = m->CreateJob(kAlice, a->job->identity().name, TokensSpec(tokens_, 8));
+  EXPECT_EQ(clash.status().code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST_F(JobManagerTest, MissingDatasetIsNotFoundNamingThePath) {
+  auto m = Manager({}, true);
+  const std::string missing = (dir_ / "data" / "nope.bin").string();
+  auto r = m->CreateJob(kAlice, "", TokensSpec(missing));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(r.status().message(), HasSubstr(missing));
+}
+
+TEST_F(JobManagerTest, DatasetOutsideRootsIsPermissionDenied) {
+  auto m = Manager({(dir_ / "elsewhere").string()}, false);
+  auto r = m->CreateJob(kAlice, "", TokensSpec(tokens_));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(r.status().message(), HasSubstr((dir_ / "elsewhere").string()));
+  EXPECT_THAT(r.status().message(), HasSubstr("/etc/ferry/ferryd.conf"));
+  // A sibling directory whose name starts like the root is not under it.
+  auto m2 = Manager({(dir_ / "dat").string()}, false);
+  EXPECT_EQ(m2->CreateJob(kAlice, "", TokensSpec(tokens_)).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  // ".." cannot climb out of a root.
+  auto m3 = Manager({(dir_ / "elsewhere").string()}, false);
+  EXPECT_EQ(m3->CreateJob(kAlice, "", TokensSpec((dir_ / "elsewhere/../data/tokens.bin").string()))
+                .status()
+                .code(),
+            absl::StatusCode::kPermissionDenied);
+  auto ok = Manager({(dir_ / "data").string()}, false);
+  EXPECT_TRUE(ok->CreateJob(kAlice, "", TokensSpec(tokens_)).ok());
+}
+
+TEST_F(JobManagerTest, NoRootsOnASystemDaemonRefusesEverything) {
+  auto m = Manager({}, false);
+  auto r = m->CreateJob(kAlice, "", TokensSpec(tokens_));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(r.status().message(), HasSubstr("none configured"));
+}
+
+TEST_F(JobManagerTest, InvalidFieldsAreNamed) {
+  auto m = Manager({}, true);
+  auto spec = TokensSpec(tokens_);
+  spec.set_batch_size(0);
+  auto r = m->CreateJob(kAlice, "", spec);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("batch_size"));
+
+  r = m->CreateJob(kAlice, "", TokensSpec(tokens_, 0));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("seq_len"));
+
+  spec = TokensSpec(tokens_);
+  spec.mutable_dataset()->mutable_tokens()->set_token_dtype(ferry::v1::FLOAT32);
+  r = m->CreateJob(kAlice, "", spec);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("token_dtype"));
+
+  ferry::v1::JobSpec image;
+  image.mutable_dataset()->mutable_image_folder()->set_root(dir_.string());
+  image.mutable_transform()->mutable_random_resized_crop()->set_size(0);
+  image.set_batch_size(4);
+  r = m->CreateJob(kAlice, "", image);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("size"));
+
+  spec = TokensSpec(tokens_);
+  spec.set_device("tpu:0");
+  EXPECT_EQ(m->CreateJob(kAlice, "", spec).status().code(), absl::StatusCode::kInvalidArgument);
+  spec.set_device("cuda:0");
+  EXPECT_EQ(m->CreateJob(kAlice, "", spec).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(JobManagerTest, JobOverTheBudgetIsResourceExhausted) {
+  auto m = Manager({}, true, /*budget=*/64 * 1024);
+  auto spec = TokensSpec(tokens_, 100);
+  spec.set_batch_size(32);  // 32 x 101 x 8 bytes = 25856 -> 28672 per slot, 4 slots
+  auto r = m->CreateJob(kAlice, "", spec);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(r.status().message(), HasSubstr("host_memory_budget_bytes"));
+  EXPECT_THAT(r.status().message(), HasSubstr("114688 bytes"));
+}
+
+TEST_F(JobManagerTest, OnlyTheOwnerOrRootSeesAndAttaches) {
+  auto m = Manager({}, true);
+  auto job = m->CreateJob(kAlice, "mine", TokensSpec(tokens_));
+  ASSERT_TRUE(job.ok());
+  const std::string id = job->job->identity().id;
+  auto bob = m->Attach(kBob, id, 0);
+  EXPECT_EQ(bob.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(bob.status().message(), HasSubstr("uid 1000"));
+  EXPECT_EQ(m->GetJob(kBob, id).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(m->DeleteJob(kBob, id).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(m->ListJobs(kBob).empty());
+  EXPECT_EQ(m->ListJobs(kRoot).size(), 1u);
+
+  auto alice = m->Attach(kAlice, id, 1);
+  ASSERT_TRUE(alice.ok()) << alice.status();
+  EXPECT_EQ(m->FindAttachment(kBob, alice->attach_id).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(m->FindAttachment(kAlice, alice->attach_id).ok());
+  EXPECT_EQ(m->Attach(kAlice, id, 2).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m->Attach(kAlice, "jnope", 0).status().code(), absl::StatusCode::kNotFound);
+
+  EXPECT_TRUE(m->DeleteJob(kRoot, id).ok());
+  EXPECT_EQ(m->FindAttachment(kAlice, alice->attach_id).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace ferry
