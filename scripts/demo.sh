@@ -38,8 +38,8 @@ else
   mv "$data.partial" "$data"
 fi
 
-# A private daemon: its own socket, a config that allows only the demo's data. ferryd
-# running as root refuses every dataset path unless dataset_roots lists it.
+# A private daemon: its own socket, and a config that lets it serve only the demo's data
+# (the config file format is deploy/ferryd.conf.example's).
 socket=$demo/ferryd.sock
 cat >"$demo/ferryd.conf" <<EOF
 # Written by scripts/demo.sh. Format: ferry.v1.DaemonConfig in protobuf text format.
