@@ -1,0 +1,299 @@
+#include "server/dataset/image_folder_source.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/random.h"
+#include "common/unique_fd.h"
+
+namespace ferry {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Larger crops than this are a configuration mistake (16384^2 * 3 bytes = 768 MiB per row).
+constexpr uint32_t kMaxCropSize = 16384;
+
+class ImageScratch final : public SampleSource::Scratch {
+ public:
+  JpegDecoder decoder;
+  std::vector<uint8_t> file;  // grows to the largest file seen, never shrinks
+  std::string path;
+};
+
+bool IsJpegName(const std::string& name) {
+  const size_t dot = name.rfind('.');
+  if (dot == std::string::npos || dot == 0) return false;
+  const std::string ext = absl::AsciiStrToLower(absl::string_view(name).substr(dot));
+  return ext == ".jpg" || ext == ".jpeg";
+}
+
+absl::Status CheckSize(uint32_t size, const char* field) {
+  if (size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " must be at least 1 (got 0); it is the output's side in pixels"));
+  }
+  if (size > kMaxCropSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " must be at most ", kMaxCropSize, " (got ", size, ")"));
+  }
+  return absl::OkStatus();
+}
+
+// Applies `fallback` for a field left at 0 and checks 0 < lo <= hi, both finite.
+absl::Status ResolveRange(float lo_in, float hi_in, double lo_default, double hi_default,
+                          const char* lo_field, const char* hi_field, double* lo, double* hi) {
+  *lo = lo_in == 0.0f ? lo_default : lo_in;
+  *hi = hi_in == 0.0f ? hi_default : hi_in;
+  if (!std::isfinite(*lo) || *lo <= 0.0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(lo_field, " must be a positive number (got ", lo_in, ")"));
+  }
+  if (!std::isfinite(*hi) || *hi <= 0.0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(hi_field, " must be a positive number (got ", hi_in, ")"));
+  }
+  if (*lo > *hi) {
+    return absl::InvalidArgumentError(absl::StrCat(lo_field, " (", *lo, ") must not exceed ",
+                                                   hi_field, " (", *hi,
+                                                   "; fields left at 0 take their defaults)"));
+  }
+  return absl::OkStatus();
+}
+
+// Reads the whole file at `path` into the front of *buffer, growing it only when the file is
+// larger than any before; returns the file's length.
+absl::StatusOr<size_t> ReadWholeFile(const std::string& path, std::vector<uint8_t>* buffer) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) {
+    const int err = errno;
+    return absl::Status(absl::ErrnoToStatusCode(err),
+                        absl::StrCat("cannot open '", path, "': ", std::strerror(err)));
+  }
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) {
+    const int err = errno;
+    return absl::Status(absl::ErrnoToStatusCode(err),
+                        absl::StrCat("cannot stat '", path, "': ", std::strerror(err)));
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  if (buffer->size() < size) buffer->resize(size);
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::pread(fd.get(), buffer->data() + done, size - done,
+                              static_cast<off_t>(done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      return absl::Status(absl::ErrnoToStatusCode(err),
+                          absl::StrCat("cannot read '", path, "': ", std::strerror(err)));
+    }
+    if (n == 0) break;  // the file shrank since fstat: decode what there is
+    done += static_cast<size_t>(n);
+  }
+  return done;
+}
+
+}  // namespace
+
+absl::StatusOr<ImageTransform> ImageTransformFromSpec(const ferry::v1::TransformSpec& spec) {
+  ImageTransform t;
+  switch (spec.kind_case()) {
+    case ferry::v1::TransformSpec::kRandomResizedCrop: {
+      const ferry::v1::RandomResizedCrop& rrc = spec.random_resized_crop();
+      absl::Status s = CheckSize(rrc.size(), "transform.random_resized_crop.size");
+      if (!s.ok()) return s;
+      t = ImageTransform::RandomResizedCrop(static_cast<int>(rrc.size()), rrc.flip());
+      s = ResolveRange(rrc.scale_min(), rrc.scale_max(), 0.08, 1.0,
+                       "transform.random_resized_crop.scale_min",
+                       "transform.random_resized_crop.scale_max", &t.scale_min, &t.scale_max);
+      if (!s.ok()) return s;
+      s = ResolveRange(rrc.ratio_min(), rrc.ratio_max(), 3.0 / 4.0, 4.0 / 3.0,
+                       "transform.random_resized_crop.ratio_min",
+                       "transform.random_resized_crop.ratio_max", &t.ratio_min, &t.ratio_max);
+      if (!s.ok()) return s;
+      break;
+    }
+    case ferry::v1::TransformSpec::kCenterCrop: {
+      const ferry::v1::CenterCrop& cc = spec.center_crop();
+      absl::Status s = CheckSize(cc.size(), "transform.center_crop.size");
+      if (!s.ok()) return s;
+      const uint32_t resize = cc.resize() != 0 ? cc.resize() : cc.size() * 256 / 224;
+      if (resize < cc.size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("transform.center_crop.resize (", resize,
+                         ") must be at least transform.center_crop.size (", cc.size(), ")"));
+      }
+      if (resize > kMaxCropSize) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "transform.center_crop.resize must be at most ", kMaxCropSize, " (got ", resize, ")"));
+      }
+      t = ImageTransform::ResizeCenterCrop(static_cast<int>(cc.size()), static_cast<int>(resize));
+      break;
+    }
+    case ferry::v1::TransformSpec::KIND_NOT_SET:
+      return absl::InvalidArgumentError(
+          "transform must be set for image datasets: set transform.random_resized_crop "
+          "(training) or transform.center_crop (evaluation)");
+  }
+  // The decoder's own check: keeps the two in agreement if either side tightens its rules.
+  absl::Status valid = ValidateTransform(t);
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("transform: ", valid.message()));
+  }
+  return t;
+}
+
+absl::StatusOr<std::unique_ptr<ImageFolderSource>> ImageFolderSource::Create(
+    const std::string& root, const ImageTransform& transform) {
+  std::error_code ec;
+  const fs::file_status root_status = fs::status(root, ec);
+  if (root_status.type() == fs::file_type::not_found) {
+    return absl::NotFoundError(absl::StrCat("dataset path '", root, "' does not exist"));
+  }
+  if (ec) {
+    return absl::Status(absl::ErrnoToStatusCode(ec.value()),
+                        absl::StrCat("cannot access dataset path '", root, "': ", ec.message()));
+  }
+  if (!fs::is_directory(root_status)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset.image_folder.root '", root,
+                     "' is not a directory; expected <root>/<class>/<file>.jpg"));
+  }
+  std::unique_ptr<ImageFolderSource> source(new ImageFolderSource(root, transform));
+
+  // directory_entry caches the type readdir reports (d_type), so regular files and
+  // directories cost no stat; only symlinks and filesystems without d_type are stat'ed.
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code type_ec;
+    if (it->is_directory(type_ec)) source->classes_.push_back(it->path().filename().string());
+  }
+  if (ec) {
+    return absl::Status(absl::ErrnoToStatusCode(ec.value()),
+                        absl::StrCat("cannot list dataset path '", root, "': ", ec.message()));
+  }
+  std::sort(source->classes_.begin(), source->classes_.end());
+
+  std::vector<std::string> names;
+  source->name_offsets_.push_back(0);
+  for (size_t c = 0; c < source->classes_.size(); ++c) {
+    const fs::path class_dir = fs::path(root) / source->classes_[c];
+    names.clear();
+    for (fs::directory_iterator it(class_dir, ec), end; !ec && it != end; it.increment(ec)) {
+      std::string name = it->path().filename().string();
+      if (!IsJpegName(name)) continue;
+      std::error_code type_ec;
+      if (it->is_directory(type_ec)) continue;
+      names.push_back(std::move(name));
+    }
+    if (ec) {
+      return absl::Status(absl::ErrnoToStatusCode(ec.value()),
+                          absl::StrCat("cannot list class directory '", class_dir.string(),
+                                       "': ", ec.message()));
+    }
+    std::sort(names.begin(), names.end());
+    for (const std::string& name : names) {
+      source->names_ += name;
+      source->name_offsets_.push_back(source->names_.size());
+      source->labels_.push_back(static_cast<int32_t>(c));
+    }
+  }
+  if (source->labels_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dataset.image_folder.root '", root, "' holds no .jpg/.jpeg files in its ",
+        source->classes_.size(), " class directories; expected <root>/<class>/<file>.jpg"));
+  }
+  source->names_.shrink_to_fit();
+  source->name_offsets_.shrink_to_fit();
+  source->labels_.shrink_to_fit();
+  return source;
+}
+
+ImageFolderSource::ImageFolderSource(std::string root, const ImageTransform& transform)
+    : root_(std::move(root)), transform_(transform) {
+  const int64_t side = transform_.size;
+  fields_.push_back(FieldLayout{.name = "image",
+                                .dtype = ferry::v1::UINT8,
+                                .shape = {side, side, 3},
+                                .row_bytes = static_cast<size_t>(side * side * 3)});
+  fields_.push_back(
+      FieldLayout{.name = "label", .dtype = ferry::v1::INT64, .shape = {}, .row_bytes = 8});
+  fields_.push_back(
+      FieldLayout{.name = "index", .dtype = ferry::v1::INT64, .shape = {}, .row_bytes = 8});
+}
+
+std::unique_ptr<SampleSource::Scratch> ImageFolderSource::NewScratch() const {
+  return std::make_unique<ImageScratch>();
+}
+
+void ImageFolderSource::AppendPath(int64_t index, std::string* out) const {
+  const size_t begin = name_offsets_[index];
+  const size_t end = name_offsets_[index + 1];
+  out->append(root_);
+  if (!root_.empty() && root_.back() != '/') out->push_back('/');
+  out->append(classes_[labels_[index]]);
+  out->push_back('/');
+  out->append(names_, begin, end - begin);
+}
+
+absl::Status ImageFolderSource::Fill(int64_t index, uint64_t sample_seed,
+                                     absl::Span<uint8_t* const> rows, Scratch* scratch) const {
+  if (index < 0 || index >= size()) {
+    return absl::OutOfRangeError(absl::StrCat("sample index ", index, " is outside [0, ", size(),
+                                              ") of '", root_, "'"));
+  }
+  if (rows.size() != fields_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Fill needs ", fields_.size(), " rows (image, label, index), got ", rows.size()));
+  }
+  auto* s = dynamic_cast<ImageScratch*>(scratch);
+  if (s == nullptr) {
+    return absl::InvalidArgumentError(
+        "Fill needs a Scratch from this source's NewScratch()");
+  }
+  s->path.clear();  // keeps its capacity: no allocation once the longest path was seen
+  AppendPath(index, &s->path);
+  absl::StatusOr<size_t> length = ReadWholeFile(s->path, &s->file);
+  if (!length.ok()) return length.status();
+  if (*length == 0) {
+    return absl::DataLossError(absl::StrCat("'", s->path, "' is empty"));
+  }
+  Rng rng(sample_seed);
+  absl::Status decoded =
+      DecodeAndTransform(s->decoder, absl::MakeConstSpan(s->file.data(), *length), transform_,
+                         rng, absl::MakeSpan(rows[0], fields_[0].row_bytes));
+  if (!decoded.ok()) {
+    // The transform and the row size were validated, so what is left is the file's content.
+    const absl::StatusCode code = decoded.code() == absl::StatusCode::kInvalidArgument
+                                      ? absl::StatusCode::kDataLoss
+                                      : decoded.code();
+    return absl::Status(code, absl::StrCat("cannot decode '", s->path, "': ", decoded.message()));
+  }
+  const int64_t label = labels_[index];
+  std::memcpy(rows[1], &label, sizeof(label));
+  std::memcpy(rows[2], &index, sizeof(index));
+  return absl::OkStatus();
+}
+
+std::string ImageFolderSource::Describe(int64_t index) const {
+  if (index < 0 || index >= size()) {
+    return absl::StrCat(root_, " (sample ", index, " out of range)");
+  }
+  std::string path;
+  AppendPath(index, &path);
+  return path;
+}
+
+}  // namespace ferry

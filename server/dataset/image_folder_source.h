@@ -1,0 +1,68 @@
+// The `imagefolder` dataset: root/<class>/<file>.jpg, as torchvision.datasets.ImageFolder
+// lays it out, decoded and cropped per sample.
+//
+// Classes are the immediate subdirectories of root sorted by name (byte order, as Python's
+// sorted() does); label = class index. Within a class, the files directly inside it whose
+// extension is .jpg or .jpeg (any case) are taken, sorted by name. Sample order is class-major,
+// then file name. Other files are ignored; a class with no JPEGs keeps its label but has no
+// samples. The listing happens once, in Create; later changes on disk are not seen.
+//
+// Memory: file names are packed in one buffer (about name length + 12 bytes per sample, e.g.
+// ~45 MB for ImageNet's 1.28M files).
+#ifndef FERRY_SERVER_DATASET_IMAGE_FOLDER_SOURCE_H_
+#define FERRY_SERVER_DATASET_IMAGE_FOLDER_SOURCE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "ferry/v1/ferry.pb.h"
+#include "server/dataset/sample_source.h"
+#include "server/decode/image_transform.h"
+
+namespace ferry {
+
+// Maps a TransformSpec onto an ImageTransform, filling torchvision's defaults for fields left
+// at 0 (scale (0.08, 1), ratio (3/4, 4/3), resize = size * 256 / 224). INVALID_ARGUMENT naming
+// the proto field ("transform.random_resized_crop.size must be at least 1 (got 0)", an inverted
+// or non-positive range, ...) or "transform must be set" when no kind is chosen.
+absl::StatusOr<ImageTransform> ImageTransformFromSpec(const ferry::v1::TransformSpec& spec);
+
+class ImageFolderSource final : public SampleSource {
+ public:
+  // Lists `root`. NOT_FOUND "dataset path '<root>' does not exist"; INVALID_ARGUMENT when it is
+  // not a directory; FAILED_PRECONDITION when it holds no JPEG in any class directory.
+  static absl::StatusOr<std::unique_ptr<ImageFolderSource>> Create(
+      const std::string& root, const ImageTransform& transform);
+
+  int64_t size() const override { return static_cast<int64_t>(labels_.size()); }
+  const std::vector<FieldLayout>& fields() const override { return fields_; }
+  std::unique_ptr<Scratch> NewScratch() const override;
+  // Errors name the file: the open/read errno as its canonical code (NOT_FOUND,
+  // PERMISSION_DENIED, ...), DATA_LOSS for an empty file or content that does not decode.
+  absl::Status Fill(int64_t index, uint64_t sample_seed, absl::Span<uint8_t* const> rows,
+                    Scratch* scratch) const override;
+  std::string Describe(int64_t index) const override;
+
+  const std::vector<std::string>& classes() const { return classes_; }
+  const ImageTransform& transform() const { return transform_; }
+
+ private:
+  ImageFolderSource(std::string root, const ImageTransform& transform);
+  void AppendPath(int64_t index, std::string* out) const;
+
+  // Constant after construction.
+  const std::string root_;
+  const ImageTransform transform_;
+  std::vector<std::string> classes_;
+  std::vector<int32_t> labels_;        // per sample
+  std::vector<uint64_t> name_offsets_;  // per sample + 1: names_[off[i], off[i+1])
+  std::string names_;                  // file names, concatenated
+  std::vector<FieldLayout> fields_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_SERVER_DATASET_IMAGE_FOLDER_SOURCE_H_

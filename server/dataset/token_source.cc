@@ -1,0 +1,155 @@
+#include "server/dataset/token_source.h"
+
+#include <bit>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace ferry {
+namespace {
+
+using ferry::v1::DType;
+
+class NoScratch final : public SampleSource::Scratch {};
+
+template <typename T>
+T LoadLittleEndian(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  if constexpr (std::endian::native == std::endian::big) {
+    T swapped = 0;
+    for (size_t i = 0; i < sizeof(T); ++i) swapped = (swapped << 8) | ((v >> (8 * i)) & 0xff);
+    v = swapped;
+  }
+  return v;
+}
+
+// Converts `count` tokens at `src` into `dst` (possibly unaligned). Returns the position of
+// the first token that does not fit Out, or -1.
+template <typename In, typename Out>
+int64_t Convert(const uint8_t* src, int64_t count, uint8_t* dst) {
+  int64_t overflow = -1;
+  for (int64_t i = 0; i < count; ++i) {
+    const In token = LoadLittleEndian<In>(src + i * sizeof(In));
+    if (static_cast<uint64_t>(token) > static_cast<uint64_t>(std::numeric_limits<Out>::max()) &&
+        overflow < 0) {
+      overflow = i;
+    }
+    const Out value = static_cast<Out>(token);
+    std::memcpy(dst + i * sizeof(Out), &value, sizeof(Out));
+  }
+  return overflow;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Create(
+    const ferry::v1::TokensDataset& spec) {
+  if (spec.path().empty()) {
+    return absl::InvalidArgumentError("dataset.tokens.path must be set to the token file");
+  }
+  if (spec.seq_len() == 0) {
+    return absl::InvalidArgumentError(
+        "dataset.tokens.seq_len must be at least 1 (got 0); a sample is seq_len + 1 tokens");
+  }
+  size_t token_bytes = 0;
+  switch (spec.token_dtype()) {
+    case ferry::v1::UINT16:
+      token_bytes = 2;
+      break;
+    case ferry::v1::UINT32:
+      token_bytes = 4;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset.tokens.token_dtype must be UINT16 or UINT32 (got ",
+                       ferry::v1::DType_Name(spec.token_dtype()), ")"));
+  }
+  DType output = spec.output_dtype();
+  if (output == ferry::v1::DTYPE_UNSPECIFIED) output = ferry::v1::INT64;
+  if (output != ferry::v1::INT64 && output != ferry::v1::INT32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset.tokens.output_dtype must be INT64 (the default) or INT32 (got ",
+                     ferry::v1::DType_Name(output), ")"));
+  }
+  FERRY_ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(spec.path()));
+  const size_t bytes = file.bytes().size();
+  if (bytes % token_bytes != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token file '", spec.path(), "' is ", bytes, " bytes, not a multiple of ", token_bytes,
+        " (the size of dataset.tokens.token_dtype ", ferry::v1::DType_Name(spec.token_dtype()),
+        "); is token_dtype right?"));
+  }
+  const int64_t num_tokens = static_cast<int64_t>(bytes / token_bytes);
+  const int64_t seq_len = spec.seq_len();
+  if (num_tokens < seq_len + 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "token file '", spec.path(), "' holds ", num_tokens, " tokens, fewer than one sample (",
+        "dataset.tokens.seq_len + 1 = ", seq_len + 1, " tokens); lower seq_len or use a longer file"));
+  }
+  const int64_t num_samples = (num_tokens - 1) / seq_len;
+  return std::unique_ptr<TokenSource>(
+      new TokenSource(std::move(file), token_bytes, output, seq_len, num_samples));
+}
+
+TokenSource::TokenSource(MappedFile file, size_t token_bytes, DType output_dtype,
+                         int64_t seq_len, int64_t num_samples)
+    : file_(std::move(file)),
+      token_bytes_(token_bytes),
+      output_dtype_(output_dtype),
+      seq_len_(seq_len),
+      num_samples_(num_samples) {
+  fields_.push_back(FieldLayout{.name = "tokens",
+                                .dtype = output_dtype,
+                                .shape = {seq_len + 1},
+                                .row_bytes = static_cast<size_t>(seq_len + 1) *
+                                             DTypeSize(output_dtype)});
+  fields_.push_back(
+      FieldLayout{.name = "index", .dtype = ferry::v1::INT64, .shape = {}, .row_bytes = 8});
+}
+
+std::unique_ptr<SampleSource::Scratch> TokenSource::NewScratch() const {
+  return std::make_unique<NoScratch>();
+}
+
+absl::Status TokenSource::Fill(int64_t index, uint64_t sample_seed,
+                               absl::Span<uint8_t* const> rows, Scratch* scratch) const {
+  if (index < 0 || index >= num_samples_) {
+    return absl::OutOfRangeError(absl::StrCat("sample index ", index, " is outside [0, ",
+                                              num_samples_, ") of '", file_.path(), "'"));
+  }
+  if (rows.size() != fields_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Fill needs ", fields_.size(), " rows (tokens, index), got ", rows.size()));
+  }
+  const int64_t count = seq_len_ + 1;
+  const uint8_t* src = file_.bytes().data() + static_cast<size_t>(index * seq_len_) * token_bytes_;
+  int64_t overflow = -1;
+  if (token_bytes_ == 2) {
+    overflow = output_dtype_ == ferry::v1::INT64 ? Convert<uint16_t, int64_t>(src, count, rows[0])
+                                                 : Convert<uint16_t, int32_t>(src, count, rows[0]);
+  } else {
+    overflow = output_dtype_ == ferry::v1::INT64 ? Convert<uint32_t, int64_t>(src, count, rows[0])
+                                                 : Convert<uint32_t, int32_t>(src, count, rows[0]);
+  }
+  if (overflow >= 0) {
+    const int64_t token = index * seq_len_ + overflow;
+    return absl::DataLossError(absl::StrCat(
+        "token ", token, " of '", file_.path(), "' (value ",
+        LoadLittleEndian<uint32_t>(src + overflow * token_bytes_),
+        ") does not fit dataset.tokens.output_dtype INT32; use INT64"));
+  }
+  std::memcpy(rows[1], &index, sizeof(index));
+  return absl::OkStatus();
+}
+
+std::string TokenSource::Describe(int64_t index) const {
+  return absl::StrCat(file_.path(), " tokens [", index * seq_len_, ", ",
+                      index * seq_len_ + seq_len_ + 1, ")");
+}
+
+}  // namespace ferry
