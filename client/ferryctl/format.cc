@@ -1,0 +1,217 @@
+#include "client/ferryctl/format.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <variant>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+
+namespace ferry::ctl {
+
+std::string Table::Render() const {
+  std::vector<size_t> width(columns_.size());
+  for (size_t c = 0; c < columns_.size(); ++c) width[c] = columns_[c].header.size();
+  for (const auto& row : rows_) {
+    for (size_t c = 0; c < columns_.size() && c < row.size(); ++c) {
+      width[c] = std::max(width[c], row[c].size());
+    }
+  }
+  std::string out;
+  auto line = [&](const std::vector<std::string>& cells) {
+    std::string text;
+    for (size_t c = 0; c < columns_.size(); ++c) {
+      const std::string& cell = c < cells.size() ? cells[c] : std::string();
+      std::string pad(width[c] - std::min(width[c], cell.size()), ' ');
+      if (c > 0) text += "  ";
+      text += columns_[c].numeric ? pad + cell : cell + pad;
+    }
+    text.erase(text.find_last_not_of(' ') + 1);
+    out += text + "\n";
+  };
+  std::vector<std::string> headers;
+  for (const Column& c : columns_) headers.push_back(c.header);
+  line(headers);
+  for (const auto& row : rows_) line(row);
+  return out;
+}
+
+std::string FormatBytes(uint64_t bytes) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  if (bytes < 1024) return absl::StrCat(bytes, " B");
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 5) {
+    value /= 1024;
+    ++unit;
+  }
+  return absl::StrFormat("%.1f %s", value, kUnits[unit]);
+}
+
+std::string FormatUptime(double seconds) {
+  auto s = static_cast<int64_t>(seconds);
+  if (s < 60) return absl::StrCat(s, "s");
+  if (s < 3600) return absl::StrFormat("%dm %02ds", s / 60, s % 60);
+  if (s < 86400) return absl::StrFormat("%dh %02dm", s / 3600, (s % 3600) / 60);
+  return absl::StrFormat("%dd %02dh", s / 86400, (s % 86400) / 3600);
+}
+
+std::string FormatRate(double per_second) {
+  if (per_second < 100) return absl::StrFormat("%.1f", per_second);
+  return absl::StrFormat("%.0f", per_second);
+}
+
+std::string FormatCpuList(const std::vector<int32_t>& cpus_in) {
+  std::vector<int32_t> cpus = cpus_in;
+  std::sort(cpus.begin(), cpus.end());
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < cpus.size();) {
+    size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    parts.push_back(j == i ? absl::StrCat(cpus[i]) : absl::StrCat(cpus[i], "-", cpus[j]));
+    i = j + 1;
+  }
+  return parts.empty() ? "-" : absl::StrJoin(parts, ",");
+}
+
+std::string FormatDataset(const JobOptions& spec) {
+  if (const auto* folder = std::get_if<ImageFolderOptions>(&spec.dataset)) {
+    return absl::StrCat("imagefolder ", folder->root);
+  }
+  if (const auto* tokens = std::get_if<TokensOptions>(&spec.dataset)) {
+    return absl::StrCat("tokens ", tokens->path);
+  }
+  return "-";
+}
+
+std::string FormatTransform(const JobOptions& spec) {
+  if (const auto* rrc = std::get_if<RandomResizedCropOptions>(&spec.transform)) {
+    return absl::StrCat("random_resized_crop ", rrc->size, rrc->flip ? " flip" : "");
+  }
+  if (const auto* cc = std::get_if<CenterCropOptions>(&spec.transform)) {
+    return absl::StrCat("center_crop ", cc->size,
+                        cc->resize != 0 ? absl::StrCat(" (resize ", cc->resize, ")") : "");
+  }
+  return "-";
+}
+
+std::string FormatField(const FieldInfo& field) {
+  return absl::StrCat(DTypeName(field.dtype).data(), "[", absl::StrJoin(field.shape, ","), "]");
+}
+
+std::string FormatTime(int64_t unix_ms) {
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixMillis(unix_ms),
+                          absl::UTCTimeZone());
+}
+
+namespace {
+
+int AttachedRanks(const JobStatus& job) {
+  int n = 0;
+  for (const RankStatus& r : job.ranks) n += r.attached ? 1 : 0;
+  return n;
+}
+
+}  // namespace
+
+std::string RenderJobs(const StatusReport& report) {
+  if (report.jobs.empty()) return "no jobs\n";
+  Table table({{"ID"}, {"NAME"}, {"OWNER", true}, {"DATASET"}, {"BATCH", true},
+               {"RANKS", true}, {"BATCHES/S", true}, {"SAMPLES/S", true}, {"ERRORS", true}});
+  for (const JobStatus& j : report.jobs) {
+    double batches = 0, samples = 0;
+    for (const RankStatus& r : j.ranks) {
+      batches += r.batches_per_second;
+      samples += r.samples_per_second;
+    }
+    table.AddRow({j.job.id, j.job.name, absl::StrCat(j.job.owner_uid),
+                  FormatDataset(j.job.spec), absl::StrCat(j.job.spec.batch_size),
+                  absl::StrCat(AttachedRanks(j), "/", j.job.spec.world_size),
+                  FormatRate(batches), FormatRate(samples), absl::StrCat(j.errors)});
+  }
+  return table.Render();
+}
+
+std::string RenderStatus(const StatusReport& report) {
+  const DaemonStatus& d = report.daemon;
+  std::string out;
+  const uint64_t budget = d.host_memory_budget_bytes;
+  std::string memory = absl::StrCat(FormatBytes(d.host_memory_in_use_bytes), " in use of ",
+                                    FormatBytes(budget), " budget");
+  if (budget > 0) {
+    absl::StrAppend(&memory, absl::StrFormat(" (%.1f%%)", 100.0 * d.host_memory_in_use_bytes /
+                                                               static_cast<double>(budget)));
+  }
+  Table info({{"ferryd"}, {d.version}});
+  info.AddRow({"pid", absl::StrCat(d.pid)});
+  info.AddRow({"uptime", FormatUptime(d.uptime_seconds)});
+  info.AddRow({"host memory", memory});
+  info.AddRow({"cuda", d.cuda_available ? "yes" : "no"});
+  info.AddRow({"config", d.config_path.empty() ? "(built-in defaults)" : d.config_path});
+  info.AddRow({"dataset roots",
+               d.dataset_roots.empty() ? "(none configured)" : absl::StrJoin(d.dataset_roots, ", ")});
+  out += info.Render();
+  out += "\n";
+  Table numa({{"NUMA NODE", true}, {"CPUS"}, {"WORKERS", true}});
+  for (const NumaNodeStatus& n : d.numa_nodes) {
+    numa.AddRow({absl::StrCat(n.id), FormatCpuList(n.cpus), absl::StrCat(n.workers)});
+  }
+  out += numa.Render();
+  out += "\n";
+  out += RenderJobs(report);
+  return out;
+}
+
+std::string RenderJob(const JobStatus& status) {
+  const JobInfo& j = status.job;
+  const JobOptions& s = j.spec;
+  std::vector<std::string> fields;
+  for (const FieldInfo& f : j.fields) fields.push_back(absl::StrCat(f.name, " ", FormatField(f)));
+  std::vector<std::string> sampling = {absl::StrCat("batch ", s.batch_size)};
+  sampling.push_back(s.shuffle ? absl::StrCat("shuffle (seed ", s.seed, ")") : "no shuffle");
+  if (s.drop_last) sampling.push_back("drop_last");
+  sampling.push_back(absl::StrCat("world ", s.world_size));
+
+  Table info({{"job"}, {j.id}});
+  info.AddRow({"name", j.name});
+  info.AddRow({"owner uid", absl::StrCat(j.owner_uid)});
+  info.AddRow({"dataset", absl::StrCat(FormatDataset(s), " (", j.num_samples, " samples)")});
+  info.AddRow({"transform", FormatTransform(s)});
+  info.AddRow({"sampling", absl::StrJoin(sampling, ", ")});
+  info.AddRow({"device", absl::StrCat(s.device, ", prefetch ",
+                                      s.prefetch_depth == 0 ? std::string("default")
+                                                            : absl::StrCat(s.prefetch_depth))});
+  info.AddRow({"batches/epoch", absl::StrCat(j.batches_per_epoch, " per rank")});
+  info.AddRow({"fields", absl::StrJoin(fields, "; ")});
+  info.AddRow({"slot", FormatBytes(j.slot_bytes)});
+  if (j.create_time_unix_ms > 0) info.AddRow({"created", FormatTime(j.create_time_unix_ms)});
+  info.AddRow({"sample errors", absl::StrCat(status.errors)});
+  std::string out = info.Render();
+  out += "\n";
+
+  Table ranks({{"RANK", true}, {"ATTACHED"}, {"EPOCH", true}, {"NEXT", true},
+               {"BATCHES", true}, {"SAMPLES", true}, {"BATCHES/S", true},
+               {"SAMPLES/S", true}, {"QUEUE", true}, {"LEASED", true}, {"WAIT S", true}});
+  for (const RankStatus& r : status.ranks) {
+    ranks.AddRow({absl::StrCat(r.rank), r.attached ? "yes" : "no", absl::StrCat(r.epoch),
+                  absl::StrCat(r.next_batch), absl::StrCat(r.batches_delivered),
+                  absl::StrCat(r.samples_delivered), FormatRate(r.batches_per_second),
+                  FormatRate(r.samples_per_second), absl::StrCat(r.queue_depth),
+                  absl::StrCat(r.slots_leased),
+                  absl::StrFormat("%.1f", r.consumer_wait_seconds)});
+  }
+  out += status.ranks.empty() ? "no ranks attached yet\n" : ranks.Render();
+  if (!status.recent_errors.empty()) {
+    out += "\nrecent sample errors:\n";
+    Table errors({{"INDEX", true}, {"PATH"}, {"MESSAGE"}});
+    for (const SampleError& e : status.recent_errors) {
+      errors.AddRow({absl::StrCat(e.index), e.path, e.message});
+    }
+    out += errors.Render();
+  }
+  return out;
+}
+
+}  // namespace ferry::ctl

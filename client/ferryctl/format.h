@@ -1,0 +1,55 @@
+// Text rendering for ferryctl: aligned tables and human-readable numbers. Pure functions
+// over the client library's plain structs, so they are unit-tested without a daemon.
+#ifndef FERRY_CLIENT_FERRYCTL_FORMAT_H_
+#define FERRY_CLIENT_FERRYCTL_FORMAT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ferry/client.h"
+
+namespace ferry::ctl {
+
+// Columns padded to their widest cell, separated by two spaces; columns marked numeric are
+// right-aligned. Trailing spaces are trimmed.
+class Table final {
+ public:
+  struct Column {
+    std::string header;
+    bool numeric = false;
+  };
+  explicit Table(std::vector<Column> columns) : columns_(std::move(columns)) {}
+  // `cells` must have one entry per column.
+  void AddRow(std::vector<std::string> cells) { rows_.push_back(std::move(cells)); }
+  std::string Render() const;
+
+ private:
+  std::vector<Column> columns_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+// 1536 -> "1.5 KiB"; below 1 KiB: "512 B".
+std::string FormatBytes(uint64_t bytes);
+// Seconds -> "45s", "3m 07s", "2h 03m", "4d 01h".
+std::string FormatUptime(double seconds);
+// One decimal below 100, none above: "12.5", "1234".
+std::string FormatRate(double per_second);
+// [0,1,2,3,8,10,11] -> "0-3,8,10-11".
+std::string FormatCpuList(const std::vector<int32_t>& cpus);
+// "imagefolder /data/train" or "tokens /data/t.bin".
+std::string FormatDataset(const JobOptions& spec);
+// "random_resized_crop 224 flip", "center_crop 224 (resize 256)", "-".
+std::string FormatTransform(const JobOptions& spec);
+// "uint8[224,224,3]".
+std::string FormatField(const FieldInfo& field);
+// Unix milliseconds -> "2026-11-22 05:04:20 UTC".
+std::string FormatTime(int64_t unix_ms);
+
+std::string RenderStatus(const StatusReport& report);
+std::string RenderJobs(const StatusReport& report);
+std::string RenderJob(const JobStatus& status);
+
+}  // namespace ferry::ctl
+
+#endif  // FERRY_CLIENT_FERRYCTL_FORMAT_H_

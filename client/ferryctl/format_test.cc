@@ -1,0 +1,103 @@
+#include "client/ferryctl/format.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ferry::ctl {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(TableTest, AlignsTextLeftAndNumbersRight) {
+  Table table({{"NAME"}, {"COUNT", true}});
+  table.AddRow({"a", "5"});
+  table.AddRow({"longer", "12345"});
+  EXPECT_EQ(table.Render(),
+            "NAME    COUNT\n"
+            "a           5\n"
+            "longer  12345\n");
+}
+
+TEST(FormatTest, Numbers) {
+  EXPECT_EQ(FormatBytes(512), "512 B");
+  EXPECT_EQ(FormatBytes(1536), "1.5 KiB");
+  EXPECT_EQ(FormatBytes(uint64_t{3} << 30), "3.0 GiB");
+  EXPECT_EQ(FormatUptime(45), "45s");
+  EXPECT_EQ(FormatUptime(187), "3m 07s");
+  EXPECT_EQ(FormatUptime(7380), "2h 03m");
+  EXPECT_EQ(FormatUptime(90000), "1d 01h");
+  EXPECT_EQ(FormatRate(12.34), "12.3");
+  EXPECT_EQ(FormatRate(1234.5), "1234");
+  EXPECT_EQ(FormatCpuList({0, 1, 2, 3, 8, 10, 11}), "0-3,8,10-11");
+  EXPECT_EQ(FormatCpuList({}), "-");
+  EXPECT_EQ(FormatTime(0), "1970-01-01 00:00:00 UTC");
+}
+
+JobStatus SampleJob() {
+  JobStatus s;
+  s.job.id = "job-1";
+  s.job.name = "imagenet-train";
+  s.job.owner_uid = 1000;
+  s.job.spec.dataset = ImageFolderOptions{"/data/train"};
+  RandomResizedCropOptions rrc;
+  rrc.size = 224;
+  rrc.flip = true;
+  s.job.spec.transform = rrc;
+  s.job.spec.batch_size = 256;
+  s.job.spec.world_size = 2;
+  s.job.num_samples = 1000;
+  s.job.batches_per_epoch = 2;
+  s.job.fields.push_back({"image", DType::kUint8, {224, 224, 3}, 0, 150528});
+  RankStatus r0;
+  r0.rank = 0;
+  r0.attached = true;
+  r0.batches_per_second = 10;
+  r0.samples_per_second = 2560;
+  r0.consumer_wait_seconds = 1.25;
+  s.ranks.push_back(r0);
+  RankStatus r1;
+  r1.rank = 1;
+  s.ranks.push_back(r1);
+  s.errors = 1;
+  s.recent_errors.push_back({17, "/data/train/a/bad.jpg", "not a JPEG file"});
+  return s;
+}
+
+TEST(RenderTest, JobsTableSumsRatesAndCountsAttachedRanks) {
+  StatusReport report;
+  report.jobs.push_back(SampleJob());
+  std::string out = RenderJobs(report);
+  EXPECT_THAT(out, HasSubstr("ID     NAME"));
+  EXPECT_THAT(out, HasSubstr("imagefolder /data/train"));
+  EXPECT_THAT(out, HasSubstr("1/2"));
+  EXPECT_THAT(out, HasSubstr("2560"));
+  EXPECT_EQ(RenderJobs(StatusReport()), "no jobs\n");
+}
+
+TEST(RenderTest, JobShowsRanksAndRecentErrors) {
+  std::string out = RenderJob(SampleJob());
+  EXPECT_THAT(out, HasSubstr("random_resized_crop 224 flip"));
+  EXPECT_THAT(out, HasSubstr("image uint8[224,224,3]"));
+  EXPECT_THAT(out, HasSubstr("WAIT S"));
+  EXPECT_THAT(out, HasSubstr("1.2"));  // consumer wait seconds
+  EXPECT_THAT(out, HasSubstr("/data/train/a/bad.jpg  not a JPEG file"));
+}
+
+TEST(RenderTest, StatusShowsDaemonNumaAndMemory) {
+  StatusReport report;
+  report.daemon.version = "0.1.0";
+  report.daemon.pid = 42;
+  report.daemon.uptime_seconds = 65;
+  report.daemon.host_memory_in_use_bytes = uint64_t{1} << 30;
+  report.daemon.host_memory_budget_bytes = uint64_t{4} << 30;
+  report.daemon.numa_nodes.push_back({0, {0, 1, 2, 3}, 4});
+  std::string out = RenderStatus(report);
+  EXPECT_THAT(out, HasSubstr("ferryd         0.1.0"));
+  EXPECT_THAT(out, HasSubstr("1.0 GiB in use of 4.0 GiB budget (25.0%)"));
+  EXPECT_THAT(out, HasSubstr("cuda           no"));
+  EXPECT_THAT(out, HasSubstr("0-3"));
+  EXPECT_THAT(out, HasSubstr("no jobs"));
+}
+
+}  // namespace
+}  // namespace ferry::ctl

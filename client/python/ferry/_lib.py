@@ -1,0 +1,158 @@
+"""ctypes binding of libferry.so (the C ABI in client/c/include/ferry/ferry.h).
+
+The library is found, in order, at:
+  1. $FERRY_LIBRARY (a file path; an error if it does not exist),
+  2. next to this package: ferry/_lib/libferry.so (how the build tree and installs ship it),
+  3. a build tree of the source checkout this package sits in: <repo>/build*/client/c/,
+  4. the dynamic linker's search path (libferry.so.1, as installed to the system libdir).
+It is loaded on first use, so `import ferry` and argument checking work without it.
+"""
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import threading
+
+from ferry.errors import FerryError
+
+ABI_VERSION = 1  # FERRY_ABI_VERSION this binding was written for
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class Field(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("dtype", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("data", ctypes.c_void_p),
+        ("nbytes", ctypes.c_size_t),
+    ]
+
+
+class BatchInfo(ctypes.Structure):
+    _fields_ = [
+        ("epoch", ctypes.c_int64),
+        ("index", ctypes.c_int64),
+        ("seq", ctypes.c_int64),
+        ("slot", ctypes.c_uint32),
+        ("num_samples", ctypes.c_uint32),
+        ("num_fields", ctypes.c_uint32),
+    ]
+
+
+def candidates(environ=None, package_dir=_PACKAGE_DIR):
+    """Places to look for libferry.so, best first, as (path or soname, how it was found)."""
+    environ = os.environ if environ is None else environ
+    out = []
+    if environ.get("FERRY_LIBRARY"):
+        return [(environ["FERRY_LIBRARY"], "$FERRY_LIBRARY")]
+    out.append((os.path.join(package_dir, "_lib", "libferry.so"), "package"))
+    # <repo>/client/python/ferry -> <repo>/build*/client/c/libferry.so, newest first.
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(package_dir)))
+    built = glob.glob(os.path.join(repo, "build*", "client", "c", "libferry.so"))
+    built.sort(key=lambda p: os.path.getmtime(p), reverse=True)
+    out.extend((p, "build tree") for p in built)
+    out.append(("libferry.so.%d" % ABI_VERSION, "dynamic linker"))
+    return out
+
+
+def _declare(lib):
+    c_int, c_char_p, c_void_p = ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p
+    out_ptr = ctypes.POINTER(c_void_p)
+    sigs = {
+        "ferry_abi_version": (c_int, []),
+        "ferry_version": (c_char_p, []),
+        "ferry_last_error": (c_char_p, []),
+        "ferry_status_name": (c_char_p, [c_int]),
+        "ferry_free": (None, [c_void_p]),
+        "ferry_default_address": (c_int, [out_ptr]),
+        "ferry_client_connect": (c_int, [c_char_p, out_ptr]),
+        "ferry_client_free": (None, [c_void_p]),
+        "ferry_client_daemon_pid": (c_int, [c_void_p, ctypes.POINTER(c_int)]),
+        "ferry_client_create_job": (c_int, [c_void_p, c_char_p, c_char_p, out_ptr]),
+        "ferry_client_get_job": (c_int, [c_void_p, c_char_p, out_ptr]),
+        "ferry_client_list_jobs": (c_int, [c_void_p, out_ptr]),
+        "ferry_client_delete_job": (c_int, [c_void_p, c_char_p]),
+        "ferry_client_get_status": (c_int, [c_void_p, out_ptr]),
+        "ferry_client_attach": (c_int, [c_void_p, c_char_p, ctypes.c_uint32, out_ptr]),
+        "ferry_consumer_free": (None, [c_void_p]),
+        "ferry_consumer_batches_per_epoch": (c_int, [c_void_p, ctypes.POINTER(ctypes.c_int64)]),
+        "ferry_consumer_start_epoch": (c_int, [c_void_p, ctypes.c_int64, ctypes.c_int64]),
+        "ferry_consumer_next": (c_int, [c_void_p, ctypes.c_int64, out_ptr]),
+        "ferry_batch_info": (c_int, [c_void_p, ctypes.POINTER(BatchInfo)]),
+        "ferry_batch_field": (c_int, [c_void_p, ctypes.c_uint32, ctypes.POINTER(Field)]),
+        "ferry_batch_release": (c_int, [c_void_p]),
+        "ferry_batch_free": (None, [c_void_p]),
+    }
+    for name, (restype, argtypes) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+
+
+_lock = threading.Lock()
+_lib = None
+_path = None
+
+
+def load():
+    """The loaded library (ctypes.CDLL, which releases the GIL during calls)."""
+    global _lib, _path
+    with _lock:
+        if _lib is not None:
+            return _lib
+        tried = []
+        for path, how in candidates():
+            if how != "dynamic linker" and not os.path.exists(path):
+                tried.append("%s (%s): not found" % (path, how))
+                if how == "$FERRY_LIBRARY":
+                    break
+                continue
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError as e:
+                tried.append("%s (%s): %s" % (path, how, e))
+                if how == "$FERRY_LIBRARY":
+                    break
+                continue
+            version = lib.ferry_abi_version()
+            if version != ABI_VERSION:
+                raise FerryError(
+                    "FAILED_PRECONDITION",
+                    "%s has C ABI version %d, this ferry package needs %d; install matching "
+                    "versions or point FERRY_LIBRARY at the right libferry.so"
+                    % (path, version, ABI_VERSION))
+            _declare(lib)
+            _lib, _path = lib, path
+            return lib
+        raise FerryError(
+            "NOT_FOUND",
+            "cannot load libferry.so; tried: " + "; ".join(tried) +
+            ". Build it (cmake --build <build> --target ferry_c) or set FERRY_LIBRARY")
+
+
+def path():
+    """Where the loaded library came from (loads it if needed)."""
+    load()
+    return _path
+
+
+def check(code):
+    """Raises FerryError for a non-zero status code from the C layer."""
+    if code != 0:
+        lib = load()
+        raise FerryError(lib.ferry_status_name(code).decode(),
+                         lib.ferry_last_error().decode(errors="replace"), code)
+
+
+def take_string(ptr):
+    """Copies a char* returned by the library into a str and frees it."""
+    if not ptr:
+        return ""
+    try:
+        return ctypes.string_at(ptr).decode()
+    finally:
+        load().ferry_free(ptr)

@@ -1,0 +1,211 @@
+"""Low-level Python wrappers of the C ABI: Client, Consumer and Batch.
+
+Most users want ferry.Loader; these are for tools and tests. JSON answers are decoded with
+the json module (proto3 JSON mapping with proto field names: 64-bit integers arrive as
+strings).
+"""
+
+import ctypes
+import json
+
+import numpy as np
+
+from ferry import _lib
+from ferry.errors import FerryError
+
+# FERRY_DTYPE_* -> numpy dtype. bfloat16 has no numpy type: its raw bits come as uint16.
+NUMPY_DTYPES = {
+    1: np.dtype(np.uint8),
+    2: np.dtype("<u2"),
+    3: np.dtype("<u4"),
+    4: np.dtype("<i4"),
+    5: np.dtype("<i8"),
+    6: np.dtype("<f2"),
+    7: np.dtype("<u2"),
+    8: np.dtype("<f4"),
+}
+DTYPE_NAMES = {1: "uint8", 2: "uint16", 3: "uint32", 4: "int32", 5: "int64", 6: "float16",
+               7: "bfloat16", 8: "float32"}
+
+
+def default_address():
+    """The socket a plain ferry.Client() connects to."""
+    lib = _lib.load()
+    out = ctypes.c_void_p()
+    _lib.check(lib.ferry_default_address(ctypes.byref(out)))
+    return _lib.take_string(out.value)
+
+
+def _encode(s):
+    return None if s is None else str(s).encode()
+
+
+class Client:
+    """A session with one ferryd. Thread-safe. Close it (or use `with`) when done."""
+
+    def __init__(self, address=None):
+        lib = _lib.load()
+        handle = ctypes.c_void_p()
+        _lib.check(lib.ferry_client_connect(_encode(address or ""), ctypes.byref(handle)))
+        self._lib = lib
+        self._handle = handle
+
+    def _h(self):
+        if not self._handle:
+            raise FerryError("FAILED_PRECONDITION", "the ferry.Client is closed")
+        return self._handle
+
+    def _json(self, fn, *args):
+        out = ctypes.c_void_p()
+        _lib.check(fn(self._h(), *args, ctypes.byref(out)))
+        return json.loads(_lib.take_string(out.value))
+
+    @property
+    def daemon_pid(self):
+        pid = ctypes.c_int()
+        _lib.check(self._lib.ferry_client_daemon_pid(self._h(), ctypes.byref(pid)))
+        return pid.value
+
+    def create_job(self, spec, name=None):
+        """Creates (or finds) a job; `spec` is a ferry.v1.JobSpec as a dict. Returns the Job."""
+        return self._json(self._lib.ferry_client_create_job, _encode(name or ""),
+                          json.dumps(spec).encode())
+
+    def get_job(self, job_id):
+        return self._json(self._lib.ferry_client_get_job, _encode(job_id))
+
+    def list_jobs(self):
+        return self._json(self._lib.ferry_client_list_jobs).get("jobs", [])
+
+    def delete_job(self, job_id):
+        _lib.check(self._lib.ferry_client_delete_job(self._h(), _encode(job_id)))
+
+    def status(self):
+        return self._json(self._lib.ferry_client_get_status)
+
+    def attach(self, job_id, rank):
+        handle = ctypes.c_void_p()
+        _lib.check(self._lib.ferry_client_attach(self._h(), _encode(job_id), int(rank),
+                                                 ctypes.byref(handle)))
+        return Consumer(self._lib, handle)
+
+    def close(self):
+        if self._handle:
+            self._lib.ferry_client_free(self._handle)
+            self._handle = ctypes.c_void_p()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_handle", None):
+            self.close()
+
+
+class Consumer:
+    """One rank of one job. Use from one thread at a time."""
+
+    def __init__(self, lib, handle):
+        self._lib = lib
+        self._handle = handle
+
+    def _h(self):
+        if not self._handle:
+            raise FerryError("FAILED_PRECONDITION", "the ferry consumer is closed")
+        return self._handle
+
+    @property
+    def batches_per_epoch(self):
+        n = ctypes.c_int64()
+        _lib.check(self._lib.ferry_consumer_batches_per_epoch(self._h(), ctypes.byref(n)))
+        return n.value
+
+    def start_epoch(self, epoch, first_batch=0):
+        _lib.check(self._lib.ferry_consumer_start_epoch(self._h(), int(epoch), int(first_batch)))
+
+    def next(self, timeout_ms=-1):
+        """The next Batch, or None at the end of the epoch. FerryError DEADLINE_EXCEEDED when
+        nothing arrived within timeout_ms (nothing is lost; call again)."""
+        out = ctypes.c_void_p()
+        _lib.check(self._lib.ferry_consumer_next(self._h(), int(timeout_ms), ctypes.byref(out)))
+        if not out.value:
+            return None
+        return Batch(self._lib, out)
+
+    def close(self):
+        if self._handle:
+            self._lib.ferry_consumer_free(self._handle)
+            self._handle = ctypes.c_void_p()
+
+    def __del__(self):
+        if getattr(self, "_handle", None):
+            self.close()
+
+
+class _ArrayView:
+    """Exposes one field's memory through __array_interface__ and keeps its Batch alive, so
+    the mapping outlives every numpy array that views it."""
+
+    def __init__(self, data, shape, dtype, owner):
+        self.__array_interface__ = {
+            "data": (data, True),  # read-only: the slab is mapped PROT_READ
+            "shape": tuple(shape),
+            "typestr": dtype.str,
+            "version": 3,
+        }
+        self._owner = owner
+
+
+class Batch:
+    """One batch in shared memory plus a lease on its slot.
+
+    `arrays()` returns read-only numpy views of the shared memory; they stay readable as
+    long as they live, but after release() the daemon may overwrite their contents.
+    """
+
+    def __init__(self, lib, handle):
+        self._lib = lib
+        self._handle = handle
+        info = _lib.BatchInfo()
+        _lib.check(lib.ferry_batch_info(handle, ctypes.byref(info)))
+        self.epoch = info.epoch
+        self.index = info.index
+        self.seq = info.seq
+        self.slot = info.slot
+        self.num_samples = info.num_samples
+        self.fields = []  # (name, dtype code, shape tuple, data address, nbytes)
+        field = _lib.Field()
+        for i in range(info.num_fields):
+            _lib.check(lib.ferry_batch_field(handle, i, ctypes.byref(field)))
+            shape = tuple(field.shape[d] for d in range(field.ndim))
+            self.fields.append((field.name.decode(), field.dtype, shape, field.data or 0,
+                                field.nbytes))
+
+    def arrays(self):
+        """{field name: read-only numpy array viewing the slot} (zero-copy)."""
+        out = {}
+        for name, dtype, shape, data, nbytes in self.fields:
+            np_dtype = NUMPY_DTYPES.get(dtype)
+            if np_dtype is None:
+                raise FerryError("UNIMPLEMENTED",
+                                 "field '%s' has dtype code %d, unknown to this ferry package"
+                                 % (name, dtype))
+            if nbytes == 0:
+                out[name] = np.empty(shape, np_dtype)
+            else:
+                out[name] = np.asarray(_ArrayView(data, shape, np_dtype, self))
+        return out
+
+    def release(self):
+        """Gives the slot back. Idempotent."""
+        if self._handle:
+            _lib.check(self._lib.ferry_batch_release(self._handle))
+
+    def __del__(self):
+        handle = getattr(self, "_handle", None)
+        if handle:
+            self._handle = None
+            self._lib.ferry_batch_free(handle)

@@ -1,0 +1,399 @@
+"""ferry.Loader: a DataLoader-like iterable over batches that ferryd prepares."""
+
+import numbers
+import os
+import threading
+import warnings
+import weakref
+
+from ferry import _daemon
+from ferry.errors import FerryError
+
+# How often a waiting iterator returns to Python, so Ctrl-C is handled promptly.
+_POLL_MS = 200
+
+
+def _check_int(name, value, minimum=None, maximum=None):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError("%s must be an int, got %r" % (name, value))
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError("%s must be >= %d, got %d" % (name, minimum, value))
+    if maximum is not None and value > maximum:
+        raise ValueError("%s must be <= %d, got %d" % (name, maximum, value))
+    return value
+
+
+def _check_bool(name, value):
+    if not isinstance(value, bool):
+        raise TypeError("%s must be a bool, got %r" % (name, value))
+    return value
+
+
+def _check_path(name, value):
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError("%s must be a path (str or os.PathLike), got %r" % (name, value))
+    value = os.fspath(value)
+    if not value:
+        raise ValueError("%s must not be empty" % name)
+    return os.path.abspath(value)  # ferryd resolves paths itself: it needs absolute ones
+
+
+def _check_range(name, value):
+    if (not isinstance(value, (tuple, list)) or len(value) != 2 or
+            not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value)):
+        raise TypeError("%s must be a pair of numbers, got %r" % (name, value))
+    lo, hi = float(value[0]), float(value[1])
+    if not 0 < lo <= hi:
+        raise ValueError("%s must satisfy 0 < min <= max, got %r" % (name, value))
+    return lo, hi
+
+
+# ---------------------------------------------------------------------------------------
+# Datasets and transforms: validated on construction, turned into ferry.v1.JobSpec JSON.
+
+class ImageFolder:
+    """root/<class>/<file>.jpg; label = index of the class directory in sorted order.
+    Batches: {"image": uint8[B, H, W, 3], "label": int64[B], "index": int64[B]}."""
+
+    def __init__(self, root):
+        self.root = _check_path("ImageFolder root", root)
+
+    def _spec(self):
+        return {"image_folder": {"root": self.root}}
+
+    def __repr__(self):
+        return "ImageFolder(%r)" % self.root
+
+
+class Tokens:
+    """A flat binary file of little-endian token ids (dtype "uint16" or "uint32"); a sample
+    is seq_len + 1 tokens. Batches: {"tokens": output_dtype[B, seq_len + 1], "index": ...}."""
+
+    _TOKEN_DTYPES = {"uint16": "UINT16", "uint32": "UINT32"}
+    _OUTPUT_DTYPES = {"int64": "INT64", "int32": "INT32"}
+
+    def __init__(self, path, seq_len, dtype="uint16", output_dtype="int64"):
+        self.path = _check_path("Tokens path", path)
+        self.seq_len = _check_int("seq_len", seq_len, 1, 2**32 - 2)
+        if dtype not in self._TOKEN_DTYPES:
+            raise ValueError("Tokens dtype must be one of %s, got %r"
+                             % (sorted(self._TOKEN_DTYPES), dtype))
+        if output_dtype not in self._OUTPUT_DTYPES:
+            raise ValueError("Tokens output_dtype must be one of %s, got %r"
+                             % (sorted(self._OUTPUT_DTYPES), output_dtype))
+        self.dtype = dtype
+        self.output_dtype = output_dtype
+
+    def _spec(self):
+        return {"tokens": {"path": self.path, "seq_len": self.seq_len,
+                           "token_dtype": self._TOKEN_DTYPES[self.dtype],
+                           "output_dtype": self._OUTPUT_DTYPES[self.output_dtype]}}
+
+    def __repr__(self):
+        return "Tokens(%r, seq_len=%d, dtype=%r)" % (self.path, self.seq_len, self.dtype)
+
+
+class RandomResizedCrop:
+    """torchvision's RandomResizedCrop(size, scale, ratio), then RandomHorizontalFlip(0.5)
+    when flip is set."""
+
+    def __init__(self, size, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), flip=False):
+        self.size = _check_int("RandomResizedCrop size", size, 1, 65535)
+        self.scale = _check_range("RandomResizedCrop scale", scale)
+        if self.scale[1] > 1.0:
+            raise ValueError("RandomResizedCrop scale must be at most 1.0, got %r" % (scale,))
+        self.ratio = _check_range("RandomResizedCrop ratio", ratio)
+        self.flip = _check_bool("RandomResizedCrop flip", flip)
+
+    def _spec(self):
+        return {"random_resized_crop": {
+            "size": self.size, "scale_min": self.scale[0], "scale_max": self.scale[1],
+            "ratio_min": self.ratio[0], "ratio_max": self.ratio[1], "flip": self.flip}}
+
+
+class CenterCrop:
+    """torchvision's Resize(resize) (shorter side) then CenterCrop(size). Default resize:
+    size * 256 / 224."""
+
+    def __init__(self, size, resize=None):
+        self.size = _check_int("CenterCrop size", size, 1, 65535)
+        self.resize = 0 if resize is None else _check_int("CenterCrop resize", resize,
+                                                          self.size, 65535)
+
+    def _spec(self):
+        return {"center_crop": {"size": self.size, "resize": self.resize}}
+
+
+# ---------------------------------------------------------------------------------------
+
+def _to_torch(name, array, copy):
+    import torch
+    import numpy as np
+    if array.dtype == np.uint16 or array.dtype == np.uint32:
+        # torch 1.x has no uint16/uint32 tensors: widen (a copy even in zero-copy mode).
+        return torch.from_numpy(array.astype(np.int32 if array.dtype == np.uint16 else np.int64))
+    if copy:
+        return torch.from_numpy(array)
+    with warnings.catch_warnings():
+        # The view is read-only on purpose (the slab is mapped PROT_READ); torch warns that
+        # it cannot express that.
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array)
+
+
+def _torch_available():
+    try:
+        import torch  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+class Loader:
+    """Iterates over one rank's batches of a ferry job, like torch's DataLoader.
+
+        loader = ferry.Loader(ferry.ImageFolder("/data/train"), batch_size=256,
+                              transform=ferry.RandomResizedCrop(224, flip=True),
+                              shuffle=True, seed=0, rank=rank, world_size=world)
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            for batch in loader:   # {"image": uint8[B,224,224,3], "label": ..., "index": ...}
+                ...
+
+    Arguments:
+      dataset: ImageFolder or Tokens.
+      batch_size: samples per batch.
+      transform: RandomResizedCrop or CenterCrop (required for images, unused for tokens).
+      shuffle, seed, drop_last: as torch's DistributedSampler + BatchSampler; every rank
+        gets the same number of batches (len(loader)).
+      rank, world_size: this process's place in the training run.
+      device: "cpu" (host transport). "cuda:N" is refused until ferryd serves it.
+      address: ferryd's socket. None: $FERRY_ADDRESS if set, else the default socket, and
+        when no ferryd answers there, a private ferryd started for this process (see
+        ferry._daemon); it stops when the last Loader using it closes.
+      prefetch: slots (batches in flight) for this rank; 0 = the daemon's default.
+      job_name: jobs with the same name and spec are shared (e.g. by all local ranks).
+      as_numpy: yield numpy arrays even when torch is installed.
+      zero_copy: False (default, safe): every batch is copied out of shared memory into
+        fresh arrays and its slot released at once, so batches may be kept freely.
+        True: the arrays view shared memory directly (read-only; writing to them crashes
+        the process) and the slot is released when the iterator advances, after which
+        ferryd overwrites the data: do not keep them past the next iteration.
+      timeout: seconds to wait for one batch before raising FerryError DEADLINE_EXCEEDED;
+        None waits forever.
+
+    Batches are dicts {field name: tensor}; numpy arrays and torch tensors both support
+    DLPack. Iterating again without set_epoch repeats the same epoch. Errors from ferryd
+    raise ferry.FerryError; bad arguments raise TypeError/ValueError before any call.
+    A Loader is not thread-safe: iterate it from one thread.
+    """
+
+    def __init__(self, dataset, batch_size, transform=None, shuffle=False, seed=0,
+                 drop_last=False, rank=0, world_size=1, device="cpu", address=None,
+                 prefetch=4, job_name=None, as_numpy=False, zero_copy=False, timeout=None):
+        if not isinstance(dataset, (ImageFolder, Tokens)):
+            raise TypeError("dataset must be ferry.ImageFolder or ferry.Tokens, got %r"
+                            % (dataset,))
+        batch_size = _check_int("batch_size", batch_size, 1, 2**32 - 1)
+        if isinstance(dataset, ImageFolder):
+            if transform is None:
+                raise ValueError("ImageFolder needs a transform: ferry.RandomResizedCrop(size) "
+                                 "for training or ferry.CenterCrop(size) for evaluation")
+        if transform is not None and not isinstance(transform, (RandomResizedCrop, CenterCrop)):
+            raise TypeError("transform must be ferry.RandomResizedCrop or ferry.CenterCrop, got "
+                            "%r" % (transform,))
+        world_size = _check_int("world_size", world_size, 1, 2**32 - 1)
+        rank = _check_int("rank", rank, 0)
+        if rank >= world_size:
+            raise ValueError("rank must be < world_size (%d), got %d" % (world_size, rank))
+        seed = _check_int("seed", seed, 0, 2**64 - 1)
+        if not isinstance(device, str):
+            raise TypeError("device must be a str ('cpu' or 'cuda:N'), got %r" % (device,))
+        if device != "cpu" and not (device.startswith("cuda:") and device[5:].isdigit()):
+            raise ValueError("device must be 'cpu' or 'cuda:N', got %r" % device)
+        if address is not None:
+            address = os.fspath(_check_path_like("address", address))
+        if job_name is not None and not isinstance(job_name, str):
+            raise TypeError("job_name must be a str, got %r" % (job_name,))
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+                raise TypeError("timeout must be a number of seconds or None, got %r"
+                                % (timeout,))
+            if timeout <= 0:
+                raise ValueError("timeout must be > 0, got %r" % (timeout,))
+        self._spec = {
+            "dataset": dataset._spec(),
+            "batch_size": batch_size,
+            "shuffle": _check_bool("shuffle", shuffle),
+            "seed": str(seed),
+            "drop_last": _check_bool("drop_last", drop_last),
+            "world_size": world_size,
+            "device": device,
+            "prefetch_depth": _check_int("prefetch", prefetch, 0, 64),
+        }
+        if transform is not None and isinstance(dataset, ImageFolder):
+            self._spec["transform"] = transform._spec()
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self._as_numpy = _check_bool("as_numpy", as_numpy) or not _torch_available()
+        self._zero_copy = _check_bool("zero_copy", zero_copy)
+        self._timeout = timeout
+        self._epoch = 0
+        self._resume_batch = 0
+        self._batches_done = 0
+        self._generation = 0
+        self._daemon = None
+        self._client = None
+        self._consumer = None
+        self._closed = False
+        try:
+            self._connect(address)
+            self.job = self._client.create_job(self._spec, name=job_name)
+            self._consumer = self._client.attach(self.job["id"], rank)
+            self._len = self._consumer.batches_per_epoch
+        except BaseException:
+            self.close()
+            raise
+        self._finalizer = weakref.finalize(self, Loader._cleanup, self._consumer, self._client,
+                                           self._daemon)
+
+    def _connect(self, address):
+        from ferry.client import Client
+        if address is None and os.environ.get("FERRY_ADDRESS"):
+            address = os.environ["FERRY_ADDRESS"]
+        if address is not None:
+            self._client = Client(address)
+            return
+        try:
+            self._client = Client(None)
+            return
+        except FerryError as e:
+            if e.code not in ("NOT_FOUND", "UNAVAILABLE"):
+                raise
+        self._daemon = _daemon.acquire()
+        self._client = Client(self._daemon.address)
+
+    @staticmethod
+    def _cleanup(consumer, client, daemon):
+        if consumer is not None:
+            consumer.close()
+        if client is not None:
+            client.close()
+        if daemon is not None:
+            _daemon.release(daemon)
+
+    @property
+    def address(self):
+        """The ferryd socket in use (a temporary one for a private daemon)."""
+        return self._daemon.address if self._daemon else None
+
+    def __len__(self):
+        return self._len
+
+    def set_epoch(self, epoch):
+        """Selects the epoch the next iteration delivers (shuffle order depends on it)."""
+        self._epoch = _check_int("epoch", epoch, 0)
+        self._resume_batch = 0
+
+    def state_dict(self):
+        """Position for an exact resume: the epoch and how many of its batches were taken."""
+        return {"epoch": self._epoch, "batches_done": self._batches_done}
+
+    def load_state_dict(self, state):
+        """Makes the next iteration resume after state["batches_done"] batches of
+        state["epoch"]."""
+        epoch = _check_int("state['epoch']", state["epoch"], 0)
+        done = _check_int("state['batches_done']", state["batches_done"], 0, self._len)
+        self._epoch, self._resume_batch, self._batches_done = epoch, done, done
+
+    def __iter__(self):
+        if self._closed:
+            raise FerryError("FAILED_PRECONDITION", "the ferry.Loader is closed")
+        self._generation += 1
+        first, self._resume_batch = self._resume_batch, 0
+        self._wrap(self._consumer.start_epoch, self._epoch, first)
+        self._batches_done = first
+        return self._iterate(self._generation)
+
+    def _iterate(self, generation):
+        held = None  # zero-copy: the batch whose arrays the caller has now
+        try:
+            while True:
+                if generation != self._generation or self._closed:
+                    raise RuntimeError("this ferry.Loader iterator was superseded by a newer "
+                                       "iteration (or the Loader was closed)")
+                if held is not None:
+                    held.release()
+                    held = None
+                batch = self._next_batch()
+                if batch is None:
+                    return
+                self._batches_done = batch.index + 1
+                if self._zero_copy:
+                    arrays = batch.arrays()
+                    held = batch
+                else:
+                    arrays = {k: v.copy() for k, v in batch.arrays().items()}
+                    batch.release()
+                if not self._as_numpy:
+                    arrays = {k: _to_torch(k, v, copy=not self._zero_copy)
+                              for k, v in arrays.items()}
+                yield arrays
+        finally:
+            if held is not None:
+                try:
+                    held.release()
+                except FerryError:
+                    pass
+
+    def _next_batch(self):
+        waited = 0.0
+        while True:
+            try:
+                return self._wrap(self._consumer.next, _POLL_MS)
+            except FerryError as e:
+                if e.code != "DEADLINE_EXCEEDED" or "no batch from ferryd" not in e.message:
+                    raise
+            waited += _POLL_MS / 1000.0
+            if self._timeout is not None and waited >= self._timeout:
+                raise FerryError("DEADLINE_EXCEEDED", "no batch from ferryd within %g s "
+                                 "(epoch %d, after batch %d)"
+                                 % (self._timeout, self._epoch, self._batches_done))
+
+    def _wrap(self, fn, *args):
+        """Calls fn; adds the private daemon's fate to errors, since its death is the
+        likeliest cause of a broken stream."""
+        try:
+            return fn(*args)
+        except FerryError as e:
+            if self._daemon is not None:
+                how = self._daemon.describe_exit()
+                if how:
+                    raise FerryError(e.code, "%s (%s)" % (e.message, how), e.code_value) from e
+            raise
+
+    def close(self):
+        """Detaches (ferryd reclaims this rank's slots) and stops a private daemon once no
+        Loader uses it. Idempotent; also done at garbage collection and interpreter exit."""
+        self._closed = True
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer()
+        else:
+            Loader._cleanup(self._consumer, self._client, self._daemon)
+        self._consumer = self._client = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _check_path_like(name, value):
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError("%s must be a socket path (str or os.PathLike), got %r" % (name, value))
+    return value

@@ -1,0 +1,111 @@
+"""Library discovery, the C ABI binding, and the errors for a missing daemon."""
+
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import ferry
+from ferry import _daemon, _lib
+
+
+class DiscoveryTest(unittest.TestCase):
+    def test_env_variable_wins_and_is_the_only_candidate(self):
+        found = _lib.candidates({"FERRY_LIBRARY": "/x/libferry.so"}, "/pkg/ferry")
+        self.assertEqual(found, [("/x/libferry.so", "$FERRY_LIBRARY")])
+
+    def test_order_package_then_build_tree_then_linker(self):
+        with tempfile.TemporaryDirectory() as repo:
+            package = os.path.join(repo, "client", "python", "ferry")
+            built = os.path.join(repo, "build-x", "client", "c")
+            os.makedirs(built)
+            open(os.path.join(built, "libferry.so"), "w").close()
+            found = _lib.candidates({}, package)
+        self.assertEqual([how for _, how in found], ["package", "build tree", "dynamic linker"])
+        self.assertEqual(found[0][0], os.path.join(package, "_lib", "libferry.so"))
+        self.assertTrue(found[1][0].endswith("build-x/client/c/libferry.so"))
+        self.assertEqual(found[2][0], "libferry.so.1")
+
+    def test_missing_env_library_is_a_clear_error(self):
+        # A fresh interpreter: the library must not be loaded already.
+        code = ("import ferry\n"
+                "try:\n"
+                "    ferry.Client('/tmp/x.sock')\n"
+                "except ferry.FerryError as e:\n"
+                "    print(e.code); print(e.message)\n")
+        env = dict(os.environ, FERRY_LIBRARY="/nonexistent/libferry.so")
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, check=True).stdout
+        self.assertIn("NOT_FOUND", out)
+        self.assertIn("/nonexistent/libferry.so ($FERRY_LIBRARY): not found", out)
+        self.assertIn("set FERRY_LIBRARY", out)
+
+    def test_loaded_library_matches_the_abi(self):
+        lib = _lib.load()
+        self.assertEqual(lib.ferry_abi_version(), _lib.ABI_VERSION)
+        self.assertTrue(os.path.exists(_lib.path()) or _lib.path().startswith("libferry"))
+
+
+class MissingDaemonTest(unittest.TestCase):
+    def test_client_error_names_the_socket_and_the_fix(self):
+        with tempfile.TemporaryDirectory() as d:
+            address = os.path.join(d, "ferryd.sock")
+            with self.assertRaises(ferry.FerryError) as cm:
+                ferry.Client(address)
+        e = cm.exception
+        self.assertIsInstance(e, RuntimeError)
+        self.assertEqual(e.code, "NOT_FOUND")
+        self.assertEqual(e.code_value, 5)
+        self.assertIn("no ferryd at %s" % address, e.message)
+        self.assertIn("start one with 'ferryd' (per-user) or 'systemctl start ferryd'",
+                      e.message)
+        self.assertTrue(str(e).startswith("NOT_FOUND: "))
+
+    def test_loader_with_an_explicit_address_does_not_start_a_daemon(self):
+        with tempfile.TemporaryDirectory() as d:
+            address = os.path.join(d, "ferryd.sock")
+            with self.assertRaises(ferry.FerryError) as cm:
+                ferry.Loader(ferry.Tokens("/t.bin", seq_len=4), batch_size=2, address=address)
+        self.assertEqual(cm.exception.code, "NOT_FOUND")
+        self.assertIsNone(_daemon._daemon)
+
+    def test_default_address_follows_xdg_runtime_dir(self):
+        code = "import ferry; print(ferry.default_address())"
+        env = dict(os.environ, XDG_RUNTIME_DIR="/run/user/4242")
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        if os.geteuid() == 0:
+            self.assertEqual(out, "/run/ferry/ferryd.sock")
+        else:
+            self.assertEqual(out, "/run/user/4242/ferry/ferryd.sock")
+
+
+class DaemonBinaryTest(unittest.TestCase):
+    def test_env_variable_must_be_executable(self):
+        with self.assertRaisesRegex(ferry.FerryError, "FERRY_DAEMON is '/nope/ferryd'"):
+            _daemon.find_binary({"FERRY_DAEMON": "/nope/ferryd"})
+
+    def test_not_found_says_where_it_looked(self):
+        with tempfile.TemporaryDirectory() as d:
+            with self.assertRaises(ferry.FerryError) as cm:
+                _daemon.find_binary({"PATH": d}, os.path.join(d, "python", "ferry"))
+        self.assertEqual(cm.exception.code, "NOT_FOUND")
+        self.assertIn("PATH", cm.exception.message)
+        self.assertIn(os.path.join(d, "server", "ferryd"), cm.exception.message)
+        self.assertIn("set FERRY_DAEMON", cm.exception.message)
+
+    def test_build_tree_binary_is_found(self):
+        with tempfile.TemporaryDirectory() as d:
+            binary = os.path.join(d, "server", "ferryd")
+            os.makedirs(os.path.dirname(binary))
+            with open(binary, "w") as f:
+                f.write("#!/bin/sh\n")
+            os.chmod(binary, 0o755)
+            self.assertEqual(
+                _daemon.find_binary({"PATH": "/nonexistent"}, os.path.join(d, "python", "ferry")),
+                binary)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,106 @@
+"""Argument validation: bad arguments raise TypeError/ValueError before any call into
+libferry or ferryd (these tests pass an address that would fail if ever contacted)."""
+
+import os
+import unittest
+
+import ferry
+
+NOWHERE = "/nonexistent/ferry-test/ferryd.sock"
+
+
+def make(**kwargs):
+    args = dict(dataset=ferry.ImageFolder("/data"), batch_size=4,
+                transform=ferry.CenterCrop(8), address=NOWHERE)
+    args.update(kwargs)
+    return ferry.Loader(**args)
+
+
+class DatasetArgsTest(unittest.TestCase):
+    def test_image_folder_path_is_made_absolute(self):
+        self.assertEqual(ferry.ImageFolder("rel/dir").root, os.path.abspath("rel/dir"))
+
+    def test_image_folder_rejects_non_paths(self):
+        with self.assertRaises(TypeError):
+            ferry.ImageFolder(3)
+        with self.assertRaises(ValueError):
+            ferry.ImageFolder("")
+
+    def test_tokens_checks_dtypes_and_seq_len(self):
+        with self.assertRaisesRegex(ValueError, "dtype must be one of"):
+            ferry.Tokens("/t.bin", seq_len=8, dtype="int8")
+        with self.assertRaisesRegex(ValueError, "output_dtype"):
+            ferry.Tokens("/t.bin", seq_len=8, output_dtype="float32")
+        with self.assertRaisesRegex(ValueError, "seq_len must be >= 1"):
+            ferry.Tokens("/t.bin", seq_len=0)
+        with self.assertRaises(TypeError):
+            ferry.Tokens("/t.bin", seq_len=8.5)
+        spec = ferry.Tokens("/t.bin", seq_len=8, dtype="uint32")._spec()
+        self.assertEqual(spec["tokens"]["token_dtype"], "UINT32")
+        self.assertEqual(spec["tokens"]["output_dtype"], "INT64")
+
+    def test_transforms(self):
+        with self.assertRaisesRegex(ValueError, "size must be >= 1"):
+            ferry.RandomResizedCrop(0)
+        with self.assertRaisesRegex(ValueError, "0 < min <= max"):
+            ferry.RandomResizedCrop(224, scale=(0.5, 0.1))
+        with self.assertRaisesRegex(ValueError, "at most 1.0"):
+            ferry.RandomResizedCrop(224, scale=(0.5, 1.5))
+        with self.assertRaises(TypeError):
+            ferry.RandomResizedCrop(224, flip=1)
+        with self.assertRaisesRegex(ValueError, "resize must be >= 224"):
+            ferry.CenterCrop(224, resize=200)
+        spec = ferry.RandomResizedCrop(224, flip=True)._spec()["random_resized_crop"]
+        self.assertEqual(spec["size"], 224)
+        self.assertAlmostEqual(spec["scale_min"], 0.08)
+        self.assertTrue(spec["flip"])
+
+
+class LoaderArgsTest(unittest.TestCase):
+    def test_dataset_type(self):
+        with self.assertRaisesRegex(TypeError, "ImageFolder or ferry.Tokens"):
+            make(dataset="/data")
+
+    def test_batch_size(self):
+        for bad in (0, -1):
+            with self.assertRaisesRegex(ValueError, "batch_size"):
+                make(batch_size=bad)
+        for bad in (2.0, "4", True, None):
+            with self.assertRaisesRegex(TypeError, "batch_size"):
+                make(batch_size=bad)
+
+    def test_image_folder_needs_a_transform(self):
+        with self.assertRaisesRegex(ValueError, "needs a transform"):
+            make(transform=None)
+        with self.assertRaisesRegex(TypeError, "transform must be"):
+            make(transform="center")
+
+    def test_rank_and_world_size(self):
+        with self.assertRaisesRegex(ValueError, r"rank must be < world_size \(2\)"):
+            make(rank=2, world_size=2)
+        with self.assertRaisesRegex(ValueError, "world_size must be >= 1"):
+            make(world_size=0)
+        with self.assertRaisesRegex(ValueError, "rank must be >= 0"):
+            make(rank=-1)
+
+    def test_seed_shuffle_device_prefetch_timeout(self):
+        with self.assertRaisesRegex(ValueError, "seed"):
+            make(seed=-1)
+        with self.assertRaisesRegex(ValueError, "seed"):
+            make(seed=2**64)
+        with self.assertRaisesRegex(TypeError, "shuffle must be a bool"):
+            make(shuffle="yes")
+        with self.assertRaisesRegex(ValueError, "device must be 'cpu' or 'cuda:N'"):
+            make(device="gpu")
+        with self.assertRaisesRegex(ValueError, "prefetch must be <= 64"):
+            make(prefetch=65)
+        with self.assertRaisesRegex(ValueError, "timeout must be > 0"):
+            make(timeout=0)
+        with self.assertRaises(TypeError):
+            make(address=5)
+        with self.assertRaises(TypeError):
+            make(job_name=7)
+
+
+if __name__ == "__main__":
+    unittest.main()
