@@ -117,7 +117,9 @@ class PrivateDaemon:
                                  "answering; its output ends with:\n%s"
                                  % (self.binary, code, _tail(self.log_path)))
             try:
-                Client(self.address).close()
+                # GetStatus, not just the session socket: ferryd opens that one first.
+                with Client(self.address) as client:
+                    client.status()
                 return
             except FerryError as e:
                 last = e
@@ -131,8 +133,10 @@ class PrivateDaemon:
 
     def describe_exit(self):
         """'' while running, else how it ended and the tail of its output."""
-        code = self.process.poll()
-        if code is None:
+        try:
+            # Its sockets close before the kernel reports it dead: give that a moment.
+            code = self.process.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
             return ""
         return "private ferryd exited with code %d; its output ends with:\n%s" % (
             code, _tail(self.log_path))

@@ -1,0 +1,202 @@
+"""End to end against a real ferryd: a private daemon started by the Loader (FERRY_DAEMON or
+the build tree). Skipped when no ferryd binary can be found."""
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import unittest
+
+import numpy as np
+
+import ferry
+from ferry import _daemon
+
+try:
+    _daemon.find_binary()
+    HAVE_FERRYD = True
+except ferry.FerryError:
+    HAVE_FERRYD = False
+
+SEQ = 8
+
+
+def ferryctl_binary():
+    if os.environ.get("FERRY_CTL"):
+        return os.environ["FERRY_CTL"]
+    build = os.path.dirname(os.path.dirname(os.path.dirname(ferry.__file__)))
+    return os.path.join(build, "client", "ferryctl", "ferryctl")
+
+
+@unittest.skipUnless(HAVE_FERRYD, "no ferryd binary (set FERRY_DAEMON)")
+class EndToEndTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        # 64 samples of SEQ + 1 tokens: sample i = tokens[i * SEQ : i * SEQ + SEQ + 1].
+        cls.tokens = (np.arange(64 * SEQ + 1) * 7 % 65521).astype(np.uint16)
+        cls.token_path = os.path.join(cls.tmp.name, "tokens.bin")
+        cls.tokens.tofile(cls.token_path)
+        os.environ.pop("FERRY_ADDRESS", None)
+        # Make sure the Loaders below start a private daemon rather than find a real one.
+        os.environ["XDG_RUNTIME_DIR"] = cls.tmp.name
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def loader(self, **kwargs):
+        args = dict(dataset=ferry.Tokens(self.token_path, seq_len=SEQ), batch_size=4,
+                    prefetch=2, as_numpy=True, timeout=30)
+        args.update(kwargs)
+        loader = ferry.Loader(**args)
+        self.addCleanup(loader.close)
+        return loader
+
+    def check_batch(self, batch):
+        self.assertEqual(batch["tokens"].dtype, np.int64)
+        self.assertEqual(batch["tokens"].shape[1], SEQ + 1)
+        for row, index in zip(batch["tokens"], batch["index"]):
+            np.testing.assert_array_equal(row, self.tokens[index * SEQ:index * SEQ + SEQ + 1])
+
+    def indices(self, loader):
+        return [int(i) for b in loader for i in b["index"]]
+
+    def test_epoch_delivers_every_sample_with_correct_data(self):
+        loader = self.loader()
+        self.assertEqual(len(loader), 16)
+        batches = list(loader)  # safe mode: kept batches are copies, never overwritten
+        self.assertEqual(len(batches), 16)
+        for b in batches:
+            self.check_batch(b)
+        # Safe-mode arrays are plain writable numpy arrays: DLPack export works.
+        np.testing.assert_array_equal(np.from_dlpack(batches[0]["index"]), batches[0]["index"])
+        self.assertEqual(sorted(int(i) for b in batches for i in b["index"]), list(range(64)))
+
+    def test_two_ranks_split_the_epoch(self):
+        common = dict(shuffle=True, seed=3, world_size=2, job_name="two-ranks")
+        rank0 = self.loader(rank=0, **common)
+        rank1 = self.loader(rank=1, **common)
+        self.assertEqual(rank0.job["id"], rank1.job["id"])
+        self.assertEqual(len(rank0), len(rank1))
+        a, b = self.indices(rank0), self.indices(rank1)
+        self.assertEqual(len(a), 32)
+        self.assertFalse(set(a) & set(b))
+        self.assertEqual(sorted(a + b), list(range(64)))
+
+    def test_same_epoch_repeats_and_set_epoch_reshuffles(self):
+        loader = self.loader(shuffle=True, seed=1)
+        first, again = self.indices(loader), self.indices(loader)
+        self.assertEqual(first, again)
+        loader.set_epoch(1)
+        self.assertNotEqual(self.indices(loader), first)
+
+    def test_break_mid_epoch_then_iterate_again(self):
+        loader = self.loader(shuffle=True, seed=2)
+        full = self.indices(loader)
+        for i, _ in enumerate(loader):
+            if i == 2:
+                break
+        self.assertEqual(self.indices(loader), full)
+
+    def test_resume_from_state_dict(self):
+        loader = self.loader(shuffle=True, seed=5)
+        loader.set_epoch(2)
+        full = self.indices(loader)
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        state = loader.state_dict()
+        self.assertEqual(state, {"epoch": 2, "batches_done": 3})
+        del it
+        loader.load_state_dict(state)
+        self.assertEqual(self.indices(loader), full[3 * 4:])
+
+    def test_zero_copy_views_are_read_only_and_correct(self):
+        loader = self.loader(zero_copy=True)
+        for batch in loader:
+            self.assertFalse(batch["tokens"].flags.writeable)
+            self.check_batch(batch)
+
+    def test_torch_tensors_by_default(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not installed")
+        loader = self.loader(as_numpy=False)
+        batch = next(iter(loader))
+        self.assertIsInstance(batch["tokens"], torch.Tensor)
+        self.assertEqual(batch["tokens"].dtype, torch.int64)
+        self.assertEqual(tuple(batch["tokens"].shape), (4, SEQ + 1))
+        self.assertTrue(torch.equal(torch.utils.dlpack.from_dlpack(batch["index"]),
+                                    batch["index"]))
+        z = self.loader(as_numpy=False, zero_copy=True, job_name="torch-zero-copy")
+        zb = next(iter(z))
+        self.assertTrue(torch.equal(torch.utils.dlpack.from_dlpack(zb["index"]), zb["index"]))
+
+    def test_image_folder(self):
+        from PIL import Image
+        root = os.path.join(self.tmp.name, "images")
+        for c, color in (("cat", (200, 10, 10)), ("dog", (10, 10, 200))):
+            os.makedirs(os.path.join(root, c))
+            for i in range(3):
+                Image.new("RGB", (40 + i, 30), color).save(os.path.join(root, c, "%d.jpg" % i))
+        loader = self.loader(dataset=ferry.ImageFolder(root), batch_size=2,
+                             transform=ferry.CenterCrop(16))
+        labels = []
+        for b in loader:
+            self.assertEqual(b["image"].shape, (2, 16, 16, 3))
+            self.assertEqual(b["image"].dtype, np.uint8)
+            for image, label in zip(b["image"], b["label"]):
+                red, blue = int(image[..., 0].mean()), int(image[..., 2].mean())
+                self.assertEqual(int(label), 0 if red > blue else 1)
+                labels.append(int(label))
+        self.assertEqual(sorted(labels), [0, 0, 0, 1, 1, 1])
+
+    def test_bad_spec_is_a_ferry_error_from_the_daemon(self):
+        with self.assertRaises(ferry.FerryError) as cm:
+            self.loader(dataset=ferry.Tokens(os.path.join(self.tmp.name, "missing.bin"),
+                                             seq_len=SEQ))
+        self.assertIn("missing.bin", cm.exception.message)
+
+    def test_ferryctl_tables_and_json(self):
+        ctl = ferryctl_binary()
+        if not os.access(ctl, os.X_OK):
+            self.skipTest("no ferryctl at %s" % ctl)
+        loader = self.loader(job_name="ctl-job")
+        next(iter(loader))
+        address = loader.address
+        run = lambda *args: subprocess.run([ctl, "--address", address] + list(args),
+                                           capture_output=True, text=True, timeout=30)
+        status = run("status")
+        self.assertEqual(status.returncode, 0, status.stderr)
+        self.assertIn("uptime", status.stdout)
+        self.assertIn("ctl-job", status.stdout)
+        jobs = run("--json", "jobs")
+        self.assertEqual(jobs.returncode, 0, jobs.stderr)
+        names = [j["name"] for j in json.loads(jobs.stdout)["jobs"]]
+        self.assertIn("ctl-job", names)
+        job = run("job", loader.job["id"])
+        self.assertEqual(job.returncode, 0, job.stderr)
+        self.assertIn("RANK", job.stdout)
+        missing = run("job", "no-such-job")
+        self.assertNotEqual(missing.returncode, 0)
+        self.assertIn("no-such-job", missing.stderr)
+
+    def test_zz_daemon_death_is_an_error_not_a_hang(self):
+        loader = self.loader(job_name="death")
+        it = iter(loader)
+        next(it)
+        os.kill(loader._daemon.process.pid, signal.SIGKILL)
+        start = time.monotonic()
+        with self.assertRaises(ferry.FerryError) as cm:
+            for _ in it:
+                pass
+        self.assertLess(time.monotonic() - start, 10)
+        self.assertIn("private ferryd exited", cm.exception.message)
+
+
+if __name__ == "__main__":
+    unittest.main()
