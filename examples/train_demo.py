@@ -42,6 +42,8 @@ def main():
     p.add_argument("--size", type=int, default=224, help="crop size (default 224)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help='"cpu" (host transport) or "cuda:N"')
+    p.add_argument("--zero-copy", action="store_true",
+                   help="read batches in place in ferryd's shared memory instead of copies")
     args = p.parse_args()
 
     address = os.path.abspath(args.address) if args.address else None
@@ -49,7 +51,8 @@ def main():
                           batch_size=args.batch_size,
                           transform=ferry.RandomResizedCrop(args.size, flip=True),
                           shuffle=True, seed=args.seed, drop_last=True,
-                          rank=0, world_size=1, device=args.device, address=address)
+                          rank=0, world_size=1, device=args.device, address=address,
+                          zero_copy=args.zero_copy)
 
     total_images = 0
     total_seconds = 0.0
@@ -92,6 +95,7 @@ def main():
                pixel_sum / max(images, 1), len(label_counts),
                counts[0] if counts else 0, counts[-1] if counts else 0), flush=True)
 
+    loader.close()
     if total_images == 0:
         sys.exit("ferry demo: no batches were delivered (dataset smaller than one batch?)")
     print("ferry demo: %d images in %.2f s = %.0f images/s" %
