@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -184,6 +185,37 @@ class EndToEndTest(unittest.TestCase):
         missing = run("job", "no-such-job")
         self.assertNotEqual(missing.returncode, 0)
         self.assertIn("no-such-job", missing.stderr)
+
+    def test_private_daemon_dies_with_its_parent(self):
+        code = ("import os, sys, ferry\n"
+                "l = ferry.Loader(ferry.Tokens(sys.argv[1], seq_len=8), batch_size=4)\n"
+                "print(l._daemon.process.pid, flush=True)\n"
+                "os.kill(os.getpid(), 9)\n")
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(ferry.__file__)))
+        proc = subprocess.run([sys.executable, "-c", code, self.token_path], env=env,
+                              capture_output=True, text=True, timeout=60)
+        self.assertEqual(proc.returncode, -9, proc.stderr)
+        pid = int(proc.stdout.split()[0])
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+        self.fail("private ferryd %d outlived its parent" % pid)
+
+    def test_zy_sigterm_drains_and_ends_the_stream_with_an_error(self):
+        loader = self.loader(job_name="sigterm")
+        it = iter(loader)
+        next(it)
+        os.kill(loader._daemon.process.pid, signal.SIGTERM)
+        start = time.monotonic()
+        with self.assertRaises(ferry.FerryError):
+            for _ in it:  # safe mode releases every slot, so the drain need not wait
+                pass
+        self.assertLess(time.monotonic() - start, 15)
+        self.assertEqual(loader._daemon.process.wait(15), 0)
 
     def test_zz_daemon_death_is_an_error_not_a_hang(self):
         loader = self.loader(job_name="death")
