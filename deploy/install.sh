@@ -31,6 +31,11 @@ if [[ ! -f $build_dir/CMakeCache.txt ]]; then
 fi
 
 cmake --install "$build_dir" --prefix "$prefix"
+ldconfig  # libferry.so.1 for ferryctl and C/C++ users
+if [[ $prefix != /usr ]]; then
+  echo "note: the Python package went to $prefix/lib/python3/dist-packages, which Debian's" \
+       "python3 does not search; add it to PYTHONPATH or install with --prefix /usr"
+fi
 
 unit_dir=/usr/lib/systemd/system
 install -d "$unit_dir" /usr/lib/tmpfiles.d /usr/lib/sysusers.d /etc/ferry
