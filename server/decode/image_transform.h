@@ -101,7 +101,7 @@ class JpegDecoder final {
 // decoder's message; `out` may then hold partial data.
 //
 // Only the part of the image the output depends on is decoded, at the smallest libjpeg DCT
-// scale (1/8 .. 8/8) at which the crop still has at least t.size pixels per side; the
+// scale (1/8, 1/4, 1/2 or 1) at which the crop still has at least t.size pixels per side; the
 // result matches a full decode + crop + resize within JPEG/scaling tolerance. Consequently
 // damage that lies entirely below or beside the decoded region (e.g. a baseline JPEG cut
 // short under a crop near its top) is not detected: the output is then still correct.

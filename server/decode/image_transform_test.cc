@@ -629,7 +629,8 @@ TEST(DecodeAndTransformTest, ScaledCroppedDecodeMatchesFullDecode) {
     int size;
   };
   for (const Case& c : {Case{500, 375, ChromaSubsampling::k420, false, 224},
-                        Case{500, 375, ChromaSubsampling::k444, false, 224},
+                        Case{1000, 750, ChromaSubsampling::k444, false, 224},
+                        Case{1000, 750, ChromaSubsampling::k420, true, 224},
                         Case{333, 501, ChromaSubsampling::k420, true, 64},
                         Case{1023, 767, ChromaSubsampling::k420, false, 96},
                         Case{1023, 767, ChromaSubsampling::k444, false, 57},

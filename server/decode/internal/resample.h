@@ -1,6 +1,6 @@
 // Separable antialiased bilinear resampling with PIL's BILINEAR semantics (triangle filter
 // whose support widens with the downscale factor; weights normalised per output sample;
-// 22-bit fixed point; horizontal pass first, rounded to uint8, then vertical pass).
+// 14-bit fixed point; horizontal pass first, rounded to uint8, then vertical pass).
 // Private to server/decode.
 #ifndef FERRY_SERVER_DECODE_INTERNAL_RESAMPLE_H_
 #define FERRY_SERVER_DECODE_INTERNAL_RESAMPLE_H_
@@ -11,7 +11,8 @@
 
 namespace ferry::decode_internal {
 
-inline constexpr int kWeightBits = 22;
+// Weights fit int16 so that the vertical pass multiplies 16-bit lanes.
+inline constexpr int kWeightBits = 14;
 
 // Maps a continuous source interval onto `out_size` output samples along one axis. Output
 // sample i reads source samples [first[i], first[i] + count[i]) with weights
@@ -22,6 +23,10 @@ struct AxisFilter {
   std::vector<int> first;     // out_size entries
   std::vector<int> count;     // out_size entries, each >= 1
   std::vector<int32_t> weights;
+  // The same weights as int16 pairs (tap 2k in the low half, 2k + 1 in the high half, 0
+  // past the end), pair_stride per output sample: operands for 16-bit multiply-adds.
+  int pair_stride = 0;
+  std::vector<int32_t> pair_weights;
   int begin = 0;              // union of all source ranges: [begin, end)
   int end = 0;
   std::vector<double> scratch;  // reused by ComputeAxisFilter
@@ -32,9 +37,12 @@ struct AxisFilter {
 // [lo, hi). Requires out_size > 0, lo < hi, in0 < in1. Reuses f's buffers.
 void ComputeAxisFilter(double in0, double in1, int lo, int hi, int out_size, AxisFilter* f);
 
+// Bytes past the last pixel of a row that ResampleRow may read (and ignore).
+inline constexpr int kRowPadding = 8;
+
 // Horizontal pass over one RGB row. `src` holds source columns starting at `src_x0` (which
-// must be <= f.begin and cover up to f.end). Writes f.out_size RGB pixels to `dst`, in
-// reverse order when `mirror`.
+// must be <= f.begin and cover up to f.end), followed by kRowPadding readable bytes. Writes
+// exactly f.out_size RGB pixels to `dst`, in reverse order when `mirror`.
 void ResampleRow(const uint8_t* src, int src_x0, const AxisFilter& f, bool mirror, uint8_t* dst);
 
 // Vertical pass. `rows` holds consecutive rows of `width_bytes` bytes (stride `row_stride`),
