@@ -81,7 +81,10 @@ class JpegDecoder final {
   // JPEG or is truncated before the frame header.
   absl::Status ReadSize(absl::Span<const uint8_t> jpeg, int* width, int* height);
 
-  // Full decode to RGB uint8 HWC into `out` (resized to width*height*3).
+  // Full decode to RGB uint8 HWC into `out` (resized to width*height*3). Grayscale, YCbCr,
+  // RGB and (Adobe) CMYK/YCCK JPEGs all come out as RGB. EXIF orientation is not applied
+  // (neither torchvision's decode_jpeg nor PIL's open does). INVALID_ARGUMENT with libjpeg's
+  // message for corrupt or truncated data, never a gray-filled image.
   absl::Status DecodeRgb(absl::Span<const uint8_t> jpeg, std::vector<uint8_t>* out, int* width,
                          int* height);
 
