@@ -180,10 +180,16 @@ TEST_F(PipelineTest, NextEpochIsPrefetchedAndASeekDiscardsIt) {
   EXPECT_EQ(first.epoch(), 1);
   EXPECT_EQ(Indices(*p, first), Expected(1, 0, 0));
   ASSERT_TRUE(p->Release(&c, first.slot(), first.seq()).ok());
-  // ...and a jump elsewhere (resume) yields exactly the batches asked for.
+  // ...and a jump elsewhere (resume) yields exactly the batches asked for. Batches of epoch 1
+  // sent before the jump stay leased to the consumer (it may still be reading them); it
+  // recognises them by their (epoch, batch) and releases them.
   ASSERT_TRUE(p->StartEpoch(&c, 5, 6).ok());
   for (int64_t batch = 6; batch < 8; ++batch) {
     auto b = std::get<ferry::v1::BatchReady>(*c.Next());
+    while (b.epoch() == 1) {
+      ASSERT_TRUE(p->Release(&c, b.slot(), b.seq()).ok());
+      b = std::get<ferry::v1::BatchReady>(*c.Next());
+    }
     EXPECT_EQ(b.epoch(), 5);
     EXPECT_EQ(b.batch(), batch);
     EXPECT_EQ(Indices(*p, b), Expected(5, 0, batch));
@@ -235,11 +241,16 @@ TEST_F(PipelineTest, UnreadableSamplesAreSubstitutedAndCounted) {
     ASSERT_TRUE(p->Release(&c, b.slot(), b.seq()).ok());
   }
   EXPECT_EQ(rows, 50);
-  EXPECT_EQ(job_->error_count(), 3);
-  auto errors = job_->recent_errors();
-  ASSERT_EQ(errors.size(), 3u);
-  EXPECT_THAT(errors[0].path(), HasSubstr("fake/"));
-  EXPECT_THAT(errors[0].message(), HasSubstr("corrupt on purpose"));
+  // The next epoch is prefetched meanwhile and may hit the same files again, so count at
+  // least one error per corrupt file and nothing else.
+  EXPECT_GE(job_->error_count(), 3);
+  std::set<int64_t> reported;
+  for (const auto& e : job_->recent_errors()) {
+    reported.insert(e.index());
+    EXPECT_EQ(e.path(), "fake/" + std::to_string(e.index()));
+    EXPECT_THAT(e.message(), HasSubstr("corrupt on purpose"));
+  }
+  EXPECT_EQ(reported, (std::set<int64_t>{3, 17, 42}));
   p->Unbind(&c);
 }
 
@@ -268,7 +279,7 @@ TEST_F(PipelineTest, SlabCountsAgainstTheBudget) {
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(p.status().message(), HasSubstr("host_memory_budget_bytes"));
-  EXPECT_THAT(p.status().message(), HasSubstr("needs 32768 bytes"));
+  EXPECT_THAT(p.status().message(), HasSubstr("needs 65536 bytes"));
 }
 
 }  // namespace
