@@ -413,11 +413,22 @@ Client::~Client() = default;
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::string_view address) {
   absl::string_view rest(address.data(), address.size());
   if (!absl::ConsumePrefix(&rest, "unix://")) absl::ConsumePrefix(&rest, "unix:");
-  const std::string path = rest.empty() ? DefaultSocketPath() : std::string(rest);
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<internal::Session> session,
-                         internal::Session::Open(path));
+  std::string path = rest.empty() ? DefaultSocketPath() : std::string(rest);
+  absl::StatusOr<std::unique_ptr<internal::Session>> session = internal::Session::Open(path);
+  // With no address, a user without a daemon of their own uses the system one (systemd's
+  // ferryd on /run/ferry/ferryd.sock), if it is there.
+  if (!session.ok() && rest.empty() && path != kSystemSocketPath &&
+      (absl::IsNotFound(session.status()) || absl::IsUnavailable(session.status()))) {
+    absl::StatusOr<std::unique_ptr<internal::Session>> system =
+        internal::Session::Open(kSystemSocketPath);
+    if (system.ok()) {
+      path = kSystemSocketPath;
+      session = std::move(system);
+    }
+  }
+  if (!session.ok()) return session.status();
   return std::unique_ptr<Client>(
-      new Client(std::make_shared<internal::ClientImpl>(path, std::move(session))));
+      new Client(std::make_shared<internal::ClientImpl>(path, *std::move(session))));
 }
 
 const std::string& Client::address() const { return impl_->address(); }
