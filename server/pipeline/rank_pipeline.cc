@@ -318,6 +318,7 @@ void RankPipeline::FillStatus(ferry::v1::RankStatus* status) const {
   absl::MutexLock lock(&mutex_);
   status->set_rank(rank_);
   status->set_attached(consumer_ != nullptr);
+  status->set_consumer_pid(consumer_pid_);
   status->set_batches_delivered(batches_delivered_);
   status->set_samples_delivered(samples_delivered_);
   if (recent_deliveries_.size() >= 2) {
