@@ -47,7 +47,7 @@ class FakeSource final : public SampleSource {
 struct EpochEndMsg {
   int64_t epoch;
 };
-using Message = std::variant<ferry::v1::BatchReady, EpochEndMsg>;
+using Message = std::variant<ferry::v1::BatchReady, EpochEndMsg, absl::Status>;
 
 class RecordingConsumer final : public BatchConsumer {
  public:
@@ -58,6 +58,10 @@ class RecordingConsumer final : public BatchConsumer {
   void OnEpochEnd(int64_t epoch) override {
     absl::MutexLock lock(&mutex_);
     messages_.push_back(EpochEndMsg{epoch});
+  }
+  void OnShutdown(const absl::Status& reason) override {
+    absl::MutexLock lock(&mutex_);
+    messages_.push_back(reason);
   }
   // Waits up to 10 s for the next message.
   std::optional<Message> Next() {
@@ -251,6 +255,35 @@ TEST_F(PipelineTest, UnreadableSamplesAreSubstitutedAndCounted) {
     EXPECT_THAT(e.message(), HasSubstr("corrupt on purpose"));
   }
   EXPECT_EQ(reported, (std::set<int64_t>{3, 17, 42}));
+  p->Unbind(&c);
+}
+
+TEST_F(PipelineTest, ShutdownEndsTheStreamOnceHeldBatchesAreBack) {
+  auto p = Make(100, 5, 1, 0, 3, true);
+  RecordingConsumer c;
+  ASSERT_TRUE(p->Bind(&c, 1).ok());
+  ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
+  auto held = std::get<ferry::v1::BatchReady>(*c.Next());
+  // Drain what was delivered before the shutdown, keeping `held`.
+  absl::SleepFor(absl::Milliseconds(50));
+  p->Shutdown(absl::UnavailableError("ferryd is shutting down"));
+  while (c.pending() > 0) {
+    auto m = c.Next();
+    ASSERT_TRUE(m.has_value());
+    ASSERT_FALSE(std::holds_alternative<absl::Status>(*m)) << "stream ended while a batch was held";
+    if (auto* b = std::get_if<ferry::v1::BatchReady>(&*m)) {
+      ASSERT_TRUE(p->Release(&c, b->slot(), b->seq()).ok());
+    }
+  }
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(c.pending(), 0u);
+  ASSERT_TRUE(p->Release(&c, held.slot(), held.seq()).ok());
+  auto end = c.Next();
+  ASSERT_TRUE(end.has_value());
+  auto* reason = std::get_if<absl::Status>(&*end);
+  ASSERT_NE(reason, nullptr);
+  EXPECT_EQ(reason->code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(reason->message(), HasSubstr("shutting down"));
   p->Unbind(&c);
 }
 

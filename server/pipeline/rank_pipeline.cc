@@ -97,11 +97,16 @@ void RankPipeline::Unbind(BatchConsumer* consumer) {
   pool_->Submit(group_, std::move(tasks));
 }
 
-void RankPipeline::Shutdown() {
-  absl::MutexLock lock(&mutex_);
-  shutting_down_ = true;
-  ++generation_;
-  live_generation_.store(generation_, std::memory_order_relaxed);
+void RankPipeline::Shutdown(const absl::Status& reason) {
+  {
+    absl::MutexLock lock(&mutex_);
+    if (shutting_down_) return;
+    shutting_down_ = true;
+    shutdown_reason_ = reason;
+    ++generation_;
+    live_generation_.store(generation_, std::memory_order_relaxed);
+  }
+  Deliver({});
 }
 
 absl::Status RankPipeline::StartEpoch(BatchConsumer* consumer, int64_t epoch,
@@ -266,10 +271,11 @@ void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
   absl::MutexLock lock(&mutex_);
   if (delivering_) return;  // the thread delivering now will see our changes
   delivering_ = true;
-  while (consumer_ != nullptr && active_) {
+  while (consumer_ != nullptr) {
     std::vector<ferry::v1::BatchReady> ready;
     bool send_end = false;
-    while (!pending_.empty()) {
+    const bool producing = active_ && !shutting_down_;
+    while (producing && !pending_.empty()) {
       Slot& s = slots_[pending_.front().slot];
       if (s.state != SlotState::kQueued || s.epoch != deliver_epoch_) break;
       ferry::v1::BatchReady b;
@@ -288,17 +294,21 @@ void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
       if (recent_deliveries_.size() > kRateWindow) recent_deliveries_.pop_front();
       ready.push_back(std::move(b));
     }
-    if (deliver_batch_ >= batches_per_epoch_ && !epoch_end_sent_) {
+    if (producing && deliver_batch_ >= batches_per_epoch_ && !epoch_end_sent_) {
       send_end = true;
       epoch_end_sent_ = true;
     }
     int leased = 0;
     for (const Slot& s : slots_) leased += s.state == SlotState::kLeased;
+    // A stopping pipeline ends the stream once the consumer has given back every batch it
+    // holds, so no batch in use is cut off.
+    const bool send_shutdown = shutting_down_ && leased == 0 && !shutdown_sent_;
+    if (send_shutdown) shutdown_sent_ = true;
     if (!ready.empty()) NoteStarvationLocked();
-    if (ready.empty() && !send_end) {
+    if (ready.empty() && !send_end && !send_shutdown) {
       // Nothing to send: the consumer waits on us if it is mid-epoch and not itself holding
       // every slot.
-      if (!epoch_end_sent_ && leased < static_cast<int>(slots_.size()) &&
+      if (producing && !epoch_end_sent_ && leased < static_cast<int>(slots_.size()) &&
           starved_since_ == absl::InfiniteFuture()) {
         starved_since_ = absl::Now();
       }
@@ -306,9 +316,11 @@ void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
     }
     BatchConsumer* consumer = consumer_;
     const int64_t end_epoch = deliver_epoch_;
+    const absl::Status shutdown_reason = shutdown_reason_;
     mutex_.Unlock();
     for (const ferry::v1::BatchReady& b : ready) consumer->OnBatchReady(b);
     if (send_end) consumer->OnEpochEnd(end_epoch);
+    if (send_shutdown) consumer->OnShutdown(shutdown_reason);
     mutex_.Lock();
   }
   delivering_ = false;

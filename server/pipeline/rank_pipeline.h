@@ -42,6 +42,9 @@ class BatchConsumer {
   virtual ~BatchConsumer() = default;
   virtual void OnBatchReady(const ferry::v1::BatchReady& batch) = 0;
   virtual void OnEpochEnd(int64_t epoch) = 0;
+  // The pipeline stops (job deleted, ferryd draining) and the consumer holds no batch any
+  // more: end the stream with `reason`. Called once per binding.
+  virtual void OnShutdown(const absl::Status& reason) = 0;
 };
 
 class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
@@ -57,8 +60,10 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   absl::Status Bind(BatchConsumer* consumer, int pid);
   // Unbinds `consumer` (no-op if not bound): every slot it leased is reclaimed.
   void Unbind(BatchConsumer* consumer);
-  // Stops filling: queued rows are skipped. Called when the job is deleted or ferryd drains.
-  void Shutdown();
+  // Stops filling and delivering (queued rows are skipped); the bound consumer is told
+  // `reason` through OnShutdown as soon as it has released every batch it holds. Called
+  // when the job is deleted or ferryd drains. Idempotent.
+  void Shutdown(const absl::Status& reason);
   bool bound() const;
 
   // INVALID_ARGUMENT for an epoch < 0 or first_batch outside [0, batches_per_epoch].
@@ -127,6 +132,8 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   bool delivering_ ABSL_GUARDED_BY(mutex_) = false;
   int64_t next_seq_ ABSL_GUARDED_BY(mutex_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mutex_) = false;
+  absl::Status shutdown_reason_ ABSL_GUARDED_BY(mutex_);
+  bool shutdown_sent_ ABSL_GUARDED_BY(mutex_) = false;
 
   // Metrics.
   int64_t batches_delivered_ ABSL_GUARDED_BY(mutex_) = 0;

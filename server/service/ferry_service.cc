@@ -68,6 +68,8 @@ class ConsumeReactor final
     WriteNextLocked();
   }
 
+  void OnShutdown(const absl::Status& reason) override { FinishOnce(reason); }
+
   void OnCancel() override { FinishOnce(absl::CancelledError("consumer cancelled")); }
 
   void OnDone() override {

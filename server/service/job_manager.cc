@@ -211,7 +211,10 @@ absl::Status JobManager::DeleteJob(const Caller& caller, const std::string& id) 
       }
     }
   }
-  for (auto& [rank, pipeline] : ranks) pipeline->Shutdown();
+  for (auto& [rank, pipeline] : ranks) {
+    pipeline->Shutdown(absl::UnavailableError(absl::StrCat(
+        "job ", id, " was deleted; create it again to go on")));
+  }
   FERRY_LOG(INFO) << "deleted job " << id;
   return absl::OkStatus();
 }
@@ -286,7 +289,10 @@ void JobManager::BeginDrain() {
       for (auto& [rank, p] : entry.ranks) all.push_back(p);
     }
   }
-  for (auto& p : all) p->Shutdown();
+  for (auto& p : all) {
+    p->Shutdown(absl::UnavailableError(
+        "ferryd is shutting down (SIGTERM); attach again once it is back"));
+  }
 }
 
 int JobManager::LeasedSlots() {

@@ -100,6 +100,8 @@ class SigtermTest(unittest.TestCase):
         self.assertIn("error", r1)
         self.assertEqual(r1["error"]["code"], "UNAVAILABLE", r1["error"])
         self.assertIn("Consume to ferryd at %s" % daemon.address, r1["error"]["message"])
+        # It held no batch, so ferryd ended its stream itself, saying why.
+        self.assertIn("ferryd is shutting down", r1["error"]["message"])
         # Rank 0 goes on after the daemon is gone: it may still read the batches that had
         # arrived before (their memory is its own mapping), then gets an error, no hang.
         open(go, "w").close()

@@ -1,0 +1,531 @@
+// GPU tests of ferry_cuda (CTest label `gpu`): kernels against a float64 CPU reference,
+// the resource owners, CUDA IPC between two processes, and error statuses. Each test skips
+// with the reason when the machine has no usable GPU.
+//
+// The IPC test re-executes this binary as its consumer process (FERRY_CUDA_IPC_CHILD in
+// the environment; see main() at the bottom): a process that has initialised CUDA cannot
+// use it in a fork()ed child, and the gtest process has initialised it long before.
+#include <cuda_runtime_api.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/random.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/cuda/cuda_resources.h"
+#include "server/cuda/gpu_test_env.h"
+#include "server/cuda/normalize.h"
+
+namespace ferry {
+namespace {
+
+using ::testing::HasSubstr;
+
+#define ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+#define ASSERT_OK(expr)                            \
+  do {                                             \
+    const absl::Status ferry_s_ = (expr);          \
+    ASSERT_TRUE(ferry_s_.ok()) << ferry_s_;        \
+  } while (0)
+
+template <typename T>
+T ValueOrDie(absl::StatusOr<T> v) {
+  if (!v.ok()) {
+    ADD_FAILURE() << v.status();
+    std::abort();
+  }
+  return std::move(v).value();
+}
+
+class CudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override { FERRY_SKIP_WITHOUT_GPU(); }
+};
+
+// ------------------------------------------------------------------------- reference math
+
+double HalfToDouble(uint16_t h) {
+  const int sign = h >> 15, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+  double v;
+  if (exponent == 0) {
+    v = std::ldexp(mantissa, -24);
+  } else if (exponent == 31) {
+    v = mantissa ? NAN : INFINITY;
+  } else {
+    v = std::ldexp(mantissa + 1024, exponent - 25);
+  }
+  return sign ? -v : v;
+}
+
+double BFloat16ToDouble(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// Spacing of the output type's values around `r`.
+double Ulp(OutputDType dtype, double r) {
+  const int mantissa_bits = dtype == OutputDType::kFloat32 ? 23 : dtype == OutputDType::kFloat16 ? 10 : 7;
+  const int min_exponent = dtype == OutputDType::kFloat16 ? -14 : -126;
+  int e = r == 0 ? min_exponent : std::ilogb(r);
+  if (e < min_exponent) e = min_exponent;
+  return std::ldexp(1.0, e - mantissa_bits);
+}
+
+double ReadOutput(const std::vector<uint8_t>& bytes, OutputDType dtype, size_t i) {
+  if (dtype == OutputDType::kFloat32) {
+    float f;
+    std::memcpy(&f, bytes.data() + 4 * i, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, bytes.data() + 2 * i, 2);
+  return dtype == OutputDType::kFloat16 ? HalfToDouble(h) : BFloat16ToDouble(h);
+}
+
+const char* Name(OutputDType dtype) {
+  return dtype == OutputDType::kFloat32 ? "f32" : dtype == OutputDType::kFloat16 ? "f16" : "bf16";
+}
+
+// ---------------------------------------------------------------------------- normalize
+
+struct NormalizeCase {
+  int batch, height, width;
+  size_t src_offset = 0;  // bytes past a 256-aligned allocation: 1 forces the scalar path
+  size_t dst_offset = 0;  // elements past it
+  bool imagenet = false;
+};
+
+void CheckNormalize(const NormalizeCase& tc, OutputDType dtype, uint64_t seed) {
+  SCOPED_TRACE(absl::StrCat(Name(dtype), " ", tc.batch, "x", tc.height, "x", tc.width,
+                            " src+", tc.src_offset, " dst+", tc.dst_offset,
+                            tc.imagenet ? " imagenet" : " random mean/std"));
+  Rng rng(seed);
+  const size_t pixels = static_cast<size_t>(tc.height) * tc.width;
+  const size_t in_bytes = tc.batch * pixels * 3;
+  const size_t elem = OutputDTypeSize(dtype);
+  const size_t out_elems = tc.batch * pixels * 3;
+  const size_t guard = 64;  // elements after the output that must stay untouched
+  float mean[3], std[3];
+  for (int c = 0; c < 3; ++c) {
+    mean[c] = tc.imagenet ? ImageNetMean()[c] : static_cast<float>(rng.Uniform());
+    std[c] = tc.imagenet ? ImageNetStd()[c] : static_cast<float>(0.05 + rng.Uniform());
+  }
+  std::vector<uint8_t> host_in(in_bytes);
+  for (auto& b : host_in) b = static_cast<uint8_t>(rng.Next() >> 56);
+
+  CudaStream stream = ValueOrDie(CudaStream::Create(0));
+  DeviceBuffer src = ValueOrDie(DeviceBuffer::Create(0, in_bytes + tc.src_offset));
+  const size_t dst_bytes = (tc.dst_offset + out_elems + guard) * elem;
+  DeviceBuffer dst = ValueOrDie(DeviceBuffer::Create(0, dst_bytes));
+  uint8_t* src_ptr = static_cast<uint8_t*>(src.data()) + tc.src_offset;
+  ASSERT_CUDA(cudaMemcpy(src_ptr, host_in.data(), in_bytes, cudaMemcpyHostToDevice));
+  // Poison: all-ones bits are NaN in each output type.
+  ASSERT_CUDA(cudaMemset(dst.data(), 0xff, dst_bytes));
+
+  ASSERT_OK(LaunchNormalizeImages(src_ptr, static_cast<uint8_t*>(dst.data()) + tc.dst_offset * elem,
+                                  dtype, tc.batch, tc.height, tc.width, mean, std, stream.get()));
+  ASSERT_OK(stream.Synchronize());
+  std::vector<uint8_t> all(dst_bytes);
+  ASSERT_CUDA(cudaMemcpy(all.data(), dst.data(), dst_bytes, cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < tc.dst_offset * elem; ++i) ASSERT_EQ(all[i], 0xff) << "wrote before the output";
+  for (size_t i = (tc.dst_offset + out_elems) * elem; i < dst_bytes; ++i) {
+    ASSERT_EQ(all[i], 0xff) << "wrote past the output";
+  }
+  std::vector<uint8_t> out(all.begin() + tc.dst_offset * elem,
+                           all.begin() + (tc.dst_offset + out_elems) * elem);
+
+  double err2 = 0, ref2 = 0;
+  size_t bad = 0;
+  for (int b = 0; b < tc.batch; ++b) {
+    for (int c = 0; c < 3; ++c) {
+      const double scale = 1.0 / (255.0 * std[c]), bias = -static_cast<double>(mean[c]) / std[c];
+      for (size_t i = 0; i < pixels; ++i) {
+        const double x = host_in[(b * pixels + i) * 3 + c];
+        const double ref = (x / 255.0 - mean[c]) / std[c];
+        const size_t o = (static_cast<size_t>(b) * 3 + c) * pixels + i;
+        const double got = ReadOutput(out, dtype, o);
+        // One unit in the last place of the output type, plus float32 arithmetic (scale
+        // and bias rounded to float32, one fused multiply-add) with a safety factor 2.
+        const double bound = Ulp(dtype, ref) + 2 * 0x1p-24 * (x * std::fabs(scale) + std::fabs(bias) + std::fabs(ref));
+        if (!(std::fabs(got - ref) <= bound)) {  // NaN (never written) fails too
+          if (++bad <= 5) {
+            ADD_FAILURE() << "image " << b << " channel " << c << " pixel " << i << ": got " << got
+                          << ", want " << ref << " (x = " << x << ", bound " << bound << ")";
+          }
+        }
+        err2 += (got - ref) * (got - ref);
+        ref2 += ref * ref;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0u);
+  const double relative = std::sqrt(err2 / ref2);
+  const double limit = dtype == OutputDType::kFloat32 ? 1e-6 : dtype == OutputDType::kFloat16 ? 1e-3 : 8e-3;
+  EXPECT_LT(relative, limit) << "||out - ref|| / ||ref||";
+}
+
+TEST_F(CudaTest, NormalizeMatchesFloat64Reference) {
+  const NormalizeCase cases[] = {
+      {1, 3, 5},                     // 15 pixels: scalar path
+      {7, 224, 224},                 // vector path, ImageNet size
+      {7, 224, 224, 0, 0, true},     // with the preset
+      {3, 37, 41},                   // odd everything
+      {2, 4, 4},                     // one 16-pixel group per image
+      {5, 16, 24},                   // vector path, several groups
+      {3, 224, 224, 1, 0},           // unaligned source: scalar path
+      {3, 224, 224, 0, 3},           // unaligned destination: scalar path
+  };
+  uint64_t seed = 0x5eed;
+  for (OutputDType dtype : {OutputDType::kFloat32, OutputDType::kFloat16, OutputDType::kBFloat16}) {
+    for (const NormalizeCase& tc : cases) CheckNormalize(tc, dtype, ++seed);
+  }
+}
+
+TEST_F(CudaTest, NormalizeSameResultOnBothPaths) {
+  // The vector and scalar kernels must agree bit for bit (same float32 formula).
+  const int batch = 4, h = 32, w = 48;
+  const size_t n = static_cast<size_t>(batch) * h * w * 3;
+  Rng rng(99);
+  std::vector<uint8_t> in(n);
+  for (auto& b : in) b = static_cast<uint8_t>(rng.Next() >> 56);
+  CudaStream stream = ValueOrDie(CudaStream::Create(0));
+  DeviceBuffer src = ValueOrDie(DeviceBuffer::Create(0, n + 16));
+  DeviceBuffer a = ValueOrDie(DeviceBuffer::Create(0, n * 2));
+  DeviceBuffer b = ValueOrDie(DeviceBuffer::Create(0, n * 2 + 16));
+  uint8_t* src_aligned = static_cast<uint8_t*>(src.data());
+  ASSERT_CUDA(cudaMemcpy(src_aligned, in.data(), n, cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaMemcpy(src_aligned + n, in.data(), 1, cudaMemcpyHostToDevice));
+  const auto mean = ImageNetMean();
+  const auto std = ImageNetStd();
+  ASSERT_OK(LaunchNormalizeImages(src_aligned, a.data(), OutputDType::kBFloat16, batch, h, w,
+                                  mean.data(), std.data(), stream.get()));
+  uint8_t* b_unaligned = static_cast<uint8_t*>(b.data()) + 2;
+  ASSERT_OK(LaunchNormalizeImages(src_aligned, b_unaligned, OutputDType::kBFloat16, batch, h, w,
+                                  mean.data(), std.data(), stream.get()));
+  ASSERT_OK(stream.Synchronize());
+  std::vector<uint8_t> ha(n * 2), hb(n * 2);
+  ASSERT_CUDA(cudaMemcpy(ha.data(), a.data(), n * 2, cudaMemcpyDeviceToHost));
+  ASSERT_CUDA(cudaMemcpy(hb.data(), b_unaligned, n * 2, cudaMemcpyDeviceToHost));
+  EXPECT_TRUE(ha == hb);
+}
+
+// ------------------------------------------------------------------------------ tokens
+
+template <typename In, typename Out>
+void CheckWiden(TokenInput in_type, TokenOutput out_type, int64_t count, size_t src_off,
+                size_t dst_off, uint64_t seed) {
+  SCOPED_TRACE(absl::StrCat(sizeof(In) * 8, "->", sizeof(Out) * 8, " count ", count, " src+",
+                            src_off, " dst+", dst_off));
+  Rng rng(seed);
+  std::vector<In> host(count);
+  for (auto& v : host) v = static_cast<In>(rng.Next());
+  if (count > 2) {
+    host[0] = std::numeric_limits<In>::max();
+    host[1] = 0;
+  }
+  const size_t guard = 8;
+  CudaStream stream = ValueOrDie(CudaStream::Create(0));
+  DeviceBuffer src = ValueOrDie(DeviceBuffer::Create(0, (count + src_off) * sizeof(In)));
+  const size_t dst_bytes = (count + dst_off + guard) * sizeof(Out);
+  DeviceBuffer dst = ValueOrDie(DeviceBuffer::Create(0, dst_bytes));
+  In* src_ptr = static_cast<In*>(src.data()) + src_off;
+  Out* dst_ptr = static_cast<Out*>(dst.data()) + dst_off;
+  ASSERT_CUDA(cudaMemcpy(src_ptr, host.data(), count * sizeof(In), cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaMemset(dst.data(), 0xa5, dst_bytes));
+  ASSERT_OK(LaunchWidenTokens(src_ptr, in_type, dst_ptr, out_type, count, stream.get()));
+  ASSERT_OK(stream.Synchronize());
+  std::vector<Out> all(count + dst_off + guard);
+  ASSERT_CUDA(cudaMemcpy(all.data(), dst.data(), dst_bytes, cudaMemcpyDeviceToHost));
+  Out poison;
+  std::memset(&poison, 0xa5, sizeof(poison));
+  for (size_t i = 0; i < dst_off; ++i) ASSERT_EQ(all[i], poison);
+  for (int64_t i = 0; i < count; ++i) {
+    ASSERT_EQ(all[dst_off + i], static_cast<Out>(host[i])) << "token " << i;
+  }
+  for (size_t i = 0; i < guard; ++i) ASSERT_EQ(all[dst_off + count + i], poison);
+}
+
+TEST_F(CudaTest, WidenTokens) {
+  uint64_t seed = 1;
+  for (int64_t count : {1, 7, 1000, 4099, 1 << 20}) {
+    for (size_t off : {0, 1}) {
+      CheckWiden<uint16_t, int32_t>(TokenInput::kUint16, TokenOutput::kInt32, count, off, 0, ++seed);
+      CheckWiden<uint16_t, int64_t>(TokenInput::kUint16, TokenOutput::kInt64, count, 0, off, ++seed);
+      CheckWiden<uint32_t, int32_t>(TokenInput::kUint32, TokenOutput::kInt32, count, off, off, ++seed);
+      CheckWiden<uint32_t, int64_t>(TokenInput::kUint32, TokenOutput::kInt64, count, off, 0, ++seed);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------ owners
+
+TEST_F(CudaTest, DeviceInfo) {
+  const int count = ValueOrDie(DeviceCount());
+  for (int d = 0; d < count; ++d) {
+    const DeviceInfo info = ValueOrDie(GetDeviceInfo(d));
+    std::cout << "device " << d << ": " << info.name << ", " << info.pci_bus_id << ", "
+              << info.total_memory / (1 << 20) << " MiB, sm_" << info.compute_capability << ", "
+              << info.multiprocessor_count << " SMs\n";
+    EXPECT_EQ(info.index, d);
+    EXPECT_FALSE(info.name.empty());
+    EXPECT_THAT(info.pci_bus_id, ::testing::MatchesRegex("[0-9a-f]+:[0-9a-f]+:[0-9a-f]+\\.[0-9a-f]"));
+    EXPECT_GT(info.total_memory, 0u);
+    EXPECT_GT(info.multiprocessor_count, 0);
+  }
+  const absl::StatusOr<DeviceInfo> missing = GetDeviceInfo(count);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(missing.status().message(), HasSubstr(absl::StrCat("CUDA device ", count)));
+}
+
+TEST_F(CudaTest, OwnersMoveAndCopy) {
+  CudaStream stream = ValueOrDie(CudaStream::Create(0));
+  CUstream_st* raw = stream.get();
+  CudaStream moved(std::move(stream));
+  EXPECT_EQ(stream.get(), nullptr);  // NOLINT(bugprone-use-after-move): documented state
+  EXPECT_EQ(moved.get(), raw);
+  CudaStream other = ValueOrDie(CudaStream::Create(0));
+  other = std::move(moved);  // destroys other's stream
+  EXPECT_EQ(other.get(), raw);
+
+  const size_t n = 3 << 20;
+  DeviceBuffer a = ValueOrDie(DeviceBuffer::Create(0, n));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data()) % 256, 0u);
+  DeviceBuffer b = ValueOrDie(DeviceBuffer::Create(0, 16));
+  b = std::move(a);
+  EXPECT_EQ(a.data(), nullptr);  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(b.size(), n);
+
+  // Host -> device -> host through a registered (pinned) range of an mmap'ed region, as
+  // the job's slab will be.
+  void* region = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(region, MAP_FAILED);
+  uint8_t* bytes = static_cast<uint8_t*>(region);
+  for (size_t i = 0; i < n; ++i) bytes[i] = static_cast<uint8_t>(i * 31 + 7);
+  {
+    HostRegistration pinned = ValueOrDie(HostRegistration::Create(region, n));
+    const absl::StatusOr<HostRegistration> again = HostRegistration::Create(region, n);
+    EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists) << again.status();
+    HostRegistration moved_pin(std::move(pinned));
+    EXPECT_EQ(moved_pin.data(), region);
+
+    CudaEvent start = ValueOrDie(CudaEvent::Create(0, CudaEvent::kTiming));
+    CudaEvent done = ValueOrDie(CudaEvent::Create(0, CudaEvent::kTiming));
+    ASSERT_OK(other.Record(start));
+    ASSERT_OK(other.CopyAsync(b.data(), region, n));
+    std::vector<uint8_t> back(n, 0);
+    ASSERT_OK(other.CopyAsync(back.data(), b.data(), n));  // pageable: returns when done
+    ASSERT_OK(other.Record(done));
+    ASSERT_OK(done.Synchronize());
+    EXPECT_TRUE(ValueOrDie(done.IsComplete()));
+    EXPECT_GE(ValueOrDie(ElapsedMillis(start, done)), 0.0f);
+    EXPECT_TRUE(std::memcmp(back.data(), region, n) == 0);
+  }
+  munmap(region, n);
+
+  CudaEvent sync = ValueOrDie(CudaEvent::Create(0, CudaEvent::kSync));
+  EXPECT_EQ(sync.IpcHandle().status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ElapsedMillis(sync, sync).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(ValueOrDie(sync.IsComplete()));  // never recorded
+  CudaEvent moved_event(std::move(sync));
+  EXPECT_EQ(sync.get(), nullptr);  // NOLINT(bugprone-use-after-move)
+  ASSERT_OK(other.Record(moved_event));
+  ASSERT_OK(other.Wait(moved_event));
+  ASSERT_OK(other.Synchronize());
+}
+
+TEST_F(CudaTest, OutOfMemoryIsResourceExhaustedAndLeavesNoStaleError) {
+  const absl::StatusOr<DeviceBuffer> huge = DeviceBuffer::Create(0, size_t{1} << 50);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(huge.status().message(), HasSubstr("cudaMalloc"));
+  EXPECT_THAT(huge.status().message(), HasSubstr("cudaErrorMemoryAllocation"));
+  EXPECT_THAT(huge.status().message(), HasSubstr("1125899906842624 bytes on device 0"));
+  // The failed call must not be reported again by the next launch's check.
+  CudaStream stream = ValueOrDie(CudaStream::Create(0));
+  DeviceBuffer buf = ValueOrDie(DeviceBuffer::Create(0, 1024));
+  ASSERT_OK(LaunchWidenTokens(buf.data(), TokenInput::kUint16, static_cast<uint8_t*>(buf.data()) + 512,
+                              TokenOutput::kInt32, 64, stream.get()));
+  ASSERT_OK(stream.Synchronize());
+}
+
+TEST_F(CudaTest, IpcHandlesOfThisProcessAreRejected) {
+  DeviceBuffer buf = ValueOrDie(DeviceBuffer::Create(0, 1 << 20));
+  const MemIpcHandle handle = ValueOrDie(buf.IpcHandle());
+  const absl::StatusOr<DeviceBuffer> same = DeviceBuffer::OpenIpc(0, handle, 1 << 20);
+  ASSERT_FALSE(same.ok());
+  EXPECT_THAT(same.status().message(), HasSubstr("cudaIpcOpenMemHandle"));
+}
+
+// ----------------------------------------------------------------------------------- IPC
+
+constexpr size_t kIpcBytes = 4 << 20;
+constexpr char kIpcChildEnv[] = "FERRY_CUDA_IPC_CHILD";
+
+uint8_t Pattern(int which, size_t i) { return static_cast<uint8_t>(i * (2 * which + 5) + which); }
+
+void SleepOnStream(void* ms) { std::this_thread::sleep_for(std::chrono::milliseconds(reinterpret_cast<intptr_t>(ms))); }
+
+// The consumer: what a trainer does with a slot. Opens the buffer and both events, waits
+// for the producer's "ready" record, checks the producer's data, writes its own, records
+// "released". Returns the exit status; explains failures on stderr.
+int RunIpcChild(const char* spec) {
+  const std::vector<std::string> parts = absl::StrSplit(spec, ':');
+  if (parts.size() != 5) return 10;
+  MemIpcHandle mem;
+  EventIpcHandle ready_handle, released_handle;
+  const std::string m = absl::HexStringToBytes(parts[0]), r = absl::HexStringToBytes(parts[1]),
+                    l = absl::HexStringToBytes(parts[2]);
+  if (m.size() != 64 || r.size() != 64 || l.size() != 64) return 11;
+  std::memcpy(mem.bytes.data(), m.data(), 64);
+  std::memcpy(ready_handle.bytes.data(), r.data(), 64);
+  std::memcpy(released_handle.bytes.data(), l.data(), 64);
+  const int from_parent = std::atoi(parts[3].c_str()), to_parent = std::atoi(parts[4].c_str());
+  auto fail = [](const absl::Status& s) {
+    std::fprintf(stderr, "ipc child: %s\n", s.ToString().c_str());
+    return 12;
+  };
+  absl::StatusOr<DeviceBuffer> buf = DeviceBuffer::OpenIpc(0, mem, kIpcBytes);
+  if (!buf.ok()) return fail(buf.status());
+  absl::StatusOr<CudaEvent> ready = CudaEvent::OpenIpc(0, ready_handle);
+  if (!ready.ok()) return fail(ready.status());
+  absl::StatusOr<CudaEvent> released = CudaEvent::OpenIpc(0, released_handle);
+  if (!released.ok()) return fail(released.status());
+  absl::StatusOr<CudaStream> stream = CudaStream::Create(0);
+  if (!stream.ok()) return fail(stream.status());
+  char go = 0;
+  if (read(from_parent, &go, 1) != 1) return 13;  // the producer has recorded "ready"
+  std::vector<uint8_t> host(kIpcBytes);
+  absl::Status s = stream->Wait(*ready);
+  if (s.ok()) s = stream->CopyAsync(host.data(), buf->data(), kIpcBytes);
+  if (s.ok()) s = stream->Synchronize();
+  if (!s.ok()) return fail(s);
+  for (size_t i = 0; i < kIpcBytes; ++i) {
+    if (host[i] != Pattern(1, i)) {
+      std::fprintf(stderr, "ipc child: byte %zu is %d, want %d (pattern %s)\n", i, host[i],
+                   Pattern(1, i), host[i] == Pattern(0, i) ? "before the producer's write" : "unknown");
+      return 14;
+    }
+  }
+  for (size_t i = 0; i < kIpcBytes; ++i) host[i] = Pattern(2, i);
+  s = stream->CopyAsync(buf->data(), host.data(), kIpcBytes);
+  if (s.ok()) s = stream->Record(*released);
+  if (!s.ok()) return fail(s);
+  if (write(to_parent, "r", 1) != 1) return 15;
+  s = stream->Synchronize();  // keep the mapping until the copy is done
+  return s.ok() ? 0 : fail(s);
+}
+
+TEST_F(CudaTest, IpcAcrossProcesses) {
+  DeviceBuffer buf = ValueOrDie(DeviceBuffer::Create(0, kIpcBytes));
+  CudaEvent ready = ValueOrDie(CudaEvent::Create(0, CudaEvent::kInterprocess));
+  CudaEvent released = ValueOrDie(CudaEvent::Create(0, CudaEvent::kInterprocess));
+  CudaStream stream = ValueOrDie(CudaStream::Create(0));
+  std::vector<uint8_t> host(kIpcBytes);
+  for (size_t i = 0; i < kIpcBytes; ++i) host[i] = Pattern(0, i);
+  ASSERT_OK(stream.CopyAsync(buf.data(), host.data(), kIpcBytes));
+  ASSERT_OK(stream.Synchronize());
+
+  const MemIpcHandle mem = ValueOrDie(buf.IpcHandle());
+  const EventIpcHandle ready_handle = ValueOrDie(ready.IpcHandle());
+  const EventIpcHandle released_handle = ValueOrDie(released.IpcHandle());
+  int down[2], up[2];
+  ASSERT_EQ(pipe(down), 0);
+  ASSERT_EQ(pipe(up), 0);
+  auto hex = [](const auto& h) {
+    return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(h.bytes.data()), h.bytes.size()));
+  };
+  const std::string spec = absl::StrCat(hex(mem), ":", hex(ready_handle), ":", hex(released_handle),
+                                        ":", down[0], ":", up[1]);
+  // Everything the child needs is built before fork(): between fork and exec it may only
+  // make async-signal-safe calls.
+  std::vector<std::string> env_strings = {absl::StrCat(kIpcChildEnv, "=", spec)};
+  for (char** e = ::environ; *e != nullptr; ++e) env_strings.push_back(*e);
+  std::vector<char*> envp;
+  for (std::string& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  char arg0[] = "cuda_test";
+  char* argv[] = {arg0, nullptr};
+  std::signal(SIGPIPE, SIG_IGN);  // a consumer that died early must fail the test, not kill it
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // A fresh image: no CUDA state inherited from this process.
+    execve("/proc/self/exe", argv, envp.data());
+    _exit(127);
+  }
+  close(down[0]);
+  close(up[1]);
+
+  // Producer: a write that lands only after 300 ms, then "ready". A consumer that did not
+  // wait on the event would read pattern 0.
+  // The copy's source must be page-locked, or CopyAsync would wait for the sleep itself.
+  void* region = mmap(nullptr, kIpcBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(region, MAP_FAILED);
+  uint8_t* next = static_cast<uint8_t*>(region);
+  for (size_t i = 0; i < kIpcBytes; ++i) next[i] = Pattern(1, i);
+  std::optional<HostRegistration> pinned(ValueOrDie(HostRegistration::Create(next, kIpcBytes)));
+  ASSERT_CUDA(cudaLaunchHostFunc(stream.get(), SleepOnStream, reinterpret_cast<void*>(intptr_t{300})));
+  ASSERT_OK(stream.CopyAsync(buf.data(), next, kIpcBytes));
+  ASSERT_OK(stream.Record(ready));
+  EXPECT_EQ(write(down[1], "g", 1), 1);
+
+  // The consumer writes one byte once it has recorded "released"; 0 bytes: it died.
+  pollfd pfd = {up[0], POLLIN, 0};
+  ssize_t n = -1;
+  if (poll(&pfd, 1, 60'000) == 1) {
+    char got = 0;
+    n = read(up[0], &got, 1);
+  } else {
+    ADD_FAILURE() << "consumer silent for 60 s; killing it";
+    kill(child, SIGKILL);
+  }
+  if (n == 1) {
+    ASSERT_OK(stream.Wait(released));
+    std::vector<uint8_t> back(kIpcBytes);
+    ASSERT_OK(stream.CopyAsync(back.data(), buf.data(), kIpcBytes));
+    ASSERT_OK(stream.Synchronize());
+    size_t wrong = 0;
+    for (size_t i = 0; i < kIpcBytes; ++i) wrong += back[i] != Pattern(2, i);
+    EXPECT_EQ(wrong, 0u) << "bytes not written by the consumer before its released event";
+  }
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(child, &wstatus, 0), child);
+  close(down[1]);
+  close(up[0]);
+  ASSERT_TRUE(WIFEXITED(wstatus)) << "consumer killed by signal " << WTERMSIG(wstatus);
+  EXPECT_EQ(WEXITSTATUS(wstatus), 0) << "consumer failed (its stderr says why)";
+  EXPECT_EQ(n, 1);
+  ASSERT_OK(stream.Synchronize());
+  pinned.reset();
+  munmap(region, kIpcBytes);
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  if (const char* spec = std::getenv(ferry::kIpcChildEnv)) return ferry::RunIpcChild(spec);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,37 @@
+// For ferry's GPU tests: whether this machine can run them, and why not. Tests labelled
+// `gpu` call FERRY_SKIP_WITHOUT_GPU() first, so they pass as "skipped, with the reason" on
+// CI machines that have the CUDA toolkit but no device.
+//
+//   TEST(Transport, Copies) {
+//     FERRY_SKIP_WITHOUT_GPU();
+//     ...
+//   }
+#ifndef FERRY_SERVER_CUDA_GPU_TEST_ENV_H_
+#define FERRY_SERVER_CUDA_GPU_TEST_ENV_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "server/cuda/cuda_resources.h"
+
+namespace ferry {
+
+// Empty when there is at least one device; else a sentence saying why GPU tests skip.
+inline std::string GpuSkipReason(const absl::StatusOr<int>& device_count) {
+  if (!device_count.ok()) {
+    return absl::StrCat("no usable CUDA driver: ", device_count.status().ToString());
+  }
+  if (*device_count <= 0) return "no CUDA device (cudaGetDeviceCount found 0)";
+  return "";
+}
+
+}  // namespace ferry
+
+#define FERRY_SKIP_WITHOUT_GPU()                                              \
+  do {                                                                        \
+    const std::string ferry_skip_reason_ = ::ferry::GpuSkipReason(::ferry::DeviceCount()); \
+    if (!ferry_skip_reason_.empty()) GTEST_SKIP() << ferry_skip_reason_;      \
+  } while (0)
+
+#endif  // FERRY_SERVER_CUDA_GPU_TEST_ENV_H_

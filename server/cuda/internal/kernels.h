@@ -1,0 +1,38 @@
+// The raw enqueue functions of normalize.cu, for normalize.cc, which checks arguments,
+// enters the stream's device and turns the launch's cudaError_t into a status. Kept apart
+// so that the .cu file holds only kernels and their launch arithmetic, and nvcc never sees
+// abseil.
+#ifndef FERRY_SERVER_CUDA_INTERNAL_KERNELS_H_
+#define FERRY_SERVER_CUDA_INTERNAL_KERNELS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace ferry {
+namespace cuda_internal {
+
+enum class NormalizeOut { kFloat32, kFloat16, kBFloat16 };
+
+// y = x * scale[c] + bias[c], in float32.
+struct NormalizeParams {
+  float scale[3];
+  float bias[3];
+};
+
+// `batch` >= 1 images of `pixels` (height * width, >= 1) HWC uint8 pixels -> CHW planes.
+// Enqueues on the current device, which must be `stream`'s.
+cudaError_t EnqueueNormalizeImages(const uint8_t* src, void* dst, NormalizeOut out,
+                                   int64_t batch, int64_t pixels, const NormalizeParams& params,
+                                   cudaStream_t stream);
+
+enum class WidenKind { kU16ToI32, kU16ToI64, kU32ToI32, kU32ToI64 };
+
+// `count` >= 1 elements; same device rule.
+cudaError_t EnqueueWidenTokens(const void* src, void* dst, WidenKind kind, int64_t count,
+                               cudaStream_t stream);
+
+}  // namespace cuda_internal
+}  // namespace ferry
+
+#endif  // FERRY_SERVER_CUDA_INTERNAL_KERNELS_H_

@@ -1,0 +1,265 @@
+// Kernels for normalize.h and their launch arithmetic. Argument checks and error statuses
+// live in normalize.cc; this file sees only CUDA.
+//
+// Both kernels are memory-bound (a few arithmetic instructions per byte), so they are
+// written around the bytes: a persistent grid (one wave of resident blocks, each thread
+// striding over the work) so no partial last wave idles the memory system; 16-byte loads
+// and stores where alignment allows; each input byte read once and each output byte
+// written once.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "server/cuda/internal/kernels.h"
+
+namespace ferry {
+namespace cuda_internal {
+namespace {
+
+constexpr int kThreads = 256;
+// The vector path's unit: 16 pixels = 48 input bytes = three 16-byte loads, and per
+// channel 16 outputs = two (16-bit) or four (float32) 16-byte stores.
+constexpr int kGroupPixels = 16;
+
+// uint8 -> float exactly, without I2F (a quarter-rate instruction on Hopper): put byte
+// `k` of `word` in the low mantissa bits of 2^23 and subtract 2^23.
+template <int k>
+__device__ __forceinline__ float ByteToFloat(uint32_t word) {
+  static_assert(k >= 0 && k < 4);
+  return __int_as_float(__byte_perm(word, 0x4B000000u, 0x7440u | k)) - 8388608.0f;
+}
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float v);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// Two values, `lo` first in memory, rounded to nearest.
+__device__ __forceinline__ uint32_t Pack2(__half, float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  uint32_t u;
+  memcpy(&u, &h, sizeof(u));
+  return u;
+}
+__device__ __forceinline__ uint32_t Pack2(__nv_bfloat16, float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  uint32_t u;
+  memcpy(&u, &h, sizeof(u));
+  return u;
+}
+
+// Stores 16 consecutive outputs at a 16-byte aligned `dst`.
+__device__ __forceinline__ void Store16(float* dst, const float (&v)[kGroupPixels]) {
+  float4* d = reinterpret_cast<float4*>(dst);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) d[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+}
+template <typename Half>
+__device__ __forceinline__ void Store16(Half* dst, const float (&v)[kGroupPixels]) {
+  uint4* d = reinterpret_cast<uint4*>(dst);
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const float* x = v + 8 * k;
+    d[k] = make_uint4(Pack2(Half(), x[0], x[1]), Pack2(Half(), x[2], x[3]),
+                      Pack2(Half(), x[4], x[5]), Pack2(Half(), x[6], x[7]));
+  }
+}
+
+// Vector path: pixels per image a multiple of 16, both pointers 16-byte aligned. Work item
+// g is the batch's g-th run of 16 pixels (never straddling two images).
+template <typename Out, typename Index>
+__global__ void __launch_bounds__(kThreads)
+    NormalizeGroups(const uint8_t* __restrict__ src, Out* __restrict__ dst, Index pixels,
+                    Index total_groups, NormalizeParams p) {
+  const Index groups_per_image = pixels / kGroupPixels;
+  const Index stride = static_cast<Index>(gridDim.x) * kThreads;
+  for (Index g = static_cast<Index>(blockIdx.x) * kThreads + threadIdx.x; g < total_groups;
+       g += stride) {
+    const Index image = g / groups_per_image;
+    const Index first = (g - image * groups_per_image) * kGroupPixels;
+    const uint4* in = reinterpret_cast<const uint4*>(src) + g * 3;
+    const uint4 q0 = in[0], q1 = in[1], q2 = in[2];
+    const uint32_t w[12] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w,
+                            q2.x, q2.y, q2.z, q2.w};
+    Out* out = dst + image * (3 * pixels) + first;
+#pragma unroll
+    for (int c = 0; c < 3; ++c) {
+      float v[kGroupPixels];
+#pragma unroll
+      for (int i = 0; i < kGroupPixels; ++i) {
+        const int byte = 3 * i + c;  // a constant after unrolling
+        float x;
+        switch (byte & 3) {
+          case 0: x = ByteToFloat<0>(w[byte >> 2]); break;
+          case 1: x = ByteToFloat<1>(w[byte >> 2]); break;
+          case 2: x = ByteToFloat<2>(w[byte >> 2]); break;
+          default: x = ByteToFloat<3>(w[byte >> 2]); break;
+        }
+        v[i] = fmaf(x, p.scale[c], p.bias[c]);
+      }
+      Store16(out + c * pixels, v);
+    }
+  }
+}
+
+// Any shape and alignment: one pixel per step. Loads of a warp cover 96 contiguous bytes;
+// stores of a warp are contiguous within each plane.
+template <typename Out, typename Index>
+__global__ void __launch_bounds__(kThreads)
+    NormalizePixels(const uint8_t* __restrict__ src, Out* __restrict__ dst, Index pixels,
+                    Index total_pixels, NormalizeParams p) {
+  const Index stride = static_cast<Index>(gridDim.x) * kThreads;
+  for (Index q = static_cast<Index>(blockIdx.x) * kThreads + threadIdx.x; q < total_pixels;
+       q += stride) {
+    const Index image = q / pixels;
+    const Index i = q - image * pixels;
+    const uint8_t* in = src + q * 3;
+    Out* out = dst + image * (3 * pixels) + i;
+#pragma unroll
+    for (int c = 0; c < 3; ++c) {
+      out[c * pixels] = FromFloat<Out>(fmaf(static_cast<float>(in[c]), p.scale[c], p.bias[c]));
+    }
+  }
+}
+
+// Widening copy. With both pointers 16-byte aligned, each step loads 16 bytes of input and
+// stores 16 * sizeof(Out) / sizeof(In) bytes; the tail (and everything, unaligned) goes one
+// element per step.
+template <typename In, typename Out>
+__global__ void __launch_bounds__(kThreads)
+    WidenTokens(const In* __restrict__ src, Out* __restrict__ dst, int64_t count, bool vector) {
+  constexpr int kPerLoad = 16 / sizeof(In);
+  constexpr int kStores = kPerLoad * sizeof(Out) / 16;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t groups = vector ? count / kPerLoad : 0;
+  for (int64_t g = first; g < groups; g += stride) {
+    const uint4 raw = reinterpret_cast<const uint4*>(src)[g];
+    In in[kPerLoad];
+    memcpy(in, &raw, sizeof(raw));
+    Out out[kPerLoad];
+#pragma unroll
+    for (int k = 0; k < kPerLoad; ++k) out[k] = static_cast<Out>(in[k]);
+    uint4 packed[kStores];
+    memcpy(packed, out, sizeof(out));
+    uint4* d = reinterpret_cast<uint4*>(dst + g * kPerLoad);
+#pragma unroll
+    for (int k = 0; k < kStores; ++k) d[k] = packed[k];
+  }
+  for (int64_t q = groups * kPerLoad + first; q < count; q += stride) {
+    dst[q] = static_cast<Out>(src[q]);
+  }
+}
+
+// Blocks for a persistent grid: as many as are resident at once on the current device,
+// fewer when the work is smaller.
+template <typename Kernel>
+cudaError_t GridSize(Kernel kernel, int64_t work_items, int* blocks) {
+  int device = 0;
+  cudaError_t error = cudaGetDevice(&device);
+  if (error != cudaSuccess) return error;
+  int sms = 0;
+  error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (error != cudaSuccess) return error;
+  int per_sm = 0;
+  error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0);
+  if (error != cudaSuccess) return error;
+  const int64_t resident = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+  const int64_t needed = (work_items + kThreads - 1) / kThreads;
+  *blocks = static_cast<int>(needed < resident ? needed : resident);
+  return cudaSuccess;
+}
+
+template <typename Kernel, typename... Args>
+cudaError_t LaunchPersistent(Kernel kernel, int64_t work_items, cudaStream_t stream,
+                             Args... args) {
+  int blocks = 0;
+  const cudaError_t error = GridSize(kernel, work_items, &blocks);
+  if (error != cudaSuccess) return error;
+  // Drop an earlier call's error so that the check below reports this launch alone.
+  (void)cudaGetLastError();
+  kernel<<<blocks, kThreads, 0, stream>>>(args...);
+  return cudaGetLastError();
+}
+
+template <typename Out, typename Index>
+cudaError_t NormalizeAs(const uint8_t* src, void* dst, int64_t batch, int64_t pixels,
+                        const NormalizeParams& params, cudaStream_t stream) {
+  Out* out = static_cast<Out*>(dst);
+  const bool aligned = reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  if (aligned && pixels % kGroupPixels == 0) {
+    const int64_t groups = batch * pixels / kGroupPixels;
+    return LaunchPersistent(NormalizeGroups<Out, Index>, groups, stream, src, out,
+                            static_cast<Index>(pixels), static_cast<Index>(groups), params);
+  }
+  return LaunchPersistent(NormalizePixels<Out, Index>, batch * pixels, stream, src, out,
+                          static_cast<Index>(pixels), static_cast<Index>(batch * pixels),
+                          params);
+}
+
+template <typename Out>
+cudaError_t NormalizeAs(const uint8_t* src, void* dst, int64_t batch, int64_t pixels,
+                        const NormalizeParams& params, cudaStream_t stream) {
+  // 32-bit index arithmetic (cheaper division) whenever every output index fits.
+  if (batch * pixels * 3 <= static_cast<int64_t>(UINT32_MAX)) {
+    return NormalizeAs<Out, uint32_t>(src, dst, batch, pixels, params, stream);
+  }
+  return NormalizeAs<Out, uint64_t>(src, dst, batch, pixels, params, stream);
+}
+
+template <typename In, typename Out>
+cudaError_t WidenAs(const void* src, void* dst, int64_t count, cudaStream_t stream) {
+  const bool vector = reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  const int64_t items = vector ? (count + 16 / sizeof(In) - 1) / (16 / sizeof(In)) : count;
+  return LaunchPersistent(WidenTokens<In, Out>, items, stream, static_cast<const In*>(src),
+                          static_cast<Out*>(dst), count, vector);
+}
+
+}  // namespace
+
+cudaError_t EnqueueNormalizeImages(const uint8_t* src, void* dst, NormalizeOut out,
+                                   int64_t batch, int64_t pixels, const NormalizeParams& params,
+                                   cudaStream_t stream) {
+  switch (out) {
+    case NormalizeOut::kFloat32:
+      return NormalizeAs<float>(src, dst, batch, pixels, params, stream);
+    case NormalizeOut::kFloat16:
+      return NormalizeAs<__half>(src, dst, batch, pixels, params, stream);
+    case NormalizeOut::kBFloat16:
+      return NormalizeAs<__nv_bfloat16>(src, dst, batch, pixels, params, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t EnqueueWidenTokens(const void* src, void* dst, WidenKind kind, int64_t count,
+                               cudaStream_t stream) {
+  switch (kind) {
+    case WidenKind::kU16ToI32:
+      return WidenAs<uint16_t, int32_t>(src, dst, count, stream);
+    case WidenKind::kU16ToI64:
+      return WidenAs<uint16_t, int64_t>(src, dst, count, stream);
+    case WidenKind::kU32ToI32:
+      return WidenAs<uint32_t, int32_t>(src, dst, count, stream);
+    case WidenKind::kU32ToI64:
+      return WidenAs<uint32_t, int64_t>(src, dst, count, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace cuda_internal
+}  // namespace ferry
