@@ -1,0 +1,221 @@
+// h2d_bench: the copy limits the GPU transport works against, measured on this machine.
+//   - H2D cudaMemcpyAsync bandwidth for 1, 4, 16 and 64 MiB chunks from
+//       cudaHostAlloc'ed memory (the usual pinned buffer),
+//       a memfd slab mapped, NUMA-bound to the GPU's node and cudaHostRegister'ed (what
+//       ferryd's host slab is), and
+//       pageable malloc'ed memory (what an unpinned loader ships from);
+//   - device-to-device copy bandwidth (the ceiling for the normalize kernel);
+//   - the normalize kernel, uint8 HWC -> float32 / float16 / bfloat16 CHW, for a batch of
+//     256 x 224 x 224 x 3, counting bytes read plus bytes written;
+//   - one batch as ferryd will run it on the copy stream: H2D of the uint8 batch from the
+//     registered slab, then normalize to bf16.
+// Every figure is the median of kReps timed repetitions (CUDA events around each) after
+// kWarmup untimed ones. GB/s are 1e9 bytes per second.
+//
+//   h2d_bench [device]      (default device 0)
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/random.h"
+#include "server/cuda/cuda_resources.h"
+#include "server/cuda/normalize.h"
+#include "server/memory/shared_slab.h"
+#include "server/topology/topology.h"
+
+namespace ferry {
+namespace {
+
+constexpr int kWarmup = 3;
+constexpr int kReps = 30;
+constexpr size_t kMiB = size_t{1} << 20;
+
+[[noreturn]] void Die(const absl::Status& status, const char* what) {
+  std::fprintf(stderr, "h2d_bench: %s: %s\n", what, status.ToString().c_str());
+  std::exit(1);
+}
+void Check(const absl::Status& status, const char* what) {
+  if (!status.ok()) Die(status, what);
+}
+template <typename T>
+T Take(absl::StatusOr<T> v, const char* what) {
+  if (!v.ok()) Die(v.status(), what);
+  return std::move(v).value();
+}
+void CheckCuda(cudaError_t error, const char* what) {
+  if (error != cudaSuccess) {
+    std::fprintf(stderr, "h2d_bench: %s: %s\n", what, cudaGetErrorName(error));
+    std::exit(1);
+  }
+}
+
+class Timer {
+ public:
+  Timer(const CudaStream& stream)
+      : stream_(stream),
+        start_(Take(CudaEvent::Create(stream.device(), CudaEvent::kTiming), "event")),
+        stop_(Take(CudaEvent::Create(stream.device(), CudaEvent::kTiming), "event")) {}
+
+  // Median milliseconds of `enqueue` (which puts work on the stream), rep = 0, 1, ...
+  double MedianMs(const std::function<void(int rep)>& enqueue) {
+    std::vector<double> ms;
+    for (int rep = 0; rep < kWarmup + kReps; ++rep) {
+      Check(stream_.Record(start_), "record");
+      enqueue(rep);
+      Check(stream_.Record(stop_), "record");
+      Check(stop_.Synchronize(), "synchronize");
+      if (rep >= kWarmup) ms.push_back(Take(ElapsedMillis(start_, stop_), "elapsed"));
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+  }
+
+ private:
+  const CudaStream& stream_;
+  CudaEvent start_, stop_;
+};
+
+double GBps(double bytes, double ms) { return bytes / (ms * 1e6); }
+
+}  // namespace
+
+int Main(int argc, char** argv) {
+  const int device = argc > 1 ? std::atoi(argv[1]) : 0;
+  const absl::StatusOr<int> count = DeviceCount();
+  if (!count.ok() || *count == 0) {
+    std::fprintf(stderr, "h2d_bench: no GPU to measure: %s\n",
+                 count.ok() ? "cudaGetDeviceCount found 0 devices" : count.status().ToString().c_str());
+    return 2;
+  }
+  const DeviceInfo info = Take(GetDeviceInfo(device), "device");
+  int numa_node = -1;
+  if (absl::StatusOr<Topology> topo = Topology::Read("/sys"); topo.ok()) {
+    numa_node = topo->NumaNodeOfPciDevice(info.pci_bus_id);
+  }
+  std::printf("h2d_bench: %s (%s, %d SMs, NUMA node %d); median of %d reps after %d warm-ups, "
+              "timed with CUDA events; GB/s = 1e9 B/s\n\n",
+              info.name.c_str(), info.pci_bus_id.c_str(), info.multiprocessor_count, numa_node,
+              kReps, kWarmup);
+
+  CudaStream stream = Take(CudaStream::Create(device), "stream");
+  Timer timer(stream);
+  const size_t max_chunk = 64 * kMiB;
+  // Two device targets alternate so a copy never waits on the previous one's reader.
+  DeviceBuffer dev = Take(DeviceBuffer::Create(device, 2 * max_chunk), "device buffer");
+
+  // Sources. Each is written (non-zero) before timing, so every page is resident.
+  void* host_alloc = nullptr;
+  CheckCuda(cudaSetDevice(device), "cudaSetDevice");
+  CheckCuda(cudaHostAlloc(&host_alloc, max_chunk, cudaHostAllocPortable), "cudaHostAlloc");
+  SharedSlab slab = Take(SharedSlab::Create("h2d-bench", max_chunk, numa_node), "memfd slab");
+  const auto t0 = std::chrono::steady_clock::now();
+  HostRegistration registered = Take(HostRegistration::Create(slab.data(), slab.size()), "register");
+  const double register_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<uint8_t> pageable(max_chunk);
+  Rng rng(7);
+  for (size_t i = 0; i < max_chunk; ++i) {
+    const uint8_t b = static_cast<uint8_t>(rng.Next() >> 56);
+    static_cast<uint8_t*>(host_alloc)[i] = b;
+    slab.data()[i] = b;
+    pageable[i] = b;
+  }
+
+  std::printf("H2D cudaMemcpyAsync (cudaHostRegister of the %zu MiB memfd slab took %.1f ms)\n",
+              max_chunk / kMiB, register_ms);
+  std::printf("%-8s %12s %15s %10s %17s %17s\n", "chunk", "hostalloc", "memfd+register",
+              "pageable", "register/hostalloc", "pageable/hostalloc");
+  double h2d_64 = 0;
+  for (size_t chunk : {1 * kMiB, 4 * kMiB, 16 * kMiB, 64 * kMiB}) {
+    auto h2d = [&](const void* src) {
+      return timer.MedianMs([&](int rep) {
+        Check(stream.CopyAsync(static_cast<uint8_t*>(dev.data()) + (rep % 2) * max_chunk, src, chunk),
+              "H2D");
+      });
+    };
+    const double a = GBps(chunk, h2d(host_alloc));
+    const double r = GBps(chunk, h2d(slab.data()));
+    const double p = GBps(chunk, h2d(pageable.data()));
+    if (chunk == 64 * kMiB) h2d_64 = r;
+    std::printf("%3zu MiB  %10.1f   %13.1f   %8.1f   %15.2f   %17.2f\n", chunk / kMiB, a, r, p, r / a,
+                p / a);
+  }
+
+  // Device-to-device: the device memory ceiling, read + write.
+  const size_t d2d_bytes = 512 * kMiB;
+  DeviceBuffer d2d_a = Take(DeviceBuffer::Create(device, d2d_bytes), "d2d buffer");
+  DeviceBuffer d2d_b = Take(DeviceBuffer::Create(device, d2d_bytes), "d2d buffer");
+  CheckCuda(cudaMemset(d2d_a.data(), 0x5a, d2d_bytes), "cudaMemset");
+  const double d2d_ms = timer.MedianMs([&](int rep) {
+    if (rep % 2) {
+      Check(stream.CopyAsync(d2d_b.data(), d2d_a.data(), d2d_bytes), "D2D");
+    } else {
+      Check(stream.CopyAsync(d2d_a.data(), d2d_b.data(), d2d_bytes), "D2D");
+    }
+  });
+  const double d2d_rw = GBps(2.0 * d2d_bytes, d2d_ms);
+  std::printf("\nD2D cudaMemcpyAsync of %zu MiB: %.3f ms = %.1f GB/s read+write (%.1f GB/s copied)\n",
+              d2d_bytes / kMiB, d2d_ms, d2d_rw, d2d_rw / 2);
+
+  // Normalize: two input/output sets alternate, 115 MB or more per pass against 50 MB of L2.
+  const int batch = 256, h = 224, w = 224;
+  const size_t in_bytes = size_t{batch} * h * w * 3;
+  std::vector<DeviceBuffer> inputs, outputs;
+  for (int s = 0; s < 2; ++s) {
+    inputs.push_back(Take(DeviceBuffer::Create(device, in_bytes), "normalize input"));
+    outputs.push_back(Take(DeviceBuffer::Create(device, in_bytes * 4), "normalize output"));
+    Check(stream.CopyAsync(inputs.back().data(), slab.data(), std::min(in_bytes, slab.size())),
+          "fill input");
+  }
+  Check(stream.Synchronize(), "fill");
+  const auto mean = ImageNetMean();
+  const auto std_dev = ImageNetStd();
+  std::printf("\nNormalize uint8 HWC -> CHW, batch %dx%dx%dx3 (floor: read %zu B + write 3*%d*%d*%d*sizeof)\n",
+              batch, h, w, in_bytes, batch, h, w);
+  std::printf("%-6s %9s %14s %10s\n", "dtype", "ms", "GB/s (r+w)", "vs D2D");
+  double bf16_ms = 0;
+  for (OutputDType dtype : {OutputDType::kBFloat16, OutputDType::kFloat16, OutputDType::kFloat32}) {
+    const double ms = timer.MedianMs([&](int rep) {
+      Check(LaunchNormalizeImages(static_cast<const uint8_t*>(inputs[rep % 2].data()),
+                                  outputs[rep % 2].data(), dtype, batch, h, w, mean.data(),
+                                  std_dev.data(), stream.get()),
+            "normalize");
+    });
+    const double bytes = in_bytes + double(in_bytes) * OutputDTypeSize(dtype);
+    if (dtype == OutputDType::kBFloat16) bf16_ms = ms;
+    std::printf("%-6s %9.3f %14.1f %9.0f%%\n",
+                dtype == OutputDType::kBFloat16 ? "bf16" : dtype == OutputDType::kFloat16 ? "fp16" : "fp32",
+                ms, GBps(bytes, ms), 100 * GBps(bytes, ms) / d2d_rw);
+  }
+
+  // One batch as ferryd runs it on the copy stream (the slab holds 64 MiB: the uint8 batch
+  // of 38.5 MB fits).
+  const double batch_ms = timer.MedianMs([&](int rep) {
+    Check(stream.CopyAsync(inputs[rep % 2].data(), slab.data(), in_bytes), "H2D batch");
+    Check(LaunchNormalizeImages(static_cast<const uint8_t*>(inputs[rep % 2].data()),
+                                outputs[rep % 2].data(), OutputDType::kBFloat16, batch, h, w,
+                                mean.data(), std_dev.data(), stream.get()),
+          "normalize");
+  });
+  std::printf("\nBatch on the copy stream: H2D %.1f MB uint8 from the registered slab + normalize "
+              "-> bf16: %.3f ms (%.0f images/s); normalize is %.0f%% of it; shipping bf16 "
+              "instead would take about %.3f ms of H2D at the 64 MiB rate\n",
+              in_bytes / 1e6, batch_ms, batch / (batch_ms / 1e3), 100 * bf16_ms / batch_ms,
+              2.0 * in_bytes / (h2d_64 * 1e6));
+
+  CheckCuda(cudaFreeHost(host_alloc), "cudaFreeHost");
+  return 0;
+}
+
+}  // namespace ferry
+
+int main(int argc, char** argv) { return ferry::Main(argc, argv); }
