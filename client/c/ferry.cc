@@ -3,6 +3,7 @@
 // C boundary.
 #include "ferry/ferry.h"
 
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -29,6 +30,9 @@ struct ferry_batch {
 namespace {
 
 thread_local std::string last_error;
+
+// sizeof(ferry_field_t) in ABI 1.0: the members up to and including `nbytes`.
+constexpr size_t kFieldV10Size = offsetof(ferry_field_t, nbytes) + sizeof(size_t);
 
 int Fail(const absl::Status& status) {
   last_error = std::string(status.message());
@@ -78,6 +82,8 @@ int ReturnJson(const absl::StatusOr<std::string>& json, char** out) {
 extern "C" {
 
 int ferry_abi_version(void) { return FERRY_ABI_VERSION; }
+
+int ferry_abi_minor(void) { return FERRY_ABI_MINOR; }
 
 const char* ferry_version(void) { return FERRY_VERSION_STRING; }
 
@@ -253,9 +259,15 @@ int ferry_batch_info(const ferry_batch_t* batch, ferry_batch_info_t* out) {
   return FERRY_OK;
 }
 
-int ferry_batch_field(const ferry_batch_t* batch, uint32_t i, ferry_field_t* out) {
+int ferry_batch_field_sized(const ferry_batch_t* batch, uint32_t i, ferry_field_t* out,
+                            size_t out_size) {
   if (batch == nullptr) return NullArgument(__func__, "batch");
   if (out == nullptr) return NullArgument(__func__, "out");
+  if (out_size < kFieldV10Size) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "ferry_batch_field_sized: out_size ", out_size, " is smaller than ABI 1.0's ",
+        "ferry_field_t (", kFieldV10Size, " bytes); pass sizeof(ferry_field_t)")));
+  }
   const auto& fields = batch->batch.fields();
   if (i >= fields.size()) {
     return Fail(absl::OutOfRangeError(
@@ -268,7 +280,50 @@ int ferry_batch_field(const ferry_batch_t* batch, uint32_t i, ferry_field_t* out
   out->shape = f.shape.data();
   out->data = f.data;
   out->nbytes = f.bytes;
+  if (out_size >= offsetof(ferry_field_t, device) + sizeof(out->device)) {
+    out->device = f.device;
+  }
   return FERRY_OK;
+}
+
+// The ABI 1.0 symbol (the header's macro of the same name calls the sized variant).
+int(ferry_batch_field)(const ferry_batch_t* batch, uint32_t i, ferry_field_t* out) {
+  return ferry_batch_field_sized(batch, i, out, kFieldV10Size);
+}
+
+int ferry_batch_wait(ferry_batch_t* batch, void* cuda_stream) {
+  const char* fn = __func__;
+  return Guard(fn, [&]() -> int {
+    if (batch == nullptr) return NullArgument(fn, "batch");
+    return Report(batch->batch.WaitOn(cuda_stream));
+  });
+}
+
+int ferry_batch_release_on(ferry_batch_t* batch, void* cuda_stream) {
+  const char* fn = __func__;
+  return Guard(fn, [&]() -> int {
+    if (batch == nullptr) return NullArgument(fn, "batch");
+    return Report(batch->batch.ReleaseOn(cuda_stream));
+  });
+}
+
+int ferry_batch_device(const ferry_batch_t* batch, int* out) {
+  if (batch == nullptr) return NullArgument(__func__, "batch");
+  if (out == nullptr) return NullArgument(__func__, "out");
+  *out = batch->batch.device();
+  return FERRY_OK;
+}
+
+int ferry_cuda_pci_bus_id(int ordinal, char** out) {
+  const char* fn = __func__;
+  return Guard(fn, [&]() -> int {
+    if (out == nullptr) return NullArgument(fn, "out");
+    *out = nullptr;
+    absl::StatusOr<std::string> id = ferry::CudaPciBusId(ordinal);
+    if (!id.ok()) return Fail(id.status());
+    *out = CopyString(*id);
+    return FERRY_OK;
+  });
 }
 
 int ferry_batch_release(ferry_batch_t* batch) {

@@ -27,6 +27,29 @@ static void* OtherThread(void* arg) {
 
 int main(void) {
   CHECK(ferry_abi_version() == FERRY_ABI_VERSION);
+  CHECK(ferry_abi_minor() == FERRY_ABI_MINOR);
+
+  /* ABI 1.1: GPU entry points check their arguments without a device. */
+  CHECK(ferry_batch_wait(NULL, NULL) == FERRY_INVALID_ARGUMENT);
+  CHECK(strstr(ferry_last_error(), "'batch'") != NULL);
+  CHECK(ferry_batch_release_on(NULL, NULL) == FERRY_INVALID_ARGUMENT);
+  CHECK(ferry_cuda_pci_bus_id(0, NULL) == FERRY_INVALID_ARGUMENT);
+  {
+    /* With a GPU: its bus id. Without one (or a build without CUDA): FAILED_PRECONDITION
+     * with the reason. */
+    char* bus_id = NULL;
+    int code = ferry_cuda_pci_bus_id(0, &bus_id);
+    if (code == FERRY_OK) {
+      CHECK(bus_id != NULL && strlen(bus_id) == 12);
+      ferry_free(bus_id);
+    } else {
+      CHECK(code == FERRY_FAILED_PRECONDITION);
+      CHECK(bus_id == NULL);
+      CHECK(strstr(ferry_last_error(), "cudaGetDeviceCount") != NULL ||
+            strstr(ferry_last_error(), "built without CUDA") != NULL);
+    }
+    CHECK(ferry_cuda_pci_bus_id(-1, &bus_id) != FERRY_OK);
+  }
   CHECK(strlen(ferry_version()) > 0);
   CHECK(strcmp(ferry_status_name(FERRY_OK), "OK") == 0);
   CHECK(strcmp(ferry_status_name(FERRY_NOT_FOUND), "NOT_FOUND") == 0);

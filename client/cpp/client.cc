@@ -13,6 +13,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "client/cpp/internal/convert.h"
+#include "client/cpp/internal/cuda_ring.h"
 #include "client/cpp/internal/session.h"
 #include "common/session_protocol.h"
 #include "common/status_macros.h"
@@ -70,14 +71,20 @@ class ClientImpl {
 // one thread at a time; Cancel from the owning consumer.
 class StreamState {
  public:
-  static absl::StatusOr<std::shared_ptr<StreamState>> Open(const ClientImpl& client,
-                                                           const std::string& attach_id) {
+  // `released_events`: the GPU transport's released-event handles, in slot order (empty
+  // for the host transport).
+  static absl::StatusOr<std::shared_ptr<StreamState>> Open(
+      const ClientImpl& client, const std::string& attach_id,
+      const std::vector<std::string>& released_events) {
     auto state = std::shared_ptr<StreamState>(new StreamState(client.Context("Consume")));
     client.Prepare(&state->context_, /*quick=*/false);
     state->stream_ = client.stub().Consume(&state->context_);
     state->reader_ = std::thread([s = state.get()] { s->ReaderLoop(); });
     v1::ConsumeRequest open;
     open.mutable_open()->set_attach_id(attach_id);
+    for (const std::string& handle : released_events) {
+      open.mutable_open()->add_released_events(handle);
+    }
     FERRY_RETURN_IF_ERROR(state->Write(open));
     return state;
   }
@@ -156,17 +163,46 @@ class StreamState {
   std::optional<absl::Status> end_ ABSL_GUARDED_BY(mu_);
 };
 
-// A batch's claim on its slot; keeps the stream and the mapping alive. Release is
-// thread-safe and idempotent.
+// A batch's claim on its slot; keeps the stream and the mapping (slab or CUDA ring) alive.
+// Release is thread-safe and idempotent; WaitOn is not synchronized with it (a Batch is
+// used from one thread at a time).
 class BatchLease {
  public:
   BatchLease(std::shared_ptr<StreamState> stream, std::shared_ptr<const SlabMapping> slab,
-             uint32_t slot, int64_t seq)
-      : stream_(std::move(stream)), slab_(std::move(slab)), slot_(slot), seq_(seq) {}
+             std::shared_ptr<const CudaRing> ring, uint32_t slot, int64_t seq)
+      : stream_(std::move(stream)),
+        slab_(std::move(slab)),
+        ring_(std::move(ring)),
+        slot_(slot),
+        seq_(seq) {}
   ~BatchLease() { (void)Release(); }
 
-  absl::Status Release() {
-    if (released_.exchange(true)) return absl::OkStatus();
+  absl::Status WaitOn(void* stream) {
+    if (ring_ == nullptr) return absl::OkStatus();
+    if (released_.load()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "WaitOn: batch seq ", seq_, " (slot ", slot_, ") was already released"));
+    }
+    FERRY_RETURN_IF_ERROR(ring_->WaitReady(slot_, stream));
+    wait_stream_ = stream;
+    return absl::OkStatus();
+  }
+
+  // GPU: on the stream last waited on (or the legacy default stream).
+  absl::Status Release() { return ReleaseOn(wait_stream_); }
+
+  absl::Status ReleaseOn(void* stream) {
+    if (released_.load()) return absl::OkStatus();
+    if (ring_ != nullptr) {
+      // Serialises concurrent releases of this batch so the event is recorded once and
+      // before the Release message; a failed record keeps the lease (see client.h).
+      absl::MutexLock lock(&release_mu_);
+      if (released_.load()) return absl::OkStatus();
+      FERRY_RETURN_IF_ERROR(ring_->RecordReleased(slot_, stream));
+      released_.store(true);
+    } else if (released_.exchange(true)) {
+      return absl::OkStatus();
+    }
     v1::ConsumeRequest request;
     request.mutable_release()->set_slot(slot_);
     request.mutable_release()->set_seq(seq_);
@@ -178,9 +214,12 @@ class BatchLease {
 
  private:
   const std::shared_ptr<StreamState> stream_;
-  const std::shared_ptr<const SlabMapping> slab_;
+  const std::shared_ptr<const SlabMapping> slab_;  // host transport
+  const std::shared_ptr<const CudaRing> ring_;     // GPU transport
   const uint32_t slot_;
   const int64_t seq_;
+  void* wait_stream_ = nullptr;  // owner thread only
+  absl::Mutex release_mu_;
   std::atomic<bool> released_{false};
 };
 
@@ -221,23 +260,72 @@ class ConsumerImpl {
       }
       return FromGrpc(status, client_->Context("Attach"));
     }
-    if (response.transport_case() != v1::AttachResponse::kHost) {
-      return absl::UnimplementedError(absl::StrCat(
-          "ferryd offered job '", job_id_,
-          "' over a transport this client does not support; create the job with device 'cpu'"));
-    }
     JobInfo job = FromProto(response.job());
-    FERRY_ASSIGN_OR_RETURN(Session::Slab slab,
-                           client_->session().FetchSlab(response.attach_id()));
-    if (slab.bytes != response.host().slab_bytes()) {
-      return absl::InternalError(absl::StrCat("ferryd announced a slab of ",
-                                              response.host().slab_bytes(),
-                                              " bytes in Attach but handed over ", slab.bytes));
+    std::vector<FieldInfo> layout;
+    switch (response.transport_case()) {
+      case v1::AttachResponse::kHost: {
+        FERRY_ASSIGN_OR_RETURN(Session::Slab slab,
+                               client_->session().FetchSlab(response.attach_id()));
+        if (slab.bytes != response.host().slab_bytes()) {
+          return absl::InternalError(absl::StrCat(
+              "ferryd announced a slab of ", response.host().slab_bytes(),
+              " bytes in Attach but handed over ", slab.bytes));
+        }
+        FERRY_RETURN_IF_ERROR(
+            ValidateLayout(job, response.num_slots(), response.slot_bytes(), slab.bytes));
+        FERRY_ASSIGN_OR_RETURN(slab_, SlabMapping::Create(slab.fd.get(), slab.bytes));
+        ring_.reset();
+        layout = job.fields;
+        break;
+      }
+      case v1::AttachResponse::kCuda: {
+        const v1::CudaTransport& cuda = response.cuda();
+        JobInfo device_job = job;
+        device_job.fields.clear();
+        for (const v1::Field& f : cuda.fields()) device_job.fields.push_back(FromProto(f));
+        if (cuda.slot_bytes() != response.slot_bytes() ||
+            static_cast<uint32_t>(cuda.slots_size()) != response.num_slots()) {
+          return absl::InternalError(absl::StrCat(
+              "ferryd announced ", response.num_slots(), " slots of ", response.slot_bytes(),
+              " bytes but its CUDA transport has ", cuda.slots_size(), " slots of ",
+              cuda.slot_bytes(), " bytes"));
+        }
+        FERRY_RETURN_IF_ERROR(ValidateLayout(device_job, response.num_slots(),
+                                             cuda.slot_bytes(),
+                                             uint64_t{response.num_slots()} * cuda.slot_bytes()));
+        CudaRingSpec spec;
+        spec.daemon_device = cuda.device();
+        spec.pci_bus_id = cuda.pci_bus_id();
+        spec.slot_bytes = cuda.slot_bytes();
+        for (const v1::CudaSlot& slot : cuda.slots()) {
+          spec.mem_handles.push_back(slot.mem_handle());
+          spec.ready_events.push_back(slot.ready_event());
+        }
+        // A reattach to the same pipeline keeps the mappings (CUDA maps an IPC handle once
+        // per process); batches of the old stream keep theirs alive either way.
+        if (ring_ == nullptr || !ring_->Matches(spec)) {
+          absl::StatusOr<std::shared_ptr<const CudaRing>> ring = CudaRing::Open(spec);
+          if (!ring.ok()) {
+            return absl::Status(ring.status().code(),
+                                absl::StrCat("attaching to job '", job_id_, "' rank ", rank_,
+                                             ": ", ring.status().message()));
+          }
+          ring_ = *std::move(ring);
+        }
+        slab_.reset();
+        layout = std::move(device_job.fields);
+        break;
+      }
+      default:
+        return absl::UnimplementedError(absl::StrCat(
+            "ferryd offered job '", job_id_,
+            "' over a transport this client does not support; update the client library"));
     }
-    FERRY_RETURN_IF_ERROR(
-        ValidateLayout(job, response.num_slots(), response.slot_bytes(), slab.bytes));
-    FERRY_ASSIGN_OR_RETURN(slab_, SlabMapping::Create(slab.fd.get(), slab.bytes));
-    FERRY_ASSIGN_OR_RETURN(stream_, StreamState::Open(*client_, response.attach_id()));
+    FERRY_ASSIGN_OR_RETURN(
+        stream_, StreamState::Open(*client_, response.attach_id(),
+                                   ring_ ? ring_->released_event_handles()
+                                         : std::vector<std::string>()));
+    layout_ = std::move(layout);
     job_ = std::move(job);
     attach_id_ = response.attach_id();
     num_slots_ = response.num_slots();
@@ -323,9 +411,12 @@ class ConsumerImpl {
     batch.seq_ = ready.seq();
     batch.slot_ = ready.slot();
     batch.num_samples_ = ready.num_samples();
-    const uint8_t* slot_base = slab_->data() + uint64_t{ready.slot()} * slot_bytes_;
-    batch.fields_.reserve(job_.fields.size());
-    for (const FieldInfo& f : job_.fields) {
+    const int device = ring_ ? ring_->device() : -1;
+    const uint8_t* slot_base = ring_ ? ring_->slot_data(ready.slot())
+                                     : slab_->data() + uint64_t{ready.slot()} * slot_bytes_;
+    batch.device_ = device;
+    batch.fields_.reserve(layout_.size());
+    for (const FieldInfo& f : layout_) {
       BatchField field;
       field.name = f.name;
       field.dtype = f.dtype;
@@ -334,15 +425,18 @@ class ConsumerImpl {
       field.shape.insert(field.shape.end(), f.shape.begin(), f.shape.end());
       field.data = slot_base + f.offset;
       field.bytes = uint64_t{ready.num_samples()} * f.row_bytes;
+      field.device = device;
       batch.fields_.push_back(std::move(field));
     }
-    batch.lease_ = std::make_unique<BatchLease>(stream_, slab_, ready.slot(), ready.seq());
+    batch.lease_ =
+        std::make_unique<BatchLease>(stream_, slab_, ring_, ready.slot(), ready.seq());
     return std::optional<Batch>(std::move(batch));
   }
 
   const JobInfo& job() const { return job_; }
   uint32_t rank() const { return rank_; }
   uint32_t num_slots() const { return num_slots_; }
+  int device() const { return ring_ ? ring_->device() : -1; }
 
  private:
   enum class State { kIdle, kInEpoch, kEpochDone, kBroken };
@@ -361,7 +455,9 @@ class ConsumerImpl {
   std::string attach_id_;
   uint32_t num_slots_ = 0;
   uint64_t slot_bytes_ = 0;
-  std::shared_ptr<const SlabMapping> slab_;
+  std::vector<FieldInfo> layout_;  // of the fields in a slot, as delivered
+  std::shared_ptr<const SlabMapping> slab_;  // host transport
+  std::shared_ptr<const CudaRing> ring_;     // GPU transport
   std::shared_ptr<StreamState> stream_;
   State state_ = State::kIdle;
   absl::Status error_;
@@ -388,6 +484,12 @@ const BatchField* Batch::field(std::string_view name) const {
 
 absl::Status Batch::Release() { return lease_ ? lease_->Release() : absl::OkStatus(); }
 bool Batch::released() const { return !lease_ || lease_->released(); }
+absl::Status Batch::WaitOn(void* stream) {
+  return lease_ ? lease_->WaitOn(stream) : absl::OkStatus();
+}
+absl::Status Batch::ReleaseOn(void* stream) {
+  return lease_ ? lease_->ReleaseOn(stream) : absl::OkStatus();
+}
 
 // ---------------------------------------------------------------------------------------
 // Consumer
@@ -397,6 +499,7 @@ Consumer::~Consumer() = default;
 const JobInfo& Consumer::job() const { return impl_->job(); }
 uint32_t Consumer::rank() const { return impl_->rank(); }
 uint32_t Consumer::num_slots() const { return impl_->num_slots(); }
+int Consumer::device() const { return impl_->device(); }
 absl::Status Consumer::StartEpoch(int64_t epoch, int64_t first_batch) {
   return impl_->StartEpoch(epoch, first_batch);
 }
@@ -543,6 +646,10 @@ absl::StatusOr<std::unique_ptr<Consumer>> Client::Attach(std::string_view job_id
   auto impl = std::make_unique<internal::ConsumerImpl>(impl_, std::string(job_id), rank);
   FERRY_RETURN_IF_ERROR(impl->Attach(/*retry=*/false));
   return std::unique_ptr<Consumer>(new Consumer(std::move(impl)));
+}
+
+absl::StatusOr<std::string> CudaPciBusId(int ordinal) {
+  return internal::CudaPciBusId(ordinal);
 }
 
 }  // namespace ferry

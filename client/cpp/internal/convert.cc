@@ -99,6 +99,13 @@ v1::JobSpec ToProto(const JobOptions& options) {
   spec.set_world_size(options.world_size);
   spec.set_device(options.device);
   spec.set_prefetch_depth(options.prefetch_depth);
+  if (options.image_output.dtype != DType::kUnspecified || !options.image_output.mean.empty() ||
+      !options.image_output.std.empty()) {
+    v1::ImageOutput* out = spec.mutable_image_output();
+    out->set_dtype(static_cast<v1::DType>(options.image_output.dtype));
+    for (float m : options.image_output.mean) out->add_mean(m);
+    for (float s : options.image_output.std) out->add_std(s);
+  }
   return spec;
 }
 
@@ -149,7 +156,24 @@ JobOptions FromProto(const v1::JobSpec& spec) {
   options.world_size = spec.world_size();
   options.device = spec.device();
   options.prefetch_depth = spec.prefetch_depth();
+  if (spec.has_image_output()) {
+    options.image_output.dtype = static_cast<DType>(spec.image_output().dtype());
+    options.image_output.mean.assign(spec.image_output().mean().begin(),
+                                     spec.image_output().mean().end());
+    options.image_output.std.assign(spec.image_output().std().begin(),
+                                    spec.image_output().std().end());
+  }
   return options;
+}
+
+FieldInfo FromProto(const v1::Field& f) {
+  FieldInfo field;
+  field.name = f.name();
+  field.dtype = FromProto(f.dtype());
+  field.shape.assign(f.shape().begin(), f.shape().end());
+  field.offset = f.offset();
+  field.row_bytes = f.row_bytes();
+  return field;
 }
 
 JobInfo FromProto(const v1::Job& job) {
@@ -160,15 +184,7 @@ JobInfo FromProto(const v1::Job& job) {
   info.owner_uid = job.owner_uid();
   info.num_samples = job.num_samples();
   info.batches_per_epoch = job.batches_per_epoch();
-  for (const v1::Field& f : job.fields()) {
-    FieldInfo field;
-    field.name = f.name();
-    field.dtype = FromProto(f.dtype());
-    field.shape.assign(f.shape().begin(), f.shape().end());
-    field.offset = f.offset();
-    field.row_bytes = f.row_bytes();
-    info.fields.push_back(std::move(field));
-  }
+  for (const v1::Field& f : job.fields()) info.fields.push_back(FromProto(f));
   info.slot_bytes = job.slot_bytes();
   info.create_time_unix_ms = job.create_time_unix_ms();
   return info;

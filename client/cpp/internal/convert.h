@@ -18,6 +18,7 @@ namespace ferry::internal {
 
 v1::JobSpec ToProto(const JobOptions& options);
 JobOptions FromProto(const v1::JobSpec& spec);
+FieldInfo FromProto(const v1::Field& field);
 JobInfo FromProto(const v1::Job& job);
 JobStatus FromProto(const v1::JobStatus& status);
 StatusReport FromProto(const v1::GetStatusResponse& response);

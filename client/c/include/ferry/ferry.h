@@ -48,6 +48,11 @@ extern "C" {
 /* Bumped on any incompatible change of this header. Compare with ferry_abi_version() at
  * run time to detect a mismatched libferry.so. */
 #define FERRY_ABI_VERSION 1
+/* Bumped when functions or trailing struct members are added compatibly; compare with
+ * ferry_abi_minor() (a library without that function is minor 0).
+ *   1.1: the GPU transport: ferry_field_t.device, ferry_batch_field_sized,
+ *        ferry_batch_wait, ferry_batch_release_on, ferry_cuda_pci_bus_id. */
+#define FERRY_ABI_MINOR 1
 
 /* Status codes (absl::StatusCode / grpc::StatusCode values). */
 enum {
@@ -95,8 +100,11 @@ typedef struct ferry_field {
   int dtype;            /* FERRY_DTYPE_* */
   int ndim;
   const int64_t* shape;
-  const void* data;
+  const void* data;     /* host memory, or device memory when device >= 0 */
   size_t nbytes;
+  /* ABI 1.1. -1: `data` is host memory (host transport). Otherwise the CUDA device (this
+   * process's ordinal) whose memory `data` points to (GPU transport: see ferry_batch_wait). */
+  int device;
 } ferry_field_t;
 
 typedef struct ferry_batch_info {
@@ -148,8 +156,12 @@ FERRY_API int ferry_client_delete_job(ferry_client_t* client, const char* job_id
 /* *json receives a ferry.v1.GetStatusResponse. */
 FERRY_API int ferry_client_get_status(ferry_client_t* client, char** json);
 
-/* Attaches as `rank` of job `job_id` (host transport: the slab is mapped read-only). The
- * consumer keeps what it needs of the client: the client may be freed first. */
+/* Attaches as `rank` of job `job_id`. Host transport (device "cpu"): the slab is mapped
+ * read-only. GPU transport (device "cuda:N" or "cuda:<PCI bus id>"): the GPU is selected
+ * by ferryd's PCI bus id, and every device slot and event is opened over CUDA IPC once,
+ * here; FERRY_FAILED_PRECONDITION naming the CUDA error when this process cannot see that
+ * GPU or IPC fails (e.g. another IPC namespace), or "this libferry was built without CUDA".
+ * The consumer keeps what it needs of the client: the client may be freed first. */
 FERRY_API int ferry_client_attach(ferry_client_t* client, const char* job_id, uint32_t rank,
                                   ferry_consumer_t** out);
 /* Closes the stream: the daemon reclaims the consumer's slots. Batches still held stay
@@ -168,11 +180,51 @@ FERRY_API int ferry_consumer_next(ferry_consumer_t* consumer, int64_t timeout_ms
                                   ferry_batch_t** out);
 
 FERRY_API int ferry_batch_info(const ferry_batch_t* batch, ferry_batch_info_t* out);
-/* Field `i` (0 <= i < num_fields); OUT_OF_RANGE otherwise. */
+/* ABI 1.1: field `i` (0 <= i < num_fields; OUT_OF_RANGE otherwise), written to `out` up to
+ * `out_size` bytes (pass sizeof(ferry_field_t)): members past out_size are not touched, so
+ * callers built against an older header stay safe. */
+FERRY_API int ferry_batch_field_sized(const ferry_batch_t* batch, uint32_t i,
+                                      ferry_field_t* out, size_t out_size);
+/* ABI 1.0 entry point: fills the members up to `nbytes` only. Kept for binaries built
+ * against ABI 1.0; code compiled with this header calls ferry_batch_field_sized through
+ * the macro below, which also fills `device`. */
 FERRY_API int ferry_batch_field(const ferry_batch_t* batch, uint32_t i, ferry_field_t* out);
+#define ferry_batch_field(batch, i, out) \
+  ferry_batch_field_sized((batch), (i), (out), sizeof(*(out)))
 /* Gives the slot back; idempotent. The field pointers stay valid, but the daemon may now
- * overwrite the data. */
+ * overwrite the data. GPU batches: the same as ferry_batch_release_on(batch, the stream last
+ * passed to ferry_batch_wait), or on the legacy default stream when it was never called. */
 FERRY_API int ferry_batch_release(ferry_batch_t* batch);
+
+/* GPU transport (ABI 1.1). `cuda_stream` is a cudaStream_t of the batch's device; NULL
+ * (0) is that device's legacy default stream. Neither call blocks the host.
+ *
+ * Lifetime contract for a batch whose fields have device >= 0:
+ *   1. ferry_batch_wait(batch, s) before enqueueing on `s` any work that reads the fields
+ *      (or on a stream ordered after `s`): it makes `s` wait, on the GPU, for ferryd's copy
+ *      into the slot (cudaStreamWaitEvent on the slot's ready event).
+ *   2. ferry_batch_release_on(batch, s) after the last such work is enqueued on `s`: it
+ *      records the slot's released event on `s` and gives the slot back; ferryd's next
+ *      copy into the slot waits on that event, so it cannot overwrite data still being
+ *      read. Work on other streams must be ordered before it by the caller.
+ *   3. The device memory stays mapped until the batch is freed; its contents may change
+ *      any time after the release. ferry_batch_free releases as ferry_batch_release does.
+ * A failed CUDA call returns its error (named) and leaves the slot leased: it is given
+ * back when the consumer's stream ends. For host batches ferry_batch_wait does nothing and
+ * ferry_batch_release_on is ferry_batch_release. */
+FERRY_API int ferry_batch_wait(ferry_batch_t* batch, void* cuda_stream);
+FERRY_API int ferry_batch_release_on(ferry_batch_t* batch, void* cuda_stream);
+/* CUDA device the batch's fields live on (this process's ordinal), or -1 for host memory. */
+FERRY_API int ferry_batch_device(const ferry_batch_t* batch, int* out);
+
+/* PCI bus id ("0000:3b:00.0", lower case) of this process's CUDA device `ordinal`: send
+ * device "cuda:<bus id>" in a job spec to name the same GPU to ferryd whatever
+ * CUDA_VISIBLE_DEVICES says. INVALID_ARGUMENT for an ordinal this process does not have;
+ * FAILED_PRECONDITION without a usable GPU or driver, or when built without CUDA. Free
+ * *out with ferry_free. */
+FERRY_API int ferry_cuda_pci_bus_id(int ordinal, char** out);
+/* FERRY_ABI_MINOR of the loaded library. */
+FERRY_API int ferry_abi_minor(void);
 /* Releases (if not yet) and frees the batch. */
 FERRY_API void ferry_batch_free(ferry_batch_t* batch);
 

@@ -1,5 +1,7 @@
 // ferry's C++ client: talks to a local ferryd over its Unix socket, creates jobs, and
-// consumes batches straight out of the daemon's shared-memory slab (host transport).
+// consumes batches straight out of the daemon's shared-memory slab (host transport, device
+// "cpu") or out of device slots on the trainer's GPU (GPU transport, device "cuda:N"; see
+// "GPU batches" below).
 //
 //   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<ferry::Client> client,
 //                          ferry::Client::Connect(""));          // default socket
@@ -92,6 +94,17 @@ struct CenterCropOptions {
   uint32_t resize = 0;
 };
 
+// How images reach a GPU trainer (device "cuda:N" only): ferryd copies uint8 HWC crops to
+// the GPU and converts them there.
+struct ImageOutputOptions {
+  // kUint8 (HWC as decoded), or kFloat32 / kFloat16 / kBFloat16: CHW, normalized as
+  // (x / 255 - mean) / std per channel. Default: kUnspecified = kUint8.
+  DType dtype = DType::kUnspecified;
+  // Per-channel (RGB) mean and std. Default: empty = torchvision's ImageNet values.
+  std::vector<float> mean;
+  std::vector<float> std;
+};
+
 struct JobOptions {
   // Jobs with the same name and spec are one job (all local ranks of a run share it).
   // Default: empty = derived by the daemon from the spec.
@@ -105,8 +118,13 @@ struct JobOptions {
   uint64_t seed = 0;        // Default: 0
   bool drop_last = false;   // Default: false
   uint32_t world_size = 1;  // Default: 1
-  std::string device = "cpu";  // "cpu" (host transport) or "cuda:N". Default: "cpu"
+  // "cpu" (host transport), "cuda:N" (GPU transport on ferryd's device N) or
+  // "cuda:<PCI bus id>" ("cuda:0000:3b:00.0", the same GPU whatever the numbering; see
+  // CudaPciBusId). Default: "cpu"
+  std::string device = "cpu";
   uint32_t prefetch_depth = 0;  // Slots per rank. Default: 0 = the daemon's default.
+  // Device "cuda:..." only. Default: uint8 HWC images.
+  ImageOutputOptions image_output;
 };
 
 // The JobSpec part of `options` (everything but `name`) as the proto3 JSON mapping of
@@ -199,8 +217,11 @@ struct BatchField {
   std::string name;
   DType dtype = DType::kUnspecified;
   std::vector<int64_t> shape;  // batch dimension first
-  const void* data = nullptr;  // read-only; valid until the batch is released
+  // Read-only; valid until the batch is released. Host memory when `device` is -1,
+  // otherwise device memory on CUDA device `device` (this process's ordinal).
+  const void* data = nullptr;
   size_t bytes = 0;
+  int device = -1;
 };
 
 namespace internal {
@@ -214,6 +235,27 @@ class ConsumerImpl;
 // first; afterwards the daemon may overwrite the memory, so `data` pointers must not be
 // used. Move-only. A Batch may outlive its Consumer (releasing it is then a no-op, and
 // its memory stays mapped until the batch dies).
+//
+// GPU batches (device() >= 0: the job's device is "cuda:..."). The fields are device
+// memory in a slot of ferryd's ring on the trainer's GPU, mapped once per attach. The
+// contract, all on CUDA streams of the caller's choosing (`stream` is a cudaStream_t;
+// nullptr = the device's legacy default stream), with no host synchronisation:
+//   1. WaitOn(stream) before any work that reads the fields is enqueued on `stream` (or on
+//      a stream ordered after it). The data is not ready before: ferryd's copy may still
+//      be running when Next returns.
+//   2. ReleaseOn(stream) after the last work that reads the fields has been enqueued on
+//      `stream`: it records the slot's "released" event there and gives the slot back;
+//      ferryd's next copy into the slot waits, on the GPU, for that event. Work on other
+//      streams must be ordered before `stream`'s record (e.g. by an event) by the caller.
+//   3. Release() and the destructor on a GPU batch mean ReleaseOn(the stream last passed to
+//      WaitOn), or the legacy default stream when WaitOn was never called. That stream must
+//      still exist.
+// The device memory stays mapped while any Batch of the attach lives, even past the
+// Consumer; after a release its contents may change at any time. A failed CUDA call
+// (e.g. a lost context) returns its error and leaves the lease held, since giving the slot
+// back without the event could let ferryd overwrite memory still being read; the slot is
+// then reclaimed when the stream ends.
+// For host batches WaitOn is a no-op and ReleaseOn is Release.
 //
 // Thread safety: a Batch is not synchronized; use one from one thread at a time. Batches
 // of one consumer may be released concurrently from different threads.
@@ -240,6 +282,15 @@ class Batch final {
   absl::Status Release();
   bool released() const;
 
+  // CUDA device of the batch's fields (this process's ordinal), or -1 for host memory.
+  int device() const { return device_; }
+  // GPU batches: makes `stream` wait (on the device) until the batch is in its slot.
+  // Returns at once. See the contract above.
+  absl::Status WaitOn(void* stream);
+  // GPU batches: records the slot's released event on `stream`, then gives the slot back.
+  // Idempotent like Release. See the contract above.
+  absl::Status ReleaseOn(void* stream);
+
  private:
   friend class internal::ConsumerImpl;
   Batch() = default;
@@ -249,6 +300,7 @@ class Batch final {
   int64_t seq_ = 0;
   uint32_t slot_ = 0;
   uint32_t num_samples_ = 0;
+  int device_ = -1;
   std::vector<BatchField> fields_;
   std::unique_ptr<internal::BatchLease> lease_;
 };
@@ -264,9 +316,14 @@ class Consumer final {
   Consumer(const Consumer&) = delete;
   Consumer& operator=(const Consumer&) = delete;
 
+  // The job as CreateJob returned it: job().fields is the host layout. Batches carry the
+  // layout they are delivered in (for GPU jobs, the device layout, e.g. CHW floats).
   const JobInfo& job() const;
   uint32_t rank() const;
   uint32_t num_slots() const;
+  // CUDA device (this process's ordinal) the batches arrive on, or -1 for the host
+  // transport.
+  int device() const;
 
   // Asks for batches [first_batch, job().batches_per_epoch) of `epoch`. When the previous
   // epoch has not been consumed to its end, the consumer reattaches first (a new stream;
@@ -322,14 +379,25 @@ class Client final {
   absl::StatusOr<std::string> ListJobsJson();
   absl::StatusOr<std::string> GetStatusJson();
 
-  // Attaches as `rank` of job `job_id`, maps the job's slab read-only and opens the batch
-  // stream. Call StartEpoch on the result to receive batches.
+  // Attaches as `rank` of job `job_id` and opens the batch stream. Host transport: maps
+  // the job's slab read-only. GPU transport: selects the local device with ferryd's PCI
+  // bus id, opens every slot and ready event over CUDA IPC and creates the released
+  // events, once for the attach's lifetime; FAILED_PRECONDITION naming the CUDA error when
+  // this process cannot see that GPU or CUDA IPC fails (e.g. another IPC namespace), or
+  // when this library was built without CUDA. Call StartEpoch on the result to receive
+  // batches.
   absl::StatusOr<std::unique_ptr<Consumer>> Attach(std::string_view job_id, uint32_t rank);
 
  private:
   explicit Client(std::shared_ptr<internal::ClientImpl> impl);
   std::shared_ptr<internal::ClientImpl> impl_;
 };
+
+// PCI bus id ("0000:3b:00.0", lower case) of this process's CUDA device `ordinal`, the
+// form to send as device "cuda:<bus id>" so that ferryd picks the same GPU whatever
+// CUDA_VISIBLE_DEVICES says. INVALID_ARGUMENT for an ordinal this process does not have;
+// FAILED_PRECONDITION without a usable device or driver, or when built without CUDA.
+absl::StatusOr<std::string> CudaPciBusId(int ordinal);
 
 }  // namespace ferry
 
