@@ -17,6 +17,7 @@ import threading
 from ferry.errors import FerryError
 
 ABI_VERSION = 1  # FERRY_ABI_VERSION this binding was written for
+ABI_MINOR = 1    # FERRY_ABI_MINOR it uses when the library has it (1.1: GPU transport)
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -29,6 +30,7 @@ class Field(ctypes.Structure):
         ("shape", ctypes.POINTER(ctypes.c_int64)),
         ("data", ctypes.c_void_p),
         ("nbytes", ctypes.c_size_t),
+        ("device", ctypes.c_int),  # ABI 1.1
     ]
 
 
@@ -91,6 +93,44 @@ def _declare(lib):
         fn = getattr(lib, name)
         fn.restype = restype
         fn.argtypes = argtypes
+    # ABI 1.1 (GPU transport): absent from older libraries; see minor().
+    optional = {
+        "ferry_abi_minor": (c_int, []),
+        "ferry_batch_field_sized": (c_int, [c_void_p, ctypes.c_uint32, ctypes.POINTER(Field),
+                                            ctypes.c_size_t]),
+        "ferry_batch_wait": (c_int, [c_void_p, c_void_p]),
+        "ferry_batch_release_on": (c_int, [c_void_p, c_void_p]),
+        "ferry_batch_device": (c_int, [c_void_p, ctypes.POINTER(c_int)]),
+        "ferry_cuda_pci_bus_id": (c_int, [c_int, out_ptr]),
+    }
+    for name, (restype, argtypes) in optional.items():
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.restype = restype
+            fn.argtypes = argtypes
+
+
+def minor():
+    """FERRY_ABI_MINOR of the loaded library (0 for a library that predates it)."""
+    lib = load()
+    return lib.ferry_abi_minor() if hasattr(lib, "ferry_abi_minor") else 0
+
+
+def require_gpu_abi():
+    """Raises FerryError unless the loaded library has the GPU transport's C ABI (1.1)."""
+    if minor() < 1:
+        raise FerryError("FAILED_PRECONDITION",
+                         "%s has C ABI 1.%d; the GPU transport needs 1.1: install a matching "
+                         "libferry.so or point FERRY_LIBRARY at one" % (path(), minor()))
+
+
+def cuda_pci_bus_id(ordinal):
+    """PCI bus id ("0000:3b:00.0") of this process's CUDA device `ordinal`."""
+    require_gpu_abi()
+    lib = load()
+    out = ctypes.c_void_p()
+    check(lib.ferry_cuda_pci_bus_id(int(ordinal), ctypes.byref(out)))
+    return take_string(out.value)
 
 
 _lock = threading.Lock()

@@ -159,6 +159,35 @@ class _ArrayView:
         self._owner = owner
 
 
+# FERRY_DTYPE_* -> (__cuda_array_interface__ typestr, torch dtype name). bfloat16 has no
+# typestr: it travels as int16 and is reinterpreted.
+_TORCH_VIEWS = {
+    1: ("|u1", "uint8"),
+    4: ("<i4", "int32"),
+    5: ("<i8", "int64"),
+    6: ("<f2", "float16"),
+    7: ("<i2", "bfloat16"),
+    8: ("<f4", "float32"),
+}
+
+
+class _CudaView:
+    """One GPU field through __cuda_array_interface__ (v3); keeps its Batch alive, so the
+    IPC mapping outlives every tensor that views it. No "stream": ordering is the caller's
+    job, through Batch.wait()."""
+
+    def __init__(self, data, shape, typestr, owner):
+        self.__cuda_array_interface__ = {
+            "data": (data, False),
+            "shape": tuple(shape),
+            "typestr": typestr,
+            "strides": None,
+            "stream": None,
+            "version": 3,
+        }
+        self._owner = owner
+
+
 class Batch:
     """One batch in shared memory plus a lease on its slot.
 
@@ -177,15 +206,27 @@ class Batch:
         self.slot = info.slot
         self.num_samples = info.num_samples
         self.fields = []  # (name, dtype code, shape tuple, data address, nbytes)
+        # CUDA ordinal of the fields' memory (this process's numbering), -1 for host memory.
+        self.device = -1
+        sized = getattr(lib, "ferry_batch_field_sized", None)
         field = _lib.Field()
         for i in range(info.num_fields):
-            _lib.check(lib.ferry_batch_field(handle, i, ctypes.byref(field)))
+            if sized is not None:
+                _lib.check(sized(handle, i, ctypes.byref(field), ctypes.sizeof(field)))
+                self.device = field.device
+            else:
+                _lib.check(lib.ferry_batch_field(handle, i, ctypes.byref(field)))
             shape = tuple(field.shape[d] for d in range(field.ndim))
             self.fields.append((field.name.decode(), field.dtype, shape, field.data or 0,
                                 field.nbytes))
 
     def arrays(self):
-        """{field name: read-only numpy array viewing the slot} (zero-copy)."""
+        """{field name: read-only numpy array viewing the slot} (zero-copy). Host batches
+        only (device == -1); GPU batches use wait(), cuda_tensors() and release(stream)."""
+        if self.device >= 0:
+            raise FerryError("FAILED_PRECONDITION",
+                             "this batch is in GPU memory (cuda:%d); use cuda_tensors()"
+                             % self.device)
         out = {}
         for name, dtype, shape, data, nbytes in self.fields:
             np_dtype = NUMPY_DTYPES.get(dtype)
@@ -199,10 +240,49 @@ class Batch:
                 out[name] = np.asarray(_ArrayView(data, shape, np_dtype, self))
         return out
 
-    def release(self):
-        """Gives the slot back. Idempotent."""
+    def release(self, stream=None):
+        """Gives the slot back. Idempotent. GPU batches: `stream` (a cudaStream_t as an int,
+        e.g. torch.cuda.current_stream().cuda_stream; 0 = legacy default stream) is where
+        the slot's released event is recorded, after the work already enqueued there that
+        reads the batch; None = the stream last passed to wait()."""
         if self._handle:
-            _lib.check(self._lib.ferry_batch_release(self._handle))
+            if stream is None:
+                _lib.check(self._lib.ferry_batch_release(self._handle))
+            else:
+                _lib.check(self._lib.ferry_batch_release_on(self._handle,
+                                                            ctypes.c_void_p(int(stream))))
+
+    def wait(self, stream):
+        """GPU batches: makes `stream` (a cudaStream_t as an int; 0 = legacy default stream)
+        wait, on the device, until the batch is in its slot. Returns at once; no-op for
+        host batches."""
+        if self._handle and self.device >= 0:
+            _lib.check(self._lib.ferry_batch_wait(self._handle, ctypes.c_void_p(int(stream))))
+
+    def cuda_tensors(self):
+        """GPU batches: {field name: torch CUDA tensor viewing the slot} (zero-copy; each
+        keeps this Batch alive). Call wait() on the stream that reads them first, and do
+        not write to them: after release() ferryd overwrites them."""
+        import torch
+        if self.device < 0:
+            raise FerryError("FAILED_PRECONDITION", "this batch is in host memory; use arrays()")
+        device = torch.device("cuda", self.device)
+        out = {}
+        for name, dtype, shape, data, nbytes in self.fields:
+            spec = _TORCH_VIEWS.get(dtype)
+            if spec is None:
+                raise FerryError("UNIMPLEMENTED",
+                                 "field '%s' has dtype code %d, which ferry cannot hand to torch "
+                                 "on the GPU" % (name, dtype))
+            typestr, torch_dtype = spec
+            if nbytes == 0:
+                out[name] = torch.empty(shape, dtype=getattr(torch, torch_dtype), device=device)
+                continue
+            tensor = torch.as_tensor(_CudaView(data, shape, typestr, self), device=device)
+            if torch_dtype == "bfloat16":
+                tensor = tensor.view(torch.bfloat16)
+            out[name] = tensor
+        return out
 
     def __del__(self):
         handle = getattr(self, "_handle", None)

@@ -1,5 +1,6 @@
 """ferry.Loader: a DataLoader-like iterable over batches that ferryd prepares."""
 
+import math
 import numbers
 import os
 import threading
@@ -142,12 +143,105 @@ def _to_torch(name, array, copy):
         return torch.from_numpy(array)
 
 
+_IMAGE_DTYPES = {"uint8": "UINT8", "float32": "FLOAT32", "float16": "FLOAT16",
+                 "bfloat16": "BFLOAT16"}
+
+
+def _parse_device(device):
+    """'cpu' -> None; 'cuda:N' -> N (the trainer's ordinal). TypeError/ValueError otherwise."""
+    if not isinstance(device, str):
+        raise TypeError("device must be a str ('cpu' or 'cuda:N'), got %r" % (device,))
+    if device == "cpu":
+        return None
+    if device.startswith("cuda:") and device[5:].isdigit():
+        return int(device[5:])
+    raise ValueError("device must be 'cpu' or 'cuda:N', got %r" % device)
+
+
+def _check_channels(name, value):
+    if value is None:
+        return None
+    if (not isinstance(value, (tuple, list)) or len(value) != 3 or
+            not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value)):
+        raise TypeError("%s must be 3 numbers (R, G, B), got %r" % (name, value))
+    out = [float(v) for v in value]
+    if not all(math.isfinite(v) for v in out):
+        raise ValueError("%s must be finite, got %r" % (name, value))
+    return out
+
+
+def _image_output(dataset, cuda_ordinal, image_dtype, mean, std):
+    """The JobSpec's image_output dict (None for plain uint8), after checking the arguments."""
+    if not isinstance(image_dtype, str) or image_dtype not in _IMAGE_DTYPES:
+        raise ValueError("image_dtype must be one of %s, got %r"
+                         % (sorted(_IMAGE_DTYPES), image_dtype))
+    mean = _check_channels("mean", mean)
+    std = _check_channels("std", std)
+    if std is not None and not all(v > 0 for v in std):
+        raise ValueError("std must be > 0 per channel, got %r" % (std,))
+    if image_dtype == "uint8":
+        if mean is not None or std is not None:
+            raise ValueError("mean/std apply to normalized images: pass image_dtype='float32', "
+                             "'float16' or 'bfloat16' with them")
+        return None
+    if not isinstance(dataset, ImageFolder):
+        raise ValueError("image_dtype=%r applies to image datasets only" % image_dtype)
+    if cuda_ordinal is None:
+        raise ValueError("image_dtype=%r needs device='cuda:N': ferryd normalizes on the "
+                         "GPU; on the CPU convert the uint8 batch yourself" % image_dtype)
+    out = {"dtype": _IMAGE_DTYPES[image_dtype]}
+    if mean is not None:
+        out["mean"] = mean
+    if std is not None:
+        out["std"] = std
+    return out
+
+
+def _torch_cuda_device(ordinal):
+    """torch.device('cuda', ordinal) after checking torch can use it."""
+    try:
+        import torch
+    except ImportError:
+        raise FerryError("FAILED_PRECONDITION", "device='cuda:%d' yields torch CUDA tensors: "
+                         "install PyTorch with CUDA, or use device='cpu'" % ordinal) from None
+    if not torch.cuda.is_available():
+        raise FerryError("FAILED_PRECONDITION", "device='cuda:%d': torch.cuda.is_available() "
+                         "is False in this process (no GPU visible, or a CPU-only PyTorch); "
+                         "use device='cpu'" % ordinal)
+    if ordinal >= torch.cuda.device_count():
+        raise FerryError("INVALID_ARGUMENT", "device='cuda:%d': this process sees %d CUDA "
+                         "device(s) (CUDA_VISIBLE_DEVICES=%s)"
+                         % (ordinal, torch.cuda.device_count(),
+                            os.environ.get("CUDA_VISIBLE_DEVICES", "unset")))
+    return torch.device("cuda", ordinal)
+
+
 def _torch_available():
     try:
         import torch  # noqa: F401
         return True
     except ImportError:
         return False
+
+
+def _job_spec(dataset, batch_size, transform, shuffle, seed, drop_last, world_size, prefetch,
+              image_output, device="cpu"):
+    """The ferry.v1.JobSpec (JSON dict) of checked Loader arguments."""
+    spec = {
+        "dataset": dataset._spec(),
+        "batch_size": batch_size,
+        "shuffle": _check_bool("shuffle", shuffle),
+        "seed": str(seed),
+        "drop_last": _check_bool("drop_last", drop_last),
+        "world_size": world_size,
+        "device": device,
+        "prefetch_depth": _check_int("prefetch", prefetch, 0, 64),
+    }
+    if transform is not None and isinstance(dataset, ImageFolder):
+        spec["transform"] = transform._spec()
+    if image_output is not None:
+        spec["image_output"] = image_output
+    return spec
 
 
 class Loader:
@@ -168,7 +262,14 @@ class Loader:
       shuffle, seed, drop_last: as torch's DistributedSampler + BatchSampler; every rank
         gets the same number of batches (len(loader)).
       rank, world_size: this process's place in the training run.
-      device: "cpu" (host transport). "cuda:N" is refused until ferryd serves it.
+      device: "cpu" (host transport: batches in host memory) or "cuda:N" (GPU transport:
+        batches are torch CUDA tensors on this process's device N, as torch numbers it;
+        ferryd is told that GPU's PCI bus id, so CUDA_VISIBLE_DEVICES may differ between
+        the trainer and ferryd). Needs PyTorch with CUDA.
+      image_dtype: "uint8" (default: HWC as decoded), or with device "cuda:N" "float32",
+        "float16" or "bfloat16": CHW, normalized on the GPU as (x / 255 - mean) / std.
+      mean, std: 3 per-channel numbers for the normalized dtypes; None = torchvision's
+        ImageNet values.
       address: ferryd's socket. None: $FERRY_ADDRESS if set, else the default socket, and
         when no ferryd answers there, a private ferryd started for this process (see
         ferry._daemon); it stops when the last Loader using it closes.
@@ -180,6 +281,11 @@ class Loader:
         True: the arrays view shared memory directly (read-only; writing to them crashes
         the process) and the slot is released when the iterator advances, after which
         ferryd overwrites the data: do not keep them past the next iteration.
+        With device "cuda:N" nothing blocks the host: the current stream waits on the
+        GPU for the batch; the safe mode clone()s each field on the current stream and
+        releases the slot after the clones (ferryd's next copy into it waits for them);
+        zero_copy yields views of the slot and releases it, after the work enqueued on the
+        then current stream, when the iterator advances.
       timeout: seconds to wait for one batch before raising FerryError DEADLINE_EXCEEDED;
         None waits forever.
 
@@ -191,7 +297,8 @@ class Loader:
 
     def __init__(self, dataset, batch_size, transform=None, shuffle=False, seed=0,
                  drop_last=False, rank=0, world_size=1, device="cpu", address=None,
-                 prefetch=4, job_name=None, as_numpy=False, zero_copy=False, timeout=None):
+                 prefetch=4, job_name=None, as_numpy=False, zero_copy=False, timeout=None,
+                 image_dtype="uint8", mean=None, std=None):
         if not isinstance(dataset, (ImageFolder, Tokens)):
             raise TypeError("dataset must be ferry.ImageFolder or ferry.Tokens, got %r"
                             % (dataset,))
@@ -208,10 +315,11 @@ class Loader:
         if rank >= world_size:
             raise ValueError("rank must be < world_size (%d), got %d" % (world_size, rank))
         seed = _check_int("seed", seed, 0, 2**64 - 1)
-        if not isinstance(device, str):
-            raise TypeError("device must be a str ('cpu' or 'cuda:N'), got %r" % (device,))
-        if device != "cpu" and not (device.startswith("cuda:") and device[5:].isdigit()):
-            raise ValueError("device must be 'cpu' or 'cuda:N', got %r" % device)
+        cuda_ordinal = _parse_device(device)
+        image_output = _image_output(dataset, cuda_ordinal, image_dtype, mean, std)
+        if cuda_ordinal is not None and as_numpy is True:
+            raise ValueError("as_numpy=True cannot hold GPU batches: use device='cpu', or "
+                             "torch tensors with device=%r" % device)
         if address is not None:
             address = os.fspath(_check_path_like("address", address))
         if job_name is not None and not isinstance(job_name, str):
@@ -222,25 +330,22 @@ class Loader:
                                 % (timeout,))
             if timeout <= 0:
                 raise ValueError("timeout must be > 0, got %r" % (timeout,))
-        self._spec = {
-            "dataset": dataset._spec(),
-            "batch_size": batch_size,
-            "shuffle": _check_bool("shuffle", shuffle),
-            "seed": str(seed),
-            "drop_last": _check_bool("drop_last", drop_last),
-            "world_size": world_size,
-            "device": device,
-            "prefetch_depth": _check_int("prefetch", prefetch, 0, 64),
-        }
-        if transform is not None and isinstance(dataset, ImageFolder):
-            self._spec["transform"] = transform._spec()
+        self._spec = _job_spec(dataset, batch_size, transform, shuffle, seed, drop_last,
+                               world_size, prefetch, image_output)
         self.dataset = dataset
         self.batch_size = batch_size
         self.rank = rank
         self.world_size = world_size
+        self.device = device
         self._as_numpy = _check_bool("as_numpy", as_numpy) or not _torch_available()
         self._zero_copy = _check_bool("zero_copy", zero_copy)
         self._timeout = timeout
+        self._torch_device = None
+        if cuda_ordinal is not None:
+            # The trainer's ordinal may not be ferryd's: name the GPU by its PCI bus id.
+            self._torch_device = _torch_cuda_device(cuda_ordinal)
+            from ferry import _lib
+            self._spec["device"] = "cuda:" + _lib.cuda_pci_bus_id(cuda_ordinal)
         self._epoch = 0
         self._resume_batch = 0
         self._batches_done = 0
@@ -326,12 +431,16 @@ class Loader:
                     raise RuntimeError("this ferry.Loader iterator was superseded by a newer "
                                        "iteration (or the Loader was closed)")
                 if held is not None:
-                    held.release()
+                    self._release(held)
                     held = None
                 batch = self._next_batch()
                 if batch is None:
                     return
                 self._batches_done = batch.index + 1
+                if self._torch_device is not None:
+                    tensors, held = self._gpu_batch(batch)
+                    yield tensors
+                    continue
                 if self._zero_copy:
                     arrays = batch.arrays()
                     held = batch
@@ -345,9 +454,38 @@ class Loader:
         finally:
             if held is not None:
                 try:
-                    held.release()
+                    self._release(held)
                 except FerryError:
                     pass
+
+    def _current_stream(self):
+        import torch
+        return torch.cuda.current_stream(self._torch_device).cuda_stream
+
+    def _release(self, batch):
+        if self._torch_device is not None:
+            # After whatever the caller enqueued on the current stream with the views.
+            batch.release(self._current_stream())
+        else:
+            batch.release()
+
+    def _gpu_batch(self, batch):
+        """(tensors to yield, batch still held or None). Nothing here waits on the host."""
+        if batch.device != self._torch_device.index:
+            raise FerryError("INTERNAL", "ferryd's GPU batch arrived on cuda:%d, not on %s "
+                             "(whose PCI bus id the job names)"
+                             % (batch.device, self._torch_device))
+        stream = self._current_stream()
+        batch.wait(stream)
+        views = batch.cuda_tensors()
+        if self._zero_copy:
+            return views, batch
+        # clone() runs on the current stream after the wait, and the released event is
+        # recorded after the clones on that same stream: ferryd cannot overwrite early.
+        tensors = {k: v.clone() for k, v in views.items()}
+        del views
+        batch.release(stream)
+        return tensors, None
 
     def _next_batch(self):
         waited = 0.0
