@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <deque>
 #include <set>
+#include <thread>
 #include <variant>
 
 #include "absl/container/flat_hash_set.h"
@@ -285,6 +286,91 @@ TEST_F(PipelineTest, ShutdownEndsTheStreamOnceHeldBatchesAreBack) {
   EXPECT_EQ(reason->code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(reason->message(), HasSubstr("shutting down"));
   p->Unbind(&c);
+}
+
+// A device stage over host memory: "device" slots are plain buffers, copies are memcpy, and
+// the host slot comes back from another thread, as with a real copy engine.
+class FakeDeviceStage final : public DeviceStage {
+ public:
+  FakeDeviceStage(const SharedSlab& slab, size_t slot_bytes, int slots)
+      : slab_(slab.data()), slot_bytes_(slot_bytes), device_(slots, std::vector<uint8_t>(slot_bytes)) {}
+  ~FakeDeviceStage() override {
+    for (auto& t : threads_) t.join();
+  }
+  int num_device_slots() const override { return static_cast<int>(device_.size()); }
+  void SetHostSlotFreeCallback(std::function<void(int)> callback) override { free_ = callback; }
+  absl::Status StartCopy(int host_slot, int device_slot, uint32_t) override {
+    memcpy(device_[device_slot].data(), slab_ + host_slot * slot_bytes_, slot_bytes_);
+    ++copies;
+    threads_.emplace_back([this, host_slot] { free_(host_slot); });
+    return absl::OkStatus();
+  }
+  void Describe(ferry::v1::AttachResponse*) const override {}
+  absl::Status OpenConsumer(const std::vector<std::string>& events) override {
+    if (events.size() != device_.size()) return absl::InvalidArgumentError("one event per slot");
+    opened = true;
+    return absl::OkStatus();
+  }
+  void CloseConsumer() override { opened = false; }
+
+  const uint8_t* slab_;  // the mapping outlives the SharedSlab object, which is moved
+  const size_t slot_bytes_;
+  std::vector<std::vector<uint8_t>> device_;
+  std::function<void(int)> free_;
+  std::vector<std::thread> threads_;
+  std::atomic<int> copies{0};
+  bool opened = false;
+};
+
+TEST_F(PipelineTest, DeviceStageSlotsAreLeasedAndHostSlotsRecycled) {
+  ferry::v1::JobSpec spec;
+  spec.set_batch_size(4);
+  spec.set_shuffle(true);
+  spec.set_seed(3);
+  spec.set_drop_last(true);
+  job_ = *Job::Create(JobIdentity{"jgpu", "gpu", 1000, 77}, spec,
+                      std::make_unique<FakeSource>(64, absl::flat_hash_set<int64_t>{}));
+  FakeDeviceStage* stage = nullptr;
+  auto created = RankPipeline::Create(
+      job_, 0, /*host slots=*/2, -1, pool_.get(), &budget_,
+      [&](const SharedSlab& slab) -> absl::StatusOr<std::unique_ptr<DeviceStage>> {
+        auto s = std::make_unique<FakeDeviceStage>(slab, job_->layout().slot_bytes, 3);
+        stage = s.get();
+        return s;
+      });
+  ASSERT_TRUE(created.ok()) << created.status();
+  auto p = *created;
+  EXPECT_EQ(p->num_slots(), 3);
+  RecordingConsumer c;
+  EXPECT_EQ(p->Bind(&c, 1, {"a"}).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(p->Bind(&c, 1, {"a", "b", "c"}).ok());
+  EXPECT_TRUE(stage->opened);
+  ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
+  // Hold all three device slots: no more can be delivered, though host slots refill.
+  std::vector<ferry::v1::BatchReady> held;
+  for (int i = 0; i < 3; ++i) held.push_back(std::get<ferry::v1::BatchReady>(*c.Next()));
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(c.pending(), 0u);
+  for (int64_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(held[i].batch(), i);
+    EXPECT_LT(held[i].slot(), 3u);
+    std::vector<int64_t> got(4);
+    memcpy(got.data(), stage->device_[held[i].slot()].data() + job_->layout().offsets[1], 32);
+    EXPECT_EQ(got, Expected(0, 0, i));
+  }
+  for (auto& b : held) ASSERT_TRUE(p->Release(&c, b.slot(), b.seq()).ok());
+  for (int64_t i = 3; i < 16; ++i) {
+    auto b = std::get<ferry::v1::BatchReady>(*c.Next());
+    EXPECT_EQ(b.batch(), i);
+    std::vector<int64_t> got(4);
+    memcpy(got.data(), stage->device_[b.slot()].data() + job_->layout().offsets[1], 32);
+    EXPECT_EQ(got, Expected(0, 0, i));
+    ASSERT_TRUE(p->Release(&c, b.slot(), b.seq()).ok());
+  }
+  EXPECT_EQ(std::get<EpochEndMsg>(*c.Next()).epoch, 0);
+  EXPECT_GE(stage->copies.load(), 16);
+  p->Unbind(&c);
+  EXPECT_FALSE(stage->opened);
 }
 
 TEST_F(PipelineTest, BadRequestsAreRefused) {

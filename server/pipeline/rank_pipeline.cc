@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <utility>
 
-#include "common/logging.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/random.h"
 #include "common/status_macros.h"
 
@@ -22,6 +22,12 @@ constexpr size_t kRateWindow = 64;
 absl::StatusOr<std::shared_ptr<RankPipeline>> RankPipeline::Create(
     std::shared_ptr<Job> job, int rank, int num_slots, int numa_node, WorkerPool* pool,
     MemoryBudget* budget) {
+  return Create(std::move(job), rank, num_slots, numa_node, pool, budget, nullptr);
+}
+
+absl::StatusOr<std::shared_ptr<RankPipeline>> RankPipeline::Create(
+    std::shared_ptr<Job> job, int rank, int num_slots, int numa_node, WorkerPool* pool,
+    MemoryBudget* budget, const StageFactory& stage_factory) {
   if (num_slots < 1) return absl::InvalidArgumentError("prefetch_depth must be at least 1");
   const size_t bytes = job->layout().slot_bytes * static_cast<size_t>(num_slots);
   const std::string what =
@@ -31,10 +37,24 @@ absl::StatusOr<std::shared_ptr<RankPipeline>> RankPipeline::Create(
   FERRY_ASSIGN_OR_RETURN(
       SharedSlab slab,
       SharedSlab::Create(absl::StrCat(job->identity().id, "-rank", rank), bytes, numa_node));
+  std::unique_ptr<DeviceStage> stage;
+  if (stage_factory) {
+    FERRY_ASSIGN_OR_RETURN(stage, stage_factory(slab));
+  }
   const int group = pool->GroupForNode(numa_node);
-  return std::shared_ptr<RankPipeline>(new RankPipeline(std::move(job), rank, std::move(slab),
-                                                        std::move(reservation), num_slots,
-                                                        pool, group));
+  std::shared_ptr<RankPipeline> pipeline(new RankPipeline(std::move(job), rank, std::move(slab),
+                                                          std::move(reservation), num_slots,
+                                                          pool, group));
+  if (stage != nullptr) {
+    std::weak_ptr<RankPipeline> weak = pipeline;
+    stage->SetHostSlotFreeCallback([weak](int host_slot) {
+      if (auto p = weak.lock()) p->OnHostSlotCopied(host_slot);
+    });
+    absl::MutexLock lock(&pipeline->mutex_);
+    pipeline->device_slots_.resize(static_cast<size_t>(stage->num_device_slots()));
+    pipeline->stage_ = std::move(stage);
+  }
+  return pipeline;
 }
 
 RankPipeline::RankPipeline(std::shared_ptr<Job> job, int rank, SharedSlab slab,
@@ -51,7 +71,12 @@ RankPipeline::RankPipeline(std::shared_ptr<Job> job, int rank, SharedSlab slab,
 
 RankPipeline::~RankPipeline() = default;
 
-absl::Status RankPipeline::Bind(BatchConsumer* consumer, int pid) {
+int RankPipeline::num_slots() const {
+  return stage_ != nullptr ? stage_->num_device_slots() : static_cast<int>(slots_.size());
+}
+
+absl::Status RankPipeline::Bind(BatchConsumer* consumer, int pid,
+                                const std::vector<std::string>& released_events) {
   absl::MutexLock lock(&mutex_);
   if (shutting_down_) {
     return absl::UnavailableError(
@@ -61,6 +86,12 @@ absl::Status RankPipeline::Bind(BatchConsumer* consumer, int pid) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank_, " of job ", job_->identity().id, " already has a consumer (pid ",
         consumer_pid_, "); each rank is consumed by one process at a time"));
+  }
+  if (stage_ != nullptr) {
+    FERRY_RETURN_IF_ERROR(stage_->OpenConsumer(released_events));
+  } else if (!released_events.empty()) {
+    return absl::InvalidArgumentError(
+        "released_events sent to a host-transport attach; they belong to GPU attaches only");
   }
   consumer_ = consumer;
   consumer_pid_ = pid;
@@ -84,10 +115,21 @@ void RankPipeline::Unbind(BatchConsumer* consumer) {
         +[](bool* delivering) { return !*delivering; }, &delivering_));
     consumer_ = nullptr;
     consumer_pid_ = 0;
-    for (Slot& s : slots_) {
-      if (s.state == SlotState::kLeased) {
-        s.state = SlotState::kFree;
-        s.seq = -1;
+    if (stage_ != nullptr) {
+      stage_->CloseConsumer();
+      for (DeviceSlot& d : device_slots_) {
+        if (d.state == SlotState::kLeased) {
+          d.state = SlotState::kFree;
+          d.seq = -1;
+        }
+      }
+      StartCopiesLocked();
+    } else {
+      for (Slot& s : slots_) {
+        if (s.state == SlotState::kLeased) {
+          s.state = SlotState::kFree;
+          s.seq = -1;
+        }
       }
     }
     NoteStarvationLocked();
@@ -124,8 +166,7 @@ absl::Status RankPipeline::StartEpoch(BatchConsumer* consumer, int64_t epoch,
     // Is (epoch, first_batch) exactly what comes next in the prefetched order?
     bool matches;
     if (!pending_.empty()) {
-      const Slot& head = slots_[pending_.front().slot];
-      matches = head.epoch == epoch && head.batch == first_batch;
+      matches = pending_.front().epoch == epoch && pending_.front().batch == first_batch;
     } else {
       matches = active_ && next_epoch_ == epoch && next_batch_ == first_batch;
     }
@@ -133,8 +174,14 @@ absl::Status RankPipeline::StartEpoch(BatchConsumer* consumer, int64_t epoch,
       ++generation_;
       live_generation_.store(generation_, std::memory_order_relaxed);
       for (const Pending& p : pending_) {
+        if (p.device_slot >= 0) {
+          // Copied (or being copied) already: the device slot is simply reused; the host
+          // slot comes back through OnHostSlotCopied.
+          device_slots_[p.device_slot].state = SlotState::kFree;
+        } else if (slots_[p.slot].state == SlotState::kQueued) {
+          slots_[p.slot].state = SlotState::kFree;
+        }
         // Filling slots are freed by OnSlotFilled when their generation turns out stale.
-        if (slots_[p.slot].state == SlotState::kQueued) slots_[p.slot].state = SlotState::kFree;
       }
       pending_.clear();
       next_epoch_ = epoch;
@@ -155,13 +202,28 @@ absl::Status RankPipeline::Release(BatchConsumer* consumer, uint32_t slot, int64
   {
     absl::MutexLock lock(&mutex_);
     if (consumer_ != consumer) return absl::FailedPreconditionError("consumer is not bound");
-    if (slot >= slots_.size() || slots_[slot].state != SlotState::kLeased ||
-        slots_[slot].seq != seq) {
+    SlotState* state;
+    int64_t* leased_seq;
+    if (stage_ != nullptr) {
+      if (slot >= device_slots_.size()) state = nullptr;
+      else {
+        state = &device_slots_[slot].state;
+        leased_seq = &device_slots_[slot].seq;
+      }
+    } else {
+      if (slot >= slots_.size()) state = nullptr;
+      else {
+        state = &slots_[slot].state;
+        leased_seq = &slots_[slot].seq;
+      }
+    }
+    if (state == nullptr || *state != SlotState::kLeased || *leased_seq != seq) {
       return absl::InvalidArgumentError(absl::StrCat(
           "release of slot ", slot, " seq ", seq, ", which is not leased to this consumer"));
     }
-    slots_[slot].state = SlotState::kFree;
-    slots_[slot].seq = -1;
+    *state = SlotState::kFree;
+    *leased_seq = -1;
+    if (stage_ != nullptr) StartCopiesLocked();
     ScheduleLocked(&tasks);
   }
   Deliver(std::move(tasks));
@@ -189,7 +251,7 @@ void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
     slot.batch = next_batch_;
     slot.num_samples = static_cast<uint32_t>(indices.size());
     slot.rows_left.store(static_cast<int>(indices.size()), std::memory_order_relaxed);
-    pending_.push_back(Pending{static_cast<int>(s)});
+    pending_.push_back(Pending{static_cast<int>(s), -1, slot.epoch, slot.batch, slot.num_samples});
     ++next_batch_;
     std::shared_ptr<RankPipeline> self = shared_from_this();
     for (size_t row = 0; row < indices.size(); ++row) {
@@ -236,7 +298,7 @@ void RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index
     if (!filled) {
       for (size_t f = 0; f < nfields; ++f) memset(rows[f], 0, layout.fields[f].row_bytes);
       FERRY_LOG(ERROR) << "job " << job_->identity().id << ": no readable substitute for sample "
-                 << index << "; row " << row << " of the batch is zeroed";
+                       << index << "; row " << row << " of the batch is zeroed";
     }
   }
   if (slots_[slot].rows_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
@@ -254,7 +316,52 @@ void RankPipeline::OnSlotFilled(int slot, uint64_t generation) {
       ScheduleLocked(&tasks);
     } else {
       s.state = SlotState::kQueued;
+      if (stage_ != nullptr) StartCopiesLocked();
     }
+  }
+  Deliver(std::move(tasks));
+}
+
+void RankPipeline::StartCopiesLocked() {
+  if (shutting_down_) return;
+  size_t free_device = 0;
+  for (Pending& p : pending_) {
+    if (p.device_slot >= 0) continue;
+    // Copies are enqueued in delivery order, so a batch still filling holds back the ones
+    // behind it (they would only wait in device slots instead of host slots).
+    if (slots_[p.slot].state != SlotState::kQueued) return;
+    while (free_device < device_slots_.size() &&
+           device_slots_[free_device].state != SlotState::kFree) {
+      ++free_device;
+    }
+    if (free_device == device_slots_.size()) return;
+    const int d = static_cast<int>(free_device);
+    absl::Status s = stage_->StartCopy(p.slot, d, p.num_samples);
+    if (!s.ok()) {
+      // A device that fails a copy will fail the next one too: stop this rank with the
+      // reason instead of handing out slots that were never written.
+      FERRY_LOG(ERROR) << "job " << job_->identity().id << " rank " << rank_
+                       << ": copy to the GPU failed: " << s;
+      shutting_down_ = true;
+      shutdown_reason_ = absl::Status(s.code(), absl::StrCat("copy to the GPU failed: ", s.message()));
+      return;
+    }
+    slots_[p.slot].state = SlotState::kCopying;
+    DeviceSlot& dev = device_slots_[d];
+    dev.state = SlotState::kQueued;
+    dev.epoch = p.epoch;
+    dev.batch = p.batch;
+    dev.num_samples = p.num_samples;
+    p.device_slot = d;
+  }
+}
+
+void RankPipeline::OnHostSlotCopied(int slot) {
+  std::vector<WorkerPool::Task> tasks;
+  {
+    absl::MutexLock lock(&mutex_);
+    slots_[slot].state = SlotState::kFree;
+    ScheduleLocked(&tasks);
   }
   Deliver(std::move(tasks));
 }
@@ -266,6 +373,16 @@ void RankPipeline::NoteStarvationLocked() {
   }
 }
 
+bool RankPipeline::HeadDeliverableLocked() const {
+  if (pending_.empty()) return false;
+  const Pending& p = pending_.front();
+  if (p.epoch != deliver_epoch_) return false;
+  if (stage_ != nullptr) {
+    return p.device_slot >= 0 && device_slots_[p.device_slot].state == SlotState::kQueued;
+  }
+  return slots_[p.slot].state == SlotState::kQueued;
+}
+
 void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
   if (!tasks.empty()) pool_->Submit(group_, std::move(tasks));
   absl::MutexLock lock(&mutex_);
@@ -275,22 +392,27 @@ void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
     std::vector<ferry::v1::BatchReady> ready;
     bool send_end = false;
     const bool producing = active_ && !shutting_down_;
-    while (producing && !pending_.empty()) {
-      Slot& s = slots_[pending_.front().slot];
-      if (s.state != SlotState::kQueued || s.epoch != deliver_epoch_) break;
+    while (producing && HeadDeliverableLocked()) {
+      const Pending p = pending_.front();
       ferry::v1::BatchReady b;
       b.set_seq(next_seq_++);
-      b.set_epoch(s.epoch);
-      b.set_batch(s.batch);
-      b.set_slot(static_cast<uint32_t>(pending_.front().slot));
-      b.set_num_samples(s.num_samples);
-      s.state = SlotState::kLeased;
-      s.seq = b.seq();
+      b.set_epoch(p.epoch);
+      b.set_batch(p.batch);
+      b.set_num_samples(p.num_samples);
+      if (stage_ != nullptr) {
+        b.set_slot(static_cast<uint32_t>(p.device_slot));
+        device_slots_[p.device_slot].state = SlotState::kLeased;
+        device_slots_[p.device_slot].seq = b.seq();
+      } else {
+        b.set_slot(static_cast<uint32_t>(p.slot));
+        slots_[p.slot].state = SlotState::kLeased;
+        slots_[p.slot].seq = b.seq();
+      }
       pending_.pop_front();
       ++deliver_batch_;
       ++batches_delivered_;
-      samples_delivered_ += s.num_samples;
-      recent_deliveries_.emplace_back(absl::Now(), s.num_samples);
+      samples_delivered_ += p.num_samples;
+      recent_deliveries_.emplace_back(absl::Now(), p.num_samples);
       if (recent_deliveries_.size() > kRateWindow) recent_deliveries_.pop_front();
       ready.push_back(std::move(b));
     }
@@ -299,7 +421,11 @@ void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
       epoch_end_sent_ = true;
     }
     int leased = 0;
-    for (const Slot& s : slots_) leased += s.state == SlotState::kLeased;
+    if (stage_ != nullptr) {
+      for (const DeviceSlot& d : device_slots_) leased += d.state == SlotState::kLeased;
+    } else {
+      for (const Slot& s : slots_) leased += s.state == SlotState::kLeased;
+    }
     // A stopping pipeline ends the stream once the consumer has given back every batch it
     // holds, so no batch in use is cut off.
     const bool send_shutdown = shutting_down_ && leased == 0 && !shutdown_sent_;
@@ -308,7 +434,7 @@ void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
     if (ready.empty() && !send_end && !send_shutdown) {
       // Nothing to send: the consumer waits on us if it is mid-epoch and not itself holding
       // every slot.
-      if (producing && !epoch_end_sent_ && leased < static_cast<int>(slots_.size()) &&
+      if (producing && !epoch_end_sent_ && leased < num_slots() &&
           starved_since_ == absl::InfiniteFuture()) {
         starved_since_ = absl::Now();
       }
@@ -344,9 +470,17 @@ void RankPipeline::FillStatus(ferry::v1::RankStatus* status) const {
     }
   }
   uint32_t queued = 0, leased = 0;
-  for (const Slot& s : slots_) {
-    queued += s.state == SlotState::kQueued;
-    leased += s.state == SlotState::kLeased;
+  if (stage_ != nullptr) {
+    for (const DeviceSlot& d : device_slots_) {
+      queued += d.state == SlotState::kQueued;
+      leased += d.state == SlotState::kLeased;
+    }
+    stage_->FillStatus(status);
+  } else {
+    for (const Slot& s : slots_) {
+      queued += s.state == SlotState::kQueued;
+      leased += s.state == SlotState::kLeased;
+    }
   }
   status->set_queue_depth(queued);
   status->set_slots_leased(leased);

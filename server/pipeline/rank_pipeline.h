@@ -1,10 +1,14 @@
 // The producer side of one (job, rank): a ring of slots in one shared-memory slab, filled
 // by the worker pool in batch order and handed to at most one bound consumer.
 //
-// Slot life cycle:  FREE -> FILLING (workers write rows) -> QUEUED (complete, waiting to be
-// sent, in sequence order) -> LEASED (sent to the consumer) -> FREE (released, or the
+// Host slot life cycle:  FREE -> FILLING (workers write rows) -> QUEUED (complete, waiting
+// to be sent, in sequence order) -> LEASED (sent to the consumer) -> FREE (released, or the
 // consumer went away). Only FREE slots are filled, so the prefetch depth is the slot count
 // and nothing upstream can queue without bound.
+//
+// With a DeviceStage (GPU transport) a QUEUED host slot is copied into a free device slot
+// (COPYING until the stage says the copy is done, then FREE), and the consumer leases device
+// slots instead: device FREE -> QUEUED (copy enqueued, in order) -> LEASED -> FREE.
 //
 // Position: the consumer asks for (epoch, first_batch) with StartEpoch; the pipeline fills
 // that epoch in order and, once it has scheduled the epoch's last batch, goes on into the
@@ -32,6 +36,7 @@
 #include "ferry/v1/ferry.pb.h"
 #include "server/memory/memory_budget.h"
 #include "server/memory/shared_slab.h"
+#include "server/pipeline/device_stage.h"
 #include "server/pipeline/job.h"
 #include "server/pipeline/worker_pool.h"
 
@@ -54,10 +59,24 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
                                                               int rank, int num_slots,
                                                               int numa_node, WorkerPool* pool,
                                                               MemoryBudget* budget);
+  // Makes the device stage for a slab, once the slab exists (it registers it). The slab's
+  // memory stays put for the pipeline's life, but the SharedSlab object itself is moved:
+  // keep slab.data(), not the reference.
+  using StageFactory =
+      std::function<absl::StatusOr<std::unique_ptr<DeviceStage>>(const SharedSlab& slab)>;
+  // Same, for the GPU transport: consumers lease the stage's device slots.
+  static absl::StatusOr<std::shared_ptr<RankPipeline>> Create(std::shared_ptr<Job> job,
+                                                              int rank, int num_slots,
+                                                              int numa_node, WorkerPool* pool,
+                                                              MemoryBudget* budget,
+                                                              const StageFactory& stage);
   ~RankPipeline();
 
   // FAILED_PRECONDITION when another consumer is bound (a rank has one consumer at a time).
-  absl::Status Bind(BatchConsumer* consumer, int pid);
+  // `released_events`: the GPU transport's per-slot signals from the consumer (empty for
+  // the host transport).
+  absl::Status Bind(BatchConsumer* consumer, int pid,
+                    const std::vector<std::string>& released_events = {});
   // Unbinds `consumer` (no-op if not bound): every slot it leased is reclaimed.
   void Unbind(BatchConsumer* consumer);
   // Stops filling and delivering (queued rows are skipped); the bound consumer is told
@@ -72,14 +91,16 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   absl::Status Release(BatchConsumer* consumer, uint32_t slot, int64_t seq);
 
   const SharedSlab& slab() const { return slab_; }
-  int num_slots() const { return static_cast<int>(slots_.size()); }
+  // Slots the consumer leases: device slots with a stage, host slots without.
+  int num_slots() const;
+  const DeviceStage* stage() const { return stage_.get(); }
   const Job& job() const { return *job_; }
   int rank() const { return rank_; }
 
   void FillStatus(ferry::v1::RankStatus* status) const;
 
  private:
-  enum class SlotState { kFree, kFilling, kQueued, kLeased };
+  enum class SlotState { kFree, kFilling, kQueued, kLeased, kCopying };
   struct Slot {
     SlotState state = SlotState::kFree;
     uint64_t generation = 0;
@@ -89,13 +110,29 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
     int64_t seq = -1;  // while leased
     std::atomic<int> rows_left{0};
   };
+  struct DeviceSlot {
+    SlotState state = SlotState::kFree;  // kFree, kQueued (copy enqueued) or kLeased
+    int64_t epoch = 0;
+    int64_t batch = 0;
+    uint32_t num_samples = 0;
+    int64_t seq = -1;
+  };
   struct Pending {  // one scheduled batch, in delivery order
-    int slot;
+    int slot;              // host slot (recycled once copied, with a stage)
+    int device_slot;       // with a stage: assigned when the copy is enqueued, else -1
+    int64_t epoch;
+    int64_t batch;
+    uint32_t num_samples;
   };
 
   RankPipeline(std::shared_ptr<Job> job, int rank, SharedSlab slab,
                MemoryBudget::Reservation reservation, int num_slots, WorkerPool* pool,
                int group);
+  // Enqueues copies of filled host slots into free device slots, in order.
+  void StartCopiesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void OnHostSlotCopied(int slot);
+  // True when the head of pending_ can be sent.
+  bool HeadDeliverableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   // Takes free slots and hands their rows to the pool. Requires mutex_.
   void ScheduleLocked(std::vector<WorkerPool::Task>* tasks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
@@ -113,6 +150,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   const MemoryBudget::Reservation reservation_;
   WorkerPool* const pool_;
   const int group_;
+  std::unique_ptr<DeviceStage> stage_;  // set once in Create, before any use
   const int64_t batches_per_epoch_;
 
   // State below is protected by mutex_ (slot rows_left is atomic: workers count down
@@ -120,6 +158,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   mutable absl::Mutex mutex_;
   std::vector<Slot> slots_;
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mutex_);
+  std::vector<DeviceSlot> device_slots_ ABSL_GUARDED_BY(mutex_);
   uint64_t generation_ ABSL_GUARDED_BY(mutex_) = 1;
   bool active_ ABSL_GUARDED_BY(mutex_) = false;  // a StartEpoch was received
   int64_t next_epoch_ ABSL_GUARDED_BY(mutex_) = 0;  // next batch to schedule

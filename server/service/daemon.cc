@@ -12,6 +12,9 @@
 #include "common/session_protocol.h"
 #include "common/status_macros.h"
 #include "grpcpp/health_check_service_interface.h"
+#if FERRY_HAVE_CUDA
+#include "server/transport/cuda_stage.h"
+#endif
 
 namespace ferry {
 
@@ -39,7 +42,16 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       job_options.dataset_roots.empty() && config.unix_socket() != kSystemSocketPath;
   job_options.config_path = d->config_.path;
   job_options.default_prefetch_depth = config.default_prefetch_depth();
-  d->jobs_ = std::make_unique<JobManager>(job_options, d->pool_.get(), d->host_budget_.get());
+  d->pinned_budget_ = std::make_unique<MemoryBudget>("pinned memory budget",
+                                                     "pinned_memory_budget_bytes",
+                                                     config.pinned_memory_budget_bytes(),
+                                                     d->config_.path);
+#if FERRY_HAVE_CUDA
+  d->gpus_ = MakeCudaGpuProvider(d->topology_, d->pinned_budget_.get(),
+                                 config.device_memory_budget_bytes(), d->config_.path);
+#endif
+  d->jobs_ = std::make_unique<JobManager>(job_options, d->pool_.get(), d->host_budget_.get(),
+                                          d->gpus_.get());
 
   JobManager* jobs = d->jobs_.get();
   FERRY_ASSIGN_OR_RETURN(
@@ -129,6 +141,7 @@ void Daemon::Drain() {
   sessions_.reset();
   unlink(config_.config.unix_socket().c_str());
   jobs_.reset();
+  gpus_.reset();
   pool_.reset();
   FERRY_LOG(INFO) << "ferryd stopped";
 }
@@ -146,6 +159,7 @@ void Daemon::FillDaemonStatus(ferry::v1::DaemonStatus* status) {
   status->set_host_memory_in_use_bytes(host_budget_->in_use());
   status->set_host_memory_budget_bytes(host_budget_->limit());
   status->set_cuda_available(false);
+  if (gpus_ != nullptr) gpus_->FillStatus(status);
   status->set_config_path(config_.from_file ? config_.path : "");
   for (const auto& root : config_.config.dataset_roots()) status->add_dataset_roots(root);
 }

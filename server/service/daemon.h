@@ -22,6 +22,7 @@
 #include "server/service/ferry_service.h"
 #include "server/service/job_manager.h"
 #include "server/service/session_server.h"
+#include "server/transport/gpu_provider.h"
 #include "server/topology/topology.h"
 
 namespace ferry {
@@ -55,6 +56,8 @@ class Daemon final {
   absl::Time start_time_;
   std::unique_ptr<WorkerPool> pool_;
   std::unique_ptr<MemoryBudget> host_budget_;
+  std::unique_ptr<MemoryBudget> pinned_budget_;
+  std::unique_ptr<GpuProvider> gpus_;  // null without CUDA
   std::unique_ptr<JobManager> jobs_;
   std::unique_ptr<SessionServer> sessions_;
   std::unique_ptr<FerryService> service_;

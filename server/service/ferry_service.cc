@@ -84,7 +84,9 @@ class ConsumeReactor final
         if (pipeline_ != nullptr) return absl::FailedPreconditionError("stream already open");
         auto pipeline = jobs_->FindAttachment(*caller_, request.open().attach_id());
         if (!pipeline.ok()) return pipeline.status();
-        absl::Status bound = (*pipeline)->Bind(this, caller_->pid);
+        const auto& events = request.open().released_events();
+        absl::Status bound = (*pipeline)->Bind(
+            this, caller_->pid, std::vector<std::string>(events.begin(), events.end()));
         if (!bound.ok()) return bound;
         pipeline_ = *std::move(pipeline);
         return absl::OkStatus();
@@ -211,7 +213,12 @@ grpc::ServerUnaryReactor* FerryService::Attach(grpc::CallbackServerContext* cont
   attached->pipeline->job().ToProto(response->mutable_job());
   response->set_num_slots(static_cast<uint32_t>(attached->pipeline->num_slots()));
   response->set_slot_bytes(attached->pipeline->job().layout().slot_bytes);
-  response->mutable_host()->set_slab_bytes(attached->pipeline->slab().size());
+  if (const DeviceStage* stage = attached->pipeline->stage(); stage != nullptr) {
+    stage->Describe(response);
+    response->set_slot_bytes(response->cuda().slot_bytes());
+  } else {
+    response->mutable_host()->set_slab_bytes(attached->pipeline->slab().size());
+  }
   return FinishWith(context, absl::OkStatus());
 }
 

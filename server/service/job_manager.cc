@@ -60,8 +60,9 @@ std::string RandomHex(int bytes) {
   return absl::BytesToHexString(raw);
 }
 
-JobManager::JobManager(Options options, WorkerPool* pool, MemoryBudget* host_budget)
-    : options_(std::move(options)), pool_(pool), host_budget_(host_budget) {}
+JobManager::JobManager(Options options, WorkerPool* pool, MemoryBudget* host_budget,
+                       GpuProvider* gpus)
+    : options_(std::move(options)), pool_(pool), host_budget_(host_budget), gpus_(gpus) {}
 
 JobManager::~JobManager() { BeginDrain(); }
 
@@ -98,14 +99,22 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
   if (spec.batch_size() == 0) {
     return absl::InvalidArgumentError("batch_size must be at least 1 (got 0)");
   }
-  if (spec.device() != "cpu") {
-    if (spec.device().rfind("cuda", 0) == 0) {
+  const bool cuda = spec.device().rfind("cuda:", 0) == 0;
+  if (cuda) {
+    if (gpus_ == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "device '", spec.device(), "' needs the GPU transport, which this ferryd does not "
-          "serve yet; use device=\"cpu\" (host transport)"));
+          "device '", spec.device(), "' needs the GPU transport, but this ferryd was built "
+          "without CUDA; use device=\"cpu\" (host transport) or a ferryd built with CUDA"));
     }
-    return absl::InvalidArgumentError(absl::StrCat("device must be \"cpu\" or \"cuda:N\" (got '",
-                                                   spec.device(), "')"));
+    FERRY_RETURN_IF_ERROR(gpus_->Resolve(spec.device()).status());
+  } else if (spec.device() != "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device must be \"cpu\" or \"cuda:N\" (got '", spec.device(), "')"));
+  }
+  if (!cuda && spec.has_image_output() && spec.image_output().dtype() != ferry::v1::UINT8 &&
+      spec.image_output().dtype() != ferry::v1::DTYPE_UNSPECIFIED) {
+    return absl::InvalidArgumentError(
+        "image_output converts images on the GPU; it needs device=\"cuda:N\"");
   }
   if (spec.prefetch_depth() > 64) {
     return absl::InvalidArgumentError(absl::StrCat("prefetch_depth must be at most 64 (got ",
@@ -143,6 +152,7 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
     identity.serial = next_serial_++;
   }
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, Job::Create(identity, spec));
+  if (cuda) FERRY_RETURN_IF_ERROR(gpus_->CheckJob(*job));
   // Refuse now a job whose rank slab can never fit, rather than at every rank's attach.
   const uint64_t rank_bytes = job->layout().slot_bytes * spec.prefetch_depth();
   if (rank_bytes > host_budget_->limit() - std::min(host_budget_->limit(), host_budget_->in_use())) {
@@ -232,8 +242,22 @@ absl::StatusOr<JobManager::Attachment> JobManager::Attach(const Caller& caller,
   std::shared_ptr<RankPipeline>& pipeline = entry->ranks[rank];
   if (pipeline == nullptr) {
     // The slab is allocated once here and reused by every later attach of this rank.
-    auto created = RankPipeline::Create(entry->job, rank, static_cast<int>(spec.prefetch_depth()),
-                                        /*numa_node=*/-1, pool_, host_budget_);
+    const int slots = static_cast<int>(spec.prefetch_depth());
+    absl::StatusOr<std::shared_ptr<RankPipeline>> created;
+    if (spec.device().rfind("cuda:", 0) == 0 && gpus_ != nullptr) {
+      FERRY_ASSIGN_OR_RETURN(const int ordinal, gpus_->Resolve(spec.device()));
+      // The slab sits on the GPU's NUMA node and its workers run there.
+      const Job& job = *entry->job;
+      GpuProvider* gpus = gpus_;
+      created = RankPipeline::Create(
+          entry->job, rank, slots, gpus_->NumaNode(ordinal), pool_, host_budget_,
+          [gpus, &job, ordinal, slots](const SharedSlab& slab) {
+            return gpus->MakeStage(job, ordinal, slab, slots);
+          });
+    } else {
+      created = RankPipeline::Create(entry->job, rank, slots, /*numa_node=*/-1, pool_,
+                                     host_budget_);
+    }
     if (!created.ok()) {
       entry->ranks.erase(rank);
       return created.status();

@@ -22,6 +22,7 @@
 #include "server/pipeline/job.h"
 #include "server/pipeline/rank_pipeline.h"
 #include "server/pipeline/worker_pool.h"
+#include "server/transport/gpu_provider.h"
 
 namespace ferry {
 
@@ -41,7 +42,9 @@ class JobManager final {
     uint32_t default_prefetch_depth = 4;
   };
 
-  JobManager(Options options, WorkerPool* pool, MemoryBudget* host_budget);
+  // `gpus` serves "cuda:N" devices; null when ferryd was built without CUDA.
+  JobManager(Options options, WorkerPool* pool, MemoryBudget* host_budget,
+             GpuProvider* gpus = nullptr);
   ~JobManager();
   JobManager(const JobManager&) = delete;
   JobManager& operator=(const JobManager&) = delete;
@@ -94,6 +97,7 @@ class JobManager final {
   const Options options_;
   WorkerPool* const pool_;
   MemoryBudget* const host_budget_;
+  GpuProvider* const gpus_;
 
   absl::Mutex mutex_;
   std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mutex_);  // by id

@@ -1,0 +1,436 @@
+#include "server/transport/cuda_stage.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "server/cuda/cuda_resources.h"
+#include "server/cuda/internal/scoped_device.h"
+#include "server/cuda/normalize.h"
+
+namespace ferry {
+namespace {
+
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// Device slots are separate cudaMalloc allocations; 2 MiB keeps each one on its own large
+// pages and its IPC mapping aligned.
+constexpr size_t kDeviceSlotAlignment = 2 << 20;
+
+OutputDType ToOutputDType(ferry::v1::DType dtype) {
+  switch (dtype) {
+    case ferry::v1::FLOAT16:
+      return OutputDType::kFloat16;
+    case ferry::v1::BFLOAT16:
+      return OutputDType::kBFloat16;
+    default:
+      return OutputDType::kFloat32;
+  }
+}
+
+// Waits for host slots' copies in the order they were enqueued and hands each host slot
+// back. One thread per stage; it holds no lock while calling back.
+class CompletionThread final {
+ public:
+  CompletionThread(const std::vector<CudaEvent>* copy_done, std::function<void(int)>* callback)
+      : copy_done_(copy_done), callback_(callback), thread_([this] { Run(); }) {}
+  ~CompletionThread() {
+    {
+      absl::MutexLock lock(&mutex_);
+      stopping_ = true;
+    }
+    thread_.join();
+  }
+  void Push(int host_slot) {
+    absl::MutexLock lock(&mutex_);
+    queue_.push_back(host_slot);
+  }
+
+ private:
+  void Run() {
+    for (;;) {
+      int slot;
+      {
+        absl::MutexLock lock(&mutex_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+          return stopping_ || !queue_.empty();
+        };
+        mutex_.Await(absl::Condition(&ready));
+        if (queue_.empty()) return;
+        slot = queue_.front();
+        queue_.pop_front();
+      }
+      absl::Status s = (*copy_done_)[slot].Synchronize();
+      if (!s.ok()) {
+        FERRY_LOG(ERROR) << "waiting for a host-to-device copy failed: " << s;
+      }
+      if (*callback_) (*callback_)(slot);
+    }
+  }
+
+  const std::vector<CudaEvent>* copy_done_;
+  std::function<void(int)>* callback_;
+  absl::Mutex mutex_;
+  std::deque<int> queue_ ABSL_GUARDED_BY(mutex_);
+  bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
+  std::thread thread_;
+};
+
+class CudaStage final : public DeviceStage {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaStage>> Create(
+      int device, std::string pci_bus_id, const Job& job, const SharedSlab& slab, int num_slots,
+      MemoryBudget* pinned_budget, MemoryBudget* device_budget) {
+    std::unique_ptr<CudaStage> stage(new CudaStage());
+    stage->device_ = device;
+    stage->pci_bus_id_ = std::move(pci_bus_id);
+    stage->host_ = &job.layout();
+    stage->slab_ = slab.data();
+    FERRY_ASSIGN_OR_RETURN(stage->layout_,
+                           DeviceSlotLayout::Make(job.layout(), job.spec().image_output()));
+    const std::string what = absl::StrCat("job ", job.identity().id);
+    FERRY_ASSIGN_OR_RETURN(stage->pinned_, pinned_budget->Reserve(slab.size(), what));
+    FERRY_ASSIGN_OR_RETURN(stage->device_bytes_,
+                           device_budget->Reserve(stage->layout_.slot_bytes * num_slots, what));
+    // Registered once: every batch of this rank is copied from these pages.
+    FERRY_ASSIGN_OR_RETURN(stage->registration_, HostRegistration::Create(slab.data(), slab.size()));
+    FERRY_ASSIGN_OR_RETURN(stage->stream_, CudaStream::Create(device));
+    for (int i = 0; i < num_slots; ++i) {
+      FERRY_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Create(device, stage->layout_.slot_bytes));
+      FERRY_ASSIGN_OR_RETURN(MemIpcHandle mem, buffer.IpcHandle());
+      FERRY_ASSIGN_OR_RETURN(CudaEvent ready, CudaEvent::Create(device, CudaEvent::kInterprocess));
+      FERRY_ASSIGN_OR_RETURN(EventIpcHandle event, ready.IpcHandle());
+      stage->slots_.push_back(std::move(buffer));
+      stage->ready_.push_back(std::move(ready));
+      stage->mem_handles_.push_back(mem);
+      stage->ready_handles_.push_back(event);
+    }
+    const int host_slots = static_cast<int>(slab.size() / job.layout().slot_bytes);
+    for (int i = 0; i < host_slots; ++i) {
+      FERRY_ASSIGN_OR_RETURN(CudaEvent done, CudaEvent::Create(device, CudaEvent::kSync));
+      stage->copy_done_.push_back(std::move(done));
+    }
+    stage->completion_ =
+        std::make_unique<CompletionThread>(&stage->copy_done_, &stage->host_slot_free_);
+    return stage;
+  }
+
+  ~CudaStage() override {
+    // The completion thread must stop before the events and the callback go away.
+    completion_.reset();
+    if (stream_.has_value()) {
+      absl::Status s = stream_->Synchronize();
+      if (!s.ok()) FERRY_LOG(WARNING) << "copy stream of GPU " << device_ << ": " << s;
+    }
+  }
+
+  int num_device_slots() const override { return static_cast<int>(slots_.size()); }
+
+  void SetHostSlotFreeCallback(std::function<void(int)> callback) override {
+    host_slot_free_ = std::move(callback);
+  }
+
+  absl::Status StartCopy(int host_slot, int device_slot, uint32_t num_samples) override {
+    cuda_internal::ScopedDevice scope(device_);
+    FERRY_RETURN_IF_ERROR(scope.status());
+    CudaStream& stream = *stream_;
+    if (device_slot < static_cast<int>(released_.size())) {
+      // The trainer's last use of this slot comes first, ordered on the GPU.
+      FERRY_RETURN_IF_ERROR(stream.Wait(released_[device_slot]));
+    }
+    const uint8_t* src = slab_ + static_cast<size_t>(host_slot) * host_->slot_bytes;
+    uint8_t* dst = static_cast<uint8_t*>(slots_[device_slot].data());
+    if (layout_.image_field < 0) {
+      // Same layout on both sides: one copy of the rows in use.
+      size_t used = 0;
+      for (size_t f = 0; f < host_->fields.size(); ++f) {
+        used = std::max(used, host_->offsets[f] + host_->fields[f].row_bytes * num_samples);
+      }
+      FERRY_RETURN_IF_ERROR(stream.CopyAsync(dst, src, used));
+      FERRY_RETURN_IF_ERROR(stream.Record(copy_done_[host_slot]));
+    } else {
+      for (size_t f = 0; f < host_->fields.size(); ++f) {
+        const size_t bytes = host_->fields[f].row_bytes * num_samples;
+        uint8_t* to = static_cast<int>(f) == layout_.image_field ? dst + layout_.staging_offset
+                                                                 : dst + layout_.offsets[f];
+        FERRY_RETURN_IF_ERROR(stream.CopyAsync(to, src + host_->offsets[f], bytes));
+      }
+      // The host slot is free once the bytes crossed PCIe; the kernel reads device memory.
+      FERRY_RETURN_IF_ERROR(stream.Record(copy_done_[host_slot]));
+      const FieldLayout& image = host_->fields[layout_.image_field];
+      FERRY_RETURN_IF_ERROR(LaunchNormalizeImages(
+          dst + layout_.staging_offset, dst + layout_.offsets[layout_.image_field],
+          ToOutputDType(layout_.image_dtype), static_cast<int>(num_samples),
+          static_cast<int>(image.shape[0]), static_cast<int>(image.shape[1]), layout_.mean,
+          layout_.std, stream.get()));
+    }
+    FERRY_RETURN_IF_ERROR(stream.Record(ready_[device_slot]));
+    completion_->Push(host_slot);
+    bytes_copied_ += host_->slot_bytes;
+    ++batches_copied_;
+    return absl::OkStatus();
+  }
+
+  void Describe(ferry::v1::AttachResponse* response) const override {
+    ferry::v1::CudaTransport* cuda = response->mutable_cuda();
+    cuda->set_device(device_);
+    cuda->set_pci_bus_id(pci_bus_id_);
+    cuda->set_slot_bytes(layout_.slot_bytes);
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      ferry::v1::CudaSlot* slot = cuda->add_slots();
+      slot->set_mem_handle(mem_handles_[i].bytes.data(), mem_handles_[i].bytes.size());
+      slot->set_ready_event(ready_handles_[i].bytes.data(), ready_handles_[i].bytes.size());
+    }
+    for (size_t f = 0; f < layout_.fields.size(); ++f) {
+      ferry::v1::Field* field = cuda->add_fields();
+      field->set_name(layout_.fields[f].name);
+      field->set_dtype(layout_.fields[f].dtype);
+      for (int64_t d : layout_.fields[f].shape) field->add_shape(d);
+      field->set_offset(layout_.offsets[f]);
+      field->set_row_bytes(layout_.fields[f].row_bytes);
+    }
+  }
+
+  absl::Status OpenConsumer(const std::vector<std::string>& released_events) override {
+    if (released_events.size() != slots_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Open carries ", released_events.size(), " released events; a GPU attach needs one "
+          "per slot (", slots_.size(), ")"));
+    }
+    std::vector<CudaEvent> opened;
+    for (const std::string& bytes : released_events) {
+      if (bytes.size() != kCudaIpcHandleSize) {
+        return absl::InvalidArgumentError(absl::StrCat("a released event handle has ",
+                                                       bytes.size(), " bytes, not ",
+                                                       kCudaIpcHandleSize));
+      }
+      EventIpcHandle handle;
+      std::copy(bytes.begin(), bytes.end(), handle.bytes.begin());
+      auto event = CudaEvent::OpenIpc(device_, handle);
+      if (!event.ok()) {
+        return absl::Status(event.status().code(),
+                            absl::StrCat("cannot open the trainer's released event (does it share "
+                                         "ferryd's IPC namespace? containers need hostIPC): ",
+                                         event.status().message()));
+      }
+      opened.push_back(*std::move(event));
+    }
+    released_ = std::move(opened);
+    return absl::OkStatus();
+  }
+
+  void CloseConsumer() override { released_.clear(); }
+
+  void FillStatus(ferry::v1::RankStatus* status) const override {
+    status->set_device_bytes(device_bytes_.bytes());
+    status->set_pinned_bytes(pinned_.bytes());
+    status->set_bytes_to_device(bytes_copied_);
+  }
+
+ private:
+  CudaStage() = default;
+
+  int device_ = 0;
+  std::string pci_bus_id_;
+  const SlotLayout* host_ = nullptr;  // owned by the Job, which outlives the pipeline
+  const uint8_t* slab_ = nullptr;
+  DeviceSlotLayout layout_;
+  MemoryBudget::Reservation pinned_;
+  MemoryBudget::Reservation device_bytes_;
+  std::optional<HostRegistration> registration_;
+  std::optional<CudaStream> stream_;
+  std::vector<DeviceBuffer> slots_;
+  std::vector<CudaEvent> ready_;
+  std::vector<MemIpcHandle> mem_handles_;
+  std::vector<EventIpcHandle> ready_handles_;
+  std::vector<CudaEvent> copy_done_;  // per host slot
+  // Guarded by the pipeline's lock (StartCopy / OpenConsumer / CloseConsumer run under it).
+  std::vector<CudaEvent> released_;
+  uint64_t bytes_copied_ = 0;
+  uint64_t batches_copied_ = 0;
+  std::function<void(int)> host_slot_free_;
+  std::unique_ptr<CompletionThread> completion_;
+};
+
+struct Gpu {
+  int ordinal = 0;
+  std::string name;
+  std::string pci_bus_id;
+  int numa_node = -1;
+  std::unique_ptr<MemoryBudget> device_budget;
+};
+
+class CudaGpuProvider final : public GpuProvider {
+ public:
+  CudaGpuProvider(const Topology& topology, MemoryBudget* pinned, uint64_t device_budget_bytes,
+                  const std::string& config_path)
+      : pinned_(pinned) {
+    auto count = DeviceCount();
+    if (!count.ok()) {
+      unavailable_ = std::string(count.status().message());
+      return;
+    }
+    for (int i = 0; i < *count; ++i) {
+      auto info = GetDeviceInfo(i);
+      if (!info.ok()) continue;
+      Gpu gpu;
+      gpu.ordinal = i;
+      gpu.name = info->name;
+      gpu.pci_bus_id = info->pci_bus_id;
+      gpu.numa_node = topology.NumaNodeOfPciDevice(info->pci_bus_id);
+      const uint64_t budget = device_budget_bytes != 0 ? device_budget_bytes : info->total_memory / 4;
+      gpu.device_budget = std::make_unique<MemoryBudget>(
+          absl::StrCat("device memory budget of GPU ", i), "device_memory_budget_bytes", budget,
+          config_path);
+      gpus_.push_back(std::move(gpu));
+    }
+    if (gpus_.empty() && unavailable_.empty()) unavailable_ = "the CUDA runtime reports no GPU";
+  }
+
+  absl::StatusOr<int> Resolve(const std::string& device) const override {
+    std::string rest = device.substr(std::min<size_t>(device.size(), 5));  // after "cuda:"
+    const Gpu* found = nullptr;
+    int ordinal;
+    if (absl::SimpleAtoi(rest, &ordinal)) {
+      for (const Gpu& g : gpus_) {
+        if (g.ordinal == ordinal) found = &g;
+      }
+    } else {
+      std::string want = absl::AsciiStrToLower(rest);
+      if (want.size() == 7 && want[2] == ':') want = "0000:" + want;  // "3b:00.0" form
+      for (const Gpu& g : gpus_) {
+        if (g.pci_bus_id == want) found = &g;
+      }
+    }
+    if (found != nullptr) return found->ordinal;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device '", device, "' is not a GPU this ferryd can use; it sees ", Describe(),
+        ". Use device=\"cuda:N\" with one of those ordinals (or its PCI bus id), or \"cpu\""));
+  }
+
+  absl::Status CheckJob(const Job& job) const override {
+    return DeviceSlotLayout::Make(job.layout(), job.spec().image_output()).status();
+  }
+
+  int NumaNode(int ordinal) const override { return gpus_.at(ordinal).numa_node; }
+
+  absl::StatusOr<std::unique_ptr<DeviceStage>> MakeStage(const Job& job, int ordinal,
+                                                         const SharedSlab& slab,
+                                                         int num_slots) override {
+    const Gpu& gpu = gpus_.at(ordinal);
+    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<CudaStage> stage,
+                           CudaStage::Create(ordinal, gpu.pci_bus_id, job, slab, num_slots,
+                                             pinned_, gpu.device_budget.get()));
+    return std::unique_ptr<DeviceStage>(std::move(stage));
+  }
+
+  void FillStatus(ferry::v1::DaemonStatus* status) const override {
+    status->set_cuda_available(!gpus_.empty());
+    status->set_pinned_memory_in_use_bytes(pinned_->in_use());
+    status->set_pinned_memory_budget_bytes(pinned_->limit());
+    for (const Gpu& g : gpus_) {
+      ferry::v1::GpuStatus* s = status->add_gpus();
+      s->set_ordinal(g.ordinal);
+      s->set_name(g.name);
+      s->set_pci_bus_id(g.pci_bus_id);
+      s->set_numa_node(g.numa_node);
+      s->set_device_memory_in_use_bytes(g.device_budget->in_use());
+      s->set_device_memory_budget_bytes(g.device_budget->limit());
+    }
+  }
+
+ private:
+  std::string Describe() const {
+    if (gpus_.empty()) return absl::StrCat("no GPU (", unavailable_, ")");
+    std::vector<std::string> parts;
+    for (const Gpu& g : gpus_) {
+      parts.push_back(absl::StrCat("cuda:", g.ordinal, " = ", g.name, " at ", g.pci_bus_id));
+    }
+    return absl::StrJoin(parts, ", ");
+  }
+
+  MemoryBudget* const pinned_;
+  std::vector<Gpu> gpus_;
+  std::string unavailable_;
+};
+
+}  // namespace
+
+absl::StatusOr<DeviceSlotLayout> DeviceSlotLayout::Make(const SlotLayout& host,
+                                                        const ferry::v1::ImageOutput& output) {
+  DeviceSlotLayout layout;
+  layout.fields = host.fields;
+  const ferry::v1::DType dtype =
+      output.dtype() == ferry::v1::DTYPE_UNSPECIFIED ? ferry::v1::UINT8 : output.dtype();
+  if (dtype != ferry::v1::UINT8 && dtype != ferry::v1::FLOAT32 && dtype != ferry::v1::FLOAT16 &&
+      dtype != ferry::v1::BFLOAT16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "image_output.dtype must be UINT8, FLOAT32, FLOAT16 or BFLOAT16 (got ",
+        ferry::v1::DType_Name(dtype), ")"));
+  }
+  if ((output.mean_size() != 0 && output.mean_size() != 3) ||
+      (output.std_size() != 0 && output.std_size() != 3)) {
+    return absl::InvalidArgumentError("image_output.mean and image_output.std take 3 values (RGB)");
+  }
+  const auto mean = ImageNetMean();
+  const auto std = ImageNetStd();
+  for (int c = 0; c < 3; ++c) {
+    layout.mean[c] = output.mean_size() == 3 ? output.mean(c) : mean[c];
+    layout.std[c] = output.std_size() == 3 ? output.std(c) : std[c];
+    if (!(layout.std[c] > 0)) {
+      return absl::InvalidArgumentError("image_output.std values must be positive");
+    }
+  }
+  if (dtype != ferry::v1::UINT8) {
+    for (size_t f = 0; f < host.fields.size(); ++f) {
+      if (host.fields[f].name == "image") layout.image_field = static_cast<int>(f);
+    }
+    if (layout.image_field < 0) {
+      return absl::InvalidArgumentError("image_output is set but the dataset has no image field");
+    }
+    layout.image_dtype = dtype;
+    FieldLayout& image = layout.fields[layout.image_field];
+    const int64_t h = image.shape[0], w = image.shape[1], c = image.shape[2];
+    image.dtype = dtype;
+    image.shape = {c, h, w};
+    image.row_bytes = static_cast<size_t>(c * h * w) * (dtype == ferry::v1::FLOAT32 ? 4 : 2);
+  }
+  size_t offset = 0;
+  for (const FieldLayout& f : layout.fields) {
+    offset = RoundUp(offset, 256);
+    layout.offsets.push_back(offset);
+    offset += f.row_bytes * static_cast<size_t>(host.batch_size);
+  }
+  if (layout.image_field >= 0) {
+    layout.staging_offset = RoundUp(offset, 256);
+    offset = layout.staging_offset +
+             host.fields[layout.image_field].row_bytes * static_cast<size_t>(host.batch_size);
+  } else {
+    // Unconverted: identical to the host layout, so one copy moves a whole batch.
+    layout.offsets = host.offsets;
+    offset = host.slot_bytes;
+  }
+  layout.slot_bytes = RoundUp(offset, kDeviceSlotAlignment);
+  return layout;
+}
+
+std::unique_ptr<GpuProvider> MakeCudaGpuProvider(const Topology& topology,
+                                                 MemoryBudget* pinned_budget,
+                                                 uint64_t device_budget_bytes,
+                                                 const std::string& config_path) {
+  return std::make_unique<CudaGpuProvider>(topology, pinned_budget, device_budget_bytes,
+                                           config_path);
+}
+
+}  // namespace ferry

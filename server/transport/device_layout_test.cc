@@ -1,0 +1,68 @@
+// DeviceSlotLayout: where fields live in a device slot, with and without conversion. Needs
+// no GPU (pure layout arithmetic), so it runs in CI.
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/transport/cuda_stage.h"
+
+namespace ferry {
+namespace {
+
+using ::testing::HasSubstr;
+
+SlotLayout ImageLayout(int batch) {
+  std::vector<FieldLayout> fields = {
+      {"image", ferry::v1::UINT8, {224, 224, 3}, 224 * 224 * 3},
+      {"label", ferry::v1::INT64, {}, 8},
+      {"index", ferry::v1::INT64, {}, 8}};
+  return SlotLayout::Make(fields, batch);
+}
+
+TEST(DeviceSlotLayoutTest, UnconvertedIsTheHostLayout) {
+  SlotLayout host = ImageLayout(32);
+  auto d = DeviceSlotLayout::Make(host, ferry::v1::ImageOutput());
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->image_field, -1);
+  EXPECT_EQ(d->offsets, host.offsets);
+  EXPECT_GE(d->slot_bytes, host.slot_bytes);
+  EXPECT_EQ(d->slot_bytes % (2 << 20), 0u);
+}
+
+TEST(DeviceSlotLayoutTest, NormalizedImagesAreChwFloatsWithStaging) {
+  SlotLayout host = ImageLayout(8);
+  ferry::v1::ImageOutput out;
+  out.set_dtype(ferry::v1::BFLOAT16);
+  auto d = DeviceSlotLayout::Make(host, out);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->image_field, 0);
+  EXPECT_EQ(d->fields[0].dtype, ferry::v1::BFLOAT16);
+  EXPECT_EQ(d->fields[0].shape, (std::vector<int64_t>{3, 224, 224}));
+  EXPECT_EQ(d->fields[0].row_bytes, 3u * 224 * 224 * 2);
+  // Fields do not overlap each other or the staging area, and everything fits.
+  EXPECT_GE(d->offsets[1], d->offsets[0] + 8 * d->fields[0].row_bytes);
+  EXPECT_GE(d->offsets[2], d->offsets[1] + 8 * 8);
+  EXPECT_GE(d->staging_offset, d->offsets[2] + 8 * 8);
+  EXPECT_LE(d->staging_offset + 8 * host.fields[0].row_bytes, d->slot_bytes);
+  EXPECT_FLOAT_EQ(d->mean[0], 0.485f);
+  EXPECT_FLOAT_EQ(d->std[2], 0.225f);
+}
+
+TEST(DeviceSlotLayoutTest, BadRequestsNameTheField) {
+  SlotLayout host = ImageLayout(8);
+  ferry::v1::ImageOutput out;
+  out.set_dtype(ferry::v1::INT64);
+  EXPECT_THAT(DeviceSlotLayout::Make(host, out).status().message(), HasSubstr("image_output.dtype"));
+  out.set_dtype(ferry::v1::FLOAT32);
+  out.add_mean(0.5f);
+  EXPECT_THAT(DeviceSlotLayout::Make(host, out).status().message(), HasSubstr("image_output.mean"));
+  out.clear_mean();
+  for (float v : {1.f, 0.f, 1.f}) out.add_std(v);
+  EXPECT_THAT(DeviceSlotLayout::Make(host, out).status().message(), HasSubstr("positive"));
+  std::vector<FieldLayout> tokens = {{"tokens", ferry::v1::INT64, {9}, 72}};
+  ferry::v1::ImageOutput f32;
+  f32.set_dtype(ferry::v1::FLOAT32);
+  EXPECT_THAT(DeviceSlotLayout::Make(SlotLayout::Make(tokens, 4), f32).status().message(),
+              HasSubstr("no image field"));
+}
+
+}  // namespace
+}  // namespace ferry
