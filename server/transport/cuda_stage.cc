@@ -121,6 +121,8 @@ class CudaStage final : public DeviceStage {
       FERRY_ASSIGN_OR_RETURN(CudaEvent done, CudaEvent::Create(device, CudaEvent::kSync));
       stage->copy_done_.push_back(std::move(done));
     }
+    // Registration, stream, per slot a buffer and a ready event, per host slot an event.
+    stage->objects_created_ = 2 + 2 * stage->slots_.size() + stage->copy_done_.size();
     stage->completion_ =
         std::make_unique<CompletionThread>(&stage->copy_done_, &stage->host_slot_free_);
     return stage;
@@ -226,6 +228,7 @@ class CudaStage final : public DeviceStage {
       }
       opened.push_back(*std::move(event));
     }
+    objects_created_ += opened.size();
     released_ = std::move(opened);
     return absl::OkStatus();
   }
@@ -236,6 +239,7 @@ class CudaStage final : public DeviceStage {
     status->set_device_bytes(device_bytes_.bytes());
     status->set_pinned_bytes(pinned_.bytes());
     status->set_bytes_to_device(bytes_copied_);
+    status->set_cuda_objects_created(objects_created_);
   }
 
  private:
@@ -259,6 +263,7 @@ class CudaStage final : public DeviceStage {
   std::vector<CudaEvent> released_;
   uint64_t bytes_copied_ = 0;
   uint64_t batches_copied_ = 0;
+  uint64_t objects_created_ = 0;
   std::function<void(int)> host_slot_free_;
   std::unique_ptr<CompletionThread> completion_;
 };

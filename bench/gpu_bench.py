@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""GPU-transport benchmarks, run on the GPU machine. Prints a table; never asserts.
+
+  python3 bench/gpu_bench.py --ferryd PATH [--tokens-mb 512] [--images DIR]
+
+Measured in one run, side by side (the machines are noisy: read the ratios):
+  1. tokens: GB/s delivered into the trainer's GPU memory by ferry (zero-copy views, the
+     trainer touching nothing) vs a pinned cudaMemcpyAsync of the same chunk size (the copy
+     peak), and vs torch DataLoader(pin_memory=True) reading the same file;
+  2. handoff: time the trainer spends getting a usable tensor when ferry is ahead of it
+     (next() on a full queue), p50 / p99 over >= 10,000 batches;
+  3. images (with --images): JPEG -> RandomResizedCrop(224) -> bf16 normalized CHW on the
+     GPU, images/s.
+ferryd runs as a separate process on a private socket.
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+import ferry
+
+
+def start_ferryd(binary, workdir):
+    sock = os.path.join(workdir, "ferryd.sock")
+    log = open(os.path.join(workdir, "ferryd.log"), "w")
+    proc = subprocess.Popen([binary, "--listen", sock], stdout=log, stderr=subprocess.STDOUT)
+    for _ in range(200):
+        try:
+            ferry.Client(sock).close()
+            return proc, sock
+        except Exception:
+            time.sleep(0.05)
+    raise RuntimeError("ferryd did not start; see %s/ferryd.log" % workdir)
+
+
+def pinned_peak(chunk_bytes, device, reps=50):
+    src = torch.empty(chunk_bytes, dtype=torch.uint8).pin_memory()
+    dst = torch.empty(chunk_bytes, dtype=torch.uint8, device=device)
+    stream = torch.cuda.Stream(device)
+    with torch.cuda.stream(stream):
+        for _ in range(5):
+            dst.copy_(src, non_blocking=True)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        for _ in range(reps):
+            dst.copy_(src, non_blocking=True)
+        end.record(stream)
+    end.synchronize()
+    return chunk_bytes * reps / (start.elapsed_time(end) / 1e3) / 1e9
+
+
+def cuda_objects(sock):
+    """Sum over ranks of the CUDA objects ferryd's transports created (status counter)."""
+    with ferry.Client(sock) as c:
+        st = c.status()
+    return sum(int(r.get("cudaObjectsCreated", r.get("cuda_objects_created", 0)))
+               for j in st.get("jobs", []) for r in j.get("ranks", []))
+
+
+def ferry_tokens(sock, path, seq_len, batch, device, epochs=2):
+    loader = ferry.Loader(ferry.Tokens(path, seq_len=seq_len, dtype="uint16", output_dtype="int64"),
+                          batch_size=batch, shuffle=True, seed=0, drop_last=True,
+                          device=device, address=sock, zero_copy=True, prefetch=8)
+    nbytes = 0
+    loader.set_epoch(0)
+    for b in loader:  # warm-up epoch
+        pass
+    torch.cuda.synchronize()
+    objects_after_warmup = cuda_objects(sock)
+    t0 = time.perf_counter()
+    for epoch in range(1, epochs + 1):
+        loader.set_epoch(epoch)
+        for b in loader:
+            nbytes += b["tokens"].numel() * b["tokens"].element_size()
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    print("CUDA objects created by ferryd: %d after warm-up, %d after %d more epochs"
+          % (objects_after_warmup, cuda_objects(sock), epochs))
+    loader.close()
+    return nbytes / seconds / 1e9
+
+
+def dataloader_tokens(path, seq_len, batch, device, workers):
+    data = np.memmap(path, dtype=np.uint16, mode="r")
+
+    class Windows(torch.utils.data.Dataset):
+        def __len__(self):
+            return (len(data) - 1) // seq_len
+
+        def __getitem__(self, i):
+            return torch.from_numpy(data[i * seq_len:i * seq_len + seq_len + 1].astype(np.int64))
+
+    dl = torch.utils.data.DataLoader(Windows(), batch_size=batch, shuffle=True, drop_last=True,
+                                     num_workers=workers, pin_memory=True,
+                                     persistent_workers=workers > 0)
+    nbytes = 0
+    for x in dl:  # warm-up
+        x.to(device, non_blocking=True)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for x in dl:
+        y = x.to(device, non_blocking=True)
+        nbytes += y.numel() * y.element_size()
+    torch.cuda.synchronize()
+    return nbytes / (time.perf_counter() - t0) / 1e9
+
+
+def handoff(sock, path, device, batches):
+    # Small batches so ferry is always ahead; the trainer only takes and drops them.
+    loader = ferry.Loader(ferry.Tokens(path, seq_len=127, dtype="uint16"), batch_size=8,
+                          shuffle=False, drop_last=True, device=device, address=sock,
+                          zero_copy=True, prefetch=16)
+    times = []
+    epoch = 0
+    while len(times) < batches:
+        loader.set_epoch(epoch)
+        it = iter(loader)
+        time.sleep(0.05)  # let the ring fill
+        while True:
+            t0 = time.perf_counter_ns()
+            try:
+                b = next(it)
+            except StopIteration:
+                break
+            times.append(time.perf_counter_ns() - t0)
+            del b
+        epoch += 1
+    loader.close()
+    times.sort()
+    return times[len(times) // 2] / 1e3, times[int(len(times) * 0.99)] / 1e3, len(times)
+
+
+def images(sock, root, device, batch, epochs=2):
+    loader = ferry.Loader(ferry.ImageFolder(root), batch_size=batch,
+                          transform=ferry.RandomResizedCrop(224, flip=True), shuffle=True,
+                          drop_last=True, device=device, address=sock, zero_copy=True,
+                          image_dtype="bfloat16")
+    loader.set_epoch(0)
+    for b in loader:
+        pass
+    torch.cuda.synchronize()
+    n = 0
+    t0 = time.perf_counter()
+    for epoch in range(1, epochs + 1):
+        loader.set_epoch(epoch)
+        for b in loader:
+            n += b["image"].shape[0]
+    torch.cuda.synchronize()
+    loader.close()
+    return n / (time.perf_counter() - t0)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--ferryd", required=True)
+    p.add_argument("--device", default="cuda:0")
+    p.add_argument("--tokens-mb", type=int, default=512)
+    p.add_argument("--seq-len", type=int, default=2047)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--handoff-batches", type=int, default=10000)
+    p.add_argument("--images", help="imagefolder for the JPEG pipeline")
+    a = p.parse_args()
+    workdir = tempfile.mkdtemp(prefix="ferry-gpu-bench-")
+    path = os.path.join(workdir, "tokens.u16")
+    rng = np.random.default_rng(0)
+    rng.integers(0, 50257, size=a.tokens_mb * (1 << 20) // 2, dtype=np.uint16).tofile(path)
+    proc, sock = start_ferryd(a.ferryd, workdir)
+    try:
+        rows = []
+        chunk = a.batch * (a.seq_len + 1) * 8
+        peak = pinned_peak(chunk, a.device)
+        ferry_gbs = ferry_tokens(sock, path, a.seq_len, a.batch, a.device)
+        workers = max(1, (os.cpu_count() or 2) - 1)
+        dl_gbs = dataloader_tokens(path, a.seq_len, a.batch, a.device, workers)
+        rows.append(("pinned cudaMemcpyAsync, %.1f MiB chunks (peak)" % (chunk / 2**20), peak, 1.0))
+        rows.append(("ferry tokens -> GPU (int64, zero-copy)", ferry_gbs, ferry_gbs / peak))
+        rows.append(("DataLoader(%d workers, pin_memory) -> GPU" % workers, dl_gbs, dl_gbs / peak))
+        print("%-52s %10s %8s" % ("tokens", "GB/s", "vs peak"))
+        for name, v, r in rows:
+            print("%-52s %10.2f %8.2f" % (name, v, r))
+        p50, p99, n = handoff(sock, path, a.device, a.handoff_batches)
+        print("handoff (next() with the batch ready), %d batches: p50 %.1f us, p99 %.1f us"
+              % (n, p50, p99))
+        if a.images:
+            print("JPEG -> RandomResizedCrop(224) -> bf16 on GPU: %.0f images/s"
+                  % images(sock, a.images, a.device, a.batch))
+        status = subprocess.run([os.path.join(os.path.dirname(a.ferryd), "ferryctl"),
+                                 "--address", sock, "status"], capture_output=True, text=True)
+        print(status.stdout)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
