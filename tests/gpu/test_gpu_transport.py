@@ -1,0 +1,220 @@
+"""GPU transport end to end: a ferryd of the test's own serving device "cuda:0" to trainer
+processes (gpu_worker.py) that use ferry.Loader(device="cuda:0"). Skipped, with the reason,
+without PyTorch with CUDA or without a libferry built with CUDA.
+
+  (a) cuda uint8 batches equal cpu batches of the same spec (index, label, pixel sums),
+      2 epochs;
+  (b) float32 / bfloat16 normalization on the GPU vs a torch reference from the cpu batch;
+  (c) two ranks on one GPU;
+  (d) kill -9 of a GPU trainer mid-epoch, then reattach and finish the epoch;
+  (e) ferryd SIGKILLed under a live GPU trainer: a FerryError, no hang;
+  (f) a few SGD steps of a small conv net on ferry batches.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
+
+import ferry_it  # noqa: E402
+
+WORKER = os.path.join(HERE, "gpu_worker.py")
+MEAN = [0.485, 0.456, 0.406]
+STD = [0.229, 0.224, 0.225]
+
+
+def skip_reason():
+    try:
+        import torch
+    except ImportError:
+        return "PyTorch is not installed"
+    if not torch.cuda.is_available():
+        return "torch.cuda.is_available() is False (no GPU visible)"
+    import ferry
+    from ferry import _lib
+    try:
+        _lib.cuda_pci_bus_id(0)
+    except ferry.FerryError as e:
+        return "libferry cannot use the GPU: %s" % e
+    return None
+
+
+SKIP = skip_reason()
+if SKIP is not None:
+    print("GPU tests skipped: %s" % SKIP, flush=True)  # ctest reports the test as skipped
+
+
+def start(config, log_path):
+    log = open(log_path, "wb")
+    try:
+        return subprocess.Popen([sys.executable, WORKER, json.dumps(config)],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                env=ferry_it.worker_env())
+    finally:
+        log.close()
+
+
+@unittest.skipIf(SKIP is not None, SKIP or "")
+class GpuTransportTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = ferry_it.FerryDaemon(config="drain_timeout_seconds: 2\n")
+        cls.root = ferry_it.make_image_folder(os.path.join(cls.daemon.dir, "images"),
+                                              {"a": 9, "b": 8, "c": 7})
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.stop()
+
+    def run_worker(self, name, timeout=180, **config):
+        out = os.path.join(self.daemon.dir, name + ".json")
+        log = os.path.join(self.daemon.dir, name + ".log")
+        base = dict(address=self.daemon.address, root=self.root, batch_size=5, seed=11,
+                    epochs=2, out=out)
+        base.update(config)
+        proc = start(base, log)
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError("%s did not finish within %d s; log:\n%s"
+                                 % (name, timeout, ferry_it.tail(log)))
+        self.assertEqual(code, 0, "%s failed; log:\n%s\nferryd:\n%s"
+                         % (name, ferry_it.tail(log), self.daemon.log()))
+        result = ferry_it.read_json(out)
+        self.assertNotIn("error", result, ferry_it.tail(log))
+        return result
+
+    @staticmethod
+    def strip(epochs, keys=("index", "label", "pixel_sum")):
+        return {e: [{k: b[k] for k in keys} for b in batches] for e, batches in epochs.items()}
+
+    def test_a_cuda_uint8_matches_cpu(self):
+        cpu = self.run_worker("a_cpu", device="cpu")
+        gpu = self.run_worker("a_gpu", device="cuda:0")
+        self.assertTrue(gpu["done"])
+        self.assertEqual(set(gpu["epochs"]), {"0", "1"})
+        for batches in gpu["epochs"].values():
+            for b in batches:
+                self.assertEqual(b["device"], "cuda:0")
+                self.assertEqual(b["image_dtype"], "torch.uint8")
+        self.assertEqual(self.strip(gpu["epochs"]), self.strip(cpu["epochs"]))
+        zero_copy = self.run_worker("a_gpu_zc", device="cuda:0", zero_copy=True)
+        self.assertEqual(self.strip(zero_copy["epochs"]), self.strip(cpu["epochs"]))
+
+    def test_b_normalize(self):
+        import torch
+        d = self.daemon.dir
+        self.run_worker("b_cpu", device="cpu", epochs=1, save_images=os.path.join(d, "b_cpu.pt"))
+        self.run_worker("b_f32", device="cuda:0", epochs=1, image_dtype="float32", mean=MEAN,
+                        std=STD, save_images=os.path.join(d, "b_f32.pt"))
+        self.run_worker("b_bf16", device="cuda:0", epochs=1, image_dtype="bfloat16",
+                        save_images=os.path.join(d, "b_bf16.pt"))  # ferryd's default mean/std
+        cpu = torch.load(os.path.join(d, "b_cpu.pt"))
+        f32 = torch.load(os.path.join(d, "b_f32.pt"))
+        bf16 = torch.load(os.path.join(d, "b_bf16.pt"))
+        self.assertEqual(set(cpu), set(f32))
+        mean = torch.tensor(MEAN).view(1, 3, 1, 1)
+        std = torch.tensor(STD).view(1, 3, 1, 1)
+        for key, u8 in cpu.items():
+            ref = (u8.permute(0, 3, 1, 2).float() / 255 - mean) / std  # HWC -> CHW
+            self.assertEqual(f32[key].dtype, torch.float32)
+            self.assertEqual(f32[key].shape, ref.shape)
+            self.assertLess((f32[key] - ref).abs().max().item(), 1e-5, key)
+            self.assertEqual(bf16[key].dtype, torch.bfloat16)
+            err = (bf16[key].float() - ref).abs()
+            self.assertTrue(bool((err <= ref.abs() * 2 ** -8 + 1e-3).all()),
+                            "%s: max bf16 error %g" % (key, err.max().item()))
+
+    def test_c_two_ranks_on_one_gpu(self):
+        logs, procs, outs = [], [], []
+        for rank in range(2):
+            outs.append(os.path.join(self.daemon.dir, "c%d.json" % rank))
+            logs.append(os.path.join(self.daemon.dir, "c%d.log" % rank))
+            procs.append(start(dict(address=self.daemon.address, root=self.root, batch_size=3,
+                                    seed=5, epochs=2, rank=rank, world_size=2,
+                                    device="cuda:0", job_name="two-ranks", out=outs[rank]),
+                               logs[rank]))
+        for p, log in zip(procs, logs):
+            self.assertEqual(p.wait(180), 0, ferry_it.tail(log))
+        results = [ferry_it.read_json(o) for o in outs]
+        cpu = [self.run_worker("c_cpu%d" % r, device="cpu", batch_size=3, seed=5, rank=r,
+                               world_size=2, job_name="two-ranks-cpu") for r in range(2)]
+        for rank in range(2):
+            self.assertTrue(results[rank]["done"])
+            self.assertEqual(self.strip(results[rank]["epochs"]), self.strip(cpu[rank]["epochs"]))
+        for e in ("0", "1"):
+            seen = [i for r in results for b in r["epochs"][e] for i in b["index"]]
+            self.assertEqual(set(seen), set(range(24)))
+
+    def test_d_kill_gpu_trainer_and_resume(self):
+        d = self.daemon.dir
+        out, ready = os.path.join(d, "d.json"), os.path.join(d, "d.ready")
+        log = os.path.join(d, "d.log")
+        proc = start(dict(address=self.daemon.address, root=self.root, batch_size=4, seed=2,
+                          epochs=1, device="cuda:0", zero_copy=True, job_name="kill",
+                          pause_after=2, ready_file=ready, out=out), log)
+        ferry_it.wait_for_file(ready, 120, [proc])
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        first = ferry_it.read_json(out)
+        state = first["state"]
+        self.assertEqual(state, {"epoch": 0, "batches_done": 2})
+        # ferryd frees the rank once it sees the stream of the dead process end.
+        detached = ferry_it.poll(lambda: not any(
+            r.get("attached") for j in ferry_it.ferryctl(self.daemon.address, "status")
+            .get("jobs", []) for r in j.get("ranks", [])), 20)
+        self.assertTrue(detached, "rank still attached 20 s after its trainer was killed")
+        rest = self.run_worker("d_resume", device="cuda:0", batch_size=4, seed=2, epochs=1,
+                               job_name="kill", resume=state)
+        cpu = self.run_worker("d_cpu", device="cpu", batch_size=4, seed=2, epochs=1,
+                              job_name="kill-cpu")
+        got = first["epochs"]["0"] + rest["epochs"]["0"]
+        self.assertEqual(self.strip({"0": got}), self.strip(cpu["epochs"]))
+
+    def test_e_ferryd_sigkill_under_gpu_trainer(self):
+        daemon = ferry_it.FerryDaemon()
+        try:
+            root = ferry_it.make_image_folder(os.path.join(daemon.dir, "images"), {"a": 6, "b": 6})
+            out, ready, go = (os.path.join(daemon.dir, n) for n in ("e.json", "e.ready", "e.go"))
+            log = os.path.join(daemon.dir, "e.log")
+            proc = start(dict(address=daemon.address, root=root, batch_size=2, seed=1,
+                              epochs=1, device="cuda:0", pause_after=1, ready_file=ready,
+                              go_file=go, out=out), log)
+            ferry_it.wait_for_file(ready, 120, [proc])
+            daemon.process.send_signal(signal.SIGKILL)
+            daemon.process.wait(10)
+            start_time = time.monotonic()
+            open(go, "w").close()
+            try:
+                code = proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                raise AssertionError("the GPU trainer hung after ferryd died; log:\n"
+                                     + ferry_it.tail(log))
+            self.assertEqual(code, 0, ferry_it.tail(log))
+            self.assertLess(time.monotonic() - start_time, 30)
+            result = ferry_it.read_json(out)
+            self.assertIn("error", result, ferry_it.tail(log))
+            self.assertIn(result["error"]["code"], ("UNAVAILABLE", "CANCELLED", "INTERNAL"))
+        finally:
+            daemon.stop()
+
+    def test_f_train_a_few_steps(self):
+        result = self.run_worker("f_train", device="cuda:0", epochs=1, image_dtype="float32",
+                                 train=4)
+        import math
+        losses = result["train"]["losses"]
+        self.assertEqual(len(losses), 4)
+        self.assertTrue(all(math.isfinite(x) for x in losses), losses)
+        self.assertTrue(result["train"]["params_changed"])
+
+
+if __name__ == "__main__":
+    unittest.main()
