@@ -138,6 +138,40 @@ def handoff(sock, path, device, batches):
     return times[len(times) // 2] / 1e3, times[int(len(times) * 0.99)] / 1e3, len(times)
 
 
+def handoff_parts(sock, path, device, batches=3000):
+    """Where a handoff's time goes, timed piece by piece through the low-level API."""
+    loader = ferry.Loader(ferry.Tokens(path, seq_len=127, dtype="uint16"), batch_size=8,
+                          drop_last=True, device=device, address=sock, zero_copy=True,
+                          prefetch=16)
+    consumer = loader._consumer
+    parts = {"next": [], "current_stream": [], "wait": [], "views": [], "release": []}
+    epoch = 0
+    n = 0
+    while n < batches:
+        consumer.start_epoch(100 + epoch, 0)
+        time.sleep(0.05)
+        while n < batches:
+            t = [time.perf_counter_ns()]
+            b = consumer.next(1000)
+            t.append(time.perf_counter_ns())
+            if b is None:
+                break
+            s = torch.cuda.current_stream(device).cuda_stream
+            t.append(time.perf_counter_ns())
+            b.wait(s)
+            t.append(time.perf_counter_ns())
+            loader._cuda_views(b)
+            t.append(time.perf_counter_ns())
+            b.release(s)
+            t.append(time.perf_counter_ns())
+            for i, k in enumerate(parts):
+                parts[k].append(t[i + 1] - t[i])
+            n += 1
+        epoch += 1
+    loader.close()
+    return {k: sorted(v)[len(v) // 2] / 1e3 for k, v in parts.items()}
+
+
 def images(sock, root, device, batch, epochs=2):
     loader = ferry.Loader(ferry.ImageFolder(root), batch_size=batch,
                           transform=ferry.RandomResizedCrop(224, flip=True), shuffle=True,
@@ -189,6 +223,8 @@ def main():
         p50, p99, n = handoff(sock, path, a.device, a.handoff_batches)
         print("handoff (next() with the batch ready), %d batches: p50 %.1f us, p99 %.1f us"
               % (n, p50, p99))
+        print("handoff parts, p50 us: " + ", ".join(
+            "%s %.1f" % kv for kv in handoff_parts(sock, path, a.device).items()))
         if a.images:
             print("JPEG -> RandomResizedCrop(224) -> bf16 on GPU: %.0f images/s"
                   % images(sock, a.images, a.device, a.batch))

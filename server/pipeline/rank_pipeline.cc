@@ -250,14 +250,24 @@ void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
     slot.epoch = next_epoch_;
     slot.batch = next_batch_;
     slot.num_samples = static_cast<uint32_t>(indices.size());
-    slot.rows_left.store(static_cast<int>(indices.size()), std::memory_order_relaxed);
+    // A task fills a run of rows: a few per worker and batch keeps every worker busy while
+    // small samples (token windows) do not pay a queue round trip each.
+    const size_t n = indices.size();
+    const size_t per_task = std::max<size_t>(1, n / (2 * static_cast<size_t>(pool_->total_threads())));
+    const size_t num_tasks = (n + per_task - 1) / per_task;
+    slot.rows_left.store(static_cast<int>(num_tasks), std::memory_order_relaxed);
     pending_.push_back(Pending{static_cast<int>(s), -1, slot.epoch, slot.batch, slot.num_samples});
     ++next_batch_;
     std::shared_ptr<RankPipeline> self = shared_from_this();
-    for (size_t row = 0; row < indices.size(); ++row) {
-      tasks->push_back([self, s = static_cast<int>(s), gen = generation_, row = static_cast<int>(row),
-                        index = indices[row], epoch = slot.epoch](WorkerContext& context) {
-        self->FillRow(s, gen, row, index, epoch, context);
+    for (size_t begin = 0; begin < n; begin += per_task) {
+      const size_t end = std::min(n, begin + per_task);
+      tasks->push_back([self, s = static_cast<int>(s), gen = generation_, begin, epoch = slot.epoch,
+                        rows = std::vector<int64_t>(indices.begin() + begin, indices.begin() + end)](
+                           WorkerContext& context) {
+        for (size_t i = 0; i < rows.size(); ++i) {
+          self->FillRow(s, gen, static_cast<int>(begin + i), rows[i], epoch, context);
+        }
+        self->OnTaskDone(s, gen);
       });
     }
   }
@@ -301,6 +311,9 @@ void RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index
                        << index << "; row " << row << " of the batch is zeroed";
     }
   }
+}
+
+void RankPipeline::OnTaskDone(int slot, uint64_t generation) {
   if (slots_[slot].rows_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
     OnSlotFilled(slot, generation);
   }

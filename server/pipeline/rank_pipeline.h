@@ -108,7 +108,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
     int64_t batch = 0;
     uint32_t num_samples = 0;
     int64_t seq = -1;  // while leased
-    std::atomic<int> rows_left{0};
+    std::atomic<int> rows_left{0};  // tasks still filling rows
   };
   struct DeviceSlot {
     SlotState state = SlotState::kFree;  // kFree, kQueued (copy enqueued) or kLeased
@@ -138,6 +138,8 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   void ScheduleLocked(std::vector<WorkerPool::Task>* tasks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void FillRow(int slot, uint64_t generation, int row, int64_t index, int64_t epoch,
                WorkerContext& context);
+  // Counts a finished task of `slot`; the last one completes the slot.
+  void OnTaskDone(int slot, uint64_t generation);
   void OnSlotFilled(int slot, uint64_t generation);
   // Sends what can be sent to the bound consumer; see the class comment for the guarantees.
   void Deliver(std::vector<WorkerPool::Task> tasks) ABSL_LOCKS_EXCLUDED(mutex_);

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Builds here and packs what the GPU tests and benchmarks need into .device/ (git-ignored)
+# for the lent GPU machine, which lacks gRPC, protobuf, abseil, libnuma and libjpeg-turbo.
+#   bash scripts/gpu-bundle.sh   then, there:   bash scripts/gpu-device-run.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${BUILD_DIR:-build}
+[[ $build != build ]] || cmake --preset default >/dev/null
+cmake --build "$build" --target ferryd ferryctl ferry_c ferry_python cuda_test h2d_bench \
+  host_pipeline_bench
+rm -rf .device
+mkdir -p .device/strip
+for f in server/ferryd client/ferryctl/ferryctl server/cuda/cuda_test bench/h2d_bench \
+         bench/host_pipeline_bench client/c/libferry.so.1; do
+  cp -L "$build/$f" .device/strip/
+  strip -s ".device/strip/$(basename "$f")"
+done
+/work/shared/tools/device-bundle .device .device/strip/*
+rm -rf .device/strip
+# The Python package keeps its layout; its libferry is the bundled one.
+mkdir -p .device/python
+cp -r "$build/python/ferry" .device/python/
+cp .device/lib/libferry.so.1 .device/python/ferry/_lib/libferry.so
+du -sh .device

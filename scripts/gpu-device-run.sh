@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine from the checkout root, after scripts/gpu-bundle.sh here:
+# the CUDA unit tests, the GPU transport tests and the GPU benchmarks. Logs go to $OUT.
+set -uo pipefail
+source .device/env.sh
+export PYTHONPATH=$PWD/.device/python PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+export FERRY_DAEMON=$PWD/.device/bin/ferryd FERRYCTL=$PWD/.device/bin/ferryctl
+export FERRY_LIBRARY=$PWD/.device/python/ferry/_lib/libferry.so
+OUT=${OUT:-/tmp/ferry-out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,pci.bus_id,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+rc=0
+cuda_test 2>&1 | tail -5 | tee "$OUT/cuda_test.txt" || rc=1
+(cd tests/gpu && python3 -m unittest -v test_gpu_transport) > "$OUT/gpu_transport.txt" 2>&1 || rc=1
+tail -25 "$OUT/gpu_transport.txt"
+if [[ ${1:-} != tests ]]; then
+  python3 bench/gpu_bench.py --ferryd "$FERRY_DAEMON" 2>&1 | tee "$OUT/gpu_bench.txt"
+fi
+exit $rc
