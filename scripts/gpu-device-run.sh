@@ -13,6 +13,9 @@ cuda_test 2>&1 | tail -5 | tee "$OUT/cuda_test.txt" || rc=1
 (cd tests/gpu && python3 -m unittest -v test_gpu_transport) > "$OUT/gpu_transport.txt" 2>&1 || rc=1
 tail -25 "$OUT/gpu_transport.txt"
 if [[ ${1:-} != tests ]]; then
-  python3 bench/gpu_bench.py --ferryd "$FERRY_DAEMON" 2>&1 | tee "$OUT/gpu_bench.txt"
+  python3 examples/make_demo_dataset.py /tmp/ferry-images --classes 20 --images-per-class 100 \
+    >/dev/null
+  python3 bench/gpu_bench.py --ferryd "$FERRY_DAEMON" --images /tmp/ferry-images 2>&1 \
+    | tee "$OUT/gpu_bench.txt"
 fi
 exit $rc
