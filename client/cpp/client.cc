@@ -93,12 +93,17 @@ class StreamState {
 
   // UNAVAILABLE once the stream has ended (the daemon reclaims its slots then).
   absl::Status Write(const v1::ConsumeRequest& request) {
-    absl::MutexLock lock(&write_mu_);
-    if (closed_ || !stream_->Write(request)) {
-      return absl::UnavailableError(
-          absl::StrCat("the batch stream (", context_text_, ") is closed"));
+    {
+      absl::MutexLock lock(&write_mu_);
+      if (!closed_ && stream_->Write(request)) return absl::OkStatus();
     }
-    return absl::OkStatus();
+    // The stream has ended: report why, as the reader learns it from Finish (ferryd's
+    // status names the reason, e.g. that it is shutting down).
+    absl::MutexLock lock(&mu_);
+    auto ended = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return end_.has_value(); };
+    if (mu_.AwaitWithTimeout(absl::Condition(&ended), absl::Seconds(1))) return *end_;
+    return absl::UnavailableError(
+        absl::StrCat("the batch stream (", context_text_, ") is closed"));
   }
 
   // The next message; nullopt when none arrived within `timeout`; the stream's final status
@@ -131,7 +136,16 @@ class StreamState {
     v1::ConsumeResponse message;
     while (stream_->Read(&message)) {
       absl::MutexLock lock(&mu_);
+      // ferryd coalesces the batches ready when a write starts (`batches` follow `batch`);
+      // the queue holds one batch per entry.
+      google::protobuf::RepeatedPtrField<v1::BatchReady> more;
+      more.Swap(message.mutable_batches());
       queue_.push_back(std::move(message));
+      for (v1::BatchReady& b : more) {
+        v1::ConsumeResponse single;
+        *single.mutable_batch() = std::move(b);
+        queue_.push_back(std::move(single));
+      }
       message.Clear();
     }
     grpc::Status status;

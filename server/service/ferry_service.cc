@@ -112,6 +112,17 @@ class ConsumeReactor final
 
   void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
     if (writing_ || finished_ || outbox_.empty()) return;
+    // Coalesce the batches queued behind the first one into its message.
+    // (Only the deque's ends are touched: erasing inside it would invalidate the head.)
+    if (outbox_.front().has_batch() && outbox_.size() > 1) {
+      ferry::v1::ConsumeResponse head = std::move(outbox_.front());
+      outbox_.pop_front();
+      while (!outbox_.empty() && outbox_.front().has_batch()) {
+        *head.add_batches() = std::move(*outbox_.front().mutable_batch());
+        outbox_.pop_front();
+      }
+      outbox_.push_front(std::move(head));
+    }
     writing_ = true;
     StartWrite(&outbox_.front());
   }

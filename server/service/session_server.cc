@@ -90,12 +90,15 @@ void SessionServer::Accept() {
     return;
   }
   Session session{std::move(fd), *peer, RandomHex(16)};
-  if (!SendPacket(session.fd.get(), absl::StrCat("HELLO ", session.token, " ", getpid())).ok()) {
-    return;
-  }
+  // Known before the client can learn it: its first RPC may race this thread.
   {
     absl::MutexLock lock(&mutex_);
     by_token_[session.token] = session.peer;
+  }
+  if (!SendPacket(session.fd.get(), absl::StrCat("HELLO ", session.token, " ", getpid())).ok()) {
+    absl::MutexLock lock(&mutex_);
+    by_token_.erase(session.token);
+    return;
   }
   const int key = session.fd.get();
   sessions_.emplace(key, std::move(session));
