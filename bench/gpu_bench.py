@@ -74,7 +74,7 @@ def ferry_tokens(sock, path, seq_len, batch, device, epochs=2):
     for b in loader:  # warm-up epoch
         pass
     torch.cuda.synchronize()
-    objects_after_warmup = cuda_objects(sock)
+    objects_after_warmup = cuda_objects(sock) if device != "cpu" else 0
     t0 = time.perf_counter()
     for epoch in range(1, epochs + 1):
         loader.set_epoch(epoch)
@@ -82,8 +82,9 @@ def ferry_tokens(sock, path, seq_len, batch, device, epochs=2):
             nbytes += b["tokens"].numel() * b["tokens"].element_size()
     torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    print("CUDA objects created by ferryd: %d after warm-up, %d after %d more epochs"
-          % (objects_after_warmup, cuda_objects(sock), epochs))
+    if device != "cpu":
+        print("CUDA objects created by ferryd: %d after warm-up, %d after %d more epochs"
+              % (objects_after_warmup, cuda_objects(sock), epochs))
     loader.close()
     return nbytes / seconds / 1e9
 
@@ -217,12 +218,17 @@ def main():
         rows.append(("pinned cudaMemcpyAsync, %.1f MiB chunks (peak)" % (chunk / 2**20), peak, 1.0))
         rows.append(("ferry tokens -> GPU (int64, zero-copy)", ferry_gbs, ferry_gbs / peak))
         rows.append(("DataLoader(%d workers, pin_memory) -> GPU" % workers, dl_gbs, dl_gbs / peak))
+        host_gbs = ferry_tokens(sock, path, a.seq_len, a.batch, "cpu")
+        rows.append(("ferry tokens -> host memory (cpu transport), for scale", host_gbs,
+                     host_gbs / peak))
         print("%-52s %10s %8s" % ("tokens", "GB/s", "vs peak"))
         for name, v, r in rows:
             print("%-52s %10.2f %8.2f" % (name, v, r))
         p50, p99, n = handoff(sock, path, a.device, a.handoff_batches)
         print("handoff (next() with the batch ready), %d batches: p50 %.1f us, p99 %.1f us"
               % (n, p50, p99))
+        p50, p99, n = handoff(sock, path, "cpu", a.handoff_batches // 4)
+        print("same on the cpu transport, %d batches: p50 %.1f us, p99 %.1f us" % (n, p50, p99))
         print("handoff parts, p50 us: " + ", ".join(
             "%s %.1f" % kv for kv in handoff_parts(sock, path, a.device).items()))
         if a.images:

@@ -9,9 +9,12 @@ export FERRY_LIBRARY=$PWD/.device/python/ferry/_lib/libferry.so
 OUT=${OUT:-/tmp/ferry-out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,pci.bus_id,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 rc=0
-cuda_test 2>&1 | tail -5 | tee "$OUT/cuda_test.txt" || rc=1
-(cd tests/gpu && python3 -m unittest -v test_gpu_transport) > "$OUT/gpu_transport.txt" 2>&1 || rc=1
-tail -25 "$OUT/gpu_transport.txt"
+# Argument: "tests" (tests only), "bench" (benchmarks only), nothing (both).
+if [[ ${1:-} != bench ]]; then
+  cuda_test 2>&1 | tail -5 | tee "$OUT/cuda_test.txt" || rc=1
+  (cd tests/gpu && python3 -m unittest -v test_gpu_transport) > "$OUT/gpu_transport.txt" 2>&1 || rc=1
+  tail -25 "$OUT/gpu_transport.txt"
+fi
 if [[ ${1:-} != tests ]]; then
   python3 examples/make_demo_dataset.py /tmp/ferry-images --classes 20 --images-per-class 100 \
     >/dev/null
