@@ -229,6 +229,15 @@ def main():
               % (n, p50, p99))
         p50, p99, n = handoff(sock, path, "cpu", a.handoff_batches // 4)
         print("same on the cpu transport, %d batches: p50 %.1f us, p99 %.1f us" % (n, p50, p99))
+        with ferry.Client(sock) as c:
+            for j in c.status().get("jobs", []):
+                for r in j.get("ranks", []):
+                    n = int(r.get("batches_copied", 0))
+                    if n:
+                        print("job %s: %d batches copied; per batch: enqueue %.1f us, "
+                              "enqueue-to-host-slot-free %.1f us"
+                              % (j["job"]["id"], n, 1e6 * r.get("copy_enqueue_seconds", 0) / n,
+                                 1e6 * r.get("copy_complete_seconds", 0) / n))
         print("handoff parts, p50 us: " + ", ".join(
             "%s %.1f" % kv for kv in handoff_parts(sock, path, a.device).items()))
         if a.images:

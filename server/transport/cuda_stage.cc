@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "server/cuda/cuda_resources.h"
@@ -54,13 +55,18 @@ class CompletionThread final {
   }
   void Push(int host_slot) {
     absl::MutexLock lock(&mutex_);
-    queue_.push_back(host_slot);
+    queue_.push_back({host_slot, absl::Now()});
+  }
+  double complete_seconds() {
+    absl::MutexLock lock(&mutex_);
+    return complete_seconds_;
   }
 
  private:
   void Run() {
     for (;;) {
       int slot;
+      absl::Time enqueued;
       {
         absl::MutexLock lock(&mutex_);
         auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
@@ -68,12 +74,17 @@ class CompletionThread final {
         };
         mutex_.Await(absl::Condition(&ready));
         if (queue_.empty()) return;
-        slot = queue_.front();
+        slot = queue_.front().first;
+        enqueued = queue_.front().second;
         queue_.pop_front();
       }
       absl::Status s = (*copy_done_)[slot].Synchronize();
       if (!s.ok()) {
         FERRY_LOG(ERROR) << "waiting for a host-to-device copy failed: " << s;
+      }
+      {
+        absl::MutexLock lock(&mutex_);
+        complete_seconds_ += absl::ToDoubleSeconds(absl::Now() - enqueued);
       }
       if (*callback_) (*callback_)(slot);
     }
@@ -82,7 +93,8 @@ class CompletionThread final {
   const std::vector<CudaEvent>* copy_done_;
   std::function<void(int)>* callback_;
   absl::Mutex mutex_;
-  std::deque<int> queue_ ABSL_GUARDED_BY(mutex_);
+  std::deque<std::pair<int, absl::Time>> queue_ ABSL_GUARDED_BY(mutex_);
+  double complete_seconds_ ABSL_GUARDED_BY(mutex_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   std::thread thread_;
 };
@@ -144,6 +156,13 @@ class CudaStage final : public DeviceStage {
   }
 
   absl::Status StartCopy(int host_slot, int device_slot, uint32_t num_samples) override {
+    const absl::Time start = absl::Now();
+    absl::Status s = EnqueueCopy(host_slot, device_slot, num_samples);
+    enqueue_seconds_ += absl::ToDoubleSeconds(absl::Now() - start);
+    return s;
+  }
+
+  absl::Status EnqueueCopy(int host_slot, int device_slot, uint32_t num_samples) {
     cuda_internal::ScopedDevice scope(device_);
     FERRY_RETURN_IF_ERROR(scope.status());
     CudaStream& stream = *stream_;
@@ -240,6 +259,9 @@ class CudaStage final : public DeviceStage {
     status->set_pinned_bytes(pinned_.bytes());
     status->set_bytes_to_device(bytes_copied_);
     status->set_cuda_objects_created(objects_created_);
+    status->set_copy_enqueue_seconds(enqueue_seconds_);
+    status->set_copy_complete_seconds(completion_->complete_seconds());
+    status->set_batches_copied(batches_copied_);
   }
 
  private:
@@ -264,6 +286,7 @@ class CudaStage final : public DeviceStage {
   uint64_t bytes_copied_ = 0;
   uint64_t batches_copied_ = 0;
   uint64_t objects_created_ = 0;
+  double enqueue_seconds_ = 0;
   std::function<void(int)> host_slot_free_;
   std::unique_ptr<CompletionThread> completion_;
 };
