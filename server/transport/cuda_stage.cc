@@ -167,8 +167,12 @@ class CudaStage final : public DeviceStage {
     FERRY_RETURN_IF_ERROR(scope.status());
     CudaStream& stream = *stream_;
     if (device_slot < static_cast<int>(released_.size())) {
-      // The trainer's last use of this slot comes first, ordered on the GPU.
-      FERRY_RETURN_IF_ERROR(stream.Wait(released_[device_slot]));
+      // The trainer's last use of this slot comes first, ordered on the GPU. When that use
+      // is already over (the usual case: the trainer recorded the event before sending
+      // Release), the wait is skipped: a stream wait on an interprocess event stalls the
+      // copy stream even when the event has long completed.
+      absl::StatusOr<bool> done = released_[device_slot].IsComplete();
+      if (!done.ok() || !*done) FERRY_RETURN_IF_ERROR(stream.Wait(released_[device_slot]));
     }
     const uint8_t* src = slab_ + static_cast<size_t>(host_slot) * host_->slot_bytes;
     uint8_t* dst = static_cast<uint8_t*>(slots_[device_slot].data());

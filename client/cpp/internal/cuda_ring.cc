@@ -125,6 +125,13 @@ class CudaRingImpl final : public CudaRing {
   }
 
   absl::Status WaitReady(uint32_t slot, void* stream) const override {
+    // A batch that is already in its slot (ferry ahead of the trainer, the usual case)
+    // needs no stream wait; skipping it keeps the trainer's stream from stalling on an
+    // interprocess event. The query sees ferryd's latest record, which is this batch's:
+    // ferryd re-records a slot's ready event only after the trainer released it.
+    const cudaError_t query = cudaEventQuery(ready_[slot].get());
+    if (query == cudaSuccess) return absl::OkStatus();
+    (void)cudaGetLastError();  // NotReady is no error; a real one the wait below reports
     auto* s = static_cast<cudaStream_t>(stream);
     if (s != nullptr) {
       return Check(cudaStreamWaitEvent(s, ready_[slot].get(), 0), "cudaStreamWaitEvent",
