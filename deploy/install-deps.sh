@@ -10,6 +10,6 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
   build-essential cmake ninja-build pkg-config git ca-certificates \
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev \
-  libnuma-dev libjpeg62-turbo-dev libsystemd-dev \
+  libnuma-dev libjpeg62-turbo-dev libsystemd-dev libarchive-dev \
   libgtest-dev libgmock-dev libbenchmark-dev \
   python3 python3-numpy python3-torch python3-pil python3-pytest
