@@ -75,7 +75,8 @@ absl::Status ResolveRange(float lo_in, float hi_in, double lo_default, double hi
 
 // Reads the whole file at `path` into the front of *buffer, growing it only when the file is
 // larger than any before; returns the file's length.
-absl::StatusOr<size_t> ReadWholeFile(const std::string& path, std::vector<uint8_t>* buffer) {
+absl::StatusOr<size_t> ReadWholeFile(const std::string& path, uint64_t max_bytes,
+                                     std::vector<uint8_t>* buffer) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.valid()) {
     const int err = errno;
@@ -89,6 +90,11 @@ absl::StatusOr<size_t> ReadWholeFile(const std::string& path, std::vector<uint8_
                         absl::StrCat("cannot stat '", path, "': ", std::strerror(err)));
   }
   const size_t size = static_cast<size_t>(st.st_size);
+  if (max_bytes > 0 && size > max_bytes) {
+    return absl::DataLossError(absl::StrCat("refused '", path, "': ", size,
+                                            " bytes, over decode_limits.max_sample_bytes (",
+                                            max_bytes, ")"));
+  }
   if (buffer->size() < size) buffer->resize(size);
   size_t done = 0;
   while (done < size) {
@@ -157,7 +163,7 @@ absl::StatusOr<ImageTransform> ImageTransformFromSpec(const ferry::v1::Transform
 }
 
 absl::StatusOr<std::unique_ptr<ImageFolderSource>> ImageFolderSource::Create(
-    const std::string& root, const ImageTransform& transform) {
+    const std::string& root, const ImageTransform& transform, const DecodeLimits& limits) {
   std::error_code ec;
   const fs::file_status root_status = fs::status(root, ec);
   if (root_status.type() == fs::file_type::not_found) {
@@ -172,7 +178,7 @@ absl::StatusOr<std::unique_ptr<ImageFolderSource>> ImageFolderSource::Create(
         absl::StrCat("dataset.image_folder.root '", root,
                      "' is not a directory; expected <root>/<class>/<file>.jpg"));
   }
-  std::unique_ptr<ImageFolderSource> source(new ImageFolderSource(root, transform));
+  std::unique_ptr<ImageFolderSource> source(new ImageFolderSource(root, transform, limits));
 
   // directory_entry caches the type readdir reports (d_type), so regular files and
   // directories cost no stat; only symlinks and filesystems without d_type are stat'ed.
@@ -221,8 +227,9 @@ absl::StatusOr<std::unique_ptr<ImageFolderSource>> ImageFolderSource::Create(
   return source;
 }
 
-ImageFolderSource::ImageFolderSource(std::string root, const ImageTransform& transform)
-    : root_(std::move(root)), transform_(transform) {
+ImageFolderSource::ImageFolderSource(std::string root, const ImageTransform& transform,
+                                     const DecodeLimits& limits)
+    : root_(std::move(root)), transform_(transform), limits_(limits) {
   const int64_t side = transform_.size;
   fields_.push_back(FieldLayout{.name = "image",
                                 .dtype = ferry::v1::UINT8,
@@ -235,7 +242,9 @@ ImageFolderSource::ImageFolderSource(std::string root, const ImageTransform& tra
 }
 
 std::unique_ptr<SampleSource::Scratch> ImageFolderSource::NewScratch() const {
-  return std::make_unique<ImageScratch>();
+  auto scratch = std::make_unique<ImageScratch>();
+  scratch->decoder.set_limits(limits_);
+  return scratch;
 }
 
 void ImageFolderSource::AppendPath(int64_t index, std::string* out) const {
@@ -265,7 +274,7 @@ absl::Status ImageFolderSource::Fill(int64_t index, uint64_t sample_seed,
   }
   s->path.clear();  // keeps its capacity: no allocation once the longest path was seen
   AppendPath(index, &s->path);
-  absl::StatusOr<size_t> length = ReadWholeFile(s->path, &s->file);
+  absl::StatusOr<size_t> length = ReadWholeFile(s->path, limits_.max_sample_bytes, &s->file);
   if (!length.ok()) return length.status();
   if (*length == 0) {
     return absl::DataLossError(absl::StrCat("'", s->path, "' is empty"));

@@ -35,7 +35,8 @@ class ImageFolderSource final : public SampleSource {
   // Lists `root`. NOT_FOUND "dataset path '<root>' does not exist"; INVALID_ARGUMENT when it is
   // not a directory; FAILED_PRECONDITION when it holds no JPEG in any class directory.
   static absl::StatusOr<std::unique_ptr<ImageFolderSource>> Create(
-      const std::string& root, const ImageTransform& transform);
+      const std::string& root, const ImageTransform& transform,
+      const DecodeLimits& limits = DecodeLimits());
 
   int64_t size() const override { return static_cast<int64_t>(labels_.size()); }
   const std::vector<FieldLayout>& fields() const override { return fields_; }
@@ -50,12 +51,14 @@ class ImageFolderSource final : public SampleSource {
   const ImageTransform& transform() const { return transform_; }
 
  private:
-  ImageFolderSource(std::string root, const ImageTransform& transform);
+  ImageFolderSource(std::string root, const ImageTransform& transform,
+                    const DecodeLimits& limits);
   void AppendPath(int64_t index, std::string* out) const;
 
   // Constant after construction.
   const std::string root_;
   const ImageTransform transform_;
+  const DecodeLimits limits_;
   std::vector<std::string> classes_;
   std::vector<int32_t> labels_;        // per sample
   std::vector<uint64_t> name_offsets_;  // per sample + 1: names_[off[i], off[i+1])

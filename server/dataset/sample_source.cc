@@ -26,7 +26,8 @@ size_t DTypeSize(ferry::v1::DType dtype) {
   }
 }
 
-absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(const ferry::v1::JobSpec& spec) {
+absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(const ferry::v1::JobSpec& spec,
+                                                               const DecodeLimits& limits) {
   const ferry::v1::DatasetSpec& dataset = spec.dataset();
   switch (dataset.kind_case()) {
     case ferry::v1::DatasetSpec::kImageFolder: {
@@ -38,7 +39,8 @@ absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(const ferry::v1::
       // listing of a large dataset takes a while.
       FERRY_ASSIGN_OR_RETURN(ImageTransform transform, ImageTransformFromSpec(spec.transform()));
       FERRY_ASSIGN_OR_RETURN(auto source,
-                             ImageFolderSource::Create(dataset.image_folder().root(), transform));
+                             ImageFolderSource::Create(dataset.image_folder().root(), transform,
+                                                       limits));
       return std::unique_ptr<SampleSource>(std::move(source));
     }
     case ferry::v1::DatasetSpec::kTokens: {

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "ferry/v1/ferry.pb.h"
+#include "server/decode/image_transform.h"
 
 namespace ferry {
 
@@ -65,7 +66,9 @@ class SampleSource {
 //   NOT_FOUND naming the path when it does not exist;
 //   FAILED_PRECONDITION when the dataset is empty (says what was expected).
 // Dataset-root policy is the caller's job (it needs the config path for its message).
-absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(const ferry::v1::JobSpec& spec);
+// `limits` guard the decoders of image datasets (DaemonConfig.decode_limits).
+absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(
+    const ferry::v1::JobSpec& spec, const DecodeLimits& limits = DecodeLimits());
 
 }  // namespace ferry
 

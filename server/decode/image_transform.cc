@@ -63,6 +63,28 @@ void EmitMessage(j_common_ptr cinfo, int msg_level) {
 
 void SilentOutput(j_common_ptr) {}
 
+// libjpeg calls this between passes and while it consumes the scans of a multi-scan JPEG
+// (jpeg_start_decompress reads all of a progressive file's scans). A file with more scans
+// than the limit is refused there, before it burns CPU on thousands of tiny scans.
+struct ScanLimit {
+  jpeg_progress_mgr pub;  // First member: libjpeg sees only this part.
+  int max_scans = 0;
+};
+
+void CheckScanLimit(j_common_ptr cinfo) {
+  if (!cinfo->is_decompressor) return;
+  auto* d = reinterpret_cast<j_decompress_ptr>(cinfo);
+  auto* limit = reinterpret_cast<ScanLimit*>(cinfo->progress);
+  if (limit->max_scans > 0 && d->input_scan_number > limit->max_scans) {
+    auto* err = reinterpret_cast<ErrorManager*>(cinfo->err);
+    std::snprintf(err->message, sizeof(err->message),
+                  "refused: more than %d scans (decode_limits.max_progressive_scans)",
+                  limit->max_scans);
+    err->pub.msg_code = 0;
+    std::longjmp(err->jump, 1);
+  }
+}
+
 inline uint8_t Mul255(int a, int b) { return static_cast<uint8_t>((a * b + 127) / 255); }
 
 }  // namespace
@@ -83,6 +105,9 @@ struct JpegDecoder::Impl {
       jpeg_create_decompress(&cinfo);
       cinfo.mem->max_memory_to_use = kMaxDecoderMemory;
     });
+    scan_limit.pub.progress_monitor = CheckScanLimit;
+    scan_limit.max_scans = limits.max_progressive_scans;
+    cinfo.progress = &scan_limit.pub;
   }
   ~Impl() {
     if (created) jpeg_destroy_decompress(&cinfo);
@@ -129,11 +154,25 @@ struct JpegDecoder::Impl {
     if (jpeg.empty()) {
       return absl::InvalidArgumentError("cannot decode JPEG: empty input (0 bytes)");
     }
+    if (limits.max_sample_bytes > 0 && jpeg.size() > limits.max_sample_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("refused: ", jpeg.size(), " bytes, over decode_limits.max_sample_bytes (",
+                       limits.max_sample_bytes, ")"));
+    }
+    scan_limit.max_scans = limits.max_progressive_scans;
     bool ok = Guarded([&] {
       jpeg_mem_src(&cinfo, jpeg.data(), static_cast<unsigned long>(jpeg.size()));  // NOLINT
       jpeg_read_header(&cinfo, TRUE);
     });
     if (!ok) return Fail();
+    const uint64_t pixels = static_cast<uint64_t>(cinfo.image_width) * cinfo.image_height;
+    if (limits.max_image_pixels > 0 && pixels > limits.max_image_pixels) {
+      const std::string size = absl::StrCat(cinfo.image_width, "x", cinfo.image_height);
+      jpeg_abort_decompress(&cinfo);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "refused: declares ", size, " = ", pixels, " pixels, over decode_limits.max_image_pixels (",
+          limits.max_image_pixels, ")"));
+    }
     cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
     // libjpeg converts YCCK to CMYK; CMYK to RGB is ours (CmykToRgb).
     cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
@@ -170,6 +209,8 @@ struct JpegDecoder::Impl {
 
   jpeg_decompress_struct cinfo{};
   ErrorManager err{};
+  ScanLimit scan_limit{};
+  DecodeLimits limits;
   bool created = false;
   bool cmyk = false;           // decoding to CMYK, converted to RGB row by row
   bool cmyk_inverted = false;  // Adobe convention
@@ -186,6 +227,11 @@ JpegDecoder::JpegDecoder() : impl_(std::make_unique<Impl>()) {}
 JpegDecoder::~JpegDecoder() = default;
 JpegDecoder::JpegDecoder(JpegDecoder&&) noexcept = default;
 JpegDecoder& JpegDecoder::operator=(JpegDecoder&&) noexcept = default;
+
+void JpegDecoder::set_limits(const DecodeLimits& limits) {
+  if (impl_ == nullptr) impl_ = std::make_unique<Impl>();
+  impl_->limits = limits;
+}
 
 absl::Status JpegDecoder::ReadSize(absl::Span<const uint8_t> jpeg, int* width, int* height) {
   if (impl_ == nullptr) impl_ = std::make_unique<Impl>();

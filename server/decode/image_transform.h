@@ -68,6 +68,15 @@ ResizeCenterCropGeometry ComputeResizeCenterCrop(int width, int height, const Im
 // them), and none in the fallback. The box always lies inside the image.
 CropBox SampleRandomResizedCrop(int width, int height, const ImageTransform& t, Rng& rng);
 
+// Limits that protect a decoder from hostile or broken files. A JPEG over a limit is refused
+// before the allocation or work it would cause (INVALID_ARGUMENT naming the limit and its
+// config field), and callers treat the refusal like any corrupt sample.
+struct DecodeLimits {
+  uint64_t max_image_pixels = 89478485;  // width x height as declared; PIL's default
+  int max_progressive_scans = 100;        // scans of a (progressive) JPEG
+  uint64_t max_sample_bytes = 64 << 20;   // encoded bytes of one sample
+};
+
 // One decoder per thread: owns a libjpeg-turbo decompressor and scratch buffers and reuses
 // them across images. Not thread-safe. Movable, not copyable.
 class JpegDecoder final {
@@ -76,6 +85,9 @@ class JpegDecoder final {
   ~JpegDecoder();
   JpegDecoder(JpegDecoder&&) noexcept;
   JpegDecoder& operator=(JpegDecoder&&) noexcept;
+
+  // Applies to every later call. Default: DecodeLimits{}.
+  void set_limits(const DecodeLimits& limits);
 
   // Reads the header only. INVALID_ARGUMENT (with libjpeg's message) for data that is not a
   // JPEG or is truncated before the frame header.

@@ -42,7 +42,8 @@ class Job final {
  public:
   // Opens the dataset and checks the spec. Errors name the offending field.
   static absl::StatusOr<std::shared_ptr<Job>> Create(JobIdentity identity,
-                                                     const ferry::v1::JobSpec& spec);
+                                                     const ferry::v1::JobSpec& spec,
+                                                     const DecodeLimits& limits = DecodeLimits());
   // Same, over an already opened source (tests feed fakes through this).
   static absl::StatusOr<std::shared_ptr<Job>> Create(JobIdentity identity,
                                                      const ferry::v1::JobSpec& spec,

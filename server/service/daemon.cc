@@ -41,6 +41,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   job_options.allow_any_dataset =
       job_options.dataset_roots.empty() && config.unix_socket() != kSystemSocketPath;
   job_options.config_path = d->config_.path;
+  const ferry::v1::DecodeLimits& limits = config.decode_limits();
+  if (limits.max_image_pixels() != 0) {
+    job_options.decode_limits.max_image_pixels = limits.max_image_pixels();
+  }
+  if (limits.max_progressive_scans() != 0) {
+    job_options.decode_limits.max_progressive_scans =
+        static_cast<int>(std::min<uint32_t>(limits.max_progressive_scans(), 1 << 20));
+  }
+  if (limits.max_sample_bytes() != 0) {
+    job_options.decode_limits.max_sample_bytes = limits.max_sample_bytes();
+  }
   job_options.default_prefetch_depth = config.default_prefetch_depth();
   d->pinned_budget_ = std::make_unique<MemoryBudget>("pinned memory budget",
                                                      "pinned_memory_budget_bytes",

@@ -14,19 +14,52 @@
 #include "common/logging.h"
 #include "common/random.h"
 #include "common/status_macros.h"
+#include "server/dataset/shard_pattern.h"
 
 namespace ferry {
 namespace {
 
-std::string DatasetPath(const ferry::v1::JobSpec& spec) {
-  switch (spec.dataset().kind_case()) {
+// Every file or directory the job's dataset names (shard patterns expanded).
+absl::StatusOr<std::vector<std::string>> DatasetPaths(const ferry::v1::JobSpec& spec) {
+  const ferry::v1::DatasetSpec& d = spec.dataset();
+  std::vector<std::string> paths;
+  switch (d.kind_case()) {
     case ferry::v1::DatasetSpec::kImageFolder:
-      return spec.dataset().image_folder().root();
+      paths.push_back(d.image_folder().root());
+      break;
     case ferry::v1::DatasetSpec::kTokens:
-      return spec.dataset().tokens().path();
-    default:
-      return "";
+      paths.push_back(d.tokens().path());
+      break;
+    case ferry::v1::DatasetSpec::kRecords:
+      paths.push_back(d.records().path());
+      break;
+    case ferry::v1::DatasetSpec::kNpy:
+      paths.push_back(d.npy().path());
+      break;
+    case ferry::v1::DatasetSpec::kWebdataset: {
+      if (d.webdataset().shards().empty()) {
+        return absl::InvalidArgumentError(
+            "dataset.webdataset.shards must list at least one .tar path or pattern");
+      }
+      FERRY_ASSIGN_OR_RETURN(paths, ExpandShardPatterns({d.webdataset().shards().begin(),
+                                                         d.webdataset().shards().end()}));
+      break;
+    }
+    case ferry::v1::DatasetSpec::KIND_NOT_SET:
+      break;
   }
+  for (const std::string& p : paths) {
+    if (p.empty()) {
+      return absl::InvalidArgumentError(
+          "dataset path is empty: give dataset.image_folder.root, dataset.tokens.path, "
+          "dataset.records.path, dataset.npy.path or dataset.webdataset.shards");
+    }
+  }
+  if (paths.empty()) {
+    return absl::InvalidArgumentError(
+        "dataset is not set: choose image_folder, tokens, webdataset, records or npy");
+  }
+  return paths;
 }
 
 bool IsUnder(const std::filesystem::path& path, const std::filesystem::path& root) {
@@ -67,11 +100,12 @@ JobManager::JobManager(Options options, WorkerPool* pool, MemoryBudget* host_bud
 JobManager::~JobManager() { BeginDrain(); }
 
 absl::Status JobManager::CheckDataset(const ferry::v1::JobSpec& spec) const {
-  const std::string path = DatasetPath(spec);
-  if (path.empty()) {
-    return absl::InvalidArgumentError(
-        "dataset is not set: give dataset.image_folder.root or dataset.tokens.path");
-  }
+  FERRY_ASSIGN_OR_RETURN(std::vector<std::string> paths, DatasetPaths(spec));
+  for (const std::string& path : paths) FERRY_RETURN_IF_ERROR(CheckDatasetPath(path));
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::CheckDatasetPath(const std::string& path) const {
   if (path[0] != '/') {
     return absl::InvalidArgumentError(absl::StrCat(
         "dataset path '", path, "' is relative; ferryd needs an absolute path"));
@@ -151,7 +185,7 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
     absl::MutexLock lock(&mutex_);
     identity.serial = next_serial_++;
   }
-  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, Job::Create(identity, spec));
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, Job::Create(identity, spec, options_.decode_limits));
   if (cuda) FERRY_RETURN_IF_ERROR(gpus_->CheckJob(*job));
   // Refuse now a job whose rank slab can never fit, rather than at every rank's attach.
   const uint64_t rank_bytes = job->layout().slot_bytes * spec.prefetch_depth();

@@ -40,6 +40,7 @@ class JobManager final {
     bool allow_any_dataset = false;          // per-user daemon with no roots configured
     std::string config_path;                 // for error messages
     uint32_t default_prefetch_depth = 4;
+    DecodeLimits decode_limits;              // DaemonConfig.decode_limits, defaults filled
   };
 
   // `gpus` serves "cuda:N" devices; null when ferryd was built without CUDA.
@@ -91,6 +92,7 @@ class JobManager final {
   };
 
   absl::Status CheckDataset(const ferry::v1::JobSpec& spec) const;
+  absl::Status CheckDatasetPath(const std::string& path) const;
   absl::StatusOr<JobEntry*> FindOwnedLocked(const Caller& caller, const std::string& id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
