@@ -132,6 +132,16 @@ std::vector<uint8_t> EncodeJpeg(const uint8_t* rgb, int width, int height,
     }
     cinfo->restart_interval = static_cast<unsigned int>(options.restart_interval);
     if (options.progressive) jpeg_simple_progression(cinfo);
+    if (options.scan_per_coefficient) {
+      static jpeg_scan_info scans[1 + 63 * 3];
+      scans[0] = jpeg_scan_info{3, {0, 1, 2, 0}, 0, 0, 0, 0};  // DC of all components
+      int n = 1;
+      for (int c = 0; c < 3; ++c) {
+        for (int k = 1; k <= 63; ++k) scans[n++] = jpeg_scan_info{1, {c, 0, 0, 0}, k, k, 0, 0};
+      }
+      cinfo->scan_info = scans;
+      cinfo->num_scans = n;
+    }
   });
 }
 

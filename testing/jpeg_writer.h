@@ -32,6 +32,9 @@ struct JpegEncodeOptions {
   ChromaSubsampling subsampling = ChromaSubsampling::k420;  // Default: 4:2:0
   bool progressive = false;  // Default: baseline (sequential)
   int restart_interval = 0;  // In MCUs; 0 = no restart markers. Default: 0
+  // Progressive with one scan per AC coefficient and component (1 + 63 * 3 = 190 scans): a
+  // valid file with far more scans than any real encoder writes (a scan-count bomb).
+  bool scan_per_coefficient = false;
 };
 
 // Encodes `width` x `height` RGB HWC pixels (tightly packed) as a YCbCr JFIF JPEG, 4:2:0.

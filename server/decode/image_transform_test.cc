@@ -221,8 +221,10 @@ TEST(JpegDecoderTest, AdobeCmykDecodesToRgb) {
 
 // ---------------------------------------------------------------- errors
 
-void ExpectDecodeError(const Image& bytes, const std::string& fragment) {
+void ExpectDecodeError(const Image& bytes, const std::string& fragment,
+                       const DecodeLimits& limits = DecodeLimits()) {
   JpegDecoder decoder;
+  decoder.set_limits(limits);
   Image rgb;
   int w = 0, h = 0;
   absl::Status s = decoder.DecodeRgb(bytes, &rgb, &w, &h);
@@ -292,7 +294,48 @@ TEST(JpegDecoderErrorTest, HugeProgressiveHeaderFailsWithoutAllocating) {
     }
   }
   ASSERT_TRUE(patched);
-  ExpectDecodeError(jpeg, "MiB of decoder memory");
+  // Refused from the header by the pixel limit, before libjpeg allocates anything...
+  ExpectDecodeError(jpeg, "over decode_limits.max_image_pixels (89478485)");
+  // ...and, with that limit off, by the cap on libjpeg's memory.
+  DecodeLimits unlimited;
+  unlimited.max_image_pixels = 0;
+  ExpectDecodeError(jpeg, "MiB of decoder memory", unlimited);
+}
+
+TEST(JpegDecoderErrorTest, PixelAndSizeLimitsAreConfigurable) {
+  const Image jpeg = GoodJpeg();  // 160 x 120
+  DecodeLimits limits;
+  limits.max_image_pixels = 160 * 120 - 1;
+  ExpectDecodeError(jpeg, "declares 160x120 = 19200 pixels", limits);
+  limits = DecodeLimits();
+  limits.max_sample_bytes = jpeg.size() - 1;
+  ExpectDecodeError(jpeg, "over decode_limits.max_sample_bytes", limits);
+  limits.max_sample_bytes = jpeg.size();
+  JpegDecoder decoder;
+  decoder.set_limits(limits);
+  Image rgb;
+  int w = 0, h = 0;
+  EXPECT_TRUE(decoder.DecodeRgb(jpeg, &rgb, &w, &h).ok());
+}
+
+TEST(JpegDecoderErrorTest, ScanBombIsRefusedBeforeDecoding) {
+  const Image p = MakeTestPattern(512, 512, 5);
+  JpegEncodeOptions options;
+  options.scan_per_coefficient = true;
+  const Image bomb = EncodeJpeg(p.data(), 512, 512, options);
+  // The file is valid: without a limit it decodes.
+  DecodeLimits unlimited;
+  unlimited.max_progressive_scans = 0;
+  JpegDecoder decoder;
+  decoder.set_limits(unlimited);
+  Image rgb;
+  int w = 0, h = 0;
+  ASSERT_TRUE(decoder.DecodeRgb(bomb, &rgb, &w, &h).ok());
+  // The default limit (100) refuses it, on both decode paths.
+  ExpectDecodeError(bomb, "more than 100 scans (decode_limits.max_progressive_scans)");
+  // An ordinary progressive JPEG (about 10 scans) passes the default.
+  decoder.set_limits(DecodeLimits());
+  EXPECT_TRUE(decoder.DecodeRgb(GoodJpeg(/*progressive=*/true), &rgb, &w, &h).ok());
 }
 
 TEST(JpegDecoderErrorTest, DecoderIsReusableAfterErrorsAndMoves) {
