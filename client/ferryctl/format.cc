@@ -83,6 +83,16 @@ std::string FormatDataset(const JobOptions& spec) {
   if (const auto* tokens = std::get_if<TokensOptions>(&spec.dataset)) {
     return absl::StrCat("tokens ", tokens->path);
   }
+  if (const auto* wds = std::get_if<WebDatasetOptions>(&spec.dataset)) {
+    return absl::StrCat("webdataset ", absl::StrJoin(wds->shards, " "));
+  }
+  if (const auto* records = std::get_if<RecordsOptions>(&spec.dataset)) {
+    return absl::StrCat("records ", records->path, " (", DTypeName(records->dtype).data(), "[",
+                        absl::StrJoin(records->shape, ","), "])");
+  }
+  if (const auto* npy = std::get_if<NpyOptions>(&spec.dataset)) {
+    return absl::StrCat("npy ", npy->path);
+  }
   return "-";
 }
 
@@ -187,7 +197,12 @@ std::string RenderJob(const JobStatus& status) {
   info.AddRow({"fields", absl::StrJoin(fields, "; ")});
   info.AddRow({"slot", FormatBytes(j.slot_bytes)});
   if (j.create_time_unix_ms > 0) info.AddRow({"created", FormatTime(j.create_time_unix_ms)});
-  info.AddRow({"sample errors", absl::StrCat(status.errors)});
+  info.AddRow({"bad samples",
+               absl::StrCat(status.errors, " (", status.quarantined, " quarantined, ",
+                            status.substituted, " substitutes served; policy ",
+                            s.on_corrupt_sample == CorruptSamplePolicy::kFail ? "fail" : "skip",
+                            ")")});
+  if (!status.failure.empty()) info.AddRow({"FAILED", status.failure});
   std::string out = info.Render();
   out += "\n";
 

@@ -87,9 +87,14 @@ void Job::ToProto(ferry::v1::Job* job) const {
 }
 
 void Job::RecordSampleError(int64_t index, const std::string& path, const std::string& message) {
-  FERRY_LOG(WARNING) << "job " << identity_.id << ": skipped sample " << index << " (" << path
-               << "): " << message;
   absl::MutexLock lock(&errors_mutex_);
+  // Two ranks (or a rank and its speculation into the next epoch) may hit the same sample
+  // before either quarantined it: count and log it once.
+  if (!quarantine_.insert(index).second) return;
+  quarantined_.store(static_cast<int64_t>(quarantine_.size()), std::memory_order_release);
+  FERRY_LOG(WARNING) << "job " << identity_.id << ": bad sample " << index << " (" << path
+                     << "): " << message
+                     << (fail_on_corrupt_sample() ? "" : "; quarantined, a substitute is served");
   ++error_count_;
   ferry::v1::SampleError e;
   e.set_index(index);
@@ -97,6 +102,27 @@ void Job::RecordSampleError(int64_t index, const std::string& path, const std::s
   e.set_message(message);
   recent_errors_.push_back(std::move(e));
   if (recent_errors_.size() > kMaxRecentErrors) recent_errors_.pop_front();
+}
+
+bool Job::IsQuarantined(int64_t index) const {
+  if (quarantined_.load(std::memory_order_acquire) == 0) return false;
+  absl::ReaderMutexLock lock(&errors_mutex_);
+  return quarantine_.contains(index);
+}
+
+int64_t Job::quarantined_count() const { return quarantined_.load(std::memory_order_acquire); }
+
+void Job::Fail(const absl::Status& status) {
+  absl::MutexLock lock(&errors_mutex_);
+  if (!failure_.ok()) return;
+  failure_ = status;
+  failed_.store(true, std::memory_order_release);
+  FERRY_LOG(ERROR) << "job " << identity_.id << " stopped: " << status;
+}
+
+absl::Status Job::failure() const {
+  absl::MutexLock lock(&errors_mutex_);
+  return failure_;
 }
 
 int64_t Job::error_count() const {

@@ -3,6 +3,7 @@
 #ifndef FERRY_SERVER_PIPELINE_JOB_H_
 #define FERRY_SERVER_PIPELINE_JOB_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -59,10 +61,28 @@ class Job final {
   // Fills `job` (the API view) with identity, spec and layout.
   void ToProto(ferry::v1::Job* job) const;
 
-  // Records a sample that could not be delivered (counted, kept among the recent ones).
+  // ---- Bad samples (JobSpec.on_corrupt_sample).
+  bool fail_on_corrupt_sample() const {
+    return spec_.on_corrupt_sample() == ferry::v1::FAIL;
+  }
+  // Records a sample that could not be read or decoded: counted once, logged with its path,
+  // kept among the recent errors and quarantined (IsQuarantined is true from now on).
   void RecordSampleError(int64_t index, const std::string& path, const std::string& message);
+  // True for a sample already known to be bad: callers go straight to its substitute.
+  // Lock-free while no sample has gone bad.
+  bool IsQuarantined(int64_t index) const;
+  // A substitute was delivered in place of a bad sample.
+  void CountSubstitute() { substituted_.fetch_add(1, std::memory_order_relaxed); }
   int64_t error_count() const;
+  int64_t quarantined_count() const;
+  int64_t substituted_count() const { return substituted_.load(std::memory_order_relaxed); }
   std::vector<ferry::v1::SampleError> recent_errors() const;
+
+  // FAIL policy: the first bad sample stops the job. Fail keeps the first status; failure()
+  // is OK until then. Every rank pipeline checks it before delivering a batch.
+  void Fail(const absl::Status& status);
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  absl::Status failure() const;
 
  private:
   Job(JobIdentity identity, ferry::v1::JobSpec spec, std::unique_ptr<SampleSource> source,
@@ -78,6 +98,11 @@ class Job final {
   mutable absl::Mutex errors_mutex_;
   int64_t error_count_ ABSL_GUARDED_BY(errors_mutex_) = 0;
   std::deque<ferry::v1::SampleError> recent_errors_ ABSL_GUARDED_BY(errors_mutex_);
+  absl::flat_hash_set<int64_t> quarantine_ ABSL_GUARDED_BY(errors_mutex_);
+  std::atomic<int64_t> quarantined_{0};  // quarantine_.size(), readable without the lock
+  std::atomic<int64_t> substituted_{0};
+  absl::Status failure_ ABSL_GUARDED_BY(errors_mutex_);
+  std::atomic<bool> failed_{false};
 };
 
 }  // namespace ferry

@@ -159,6 +159,10 @@ absl::Status RankPipeline::StartEpoch(BatchConsumer* consumer, int64_t epoch,
                                                    batches_per_epoch_, "] (got ", first_batch,
                                                    ")"));
   }
+  if (job_->failed()) {
+    Shutdown(job_->failure());
+    return absl::OkStatus();  // the consumer hears the failure through OnShutdown
+  }
   std::vector<WorkerPool::Task> tasks;
   {
     absl::MutexLock lock(&mutex_);
@@ -288,23 +292,36 @@ void RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index
     const uint64_t seed = job_->spec().seed();
     int64_t candidate = index;
     bool filled = false;
-    // A sample that cannot be read is replaced by a deterministic substitute, so the batch
-    // keeps its size and every rank its batch count (DDP must not hang). The "index" field
-    // tells the trainer which sample it really got.
+    // SKIP policy: a sample that cannot be read is replaced by a deterministic substitute
+    // (a chain of candidates drawn from (seed, index) alone), so the batch keeps its size
+    // and every rank its batch count (DDP must not hang). The "index" field tells the
+    // trainer which sample it really got. A bad sample is quarantined: later passes skip it
+    // without reading it, and still land on the same substitute.
     for (int attempt = 0; attempt < kSubstituteAttempts && !filled; ++attempt) {
-      absl::Status s = source.Fill(candidate, MixSeed(seed, static_cast<uint64_t>(epoch),
-                                                      static_cast<uint64_t>(candidate)),
-                                   absl::MakeConstSpan(rows, nfields), scratch);
-      if (s.ok()) {
-        filled = true;
-        break;
+      if (!job_->IsQuarantined(candidate)) {
+        absl::Status s = source.Fill(candidate, MixSeed(seed, static_cast<uint64_t>(epoch),
+                                                        static_cast<uint64_t>(candidate)),
+                                     absl::MakeConstSpan(rows, nfields), scratch);
+        if (s.ok()) {
+          filled = true;
+          break;
+        }
+        const std::string path = source.Describe(candidate);
+        job_->RecordSampleError(candidate, path, std::string(s.message()));
+        if (job_->fail_on_corrupt_sample()) {
+          job_->Fail(absl::DataLossError(absl::StrCat(
+              "job ", job_->identity().id, " stopped at a bad sample (on_corrupt_sample=FAIL): "
+              "sample ", candidate, " '", path, "': ", s.message(),
+              ". Fix or remove the file, or create the job with on_corrupt_sample=SKIP")));
+          return;
+        }
       }
-      job_->RecordSampleError(candidate, source.Describe(candidate), std::string(s.message()));
       candidate = static_cast<int64_t>(
           (static_cast<uint64_t>(candidate) + 1 + Mix64(static_cast<uint64_t>(candidate) ^ seed) %
                                                       static_cast<uint64_t>(source.size())) %
           static_cast<uint64_t>(source.size()));
     }
+    if (filled && candidate != index) job_->CountSubstitute();
     if (!filled) {
       for (size_t f = 0; f < nfields; ++f) memset(rows[f], 0, layout.fields[f].row_bytes);
       FERRY_LOG(ERROR) << "job " << job_->identity().id << ": no readable substitute for sample "
@@ -320,6 +337,12 @@ void RankPipeline::OnTaskDone(int slot, uint64_t generation) {
 }
 
 void RankPipeline::OnSlotFilled(int slot, uint64_t generation) {
+  // FAIL policy: a batch with a bad sample is never delivered, and neither is any batch of
+  // any rank after it; the consumer's stream ends with the job's failure.
+  if (job_->failed()) {
+    Shutdown(job_->failure());
+    return;
+  }
   std::vector<WorkerPool::Task> tasks;
   {
     absl::MutexLock lock(&mutex_);

@@ -162,11 +162,27 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
                                           absl::kZeroPad8))
                    : name;
   const std::string key = SpecKey(caller.uid, job_name, spec);
+  std::map<int, std::shared_ptr<RankPipeline>> dropped;  // released after the lock
   {
     absl::MutexLock lock(&mutex_);
     if (draining_) return absl::UnavailableError("ferryd is shutting down");
     if (auto it = id_by_key_.find(key); it != id_by_key_.end()) {
-      return Created{jobs_.at(it->second).job, false};
+      JobEntry& existing = jobs_.at(it->second);
+      if (!existing.job->failed()) return Created{existing.job, false};
+      // A job stopped by the FAIL policy is replaced by a fresh one: the trainer that
+      // creates it again (after the file was fixed) starts clean. Its pipelines already
+      // ended with the failure; dropping them here frees their slabs once unbound.
+      FERRY_LOG(INFO) << "replacing failed job " << it->second;
+      dropped = std::move(existing.ranks);
+      for (auto a = attachments_.begin(); a != attachments_.end();) {
+        if (a->second.job_id == it->second) {
+          attachments_.erase(a++);
+        } else {
+          ++a;
+        }
+      }
+      jobs_.erase(it->second);
+      id_by_key_.erase(it);
     }
     for (const auto& [id, entry] : jobs_) {
       if (entry.job->identity().owner_uid == caller.uid && entry.job->identity().name == job_name) {
@@ -268,6 +284,7 @@ absl::StatusOr<JobManager::Attachment> JobManager::Attach(const Caller& caller,
   absl::MutexLock lock(&mutex_);
   if (draining_) return absl::UnavailableError("ferryd is shutting down");
   FERRY_ASSIGN_OR_RETURN(JobEntry * entry, FindOwnedLocked(caller, job_id));
+  if (entry->job->failed()) return entry->job->failure();
   const ferry::v1::JobSpec& spec = entry->job->spec();
   if (rank < 0 || rank >= static_cast<int>(spec.world_size())) {
     return absl::InvalidArgumentError(absl::StrCat("rank must be in [0, ", spec.world_size(),
@@ -336,6 +353,9 @@ void JobManager::FillJobStatus(const Job& job, ferry::v1::JobStatus* status) {
   for (const auto& p : ranks) p->FillStatus(status->add_ranks());
   status->set_errors(job.error_count());
   for (auto& e : job.recent_errors()) *status->add_recent_errors() = std::move(e);
+  status->set_quarantined(job.quarantined_count());
+  status->set_substituted(job.substituted_count());
+  if (job.failed()) status->set_failure(job.failure().ToString());
 }
 
 void JobManager::BeginDrain() {

@@ -177,7 +177,10 @@ class CorruptJpegTest(DaemonTestCase):
                                      int(label))
 
         status = ferry_it.ferryctl(self.daemon.address, "job", loader.job["id"])
-        self.assertGreaterEqual(int(status["errors"]), 4, status)  # 2 files x 2 epochs
+        # Each bad file counted once (then quarantined); a substitute in each epoch.
+        self.assertEqual(int(status["errors"]), 2, status)
+        self.assertEqual(int(status["quarantined"]), 2, status)
+        self.assertGreaterEqual(int(status["substituted"]), 4, status)
         paths = {e["path"] for e in status["recent_errors"]}
         self.assertIn(truncated, paths)
         self.assertIn(junk, paths)

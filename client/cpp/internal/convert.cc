@@ -78,6 +78,23 @@ v1::JobSpec ToProto(const JobOptions& options) {
     t->set_token_dtype(ToProto(tokens->token_dtype));
     t->set_seq_len(tokens->seq_len);
     t->set_output_dtype(ToProto(tokens->output_dtype));
+  } else if (const auto* wds = std::get_if<WebDatasetOptions>(&options.dataset)) {
+    v1::WebDataset* w = spec.mutable_dataset()->mutable_webdataset();
+    for (const std::string& s : wds->shards) w->add_shards(s);
+    if (wds->image_key != "jpg") w->set_image_key(wds->image_key);
+    if (wds->label_key != "cls") w->set_label_key(wds->label_key);
+    w->set_shuffle_buffer(wds->shuffle_buffer);
+  } else if (const auto* records = std::get_if<RecordsOptions>(&options.dataset)) {
+    v1::RecordsDataset* r = spec.mutable_dataset()->mutable_records();
+    r->set_path(records->path);
+    r->set_dtype(ToProto(records->dtype));
+    for (int64_t d : records->shape) r->add_shape(d);
+    r->set_header_bytes(records->header_bytes);
+  } else if (const auto* npy = std::get_if<NpyOptions>(&options.dataset)) {
+    spec.mutable_dataset()->mutable_npy()->set_path(npy->path);
+  }
+  if (options.on_corrupt_sample == CorruptSamplePolicy::kFail) {
+    spec.set_on_corrupt_sample(v1::FAIL);
   }
   if (const auto* rrc = std::get_if<RandomResizedCropOptions>(&options.transform)) {
     v1::RandomResizedCrop* r = spec.mutable_transform()->mutable_random_resized_crop();
@@ -125,9 +142,34 @@ JobOptions FromProto(const v1::JobSpec& spec) {
       options.dataset = tokens;
       break;
     }
+    case v1::DatasetSpec::kWebdataset: {
+      const v1::WebDataset& w = spec.dataset().webdataset();
+      WebDatasetOptions wds;
+      wds.shards.assign(w.shards().begin(), w.shards().end());
+      if (!w.image_key().empty()) wds.image_key = w.image_key();
+      if (!w.label_key().empty()) wds.label_key = w.label_key();
+      wds.shuffle_buffer = w.shuffle_buffer();
+      options.dataset = wds;
+      break;
+    }
+    case v1::DatasetSpec::kRecords: {
+      const v1::RecordsDataset& r = spec.dataset().records();
+      RecordsOptions records;
+      records.path = r.path();
+      records.dtype = FromProto(r.dtype());
+      records.shape.assign(r.shape().begin(), r.shape().end());
+      records.header_bytes = r.header_bytes();
+      options.dataset = records;
+      break;
+    }
+    case v1::DatasetSpec::kNpy:
+      options.dataset = NpyOptions{spec.dataset().npy().path()};
+      break;
     default:
       break;
   }
+  options.on_corrupt_sample = spec.on_corrupt_sample() == v1::FAIL ? CorruptSamplePolicy::kFail
+                                                                   : CorruptSamplePolicy::kSkip;
   switch (spec.transform().kind_case()) {
     case v1::TransformSpec::kRandomResizedCrop: {
       const v1::RandomResizedCrop& r = spec.transform().random_resized_crop();
@@ -212,6 +254,9 @@ JobStatus FromProto(const v1::JobStatus& status) {
   for (const v1::SampleError& e : status.recent_errors()) {
     out.recent_errors.push_back(SampleError{e.index(), e.path(), e.message()});
   }
+  out.quarantined = status.quarantined();
+  out.substituted = status.substituted();
+  out.failure = status.failure();
   return out;
 }
 

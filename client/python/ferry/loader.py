@@ -57,6 +57,8 @@ class ImageFolder:
     """root/<class>/<file>.jpg; label = index of the class directory in sorted order.
     Batches: {"image": uint8[B, H, W, 3], "label": int64[B], "index": int64[B]}."""
 
+    _IMAGES = True
+
     def __init__(self, root):
         self.root = _check_path("ImageFolder root", root)
 
@@ -184,7 +186,7 @@ def _image_output(dataset, cuda_ordinal, image_dtype, mean, std):
             raise ValueError("mean/std apply to normalized images: pass image_dtype='float32', "
                              "'float16' or 'bfloat16' with them")
         return None
-    if not isinstance(dataset, ImageFolder):
+    if not getattr(dataset, "_IMAGES", False):
         raise ValueError("image_dtype=%r applies to image datasets only" % image_dtype)
     if cuda_ordinal is None:
         raise ValueError("image_dtype=%r needs device='cuda:N': ferryd normalizes on the "
@@ -237,7 +239,7 @@ def _job_spec(dataset, batch_size, transform, shuffle, seed, drop_last, world_si
         "device": device,
         "prefetch_depth": _check_int("prefetch", prefetch, 0, 64),
     }
-    if transform is not None and isinstance(dataset, ImageFolder):
+    if transform is not None and getattr(dataset, "_IMAGES", False):
         spec["transform"] = transform._spec()
     if image_output is not None:
         spec["image_output"] = image_output
@@ -288,6 +290,11 @@ class Loader:
         then current stream, when the iterator advances.
       timeout: seconds to wait for one batch before raising FerryError DEADLINE_EXCEEDED;
         None waits forever.
+      on_corrupt_sample: "skip" (default): a sample that cannot be read or decoded is
+        replaced by a deterministic substitute (same on every run and rank; the batch's
+        "index" names it), counted and reported with its path in the job's status, and
+        never read again. "fail": the first such sample stops the job; iteration raises
+        FerryError DATA_LOSS naming the file.
 
     Batches are dicts {field name: tensor}; numpy arrays and torch tensors both support
     DLPack. Iterating again without set_epoch repeats the same epoch. Errors from ferryd
@@ -298,12 +305,17 @@ class Loader:
     def __init__(self, dataset, batch_size, transform=None, shuffle=False, seed=0,
                  drop_last=False, rank=0, world_size=1, device="cpu", address=None,
                  prefetch=4, job_name=None, as_numpy=False, zero_copy=False, timeout=None,
-                 image_dtype="uint8", mean=None, std=None):
-        if not isinstance(dataset, (ImageFolder, Tokens)):
-            raise TypeError("dataset must be ferry.ImageFolder or ferry.Tokens, got %r"
-                            % (dataset,))
+                 image_dtype="uint8", mean=None, std=None, on_corrupt_sample="skip"):
+        # Every dataset class of this module has _spec(); image datasets set _IMAGES.
+        if not callable(getattr(dataset, "_spec", None)):
+            raise TypeError("dataset must be a ferry dataset (ferry.ImageFolder, "
+                            "ferry.WebDataset, ferry.Tokens, ferry.Records or ferry.Npy), got "
+                            "%r" % (dataset,))
         batch_size = _check_int("batch_size", batch_size, 1, 2**32 - 1)
-        if isinstance(dataset, ImageFolder):
+        if on_corrupt_sample not in ("skip", "fail"):
+            raise ValueError("on_corrupt_sample must be 'skip' or 'fail', got %r"
+                             % (on_corrupt_sample,))
+        if getattr(dataset, "_IMAGES", False):
             if transform is None:
                 raise ValueError("ImageFolder needs a transform: ferry.RandomResizedCrop(size) "
                                  "for training or ferry.CenterCrop(size) for evaluation")
@@ -332,6 +344,8 @@ class Loader:
                 raise ValueError("timeout must be > 0, got %r" % (timeout,))
         self._spec = _job_spec(dataset, batch_size, transform, shuffle, seed, drop_last,
                                world_size, prefetch, image_output)
+        if on_corrupt_sample == "fail":
+            self._spec["on_corrupt_sample"] = "FAIL"
         self.dataset = dataset
         self.batch_size = batch_size
         self.rank = rank

@@ -77,6 +77,39 @@ struct TokensOptions {
   DType output_dtype = DType::kInt64;
 };
 
+// WebDataset tar shards: a sample is the members sharing a basename; fields "image",
+// "label" (from the label member, -1 when absent), "index". Each rank reads a contiguous run
+// of the epoch's order (shards shuffled by (seed, epoch), then a bounded shuffle buffer).
+struct WebDatasetOptions {
+  // Paths or brace patterns ("/data/train-{000000..000146}.tar").
+  std::vector<std::string> shards;
+  std::string image_key = "jpg";  // Default: "jpg" (also matches "jpeg")
+  std::string label_key = "cls";  // Default: "cls"
+  uint32_t shuffle_buffer = 0;    // Samples. Default: 0 = 1000, chosen by the daemon.
+};
+
+// Fixed-size binary records after `header_bytes`: a sample is one record, field "data" of
+// `dtype` and `shape` (empty = scalar), plus "index".
+struct RecordsOptions {
+  std::string path;
+  DType dtype = DType::kUnspecified;  // Required.
+  std::vector<int64_t> shape;
+  uint64_t header_bytes = 0;
+};
+
+// A NumPy .npy array: a sample is one row along axis 0 (field "data"), plus "index".
+struct NpyOptions {
+  std::string path;
+};
+
+// What a job does with a sample that cannot be read or decoded.
+enum class CorruptSamplePolicy {
+  // Replace it by a deterministic substitute, report it, never read it again (default).
+  kSkip,
+  // Stop the job; consumers' next call fails with DATA_LOSS naming the file.
+  kFail,
+};
+
 // torchvision's RandomResizedCrop followed by RandomHorizontalFlip(0.5) when `flip`.
 struct RandomResizedCropOptions {
   uint32_t size = 0;
@@ -110,7 +143,9 @@ struct JobOptions {
   // Default: empty = derived by the daemon from the spec.
   std::string name;
   // Required.
-  std::variant<std::monostate, ImageFolderOptions, TokensOptions> dataset;
+  std::variant<std::monostate, ImageFolderOptions, TokensOptions, WebDatasetOptions,
+               RecordsOptions, NpyOptions>
+      dataset;
   // Required for image datasets; ignored for tokens.
   std::variant<std::monostate, RandomResizedCropOptions, CenterCropOptions> transform;
   uint32_t batch_size = 0;  // Required.
@@ -125,6 +160,7 @@ struct JobOptions {
   uint32_t prefetch_depth = 0;  // Slots per rank. Default: 0 = the daemon's default.
   // Device "cuda:..." only. Default: uint8 HWC images.
   ImageOutputOptions image_output;
+  CorruptSamplePolicy on_corrupt_sample = CorruptSamplePolicy::kSkip;
 };
 
 // The JobSpec part of `options` (everything but `name`) as the proto3 JSON mapping of
@@ -182,8 +218,11 @@ struct SampleError {
 struct JobStatus {
   JobInfo job;
   std::vector<RankStatus> ranks;
-  int64_t errors = 0;
+  int64_t errors = 0;  // bad samples, each counted once
   std::vector<SampleError> recent_errors;
+  int64_t quarantined = 0;  // bad samples remembered and never read again
+  int64_t substituted = 0;  // substitutes delivered in their place
+  std::string failure;      // non-empty once the FAIL policy stopped the job
 };
 
 struct NumaNodeStatus {
