@@ -1,6 +1,7 @@
 // RankPipeline against a fake SampleSource: ordering, bounded prefetch, epoch changes,
 // reclaiming a vanished consumer's slots and substituting unreadable samples.
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <set>
 #include <thread>
@@ -8,6 +9,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/pipeline/job.h"
@@ -31,15 +33,20 @@ class FakeSource final : public SampleSource {
   std::unique_ptr<Scratch> NewScratch() const override { return std::make_unique<Scratch>(); }
   absl::Status Fill(int64_t index, uint64_t, absl::Span<uint8_t* const> rows,
                     Scratch*) const override {
-    if (corrupt_.contains(index)) return absl::DataLossError("corrupt on purpose");
+    if (corrupt_.contains(index)) {
+      bad_reads_.fetch_add(1);
+      return absl::DataLossError("corrupt on purpose");
+    }
     int64_t value = index * 10;
     memcpy(rows[0], &value, 8);
     memcpy(rows[1], &index, 8);
     return absl::OkStatus();
   }
   std::string Describe(int64_t index) const override { return "fake/" + std::to_string(index); }
+  int64_t bad_reads() const { return bad_reads_.load(); }
 
  private:
+  mutable std::atomic<int64_t> bad_reads_{0};
   int64_t n_;
   absl::flat_hash_set<int64_t> corrupt_;
   std::vector<FieldLayout> fields_;
@@ -246,9 +253,10 @@ TEST_F(PipelineTest, UnreadableSamplesAreSubstitutedAndCounted) {
     ASSERT_TRUE(p->Release(&c, b.slot(), b.seq()).ok());
   }
   EXPECT_EQ(rows, 50);
-  // The next epoch is prefetched meanwhile and may hit the same files again, so count at
-  // least one error per corrupt file and nothing else.
-  EXPECT_GE(job_->error_count(), 3);
+  // Each bad sample is counted once, then quarantined.
+  EXPECT_EQ(job_->error_count(), 3);
+  EXPECT_EQ(job_->quarantined_count(), 3);
+  EXPECT_GE(job_->substituted_count(), 3);
   std::set<int64_t> reported;
   for (const auto& e : job_->recent_errors()) {
     reported.insert(e.index());
@@ -257,6 +265,119 @@ TEST_F(PipelineTest, UnreadableSamplesAreSubstitutedAndCounted) {
   }
   EXPECT_EQ(reported, (std::set<int64_t>{3, 17, 42}));
   p->Unbind(&c);
+}
+
+TEST_F(PipelineTest, QuarantinedSamplesAreNeverReadAgainAndKeepTheirSubstitute) {
+  absl::flat_hash_set<int64_t> corrupt = {3, 17, 42};
+  auto p = Make(50, 10, 1, 0, 2, true, corrupt);
+  const auto& source = static_cast<const FakeSource&>(job_->source());
+  RecordingConsumer c;
+  ASSERT_TRUE(p->Bind(&c, 1).ok());
+  std::vector<std::vector<int64_t>> first;
+  for (int pass = 0; pass < 3; ++pass) {
+    ASSERT_TRUE(p->StartEpoch(&c, 4, 0).ok());  // the same epoch again: the same batches
+    for (int i = 0; i < 5; ++i) {
+      auto b = std::get<ferry::v1::BatchReady>(*c.Next());
+      std::vector<int64_t> indices = Indices(*p, b);
+      if (pass == 0) {
+        first.push_back(indices);
+      } else {
+        EXPECT_EQ(indices, first[i]) << "pass " << pass << " batch " << i;
+      }
+      ASSERT_TRUE(p->Release(&c, b.slot(), b.seq()).ok());
+    }
+    ASSERT_TRUE(std::holds_alternative<EpochEndMsg>(*c.Next()));
+  }
+  EXPECT_EQ(source.bad_reads(), 3);  // one read per bad sample, ever
+  EXPECT_EQ(job_->error_count(), 3);
+  p->Unbind(&c);
+}
+
+TEST_F(PipelineTest, FailPolicyStopsEveryRankWithTheFileName) {
+  ferry::v1::JobSpec spec;
+  spec.set_batch_size(5);
+  spec.set_world_size(2);
+  spec.set_on_corrupt_sample(ferry::v1::FAIL);
+  job_ = *Job::Create(JobIdentity{"jfail", "fail", 1000, next_serial_++}, spec,
+                      std::make_unique<FakeSource>(40, absl::flat_hash_set<int64_t>{12}));
+  auto r0 = *RankPipeline::Create(job_, 0, 2, -1, pool_.get(), &budget_);
+  auto r1 = *RankPipeline::Create(job_, 1, 2, -1, pool_.get(), &budget_);
+  RecordingConsumer c0, c1;
+  ASSERT_TRUE(r0->Bind(&c0, 1).ok());
+  ASSERT_TRUE(r1->Bind(&c1, 2).ok());
+  ASSERT_TRUE(r0->StartEpoch(&c0, 0, 0).ok());
+  // Sample 12 is position 12 of the unshuffled order: rank 0's batch 1. Batch 0 may or
+  // may not arrive (both fill at once); then the stream ends with the failure, never with
+  // the bad batch.
+  absl::Status end;
+  for (;;) {
+    auto m = *c0.Next();
+    if (auto* s = std::get_if<absl::Status>(&m)) {
+      end = *s;
+      break;
+    }
+    auto* batch = std::get_if<ferry::v1::BatchReady>(&m);
+    ASSERT_NE(batch, nullptr);
+    EXPECT_LT(batch->batch(), 1) << "the batch holding the bad sample was delivered";
+    ASSERT_TRUE(r0->Release(&c0, batch->slot(), batch->seq()).ok());
+  }
+  EXPECT_EQ(end.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(end.message(), HasSubstr("fake/12"));
+  EXPECT_THAT(end.message(), HasSubstr("on_corrupt_sample=FAIL"));
+  EXPECT_TRUE(job_->failed());
+  // The other rank learns it at its next request.
+  ASSERT_TRUE(r1->StartEpoch(&c1, 0, 0).ok());
+  auto m = *c1.Next();
+  ASSERT_TRUE(std::holds_alternative<absl::Status>(m));
+  EXPECT_EQ(std::get<absl::Status>(m).code(), absl::StatusCode::kDataLoss);
+  r0->Unbind(&c0);
+  r1->Unbind(&c1);
+}
+
+TEST(WorkerPoolTest, OwnersAreServedRoundRobin) {
+  Topology topo = *Topology::Read("/sys");
+  auto pool = *WorkerPool::Create(topo, 1);
+  // Hold every worker so the queue builds up, then let go and record the order.
+  absl::Mutex mutex;
+  bool go = false;
+  std::vector<int> order;
+  const int workers = pool->total_threads();
+  std::atomic<int> parked{0};
+  std::vector<WorkerPool::Task> blockers;
+  for (int i = 0; i < workers; ++i) {
+    blockers.push_back([&](WorkerContext&) {
+      parked.fetch_add(1);
+      absl::MutexLock lock(&mutex);
+      mutex.Await(absl::Condition(&go));
+    });
+  }
+  pool->Submit(WorkerPool::kAnyGroup, 99, std::move(blockers));
+  while (parked.load() < workers) absl::SleepFor(absl::Milliseconds(1));
+  auto tasks = [&](int owner, int n) {
+    std::vector<WorkerPool::Task> out;
+    for (int i = 0; i < n; ++i) {
+      out.push_back([&, owner](WorkerContext&) {
+        absl::MutexLock lock(&mutex);
+        order.push_back(owner);
+      });
+    }
+    return out;
+  };
+  pool->Submit(WorkerPool::kAnyGroup, 1, tasks(1, 100));  // a big job first...
+  pool->Submit(WorkerPool::kAnyGroup, 2, tasks(2, 10));   // ...does not starve a small one
+  {
+    absl::MutexLock lock(&mutex);
+    go = true;
+  }
+  pool.reset();  // drains the queues, then joins
+  ASSERT_EQ(order.size(), 110u);
+  // Owner 2's ten tasks all ran among the first 20 + workers (round-robin, a few workers
+  // racing), not after owner 1's hundred.
+  int last_of_2 = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (order[i] == 2) last_of_2 = static_cast<int>(i);
+  }
+  EXPECT_LT(last_of_2, 20 + 2 * workers);
 }
 
 TEST_F(PipelineTest, ShutdownEndsTheStreamOnceHeldBatchesAreBack) {

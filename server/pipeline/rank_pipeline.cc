@@ -136,7 +136,7 @@ void RankPipeline::Unbind(BatchConsumer* consumer) {
     starved_since_ = absl::InfiniteFuture();
     ScheduleLocked(&tasks);
   }
-  pool_->Submit(group_, std::move(tasks));
+  pool_->Submit(group_, job_->identity().serial, std::move(tasks));
 }
 
 void RankPipeline::Shutdown(const absl::Status& reason) {
@@ -420,7 +420,7 @@ bool RankPipeline::HeadDeliverableLocked() const {
 }
 
 void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
-  if (!tasks.empty()) pool_->Submit(group_, std::move(tasks));
+  if (!tasks.empty()) pool_->Submit(group_, job_->identity().serial, std::move(tasks));
   absl::MutexLock lock(&mutex_);
   if (delivering_) return;  // the thread delivering now will see our changes
   delivering_ = true;

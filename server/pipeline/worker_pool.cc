@@ -62,11 +62,31 @@ int WorkerPool::GroupForNode(int node) const {
 
 int WorkerPool::total_threads() const { return static_cast<int>(threads_.size()); }
 
-void WorkerPool::Submit(int group, std::vector<Task> tasks) {
+void WorkerPool::FairQueue::Push(uint64_t owner, Task task) {
+  std::deque<Task>& q = by_owner_[owner];
+  if (q.empty()) turns_.push_back(owner);
+  q.push_back(std::move(task));
+}
+
+WorkerPool::Task WorkerPool::FairQueue::Pop() {
+  const uint64_t owner = turns_.front();
+  turns_.pop_front();
+  auto it = by_owner_.find(owner);
+  Task task = std::move(it->second.front());
+  it->second.pop_front();
+  if (it->second.empty()) {
+    by_owner_.erase(it);
+  } else {
+    turns_.push_back(owner);
+  }
+  return task;
+}
+
+void WorkerPool::Submit(int group, uint64_t owner, std::vector<Task> tasks) {
   absl::MutexLock lock(&mutex_);
-  std::deque<Task>& q =
+  FairQueue& q =
       (group >= 0 && group < static_cast<int>(queues_.size())) ? queues_[group] : any_queue_;
-  for (Task& t : tasks) q.push_back(std::move(t));
+  for (Task& t : tasks) q.Push(owner, std::move(t));
 }
 
 void WorkerPool::Run(int group) {
@@ -84,11 +104,9 @@ void WorkerPool::Run(int group) {
       absl::MutexLock lock(&mutex_);
       mutex_.Await(absl::Condition(&has_work));
       if (!queues_[group].empty()) {
-        task = std::move(queues_[group].front());
-        queues_[group].pop_front();
+        task = queues_[group].Pop();
       } else if (!any_queue_.empty()) {
-        task = std::move(any_queue_.front());
-        any_queue_.pop_front();
+        task = any_queue_.Pop();
       } else {
         return;  // stopping and drained
       }

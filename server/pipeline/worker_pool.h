@@ -6,6 +6,11 @@
 // Queues are bounded by construction, not by the pool: a rank only submits the rows of
 // slots it owns, so at most (slots x batch size) tasks per rank are ever queued.
 //
+// Fair sharing: every task has an owner (its job). Each queue serves its owners round-robin,
+// one task at a time, so a job that submitted a thousand rows does not starve one that
+// submitted ten, and a job whose consumer stalls simply stops submitting (its slots stay
+// full) without holding anything another job needs.
+//
 // Thread-safe. Tasks must not block on other tasks.
 #ifndef FERRY_SERVER_PIPELINE_WORKER_POOL_H_
 #define FERRY_SERVER_PIPELINE_WORKER_POOL_H_
@@ -65,7 +70,8 @@ class WorkerPool final {
 
   // The group serving NUMA node `node`, kAnyGroup for -1 or an unknown node.
   int GroupForNode(int node) const;
-  void Submit(int group, std::vector<Task> tasks);
+  // Queues `tasks` of `owner` (any id; ferry uses the job's serial) on `group`.
+  void Submit(int group, uint64_t owner, std::vector<Task> tasks);
 
   const std::vector<GroupInfo>& groups() const { return groups_; }
   int total_threads() const;
@@ -77,8 +83,20 @@ class WorkerPool final {
   std::vector<GroupInfo> groups_;  // constant after Create
   std::vector<std::thread> threads_;
   absl::Mutex mutex_;
-  std::vector<std::deque<Task>> queues_ ABSL_GUARDED_BY(mutex_);  // per group
-  std::deque<Task> any_queue_ ABSL_GUARDED_BY(mutex_);
+  // Tasks of several owners served round-robin. Not thread-safe (the pool's mutex guards it).
+  class FairQueue {
+   public:
+    bool empty() const { return turns_.empty(); }
+    void Push(uint64_t owner, Task task);
+    Task Pop();  // requires !empty()
+
+   private:
+    absl::flat_hash_map<uint64_t, std::deque<Task>> by_owner_;
+    std::deque<uint64_t> turns_;  // owners with queued tasks, next to serve first
+  };
+
+  std::vector<FairQueue> queues_ ABSL_GUARDED_BY(mutex_);  // per group
+  FairQueue any_queue_ ABSL_GUARDED_BY(mutex_);
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
 };
 
