@@ -127,7 +127,7 @@ def handoff(sock, path, device, batches, step_us=0):
         loader.set_epoch(epoch)
         it = iter(loader)
         time.sleep(0.05)  # let the ring fill
-        while True:
+        while len(times) < batches:
             t0 = time.perf_counter_ns()
             try:
                 b = next(it)

@@ -11,7 +11,8 @@ nvidia-smi --query-gpu=name,pci.bus_id,driver_version --format=csv,noheader | te
 rc=0
 # Argument: "tests" (tests only), "bench" (benchmarks only), nothing (both).
 if [[ ${1:-} != bench ]]; then
-  cuda_test 2>&1 | tail -5 | tee "$OUT/cuda_test.txt" || rc=1
+  cuda_test > "$OUT/cuda_test.txt" 2>&1 || rc=1
+  grep -E "FAILED|Failure|PASSED" -A3 "$OUT/cuda_test.txt" | tail -20
   (cd tests/gpu && python3 -m unittest -v test_gpu_transport) > "$OUT/gpu_transport.txt" 2>&1 || rc=1
   tail -25 "$OUT/gpu_transport.txt"
 fi

@@ -103,14 +103,25 @@ class FerryDaemon:
             with open(self.config_path, "w") as f:
                 f.write(config)
             argv += ["--config", self.config_path]
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+        self._argv = argv
+        self._start(start_timeout)
+
+    def _start(self, timeout):
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(self._argv, stdin=subprocess.DEVNULL, stdout=log,
                                             stderr=log, start_new_session=True)
         try:
-            self._wait_ready(start_timeout)
+            self._wait_ready(timeout)
         except BaseException:
             self.stop()
             raise
+
+    def restart(self, sig=signal.SIGKILL, start_timeout=30):
+        """Kills ferryd with `sig`, waits for it, and starts a new one on the same socket
+        (same directory, same config): a daemon restart as a trainer sees it."""
+        self.process.send_signal(sig)
+        self.process.wait(30)
+        self._start(start_timeout)
 
     @property
     def pid(self):

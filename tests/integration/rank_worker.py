@@ -4,12 +4,14 @@ records what it got. Run as `python3 rank_worker.py '<json config>'`.
 Config keys:
   address, root, rank, world_size, batch_size, seed, epochs (list of epoch numbers, or a
     count n for epochs 0..n-1): the run.
-  crop (default 32), job_name, zero_copy (default False), prefetch (default 4).
+  crop (default 32), job_name, zero_copy (default False), prefetch (default 4),
+    drop_last (default False).
   out: JSON file written (atomically) at a pause and at the end:
     {"len": batches per epoch, "job_id": ..., "state": loader.state_dict(), "done": bool,
      "epochs": {"<epoch>": {"index": [[...] per batch], "label": [[...]],
                             "color_class": [[class whose colour the image row has]],
-                            "image_shape": [[...] per batch], "image_dtype": "..."}},
+                            "image_shape": [[...] per batch], "image_dtype": "...",
+                            "digest": [[sha1 prefix of each row's pixels]]}},
      "error": {"code": ..., "message": ...} when a FerryError ended the run}
   resume: a state_dict to load before the first epoch (exact mid-epoch resume).
   pause_after: after this many batches of the first epoch, write `out`, create `ready_file`
@@ -17,6 +19,7 @@ Config keys:
     the current batch when zero_copy is set).
 """
 
+import hashlib
 import json
 import os
 import sys
@@ -32,7 +35,8 @@ def main():
     cfg = json.loads(sys.argv[1])
     loader = ferry.Loader(ferry.ImageFolder(cfg["root"]), batch_size=cfg["batch_size"],
                           transform=ferry.RandomResizedCrop(cfg.get("crop", 32), flip=True),
-                          shuffle=True, seed=cfg["seed"], drop_last=False, rank=cfg["rank"],
+                          shuffle=True, seed=cfg["seed"], drop_last=cfg.get("drop_last", False),
+                          rank=cfg["rank"],
                           world_size=cfg["world_size"], address=cfg["address"],
                           prefetch=cfg.get("prefetch", 4), job_name=cfg.get("job_name"),
                           zero_copy=cfg.get("zero_copy", False), timeout=60)
@@ -51,7 +55,7 @@ def main():
             if n > 0 or not cfg.get("resume"):
                 loader.set_epoch(epoch)
             rec = {"index": [], "label": [], "color_class": [], "image_shape": [],
-                   "image_dtype": None}
+                   "image_dtype": None, "digest": []}
             result["epochs"][str(epoch)] = rec
             for b, batch in enumerate(loader):
                 image = batch["image"]
@@ -61,6 +65,9 @@ def main():
                 rec["image_dtype"] = str(image.dtype)
                 means = image.double().mean(dim=(1, 2)).tolist()
                 rec["color_class"].append([ferry_it.nearest_class(m) for m in means])
+                pixels = image.contiguous().numpy()
+                rec["digest"].append([hashlib.sha1(row.tobytes()).hexdigest()[:16]
+                                      for row in pixels])
                 if n == 0 and pause_after is not None and b + 1 == pause_after:
                     save()
                     open(cfg["ready_file"], "w").close()
