@@ -3,7 +3,10 @@
 #include "absl/status/status.h"
 #include "common/status_macros.h"
 #include "server/dataset/image_folder_source.h"
+#include "server/dataset/npy_source.h"
+#include "server/dataset/record_source.h"
 #include "server/dataset/token_source.h"
+#include "server/dataset/webdataset_source.h"
 
 namespace ferry {
 
@@ -44,14 +47,34 @@ absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(const ferry::v1::
       return std::unique_ptr<SampleSource>(std::move(source));
     }
     case ferry::v1::DatasetSpec::kTokens: {
-      FERRY_ASSIGN_OR_RETURN(auto source, TokenSource::Create(dataset.tokens()));
+      // A GPU job widens tokens on its device (see TokenSource::Create), except UINT32 ->
+      // INT32, whose range check runs here.
+      const bool to_gpu = spec.device().rfind("cuda:", 0) == 0;
+      const bool narrowing = dataset.tokens().token_dtype() == ferry::v1::UINT32 &&
+                             dataset.tokens().output_dtype() == ferry::v1::INT32;
+      FERRY_ASSIGN_OR_RETURN(auto source,
+                             TokenSource::Create(dataset.tokens(), to_gpu && !narrowing));
       return std::unique_ptr<SampleSource>(std::move(source));
     }
+    case ferry::v1::DatasetSpec::kWebdataset: {
+      // The transform first: indexing many shards takes a while.
+      FERRY_ASSIGN_OR_RETURN(ImageTransform transform, ImageTransformFromSpec(spec.transform()));
+      FERRY_ASSIGN_OR_RETURN(auto source,
+                             WebDatasetSource::Create(dataset.webdataset(), transform, limits));
+      return std::unique_ptr<SampleSource>(std::move(source));
+    }
+    case ferry::v1::DatasetSpec::kRecords: {
+      FERRY_ASSIGN_OR_RETURN(auto source, RecordSource::Create(dataset.records()));
+      return std::unique_ptr<SampleSource>(std::move(source));
+    }
+    case ferry::v1::DatasetSpec::kNpy:
+      return OpenNpySource(dataset.npy());
     case ferry::v1::DatasetSpec::KIND_NOT_SET:
       break;
   }
   return absl::InvalidArgumentError(
-      "dataset must be set: choose dataset.image_folder or dataset.tokens");
+      "dataset must be set: choose dataset.webdataset, dataset.records, dataset.npy, "
+      "dataset.image_folder or dataset.tokens");
 }
 
 }  // namespace ferry

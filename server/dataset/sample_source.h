@@ -4,6 +4,10 @@
 // Fields (per sample; the batch dimension is added by the slot layout):
 //   imagefolder: "image" uint8 [size, size, 3], "label" int64 [], "index" int64 []
 //   tokens:      "tokens" int64|int32 [seq_len + 1], "index" int64 []
+//   records:     "data" dtype [shape...] (spec's; [] when shape is empty), "index" int64 []
+//   npy:         "data" the array's dtype [axes after the first] ([] for a 1-d array),
+//                "index" int64 []
+//   webdataset:  "image" uint8 [size, size, 3], "label" int64 [], "index" int64 []
 //
 //   FERRY_ASSIGN_OR_RETURN(auto source, MakeSampleSource(spec, dataset_roots));
 //   std::vector<uint8_t*> rows = {...};  // one pointer per field, in fields() order
@@ -59,6 +63,16 @@ class SampleSource {
 
   // Human-readable location of a sample ("<root>/<class>/<file>"), for error reports.
   virtual std::string Describe(int64_t index) const = 0;
+
+  // Sources stored as streams (tar shards) define the epoch's order themselves, so that
+  // each rank, dealt a contiguous run of it, reads its own shards mostly sequentially. When
+  // HasStreamOrder(), the job's sampler takes StreamOrder's order in place of its own
+  // permutation and deals contiguous runs instead of striding (see SamplerOptions).
+  virtual bool HasStreamOrder() const { return false; }
+  // Fills *order with a permutation of [0, size()) for `epoch`, a pure function of
+  // (seed, epoch, shuffle) and the dataset. Called only when HasStreamOrder().
+  virtual void StreamOrder(uint64_t seed, int64_t epoch, bool shuffle,
+                           std::vector<int64_t>* order) const {}
 };
 
 // Validates `spec` (dataset + transform) and opens the dataset. Errors:

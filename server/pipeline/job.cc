@@ -53,6 +53,16 @@ absl::StatusOr<std::shared_ptr<Job>> Job::Create(JobIdentity identity,
   options.shuffle = spec.shuffle();
   options.drop_last = spec.drop_last();
   options.seed = spec.seed();
+  if (source->HasStreamOrder()) {
+    // The source orders the epoch (shards, then a shuffle buffer) and each rank reads a
+    // contiguous run of it. The Job owns both, so the source outlives the sampler's calls.
+    const SampleSource* stream = source.get();
+    options.epoch_order = [stream, seed = options.seed, shuffle = options.shuffle](
+                              int64_t epoch, std::vector<int64_t>* order) {
+      stream->StreamOrder(seed, epoch, shuffle, order);
+    };
+    options.contiguous = true;
+  }
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Sampler> sampler, Sampler::Create(options));
   return std::shared_ptr<Job>(
       new Job(std::move(identity), spec, std::move(source), std::move(sampler)));

@@ -76,33 +76,67 @@ void Sampler::BatchIndices(int64_t epoch, int64_t rank, int64_t batch,
   const int64_t end = std::min(begin + options_.batch_size, per_rank);
   out->clear();
   out->reserve(static_cast<size_t>(end - begin));
-  if (!options_.shuffle) {
+  // Where this rank's j-th sample lies in the epoch's (padded or cut) order.
+  const int64_t first = options_.contiguous ? rank * per_rank : rank;
+  const int64_t stride = options_.contiguous ? 1 : options_.world_size;
+  if (!options_.shuffle && !options_.epoch_order) {
     for (int64_t j = begin; j < end; ++j) {
-      out->push_back((j * options_.world_size + rank) % options_.num_samples);
+      out->push_back((first + j * stride) % options_.num_samples);
     }
     return;
   }
   absl::MutexLock lock(&mutex_);
   for (int64_t j = begin; j < end; ++j) {
-    out->push_back(Position(epoch, j * options_.world_size + rank));
+    out->push_back(Position(epoch, first + j * stride));
   }
 }
 
 int64_t Sampler::Position(int64_t epoch, int64_t pos) {
   if (cached_epoch_ != epoch || permutation_.empty()) {  // empty: nothing cached yet
-    // Fisher-Yates from the back, so the result depends only on (seed, epoch, num_samples).
-    permutation_.resize(static_cast<size_t>(options_.num_samples));
-    std::iota(permutation_.begin(), permutation_.end(), int64_t{0});
-    Rng rng(MixSeed(options_.seed, static_cast<uint64_t>(epoch)));
-    for (int64_t i = options_.num_samples - 1; i > 0; --i) {
-      const int64_t j = static_cast<int64_t>(rng.Below(static_cast<uint64_t>(i) + 1));
-      std::swap(permutation_[i], permutation_[j]);
+    if (options_.epoch_order) {
+      permutation_.clear();
+      options_.epoch_order(epoch, &permutation_);
+      CheckEpochOrder(epoch);
+    } else {
+      // Fisher-Yates from the back, so the result depends only on (seed, epoch, num_samples).
+      permutation_.resize(static_cast<size_t>(options_.num_samples));
+      std::iota(permutation_.begin(), permutation_.end(), int64_t{0});
+      Rng rng(MixSeed(options_.seed, static_cast<uint64_t>(epoch)));
+      for (int64_t i = options_.num_samples - 1; i > 0; --i) {
+        const int64_t j = static_cast<int64_t>(rng.Below(static_cast<uint64_t>(i) + 1));
+        std::swap(permutation_[i], permutation_[j]);
+      }
     }
     cached_epoch_ = epoch;
   }
   // Positions past the dataset are padding: they repeat the head of the order (and wrap again
   // when there are more ranks than samples), as DistributedSampler does.
   return permutation_[pos % options_.num_samples];
+}
+
+void Sampler::CheckEpochOrder(int64_t epoch) {
+  // A broken order would silently serve some samples twice and others never, on every rank
+  // of every node: stop instead, as for any other caller bug.
+  const int64_t n = options_.num_samples;
+  const char* problem = nullptr;
+  if (static_cast<int64_t>(permutation_.size()) != n) {
+    problem = "has the wrong length";
+  } else {
+    std::vector<bool> seen(static_cast<size_t>(n), false);
+    for (int64_t v : permutation_) {
+      if (v < 0 || v >= n || seen[static_cast<size_t>(v)]) {
+        problem = "is not a permutation of [0, num_samples)";
+        break;
+      }
+      seen[static_cast<size_t>(v)] = true;
+    }
+  }
+  if (problem == nullptr) return;
+  std::fprintf(stderr,
+               "ferry: Sampler epoch_order for epoch %lld %s (%zu entries, num_samples=%lld)\n",
+               static_cast<long long>(epoch), problem, permutation_.size(),
+               static_cast<long long>(n));
+  std::abort();
 }
 
 }  // namespace ferry

@@ -6,10 +6,16 @@
 //   * with drop_last the order is cut to floor(N / world) * world samples, otherwise it is
 //     padded by repeating its head to ceil(N / world) * world samples;
 //   * rank r takes positions r, r + world, r + 2 * world, ... of that order;
+//     with `contiguous` it takes positions [r * per_rank, (r + 1) * per_rank) instead, where
+//     per_rank = floor(N / world) with drop_last, ceil(N / world) otherwise (the same
+//     counts; the padding then lands at the end of the last ranks' runs);
 //   * each rank's share is cut into batches of batch_size; with drop_last a trailing partial
 //     batch is dropped, otherwise it is delivered short.
 // Every rank therefore gets exactly the same number of batches (DDP cannot hang), and every
 // node computes the same order from the same spec with no coordinator.
+//
+// A dataset stored as streams (WebDataset tar shards) supplies its own epoch order through
+// `epoch_order` and sets `contiguous`, so that each rank reads a run of whole shards.
 //
 //   Sampler sampler({.num_samples = n, .batch_size = 256, .world_size = 8, ...});
 //   std::vector<int64_t> ids;
@@ -21,6 +27,7 @@
 #define FERRY_SERVER_SAMPLER_SAMPLER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -37,6 +44,13 @@ struct SamplerOptions {
   bool shuffle = false;
   bool drop_last = false;
   uint64_t seed = 0;
+  // When set, gives the epoch's order in place of the shuffle/identity permutation: fills
+  // *order with a permutation of [0, num_samples), as a pure function of the epoch (every
+  // node must compute the same). Called once per epoch change, under the sampler's lock;
+  // `shuffle` is then ignored by the sampler. Default: unset.
+  std::function<void(int64_t epoch, std::vector<int64_t>* order)> epoch_order;
+  // Deal contiguous runs of the order to ranks instead of striding (see above). Default: false.
+  bool contiguous = false;
 };
 
 class Sampler final {
@@ -58,8 +72,10 @@ class Sampler final {
 
  private:
   explicit Sampler(const SamplerOptions& options);
-  // order[pos] of the epoch (shuffled); recomputes the cached permutation on a new epoch.
+  // order[pos % num_samples] of the epoch (shuffled, or from epoch_order); recomputes the
+  // cached permutation on a new epoch. Aborts when epoch_order breaks its contract.
   int64_t Position(int64_t epoch, int64_t pos) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void CheckEpochOrder(int64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const SamplerOptions options_;
   absl::Mutex mutex_;

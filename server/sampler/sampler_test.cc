@@ -267,6 +267,148 @@ TEST(SamplerTest, ConcurrentCallsMatchSerialResults) {
   for (int t = 0; t < kThreads; ++t) EXPECT_EQ(mismatches[t], 0) << "thread " << t;
 }
 
+// A fixed, recognisable order for epoch_order tests: a rotation by 3 * epoch + 1, reversed.
+void RotatedReversed(int64_t n, int64_t epoch, std::vector<int64_t>* order) {
+  order->resize(n);
+  for (int64_t i = 0; i < n; ++i) (*order)[i] = (n - 1 - i + 3 * epoch + 1) % n;
+}
+
+TEST(SamplerTest, ContiguousDealsRunsWithTheSameCounts) {
+  // Padded: per_rank = ceil(10 / 3) = 4; the last rank's run wraps to the head.
+  std::unique_ptr<Sampler> padded =
+      MakeSampler({.num_samples = 10, .batch_size = 2, .world_size = 3, .contiguous = true});
+  ASSERT_NE(padded, nullptr);
+  EXPECT_EQ(padded->samples_per_rank(), 4);
+  auto epoch = WholeEpoch(*padded, 0);
+  EXPECT_THAT(epoch[0], ElementsAre(ElementsAre(0, 1), ElementsAre(2, 3)));
+  EXPECT_THAT(epoch[1], ElementsAre(ElementsAre(4, 5), ElementsAre(6, 7)));
+  EXPECT_THAT(epoch[2], ElementsAre(ElementsAre(8, 9), ElementsAre(0, 1)));
+
+  // Cut: per_rank = floor(10 / 3) = 3; sample 9 is dropped, as in strided mode.
+  std::unique_ptr<Sampler> cut = MakeSampler({.num_samples = 10, .batch_size = 2,
+                                              .world_size = 3, .drop_last = true,
+                                              .contiguous = true});
+  ASSERT_NE(cut, nullptr);
+  EXPECT_EQ(cut->batches_per_epoch(), 1);  // 3 per rank: one full batch, the rest dropped
+  auto cut_epoch = WholeEpoch(*cut, 0);
+  EXPECT_THAT(cut_epoch[0], ElementsAre(ElementsAre(0, 1)));
+  EXPECT_THAT(cut_epoch[1], ElementsAre(ElementsAre(3, 4)));
+  EXPECT_THAT(cut_epoch[2], ElementsAre(ElementsAre(6, 7)));
+
+  // More ranks than samples: the order wraps more than once.
+  std::unique_ptr<Sampler> wide =
+      MakeSampler({.num_samples = 2, .batch_size = 4, .world_size = 5, .contiguous = true});
+  ASSERT_NE(wide, nullptr);
+  EXPECT_THAT(WholeEpoch(*wide, 0),
+              ElementsAre(ElementsAre(ElementsAre(0)), ElementsAre(ElementsAre(1)),
+                          ElementsAre(ElementsAre(0)), ElementsAre(ElementsAre(1)),
+                          ElementsAre(ElementsAre(0))));
+}
+
+TEST(SamplerTest, EpochOrderReplacesThePermutationAndIsCachedPerEpoch) {
+  constexpr int64_t kN = 12;
+  int calls = 0;
+  std::vector<int64_t> epochs_asked;
+  for (bool shuffle : {false, true}) {
+    calls = 0;
+    epochs_asked.clear();
+    SamplerOptions o = {.num_samples = kN, .batch_size = 4, .world_size = 1, .shuffle = shuffle,
+                        .seed = 9};
+    o.epoch_order = [&](int64_t epoch, std::vector<int64_t>* order) {
+      ++calls;
+      epochs_asked.push_back(epoch);
+      RotatedReversed(kN, epoch, order);
+    };
+    std::unique_ptr<Sampler> sampler = MakeSampler(o);
+    ASSERT_NE(sampler, nullptr);
+    for (int64_t epoch : {0, 0, 2}) {
+      std::vector<int64_t> expected;
+      RotatedReversed(kN, epoch, &expected);
+      std::vector<int64_t> got;
+      const auto batches = WholeEpoch(*sampler, epoch);
+      for (const auto& batch : batches[0]) {
+        got.insert(got.end(), batch.begin(), batch.end());
+      }
+      EXPECT_EQ(got, expected) << "shuffle=" << shuffle << " epoch " << epoch;
+    }
+    EXPECT_EQ(calls, 2) << "shuffle=" << shuffle;
+    EXPECT_THAT(epochs_asked, ElementsAre(0, 2));
+  }
+}
+
+// The contiguous contract for many shapes, with an epoch_order: rank r's k-th sample is
+// order[(r * per_rank + k) % N], every rank gets the same batch count, and without drop_last
+// every sample is served.
+TEST(SamplerTest, ContiguousContractHoldsForManyShapes) {
+  int checked = 0;
+  for (int64_t n : {1, 2, 3, 5, 7, 10, 16, 17, 64, 101, 1000}) {
+    for (int64_t b : {1, 3, 16, 64}) {
+      for (int64_t w : {1, 2, 3, 8}) {
+        for (bool drop_last : {false, true}) {
+          SamplerOptions o = {.num_samples = n, .batch_size = b, .world_size = w,
+                              .shuffle = true, .drop_last = drop_last, .seed = 77};
+          o.epoch_order = [n](int64_t epoch, std::vector<int64_t>* order) {
+            RotatedReversed(n, epoch, order);
+          };
+          o.contiguous = true;
+          const std::string label = "N=" + std::to_string(n) + " B=" + std::to_string(b) +
+                                    " W=" + std::to_string(w) +
+                                    " drop_last=" + std::to_string(drop_last);
+          const int64_t per_rank = drop_last ? n / w : (n + w - 1) / w;
+          const int64_t batches = drop_last ? per_rank / b : (per_rank + b - 1) / b;
+          absl::StatusOr<std::unique_ptr<Sampler>> created = Sampler::Create(o);
+          if (batches == 0) {
+            EXPECT_EQ(created.status().code(), absl::StatusCode::kFailedPrecondition) << label;
+            continue;
+          }
+          ASSERT_TRUE(created.ok()) << label << ": " << created.status();
+          Sampler& sampler = **created;
+          ASSERT_EQ(sampler.samples_per_rank(), per_rank) << label;
+          ASSERT_EQ(sampler.batches_per_epoch(), batches) << label;
+          std::vector<int64_t> order;
+          RotatedReversed(n, 4, &order);
+          std::set<int64_t> served;
+          auto epoch = WholeEpoch(sampler, 4);
+          for (int64_t r = 0; r < w; ++r) {
+            ASSERT_EQ(static_cast<int64_t>(epoch[r].size()), batches) << label;
+            int64_t k = 0;
+            for (const auto& batch : epoch[r]) {
+              for (int64_t id : batch) {
+                ASSERT_EQ(id, order[(r * per_rank + k) % n]) << label << " rank " << r;
+                served.insert(id);
+                ++k;
+              }
+            }
+          }
+          if (!drop_last) {
+            EXPECT_EQ(static_cast<int64_t>(served.size()), n) << label;
+          }
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 250);
+}
+
+TEST(SamplerDeathTest, BrokenEpochOrderAborts) {
+  SamplerOptions short_order = {.num_samples = 10, .batch_size = 4, .world_size = 2};
+  short_order.epoch_order = [](int64_t, std::vector<int64_t>* order) { order->assign(9, 0); };
+  std::unique_ptr<Sampler> a = MakeSampler(short_order);
+  ASSERT_NE(a, nullptr);
+  std::vector<int64_t> ids;
+  EXPECT_DEATH(a->BatchIndices(0, 0, 0, &ids), "has the wrong length");
+
+  SamplerOptions repeats = short_order;
+  repeats.epoch_order = [](int64_t, std::vector<int64_t>* order) {
+    order->assign(10, 0);
+    std::iota(order->begin(), order->end() - 1, int64_t{0});
+  };
+  std::unique_ptr<Sampler> b = MakeSampler(repeats);
+  ASSERT_NE(b, nullptr);
+  EXPECT_DEATH(b->BatchIndices(0, 0, 0, &ids), "is not a permutation");
+}
+
 TEST(SamplerDeathTest, OutOfRangeRequestAborts) {
   std::unique_ptr<Sampler> sampler =
       MakeSampler({.num_samples = 10, .batch_size = 4, .world_size = 2});

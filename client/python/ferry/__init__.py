@@ -13,12 +13,13 @@ Pure Python over libferry.so's C ABI (ctypes): nothing is compiled per Python ve
 """
 
 from ferry.errors import FerryError
-from ferry.loader import CenterCrop, ImageFolder, Loader, RandomResizedCrop, Tokens
+from ferry.loader import (CenterCrop, ImageFolder, Loader, Npy, RandomResizedCrop, Records,
+                          Tokens, WebDataset)
 
 __version__ = "0.1.0"
 
-__all__ = ["CenterCrop", "Client", "FerryError", "ImageFolder", "Loader", "RandomResizedCrop",
-           "Tokens", "default_address"]
+__all__ = ["CenterCrop", "Client", "FerryError", "ImageFolder", "Loader", "Npy",
+           "RandomResizedCrop", "Records", "Tokens", "WebDataset", "default_address"]
 
 
 def __getattr__(name):

@@ -69,6 +69,65 @@ class ImageFolder:
         return "ImageFolder(%r)" % self.root
 
 
+def _absolute_shard_pattern(pattern):
+    """Makes a shard pattern absolute without touching its brace groups: only the directory
+    before the first '{' is resolved ("data/{a,b}.tar" -> "/cwd/data/{a,b}.tar")."""
+    brace = pattern.find("{")
+    head, rest = (pattern, "") if brace < 0 else (pattern[:brace], pattern[brace:])
+    directory, slash, name = head.rpartition("/")
+    if slash and not directory:
+        directory = "/"
+    return os.path.join(os.path.abspath(directory or "."), name) + rest
+
+
+class WebDataset:
+    """WebDataset tar shards: a sample is the run of consecutive members sharing a basename
+    ("n01_0001.jpg", "n01_0001.cls"). `shards`: a path or list of paths, each may hold brace
+    groups ("/data/train-{000000..000146}.tar", "{train,extra}.tar"). image_key: extension
+    of the JPEG member ("jpg" also matches "jpeg"); label_key: extension of the member holding
+    the label as decimal text (label -1 when a sample has none). With shuffle=True the
+    epoch's order is: shards permuted, then a shuffle buffer of `shuffle_buffer` samples; each
+    rank reads a contiguous run of it. Batches: {"image": uint8[B, H, W, 3],
+    "label": int64[B], "index": int64[B]}."""
+
+    _IMAGES = True
+
+    def __init__(self, shards, image_key="jpg", label_key="cls", shuffle_buffer=1000):
+        if isinstance(shards, (str, os.PathLike)):
+            shards = [shards]
+        if not isinstance(shards, (list, tuple)) or not shards:
+            raise TypeError("WebDataset shards must be a path or a non-empty list of paths, "
+                            "got %r" % (shards,))
+        checked = []
+        for i, shard in enumerate(shards):
+            if not isinstance(shard, (str, os.PathLike)):
+                raise TypeError("WebDataset shards[%d] must be a path (str or os.PathLike), "
+                                "got %r" % (i, shard))
+            shard = os.fspath(shard)
+            if not shard:
+                raise ValueError("WebDataset shards[%d] must not be empty" % i)
+            checked.append(_absolute_shard_pattern(shard))
+        self.shards = checked
+        for name, key in (("image_key", image_key), ("label_key", label_key)):
+            if not isinstance(key, str) or not key.strip("."):
+                raise ValueError("WebDataset %s must be a member extension such as 'jpg', got %r"
+                                 % (name, key))
+        self.image_key = image_key
+        self.label_key = label_key
+        self.shuffle_buffer = _check_int("WebDataset shuffle_buffer", shuffle_buffer, 1,
+                                         2**32 - 1)
+
+    def _spec(self):
+        return {"webdataset": {"shards": list(self.shards), "image_key": self.image_key,
+                               "label_key": self.label_key,
+                               "shuffle_buffer": self.shuffle_buffer}}
+
+    def __repr__(self):
+        return "WebDataset(%r, image_key=%r, label_key=%r, shuffle_buffer=%d)" % (
+            self.shards if len(self.shards) != 1 else self.shards[0], self.image_key,
+            self.label_key, self.shuffle_buffer)
+
+
 class Tokens:
     """A flat binary file of little-endian token ids (dtype "uint16" or "uint32"); a sample
     is seq_len + 1 tokens. Batches: {"tokens": output_dtype[B, seq_len + 1], "index": ...}."""
@@ -95,6 +154,63 @@ class Tokens:
 
     def __repr__(self):
         return "Tokens(%r, seq_len=%d, dtype=%r)" % (self.path, self.seq_len, self.dtype)
+
+
+class Records:
+    """A flat file of fixed-size binary records (little-endian) after header_bytes; a sample
+    is one record of `dtype` and `shape` (() = one scalar). Batches:
+    {"data": dtype[B, *shape], "index": int64[B]}.
+
+    dtype: "uint8", "uint16", "uint32", "int32", "int64", "float16", "bfloat16" or
+    "float32". As torch tensors, uint16 / uint32 data is widened to int32 / int64 (torch has
+    no such tensors) and bfloat16 is torch.bfloat16; as numpy arrays (as_numpy=True or no
+    torch), bfloat16 comes as uint16 arrays holding the raw bits (numpy has no bfloat16):
+    torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) turns them into values."""
+
+    _DTYPES = {"uint8": "UINT8", "uint16": "UINT16", "uint32": "UINT32", "int32": "INT32",
+               "int64": "INT64", "float16": "FLOAT16", "bfloat16": "BFLOAT16",
+               "float32": "FLOAT32"}
+
+    def __init__(self, path, dtype, shape=(), header_bytes=0):
+        self.path = _check_path("Records path", path)
+        if not isinstance(dtype, str) or dtype not in self._DTYPES:
+            raise ValueError("Records dtype must be one of %s, got %r"
+                             % (sorted(self._DTYPES), dtype))
+        self.dtype = dtype
+        if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
+            shape = (shape,)
+        if not isinstance(shape, (tuple, list)):
+            raise TypeError("Records shape must be a tuple of ints (() for one scalar per "
+                            "record), got %r" % (shape,))
+        self.shape = tuple(_check_int("Records shape[%d]" % i, d, 1)
+                           for i, d in enumerate(shape))
+        self.header_bytes = _check_int("Records header_bytes", header_bytes, 0, 2**64 - 1)
+
+    def _spec(self):
+        return {"records": {"path": self.path, "dtype": self._DTYPES[self.dtype],
+                            "shape": [str(d) for d in self.shape],
+                            "header_bytes": str(self.header_bytes)}}
+
+    def __repr__(self):
+        return "Records(%r, dtype=%r, shape=%r, header_bytes=%d)" % (
+            self.path, self.dtype, self.shape, self.header_bytes)
+
+
+class Npy:
+    """A NumPy .npy file (np.save: format 1.0-3.0, C order, little-endian) of dtype uint8,
+    uint16, uint32, int32, int64, float16 or float32; a sample is one row along axis 0.
+    Batches: {"data": dtype[B, *array.shape[1:]], "index": int64[B]} (a 1-d array gives
+    data[B]). ferryd memory-maps the file; it refuses other dtypes, big-endian and Fortran
+    order arrays with what to do."""
+
+    def __init__(self, path):
+        self.path = _check_path("Npy path", path)
+
+    def _spec(self):
+        return {"npy": {"path": self.path}}
+
+    def __repr__(self):
+        return "Npy(%r)" % self.path
 
 
 class RandomResizedCrop:
@@ -130,9 +246,16 @@ class CenterCrop:
 
 # ---------------------------------------------------------------------------------------
 
-def _to_torch(name, array, copy):
+# FERRY_DTYPE_BFLOAT16: numpy has no bfloat16, so ferry.client hands its bits over as uint16.
+_BFLOAT16_CODE = 7
+
+
+def _to_torch(name, array, copy, bfloat16=False):
     import torch
     import numpy as np
+    if bfloat16:
+        # Reinterpret the raw bits (int16 has the same size; no copy beyond the usual).
+        return _to_torch(name, array.view(np.int16), copy).view(torch.bfloat16)
     if array.dtype == np.uint16 or array.dtype == np.uint32:
         # torch 1.x has no uint16/uint32 tensors: widen (a copy even in zero-copy mode).
         return torch.from_numpy(array.astype(np.int32 if array.dtype == np.uint16 else np.int64))
@@ -258,7 +381,7 @@ class Loader:
                 ...
 
     Arguments:
-      dataset: ImageFolder or Tokens.
+      dataset: ImageFolder, WebDataset, Tokens, Records or Npy (see docs/data.md).
       batch_size: samples per batch.
       transform: RandomResizedCrop or CenterCrop (required for images, unused for tokens).
       shuffle, seed, drop_last: as torch's DistributedSampler + BatchSampler; every rank
@@ -463,7 +586,8 @@ class Loader:
                     arrays = {k: v.copy() for k, v in batch.arrays().items()}
                     batch.release()
                 if not self._as_numpy:
-                    arrays = {k: _to_torch(k, v, copy=not self._zero_copy)
+                    bf16 = {f[0] for f in batch.fields if f[1] == _BFLOAT16_CODE}
+                    arrays = {k: _to_torch(k, v, copy=not self._zero_copy, bfloat16=k in bf16)
                               for k, v in arrays.items()}
                 yield arrays
         finally:

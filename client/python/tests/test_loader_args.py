@@ -58,7 +58,7 @@ class DatasetArgsTest(unittest.TestCase):
 
 class LoaderArgsTest(unittest.TestCase):
     def test_dataset_type(self):
-        with self.assertRaisesRegex(TypeError, "ImageFolder or ferry.Tokens"):
+        with self.assertRaisesRegex(TypeError, "a ferry dataset"):
             make(dataset="/data")
 
     def test_batch_size(self):

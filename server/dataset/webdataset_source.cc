@@ -1,0 +1,501 @@
+#include "server/dataset/webdataset_source.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <numeric>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/random.h"
+#include "common/status_macros.h"
+#include "common/unique_fd.h"
+#include "server/dataset/shard_pattern.h"
+#include "server/dataset/tar_index.h"
+
+namespace ferry {
+namespace {
+
+constexpr uint32_t kDefaultShuffleBuffer = 1000;
+// A label is a short decimal number; a larger member is not a label.
+constexpr uint64_t kMaxLabelBytes = 64;
+// Image and label members closer than this are read with one pread (the usual layout: the
+// two members are adjacent, one 512-byte header apart).
+constexpr uint64_t kMaxReadGap = 4096;
+// Threads that index shards at once: enough to hide the latency of a network filesystem,
+// few enough not to disturb the running jobs' workers.
+constexpr size_t kIndexThreads = 8;
+// Random streams of StreamOrder. MixSeed's last argument is a sample index (< 2^63) for the
+// per-sample transforms, so these values never meet one.
+constexpr uint64_t kShardOrderStream = uint64_t{1} << 63;
+constexpr uint64_t kShuffleBufferStream = (uint64_t{1} << 63) + 1;
+
+class WebDatasetScratch final : public SampleSource::Scratch {
+ public:
+  JpegDecoder decoder;
+  std::vector<uint8_t> buffer;  // grows to the largest read, never shrinks
+  // The shard last read: a rank reads a contiguous run of the order, so consecutive samples
+  // mostly share a shard.
+  int64_t shard = -1;
+  UniqueFd fd;
+};
+
+// "dir/n01_0001.seg.PNG" -> basename "dir/n01_0001", extension "seg.png"; false when the
+// file-name part has no '.' or starts with one (WebDataset ignores such members).
+bool SplitMemberName(const std::string& name, absl::string_view* basename,
+                     absl::string_view* extension) {
+  const size_t slash = name.rfind('/');
+  const size_t file = slash == std::string::npos ? 0 : slash + 1;
+  const size_t dot = name.find('.', file);
+  if (dot == std::string::npos || dot == file) return false;
+  *basename = absl::string_view(name).substr(0, dot);
+  *extension = absl::string_view(name).substr(dot + 1);
+  return true;
+}
+
+std::string NormalizeKey(const std::string& key, const char* fallback) {
+  std::string k = absl::AsciiStrToLower(key.empty() ? fallback : key);
+  if (!k.empty() && k.front() == '.') k.erase(0, 1);  // ".jpg" means "jpg"
+  return k;
+}
+
+bool MatchesKey(absl::string_view lower_extension, const std::string& key) {
+  if (lower_extension == key) return true;
+  // "jpg" and "jpeg" name the same thing.
+  return (key == "jpg" && lower_extension == "jpeg") ||
+         (key == "jpeg" && lower_extension == "jpg");
+}
+
+// Reads `bytes` bytes at `offset`. The error says what went wrong, not where: the caller
+// names the member.
+absl::Status ReadExactly(int fd, uint64_t offset, uint8_t* out, uint64_t bytes) {
+  uint64_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::pread(fd, out + done, bytes - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      return absl::Status(absl::ErrnoToStatusCode(err), std::strerror(err));
+    }
+    if (n == 0) {
+      return absl::DataLossError(absl::StrCat(
+          "the shard ends at byte ", offset + done,
+          ", before the member does; it changed after the job indexed it"));
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadError(const absl::Status& status, const std::string& member) {
+  return absl::Status(status.code(),
+                      absl::StrCat("cannot read '", member, "': ", status.message()));
+}
+
+}  // namespace
+
+struct WebDatasetSource::ShardResult {
+  std::vector<Sample> samples;  // label_spelling indexes label_spellings below
+  std::vector<uint64_t> name_lengths;  // per sample
+  std::string names;
+  std::vector<std::string> label_spellings;
+  Stats stats;
+  TarIndex tar;  // members cleared; for the truncation report
+};
+
+absl::StatusOr<WebDatasetSource::ShardResult> WebDatasetSource::IndexShard(
+    const std::string& path, const std::string& image_key, const std::string& label_key) {
+  absl::StatusOr<TarIndex> tar = IndexTarFile(path);
+  if (!tar.ok()) {
+    if (tar.status().code() == absl::StatusCode::kDataLoss) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "webdataset shard '", path, "' is damaged: ", tar.status().message(),
+          ". Repair or re-create the shard, or remove it from dataset.webdataset.shards"));
+    }
+    return tar.status();
+  }
+  ShardResult result;
+  result.stats.members = static_cast<int64_t>(tar->members.size());
+
+  // The sample being assembled: a run of members with the same basename.
+  std::string basename;
+  const TarMember* image = nullptr;
+  const TarMember* label = nullptr;
+  std::string label_spelling;
+  auto flush = [&] {
+    if (image == nullptr) {
+      if (!basename.empty()) ++result.stats.samples_without_image;
+      return;
+    }
+    Sample sample;
+    sample.image_offset = image->data_offset;
+    sample.image_size = image->size;
+    if (label != nullptr) {
+      sample.label_offset = label->data_offset;
+      sample.label_size = static_cast<uint32_t>(std::min<uint64_t>(label->size, UINT32_MAX));
+      std::vector<std::string>& spellings = result.label_spellings;
+      auto it = std::find(spellings.begin(), spellings.end(), label_spelling);
+      if (it == spellings.end()) {
+        // Past 65535 distinct spellings (absurd), messages name the first one.
+        it = spellings.size() < kNoLabel ? spellings.insert(it, label_spelling)
+                                         : spellings.begin();
+      }
+      sample.label_spelling = static_cast<uint16_t>(it - spellings.begin());
+    }
+    result.samples.push_back(sample);
+    result.names += image->name;
+    result.name_lengths.push_back(image->name.size());
+  };
+  for (const TarMember& member : tar->members) {
+    absl::string_view base, extension;
+    if (!SplitMemberName(member.name, &base, &extension)) {
+      ++result.stats.members_ignored;
+      continue;
+    }
+    if (base != basename) {
+      flush();
+      basename.assign(base.data(), base.size());
+      image = label = nullptr;
+    }
+    const std::string lower = absl::AsciiStrToLower(extension);
+    const bool is_image = MatchesKey(lower, image_key);
+    const bool is_label = !is_image && lower == label_key;
+    if (!is_image && !is_label) continue;  // another field of the sample: unused
+    const TarMember*& slot = is_image ? image : label;
+    if (slot != nullptr) {  // "x.jpg" twice in one run: the first one wins
+      ++result.stats.members_ignored;
+      continue;
+    }
+    slot = &member;
+    if (is_label) label_spelling.assign(extension.data(), extension.size());
+  }
+  if (tar->truncated) {
+    // The member cut off may belong to the last sample (its label, say): drop that sample
+    // rather than serve it with a missing field.
+    absl::string_view cut_base, cut_extension;
+    const bool maybe_same = tar->truncated_member.empty() ||
+                            (SplitMemberName(tar->truncated_member, &cut_base, &cut_extension) &&
+                             cut_base == basename);
+    if (maybe_same && !basename.empty()) {
+      ++result.stats.truncated_samples;
+      basename.clear();
+      image = label = nullptr;
+    }
+  }
+  flush();
+  tar->members.clear();
+  result.tar = *std::move(tar);
+  return result;
+}
+
+absl::StatusOr<std::unique_ptr<WebDatasetSource>> WebDatasetSource::Create(
+    const ferry::v1::WebDataset& spec, const ImageTransform& transform,
+    const DecodeLimits& limits) {
+  if (spec.shards().empty()) {
+    return absl::InvalidArgumentError(
+        "dataset.webdataset.shards must list at least one .tar path or pattern, e.g. "
+        "\"/data/train-{000000..000146}.tar\"");
+  }
+  const std::string image_key = NormalizeKey(spec.image_key(), "jpg");
+  const std::string label_key = NormalizeKey(spec.label_key(), "cls");
+  if (image_key.empty() || label_key.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.webdataset.", image_key.empty() ? "image_key" : "label_key",
+        " must be a member extension such as \"jpg\" or \"cls\" (got \".\")"));
+  }
+  if (MatchesKey(label_key, image_key)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.webdataset.image_key and label_key must differ (both are \"", image_key,
+        "\")"));
+  }
+  FERRY_ASSIGN_OR_RETURN(
+      std::vector<std::string> shards,
+      ExpandShardPatterns({spec.shards().begin(), spec.shards().end()}));
+  if (shards.size() >= UINT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.webdataset.shards expands to ", shards.size(), " shards; at most ",
+        UINT32_MAX - 1, " are supported"));
+  }
+
+  // Index the shards on a few threads; results are merged in shard order, so the numbering
+  // does not depend on which thread finished first.
+  std::vector<std::optional<absl::StatusOr<ShardResult>>> results(shards.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t s = next.fetch_add(1); s < shards.size(); s = next.fetch_add(1)) {
+      results[s] = IndexShard(shards[s], image_key, label_key);
+    }
+  };
+  const size_t threads = std::min(kIndexThreads, shards.size());
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& thread : pool) thread.join();
+
+  const uint32_t shuffle_buffer =
+      spec.shuffle_buffer() == 0 ? kDefaultShuffleBuffer : spec.shuffle_buffer();
+  std::unique_ptr<WebDatasetSource> source(
+      new WebDatasetSource(transform, limits, shuffle_buffer));
+  source->label_spellings_.push_back(label_key);
+  source->shard_begin_.push_back(0);
+  source->name_offsets_.push_back(0);
+  for (size_t s = 0; s < shards.size(); ++s) {
+    if (!results[s]->ok()) return results[s]->status();
+    ShardResult& r = **results[s];
+    Stats& stats = source->stats_;
+    stats.members += r.stats.members;
+    stats.samples_without_image += r.stats.samples_without_image;
+    stats.members_ignored += r.stats.members_ignored;
+    stats.truncated_samples += r.stats.truncated_samples;
+    if (r.tar.truncated) {
+      ++stats.truncated_shards;
+      FERRY_LOG(WARNING) << "webdataset shard '" << shards[s] << "' is truncated: "
+                         << (r.tar.truncated_member.empty()
+                                 ? std::string("a header")
+                                 : absl::StrCat("member '", r.tar.truncated_member, "'"))
+                         << " at byte " << r.tar.truncated_at << " runs past its end ("
+                         << r.tar.file_size << " bytes); it and anything after it are "
+                         << "skipped, the " << r.samples.size() << " samples before are used";
+    }
+    // Map this shard's label spellings onto the dataset's table (almost always one entry).
+    std::vector<uint16_t> spelling_map;
+    for (const std::string& spelling : r.label_spellings) {
+      auto& table = source->label_spellings_;
+      auto it = std::find(table.begin(), table.end(), spelling);
+      if (it == table.end() && table.size() < kNoLabel) it = table.insert(table.end(), spelling);
+      // Past 65535 distinct spellings (absurd) messages fall back to the lowercase key.
+      spelling_map.push_back(it == table.end() ? 0
+                                               : static_cast<uint16_t>(it - table.begin()));
+    }
+    size_t name_begin = 0;
+    for (size_t i = 0; i < r.samples.size(); ++i) {
+      Sample sample = r.samples[i];
+      sample.shard = static_cast<uint32_t>(s);
+      if (sample.label_spelling != kNoLabel) {
+        sample.label_spelling = spelling_map[sample.label_spelling];
+      }
+      source->samples_.push_back(sample);
+      source->names_.append(r.names, name_begin, r.name_lengths[i]);
+      name_begin += r.name_lengths[i];
+      source->name_offsets_.push_back(source->names_.size());
+    }
+    source->shard_begin_.push_back(static_cast<int64_t>(source->samples_.size()));
+    results[s].reset();  // free this shard's copy early
+  }
+  source->stats_.shards = static_cast<int64_t>(shards.size());
+  source->shards_ = std::move(shards);
+  const Stats& stats = source->stats_;
+  if (source->samples_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dataset.webdataset.shards (", stats.shards, " shards, ", stats.members,
+        " files) hold no sample with an image member '<basename>.", image_key,
+        "'; check dataset.webdataset.image_key and that the shards are WebDataset tars"));
+  }
+  if (stats.samples_without_image > 0 || stats.members_ignored > 0) {
+    FERRY_LOG(WARNING) << "webdataset: " << stats.samples_without_image
+                       << " samples without a '" << image_key << "' member skipped, "
+                       << stats.members_ignored
+                       << " files ignored (no extension, or a repeated one within a sample)";
+  }
+  source->samples_.shrink_to_fit();
+  source->names_.shrink_to_fit();
+  source->name_offsets_.shrink_to_fit();
+  return source;
+}
+
+WebDatasetSource::WebDatasetSource(const ImageTransform& transform, const DecodeLimits& limits,
+                                   uint32_t shuffle_buffer)
+    : transform_(transform), limits_(limits), shuffle_buffer_(shuffle_buffer) {
+  const int64_t side = transform_.size;
+  fields_.push_back(FieldLayout{.name = "image",
+                                .dtype = ferry::v1::UINT8,
+                                .shape = {side, side, 3},
+                                .row_bytes = static_cast<size_t>(side * side * 3)});
+  fields_.push_back(
+      FieldLayout{.name = "label", .dtype = ferry::v1::INT64, .shape = {}, .row_bytes = 8});
+  fields_.push_back(
+      FieldLayout{.name = "index", .dtype = ferry::v1::INT64, .shape = {}, .row_bytes = 8});
+}
+
+std::unique_ptr<SampleSource::Scratch> WebDatasetSource::NewScratch() const {
+  auto scratch = std::make_unique<WebDatasetScratch>();
+  scratch->decoder.set_limits(limits_);
+  return scratch;
+}
+
+absl::string_view WebDatasetSource::ImageName(int64_t index) const {
+  const size_t begin = name_offsets_[index];
+  return absl::string_view(names_).substr(begin, name_offsets_[index + 1] - begin);
+}
+
+std::string WebDatasetSource::LabelName(int64_t index) const {
+  const absl::string_view image = ImageName(index);
+  const size_t slash = image.rfind('/');
+  const size_t dot = image.find('.', slash == absl::string_view::npos ? 0 : slash + 1);
+  const uint16_t spelling = samples_[index].label_spelling;
+  return absl::StrCat(image.substr(0, dot), ".",
+                      label_spellings_[spelling == kNoLabel ? 0 : spelling]);
+}
+
+std::string WebDatasetSource::Describe(int64_t index) const {
+  if (index < 0 || index >= size()) {
+    return absl::StrCat("webdataset sample ", index, " (out of range; ", size(), " samples)");
+  }
+  return absl::StrCat(shards_[samples_[index].shard], ":", ImageName(index));
+}
+
+absl::Status WebDatasetSource::Fill(int64_t index, uint64_t sample_seed,
+                                    absl::Span<uint8_t* const> rows, Scratch* scratch) const {
+  if (index < 0 || index >= size()) {
+    return absl::OutOfRangeError(absl::StrCat("sample index ", index, " is outside [0, ",
+                                              size(), ") of the webdataset"));
+  }
+  if (rows.size() != fields_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Fill needs ", fields_.size(), " rows (image, label, index), got ", rows.size()));
+  }
+  auto* s = dynamic_cast<WebDatasetScratch*>(scratch);
+  if (s == nullptr) {
+    return absl::InvalidArgumentError("Fill needs a Scratch from this source's NewScratch()");
+  }
+  const Sample& sample = samples_[index];
+  const std::string& shard = shards_[sample.shard];
+  const bool has_label = sample.label_spelling != kNoLabel;
+  if (sample.image_size == 0) {
+    return absl::DataLossError(absl::StrCat("'", Describe(index), "' is empty"));
+  }
+  if (limits_.max_sample_bytes > 0 && sample.image_size > limits_.max_sample_bytes) {
+    return absl::DataLossError(absl::StrCat("refused '", Describe(index), "': ",
+                                            sample.image_size,
+                                            " bytes, over decode_limits.max_sample_bytes (",
+                                            limits_.max_sample_bytes, ")"));
+  }
+  if (has_label && sample.label_size > kMaxLabelBytes) {
+    return absl::DataLossError(absl::StrCat("'", shard, ":", LabelName(index), "' is ",
+                                            sample.label_size, " bytes; a label is the decimal "
+                                            "text of a class number"));
+  }
+
+  if (s->shard != static_cast<int64_t>(sample.shard)) {
+    s->fd.Reset(::open(shard.c_str(), O_RDONLY | O_CLOEXEC));
+    s->shard = s->fd.valid() ? static_cast<int64_t>(sample.shard) : -1;
+    if (!s->fd.valid()) {
+      const int err = errno;
+      return absl::Status(absl::ErrnoToStatusCode(err),
+                          absl::StrCat("cannot read '", Describe(index),
+                                       "': cannot open the shard: ", std::strerror(err)));
+    }
+  }
+  // One read when the label lies next to the image (either side), two otherwise.
+  uint64_t begin = sample.image_offset;
+  uint64_t end = sample.image_offset + sample.image_size;
+  const uint64_t label_end = sample.label_offset + sample.label_size;
+  const bool together =
+      has_label && std::max(end, label_end) - std::min(begin, sample.label_offset) <=
+                       sample.image_size + sample.label_size + kMaxReadGap;
+  if (together) {
+    begin = std::min(begin, sample.label_offset);
+    end = std::max(end, label_end);
+  }
+  const uint64_t span = end - begin + (has_label && !together ? sample.label_size : 0);
+  if (s->buffer.size() < span) s->buffer.resize(span);
+  absl::Status read = ReadExactly(s->fd.get(), begin, s->buffer.data(), end - begin);
+  if (!read.ok()) return ReadError(read, Describe(index));
+  const uint8_t* image = s->buffer.data() + (sample.image_offset - begin);
+  const uint8_t* label_bytes = nullptr;
+  if (has_label) {
+    if (together) {
+      label_bytes = s->buffer.data() + (sample.label_offset - begin);
+    } else {
+      uint8_t* tail = s->buffer.data() + (end - begin);
+      read = ReadExactly(s->fd.get(), sample.label_offset, tail, sample.label_size);
+      if (!read.ok()) return ReadError(read, absl::StrCat(shard, ":", LabelName(index)));
+      label_bytes = tail;
+    }
+  }
+
+  int64_t label = -1;
+  if (has_label) {
+    const absl::string_view text(reinterpret_cast<const char*>(label_bytes), sample.label_size);
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &label)) {
+      return absl::DataLossError(absl::StrCat(
+          "'", shard, ":", LabelName(index), "' is not a decimal integer label: \"",
+          absl::CEscape(text.substr(0, 32)), "\""));
+    }
+  }
+  Rng rng(sample_seed);
+  absl::Status decoded = DecodeAndTransform(
+      s->decoder, absl::MakeConstSpan(image, sample.image_size), transform_, rng,
+      absl::MakeSpan(rows[0], fields_[0].row_bytes));
+  if (!decoded.ok()) {
+    // The transform and the row size were validated, so what is left is the member's content.
+    const absl::StatusCode code = decoded.code() == absl::StatusCode::kInvalidArgument
+                                      ? absl::StatusCode::kDataLoss
+                                      : decoded.code();
+    return absl::Status(code,
+                        absl::StrCat("cannot decode '", Describe(index), "': ", decoded.message()));
+  }
+  std::memcpy(rows[1], &label, sizeof(label));
+  std::memcpy(rows[2], &index, sizeof(index));
+  return absl::OkStatus();
+}
+
+void WebDatasetSource::StreamOrder(uint64_t seed, int64_t epoch, bool shuffle,
+                                   std::vector<int64_t>* order) const {
+  const int64_t n = size();
+  order->resize(static_cast<size_t>(n));
+  if (!shuffle) {
+    std::iota(order->begin(), order->end(), int64_t{0});
+    return;
+  }
+  // Shards: Fisher-Yates from the back, as the Sampler permutes samples.
+  const size_t num_shards = shards_.size();
+  std::vector<uint32_t> shard_order(num_shards);
+  std::iota(shard_order.begin(), shard_order.end(), uint32_t{0});
+  Rng shard_rng(MixSeed(seed, static_cast<uint64_t>(epoch), kShardOrderStream));
+  for (size_t i = num_shards; i > 1; --i) {
+    std::swap(shard_order[i - 1], shard_order[shard_rng.Below(i)]);
+  }
+  size_t out = 0;
+  for (uint32_t s : shard_order) {
+    for (int64_t i = shard_begin_[s]; i < shard_begin_[s + 1]; ++i) (*order)[out++] = i;
+  }
+  if (shuffle_buffer_ <= 1) return;
+
+  // The shuffle buffer, in place: the write position never passes the read position, which
+  // runs shuffle_buffer_ ahead once the buffer is full.
+  Rng buffer_rng(MixSeed(seed, static_cast<uint64_t>(epoch), kShuffleBufferStream));
+  const size_t capacity = std::min<size_t>(shuffle_buffer_, static_cast<size_t>(n));
+  std::vector<int64_t> buffer;
+  buffer.reserve(capacity);
+  size_t write = 0;
+  for (size_t read = 0; read < static_cast<size_t>(n); ++read) {
+    const int64_t incoming = (*order)[read];
+    if (buffer.size() < capacity) {
+      buffer.push_back(incoming);
+      continue;
+    }
+    const size_t pick = static_cast<size_t>(buffer_rng.Below(capacity));
+    (*order)[write++] = buffer[pick];
+    buffer[pick] = incoming;
+  }
+  while (!buffer.empty()) {
+    const size_t pick = static_cast<size_t>(buffer_rng.Below(buffer.size()));
+    (*order)[write++] = buffer[pick];
+    buffer[pick] = buffer.back();
+    buffer.pop_back();
+  }
+}
+
+}  // namespace ferry
