@@ -48,7 +48,7 @@ int64_t Convert(const uint8_t* src, int64_t count, uint8_t* dst) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Create(
-    const ferry::v1::TokensDataset& spec) {
+    const ferry::v1::TokensDataset& spec, bool raw) {
   if (spec.path().empty()) {
     return absl::InvalidArgumentError("dataset.tokens.path must be set to the token file");
   }
@@ -92,22 +92,29 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Create(
         "dataset.tokens.seq_len + 1 = ", seq_len + 1, " tokens); lower seq_len or use a longer file"));
   }
   const int64_t num_samples = (num_tokens - 1) / seq_len;
+  if (raw && token_bytes == 4 && output == ferry::v1::INT32) {
+    return absl::InvalidArgumentError(
+        "raw tokens cannot deliver UINT32 as INT32 (the range check runs on the host)");
+  }
   return std::unique_ptr<TokenSource>(
-      new TokenSource(std::move(file), token_bytes, output, seq_len, num_samples));
+      new TokenSource(std::move(file), token_bytes, output, seq_len, num_samples, raw));
 }
 
 TokenSource::TokenSource(MappedFile file, size_t token_bytes, DType output_dtype,
-                         int64_t seq_len, int64_t num_samples)
+                         int64_t seq_len, int64_t num_samples, bool raw)
     : file_(std::move(file)),
       token_bytes_(token_bytes),
       output_dtype_(output_dtype),
       seq_len_(seq_len),
-      num_samples_(num_samples) {
+      num_samples_(num_samples),
+      raw_(raw) {
+  const DType row_dtype =
+      raw ? (token_bytes == 2 ? ferry::v1::UINT16 : ferry::v1::UINT32) : output_dtype;
   fields_.push_back(FieldLayout{.name = "tokens",
-                                .dtype = output_dtype,
+                                .dtype = row_dtype,
                                 .shape = {seq_len + 1},
                                 .row_bytes = static_cast<size_t>(seq_len + 1) *
-                                             DTypeSize(output_dtype)});
+                                             DTypeSize(row_dtype)});
   fields_.push_back(
       FieldLayout{.name = "index", .dtype = ferry::v1::INT64, .shape = {}, .row_bytes = 8});
 }
@@ -129,7 +136,9 @@ absl::Status TokenSource::Fill(int64_t index, uint64_t sample_seed,
   const int64_t count = seq_len_ + 1;
   const uint8_t* src = file_.bytes().data() + static_cast<size_t>(index * seq_len_) * token_bytes_;
   int64_t overflow = -1;
-  if (token_bytes_ == 2) {
+  if (raw_) {
+    std::memcpy(rows[0], src, static_cast<size_t>(count) * token_bytes_);
+  } else if (token_bytes_ == 2) {
     overflow = output_dtype_ == ferry::v1::INT64 ? Convert<uint16_t, int64_t>(src, count, rows[0])
                                                  : Convert<uint16_t, int32_t>(src, count, rows[0]);
   } else {

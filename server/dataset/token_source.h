@@ -20,7 +20,13 @@ namespace ferry {
 class TokenSource final : public SampleSource {
  public:
   // Errors name the proto field (dataset.tokens.*) or the file; see MakeSampleSource.
-  static absl::StatusOr<std::unique_ptr<TokenSource>> Create(const ferry::v1::TokensDataset& spec);
+  //
+  // `raw`: the "tokens" field holds the file's own token dtype (UINT16 / UINT32), copied
+  // as is, and a GPU transport widens it on the device, so only 2 or 4 bytes per token
+  // cross PCIe and the workers only copy. Refused (INVALID_ARGUMENT) for UINT32 -> INT32,
+  // whose overflow check needs the host.
+  static absl::StatusOr<std::unique_ptr<TokenSource>> Create(const ferry::v1::TokensDataset& spec,
+                                                             bool raw = false);
 
   int64_t size() const override { return num_samples_; }
   const std::vector<FieldLayout>& fields() const override { return fields_; }
@@ -33,7 +39,7 @@ class TokenSource final : public SampleSource {
 
  private:
   TokenSource(MappedFile file, size_t token_bytes, ferry::v1::DType output_dtype,
-              int64_t seq_len, int64_t num_samples);
+              int64_t seq_len, int64_t num_samples, bool raw);
 
   // Constant after construction.
   const MappedFile file_;
@@ -41,6 +47,7 @@ class TokenSource final : public SampleSource {
   const ferry::v1::DType output_dtype_;  // INT64 or INT32
   const int64_t seq_len_;
   const int64_t num_samples_;
+  const bool raw_;
   std::vector<FieldLayout> fields_;
 };
 

@@ -110,7 +110,8 @@ class CudaStage final : public DeviceStage {
     stage->host_ = &job.layout();
     stage->slab_ = slab.data();
     FERRY_ASSIGN_OR_RETURN(stage->layout_,
-                           DeviceSlotLayout::Make(job.layout(), job.spec().image_output()));
+                           DeviceSlotLayout::Make(job.layout(), job.spec().image_output(),
+                                                  job.spec().dataset().tokens().output_dtype()));
     const std::string what = absl::StrCat("job ", job.identity().id);
     FERRY_ASSIGN_OR_RETURN(stage->pinned_, pinned_budget->Reserve(slab.size(), what));
     FERRY_ASSIGN_OR_RETURN(stage->device_bytes_,
@@ -176,7 +177,7 @@ class CudaStage final : public DeviceStage {
     }
     const uint8_t* src = slab_ + static_cast<size_t>(host_slot) * host_->slot_bytes;
     uint8_t* dst = static_cast<uint8_t*>(slots_[device_slot].data());
-    if (layout_.image_field < 0) {
+    if (!layout_.converts()) {
       // Same layout on both sides: one copy of the rows in use.
       size_t used = 0;
       for (size_t f = 0; f < host_->fields.size(); ++f) {
@@ -185,20 +186,32 @@ class CudaStage final : public DeviceStage {
       FERRY_RETURN_IF_ERROR(stream.CopyAsync(dst, src, used));
       FERRY_RETURN_IF_ERROR(stream.Record(copy_done_[host_slot]));
     } else {
+      const int converted = layout_.image_field >= 0 ? layout_.image_field : layout_.token_field;
       for (size_t f = 0; f < host_->fields.size(); ++f) {
         const size_t bytes = host_->fields[f].row_bytes * num_samples;
-        uint8_t* to = static_cast<int>(f) == layout_.image_field ? dst + layout_.staging_offset
-                                                                 : dst + layout_.offsets[f];
+        uint8_t* to = static_cast<int>(f) == converted ? dst + layout_.staging_offset
+                                                       : dst + layout_.offsets[f];
         FERRY_RETURN_IF_ERROR(stream.CopyAsync(to, src + host_->offsets[f], bytes));
       }
       // The host slot is free once the bytes crossed PCIe; the kernel reads device memory.
       FERRY_RETURN_IF_ERROR(stream.Record(copy_done_[host_slot]));
-      const FieldLayout& image = host_->fields[layout_.image_field];
-      FERRY_RETURN_IF_ERROR(LaunchNormalizeImages(
-          dst + layout_.staging_offset, dst + layout_.offsets[layout_.image_field],
-          ToOutputDType(layout_.image_dtype), static_cast<int>(num_samples),
-          static_cast<int>(image.shape[0]), static_cast<int>(image.shape[1]), layout_.mean,
-          layout_.std, stream.get()));
+      if (layout_.image_field >= 0) {
+        const FieldLayout& image = host_->fields[layout_.image_field];
+        FERRY_RETURN_IF_ERROR(LaunchNormalizeImages(
+            dst + layout_.staging_offset, dst + layout_.offsets[layout_.image_field],
+            ToOutputDType(layout_.image_dtype), static_cast<int>(num_samples),
+            static_cast<int>(image.shape[0]), static_cast<int>(image.shape[1]), layout_.mean,
+            layout_.std, stream.get()));
+      } else {
+        // Raw tokens: only 2 or 4 bytes per token crossed PCIe; widen them here.
+        const FieldLayout& tokens = host_->fields[layout_.token_field];
+        FERRY_RETURN_IF_ERROR(LaunchWidenTokens(
+            dst + layout_.staging_offset,
+            tokens.dtype == ferry::v1::UINT16 ? TokenInput::kUint16 : TokenInput::kUint32,
+            dst + layout_.offsets[layout_.token_field],
+            layout_.token_dtype == ferry::v1::INT32 ? TokenOutput::kInt32 : TokenOutput::kInt64,
+            static_cast<int64_t>(tokens.shape[0]) * num_samples, stream.get()));
+      }
     }
     FERRY_RETURN_IF_ERROR(stream.Record(ready_[device_slot]));
     completion_->Push(host_slot);
@@ -352,7 +365,8 @@ class CudaGpuProvider final : public GpuProvider {
   }
 
   absl::Status CheckJob(const Job& job) const override {
-    return DeviceSlotLayout::Make(job.layout(), job.spec().image_output()).status();
+    return DeviceSlotLayout::Make(job.layout(), job.spec().image_output(),
+                                                  job.spec().dataset().tokens().output_dtype()).status();
   }
 
   int NumaNode(int ordinal) const override { return gpus_.at(ordinal).numa_node; }
@@ -400,7 +414,8 @@ class CudaGpuProvider final : public GpuProvider {
 }  // namespace
 
 absl::StatusOr<DeviceSlotLayout> DeviceSlotLayout::Make(const SlotLayout& host,
-                                                        const ferry::v1::ImageOutput& output) {
+                                                        const ferry::v1::ImageOutput& output,
+                                                        ferry::v1::DType tokens_output) {
   DeviceSlotLayout layout;
   layout.fields = host.fields;
   const ferry::v1::DType dtype =
@@ -438,16 +453,36 @@ absl::StatusOr<DeviceSlotLayout> DeviceSlotLayout::Make(const SlotLayout& host,
     image.shape = {c, h, w};
     image.row_bytes = static_cast<size_t>(c * h * w) * (dtype == ferry::v1::FLOAT32 ? 4 : 2);
   }
+  for (size_t f = 0; f < host.fields.size(); ++f) {
+    const FieldLayout& field = host.fields[f];
+    if (field.name != "tokens" ||
+        (field.dtype != ferry::v1::UINT16 && field.dtype != ferry::v1::UINT32)) {
+      continue;
+    }
+    const ferry::v1::DType out =
+        tokens_output == ferry::v1::DTYPE_UNSPECIFIED ? ferry::v1::INT64 : tokens_output;
+    if (out != ferry::v1::INT64 && out != ferry::v1::INT32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dataset.tokens.output_dtype must be INT64 or INT32 (got ", ferry::v1::DType_Name(out),
+          ")"));
+    }
+    layout.token_field = static_cast<int>(f);
+    layout.token_dtype = out;
+    FieldLayout& tokens = layout.fields[f];
+    tokens.dtype = out;
+    tokens.row_bytes = field.row_bytes / DTypeSize(field.dtype) * DTypeSize(out);
+  }
   size_t offset = 0;
   for (const FieldLayout& f : layout.fields) {
     offset = RoundUp(offset, 256);
     layout.offsets.push_back(offset);
     offset += f.row_bytes * static_cast<size_t>(host.batch_size);
   }
-  if (layout.image_field >= 0) {
+  if (layout.converts()) {
+    const int converted = layout.image_field >= 0 ? layout.image_field : layout.token_field;
     layout.staging_offset = RoundUp(offset, 256);
     offset = layout.staging_offset +
-             host.fields[layout.image_field].row_bytes * static_cast<size_t>(host.batch_size);
+             host.fields[converted].row_bytes * static_cast<size_t>(host.batch_size);
   } else {
     // Unconverted: identical to the host layout, so one copy moves a whole batch.
     layout.offsets = host.offsets;

@@ -27,15 +27,23 @@ struct DeviceSlotLayout {
   std::vector<FieldLayout> fields;
   std::vector<size_t> offsets;
   size_t slot_bytes = 0;
-  int image_field = -1;         // field converted on the device, -1 when none
-  size_t staging_offset = 0;    // valid when image_field >= 0
+  int image_field = -1;         // image field normalized on the device, -1 when none
+  int token_field = -1;         // raw token field widened on the device, -1 when none
+  size_t staging_offset = 0;    // where the converted field's host bytes land
   ferry::v1::DType image_dtype = ferry::v1::UINT8;
+  ferry::v1::DType token_dtype = ferry::v1::INT64;  // INT64 or INT32
   float mean[3] = {0, 0, 0};
   float std[3] = {1, 1, 1};
 
-  // INVALID_ARGUMENT naming image_output's field when it is not a valid request.
-  static absl::StatusOr<DeviceSlotLayout> Make(const SlotLayout& host,
-                                               const ferry::v1::ImageOutput& output);
+  bool converts() const { return image_field >= 0 || token_field >= 0; }
+
+  // The device slot for host slots laid out as `host`. Images are normalized when `output`
+  // asks for a float dtype; a "tokens" field that the host holds raw (UINT16 / UINT32, see
+  // TokenSource) is widened to `tokens_output` (INT64 when unspecified). INVALID_ARGUMENT
+  // naming image_output's field when it is not a valid request.
+  static absl::StatusOr<DeviceSlotLayout> Make(
+      const SlotLayout& host, const ferry::v1::ImageOutput& output,
+      ferry::v1::DType tokens_output = ferry::v1::DTYPE_UNSPECIFIED);
 };
 
 // Creates the CUDA GpuProvider: lists the GPUs (CUDA ordinals with their PCI bus ids and

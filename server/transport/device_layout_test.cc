@@ -64,5 +64,33 @@ TEST(DeviceSlotLayoutTest, BadRequestsNameTheField) {
               HasSubstr("no image field"));
 }
 
+TEST(DeviceSlotLayoutTest, RawTokensAreWidenedThroughStaging) {
+  std::vector<FieldLayout> raw = {{"tokens", ferry::v1::UINT16, {9}, 18},
+                                  {"index", ferry::v1::INT64, {}, 8}};
+  SlotLayout host = SlotLayout::Make(raw, 4);
+  for (auto [out, size] : {std::pair{ferry::v1::DTYPE_UNSPECIFIED, 8u},
+                           std::pair{ferry::v1::INT64, 8u}, std::pair{ferry::v1::INT32, 4u}}) {
+    auto d = DeviceSlotLayout::Make(host, ferry::v1::ImageOutput(), out);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ(d->token_field, 0);
+    EXPECT_EQ(d->image_field, -1);
+    EXPECT_EQ(d->fields[0].row_bytes, 9u * size);
+    EXPECT_EQ(d->fields[0].shape, (std::vector<int64_t>{9}));
+    EXPECT_GE(d->offsets[1], d->offsets[0] + 4 * d->fields[0].row_bytes);
+    EXPECT_GE(d->staging_offset, d->offsets[1] + 4 * 8);
+    EXPECT_LE(d->staging_offset + 4 * 18, d->slot_bytes);
+  }
+  EXPECT_THAT(DeviceSlotLayout::Make(host, ferry::v1::ImageOutput(), ferry::v1::FLOAT32)
+                  .status()
+                  .message(),
+              HasSubstr("dataset.tokens.output_dtype"));
+  // Already widened on the host (the CPU transport, or UINT32 -> INT32): copied as is.
+  std::vector<FieldLayout> wide = {{"tokens", ferry::v1::INT32, {9}, 36}};
+  auto d = DeviceSlotLayout::Make(SlotLayout::Make(wide, 4), ferry::v1::ImageOutput(),
+                                  ferry::v1::INT32);
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->converts());
+}
+
 }  // namespace
 }  // namespace ferry

@@ -163,6 +163,8 @@ class _ArrayView:
 # typestr: it travels as int16 and is reinterpreted.
 _TORCH_VIEWS = {
     1: ("|u1", "uint8"),
+    2: ("<u2", "uint16"),  # torch >= 2.3
+    3: ("<u4", "uint32"),  # torch >= 2.3
     4: ("<i4", "int32"),
     5: ("<i8", "int64"),
     6: ("<f2", "float16"),
@@ -275,6 +277,11 @@ class Batch:
                                  "field '%s' has dtype code %d, which ferry cannot hand to torch "
                                  "on the GPU" % (name, dtype))
             typestr, torch_dtype = spec
+            if not hasattr(torch, torch_dtype):
+                raise FerryError("UNIMPLEMENTED",
+                                 "field '%s' is %s, which this torch (%s) has no dtype for on "
+                                 "the GPU; torch >= 2.3 has it" % (name, torch_dtype,
+                                                                   torch.__version__))
             if nbytes == 0:
                 out[name] = torch.empty(shape, dtype=getattr(torch, torch_dtype), device=device)
                 continue
