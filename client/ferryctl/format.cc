@@ -170,6 +170,22 @@ std::string RenderStatus(const StatusReport& report) {
   }
   out += numa.Render();
   out += "\n";
+  if (!d.gpus.empty()) {
+    Table gpus({{"GPU", true}, {"NAME"}, {"PCI"}, {"NODE", true}, {"WORKER CPUS"},
+                {"PINNED", true}, {"DEVICE MEM", true}, {"H2D/S", true}, {"IN FLIGHT", true},
+                {"RANKS", true}});
+    for (const GpuStatus& g : d.gpus) {
+      gpus.AddRow({absl::StrCat(g.ordinal), g.name, g.pci_bus_id,
+                   g.numa_node < 0 ? std::string("-") : absl::StrCat(g.numa_node),
+                   FormatCpuList(g.local_cpus), FormatBytes(g.pinned_memory_in_use_bytes),
+                   absl::StrCat(FormatBytes(g.device_memory_in_use_bytes), " / ",
+                                FormatBytes(g.device_memory_budget_bytes)),
+                   FormatBytes(static_cast<uint64_t>(g.h2d_bytes_per_second)),
+                   absl::StrCat(g.batches_in_flight), absl::StrCat(g.ranks)});
+    }
+    out += gpus.Render();
+    out += "\n";
+  }
   out += RenderJobs(report);
   return out;
 }

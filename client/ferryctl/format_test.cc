@@ -7,6 +7,7 @@ namespace ferry::ctl {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 TEST(TableTest, AlignsTextLeftAndNumbersRight) {
   Table table({{"NAME"}, {"COUNT", true}});
@@ -97,6 +98,29 @@ TEST(RenderTest, StatusShowsDaemonNumaAndMemory) {
   EXPECT_THAT(out, HasSubstr("cuda           no"));
   EXPECT_THAT(out, HasSubstr("0-3"));
   EXPECT_THAT(out, HasSubstr("no jobs"));
+  EXPECT_THAT(out, Not(HasSubstr("WORKER CPUS")));  // no GPU table without GPUs
+
+  GpuStatus gpu;
+  gpu.ordinal = 0;
+  gpu.name = "NVIDIA H100 80GB HBM3";
+  gpu.pci_bus_id = "0000:3b:00.0";
+  gpu.numa_node = 1;
+  gpu.local_cpus = {8, 9, 10, 11};
+  gpu.pinned_memory_in_use_bytes = uint64_t{3} << 30;
+  gpu.device_memory_in_use_bytes = uint64_t{2} << 30;
+  gpu.device_memory_budget_bytes = uint64_t{20} << 30;
+  gpu.h2d_bytes_per_second = 25.5e9;
+  gpu.batches_in_flight = 3;
+  gpu.ranks = 2;
+  report.daemon.gpus.push_back(gpu);
+  out = RenderStatus(report);
+  EXPECT_THAT(out, HasSubstr("WORKER CPUS"));
+  EXPECT_THAT(out, HasSubstr("NVIDIA H100 80GB HBM3"));
+  EXPECT_THAT(out, HasSubstr("0000:3b:00.0"));
+  EXPECT_THAT(out, HasSubstr("8-11"));
+  EXPECT_THAT(out, HasSubstr("3.0 GiB"));
+  EXPECT_THAT(out, HasSubstr("2.0 GiB / 20.0 GiB"));
+  EXPECT_THAT(out, HasSubstr("23.7 GiB"));  // 25.5e9 B/s
 }
 
 }  // namespace

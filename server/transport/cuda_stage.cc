@@ -1,6 +1,7 @@
 #include "server/transport/cuda_stage.h"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -8,6 +9,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -40,12 +42,25 @@ OutputDType ToOutputDType(ferry::v1::DType dtype) {
   }
 }
 
+// Per-GPU totals over every stage on that GPU, for status. Shared by the provider and its
+// stages (a stage may outlive neither, but shared ownership keeps that a non-question).
+struct GpuCounters {
+  std::atomic<uint64_t> pinned_bytes{0};
+  std::atomic<uint64_t> bytes_to_device{0};
+  std::atomic<int64_t> in_flight{0};
+  std::atomic<int64_t> stages{0};
+};
+
 // Waits for host slots' copies in the order they were enqueued and hands each host slot
 // back. One thread per stage; it holds no lock while calling back.
 class CompletionThread final {
  public:
-  CompletionThread(const std::vector<CudaEvent>* copy_done, std::function<void(int)>* callback)
-      : copy_done_(copy_done), callback_(callback), thread_([this] { Run(); }) {}
+  CompletionThread(const std::vector<CudaEvent>* copy_done, std::function<void(int)>* callback,
+                   GpuCounters* counters)
+      : copy_done_(copy_done),
+        callback_(callback),
+        counters_(counters),
+        thread_([this] { Run(); }) {}
   ~CompletionThread() {
     {
       absl::MutexLock lock(&mutex_);
@@ -82,6 +97,7 @@ class CompletionThread final {
       if (!s.ok()) {
         FERRY_LOG(ERROR) << "waiting for a host-to-device copy failed: " << s;
       }
+      counters_->in_flight.fetch_sub(1, std::memory_order_relaxed);
       {
         absl::MutexLock lock(&mutex_);
         complete_seconds_ += absl::ToDoubleSeconds(absl::Now() - enqueued);
@@ -92,6 +108,7 @@ class CompletionThread final {
 
   const std::vector<CudaEvent>* copy_done_;
   std::function<void(int)>* callback_;
+  GpuCounters* const counters_;
   absl::Mutex mutex_;
   std::deque<std::pair<int, absl::Time>> queue_ ABSL_GUARDED_BY(mutex_);
   double complete_seconds_ ABSL_GUARDED_BY(mutex_) = 0;
@@ -103,8 +120,10 @@ class CudaStage final : public DeviceStage {
  public:
   static absl::StatusOr<std::unique_ptr<CudaStage>> Create(
       int device, std::string pci_bus_id, const Job& job, const SharedSlab& slab, int num_slots,
-      MemoryBudget* pinned_budget, MemoryBudget* device_budget) {
+      MemoryBudget* pinned_budget, MemoryBudget* device_budget,
+      std::shared_ptr<GpuCounters> counters) {
     std::unique_ptr<CudaStage> stage(new CudaStage());
+    stage->counters_ = std::move(counters);
     stage->device_ = device;
     stage->pci_bus_id_ = std::move(pci_bus_id);
     stage->host_ = &job.layout();
@@ -136,8 +155,11 @@ class CudaStage final : public DeviceStage {
     }
     // Registration, stream, per slot a buffer and a ready event, per host slot an event.
     stage->objects_created_ = 2 + 2 * stage->slots_.size() + stage->copy_done_.size();
-    stage->completion_ =
-        std::make_unique<CompletionThread>(&stage->copy_done_, &stage->host_slot_free_);
+    stage->completion_ = std::make_unique<CompletionThread>(
+        &stage->copy_done_, &stage->host_slot_free_, stage->counters_.get());
+    stage->counted_pinned_ = slab.size();
+    stage->counters_->pinned_bytes.fetch_add(slab.size(), std::memory_order_relaxed);
+    stage->counters_->stages.fetch_add(1, std::memory_order_relaxed);
     return stage;
   }
 
@@ -147,6 +169,10 @@ class CudaStage final : public DeviceStage {
     if (stream_.has_value()) {
       absl::Status s = stream_->Synchronize();
       if (!s.ok()) FERRY_LOG(WARNING) << "copy stream of GPU " << device_ << ": " << s;
+    }
+    if (counted_pinned_ != 0) {
+      counters_->pinned_bytes.fetch_sub(counted_pinned_, std::memory_order_relaxed);
+      counters_->stages.fetch_sub(1, std::memory_order_relaxed);
     }
   }
 
@@ -214,7 +240,9 @@ class CudaStage final : public DeviceStage {
       }
     }
     FERRY_RETURN_IF_ERROR(stream.Record(ready_[device_slot]));
+    counters_->in_flight.fetch_add(1, std::memory_order_relaxed);
     completion_->Push(host_slot);
+    counters_->bytes_to_device.fetch_add(host_->slot_bytes, std::memory_order_relaxed);
     bytes_copied_ += host_->slot_bytes;
     ++batches_copied_;
     return absl::OkStatus();
@@ -305,6 +333,8 @@ class CudaStage final : public DeviceStage {
   uint64_t objects_created_ = 0;
   double enqueue_seconds_ = 0;
   std::function<void(int)> host_slot_free_;
+  std::shared_ptr<GpuCounters> counters_;
+  size_t counted_pinned_ = 0;  // what this stage added to counters_->pinned_bytes
   std::unique_ptr<CompletionThread> completion_;
 };
 
@@ -313,7 +343,9 @@ struct Gpu {
   std::string name;
   std::string pci_bus_id;
   int numa_node = -1;
+  std::vector<int> worker_cpus;
   std::unique_ptr<MemoryBudget> device_budget;
+  std::shared_ptr<GpuCounters> counters = std::make_shared<GpuCounters>();
 };
 
 class CudaGpuProvider final : public GpuProvider {
@@ -334,6 +366,9 @@ class CudaGpuProvider final : public GpuProvider {
       gpu.name = info->name;
       gpu.pci_bus_id = info->pci_bus_id;
       gpu.numa_node = topology.NumaNodeOfPciDevice(info->pci_bus_id);
+      // The worker pool runs a GPU's jobs on its node's group (all CPUs without a node).
+      gpu.worker_cpus =
+          gpu.numa_node >= 0 ? topology.CpusForNode(gpu.numa_node) : topology.AllCpus();
       const uint64_t budget = device_budget_bytes != 0 ? device_budget_bytes : info->total_memory / 4;
       gpu.device_budget = std::make_unique<MemoryBudget>(
           absl::StrCat("device memory budget of GPU ", i), "device_memory_budget_bytes", budget,
@@ -377,7 +412,7 @@ class CudaGpuProvider final : public GpuProvider {
     const Gpu& gpu = gpus_.at(ordinal);
     FERRY_ASSIGN_OR_RETURN(std::unique_ptr<CudaStage> stage,
                            CudaStage::Create(ordinal, gpu.pci_bus_id, job, slab, num_slots,
-                                             pinned_, gpu.device_budget.get()));
+                                             pinned_, gpu.device_budget.get(), gpu.counters));
     return std::unique_ptr<DeviceStage>(std::move(stage));
   }
 
@@ -393,6 +428,15 @@ class CudaGpuProvider final : public GpuProvider {
       s->set_numa_node(g.numa_node);
       s->set_device_memory_in_use_bytes(g.device_budget->in_use());
       s->set_device_memory_budget_bytes(g.device_budget->limit());
+      for (int cpu : g.worker_cpus) s->add_local_cpus(cpu);
+      const GpuCounters& c = *g.counters;
+      s->set_pinned_memory_in_use_bytes(c.pinned_bytes.load(std::memory_order_relaxed));
+      const uint64_t bytes = c.bytes_to_device.load(std::memory_order_relaxed);
+      s->set_bytes_to_device(bytes);
+      s->set_h2d_bytes_per_second(rates_.Rate(g.ordinal, bytes));
+      s->set_batches_in_flight(static_cast<uint32_t>(
+          std::max<int64_t>(0, c.in_flight.load(std::memory_order_relaxed))));
+      s->set_ranks(static_cast<uint32_t>(c.stages.load(std::memory_order_relaxed)));
     }
   }
 
@@ -406,9 +450,41 @@ class CudaGpuProvider final : public GpuProvider {
     return absl::StrJoin(parts, ", ");
   }
 
+  // H2D rate per GPU from the byte counter: the change since the oldest sample of the last
+  // ~10 s (samples are taken when status is read), or since ferryd started.
+  class RateTracker {
+   public:
+    double Rate(int ordinal, uint64_t bytes) {
+      absl::MutexLock lock(&mutex_);
+      const absl::Time now = absl::Now();
+      std::deque<Sample>& samples = samples_[ordinal];
+      if (samples.empty()) samples.push_back({start_, 0});
+      while (samples.size() > 1 && now - samples[1].time >= absl::Seconds(1) &&
+             now - samples.front().time > absl::Seconds(10)) {
+        samples.pop_front();
+      }
+      const Sample& then = samples.front();
+      const double seconds = absl::ToDoubleSeconds(now - then.time);
+      const double rate = seconds > 0 ? static_cast<double>(bytes - then.bytes) / seconds : 0;
+      // At most two samples a second: about 20 held per GPU.
+      if (now - samples.back().time >= absl::Milliseconds(500)) samples.push_back({now, bytes});
+      return rate;
+    }
+
+   private:
+    struct Sample {
+      absl::Time time;
+      uint64_t bytes;
+    };
+    absl::Mutex mutex_;
+    const absl::Time start_ = absl::Now();
+    absl::flat_hash_map<int, std::deque<Sample>> samples_ ABSL_GUARDED_BY(mutex_);
+  };
+
   MemoryBudget* const pinned_;
   std::vector<Gpu> gpus_;
   std::string unavailable_;
+  mutable RateTracker rates_;
 };
 
 }  // namespace

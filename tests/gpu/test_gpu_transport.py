@@ -138,6 +138,16 @@ class GpuTransportTest(unittest.TestCase):
                     continue  # values past 2**31 are a DATA_LOSS on the host; see below
                 self.assertTrue(torch.equal(ct, gt), (dtype, out))
                 self.assertTrue(torch.equal(ci, gi))
+        # Status per GPU: NUMA node, worker CPUs, bytes moved, pinned bytes released with
+        # the jobs' rings... (ranks stay attached to their jobs until deleted).
+        status = ferry_it.ferryctl(self.daemon.address, "status")
+        [gpu] = [g for g in status["daemon"]["gpus"] if int(g["ordinal"]) == 0]
+        self.assertGreater(int(gpu["bytes_to_device"]), 0, gpu)
+        self.assertTrue(gpu["local_cpus"], gpu)
+        self.assertGreaterEqual(int(gpu["ranks"]), 1, gpu)
+        self.assertGreater(int(gpu["pinned_memory_in_use_bytes"]), 0, gpu)
+        table = ferry_it.run_ferryctl(self.daemon.address, "status").stdout
+        self.assertIn("WORKER CPUS", table)
 
     def test_b_normalize(self):
         import torch

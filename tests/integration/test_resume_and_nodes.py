@@ -158,7 +158,7 @@ class SeveralJobsTest(Harness):
         fast = self.finish(*self.worker(daemon, fast_root, "fast", epochs=[0, 1, 2]), "fast")
         self.assertEqual([len(fast["epochs"][e]["index"]) for e in ("0", "1", "2")], [10] * 3)
         jobs = {j["job"]["name"]: j for j in
-                ferry_it.ferryctl(daemon.address, "--json", "status")["jobs"]}
+                ferry_it.ferryctl(daemon.address, "status")["jobs"]}
         held = ferry_it.rank_status(jobs["stalled"], 0)
         self.assertTrue(held["attached"])
         self.assertGreaterEqual(int(held["slots_leased"]), 1)

@@ -275,6 +275,24 @@ StatusReport FromProto(const v1::GetStatusResponse& response) {
   report.daemon.cuda_available = d.cuda_available();
   report.daemon.config_path = d.config_path();
   report.daemon.dataset_roots.assign(d.dataset_roots().begin(), d.dataset_roots().end());
+  report.daemon.pinned_memory_in_use_bytes = d.pinned_memory_in_use_bytes();
+  report.daemon.pinned_memory_budget_bytes = d.pinned_memory_budget_bytes();
+  for (const v1::GpuStatus& g : d.gpus()) {
+    GpuStatus gpu;
+    gpu.ordinal = g.ordinal();
+    gpu.name = g.name();
+    gpu.pci_bus_id = g.pci_bus_id();
+    gpu.numa_node = g.numa_node();
+    gpu.local_cpus.assign(g.local_cpus().begin(), g.local_cpus().end());
+    gpu.device_memory_in_use_bytes = g.device_memory_in_use_bytes();
+    gpu.device_memory_budget_bytes = g.device_memory_budget_bytes();
+    gpu.pinned_memory_in_use_bytes = g.pinned_memory_in_use_bytes();
+    gpu.bytes_to_device = g.bytes_to_device();
+    gpu.h2d_bytes_per_second = g.h2d_bytes_per_second();
+    gpu.batches_in_flight = g.batches_in_flight();
+    gpu.ranks = g.ranks();
+    report.daemon.gpus.push_back(std::move(gpu));
+  }
   for (const v1::JobStatus& j : response.jobs()) report.jobs.push_back(FromProto(j));
   return report;
 }

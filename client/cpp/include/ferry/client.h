@@ -231,6 +231,22 @@ struct NumaNodeStatus {
   uint32_t workers = 0;
 };
 
+// One GPU ferryd can serve (GPU transport).
+struct GpuStatus {
+  int32_t ordinal = 0;
+  std::string name;
+  std::string pci_bus_id;
+  int32_t numa_node = -1;
+  std::vector<int32_t> local_cpus;  // where the workers of its jobs run
+  uint64_t device_memory_in_use_bytes = 0;
+  uint64_t device_memory_budget_bytes = 0;
+  uint64_t pinned_memory_in_use_bytes = 0;
+  uint64_t bytes_to_device = 0;
+  double h2d_bytes_per_second = 0;  // over the last ~10 s
+  uint32_t batches_in_flight = 0;
+  uint32_t ranks = 0;
+};
+
 struct DaemonStatus {
   std::string version;
   double uptime_seconds = 0;
@@ -241,6 +257,9 @@ struct DaemonStatus {
   bool cuda_available = false;
   std::string config_path;
   std::vector<std::string> dataset_roots;
+  uint64_t pinned_memory_in_use_bytes = 0;
+  uint64_t pinned_memory_budget_bytes = 0;
+  std::vector<GpuStatus> gpus;
 };
 
 struct StatusReport {
