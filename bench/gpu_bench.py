@@ -246,9 +246,11 @@ def main():
                     n = int(r.get("batches_copied", 0))
                     if n:
                         print("job %s: %d batches copied; per batch: enqueue %.1f us, "
-                              "enqueue-to-host-slot-free %.1f us"
+                              "enqueue-to-host-slot-free %.1f us; %d copies waited on a "
+                              "released event"
                               % (j["job"]["id"], n, 1e6 * r.get("copy_enqueue_seconds", 0) / n,
-                                 1e6 * r.get("copy_complete_seconds", 0) / n))
+                                 1e6 * r.get("copy_complete_seconds", 0) / n,
+                                 int(r.get("released_waits", 0))))
         print("handoff parts, p50 us: " + ", ".join(
             "%s %.1f" % kv for kv in handoff_parts(sock, path, a.device).items()))
         if a.images:

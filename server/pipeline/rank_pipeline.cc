@@ -227,6 +227,7 @@ absl::Status RankPipeline::Release(BatchConsumer* consumer, uint32_t slot, int64
     }
     *state = SlotState::kFree;
     *leased_seq = -1;
+    if (stage_ != nullptr) device_slots_[slot].released_stamp = ++release_counter_;
     if (stage_ != nullptr) StartCopiesLocked();
     ScheduleLocked(&tasks);
   }
@@ -360,18 +361,21 @@ void RankPipeline::OnSlotFilled(int slot, uint64_t generation) {
 
 void RankPipeline::StartCopiesLocked() {
   if (shutting_down_) return;
-  size_t free_device = 0;
   for (Pending& p : pending_) {
     if (p.device_slot >= 0) continue;
     // Copies are enqueued in delivery order, so a batch still filling holds back the ones
     // behind it (they would only wait in device slots instead of host slots).
     if (slots_[p.slot].state != SlotState::kQueued) return;
-    while (free_device < device_slots_.size() &&
-           device_slots_[free_device].state != SlotState::kFree) {
-      ++free_device;
+    // The free device slot released longest ago: the trainer's last use of it (its
+    // "released" event) has most likely completed, so the copy need not wait for it.
+    int d = -1;
+    for (size_t i = 0; i < device_slots_.size(); ++i) {
+      if (device_slots_[i].state != SlotState::kFree) continue;
+      if (d < 0 || device_slots_[i].released_stamp < device_slots_[d].released_stamp) {
+        d = static_cast<int>(i);
+      }
     }
-    if (free_device == device_slots_.size()) return;
-    const int d = static_cast<int>(free_device);
+    if (d < 0) return;
     absl::Status s = stage_->StartCopy(p.slot, d, p.num_samples);
     if (!s.ok()) {
       // A device that fails a copy will fail the next one too: stop this rank with the

@@ -116,6 +116,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
     int64_t batch = 0;
     uint32_t num_samples = 0;
     int64_t seq = -1;
+    uint64_t released_stamp = 0;  // release_counter_ when last released (0: never leased)
   };
   struct Pending {  // one scheduled batch, in delivery order
     int slot;              // host slot (recycled once copied, with a stage)
@@ -173,6 +174,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   bool delivering_ ABSL_GUARDED_BY(mutex_) = false;
   int64_t next_seq_ ABSL_GUARDED_BY(mutex_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mutex_) = false;
+  uint64_t release_counter_ ABSL_GUARDED_BY(mutex_) = 0;
   absl::Status shutdown_reason_ ABSL_GUARDED_BY(mutex_);
   bool shutdown_sent_ ABSL_GUARDED_BY(mutex_) = false;
 

@@ -198,8 +198,18 @@ class CudaStage final : public DeviceStage {
       // is already over (the usual case: the trainer recorded the event before sending
       // Release), the wait is skipped: a stream wait on an interprocess event stalls the
       // copy stream even when the event has long completed.
+      // The trainer records the event just before it sends Release, so when it is not
+      // complete yet it usually is a few microseconds later (the trainer's stream had no
+      // work queued): poll briefly before falling back to the stream wait.
       absl::StatusOr<bool> done = released_[device_slot].IsComplete();
-      if (!done.ok() || !*done) FERRY_RETURN_IF_ERROR(stream.Wait(released_[device_slot]));
+      const absl::Time give_up = absl::Now() + absl::Microseconds(30);
+      while (done.ok() && !*done && absl::Now() < give_up) {
+        done = released_[device_slot].IsComplete();
+      }
+      if (!done.ok() || !*done) {
+        ++released_waits_;
+        FERRY_RETURN_IF_ERROR(stream.Wait(released_[device_slot]));
+      }
     }
     const uint8_t* src = slab_ + static_cast<size_t>(host_slot) * host_->slot_bytes;
     uint8_t* dst = static_cast<uint8_t*>(slots_[device_slot].data());
@@ -307,6 +317,7 @@ class CudaStage final : public DeviceStage {
     status->set_copy_enqueue_seconds(enqueue_seconds_);
     status->set_copy_complete_seconds(completion_->complete_seconds());
     status->set_batches_copied(batches_copied_);
+    status->set_released_waits(released_waits_);
   }
 
  private:
@@ -330,6 +341,7 @@ class CudaStage final : public DeviceStage {
   std::vector<CudaEvent> released_;
   uint64_t bytes_copied_ = 0;
   uint64_t batches_copied_ = 0;
+  uint64_t released_waits_ = 0;
   uint64_t objects_created_ = 0;
   double enqueue_seconds_ = 0;
   std::function<void(int)> host_slot_free_;
