@@ -206,6 +206,8 @@ def main():
     p.add_argument("--tokens-mb", type=int, default=512)
     p.add_argument("--seq-len", type=int, default=2047)
     p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--token-batches", default="64,256",
+                   help="token batch sizes (rows of seq_len+1 int64) to measure")
     p.add_argument("--handoff-batches", type=int, default=10000)
     p.add_argument("--step-us", type=int, default=1000,
                    help="simulated training step between batches for the handoff figure")
@@ -218,20 +220,25 @@ def main():
     proc, sock = start_ferryd(a.ferryd, workdir)
     try:
         rows = []
-        chunk = a.batch * (a.seq_len + 1) * 8
-        peak = pinned_peak(chunk, a.device)
-        ferry_gbs = ferry_tokens(sock, path, a.seq_len, a.batch, a.device)
         workers = max(1, (os.cpu_count() or 2) - 1)
-        dl_gbs = dataloader_tokens(path, a.seq_len, a.batch, a.device, workers)
-        rows.append(("pinned cudaMemcpyAsync, %.1f MiB chunks (peak)" % (chunk / 2**20), peak, 1.0))
-        rows.append(("ferry tokens -> GPU (int64, zero-copy)", ferry_gbs, ferry_gbs / peak))
-        rows.append(("DataLoader(%d workers, pin_memory) -> GPU" % workers, dl_gbs, dl_gbs / peak))
-        host_gbs = ferry_tokens(sock, path, a.seq_len, a.batch, "cpu")
+        for i, batch in enumerate(int(b) for b in a.token_batches.split(",")):
+            chunk = batch * (a.seq_len + 1) * 8
+            peak = pinned_peak(chunk, a.device)
+            ferry_gbs = ferry_tokens(sock, path, a.seq_len, batch, a.device)
+            rows.append(("pinned cudaMemcpyAsync, %.1f MiB chunks (peak)" % (chunk / 2**20),
+                         peak, 1.0))
+            rows.append(("ferry tokens -> GPU (int64, batch %d, zero-copy)" % batch, ferry_gbs,
+                         ferry_gbs / peak))
+            if i == 0:
+                dl_gbs = dataloader_tokens(path, a.seq_len, batch, a.device, workers)
+                rows.append(("DataLoader(%d workers, pin_memory) -> GPU" % workers, dl_gbs,
+                             dl_gbs / peak))
+        host_gbs = ferry_tokens(sock, path, a.seq_len, a.batch, "cpu")  # vs the last peak
         rows.append(("ferry tokens -> host memory (cpu transport), for scale", host_gbs,
                      host_gbs / peak))
-        print("%-52s %10s %8s" % ("tokens", "GB/s", "vs peak"))
+        print("%-56s %10s %8s" % ("tokens", "GB/s", "vs peak"))
         for name, v, r in rows:
-            print("%-52s %10.2f %8.2f" % (name, v, r))
+            print("%-56s %10.2f %8.2f" % (name, v, r))
         for step in (a.step_us, 0):
             what = ("trainer step %d us, ferry ahead" % step if step else
                     "back to back, bounded by ferry's per-batch rate")
@@ -246,11 +253,12 @@ def main():
                     n = int(r.get("batches_copied", 0))
                     if n:
                         print("job %s: %d batches copied; per batch: enqueue %.1f us, "
-                              "enqueue-to-host-slot-free %.1f us; %d copies waited on a "
-                              "released event"
+                              "enqueue-to-host-slot-free %.1f us, enqueue-to-ready %.1f us, "
+                              "release-to-released-signal %.1f us"
                               % (j["job"]["id"], n, 1e6 * r.get("copy_enqueue_seconds", 0) / n,
                                  1e6 * r.get("copy_complete_seconds", 0) / n,
-                                 int(r.get("released_waits", 0))))
+                                 1e6 * r.get("copy_ready_seconds", 0) / n,
+                                 1e6 * r.get("release_signal_seconds", 0) / n))
         print("handoff parts, p50 us: " + ", ".join(
             "%s %.1f" % kv for kv in handoff_parts(sock, path, a.device).items()))
         if a.images:

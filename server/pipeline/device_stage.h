@@ -3,14 +3,22 @@
 // one of its own device slots (and converts it there), and the consumer is given device
 // slots instead of host slots. The host transport has no stage: consumers read host slots.
 //
-// Contract: StartCopy is called with the pipeline's lock held and must not block on the
-// device (it enqueues work and returns); when the host slot may be refilled the stage calls
-// the `host_slot_free` callback given at Attach from a thread of its own, holding no lock.
-// Everything the stage needs (device memory, events, streams, pinned registration) is
-// allocated when it is created; nothing after.
+// Contract: StartCopy, WatchReleased, OpenConsumer and CloseConsumer are called with the
+// pipeline's lock held and never block on the device (they enqueue work and return). The
+// stage reports progress through StageCallbacks, from a thread of its own, holding no lock
+// of its own. Everything the stage needs (device memory, events, streams, pinned
+// registration) is allocated when it is created; nothing after.
+//
+// Why the pipeline, not the GPU, waits for the consumer's "released" signal: ferryd and the
+// trainer are two CUDA contexts on one GPU. A stream of one context waiting for an event of
+// the other that has not completed yet holds the GPU until the context time slice ends
+// (milliseconds on an H100), once per batch. So a device slot is reused only after its
+// released signal has been seen complete on the host, and a batch is delivered only after
+// its ready signal has: neither process ever queues a wait on the other's unfinished work.
 #ifndef FERRY_SERVER_PIPELINE_DEVICE_STAGE_H_
 #define FERRY_SERVER_PIPELINE_DEVICE_STAGE_H_
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -26,14 +34,29 @@ class DeviceStage {
 
   virtual int num_device_slots() const = 0;
 
-  // Sets the callback run when a host slot's copy has completed. Called once, before any
-  // StartCopy.
-  virtual void SetHostSlotFreeCallback(std::function<void(int host_slot)> callback) = 0;
+  // How a stage reports progress. `token` is the value passed to the call that started the
+  // work; the pipeline uses it to ignore reports about work it has since abandoned.
+  struct Callbacks {
+    // The host slot's bytes are on the device: the host slot may be refilled.
+    std::function<void(int host_slot)> host_slot_free;
+    // The copy (and conversion) into the device slot is complete: it may be delivered.
+    std::function<void(int device_slot, uint64_t token)> device_slot_ready;
+    // The consumer's last use of the device slot is over: it may be written again.
+    std::function<void(int device_slot, uint64_t token)> device_slot_released;
+  };
+  // Called once, before any other call but num_device_slots.
+  virtual void SetCallbacks(Callbacks callbacks) = 0;
 
   // Copies host slot `host_slot` (holding `num_samples` rows) into device slot
-  // `device_slot` after the consumer's last use of that device slot, converts it, and makes
-  // the device slot's "ready" signal follow that work.
-  virtual absl::Status StartCopy(int host_slot, int device_slot, uint32_t num_samples) = 0;
+  // `device_slot`, converts it there and records the slot's "ready" signal after that work;
+  // then reports host_slot_free(host_slot) and device_slot_ready(device_slot, token). The
+  // device slot must be free: never leased, or its released signal reported.
+  virtual absl::Status StartCopy(int host_slot, int device_slot, uint32_t num_samples,
+                                 uint64_t token) = 0;
+
+  // The consumer released `device_slot`: reports device_slot_released(device_slot, token)
+  // once its "released" signal has completed. Dropped by CloseConsumer.
+  virtual void WatchReleased(int device_slot, uint64_t token) = 0;
 
   // What a consumer needs to map the device slots (filled into AttachResponse).
   virtual void Describe(ferry::v1::AttachResponse* response) const = 0;
@@ -41,6 +64,7 @@ class DeviceStage {
   // A consumer binds: `released_events` are its per-slot "released" signals.
   virtual absl::Status OpenConsumer(const std::vector<std::string>& released_events) = 0;
   // The consumer is gone: forget its signals (a dead process's events never fire again).
+  // No device_slot_released report for a slot watched before starts after this returns.
   virtual void CloseConsumer() = 0;
 
   // For status: device bytes, pinned bytes, copy throughput.

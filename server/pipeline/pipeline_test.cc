@@ -409,8 +409,9 @@ TEST_F(PipelineTest, ShutdownEndsTheStreamOnceHeldBatchesAreBack) {
   p->Unbind(&c);
 }
 
-// A device stage over host memory: "device" slots are plain buffers, copies are memcpy, and
-// the host slot comes back from another thread, as with a real copy engine.
+// A device stage over host memory: "device" slots are plain buffers, copies are memcpy,
+// and every report comes from another thread, as from a real copy engine. Released signals
+// fire only when the test says so (the trainer's GPU is still using the slot until then).
 class FakeDeviceStage final : public DeviceStage {
  public:
   FakeDeviceStage(const SharedSlab& slab, size_t slot_bytes, int slots)
@@ -419,12 +420,39 @@ class FakeDeviceStage final : public DeviceStage {
     for (auto& t : threads_) t.join();
   }
   int num_device_slots() const override { return static_cast<int>(device_.size()); }
-  void SetHostSlotFreeCallback(std::function<void(int)> callback) override { free_ = callback; }
-  absl::Status StartCopy(int host_slot, int device_slot, uint32_t) override {
+  void SetCallbacks(Callbacks callbacks) override { callbacks_ = std::move(callbacks); }
+  absl::Status StartCopy(int host_slot, int device_slot, uint32_t, uint64_t token) override {
+    {
+      absl::MutexLock lock(&mutex_);
+      for (const auto& [slot, token] : watched_) {
+        EXPECT_NE(slot, device_slot)
+            << "device slot " << device_slot << " written before its released signal";
+      }
+    }
     memcpy(device_[device_slot].data(), slab_ + host_slot * slot_bytes_, slot_bytes_);
     ++copies;
-    threads_.emplace_back([this, host_slot] { free_(host_slot); });
+    threads_.emplace_back([this, host_slot, device_slot, token] {
+      callbacks_.host_slot_free(host_slot);
+      callbacks_.device_slot_ready(device_slot, token);
+    });
     return absl::OkStatus();
+  }
+  void WatchReleased(int device_slot, uint64_t token) override {
+    absl::MutexLock lock(&mutex_);
+    watched_.emplace_back(device_slot, token);
+  }
+  // The trainer's GPU finished with every slot it released so far.
+  void SignalReleased() {
+    std::vector<std::pair<int, uint64_t>> fire;
+    {
+      absl::MutexLock lock(&mutex_);
+      fire.swap(watched_);
+    }
+    for (const auto& [slot, token] : fire) callbacks_.device_slot_released(slot, token);
+  }
+  size_t watched() {
+    absl::MutexLock lock(&mutex_);
+    return watched_.size();
   }
   void Describe(ferry::v1::AttachResponse*) const override {}
   absl::Status OpenConsumer(const std::vector<std::string>& events) override {
@@ -432,15 +460,21 @@ class FakeDeviceStage final : public DeviceStage {
     opened = true;
     return absl::OkStatus();
   }
-  void CloseConsumer() override { opened = false; }
+  void CloseConsumer() override {
+    absl::MutexLock lock(&mutex_);
+    watched_.clear();
+    opened = false;
+  }
 
   const uint8_t* slab_;  // the mapping outlives the SharedSlab object, which is moved
   const size_t slot_bytes_;
   std::vector<std::vector<uint8_t>> device_;
-  std::function<void(int)> free_;
+  Callbacks callbacks_;
   std::vector<std::thread> threads_;
   std::atomic<int> copies{0};
   bool opened = false;
+  absl::Mutex mutex_;
+  std::vector<std::pair<int, uint64_t>> watched_ ABSL_GUARDED_BY(mutex_);
 };
 
 TEST_F(PipelineTest, DeviceStageSlotsAreLeasedAndHostSlotsRecycled) {
@@ -479,7 +513,13 @@ TEST_F(PipelineTest, DeviceStageSlotsAreLeasedAndHostSlotsRecycled) {
     memcpy(got.data(), stage->device_[held[i].slot()].data() + job_->layout().offsets[1], 32);
     EXPECT_EQ(got, Expected(0, 0, i));
   }
+  // Released, but the trainer's GPU is not done with them: still nothing is copied.
   for (auto& b : held) ASSERT_TRUE(p->Release(&c, b.slot(), b.seq()).ok());
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(c.pending(), 0u);
+  EXPECT_EQ(stage->copies.load(), 3);
+  EXPECT_EQ(stage->watched(), 3u);
+  stage->SignalReleased();
   for (int64_t i = 3; i < 16; ++i) {
     auto b = std::get<ferry::v1::BatchReady>(*c.Next());
     EXPECT_EQ(b.batch(), i);
@@ -487,11 +527,30 @@ TEST_F(PipelineTest, DeviceStageSlotsAreLeasedAndHostSlotsRecycled) {
     memcpy(got.data(), stage->device_[b.slot()].data() + job_->layout().offsets[1], 32);
     EXPECT_EQ(got, Expected(0, 0, i));
     ASSERT_TRUE(p->Release(&c, b.slot(), b.seq()).ok());
+    stage->SignalReleased();
   }
   EXPECT_EQ(std::get<EpochEndMsg>(*c.Next()).epoch, 0);
   EXPECT_GE(stage->copies.load(), 16);
+  // A consumer that goes away holding a released-but-unsignalled slot: the slot is
+  // reclaimed, and the next consumer gets every slot.
+  ASSERT_TRUE(p->StartEpoch(&c, 1, 0).ok());
+  auto b = std::get<ferry::v1::BatchReady>(*c.Next());
+  ASSERT_TRUE(p->Release(&c, b.slot(), b.seq()).ok());
   p->Unbind(&c);
   EXPECT_FALSE(stage->opened);
+  EXPECT_EQ(stage->watched(), 0u);
+  RecordingConsumer c2;
+  ASSERT_TRUE(p->Bind(&c2, 2, {"a", "b", "c"}).ok());
+  ASSERT_TRUE(p->StartEpoch(&c2, 1, 1).ok());
+  std::set<uint32_t> slots;
+  for (int64_t i = 1; i < 4; ++i) {
+    auto r = std::get<ferry::v1::BatchReady>(*c2.Next());
+    EXPECT_EQ(r.epoch(), 1);
+    EXPECT_EQ(r.batch(), i);
+    slots.insert(r.slot());
+  }
+  EXPECT_EQ(slots.size(), 3u);
+  p->Unbind(&c2);
 }
 
 TEST_F(PipelineTest, BadRequestsAreRefused) {

@@ -47,9 +47,17 @@ absl::StatusOr<std::shared_ptr<RankPipeline>> RankPipeline::Create(
                                                           pool, group));
   if (stage != nullptr) {
     std::weak_ptr<RankPipeline> weak = pipeline;
-    stage->SetHostSlotFreeCallback([weak](int host_slot) {
+    DeviceStage::Callbacks callbacks;
+    callbacks.host_slot_free = [weak](int host_slot) {
       if (auto p = weak.lock()) p->OnHostSlotCopied(host_slot);
-    });
+    };
+    callbacks.device_slot_ready = [weak](int device_slot, uint64_t token) {
+      if (auto p = weak.lock()) p->OnDeviceSlotReady(device_slot, token);
+    };
+    callbacks.device_slot_released = [weak](int device_slot, uint64_t token) {
+      if (auto p = weak.lock()) p->OnDeviceSlotReleased(device_slot, token);
+    };
+    stage->SetCallbacks(std::move(callbacks));
     absl::MutexLock lock(&pipeline->mutex_);
     pipeline->device_slots_.resize(static_cast<size_t>(stage->num_device_slots()));
     pipeline->stage_ = std::move(stage);
@@ -118,7 +126,8 @@ void RankPipeline::Unbind(BatchConsumer* consumer) {
     if (stage_ != nullptr) {
       stage_->CloseConsumer();
       for (DeviceSlot& d : device_slots_) {
-        if (d.state == SlotState::kLeased) {
+        // A dead consumer's work on its slots is gone with its context.
+        if (d.state == SlotState::kLeased || d.state == SlotState::kReleasing) {
           d.state = SlotState::kFree;
           d.seq = -1;
         }
@@ -225,10 +234,16 @@ absl::Status RankPipeline::Release(BatchConsumer* consumer, uint32_t slot, int64
       return absl::InvalidArgumentError(absl::StrCat(
           "release of slot ", slot, " seq ", seq, ", which is not leased to this consumer"));
     }
-    *state = SlotState::kFree;
     *leased_seq = -1;
-    if (stage_ != nullptr) device_slots_[slot].released_stamp = ++release_counter_;
-    if (stage_ != nullptr) StartCopiesLocked();
+    if (stage_ != nullptr) {
+      // Written again only once the consumer's last use of it is over on the GPU.
+      DeviceSlot& dev = device_slots_[slot];
+      dev.state = SlotState::kReleasing;
+      dev.token = ++device_tokens_;
+      stage_->WatchReleased(static_cast<int>(slot), dev.token);
+    } else {
+      *state = SlotState::kFree;
+    }
     ScheduleLocked(&tasks);
   }
   Deliver(std::move(tasks));
@@ -366,17 +381,14 @@ void RankPipeline::StartCopiesLocked() {
     // Copies are enqueued in delivery order, so a batch still filling holds back the ones
     // behind it (they would only wait in device slots instead of host slots).
     if (slots_[p.slot].state != SlotState::kQueued) return;
-    // The free device slot released longest ago: the trainer's last use of it (its
-    // "released" event) has most likely completed, so the copy need not wait for it.
-    int d = -1;
-    for (size_t i = 0; i < device_slots_.size(); ++i) {
-      if (device_slots_[i].state != SlotState::kFree) continue;
-      if (d < 0 || device_slots_[i].released_stamp < device_slots_[d].released_stamp) {
-        d = static_cast<int>(i);
-      }
+    int d = 0;
+    while (d < static_cast<int>(device_slots_.size()) &&
+           device_slots_[d].state != SlotState::kFree) {
+      ++d;
     }
-    if (d < 0) return;
-    absl::Status s = stage_->StartCopy(p.slot, d, p.num_samples);
+    if (d == static_cast<int>(device_slots_.size())) return;
+    const uint64_t token = ++device_tokens_;
+    absl::Status s = stage_->StartCopy(p.slot, d, p.num_samples, token);
     if (!s.ok()) {
       // A device that fails a copy will fail the next one too: stop this rank with the
       // reason instead of handing out slots that were never written.
@@ -388,7 +400,8 @@ void RankPipeline::StartCopiesLocked() {
     }
     slots_[p.slot].state = SlotState::kCopying;
     DeviceSlot& dev = device_slots_[d];
-    dev.state = SlotState::kQueued;
+    dev.state = SlotState::kCopying;  // kQueued once the stage reports it ready
+    dev.token = token;
     dev.epoch = p.epoch;
     dev.batch = p.batch;
     dev.num_samples = p.num_samples;
@@ -404,6 +417,29 @@ void RankPipeline::OnHostSlotCopied(int slot) {
     ScheduleLocked(&tasks);
   }
   Deliver(std::move(tasks));
+}
+
+void RankPipeline::OnDeviceSlotReady(int device_slot, uint64_t token) {
+  {
+    absl::MutexLock lock(&mutex_);
+    DeviceSlot& dev = device_slots_[device_slot];
+    // A copy abandoned by StartEpoch (the slot was freed, maybe reused) is not delivered.
+    if (dev.state != SlotState::kCopying || dev.token != token) return;
+    dev.state = SlotState::kQueued;
+  }
+  Deliver({});
+}
+
+void RankPipeline::OnDeviceSlotReleased(int device_slot, uint64_t token) {
+  {
+    absl::MutexLock lock(&mutex_);
+    DeviceSlot& dev = device_slots_[device_slot];
+    // After an Unbind the slot was reclaimed already.
+    if (dev.state != SlotState::kReleasing || dev.token != token) return;
+    dev.state = SlotState::kFree;
+    StartCopiesLocked();
+  }
+  Deliver({});
 }
 
 void RankPipeline::NoteStarvationLocked() {

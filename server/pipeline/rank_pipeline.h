@@ -100,7 +100,9 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   void FillStatus(ferry::v1::RankStatus* status) const;
 
  private:
-  enum class SlotState { kFree, kFilling, kQueued, kLeased, kCopying };
+  // kReleasing: a device slot the consumer released whose "released" signal has not been
+  // seen complete yet (see device_stage.h for why the host, not the GPU, waits for it).
+  enum class SlotState { kFree, kFilling, kQueued, kLeased, kCopying, kReleasing };
   struct Slot {
     SlotState state = SlotState::kFree;
     uint64_t generation = 0;
@@ -111,12 +113,13 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
     std::atomic<int> rows_left{0};  // tasks still filling rows
   };
   struct DeviceSlot {
-    SlotState state = SlotState::kFree;  // kFree, kQueued (copy enqueued) or kLeased
+    // kFree -> kCopying (copy enqueued) -> kQueued (ready) -> kLeased -> kReleasing -> kFree
+    SlotState state = SlotState::kFree;
     int64_t epoch = 0;
     int64_t batch = 0;
     uint32_t num_samples = 0;
     int64_t seq = -1;
-    uint64_t released_stamp = 0;  // release_counter_ when last released (0: never leased)
+    uint64_t token = 0;  // names the copy or release in progress; stale reports differ
   };
   struct Pending {  // one scheduled batch, in delivery order
     int slot;              // host slot (recycled once copied, with a stage)
@@ -132,6 +135,8 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   // Enqueues copies of filled host slots into free device slots, in order.
   void StartCopiesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void OnHostSlotCopied(int slot);
+  void OnDeviceSlotReady(int device_slot, uint64_t token);
+  void OnDeviceSlotReleased(int device_slot, uint64_t token);
   // True when the head of pending_ can be sent.
   bool HeadDeliverableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
@@ -174,7 +179,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   bool delivering_ ABSL_GUARDED_BY(mutex_) = false;
   int64_t next_seq_ ABSL_GUARDED_BY(mutex_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mutex_) = false;
-  uint64_t release_counter_ ABSL_GUARDED_BY(mutex_) = 0;
+  uint64_t device_tokens_ ABSL_GUARDED_BY(mutex_) = 0;
   absl::Status shutdown_reason_ ABSL_GUARDED_BY(mutex_);
   bool shutdown_sent_ ABSL_GUARDED_BY(mutex_) = false;
 

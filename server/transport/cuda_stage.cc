@@ -8,6 +8,9 @@
 #include <optional>
 #include <thread>
 #include <utility>
+#include <vector>
+
+#include <sys/prctl.h>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
@@ -51,69 +54,103 @@ struct GpuCounters {
   std::atomic<int64_t> stages{0};
 };
 
-// Waits for host slots' copies in the order they were enqueued and hands each host slot
-// back. One thread per stage; it holds no lock while calling back.
-class CompletionThread final {
+// Watches CUDA events from one thread of its own and runs a callback once each has
+// completed: the host side of "ready" and "released" (device_stage.h says why the host,
+// not the GPU, waits for the other process). It polls with cudaEventQuery, backing off
+// from 5 us to 100 us while nothing completes, and sleeps on a condition when nothing is
+// watched. Callbacks run without its lock held.
+class EventWatcher final {
  public:
-  CompletionThread(const std::vector<CudaEvent>* copy_done, std::function<void(int)>* callback,
-                   GpuCounters* counters)
-      : copy_done_(copy_done),
-        callback_(callback),
-        counters_(counters),
-        thread_([this] { Run(); }) {}
-  ~CompletionThread() {
+  // What a watch is for; each has its own latency total, for status.
+  enum Kind { kHostSlotCopied, kDeviceSlotReady, kReleased, kNumKinds };
+
+  explicit EventWatcher(GpuCounters* counters) : counters_(counters), thread_([this] { Run(); }) {}
+  ~EventWatcher() {
     {
       absl::MutexLock lock(&mutex_);
       stopping_ = true;
     }
     thread_.join();
-  }
-  void Push(int host_slot) {
-    absl::MutexLock lock(&mutex_);
-    queue_.push_back({host_slot, absl::Now()});
-  }
-  double complete_seconds() {
-    absl::MutexLock lock(&mutex_);
-    return complete_seconds_;
-  }
-
- private:
-  void Run() {
-    for (;;) {
-      int slot;
-      absl::Time enqueued;
-      {
-        absl::MutexLock lock(&mutex_);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-          return stopping_ || !queue_.empty();
-        };
-        mutex_.Await(absl::Condition(&ready));
-        if (queue_.empty()) return;
-        slot = queue_.front().first;
-        enqueued = queue_.front().second;
-        queue_.pop_front();
-      }
-      absl::Status s = (*copy_done_)[slot].Synchronize();
-      if (!s.ok()) {
-        FERRY_LOG(ERROR) << "waiting for a host-to-device copy failed: " << s;
-      }
-      counters_->in_flight.fetch_sub(1, std::memory_order_relaxed);
-      {
-        absl::MutexLock lock(&mutex_);
-        complete_seconds_ += absl::ToDoubleSeconds(absl::Now() - enqueued);
-      }
-      if (*callback_) (*callback_)(slot);
+    for (const Item& item : items_) {  // copies the stage no longer waits for
+      if (item.kind == kDeviceSlotReady) counters_->in_flight.fetch_sub(1, std::memory_order_relaxed);
     }
   }
 
-  const std::vector<CudaEvent>* copy_done_;
-  std::function<void(int)>* callback_;
+  // `event` must stay alive until its callback has run or Forget(kind) returned.
+  void Watch(const CudaEvent* event, Kind kind, std::function<void()> callback) {
+    absl::MutexLock lock(&mutex_);
+    items_.push_back({event, kind, std::move(callback), absl::Now()});
+  }
+  // Drops every watch of `kind`; none of their callbacks starts after this returns.
+  void Forget(Kind kind) {
+    absl::MutexLock lock(&mutex_);
+    std::erase_if(items_, [kind](const Item& item) { return item.kind == kind; });
+  }
+  // Total seconds from Watch to the callback, over every completed watch of `kind`.
+  double seconds(Kind kind) const {
+    absl::MutexLock lock(&mutex_);
+    return seconds_[kind];
+  }
+
+ private:
+  struct Item {
+    const CudaEvent* event;
+    Kind kind;
+    std::function<void()> callback;
+    absl::Time since;
+  };
+
+  void Run() {
+    // Sleeps of a few microseconds need the kernel's timer slack (50 us by default) cut.
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+    absl::Duration backoff = kMinBackoff;
+    std::vector<std::function<void()>> done;
+    for (;;) {
+      {
+        absl::MutexLock lock(&mutex_);
+        auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+          return stopping_ || !items_.empty();
+        };
+        mutex_.Await(absl::Condition(&work));
+        if (stopping_) return;
+        const absl::Time now = absl::Now();
+        // Queried under the lock: Forget may destroy the events right after it returns.
+        std::erase_if(items_, [&](Item& item) {
+          absl::StatusOr<bool> complete = item.event->IsComplete();
+          if (!complete.ok()) {
+            // A dead trainer's event, or a device error: the copy stream reports the
+            // latter on its next call; never leave a slot stuck.
+            FERRY_LOG(WARNING) << "event watch: " << complete.status();
+          } else if (!*complete) {
+            return false;
+          }
+          seconds_[item.kind] += absl::ToDoubleSeconds(now - item.since);
+          if (item.kind == kDeviceSlotReady) {
+            counters_->in_flight.fetch_sub(1, std::memory_order_relaxed);
+          }
+          done.push_back(std::move(item.callback));
+          return true;
+        });
+      }
+      for (auto& callback : done) callback();
+      if (done.empty()) {
+        absl::SleepFor(backoff);
+        backoff = std::min(backoff * 2, kMaxBackoff);
+      } else {
+        backoff = kMinBackoff;
+      }
+      done.clear();
+    }
+  }
+
+  static constexpr absl::Duration kMinBackoff = absl::Microseconds(5);
+  static constexpr absl::Duration kMaxBackoff = absl::Microseconds(100);
   GpuCounters* const counters_;
-  absl::Mutex mutex_;
-  std::deque<std::pair<int, absl::Time>> queue_ ABSL_GUARDED_BY(mutex_);
-  double complete_seconds_ ABSL_GUARDED_BY(mutex_) = 0;
+  mutable absl::Mutex mutex_;
+  std::vector<Item> items_ ABSL_GUARDED_BY(mutex_);
+  double seconds_[kNumKinds] ABSL_GUARDED_BY(mutex_) = {};
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
-  std::thread thread_;
+  std::thread thread_;  // last: starts after the members above exist
 };
 
 class CudaStage final : public DeviceStage {
@@ -155,8 +192,7 @@ class CudaStage final : public DeviceStage {
     }
     // Registration, stream, per slot a buffer and a ready event, per host slot an event.
     stage->objects_created_ = 2 + 2 * stage->slots_.size() + stage->copy_done_.size();
-    stage->completion_ = std::make_unique<CompletionThread>(
-        &stage->copy_done_, &stage->host_slot_free_, stage->counters_.get());
+    stage->watcher_ = std::make_unique<EventWatcher>(stage->counters_.get());
     stage->counted_pinned_ = slab.size();
     stage->counters_->pinned_bytes.fetch_add(slab.size(), std::memory_order_relaxed);
     stage->counters_->stages.fetch_add(1, std::memory_order_relaxed);
@@ -164,8 +200,8 @@ class CudaStage final : public DeviceStage {
   }
 
   ~CudaStage() override {
-    // The completion thread must stop before the events and the callback go away.
-    completion_.reset();
+    // The watcher must stop before the events and the callbacks go away.
+    watcher_.reset();
     if (stream_.has_value()) {
       absl::Status s = stream_->Synchronize();
       if (!s.ok()) FERRY_LOG(WARNING) << "copy stream of GPU " << device_ << ": " << s;
@@ -178,39 +214,29 @@ class CudaStage final : public DeviceStage {
 
   int num_device_slots() const override { return static_cast<int>(slots_.size()); }
 
-  void SetHostSlotFreeCallback(std::function<void(int)> callback) override {
-    host_slot_free_ = std::move(callback);
-  }
+  void SetCallbacks(Callbacks callbacks) override { callbacks_ = std::move(callbacks); }
 
-  absl::Status StartCopy(int host_slot, int device_slot, uint32_t num_samples) override {
+  absl::Status StartCopy(int host_slot, int device_slot, uint32_t num_samples,
+                         uint64_t token) override {
     const absl::Time start = absl::Now();
-    absl::Status s = EnqueueCopy(host_slot, device_slot, num_samples);
+    absl::Status s = EnqueueCopy(host_slot, device_slot, num_samples, token);
     enqueue_seconds_ += absl::ToDoubleSeconds(absl::Now() - start);
     return s;
   }
 
-  absl::Status EnqueueCopy(int host_slot, int device_slot, uint32_t num_samples) {
+  void WatchReleased(int device_slot, uint64_t token) override {
+    if (device_slot >= static_cast<int>(released_.size())) return;
+    watcher_->Watch(&released_[device_slot], EventWatcher::kReleased, [this, device_slot, token] {
+      callbacks_.device_slot_released(device_slot, token);
+    });
+  }
+
+  // The device slot is free (the pipeline saw its released signal complete), so the copy
+  // stream never waits for the trainer's context.
+  absl::Status EnqueueCopy(int host_slot, int device_slot, uint32_t num_samples, uint64_t token) {
     cuda_internal::ScopedDevice scope(device_);
     FERRY_RETURN_IF_ERROR(scope.status());
     CudaStream& stream = *stream_;
-    if (device_slot < static_cast<int>(released_.size())) {
-      // The trainer's last use of this slot comes first, ordered on the GPU. When that use
-      // is already over (the usual case: the trainer recorded the event before sending
-      // Release), the wait is skipped: a stream wait on an interprocess event stalls the
-      // copy stream even when the event has long completed.
-      // The trainer records the event just before it sends Release, so when it is not
-      // complete yet it usually is a few microseconds later (the trainer's stream had no
-      // work queued): poll briefly before falling back to the stream wait.
-      absl::StatusOr<bool> done = released_[device_slot].IsComplete();
-      const absl::Time give_up = absl::Now() + absl::Microseconds(30);
-      while (done.ok() && !*done && absl::Now() < give_up) {
-        done = released_[device_slot].IsComplete();
-      }
-      if (!done.ok() || !*done) {
-        ++released_waits_;
-        FERRY_RETURN_IF_ERROR(stream.Wait(released_[device_slot]));
-      }
-    }
     const uint8_t* src = slab_ + static_cast<size_t>(host_slot) * host_->slot_bytes;
     uint8_t* dst = static_cast<uint8_t*>(slots_[device_slot].data());
     if (!layout_.converts()) {
@@ -251,7 +277,10 @@ class CudaStage final : public DeviceStage {
     }
     FERRY_RETURN_IF_ERROR(stream.Record(ready_[device_slot]));
     counters_->in_flight.fetch_add(1, std::memory_order_relaxed);
-    completion_->Push(host_slot);
+    watcher_->Watch(&copy_done_[host_slot], EventWatcher::kHostSlotCopied,
+                    [this, host_slot] { callbacks_.host_slot_free(host_slot); });
+    watcher_->Watch(&ready_[device_slot], EventWatcher::kDeviceSlotReady,
+                    [this, device_slot, token] { callbacks_.device_slot_ready(device_slot, token); });
     counters_->bytes_to_device.fetch_add(host_->slot_bytes, std::memory_order_relaxed);
     bytes_copied_ += host_->slot_bytes;
     ++batches_copied_;
@@ -307,7 +336,10 @@ class CudaStage final : public DeviceStage {
     return absl::OkStatus();
   }
 
-  void CloseConsumer() override { released_.clear(); }
+  void CloseConsumer() override {
+    watcher_->Forget(EventWatcher::kReleased);
+    released_.clear();
+  }
 
   void FillStatus(ferry::v1::RankStatus* status) const override {
     status->set_device_bytes(device_bytes_.bytes());
@@ -315,9 +347,10 @@ class CudaStage final : public DeviceStage {
     status->set_bytes_to_device(bytes_copied_);
     status->set_cuda_objects_created(objects_created_);
     status->set_copy_enqueue_seconds(enqueue_seconds_);
-    status->set_copy_complete_seconds(completion_->complete_seconds());
+    status->set_copy_complete_seconds(watcher_->seconds(EventWatcher::kHostSlotCopied));
+    status->set_copy_ready_seconds(watcher_->seconds(EventWatcher::kDeviceSlotReady));
+    status->set_release_signal_seconds(watcher_->seconds(EventWatcher::kReleased));
     status->set_batches_copied(batches_copied_);
-    status->set_released_waits(released_waits_);
   }
 
  private:
@@ -341,13 +374,12 @@ class CudaStage final : public DeviceStage {
   std::vector<CudaEvent> released_;
   uint64_t bytes_copied_ = 0;
   uint64_t batches_copied_ = 0;
-  uint64_t released_waits_ = 0;
   uint64_t objects_created_ = 0;
   double enqueue_seconds_ = 0;
-  std::function<void(int)> host_slot_free_;
+  Callbacks callbacks_;
   std::shared_ptr<GpuCounters> counters_;
   size_t counted_pinned_ = 0;  // what this stage added to counters_->pinned_bytes
-  std::unique_ptr<CompletionThread> completion_;
+  std::unique_ptr<EventWatcher> watcher_;  // last: destroyed first
 };
 
 struct Gpu {
