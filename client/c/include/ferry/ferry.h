@@ -204,9 +204,9 @@ FERRY_API int ferry_batch_release(ferry_batch_t* batch);
  *      (or on a stream ordered after `s`): it makes `s` wait, on the GPU, for ferryd's copy
  *      into the slot (cudaStreamWaitEvent on the slot's ready event).
  *   2. ferry_batch_release_on(batch, s) after the last such work is enqueued on `s`: it
- *      records the slot's released event on `s` and gives the slot back; ferryd's next
- *      copy into the slot waits on that event, so it cannot overwrite data still being
- *      read. Work on other streams must be ordered before it by the caller.
+ *      records the slot's released event on `s` and gives the slot back; ferryd writes
+ *      the slot again only after that event has completed, so it cannot overwrite data
+ *      still being read. Work on other streams must be ordered before it by the caller.
  *   3. The device memory stays mapped until the batch is freed; its contents may change
  *      any time after the release. ferry_batch_free releases as ferry_batch_release does.
  * A failed CUDA call returns its error (named) and leaves the slot leased: it is given

@@ -303,7 +303,7 @@ class ConsumerImpl;
 //      be running when Next returns.
 //   2. ReleaseOn(stream) after the last work that reads the fields has been enqueued on
 //      `stream`: it records the slot's "released" event there and gives the slot back;
-//      ferryd's next copy into the slot waits, on the GPU, for that event. Work on other
+//      ferryd writes the slot again only after that event has completed. Work on other
 //      streams must be ordered before `stream`'s record (e.g. by an event) by the caller.
 //   3. Release() and the destructor on a GPU batch mean ReleaseOn(the stream last passed to
 //      WaitOn), or the legacy default stream when WaitOn was never called. That stream must
