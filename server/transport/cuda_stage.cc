@@ -59,37 +59,53 @@ struct GpuCounters {
 // not the GPU, waits for the other process). It polls with cudaEventQuery, backing off
 // from 5 us to 100 us while nothing completes, and sleeps on a condition when nothing is
 // watched. Callbacks run without its lock held.
+//
+// A callback may drop the last reference to the pipeline that owns this watcher, so the
+// destructor can run on the watcher's own thread. The thread's state therefore lives in a
+// shared State that the thread co-owns: such a destructor detaches instead of joining, and
+// the thread runs no further callback and returns.
 class EventWatcher final {
  public:
   // What a watch is for; each has its own latency total, for status.
   enum Kind { kHostSlotCopied, kDeviceSlotReady, kReleased, kNumKinds };
 
-  explicit EventWatcher(GpuCounters* counters) : counters_(counters), thread_([this] { Run(); }) {}
+  explicit EventWatcher(std::shared_ptr<GpuCounters> counters)
+      : state_(std::make_shared<State>()) {
+    state_->counters = std::move(counters);
+    thread_ = std::thread([state = state_] { Run(*state); });
+  }
   ~EventWatcher() {
     {
-      absl::MutexLock lock(&mutex_);
-      stopping_ = true;
+      absl::MutexLock lock(&state_->mutex);
+      state_->stopping = true;
+      for (const Item& item : state_->items) {  // copies nobody waits for any more
+        if (item.kind == kDeviceSlotReady) {
+          state_->counters->in_flight.fetch_sub(1, std::memory_order_relaxed);
+        }
+      }
+      state_->items.clear();
     }
-    thread_.join();
-    for (const Item& item : items_) {  // copies the stage no longer waits for
-      if (item.kind == kDeviceSlotReady) counters_->in_flight.fetch_sub(1, std::memory_order_relaxed);
+    if (thread_.get_id() == std::this_thread::get_id()) {
+      thread_.detach();  // inside one of our callbacks: Run returns right after it
+    } else {
+      thread_.join();
     }
   }
 
   // `event` must stay alive until its callback has run or Forget(kind) returned.
   void Watch(const CudaEvent* event, Kind kind, std::function<void()> callback) {
-    absl::MutexLock lock(&mutex_);
-    items_.push_back({event, kind, std::move(callback), absl::Now()});
+    absl::MutexLock lock(&state_->mutex);
+    state_->items.push_back({event, kind, std::move(callback), absl::Now()});
   }
   // Drops every watch of `kind`; none of their callbacks starts after this returns.
   void Forget(Kind kind) {
-    absl::MutexLock lock(&mutex_);
-    std::erase_if(items_, [kind](const Item& item) { return item.kind == kind; });
+    absl::MutexLock lock(&state_->mutex);
+    std::erase_if(state_->items, [kind](const Item& item) { return item.kind == kind; });
   }
   // Total seconds from Watch to the callback, over every completed watch of `kind`.
   double seconds(Kind kind) const {
-    absl::MutexLock lock(&mutex_);
-    return seconds_[kind];
+    absl::MutexLock lock(&state_->mutex);
+    return state_->seconds[kind];
   }
 
  private:
@@ -99,23 +115,35 @@ class EventWatcher final {
     std::function<void()> callback;
     absl::Time since;
   };
+  struct State {
+    std::shared_ptr<GpuCounters> counters;
+    absl::Mutex mutex;
+    std::vector<Item> items ABSL_GUARDED_BY(mutex);
+    double seconds[kNumKinds] ABSL_GUARDED_BY(mutex) = {};
+    bool stopping ABSL_GUARDED_BY(mutex) = false;
+  };
 
-  void Run() {
+  static bool Stopping(State& state) {
+    absl::MutexLock lock(&state.mutex);
+    return state.stopping;
+  }
+
+  static void Run(State& state) {
     // Sleeps of a few microseconds need the kernel's timer slack (50 us by default) cut.
     prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
     absl::Duration backoff = kMinBackoff;
     std::vector<std::function<void()>> done;
     for (;;) {
       {
-        absl::MutexLock lock(&mutex_);
-        auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-          return stopping_ || !items_.empty();
+        absl::MutexLock lock(&state.mutex);
+        auto work = [&state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mutex) {
+          return state.stopping || !state.items.empty();
         };
-        mutex_.Await(absl::Condition(&work));
-        if (stopping_) return;
+        state.mutex.Await(absl::Condition(&work));
+        if (state.stopping) return;
         const absl::Time now = absl::Now();
         // Queried under the lock: Forget may destroy the events right after it returns.
-        std::erase_if(items_, [&](Item& item) {
+        std::erase_if(state.items, [&](Item& item) {
           absl::StatusOr<bool> complete = item.event->IsComplete();
           if (!complete.ok()) {
             // A dead trainer's event, or a device error: the copy stream reports the
@@ -124,33 +152,33 @@ class EventWatcher final {
           } else if (!*complete) {
             return false;
           }
-          seconds_[item.kind] += absl::ToDoubleSeconds(now - item.since);
+          state.seconds[item.kind] += absl::ToDoubleSeconds(now - item.since);
           if (item.kind == kDeviceSlotReady) {
-            counters_->in_flight.fetch_sub(1, std::memory_order_relaxed);
+            state.counters->in_flight.fetch_sub(1, std::memory_order_relaxed);
           }
           done.push_back(std::move(item.callback));
           return true;
         });
       }
-      for (auto& callback : done) callback();
-      if (done.empty()) {
-        absl::SleepFor(backoff);
-        backoff = std::min(backoff * 2, kMaxBackoff);
-      } else {
-        backoff = kMinBackoff;
+      const bool progressed = !done.empty();
+      for (auto& callback : done) {
+        if (Stopping(state)) return;  // the owner is gone (maybe destroyed by a callback)
+        callback();
       }
       done.clear();
+      if (progressed) {
+        backoff = kMinBackoff;
+      } else {
+        absl::SleepFor(backoff);
+        backoff = std::min(backoff * 2, kMaxBackoff);
+      }
     }
   }
 
   static constexpr absl::Duration kMinBackoff = absl::Microseconds(5);
   static constexpr absl::Duration kMaxBackoff = absl::Microseconds(100);
-  GpuCounters* const counters_;
-  mutable absl::Mutex mutex_;
-  std::vector<Item> items_ ABSL_GUARDED_BY(mutex_);
-  double seconds_[kNumKinds] ABSL_GUARDED_BY(mutex_) = {};
-  bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
-  std::thread thread_;  // last: starts after the members above exist
+  std::shared_ptr<State> state_;
+  std::thread thread_;
 };
 
 class CudaStage final : public DeviceStage {
@@ -192,7 +220,7 @@ class CudaStage final : public DeviceStage {
     }
     // Registration, stream, per slot a buffer and a ready event, per host slot an event.
     stage->objects_created_ = 2 + 2 * stage->slots_.size() + stage->copy_done_.size();
-    stage->watcher_ = std::make_unique<EventWatcher>(stage->counters_.get());
+    stage->watcher_ = std::make_unique<EventWatcher>(stage->counters_);
     stage->counted_pinned_ = slab.size();
     stage->counters_->pinned_bytes.fetch_add(slab.size(), std::memory_order_relaxed);
     stage->counters_->stages.fetch_add(1, std::memory_order_relaxed);
