@@ -416,8 +416,13 @@ class FakeDeviceStage final : public DeviceStage {
  public:
   FakeDeviceStage(const SharedSlab& slab, size_t slot_bytes, int slots)
       : slab_(slab.data()), slot_bytes_(slot_bytes), device_(slots, std::vector<uint8_t>(slot_bytes)) {}
-  ~FakeDeviceStage() override {
-    for (auto& t : threads_) t.join();
+  ~FakeDeviceStage() override { JoinReports(); }
+  // Call after the pipeline's Shutdown (no copy starts after it) and before dropping the
+  // test's reference, so that no report thread ends up destroying the pipeline.
+  void JoinReports() {
+    for (auto& t : threads_) {
+      if (t.joinable()) t.join();
+    }
   }
   int num_device_slots() const override { return static_cast<int>(device_.size()); }
   void SetCallbacks(Callbacks callbacks) override { callbacks_ = std::move(callbacks); }
@@ -431,9 +436,10 @@ class FakeDeviceStage final : public DeviceStage {
     }
     memcpy(device_[device_slot].data(), slab_ + host_slot * slot_bytes_, slot_bytes_);
     ++copies;
-    threads_.emplace_back([this, host_slot, device_slot, token] {
-      callbacks_.host_slot_free(host_slot);
-      callbacks_.device_slot_ready(device_slot, token);
+    // The thread owns copies of the callbacks, so it never touches the stage.
+    threads_.emplace_back([callbacks = callbacks_, host_slot, device_slot, token] {
+      callbacks.host_slot_free(host_slot);
+      callbacks.device_slot_ready(device_slot, token);
     });
     return absl::OkStatus();
   }
@@ -551,6 +557,8 @@ TEST_F(PipelineTest, DeviceStageSlotsAreLeasedAndHostSlotsRecycled) {
   }
   EXPECT_EQ(slots.size(), 3u);
   p->Unbind(&c2);
+  p->Shutdown(absl::CancelledError("test over"));
+  stage->JoinReports();
 }
 
 TEST_F(PipelineTest, BadRequestsAreRefused) {
