@@ -561,6 +561,46 @@ TEST_F(PipelineTest, DeviceStageSlotsAreLeasedAndHostSlotsRecycled) {
   stage->JoinReports();
 }
 
+// A release marked complete (the trainer's stream was idle: no GPU work can still read
+// the slot) frees the device slot at once; nothing waits for a released signal.
+TEST_F(PipelineTest, CompleteReleaseFreesTheDeviceSlotWithoutASignal) {
+  ferry::v1::JobSpec spec;
+  spec.set_batch_size(4);
+  spec.set_drop_last(true);
+  job_ = *Job::Create(JobIdentity{"jgpu2", "gpu2", 1000, 78}, spec,
+                      std::make_unique<FakeSource>(64, absl::flat_hash_set<int64_t>{}));
+  FakeDeviceStage* stage = nullptr;
+  auto p = *RankPipeline::Create(
+      job_, 0, /*host slots=*/2, -1, pool_.get(), &budget_,
+      [&](const SharedSlab& slab) -> absl::StatusOr<std::unique_ptr<DeviceStage>> {
+        auto s = std::make_unique<FakeDeviceStage>(slab, job_->layout().slot_bytes, 2);
+        stage = s.get();
+        return s;
+      });
+  RecordingConsumer c;
+  ASSERT_TRUE(p->Bind(&c, 1, {"a", "b"}).ok());
+  ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
+  for (int64_t i = 0; i < 16; ++i) {
+    auto b = std::get<ferry::v1::BatchReady>(*c.Next());
+    EXPECT_EQ(b.batch(), i);
+    std::vector<int64_t> got(4);
+    memcpy(got.data(), stage->device_[b.slot()].data() + job_->layout().offsets[1], 32);
+    EXPECT_EQ(got, Expected(0, 0, i));
+    ASSERT_TRUE(p->Release(&c, b.slot(), b.seq(), /*complete=*/true).ok());
+    EXPECT_EQ(stage->watched(), 0u);
+  }
+  EXPECT_EQ(std::get<EpochEndMsg>(*c.Next()).epoch, 0);
+  // A complete release of a slot not leased is refused like any other.
+  EXPECT_EQ(p->Release(&c, 0, 99, true).code(), absl::StatusCode::kInvalidArgument);
+  ferry::v1::RankStatus status;
+  p->FillStatus(&status);
+  EXPECT_EQ(status.releases(), 16u);
+  EXPECT_EQ(status.releases_complete(), 16u);
+  p->Unbind(&c);
+  p->Shutdown(absl::CancelledError("test over"));
+  stage->JoinReports();
+}
+
 TEST_F(PipelineTest, BadRequestsAreRefused) {
   auto p = Make(40, 4, 1, 0, 2, true);
   RecordingConsumer c;

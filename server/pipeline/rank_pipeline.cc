@@ -210,7 +210,8 @@ absl::Status RankPipeline::StartEpoch(BatchConsumer* consumer, int64_t epoch,
   return absl::OkStatus();
 }
 
-absl::Status RankPipeline::Release(BatchConsumer* consumer, uint32_t slot, int64_t seq) {
+absl::Status RankPipeline::Release(BatchConsumer* consumer, uint32_t slot, int64_t seq,
+                                   bool complete) {
   std::vector<WorkerPool::Task> tasks;
   {
     absl::MutexLock lock(&mutex_);
@@ -238,9 +239,16 @@ absl::Status RankPipeline::Release(BatchConsumer* consumer, uint32_t slot, int64
     if (stage_ != nullptr) {
       // Written again only once the consumer's last use of it is over on the GPU.
       DeviceSlot& dev = device_slots_[slot];
-      dev.state = SlotState::kReleasing;
       dev.token = ++device_tokens_;
-      stage_->WatchReleased(static_cast<int>(slot), dev.token);
+      ++releases_;
+      if (complete) {
+        dev.state = SlotState::kFree;
+        ++releases_complete_;
+        StartCopiesLocked();
+      } else {
+        dev.state = SlotState::kReleasing;
+        stage_->WatchReleased(static_cast<int>(slot), dev.token);
+      }
     } else {
       *state = SlotState::kFree;
     }
@@ -552,6 +560,8 @@ void RankPipeline::FillStatus(ferry::v1::RankStatus* status) const {
       leased += d.state == SlotState::kLeased;
     }
     stage_->FillStatus(status);
+    status->set_releases(releases_);
+    status->set_releases_complete(releases_complete_);
   } else {
     for (const Slot& s : slots_) {
       queued += s.state == SlotState::kQueued;

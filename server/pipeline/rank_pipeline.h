@@ -87,8 +87,11 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
 
   // INVALID_ARGUMENT for an epoch < 0 or first_batch outside [0, batches_per_epoch].
   absl::Status StartEpoch(BatchConsumer* consumer, int64_t epoch, int64_t first_batch);
-  // INVALID_ARGUMENT unless `slot` is leased to the consumer under `seq`.
-  absl::Status Release(BatchConsumer* consumer, uint32_t slot, int64_t seq);
+  // INVALID_ARGUMENT unless `slot` is leased to the consumer under `seq`. `complete`
+  // (GPU transport): the consumer's last use of the device slot is already over, so it is
+  // free at once instead of after its "released" signal is seen complete.
+  absl::Status Release(BatchConsumer* consumer, uint32_t slot, int64_t seq,
+                       bool complete = false);
 
   const SharedSlab& slab() const { return slab_; }
   // Slots the consumer leases: device slots with a stage, host slots without.
@@ -186,6 +189,8 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   // Metrics.
   int64_t batches_delivered_ ABSL_GUARDED_BY(mutex_) = 0;
   int64_t samples_delivered_ ABSL_GUARDED_BY(mutex_) = 0;
+  uint64_t releases_ ABSL_GUARDED_BY(mutex_) = 0;           // of device slots
+  uint64_t releases_complete_ ABSL_GUARDED_BY(mutex_) = 0;  // of those, with `complete`
   std::deque<std::pair<absl::Time, uint32_t>> recent_deliveries_ ABSL_GUARDED_BY(mutex_);
   absl::Duration consumer_wait_ ABSL_GUARDED_BY(mutex_);
   absl::Time starved_since_ ABSL_GUARDED_BY(mutex_) = absl::InfiniteFuture();

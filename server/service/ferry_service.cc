@@ -97,7 +97,8 @@ class ConsumeReactor final
                                      request.start_epoch().first_batch());
       case ferry::v1::ConsumeRequest::kRelease:
         if (pipeline_ == nullptr) return absl::FailedPreconditionError("send Open first");
-        return pipeline_->Release(this, request.release().slot(), request.release().seq());
+        return pipeline_->Release(this, request.release().slot(), request.release().seq(),
+                                  request.release().complete());
       default:
         return absl::InvalidArgumentError("empty ConsumeRequest");
     }

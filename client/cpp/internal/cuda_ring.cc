@@ -8,6 +8,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -144,16 +145,25 @@ class CudaRingImpl final : public CudaRing {
                  absl::StrCat("ready event of slot ", slot, ", legacy default stream"));
   }
 
-  absl::Status RecordReleased(uint32_t slot, void* stream) const override {
+  absl::StatusOr<bool> SignalReleased(uint32_t slot, void* stream) const override {
     auto* s = static_cast<cudaStream_t>(stream);
-    if (s != nullptr) {
-      return Check(cudaEventRecord(released_[slot].get(), s), "cudaEventRecord",
-                   absl::StrCat("released event of slot ", slot));
+    std::optional<cuda_internal::ScopedDevice> scope;
+    if (s == nullptr) {
+      // The legacy default stream is the current device's: enter the ring's device.
+      scope.emplace(device_);
+      FERRY_RETURN_IF_ERROR(scope->status());
     }
-    cuda_internal::ScopedDevice scope(device_);
-    FERRY_RETURN_IF_ERROR(scope.status());
-    return Check(cudaEventRecord(released_[slot].get(), s), "cudaEventRecord",
-                 absl::StrCat("released event of slot ", slot, ", legacy default stream"));
+    const cudaError_t query = cudaStreamQuery(s);
+    if (query == cudaSuccess) return false;  // idle: every read of the slot is done
+    if (query != cudaErrorNotReady) {
+      return Check(query, "cudaStreamQuery",
+                   absl::StrCat("stream releasing slot ", slot));
+    }
+    (void)cudaGetLastError();
+    FERRY_RETURN_IF_ERROR(Check(cudaEventRecord(released_[slot].get(), s), "cudaEventRecord",
+                                absl::StrCat("released event of slot ", slot,
+                                             s == nullptr ? ", legacy default stream" : "")));
+    return true;
   }
 
  private:

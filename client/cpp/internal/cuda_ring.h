@@ -3,10 +3,12 @@
 //
 // ferryd exports, per slot, a device buffer and a "ready" event (recorded after its copy and
 // kernels). The trainer opens both, and creates one interprocess "released" event per slot
-// whose handles go back to ferryd in ConsumeRequest.Open; ferryd's next copy into a slot
-// waits on that slot's released event. Per batch the trainer only enqueues:
-//   WaitReady(slot, stream)      cudaStreamWaitEvent(stream, ready[slot])
-//   RecordReleased(slot, stream) cudaEventRecord(released[slot], stream), then Release.
+// whose handles go back to ferryd in ConsumeRequest.Open; ferryd writes a slot again only
+// once it has seen that slot's released event complete. Per batch the trainer only enqueues:
+//   WaitReady(slot, stream)       cudaStreamWaitEvent(stream, ready[slot]), skipped when
+//                                 the event has completed already (ferry ahead)
+//   SignalReleased(slot, stream)  cudaEventRecord(released[slot], stream), skipped when the
+//                                 stream has no pending work; then Release.
 // Nothing here blocks the host.
 //
 // This header does not include CUDA's: the implementation is cuda_ring.cc with CUDA and
@@ -61,8 +63,13 @@ class CudaRing {
   // Makes `stream` (a cudaStream_t; null = the device's legacy default stream) wait for
   // slot `slot`'s ready event. Returns at once.
   virtual absl::Status WaitReady(uint32_t slot, void* stream) const = 0;
-  // Records slot `slot`'s released event on `stream` (null = legacy default stream).
-  virtual absl::Status RecordReleased(uint32_t slot, void* stream) const = 0;
+  // Signals that the trainer's use of slot `slot` ends with the work enqueued on `stream`
+  // so far (null = legacy default stream). Returns true when it recorded the slot's
+  // released event for ferryd to watch; false when `stream` had no pending work
+  // (cudaStreamQuery), so no use of the slot is left and nothing needed recording: the
+  // Release then says `complete` and ferryd rewrites the slot at once. Skipping the record
+  // also keeps the GPU from switching to the trainer's context just to signal an event.
+  virtual absl::StatusOr<bool> SignalReleased(uint32_t slot, void* stream) const = 0;
 };
 
 // PCI bus id ("0000:3b:00.0", lower case) of this process's CUDA device `ordinal`.

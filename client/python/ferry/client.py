@@ -207,20 +207,46 @@ class Batch:
         self.seq = info.seq
         self.slot = info.slot
         self.num_samples = info.num_samples
-        self.fields = []  # (name, dtype code, shape tuple, data address, nbytes)
-        # CUDA ordinal of the fields' memory (this process's numbering), -1 for host memory.
-        self.device = -1
-        sized = getattr(lib, "ferry_batch_field_sized", None)
-        field = _lib.Field()
-        for i in range(info.num_fields):
-            if sized is not None:
-                _lib.check(sized(handle, i, ctypes.byref(field), ctypes.sizeof(field)))
-                self.device = field.device
+        self._num_fields = info.num_fields
+        # Read from the library on first use: a loader that caches views per slot never
+        # needs them (one call per field per batch would be most of a handoff's cost).
+        self._fields = None
+        self._device = None
+
+    @property
+    def fields(self):
+        """[(name, dtype code, shape tuple, data address, nbytes)], one per field."""
+        if self._fields is None:
+            lib, fields = self._lib, []
+            sized = getattr(lib, "ferry_batch_field_sized", None)
+            field = _lib.Field()
+            for i in range(self._num_fields):
+                if sized is not None:
+                    _lib.check(sized(self._handle, i, ctypes.byref(field), ctypes.sizeof(field)))
+                else:
+                    _lib.check(lib.ferry_batch_field(self._handle, i, ctypes.byref(field)))
+                shape = tuple(field.shape[d] for d in range(field.ndim))
+                fields.append((field.name.decode(), field.dtype, shape, field.data or 0,
+                               field.nbytes))
+            self._fields = fields
+        return self._fields
+
+    @property
+    def device(self):
+        """CUDA ordinal of the fields' memory (this process's numbering), -1 for host memory."""
+        if getattr(self, "_device", None) is None:
+            fn = getattr(self._lib, "ferry_batch_device", None)
+            if fn is None:  # ABI 1.0: the host transport only
+                self._device = -1
             else:
-                _lib.check(lib.ferry_batch_field(handle, i, ctypes.byref(field)))
-            shape = tuple(field.shape[d] for d in range(field.ndim))
-            self.fields.append((field.name.decode(), field.dtype, shape, field.data or 0,
-                                field.nbytes))
+                out = ctypes.c_int()
+                _lib.check(fn(self._handle, ctypes.byref(out)))
+                self._device = out.value
+        return self._device
+
+    @device.setter
+    def device(self, value):
+        self._device = value
 
     def arrays(self):
         """{field name: read-only numpy array viewing the slot} (zero-copy). Host batches
