@@ -107,8 +107,10 @@ void CudaStream::Release() {
 
 absl::Status CudaStream::CopyAsync(void* dst, const void* src, size_t bytes) const {
   if (bytes == 0) return absl::OkStatus();
-  return Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync",
-               absl::StrCat(bytes, " bytes on device ", device_));
+  // Hot path (every batch): the error's detail is formatted only on failure.
+  const cudaError_t error = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_);
+  if (error == cudaSuccess) return absl::OkStatus();
+  return Check(error, "cudaMemcpyAsync", absl::StrCat(bytes, " bytes on device ", device_));
 }
 
 absl::Status CudaStream::Record(const CudaEvent& event) const {
@@ -117,13 +119,15 @@ absl::Status CudaStream::Record(const CudaEvent& event) const {
                                                    event.device(), " on a stream of device ",
                                                    device_));
   }
-  return Check(cudaEventRecord(event.get(), stream_), "cudaEventRecord",
-               absl::StrCat("device ", device_));
+  const cudaError_t error = cudaEventRecord(event.get(), stream_);
+  if (error == cudaSuccess) return absl::OkStatus();
+  return Check(error, "cudaEventRecord", absl::StrCat("device ", device_));
 }
 
 absl::Status CudaStream::Wait(const CudaEvent& event) const {
-  return Check(cudaStreamWaitEvent(stream_, event.get(), 0), "cudaStreamWaitEvent",
-               absl::StrCat("device ", device_));
+  const cudaError_t error = cudaStreamWaitEvent(stream_, event.get(), 0);
+  if (error == cudaSuccess) return absl::OkStatus();
+  return Check(error, "cudaStreamWaitEvent", absl::StrCat("device ", device_));
 }
 
 absl::Status CudaStream::Synchronize() const {
@@ -201,8 +205,8 @@ absl::StatusOr<bool> CudaEvent::IsComplete() const {
     (void)cudaGetLastError();
     return false;
   }
-  FERRY_RETURN_IF_ERROR(Check(error, "cudaEventQuery", absl::StrCat("device ", device_)));
-  return true;
+  if (error == cudaSuccess) return true;
+  return Check(error, "cudaEventQuery", absl::StrCat("device ", device_));
 }
 
 absl::Status CudaEvent::Synchronize() const {

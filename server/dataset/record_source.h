@@ -59,6 +59,7 @@ class RecordSource final : public SampleSource {
   absl::Status Fill(int64_t index, uint64_t sample_seed, absl::Span<uint8_t* const> rows,
                     Scratch* scratch) const override;
   std::string Describe(int64_t index) const override;
+  bool FillIsCopy() const override { return true; }
 
  private:
   RecordSource(MappedFile file, const RecordLayout& layout, size_t row_bytes, std::string unit);

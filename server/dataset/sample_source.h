@@ -64,6 +64,11 @@ class SampleSource {
   // Human-readable location of a sample ("<root>/<class>/<file>"), for error reports.
   virtual std::string Describe(int64_t index) const = 0;
 
+  // True when Fill only copies the sample's bytes (tokens, records, arrays: no decoding), so
+  // its cost is a few microseconds per row and the pipeline hands a worker many rows at
+  // once: dispatching a task costs more than copying a small row.
+  virtual bool FillIsCopy() const { return false; }
+
   // Sources stored as streams (tar shards) define the epoch's order themselves, so that
   // each rank, dealt a contiguous run of it, reads its own shards mostly sequentially. When
   // HasStreamOrder(), the job's sampler takes StreamOrder's order in place of its own

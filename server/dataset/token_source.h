@@ -36,6 +36,7 @@ class TokenSource final : public SampleSource {
   absl::Status Fill(int64_t index, uint64_t sample_seed, absl::Span<uint8_t* const> rows,
                     Scratch* scratch) const override;
   std::string Describe(int64_t index) const override;
+  bool FillIsCopy() const override { return true; }
 
  private:
   TokenSource(MappedFile file, size_t token_bytes, ferry::v1::DType output_dtype,

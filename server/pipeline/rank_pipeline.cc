@@ -13,6 +13,18 @@
 namespace ferry {
 namespace {
 
+// Bytes a task of a copy-only source copies at least: below this, handing the task to a
+// worker (queue lock, wake-up) costs more than the copy (64 rows of 4 KiB token windows
+// were 32 tasks a batch, and at 1 MiB batches the pool's queue bounded the batch rate).
+constexpr size_t kCopyTaskBytes = 128 << 10;
+
+size_t CopyRowsPerTask(const Job& job) {
+  if (!job.source().FillIsCopy()) return 1;
+  size_t row_bytes = 0;
+  for (const FieldLayout& f : job.layout().fields) row_bytes += f.row_bytes;
+  return std::max<size_t>(1, (kCopyTaskBytes + row_bytes - 1) / std::max<size_t>(1, row_bytes));
+}
+
 // How many other samples a failed one may be replaced by before its row is zeroed.
 constexpr int kSubstituteAttempts = 8;
 constexpr size_t kRateWindow = 64;
@@ -75,6 +87,7 @@ RankPipeline::RankPipeline(std::shared_ptr<Job> job, int rank, SharedSlab slab,
       pool_(pool),
       group_(group),
       batches_per_epoch_(job_->sampler().batches_per_epoch()),
+      copy_rows_per_task_(CopyRowsPerTask(*job_)),
       slots_(num_slots) {}
 
 RankPipeline::~RankPipeline() = default;
@@ -279,9 +292,11 @@ void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
     slot.batch = next_batch_;
     slot.num_samples = static_cast<uint32_t>(indices.size());
     // A task fills a run of rows: a few per worker and batch keeps every worker busy while
-    // small samples (token windows) do not pay a queue round trip each.
+    // small samples (token windows) do not pay a queue round trip each; rows that are only
+    // copied go at least kCopyTaskBytes to a task.
     const size_t n = indices.size();
-    const size_t per_task = std::max<size_t>(1, n / (2 * static_cast<size_t>(pool_->total_threads())));
+    size_t per_task = std::max<size_t>(1, n / (2 * static_cast<size_t>(pool_->total_threads())));
+    if (copy_rows_per_task_ > per_task) per_task = copy_rows_per_task_;
     const size_t num_tasks = (n + per_task - 1) / per_task;
     slot.rows_left.store(static_cast<int>(num_tasks), std::memory_order_relaxed);
     pending_.push_back(Pending{static_cast<int>(s), -1, slot.epoch, slot.batch, slot.num_samples});

@@ -163,6 +163,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   const int group_;
   std::unique_ptr<DeviceStage> stage_;  // set once in Create, before any use
   const int64_t batches_per_epoch_;
+  const size_t copy_rows_per_task_;  // 1 unless the source only copies rows
 
   // State below is protected by mutex_ (slot rows_left is atomic: workers count down
   // without the lock and only the last one takes it).

@@ -92,7 +92,9 @@ class EventWatcher final {
     }
   }
 
-  // `event` must stay alive until its callback has run or Forget(kind) returned.
+  // `event` must stay alive until its callback has run or Forget(kind) returned. Events of
+  // kHostSlotCopied and kDeviceSlotReady must be watched in the order they were recorded
+  // on the one copy stream (see Run).
   void Watch(const CudaEvent* event, Kind kind, std::function<void()> callback) {
     absl::MutexLock lock(&state_->mutex);
     state_->items.push_back({event, kind, std::move(callback), absl::Now()});
@@ -142,9 +144,16 @@ class EventWatcher final {
         state.mutex.Await(absl::Condition(&work));
         if (state.stopping) return;
         const absl::Time now = absl::Now();
+        // The copy stream's events complete in the order they were recorded, which is the
+        // order they were watched: after the first one still pending, none of the others
+        // is queried (each query takes the driver's locks that the copy enqueue needs too).
+        bool stream_pending = false;
         // Queried under the lock: Forget may destroy the events right after it returns.
         std::erase_if(state.items, [&](Item& item) {
+          const bool in_stream_order = item.kind != kReleased;
+          if (in_stream_order && stream_pending) return false;
           absl::StatusOr<bool> complete = item.event->IsComplete();
+          if (complete.ok() && !*complete && in_stream_order) stream_pending = true;
           if (!complete.ok()) {
             // A dead trainer's event, or a device error: the copy stream reports the
             // latter on its next call; never leave a slot stuck.
