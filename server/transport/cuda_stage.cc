@@ -95,9 +95,13 @@ class EventWatcher final {
   // `event` must stay alive until its callback has run or Forget(kind) returned. Events of
   // kHostSlotCopied and kDeviceSlotReady must be watched in the order they were recorded
   // on the one copy stream (see Run).
-  void Watch(const CudaEvent* event, Kind kind, std::function<void()> callback) {
+  // `also_frees_host_slot`: a kDeviceSlotReady watch that stands for kHostSlotCopied too
+  // (its latency counts for both).
+  void Watch(const CudaEvent* event, Kind kind, std::function<void()> callback,
+             bool also_frees_host_slot = false) {
+    const absl::Time now = absl::Now();
     absl::MutexLock lock(&state_->mutex);
-    state_->items.push_back({event, kind, std::move(callback), absl::Now()});
+    state_->items.push_back({event, kind, std::move(callback), now, also_frees_host_slot});
   }
   // Drops every watch of `kind`; none of their callbacks starts after this returns.
   void Forget(Kind kind) {
@@ -116,6 +120,7 @@ class EventWatcher final {
     Kind kind;
     std::function<void()> callback;
     absl::Time since;
+    bool also_frees_host_slot;
   };
   struct State {
     std::shared_ptr<GpuCounters> counters;
@@ -161,7 +166,9 @@ class EventWatcher final {
           } else if (!*complete) {
             return false;
           }
-          state.seconds[item.kind] += absl::ToDoubleSeconds(now - item.since);
+          const double seconds = absl::ToDoubleSeconds(now - item.since);
+          state.seconds[item.kind] += seconds;
+          if (item.also_frees_host_slot) state.seconds[kHostSlotCopied] += seconds;
           if (item.kind == kDeviceSlotReady) {
             state.counters->in_flight.fetch_sub(1, std::memory_order_relaxed);
           }
@@ -222,12 +229,15 @@ class CudaStage final : public DeviceStage {
       stage->mem_handles_.push_back(mem);
       stage->ready_handles_.push_back(event);
     }
-    const int host_slots = static_cast<int>(slab.size() / job.layout().slot_bytes);
+    // Per host slot an event that frees it before the normalize kernel has run (images).
+    const int host_slots = stage->layout_.image_field >= 0
+                               ? static_cast<int>(slab.size() / job.layout().slot_bytes)
+                               : 0;
     for (int i = 0; i < host_slots; ++i) {
       FERRY_ASSIGN_OR_RETURN(CudaEvent done, CudaEvent::Create(device, CudaEvent::kSync));
       stage->copy_done_.push_back(std::move(done));
     }
-    // Registration, stream, per slot a buffer and a ready event, per host slot an event.
+    // Registration, stream, per slot a buffer and a ready event, maybe per host slot an event.
     stage->objects_created_ = 2 + 2 * stage->slots_.size() + stage->copy_done_.size();
     stage->watcher_ = std::make_unique<EventWatcher>(stage->counters_);
     stage->counted_pinned_ = slab.size();
@@ -276,48 +286,51 @@ class CudaStage final : public DeviceStage {
     CudaStream& stream = *stream_;
     const uint8_t* src = slab_ + static_cast<size_t>(host_slot) * host_->slot_bytes;
     uint8_t* dst = static_cast<uint8_t*>(slots_[device_slot].data());
-    if (!layout_.converts()) {
-      // Same layout on both sides: one copy of the rows in use.
-      size_t used = 0;
-      for (size_t f = 0; f < host_->fields.size(); ++f) {
-        used = std::max(used, host_->offsets[f] + host_->fields[f].row_bytes * num_samples);
-      }
-      FERRY_RETURN_IF_ERROR(stream.CopyAsync(dst, src, used));
-      FERRY_RETURN_IF_ERROR(stream.Record(copy_done_[host_slot]));
-    } else {
-      const int converted = layout_.image_field >= 0 ? layout_.image_field : layout_.token_field;
-      for (size_t f = 0; f < host_->fields.size(); ++f) {
-        const size_t bytes = host_->fields[f].row_bytes * num_samples;
-        uint8_t* to = static_cast<int>(f) == converted ? dst + layout_.staging_offset
-                                                       : dst + layout_.offsets[f];
-        FERRY_RETURN_IF_ERROR(stream.CopyAsync(to, src + host_->offsets[f], bytes));
-      }
-      // The host slot is free once the bytes crossed PCIe; the kernel reads device memory.
-      FERRY_RETURN_IF_ERROR(stream.Record(copy_done_[host_slot]));
-      if (layout_.image_field >= 0) {
-        const FieldLayout& image = host_->fields[layout_.image_field];
-        FERRY_RETURN_IF_ERROR(LaunchNormalizeImages(
-            dst + layout_.staging_offset, dst + layout_.offsets[layout_.image_field],
-            ToOutputDType(layout_.image_dtype), static_cast<int>(num_samples),
-            static_cast<int>(image.shape[0]), static_cast<int>(image.shape[1]), layout_.mean,
-            layout_.std, stream.get()));
-      } else {
-        // Raw tokens: only 2 or 4 bytes per token crossed PCIe; widen them here.
-        const FieldLayout& tokens = host_->fields[layout_.token_field];
-        FERRY_RETURN_IF_ERROR(LaunchWidenTokens(
-            dst + layout_.staging_offset,
-            tokens.dtype == ferry::v1::UINT16 ? TokenInput::kUint16 : TokenInput::kUint32,
-            dst + layout_.offsets[layout_.token_field],
-            layout_.token_dtype == ferry::v1::INT32 ? TokenOutput::kInt32 : TokenOutput::kInt64,
-            static_cast<int64_t>(tokens.shape[0]) * num_samples, stream.get()));
-      }
+    // One copy of the rows in use, into the slot itself or (converting) its staging area.
+    size_t used = 0;
+    for (size_t f = 0; f < host_->fields.size(); ++f) {
+      used = std::max(used, host_->offsets[f] + host_->fields[f].row_bytes * num_samples);
+    }
+    FERRY_RETURN_IF_ERROR(
+        stream.CopyAsync(layout_.converts() ? dst + layout_.staging_offset : dst, src, used));
+    // Images: the host slot is free once the bytes crossed PCIe, before the normalize
+    // kernel (long) has read them from device memory. Otherwise the ready event marks both.
+    const bool own_copy_event = layout_.image_field >= 0;
+    if (own_copy_event) FERRY_RETURN_IF_ERROR(stream.Record(copy_done_[host_slot]));
+    if (layout_.image_field >= 0) {
+      const FieldLayout& image = host_->fields[layout_.image_field];
+      FERRY_RETURN_IF_ERROR(LaunchNormalizeImages(
+          dst + layout_.convert_input_offset, dst + layout_.offsets[layout_.image_field],
+          ToOutputDType(layout_.image_dtype), static_cast<int>(num_samples),
+          static_cast<int>(image.shape[0]), static_cast<int>(image.shape[1]), layout_.mean,
+          layout_.std, stream.get()));
+    } else if (layout_.token_field >= 0) {
+      // Raw tokens: only 2 or 4 bytes per token crossed PCIe; widen them here.
+      const FieldLayout& tokens = host_->fields[layout_.token_field];
+      FERRY_RETURN_IF_ERROR(LaunchWidenTokens(
+          dst + layout_.convert_input_offset,
+          tokens.dtype == ferry::v1::UINT16 ? TokenInput::kUint16 : TokenInput::kUint32,
+          dst + layout_.offsets[layout_.token_field],
+          layout_.token_dtype == ferry::v1::INT32 ? TokenOutput::kInt32 : TokenOutput::kInt64,
+          static_cast<int64_t>(tokens.shape[0]) * num_samples, stream.get()));
     }
     FERRY_RETURN_IF_ERROR(stream.Record(ready_[device_slot]));
     counters_->in_flight.fetch_add(1, std::memory_order_relaxed);
-    watcher_->Watch(&copy_done_[host_slot], EventWatcher::kHostSlotCopied,
-                    [this, host_slot] { callbacks_.host_slot_free(host_slot); });
-    watcher_->Watch(&ready_[device_slot], EventWatcher::kDeviceSlotReady,
-                    [this, device_slot, token] { callbacks_.device_slot_ready(device_slot, token); });
+    if (own_copy_event) {
+      watcher_->Watch(&copy_done_[host_slot], EventWatcher::kHostSlotCopied,
+                      [this, host_slot] { callbacks_.host_slot_free(host_slot); });
+      watcher_->Watch(&ready_[device_slot], EventWatcher::kDeviceSlotReady,
+                      [this, device_slot, token] {
+                        callbacks_.device_slot_ready(device_slot, token);
+                      });
+    } else {
+      watcher_->Watch(&ready_[device_slot], EventWatcher::kDeviceSlotReady,
+                      [this, host_slot, device_slot, token] {
+                        callbacks_.host_slot_free(host_slot);
+                        callbacks_.device_slot_ready(device_slot, token);
+                      },
+                      /*also_frees_host_slot=*/true);
+    }
     counters_->bytes_to_device.fetch_add(host_->slot_bytes, std::memory_order_relaxed);
     bytes_copied_ += host_->slot_bytes;
     ++batches_copied_;
@@ -630,16 +643,19 @@ absl::StatusOr<DeviceSlotLayout> DeviceSlotLayout::Make(const SlotLayout& host,
     tokens.row_bytes = field.row_bytes / DTypeSize(field.dtype) * DTypeSize(out);
   }
   size_t offset = 0;
-  for (const FieldLayout& f : layout.fields) {
-    offset = RoundUp(offset, 256);
-    layout.offsets.push_back(offset);
-    offset += f.row_bytes * static_cast<size_t>(host.batch_size);
-  }
   if (layout.converts()) {
+    // The converted field first, then the staging area: a copy of the whole host slot, in
+    // which the other fields are read where they land. One copy moves a batch.
     const int converted = layout.image_field >= 0 ? layout.image_field : layout.token_field;
-    layout.staging_offset = RoundUp(offset, 256);
-    offset = layout.staging_offset +
-             host.fields[converted].row_bytes * static_cast<size_t>(host.batch_size);
+    layout.staging_offset =
+        RoundUp(layout.fields[converted].row_bytes * static_cast<size_t>(host.batch_size), 256);
+    layout.convert_input_offset = layout.staging_offset + host.offsets[converted];
+    for (size_t f = 0; f < host.fields.size(); ++f) {
+      layout.offsets.push_back(static_cast<int>(f) == converted
+                                   ? 0
+                                   : layout.staging_offset + host.offsets[f]);
+    }
+    offset = layout.staging_offset + host.slot_bytes;
   } else {
     // Unconverted: identical to the host layout, so one copy moves a whole batch.
     layout.offsets = host.offsets;

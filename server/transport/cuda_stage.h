@@ -29,7 +29,11 @@ struct DeviceSlotLayout {
   size_t slot_bytes = 0;
   int image_field = -1;         // image field normalized on the device, -1 when none
   int token_field = -1;         // raw token field widened on the device, -1 when none
-  size_t staging_offset = 0;    // where the converted field's host bytes land
+  // Converting: the host slot's bytes land at staging_offset (one copy per batch); the
+  // converted field's input is at convert_input_offset, the other fields are read in place
+  // (their offsets point into the staging area).
+  size_t staging_offset = 0;
+  size_t convert_input_offset = 0;
   ferry::v1::DType image_dtype = ferry::v1::UINT8;
   ferry::v1::DType token_dtype = ferry::v1::INT64;  // INT64 or INT32
   float mean[3] = {0, 0, 0};

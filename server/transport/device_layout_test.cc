@@ -37,11 +37,15 @@ TEST(DeviceSlotLayoutTest, NormalizedImagesAreChwFloatsWithStaging) {
   EXPECT_EQ(d->fields[0].dtype, ferry::v1::BFLOAT16);
   EXPECT_EQ(d->fields[0].shape, (std::vector<int64_t>{3, 224, 224}));
   EXPECT_EQ(d->fields[0].row_bytes, 3u * 224 * 224 * 2);
-  // Fields do not overlap each other or the staging area, and everything fits.
-  EXPECT_GE(d->offsets[1], d->offsets[0] + 8 * d->fields[0].row_bytes);
-  EXPECT_GE(d->offsets[2], d->offsets[1] + 8 * 8);
-  EXPECT_GE(d->staging_offset, d->offsets[2] + 8 * 8);
-  EXPECT_LE(d->staging_offset + 8 * host.fields[0].row_bytes, d->slot_bytes);
+  // The normalized images come first; the whole host slot lands after them (one copy per
+  // batch), and label and index are read where they land; everything fits.
+  EXPECT_EQ(d->offsets[0], 0u);
+  EXPECT_GE(d->staging_offset, 8 * d->fields[0].row_bytes);
+  EXPECT_EQ(d->staging_offset % 256, 0u);
+  EXPECT_EQ(d->convert_input_offset, d->staging_offset + host.offsets[0]);
+  EXPECT_EQ(d->offsets[1], d->staging_offset + host.offsets[1]);
+  EXPECT_EQ(d->offsets[2], d->staging_offset + host.offsets[2]);
+  EXPECT_LE(d->staging_offset + host.slot_bytes, d->slot_bytes);
   EXPECT_FLOAT_EQ(d->mean[0], 0.485f);
   EXPECT_FLOAT_EQ(d->std[2], 0.225f);
 }
@@ -76,9 +80,11 @@ TEST(DeviceSlotLayoutTest, RawTokensAreWidenedThroughStaging) {
     EXPECT_EQ(d->image_field, -1);
     EXPECT_EQ(d->fields[0].row_bytes, 9u * size);
     EXPECT_EQ(d->fields[0].shape, (std::vector<int64_t>{9}));
-    EXPECT_GE(d->offsets[1], d->offsets[0] + 4 * d->fields[0].row_bytes);
-    EXPECT_GE(d->staging_offset, d->offsets[1] + 4 * 8);
-    EXPECT_LE(d->staging_offset + 4 * 18, d->slot_bytes);
+    EXPECT_EQ(d->offsets[0], 0u);
+    EXPECT_GE(d->staging_offset, 4 * d->fields[0].row_bytes);
+    EXPECT_EQ(d->convert_input_offset, d->staging_offset + host.offsets[0]);
+    EXPECT_EQ(d->offsets[1], d->staging_offset + host.offsets[1]);
+    EXPECT_LE(d->staging_offset + host.slot_bytes, d->slot_bytes);
   }
   EXPECT_THAT(DeviceSlotLayout::Make(host, ferry::v1::ImageOutput(), ferry::v1::FLOAT32)
                   .status()
