@@ -142,6 +142,9 @@ void CheckNormalize(const NormalizeCase& tc, OutputDType dtype, uint64_t seed) {
   ASSERT_CUDA(cudaMemcpy(src_ptr, host_in.data(), in_bytes, cudaMemcpyHostToDevice));
   // Poison: all-ones bits are NaN in each output type.
   ASSERT_CUDA(cudaMemset(dst.data(), 0xff, dst_bytes));
+  // The kernels run on a non-blocking stream, which does not wait for the legacy stream's
+  // memset and copy (cudaMemset returns before it is done): finish them first.
+  ASSERT_CUDA(cudaDeviceSynchronize());
 
   ASSERT_OK(LaunchNormalizeImages(src_ptr, static_cast<uint8_t*>(dst.data()) + tc.dst_offset * elem,
                                   dtype, tc.batch, tc.height, tc.width, mean, std, stream.get()));
@@ -215,6 +218,9 @@ TEST_F(CudaTest, NormalizeSameResultOnBothPaths) {
   DeviceBuffer b = ValueOrDie(DeviceBuffer::Create(0, n * 2 + 16));
   uint8_t* src_aligned = static_cast<uint8_t*>(src.data());
   ASSERT_CUDA(cudaMemcpy(src_aligned, in.data(), n, cudaMemcpyHostToDevice));
+  // The kernels run on a non-blocking stream, which does not wait for the legacy stream's
+  // memset and copy (cudaMemset returns before it is done): finish them first.
+  ASSERT_CUDA(cudaDeviceSynchronize());
   const auto mean = ImageNetMean();
   const auto std = ImageNetStd();
   ASSERT_OK(LaunchNormalizeImages(src_aligned, a.data(), OutputDType::kBFloat16, batch, h, w,
@@ -252,6 +258,9 @@ void CheckWiden(TokenInput in_type, TokenOutput out_type, int64_t count, size_t 
   Out* dst_ptr = static_cast<Out*>(dst.data()) + dst_off;
   ASSERT_CUDA(cudaMemcpy(src_ptr, host.data(), count * sizeof(In), cudaMemcpyHostToDevice));
   ASSERT_CUDA(cudaMemset(dst.data(), 0xa5, dst_bytes));
+  // The kernels run on a non-blocking stream, which does not wait for the legacy stream's
+  // memset and copy (cudaMemset returns before it is done): finish them first.
+  ASSERT_CUDA(cudaDeviceSynchronize());
   ASSERT_OK(LaunchWidenTokens(src_ptr, in_type, dst_ptr, out_type, count, stream.get()));
   ASSERT_OK(stream.Synchronize());
   std::vector<Out> all(count + dst_off + guard);
