@@ -65,16 +65,19 @@ def cuda_objects(sock):
                for j in st.get("jobs", []) for r in j.get("ranks", []))
 
 
-def ferry_tokens(sock, path, seq_len, batch, device, epochs=2, records=False):
+def ferry_tokens(sock, path, seq_len, batch, device, epochs=2, records=False, prefetch=8,
+                 stats=None):
     """GB/s of int64 tokens delivered. records=True reads the same file as raw int64
     records of seq_len + 1 (no conversion anywhere: one plain copy per batch) instead of
-    uint16 tokens widened to int64 (on the GPU with a cuda device)."""
+    uint16 tokens widened to int64 (on the GPU with a cuda device). prefetch: slots of the
+    rank (batches in flight). With a dict `stats`, adds "wait": the share of the measured
+    time the trainer spent waiting for ferry (from status: consumer_wait_seconds)."""
     if records:
         dataset = ferry.Records(path, dtype="int64", shape=(seq_len + 1,))
     else:
         dataset = ferry.Tokens(path, seq_len=seq_len, dtype="uint16", output_dtype="int64")
     loader = ferry.Loader(dataset, batch_size=batch, shuffle=True, seed=0, drop_last=True,
-                          device=device, address=sock, zero_copy=True, prefetch=8)
+                          device=device, address=sock, zero_copy=True, prefetch=prefetch)
     field = "data" if records else "tokens"
     nbytes = 0
     loader.set_epoch(0)
@@ -82,6 +85,7 @@ def ferry_tokens(sock, path, seq_len, batch, device, epochs=2, records=False):
         pass
     torch.cuda.synchronize()
     objects_after_warmup = cuda_objects(sock) if device != "cpu" else 0
+    wait0 = consumer_wait(sock, loader.job["id"])
     t0 = time.perf_counter()
     for epoch in range(1, epochs + 1):
         loader.set_epoch(epoch)
@@ -89,11 +93,20 @@ def ferry_tokens(sock, path, seq_len, batch, device, epochs=2, records=False):
             nbytes += b[field].numel() * b[field].element_size()
     torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
+    if stats is not None:
+        stats["wait"] = (consumer_wait(sock, loader.job["id"]) - wait0) / seconds
     if device != "cpu":
         print("CUDA objects created by ferryd: %d after warm-up, %d after %d more epochs"
               % (objects_after_warmup, cuda_objects(sock), epochs))
     loader.close()
     return nbytes / seconds / 1e9
+
+
+def consumer_wait(sock, job_id):
+    """Seconds rank 0 of `job_id` has waited for a batch so far (ferryd's status)."""
+    with ferry.Client(sock) as c:
+        ranks = c.get_job(job_id).get("ranks", [])
+    return sum(float(r.get("consumer_wait_seconds", 0)) for r in ranks)
 
 
 def dataloader_tokens(path, seq_len, batch, device, workers):
@@ -243,6 +256,11 @@ def main():
                    help="simulated training step between batches for the handoff figure")
     p.add_argument("--images", help="imagefolder for the JPEG pipeline")
     p.add_argument("--only-tokens", action="store_true", help="the token rows only")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of the token rows")
+    p.add_argument("--prefetch", default="8",
+                   help="comma-separated prefetch depths (slots per rank) for the token rows")
+    p.add_argument("--skip-dataloader", action="store_true",
+                   help="leave out the DataLoader token row (slow)")
     a = p.parse_args()
     workdir = tempfile.mkdtemp(prefix="ferry-gpu-bench-")
     path = os.path.join(workdir, "tokens.u16")
@@ -252,27 +270,46 @@ def main():
     try:
         rows = []
         workers = max(1, (os.cpu_count() or 2) - 1)
+        prefetch = [int(v) for v in a.prefetch.split(",")]
         for i, batch in enumerate(int(b) for b in a.token_batches.split(",")):
             chunk = batch * (a.seq_len + 1) * 8
-            peak = pinned_peak(chunk, a.device)
-            ferry_gbs = ferry_tokens(sock, path, a.seq_len, batch, a.device)
-            rows.append(("pinned cudaMemcpyAsync, %.1f MiB chunks (peak)" % (chunk / 2**20),
-                         peak, 1.0))
-            rows.append(("ferry tokens -> GPU (int64, batch %d, zero-copy)" % batch, ferry_gbs,
-                         ferry_gbs / peak))
-            rec_gbs = ferry_tokens(sock, path, a.seq_len, batch, a.device, records=True)
-            rows.append(("ferry raw int64 records -> GPU (batch %d, zero-copy)" % batch,
-                         rec_gbs, rec_gbs / peak))
-            if i == 0:
+            # Rounds alternate the peak copy and ferry's variants; each figure is the median
+            # over the rounds, each ratio the median of the per-round ratios.
+            runs = {}
+            for _ in range(a.rounds):
+                peak = pinned_peak(chunk, a.device)
+                runs.setdefault("peak", []).append((peak, 1.0, 0.0))
+                for depth in prefetch:
+                    for records in (False, True):
+                        st = {}
+                        gbs = ferry_tokens(sock, path, a.seq_len, batch, a.device,
+                                           records=records, prefetch=depth, stats=st)
+                        runs.setdefault((records, depth), []).append((gbs, gbs / peak,
+                                                                      st["wait"]))
+            med = lambda xs: statistics.median(xs)
+            for key, vals in runs.items():
+                if key == "peak":
+                    name = "pinned cudaMemcpyAsync, %.1f MiB chunks (peak)" % (chunk / 2**20)
+                else:
+                    name = ("ferry %s -> GPU (batch %d, prefetch %d)"
+                            % ("raw int64 records" if key[0] else "tokens u16->int64", batch,
+                               key[1]))
+                rows.append((name, med([v[0] for v in vals]), med([v[1] for v in vals]),
+                             min(v[1] for v in vals), max(v[1] for v in vals),
+                             med([v[2] for v in vals])))
+            if i == 0 and not a.skip_dataloader:
                 dl_gbs = dataloader_tokens(path, a.seq_len, batch, a.device, workers)
                 rows.append(("DataLoader(%d workers, pin_memory) -> GPU" % workers, dl_gbs,
-                             dl_gbs / peak))
+                             dl_gbs / peak, dl_gbs / peak, dl_gbs / peak, float("nan")))
         host_gbs = ferry_tokens(sock, path, a.seq_len, a.batch, "cpu")  # vs the last peak
         rows.append(("ferry tokens -> host memory (cpu transport), for scale", host_gbs,
-                     host_gbs / peak))
-        print("%-56s %10s %8s" % ("tokens", "GB/s", "vs peak"))
-        for name, v, r in rows:
-            print("%-56s %10.2f %8.2f" % (name, v, r))
+                     host_gbs / peak, host_gbs / peak, host_gbs / peak, float("nan")))
+        print("%d round(s); GB/s of int64 delivered (median), ratio to the same round's pinned "
+              "peak (median, min-max), share of time the trainer waited for ferry"
+              % a.rounds)
+        print("%-56s %8s %8s %13s %6s" % ("tokens", "GB/s", "vs peak", "(min-max)", "wait"))
+        for name, v, r, lo, hi, wait in rows:
+            print("%-56s %8.2f %8.2f %6.2f-%-6.2f %6.2f" % (name, v, r, lo, hi, wait))
         if a.only_tokens:
             print_copy_counters(sock)
             return
