@@ -3,10 +3,13 @@
 // one of its own device slots (and converts it there), and the consumer is given device
 // slots instead of host slots. The host transport has no stage: consumers read host slots.
 //
-// Contract: StartCopy, WatchReleased, OpenConsumer and CloseConsumer are called with the
-// pipeline's lock held and never block on the device (they enqueue work and return). The
-// stage reports progress through StageCallbacks, from a thread of its own, holding no lock
-// of its own. Everything the stage needs (device memory, events, streams, pinned
+// Contract: WatchReleased, OpenConsumer and CloseConsumer are called with the pipeline's
+// lock held; StartCopy is called without it, from one thread at a time, in delivery order
+// (the pipeline decides copies under its lock and enqueues them after letting go of it, so
+// the CUDA calls do not hold up the rank's other threads). None of them blocks on the
+// device: they enqueue work and return. FillStatus may run concurrently with StartCopy. The
+// stage reports progress through Callbacks, from a thread of its own, holding no lock of
+// its own. Everything the stage needs (device memory, events, streams, pinned
 // registration) is allocated when it is created; nothing after.
 //
 // Why the pipeline, not the GPU, waits for the consumer's "released" signal: ferryd and the

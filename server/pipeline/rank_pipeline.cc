@@ -159,6 +159,7 @@ void RankPipeline::Unbind(BatchConsumer* consumer) {
     ScheduleLocked(&tasks);
   }
   pool_->Submit(group_, job_->identity().serial, std::move(tasks));
+  EnqueueCopies();
 }
 
 void RankPipeline::Shutdown(const absl::Status& reason) {
@@ -411,16 +412,7 @@ void RankPipeline::StartCopiesLocked() {
     }
     if (d == static_cast<int>(device_slots_.size())) return;
     const uint64_t token = ++device_tokens_;
-    absl::Status s = stage_->StartCopy(p.slot, d, p.num_samples, token);
-    if (!s.ok()) {
-      // A device that fails a copy will fail the next one too: stop this rank with the
-      // reason instead of handing out slots that were never written.
-      FERRY_LOG(ERROR) << "job " << job_->identity().id << " rank " << rank_
-                       << ": copy to the GPU failed: " << s;
-      shutting_down_ = true;
-      shutdown_reason_ = absl::Status(s.code(), absl::StrCat("copy to the GPU failed: ", s.message()));
-      return;
-    }
+    copy_orders_.push_back(CopyOrder{p.slot, d, p.num_samples, token});
     slots_[p.slot].state = SlotState::kCopying;
     DeviceSlot& dev = device_slots_[d];
     dev.state = SlotState::kCopying;  // kQueued once the stage reports it ready
@@ -430,6 +422,46 @@ void RankPipeline::StartCopiesLocked() {
     dev.num_samples = p.num_samples;
     p.device_slot = d;
   }
+}
+
+void RankPipeline::EnqueueCopies() {
+  if (stage_ == nullptr) return;
+  std::vector<CopyOrder> orders;
+  {
+    absl::MutexLock lock(&mutex_);
+    if (enqueuing_ || copy_orders_.empty()) return;  // the enqueuing thread takes ours too
+    enqueuing_ = true;
+    orders.swap(copy_orders_);
+  }
+  for (;;) {
+    absl::Status failed;
+    for (const CopyOrder& o : orders) {
+      failed = stage_->StartCopy(o.host_slot, o.device_slot, o.num_samples, o.token);
+      if (!failed.ok()) break;
+    }
+    absl::MutexLock lock(&mutex_);
+    if (!failed.ok()) {
+      // A device that fails a copy will fail the next one too: stop this rank with the
+      // reason instead of handing out slots that were never written.
+      FERRY_LOG(ERROR) << "job " << job_->identity().id << " rank " << rank_
+                       << ": copy to the GPU failed: " << failed;
+      if (!shutting_down_) {
+        shutting_down_ = true;
+        shutdown_reason_ = absl::Status(
+            failed.code(), absl::StrCat("copy to the GPU failed: ", failed.message()));
+      }
+      copy_orders_.clear();
+      enqueuing_ = false;
+      break;
+    }
+    if (copy_orders_.empty()) {
+      enqueuing_ = false;
+      return;
+    }
+    orders.clear();
+    orders.swap(copy_orders_);
+  }
+  Deliver({});  // tells the consumer why the stream ends
 }
 
 void RankPipeline::OnHostSlotCopied(int slot) {
@@ -484,6 +516,7 @@ bool RankPipeline::HeadDeliverableLocked() const {
 
 void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
   if (!tasks.empty()) pool_->Submit(group_, job_->identity().serial, std::move(tasks));
+  EnqueueCopies();
   absl::MutexLock lock(&mutex_);
   if (delivering_) return;  // the thread delivering now will see our changes
   delivering_ = true;

@@ -267,7 +267,8 @@ class CudaStage final : public DeviceStage {
                          uint64_t token) override {
     const absl::Time start = absl::Now();
     absl::Status s = EnqueueCopy(host_slot, device_slot, num_samples, token);
-    enqueue_seconds_ += absl::ToDoubleSeconds(absl::Now() - start);
+    enqueue_nanos_.fetch_add(absl::ToInt64Nanoseconds(absl::Now() - start),
+                             std::memory_order_relaxed);
     return s;
   }
 
@@ -332,8 +333,8 @@ class CudaStage final : public DeviceStage {
                       /*also_frees_host_slot=*/true);
     }
     counters_->bytes_to_device.fetch_add(host_->slot_bytes, std::memory_order_relaxed);
-    bytes_copied_ += host_->slot_bytes;
-    ++batches_copied_;
+    bytes_copied_.fetch_add(host_->slot_bytes, std::memory_order_relaxed);
+    batches_copied_.fetch_add(1, std::memory_order_relaxed);
     return absl::OkStatus();
   }
 
@@ -394,13 +395,13 @@ class CudaStage final : public DeviceStage {
   void FillStatus(ferry::v1::RankStatus* status) const override {
     status->set_device_bytes(device_bytes_.bytes());
     status->set_pinned_bytes(pinned_.bytes());
-    status->set_bytes_to_device(bytes_copied_);
+    status->set_bytes_to_device(bytes_copied_.load(std::memory_order_relaxed));
     status->set_cuda_objects_created(objects_created_);
-    status->set_copy_enqueue_seconds(enqueue_seconds_);
+    status->set_copy_enqueue_seconds(enqueue_nanos_.load(std::memory_order_relaxed) * 1e-9);
     status->set_copy_complete_seconds(watcher_->seconds(EventWatcher::kHostSlotCopied));
     status->set_copy_ready_seconds(watcher_->seconds(EventWatcher::kDeviceSlotReady));
     status->set_release_signal_seconds(watcher_->seconds(EventWatcher::kReleased));
-    status->set_batches_copied(batches_copied_);
+    status->set_batches_copied(batches_copied_.load(std::memory_order_relaxed));
   }
 
  private:
@@ -420,12 +421,13 @@ class CudaStage final : public DeviceStage {
   std::vector<MemIpcHandle> mem_handles_;
   std::vector<EventIpcHandle> ready_handles_;
   std::vector<CudaEvent> copy_done_;  // per host slot
-  // Guarded by the pipeline's lock (StartCopy / OpenConsumer / CloseConsumer run under it).
+  // Guarded by the pipeline's lock (WatchReleased / OpenConsumer / CloseConsumer run under it).
   std::vector<CudaEvent> released_;
-  uint64_t bytes_copied_ = 0;
-  uint64_t batches_copied_ = 0;
+  // Written by StartCopy, read by FillStatus (see device_stage.h: they may overlap).
+  std::atomic<uint64_t> bytes_copied_{0};
+  std::atomic<uint64_t> batches_copied_{0};
+  std::atomic<int64_t> enqueue_nanos_{0};
   uint64_t objects_created_ = 0;
-  double enqueue_seconds_ = 0;
   Callbacks callbacks_;
   std::shared_ptr<GpuCounters> counters_;
   size_t counted_pinned_ = 0;  // what this stage added to counters_->pinned_bytes
