@@ -64,10 +64,10 @@ absl::Status LaunchNormalizeImages(const uint8_t* src_hwc, void* dst_chw, Output
   ScopedDevice scope(device);
   FERRY_RETURN_IF_ERROR(scope.status());
   const int64_t pixels = static_cast<int64_t>(height) * width;
-  return CudaStatus(cuda_internal::EnqueueNormalizeImages(src_hwc, dst_chw, out, batch, pixels,
-                                                          params,
-                                                          static_cast<cudaStream_t>(stream)),
-                    "normalize kernel launch",
+  const cudaError_t error = cuda_internal::EnqueueNormalizeImages(
+      src_hwc, dst_chw, out, batch, pixels, params, static_cast<cudaStream_t>(stream));
+  if (error == cudaSuccess) return absl::OkStatus();  // per batch: no message to format
+  return CudaStatus(error, "normalize kernel launch",
                     absl::StrCat(batch, "x", height, "x", width, " on device ", device));
 }
 
@@ -86,9 +86,11 @@ absl::Status LaunchWidenTokens(const void* src, TokenInput src_dtype, void* dst,
   FERRY_ASSIGN_OR_RETURN(const int device, StreamDevice(stream));
   ScopedDevice scope(device);
   FERRY_RETURN_IF_ERROR(scope.status());
-  return CudaStatus(cuda_internal::EnqueueWidenTokens(src, dst, kind, count,
-                                                      static_cast<cudaStream_t>(stream)),
-                    "widen-tokens kernel launch", absl::StrCat(count, " tokens on device ", device));
+  const cudaError_t error =
+      cuda_internal::EnqueueWidenTokens(src, dst, kind, count, static_cast<cudaStream_t>(stream));
+  if (error == cudaSuccess) return absl::OkStatus();
+  return CudaStatus(error, "widen-tokens kernel launch",
+                    absl::StrCat(count, " tokens on device ", device));
 }
 
 }  // namespace ferry

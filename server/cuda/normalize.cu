@@ -12,6 +12,9 @@
 
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "server/cuda/internal/kernels.h"
 
@@ -201,13 +204,30 @@ cudaError_t GridSize(Kernel kernel, int64_t work_items, int* blocks) {
   int device = 0;
   cudaError_t error = cudaGetDevice(&device);
   if (error != cudaSuccess) return error;
-  int sms = 0;
-  error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (error != cudaSuccess) return error;
-  int per_sm = 0;
-  error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0);
-  if (error != cudaSuccess) return error;
-  const int64_t resident = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+  // Resident blocks of `kernel` on `device`: asked once, since the occupancy query costs
+  // microseconds and a launch happens per batch. (Keyed by the kernel's address: kernels
+  // of one signature share this template instance.)
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, int64_t>* resident_blocks =
+      new std::map<std::pair<const void*, int>, int64_t>();  // never destroyed: used at exit
+  const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), device);
+  int64_t resident = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = resident_blocks->find(key);
+    if (it != resident_blocks->end()) resident = it->second;
+  }
+  if (resident == 0) {
+    int sms = 0;
+    error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (error != cudaSuccess) return error;
+    int per_sm = 0;
+    error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0);
+    if (error != cudaSuccess) return error;
+    resident = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+    std::lock_guard<std::mutex> lock(mutex);
+    (*resident_blocks)[key] = resident;
+  }
   const int64_t needed = (work_items + kThreads - 1) / kThreads;
   *blocks = static_cast<int>(needed < resident ? needed : resident);
   return cudaSuccess;
