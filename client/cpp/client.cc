@@ -164,7 +164,7 @@ class StreamState {
   }
 
   void WriterLoop() {
-    std::deque<v1::ConsumeRequest> batch;
+    std::vector<v1::ConsumeRequest> batch;
     for (;;) {
       {
         absl::MutexLock lock(&out_mu_);
@@ -176,18 +176,22 @@ class StreamState {
           write_failed_ = true;  // wakes writers waiting for requests that stay unsent
           return;
         }
-        batch.swap(outbox_);
+        batch.assign(std::make_move_iterator(outbox_.begin()),
+                     std::make_move_iterator(outbox_.end()));
+        outbox_.clear();
       }
       uint64_t sent = 0;
       bool ok = true;
       {
         absl::MutexLock lock(&write_mu_);  // Finish must not overlap a Write
-        for (const v1::ConsumeRequest& request : batch) {
-          if (closed_ || !stream_->Write(request)) {
+        // Releases queued back to back travel in one message (ConsumeRequest.releases).
+        const std::vector<size_t> counts = PackReleases(&batch);
+        for (size_t i = 0; i < batch.size(); ++i) {
+          if (closed_ || !stream_->Write(batch[i])) {
             ok = false;
             break;
           }
-          ++sent;
+          sent += counts[i];
         }
       }
       batch.clear();

@@ -276,5 +276,33 @@ TEST(ValidateLayoutTest, RejectsSlotsBeyondTheSlab) {
               HasSubstr("5 slots of 800 bytes exceed the slab of 3200 bytes"));
 }
 
+TEST(PackReleasesTest, RunsOfReleasesTravelInOneMessageInOrder) {
+  std::vector<v1::ConsumeRequest> requests(6);
+  auto release = [](v1::ConsumeRequest* r, uint32_t slot, int64_t seq) {
+    r->mutable_release()->set_slot(slot);
+    r->mutable_release()->set_seq(seq);
+  };
+  release(&requests[0], 3, 10);
+  release(&requests[1], 4, 11);
+  release(&requests[2], 5, 12);
+  requests[3].mutable_start_epoch()->set_epoch(2);
+  release(&requests[4], 6, 13);
+  release(&requests[5], 7, 14);
+  requests[5].mutable_release()->set_complete(true);
+  const std::vector<size_t> counts = internal::PackReleases(&requests);
+  ASSERT_EQ(requests.size(), 3u);
+  EXPECT_EQ(counts, (std::vector<size_t>{3, 1, 2}));
+  EXPECT_EQ(requests[0].release().slot(), 3u);
+  ASSERT_EQ(requests[0].releases_size(), 2);
+  EXPECT_EQ(requests[0].releases(0).seq(), 11);
+  EXPECT_EQ(requests[0].releases(1).seq(), 12);
+  EXPECT_EQ(requests[1].start_epoch().epoch(), 2);
+  EXPECT_EQ(requests[2].release().seq(), 13);
+  ASSERT_EQ(requests[2].releases_size(), 1);
+  EXPECT_TRUE(requests[2].releases(0).complete());
+  std::vector<v1::ConsumeRequest> none;
+  EXPECT_TRUE(internal::PackReleases(&none).empty());
+}
+
 }  // namespace
 }  // namespace ferry

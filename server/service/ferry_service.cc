@@ -79,6 +79,9 @@ class ConsumeReactor final
 
  private:
   absl::Status Handle(const ferry::v1::ConsumeRequest& request) {
+    if (request.releases_size() > 0 && !request.has_release()) {
+      return absl::InvalidArgumentError("ConsumeRequest.releases without release");
+    }
     switch (request.kind_case()) {
       case ferry::v1::ConsumeRequest::kOpen: {
         if (pipeline_ != nullptr) return absl::FailedPreconditionError("stream already open");
@@ -95,13 +98,21 @@ class ConsumeReactor final
         if (pipeline_ == nullptr) return absl::FailedPreconditionError("send Open first");
         return pipeline_->StartEpoch(this, request.start_epoch().epoch(),
                                      request.start_epoch().first_batch());
-      case ferry::v1::ConsumeRequest::kRelease:
+      case ferry::v1::ConsumeRequest::kRelease: {
         if (pipeline_ == nullptr) return absl::FailedPreconditionError("send Open first");
-        return pipeline_->Release(this, request.release().slot(), request.release().seq(),
-                                  request.release().complete());
+        absl::Status s = Release(request.release());
+        for (int i = 0; s.ok() && i < request.releases_size(); ++i) {
+          s = Release(request.releases(i));
+        }
+        return s;
+      }
       default:
         return absl::InvalidArgumentError("empty ConsumeRequest");
     }
+  }
+
+  absl::Status Release(const ferry::v1::ConsumeRequest::Release& release) {
+    return pipeline_->Release(this, release.slot(), release.seq(), release.complete());
   }
 
   void Enqueue(ferry::v1::ConsumeResponse response) {

@@ -369,5 +369,21 @@ absl::Status ValidateLayout(const JobInfo& job, uint64_t num_slots, uint64_t slo
   return absl::OkStatus();
 }
 
+std::vector<size_t> PackReleases(std::vector<v1::ConsumeRequest>* requests) {
+  std::vector<v1::ConsumeRequest> packed;
+  std::vector<size_t> counts;
+  for (v1::ConsumeRequest& request : *requests) {
+    if (request.has_release() && !packed.empty() && packed.back().has_release()) {
+      *packed.back().add_releases() = std::move(*request.mutable_release());
+      ++counts.back();
+      continue;
+    }
+    packed.push_back(std::move(request));
+    counts.push_back(1);
+  }
+  *requests = std::move(packed);
+  return counts;
+}
+
 }  // namespace internal
 }  // namespace ferry

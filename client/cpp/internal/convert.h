@@ -6,6 +6,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -34,6 +35,12 @@ absl::Status FromJson(std::string_view json, std::string_view what,
 // CANCELLED, DEADLINE_EXCEEDED) get `context` prepended, since gRPC's own text ("Socket
 // closed") does not say which daemon or call; the daemon's own messages pass unchanged.
 absl::Status FromGrpc(const grpc::Status& status, std::string_view context);
+
+// Packs each run of consecutive Release requests in `requests` into its first request
+// (ConsumeRequest.releases), in order, leaving every other request as it is: what the
+// stream writer sends for what was queued. Returns how many requests each message
+// carries, so the caller can count what it sent.
+std::vector<size_t> PackReleases(std::vector<v1::ConsumeRequest>* requests);
 
 // Checks that a job's slot layout is self-consistent: every field's rows fit in a slot and
 // row_bytes matches shape and dtype. INTERNAL naming the field otherwise.

@@ -121,6 +121,30 @@ class EndToEndTest(unittest.TestCase):
             self.assertFalse(batch["tokens"].flags.writeable)
             self.check_batch(batch)
 
+    def test_releases_in_bursts_keep_the_ring_going(self):
+        # Every batch of the ring held, then all released at once, over several rounds: the
+        # client packs queued releases into one message (ConsumeRequest.releases), which
+        # ferryd must take in order, and every slot comes back.
+        loader = self.loader(prefetch=8, shuffle=True, seed=4)
+        consumer = loader._consumer
+        for epoch in range(3):
+            consumer.start_epoch(epoch)
+            seen = []
+            while True:
+                held = []
+                for _ in range(8):
+                    b = consumer.next(10000)
+                    if b is None:
+                        break
+                    self.check_batch(b.arrays())
+                    seen.extend(int(i) for i in b.arrays()["index"])
+                    held.append(b)
+                for b in held:
+                    b.release()
+                if len(held) < 8:
+                    break
+            self.assertEqual(sorted(seen), list(range(64)))
+
     def test_torch_tensors_by_default(self):
         try:
             import torch
