@@ -224,13 +224,14 @@ std::string RenderJob(const JobStatus& status) {
 
   Table ranks({{"RANK", true}, {"ATTACHED"}, {"EPOCH", true}, {"NEXT", true},
                {"BATCHES", true}, {"SAMPLES", true}, {"BATCHES/S", true},
-               {"SAMPLES/S", true}, {"QUEUE", true}, {"LEASED", true}, {"WAIT S", true}});
+               {"SAMPLES/S", true}, {"QUEUE", true}, {"LEASED", true}, {"SLOTS", true},
+               {"WAIT S", true}});
   for (const RankStatus& r : status.ranks) {
     ranks.AddRow({absl::StrCat(r.rank), r.attached ? "yes" : "no", absl::StrCat(r.epoch),
                   absl::StrCat(r.next_batch), absl::StrCat(r.batches_delivered),
                   absl::StrCat(r.samples_delivered), FormatRate(r.batches_per_second),
                   FormatRate(r.samples_per_second), absl::StrCat(r.queue_depth),
-                  absl::StrCat(r.slots_leased),
+                  absl::StrCat(r.slots_leased), absl::StrCat(r.slots),
                   absl::StrFormat("%.1f", r.consumer_wait_seconds)});
   }
   out += status.ranks.empty() ? "no ranks attached yet\n" : ranks.Render();

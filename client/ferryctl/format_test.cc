@@ -55,6 +55,7 @@ JobStatus SampleJob() {
   r0.batches_per_second = 10;
   r0.samples_per_second = 2560;
   r0.consumer_wait_seconds = 1.25;
+  r0.slots = 17;
   s.ranks.push_back(r0);
   RankStatus r1;
   r1.rank = 1;
@@ -81,6 +82,8 @@ TEST(RenderTest, JobShowsRanksAndRecentErrors) {
   EXPECT_THAT(out, HasSubstr("image uint8[224,224,3]"));
   EXPECT_THAT(out, HasSubstr("WAIT S"));
   EXPECT_THAT(out, HasSubstr("1.2"));  // consumer wait seconds
+  EXPECT_THAT(out, HasSubstr("SLOTS"));
+  EXPECT_THAT(out, HasSubstr(" 17 "));  // rank 0's ring
   EXPECT_THAT(out, HasSubstr("/data/train/a/bad.jpg  not a JPEG file"));
 }
 

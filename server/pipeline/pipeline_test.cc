@@ -168,6 +168,7 @@ TEST_F(PipelineTest, PrefetchIsBoundedBySlots) {
   ferry::v1::RankStatus status;
   p->FillStatus(&status);
   EXPECT_EQ(status.slots_leased(), 2u);
+  EXPECT_EQ(status.slots(), 2u);
   ASSERT_TRUE(p->Release(&c, a.slot(), a.seq()).ok());
   auto next = std::get<ferry::v1::BatchReady>(*c.Next());
   EXPECT_EQ(next.batch(), 2);

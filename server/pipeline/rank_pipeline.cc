@@ -618,6 +618,7 @@ void RankPipeline::FillStatus(ferry::v1::RankStatus* status) const {
   }
   status->set_queue_depth(queued);
   status->set_slots_leased(leased);
+  status->set_slots(static_cast<uint32_t>(slots_.size()));
   absl::Duration wait = consumer_wait_;
   if (starved_since_ != absl::InfiniteFuture()) wait += absl::Now() - starved_since_;
   status->set_consumer_wait_seconds(absl::ToDoubleSeconds(wait));

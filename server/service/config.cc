@@ -39,6 +39,7 @@ void ApplyDefaults(ferry::v1::DaemonConfig* c) {
   }
   if (c->sysfs_root().empty()) c->set_sysfs_root("/sys");
   if (c->default_prefetch_depth() == 0) c->set_default_prefetch_depth(4);
+  if (c->default_prefetch_bytes() == 0) c->set_default_prefetch_bytes(uint64_t{64} << 20);
   if (c->drain_timeout_seconds() == 0) c->set_drain_timeout_seconds(5);
 }
 

@@ -53,6 +53,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     job_options.decode_limits.max_sample_bytes = limits.max_sample_bytes();
   }
   job_options.default_prefetch_depth = config.default_prefetch_depth();
+  job_options.default_prefetch_bytes = config.default_prefetch_bytes();
   d->pinned_budget_ = std::make_unique<MemoryBudget>("pinned memory budget",
                                                      "pinned_memory_budget_bytes",
                                                      config.pinned_memory_budget_bytes(),

@@ -124,12 +124,19 @@ absl::Status JobManager::CheckDatasetPath(const std::string& path) const {
       "); add its directory to dataset_roots in ", options_.config_path));
 }
 
+uint32_t JobManager::SlotsPerRank(const Job& job) const {
+  if (job.spec().prefetch_depth() != 0) return job.spec().prefetch_depth();
+  const uint64_t slot_bytes = std::max<uint64_t>(1, job.layout().slot_bytes);
+  const uint64_t for_bytes = (options_.default_prefetch_bytes + slot_bytes - 1) / slot_bytes;
+  return static_cast<uint32_t>(std::max<uint64_t>(
+      options_.default_prefetch_depth, std::min<uint64_t>(for_bytes, kMaxDefaultPrefetch)));
+}
+
 absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
                                                           const std::string& name,
                                                           ferry::v1::JobSpec spec) {
   if (spec.device().empty()) spec.set_device("cpu");
   if (spec.world_size() == 0) spec.set_world_size(1);
-  if (spec.prefetch_depth() == 0) spec.set_prefetch_depth(options_.default_prefetch_depth);
   if (spec.batch_size() == 0) {
     return absl::InvalidArgumentError("batch_size must be at least 1 (got 0)");
   }
@@ -204,10 +211,11 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, Job::Create(identity, spec, options_.decode_limits));
   if (cuda) FERRY_RETURN_IF_ERROR(gpus_->CheckJob(*job));
   // Refuse now a job whose rank slab can never fit, rather than at every rank's attach.
-  const uint64_t rank_bytes = job->layout().slot_bytes * spec.prefetch_depth();
+  const uint32_t slots = SlotsPerRank(*job);
+  const uint64_t rank_bytes = job->layout().slot_bytes * slots;
   if (rank_bytes > host_budget_->limit() - std::min(host_budget_->limit(), host_budget_->in_use())) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "job '", job_name, "' needs ", rank_bytes, " bytes per rank (", spec.prefetch_depth(),
+        "job '", job_name, "' needs ", rank_bytes, " bytes per rank (", slots,
         " slots of ", job->layout().slot_bytes, " bytes) but the host memory budget has ",
         host_budget_->limit() - std::min(host_budget_->limit(), host_budget_->in_use()), " of ",
         host_budget_->limit(), " bytes free; lower batch_size or prefetch_depth, delete idle "
@@ -293,7 +301,7 @@ absl::StatusOr<JobManager::Attachment> JobManager::Attach(const Caller& caller,
   std::shared_ptr<RankPipeline>& pipeline = entry->ranks[rank];
   if (pipeline == nullptr) {
     // The slab is allocated once here and reused by every later attach of this rank.
-    const int slots = static_cast<int>(spec.prefetch_depth());
+    const int slots = static_cast<int>(SlotsPerRank(*entry->job));
     absl::StatusOr<std::shared_ptr<RankPipeline>> created;
     if (spec.device().rfind("cuda:", 0) == 0 && gpus_ != nullptr) {
       FERRY_ASSIGN_OR_RETURN(const int ordinal, gpus_->Resolve(spec.device()));

@@ -39,7 +39,10 @@ class JobManager final {
     std::vector<std::string> dataset_roots;  // empty: see allow_any_dataset
     bool allow_any_dataset = false;          // per-user daemon with no roots configured
     std::string config_path;                 // for error messages
+    // Slots per rank of a job that asks for none: default_prefetch_depth, or more for small
+    // batches, until default_prefetch_bytes of slots are in flight (see SlotsPerRank).
     uint32_t default_prefetch_depth = 4;
+    uint64_t default_prefetch_bytes = uint64_t{64} << 20;
     DecodeLimits decode_limits;              // DaemonConfig.decode_limits, defaults filled
   };
 
@@ -68,6 +71,13 @@ class JobManager final {
   // Creates the rank's pipeline (slab) on first attach. FAILED_PRECONDITION if the rank has a
   // live consumer; INVALID_ARGUMENT for a rank outside [0, world_size).
   absl::StatusOr<Attachment> Attach(const Caller& caller, const std::string& job_id, int rank);
+
+  // Slots of each rank's ring: the job's prefetch_depth; without one, the default depth,
+  // raised for small batches until default_prefetch_bytes are in flight, up to
+  // kMaxDefaultPrefetch. (A slot comes back a few hundred microseconds after its batch is
+  // delivered; 4 slots of 1 MiB then keep the GPU's copy engine busy half the time.)
+  uint32_t SlotsPerRank(const Job& job) const;
+  static constexpr uint64_t kMaxDefaultPrefetch = 32;
   // The pipeline of an attach_id, for the Consume stream and the memfd handoff.
   absl::StatusOr<std::shared_ptr<RankPipeline>> FindAttachment(const Caller& caller,
                                                                const std::string& attach_id);

@@ -151,10 +151,40 @@ TEST_F(JobManagerTest, JobOverTheBudgetIsResourceExhausted) {
   auto m = Manager({}, true, /*budget=*/64 * 1024);
   auto spec = TokensSpec(tokens_, 100);
   spec.set_batch_size(32);  // 32 x 101 x 8 bytes = 25856 -> 28672 per slot, 4 slots
+  spec.set_prefetch_depth(4);
   auto r = m->CreateJob(kAlice, "", spec);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(r.status().message(), HasSubstr("host_memory_budget_bytes"));
   EXPECT_THAT(r.status().message(), HasSubstr("114688 bytes"));
+}
+
+TEST_F(JobManagerTest, DefaultPrefetchGrowsForSmallBatchesOnly) {
+  auto m = Manager({}, true);
+  JobManager::Options defaults;
+  // Tiny slots (8 x 17 tokens): the default depth grows to the cap.
+  auto small = m->CreateJob(kAlice, "small", TokensSpec(tokens_));
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(m->SlotsPerRank(*small->job), JobManager::kMaxDefaultPrefetch);
+  auto attached = m->Attach(kAlice, small->job->identity().id, 0);
+  ASSERT_TRUE(attached.ok()) << attached.status();
+  EXPECT_EQ(attached->pipeline->num_slots(), static_cast<int>(JobManager::kMaxDefaultPrefetch));
+  // A job's own prefetch_depth wins.
+  auto spec = TokensSpec(tokens_);
+  spec.set_prefetch_depth(3);
+  auto own = m->CreateJob(kAlice, "own", spec);
+  ASSERT_TRUE(own.ok());
+  EXPECT_EQ(m->SlotsPerRank(*own->job), 3u);
+  // Slots of an eighth of default_prefetch_bytes (and an index field): 8 of them; of four
+  // times that: the default depth.
+  spec = TokensSpec(tokens_, 2047);
+  spec.set_batch_size(static_cast<uint32_t>(defaults.default_prefetch_bytes / 8 / (2048 * 8)));
+  auto eighth = m->CreateJob(kAlice, "eighth", spec);
+  ASSERT_TRUE(eighth.ok()) << eighth.status();
+  EXPECT_EQ(m->SlotsPerRank(*eighth->job), 8u);
+  spec.set_batch_size(spec.batch_size() * 4);
+  auto big = m->CreateJob(kAlice, "big", spec);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(m->SlotsPerRank(*big->job), defaults.default_prefetch_depth);
 }
 
 TEST_F(JobManagerTest, OnlyTheOwnerOrRootSeesAndAttaches) {

@@ -39,6 +39,12 @@ def slot_bytes(batch, crop):
     return -(-offset // page) * page
 
 
+def default_slots(slot, depth=4, prefetch_bytes=64 << 20, most=32):
+    """Slots per rank of a job with no prefetch, by DaemonConfig.default_prefetch_bytes:
+    the default depth, more for small batches up to 64 MiB of slots and at most 32."""
+    return max(depth, min(most, -(-prefetch_bytes // slot)))
+
+
 class DaemonTestCase(unittest.TestCase):
     CONFIG = None
 
@@ -236,13 +242,14 @@ class MemoryBudgetTest(DaemonTestCase):
         root = ferry_it.make_image_folder(os.path.join(self.dir, "images"), {"a": 8})
         big_slot = slot_bytes(8, 224)
         small_slot = slot_bytes(8, 32)
+        big_slots, small_slots = default_slots(big_slot), default_slots(small_slot)
 
         def over_budget(free):
             message = self.assertFerryError(
                 "RESOURCE_EXHAUSTED", self.loader, ferry.ImageFolder(root), batch_size=8,
                 transform=ferry.CenterCrop(224), job_name="big")
-            self.assertIn("job 'big' needs %d bytes per rank (4 slots of %d bytes)"
-                          % (4 * big_slot, big_slot), message)
+            self.assertIn("job 'big' needs %d bytes per rank (%d slots of %d bytes)"
+                          % (big_slots * big_slot, big_slots, big_slot), message)
             self.assertIn("%d of %d bytes free" % (free, self.BUDGET), message)
             self.assertIn("raise host_memory_budget_bytes in %s" % self.daemon.config_path,
                           message)
@@ -256,8 +263,8 @@ class MemoryBudgetTest(DaemonTestCase):
         self.assertEqual(len(list(small)), 1)
         daemon = ferry_it.ferryctl(self.daemon.address, "status")["daemon"]
         self.assertEqual(int(daemon["host_memory_budget_bytes"]), self.BUDGET)
-        self.assertEqual(int(daemon["host_memory_in_use_bytes"]), 4 * small_slot)
-        over_budget(self.BUDGET - 4 * small_slot)
+        self.assertEqual(int(daemon["host_memory_in_use_bytes"]), small_slots * small_slot)
+        over_budget(self.BUDGET - small_slots * small_slot)
 
 
 OTHER_UID_SCRIPT = r"""

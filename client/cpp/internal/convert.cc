@@ -245,6 +245,7 @@ JobStatus FromProto(const v1::JobStatus& status) {
     rank.samples_per_second = r.samples_per_second();
     rank.queue_depth = r.queue_depth();
     rank.slots_leased = r.slots_leased();
+    rank.slots = r.slots();
     rank.consumer_wait_seconds = r.consumer_wait_seconds();
     rank.epoch = r.epoch();
     rank.next_batch = r.next_batch();

@@ -116,7 +116,7 @@ class JobSpecTest(unittest.TestCase):
                          {"dtype": "FLOAT32", "mean": [0.5, 0.5, 0.5], "std": [0.25] * 3})
         # Everything but the device and image_output matches a cpu job of the same spec.
         cpu = loader._job_spec(ferry.ImageFolder("/data"), 4, ferry.CenterCrop(8), False, 0,
-                               False, 1, 4, None)
+                               False, 1, 0, None)
         for key in cpu:
             if key != "device":
                 self.assertEqual(spec[key], cpu[key], key)

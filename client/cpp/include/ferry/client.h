@@ -204,6 +204,7 @@ struct RankStatus {
   double samples_per_second = 0;
   uint32_t queue_depth = 0;   // ready, not yet taken by the consumer
   uint32_t slots_leased = 0;  // held by the consumer
+  uint32_t slots = 0;         // of the rank's ring (its prefetch depth)
   double consumer_wait_seconds = 0;
   int64_t epoch = 0;
   int64_t next_batch = 0;
