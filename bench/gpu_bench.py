@@ -10,7 +10,9 @@ Measured in one run, side by side (the machines are noisy: read the ratios):
   2. handoff: time the trainer spends getting a usable tensor when ferry is ahead of it
      (next() on a full queue), p50 / p99 over >= 10,000 batches;
   3. images (with --images): JPEG -> RandomResizedCrop(224) -> bf16 normalized CHW on the
-     GPU, images/s.
+     GPU, images/s;
+  4. the token rows again with a C++ trainer (bench/gpu_consume_bench, found next to
+     --ferryd), which shows what ferryd delivers without the Python trainer's per-batch cost.
 ferryd runs as a separate process on a private socket.
 """
 
@@ -70,8 +72,9 @@ def ferry_tokens(sock, path, seq_len, batch, device, epochs=2, records=False, pr
     """GB/s of int64 tokens delivered. records=True reads the same file as raw int64
     records of seq_len + 1 (no conversion anywhere: one plain copy per batch) instead of
     uint16 tokens widened to int64 (on the GPU with a cuda device). prefetch: slots of the
-    rank (batches in flight). With a dict `stats`, adds "wait": the share of the measured
-    time the trainer spent waiting for ferry (from status: consumer_wait_seconds)."""
+    rank (batches in flight; 0 = the daemon's default). With a dict `stats`, adds "next":
+    the share of the measured time the trainer spent inside the Loader's next() (waiting for
+    ferry plus the Loader's own per-batch work)."""
     if records:
         dataset = ferry.Records(path, dtype="int64", shape=(seq_len + 1,))
     else:
@@ -85,28 +88,28 @@ def ferry_tokens(sock, path, seq_len, batch, device, epochs=2, records=False, pr
         pass
     torch.cuda.synchronize()
     objects_after_warmup = cuda_objects(sock) if device != "cpu" else 0
-    wait0 = consumer_wait(sock, loader.job["id"])
-    t0 = time.perf_counter()
+    in_next = 0.0
+    clock = time.perf_counter
+    t0 = clock()
     for epoch in range(1, epochs + 1):
         loader.set_epoch(epoch)
-        for b in loader:
+        it = iter(loader)
+        while True:
+            t = clock()
+            b = next(it, None)
+            in_next += clock() - t
+            if b is None:
+                break
             nbytes += b[field].numel() * b[field].element_size()
     torch.cuda.synchronize()
-    seconds = time.perf_counter() - t0
+    seconds = clock() - t0
     if stats is not None:
-        stats["wait"] = (consumer_wait(sock, loader.job["id"]) - wait0) / seconds
+        stats["next"] = in_next / seconds
     if device != "cpu":
         print("CUDA objects created by ferryd: %d after warm-up, %d after %d more epochs"
               % (objects_after_warmup, cuda_objects(sock), epochs))
     loader.close()
     return nbytes / seconds / 1e9
-
-
-def consumer_wait(sock, job_id):
-    """Seconds rank 0 of `job_id` has waited for a batch so far (ferryd's status)."""
-    with ferry.Client(sock) as c:
-        ranks = c.get_job(job_id).get("ranks", [])
-    return sum(float(r.get("consumer_wait_seconds", 0)) for r in ranks)
 
 
 def dataloader_tokens(path, seq_len, batch, device, workers):
@@ -285,15 +288,15 @@ def main():
                         gbs = ferry_tokens(sock, path, a.seq_len, batch, a.device,
                                            records=records, prefetch=depth, stats=st)
                         runs.setdefault((records, depth), []).append((gbs, gbs / peak,
-                                                                      st["wait"]))
+                                                                      st["next"]))
             med = lambda xs: statistics.median(xs)
             for key, vals in runs.items():
                 if key == "peak":
                     name = "pinned cudaMemcpyAsync, %.1f MiB chunks (peak)" % (chunk / 2**20)
                 else:
-                    name = ("ferry %s -> GPU (batch %d, prefetch %d)"
+                    name = ("ferry %s -> GPU (batch %d, prefetch %s)"
                             % ("raw int64 records" if key[0] else "tokens u16->int64", batch,
-                               key[1]))
+                               key[1] or "default"))
                 rows.append((name, med([v[0] for v in vals]), med([v[1] for v in vals]),
                              min(v[1] for v in vals), max(v[1] for v in vals),
                              med([v[2] for v in vals])))
@@ -305,11 +308,21 @@ def main():
         rows.append(("ferry tokens -> host memory (cpu transport), for scale", host_gbs,
                      host_gbs / peak, host_gbs / peak, host_gbs / peak, float("nan")))
         print("%d round(s); GB/s of int64 delivered (median), ratio to the same round's pinned "
-              "peak (median, min-max), share of time the trainer waited for ferry"
+              "peak (median, min-max), share of the trainer's time inside the Loader's next()"
               % a.rounds)
-        print("%-56s %8s %8s %13s %6s" % ("tokens", "GB/s", "vs peak", "(min-max)", "wait"))
+        print("%-58s %8s %8s %13s %6s" % ("python trainer (ferry.Loader)", "GB/s", "vs peak",
+                                           "(min-max)", "next"))
         for name, v, r, lo, hi, wait in rows:
-            print("%-56s %8.2f %8.2f %6.2f-%-6.2f %6.2f" % (name, v, r, lo, hi, wait))
+            print("%-58s %8.2f %8.2f %6.2f-%-6.2f %6.2f" % (name, v, r, lo, hi, wait))
+        consume_bench = os.path.join(os.path.dirname(a.ferryd), "gpu_consume_bench")
+        if os.path.exists(consume_bench):
+            sys.stdout.flush()
+            subprocess.run([consume_bench, "--address", sock, "--path", path, "--seq-len",
+                            str(a.seq_len), "--batches", a.token_batches, "--prefetch",
+                            a.prefetch, "--rounds", str(a.rounds),
+                            "--device", str(torch.device(a.device).index or 0)])
+        else:
+            print("(no %s: the C++ trainer rows are left out)" % consume_bench)
         if a.only_tokens:
             print_copy_counters(sock)
             return

@@ -8,7 +8,9 @@
 //   - the normalize kernel, uint8 HWC -> float32 / float16 / bfloat16 CHW, for a batch of
 //     256 x 224 x 224 x 3, counting bytes read plus bytes written;
 //   - one batch as ferryd will run it on the copy stream: H2D of the uint8 batch from the
-//     registered slab, then normalize to bf16.
+//     registered slab, then normalize to bf16;
+//   - batches back to back as ferryd issues them (a copy, then the slot's ready event), on
+//     one copy stream or two.
 // Every figure is the median of kReps timed repetitions (CUDA events around each) after
 // kWarmup untimed ones. GB/s are 1e9 bytes per second.
 //
@@ -154,6 +156,54 @@ int Main(int argc, char** argv) {
     if (chunk == 64 * kMiB) h2d_64 = r;
     std::printf("%3zu MiB  %10.1f   %13.1f   %8.1f   %15.2f   %17.2f\n", chunk / kMiB, a, r, p, r / a,
                 p / a);
+  }
+
+  // Batches as ferryd issues them: back-to-back copies of distinct slots, each followed by
+  // the record of the slot's "ready" event. Shows what the per-batch event costs the copy
+  // engine, and whether a second copy stream (a second engine) hides it.
+  {
+    constexpr int kSlots = 16;
+    std::vector<CudaEvent> sync_events, ipc_events;
+    for (int i = 0; i < kSlots; ++i) {
+      sync_events.push_back(Take(CudaEvent::Create(device, CudaEvent::kSync), "event"));
+      ipc_events.push_back(Take(CudaEvent::Create(device, CudaEvent::kInterprocess), "event"));
+    }
+    CudaStream second = Take(CudaStream::Create(device), "stream");
+    CudaEvent fork = Take(CudaEvent::Create(device, CudaEvent::kSync), "event");
+    CudaEvent join = Take(CudaEvent::Create(device, CudaEvent::kSync), "event");
+    std::printf("\nBatches back to back: %d copies of distinct 1 or 4 MiB slots per rep, from the "
+                "registered slab; GB/s and ratio to plain copies on one stream\n",
+                kSlots);
+    std::printf("%-8s %8s %22s %22s %26s\n", "chunk", "plain", "+ event record (sync)",
+                "+ record (interprocess)", "two streams, interprocess");
+    for (size_t chunk : {1 * kMiB, 4 * kMiB}) {
+      auto batches = [&](const std::vector<CudaEvent>* events, bool two_streams) {
+        return timer.MedianMs([&](int) {
+          if (two_streams) {
+            Check(stream.Record(fork), "record");
+            Check(second.Wait(fork), "wait");
+          }
+          for (int i = 0; i < kSlots; ++i) {
+            const CudaStream& s = two_streams && i % 2 ? second : stream;
+            Check(s.CopyAsync(static_cast<uint8_t*>(dev.data()) + i * chunk,
+                              slab.data() + (i * chunk) % slab.size(), chunk),
+                  "H2D");
+            if (events != nullptr) Check(s.Record((*events)[i]), "record");
+          }
+          if (two_streams) {
+            Check(second.Record(join), "record");
+            Check(stream.Wait(join), "wait");
+          }
+        });
+      };
+      const double bytes = static_cast<double>(chunk) * kSlots;
+      const double plain = GBps(bytes, batches(nullptr, false));
+      const double sync = GBps(bytes, batches(&sync_events, false));
+      const double ipc = GBps(bytes, batches(&ipc_events, false));
+      const double two = GBps(bytes, batches(&ipc_events, true));
+      std::printf("%3zu MiB  %8.1f %15.1f (%.2f) %15.1f (%.2f) %19.1f (%.2f)\n", chunk / kMiB,
+                  plain, sync, sync / plain, ipc, ipc / plain, two, two / plain);
+    }
   }
 
   // Device-to-device: the device memory ceiling, read + write.

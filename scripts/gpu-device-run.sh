@@ -19,7 +19,7 @@ fi
 if [[ ${1:-} != tests ]]; then
   python3 examples/make_demo_dataset.py /tmp/ferry-images --classes 20 --images-per-class 100 \
     >/dev/null
-  python3 bench/gpu_bench.py --ferryd "$FERRY_DAEMON" --images /tmp/ferry-images --prefetch 8,32 2>&1 \
+  python3 bench/gpu_bench.py --ferryd "$FERRY_DAEMON" --images /tmp/ferry-images --prefetch 0,8 2>&1 \
     | tee "$OUT/gpu_bench.txt"
 fi
 exit $rc

@@ -625,10 +625,15 @@ class Loader:
     def _gpu_batch(self, batch):
         """(tensors to yield, batch still held or None). Nothing here waits on the host."""
         views = self._view_cache.get((batch.slot, batch.num_samples))
-        if views is None and batch.device != self._torch_device.index:
-            raise FerryError("INTERNAL", "ferryd's GPU batch arrived on cuda:%d, not on %s "
-                             "(whose PCI bus id the job names)"
-                             % (batch.device, self._torch_device))
+        if views is None:
+            if batch.device != self._torch_device.index:
+                raise FerryError("INTERNAL", "ferryd's GPU batch arrived on cuda:%d, not on %s "
+                                 "(whose PCI bus id the job names)"
+                                 % (batch.device, self._torch_device))
+        else:
+            # Cached views exist only for this attach's batches, all on the checked device:
+            # saves batch.wait() asking the library (a ctypes call per batch).
+            batch.device = self._torch_device.index
         stream = self._current_stream()
         batch.wait(stream)
         views = dict(views) if views is not None else self._cuda_views(batch)
