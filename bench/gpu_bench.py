@@ -236,13 +236,20 @@ def print_copy_counters(sock):
             if n:
                 releases = int(r.get("releases", 0))
                 watched = releases - int(r.get("releases_complete", 0))
-                print("job %s: %d batches copied; per batch: enqueue %.1f us, "
-                      "enqueue-to-host-slot-free %.1f us, enqueue-to-ready %.1f us; "
-                      "%d of %d releases needed a released signal (%.1f us each)"
-                      % (j["job"]["id"], n, 1e6 * r.get("copy_enqueue_seconds", 0) / n,
-                         1e6 * r.get("copy_complete_seconds", 0) / n,
-                         1e6 * r.get("copy_ready_seconds", 0) / n, watched, releases,
-                         1e6 * r.get("release_signal_seconds", 0) / max(1, watched)))
+                spec = j["job"]["spec"]
+                filled = max(1, int(r.get("batches_filled", 0)))
+                delivered = max(1, int(r.get("batches_delivered", 0)))
+                us = lambda key, count: 1e6 * float(r.get(key, 0)) / count
+                print("job %s (%s, batch %s, %s slots): %d batches copied; per batch, us: "
+                      "fill %.1f, wait for a device slot %.1f, enqueue %.1f, enqueue-to-ready "
+                      "%.1f, held by the trainer %.1f, device slot idle %.1f; %d of %d "
+                      "releases needed a released signal (%.1f us each)"
+                      % (j["job"]["id"], next(iter(spec["dataset"])), spec.get("batch_size"),
+                         r.get("slots", "?"), n, us("fill_seconds", filled),
+                         us("copy_wait_seconds", n), us("copy_enqueue_seconds", n),
+                         us("copy_ready_seconds", n), us("lease_seconds", delivered),
+                         us("device_slot_idle_seconds", n), watched, releases,
+                         us("release_signal_seconds", max(1, watched))))
 
 
 def main():

@@ -173,6 +173,12 @@ TEST_F(PipelineTest, PrefetchIsBoundedBySlots) {
   auto next = std::get<ferry::v1::BatchReady>(*c.Next());
   EXPECT_EQ(next.batch(), 2);
   EXPECT_EQ(next.slot(), a.slot());
+  // The time totals: `a` was held for the 100 ms above; three batches were filled.
+  p->FillStatus(&status);
+  EXPECT_GE(status.lease_seconds(), 0.1);
+  EXPECT_GE(status.batches_filled(), 3u);
+  EXPECT_GT(status.fill_seconds(), 0.0);
+  EXPECT_EQ(status.copy_wait_seconds(), 0.0) << "no GPU stage";
   p->Unbind(&c);
   (void)b;
 }
@@ -597,6 +603,9 @@ TEST_F(PipelineTest, CompleteReleaseFreesTheDeviceSlotWithoutASignal) {
   p->FillStatus(&status);
   EXPECT_EQ(status.releases(), 16u);
   EXPECT_EQ(status.releases_complete(), 16u);
+  EXPECT_GE(status.batches_filled(), 16u);
+  EXPECT_GT(status.lease_seconds(), 0.0);
+  EXPECT_GT(status.device_slot_idle_seconds(), 0.0);
   p->Unbind(&c);
   p->Shutdown(absl::CancelledError("test over"));
   stage->JoinReports();

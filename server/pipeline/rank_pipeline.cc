@@ -72,6 +72,7 @@ absl::StatusOr<std::shared_ptr<RankPipeline>> RankPipeline::Create(
     stage->SetCallbacks(std::move(callbacks));
     absl::MutexLock lock(&pipeline->mutex_);
     pipeline->device_slots_.resize(static_cast<size_t>(stage->num_device_slots()));
+    for (DeviceSlot& d : pipeline->device_slots_) d.since = absl::Now();
     pipeline->stage_ = std::move(stage);
   }
   return pipeline;
@@ -142,6 +143,7 @@ void RankPipeline::Unbind(BatchConsumer* consumer) {
         // A dead consumer's work on its slots is gone with its context.
         if (d.state == SlotState::kLeased || d.state == SlotState::kReleasing) {
           d.state = SlotState::kFree;
+          d.since = absl::Now();
           d.seq = -1;
         }
       }
@@ -205,6 +207,7 @@ absl::Status RankPipeline::StartEpoch(BatchConsumer* consumer, int64_t epoch,
           // Copied (or being copied) already: the device slot is simply reused; the host
           // slot comes back through OnHostSlotCopied.
           device_slots_[p.device_slot].state = SlotState::kFree;
+          device_slots_[p.device_slot].since = absl::Now();
         } else if (slots_[p.slot].state == SlotState::kQueued) {
           slots_[p.slot].state = SlotState::kFree;
         }
@@ -250,9 +253,12 @@ absl::Status RankPipeline::Release(BatchConsumer* consumer, uint32_t slot, int64
           "release of slot ", slot, " seq ", seq, ", which is not leased to this consumer"));
     }
     *leased_seq = -1;
+    const absl::Time now = absl::Now();
     if (stage_ != nullptr) {
       // Written again only once the consumer's last use of it is over on the GPU.
       DeviceSlot& dev = device_slots_[slot];
+      lease_time_ += now - dev.since;
+      dev.since = now;
       dev.token = ++device_tokens_;
       ++releases_;
       if (complete) {
@@ -264,6 +270,7 @@ absl::Status RankPipeline::Release(BatchConsumer* consumer, uint32_t slot, int64
         stage_->WatchReleased(static_cast<int>(slot), dev.token);
       }
     } else {
+      lease_time_ += now - slots_[slot].since;
       *state = SlotState::kFree;
     }
     ScheduleLocked(&tasks);
@@ -288,6 +295,7 @@ void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
     job_->sampler().BatchIndices(next_epoch_, rank_, next_batch_, &indices);
     Slot& slot = slots_[s];
     slot.state = SlotState::kFilling;
+    slot.since = absl::Now();
     slot.generation = generation_;
     slot.epoch = next_epoch_;
     slot.batch = next_batch_;
@@ -392,6 +400,10 @@ void RankPipeline::OnSlotFilled(int slot, uint64_t generation) {
       ScheduleLocked(&tasks);
     } else {
       s.state = SlotState::kQueued;
+      const absl::Time now = absl::Now();
+      fill_time_ += now - s.since;
+      ++batches_filled_;
+      s.since = now;
       if (stage_ != nullptr) StartCopiesLocked();
     }
   }
@@ -413,8 +425,11 @@ void RankPipeline::StartCopiesLocked() {
     if (d == static_cast<int>(device_slots_.size())) return;
     const uint64_t token = ++device_tokens_;
     copy_orders_.push_back(CopyOrder{p.slot, d, p.num_samples, token});
+    const absl::Time now = absl::Now();
     slots_[p.slot].state = SlotState::kCopying;
+    copy_wait_time_ += now - slots_[p.slot].since;
     DeviceSlot& dev = device_slots_[d];
+    device_idle_time_ += now - dev.since;
     dev.state = SlotState::kCopying;  // kQueued once the stage reports it ready
     dev.token = token;
     dev.epoch = p.epoch;
@@ -492,6 +507,7 @@ void RankPipeline::OnDeviceSlotReleased(int device_slot, uint64_t token) {
     // After an Unbind the slot was reclaimed already.
     if (dev.state != SlotState::kReleasing || dev.token != token) return;
     dev.state = SlotState::kFree;
+    dev.since = absl::Now();
     StartCopiesLocked();
   }
   Deliver({});
@@ -535,10 +551,12 @@ void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
         b.set_slot(static_cast<uint32_t>(p.device_slot));
         device_slots_[p.device_slot].state = SlotState::kLeased;
         device_slots_[p.device_slot].seq = b.seq();
+        device_slots_[p.device_slot].since = absl::Now();
       } else {
         b.set_slot(static_cast<uint32_t>(p.slot));
         slots_[p.slot].state = SlotState::kLeased;
         slots_[p.slot].seq = b.seq();
+        slots_[p.slot].since = absl::Now();
       }
       pending_.pop_front();
       ++deliver_batch_;
@@ -622,6 +640,11 @@ void RankPipeline::FillStatus(ferry::v1::RankStatus* status) const {
   absl::Duration wait = consumer_wait_;
   if (starved_since_ != absl::InfiniteFuture()) wait += absl::Now() - starved_since_;
   status->set_consumer_wait_seconds(absl::ToDoubleSeconds(wait));
+  status->set_batches_filled(batches_filled_);
+  status->set_fill_seconds(absl::ToDoubleSeconds(fill_time_));
+  status->set_copy_wait_seconds(absl::ToDoubleSeconds(copy_wait_time_));
+  status->set_lease_seconds(absl::ToDoubleSeconds(lease_time_));
+  status->set_device_slot_idle_seconds(absl::ToDoubleSeconds(device_idle_time_));
   status->set_epoch(deliver_epoch_);
   status->set_next_batch(deliver_batch_);
 }

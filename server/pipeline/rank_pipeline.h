@@ -114,6 +114,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
     uint32_t num_samples = 0;
     int64_t seq = -1;  // while leased
     std::atomic<int> rows_left{0};  // tasks still filling rows
+    absl::Time since;  // of the current state, for the time totals in status
   };
   struct DeviceSlot {
     // kFree -> kCopying (copy enqueued) -> kQueued (ready) -> kLeased -> kReleasing -> kFree
@@ -123,6 +124,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
     uint32_t num_samples = 0;
     int64_t seq = -1;
     uint64_t token = 0;  // names the copy or release in progress; stale reports differ
+    absl::Time since;    // of kFree or kLeased, for the time totals in status
   };
   struct CopyOrder {  // a copy decided under the lock, enqueued after it
     int host_slot;
@@ -207,6 +209,12 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   uint64_t releases_complete_ ABSL_GUARDED_BY(mutex_) = 0;  // of those, with `complete`
   std::deque<std::pair<absl::Time, uint32_t>> recent_deliveries_ ABSL_GUARDED_BY(mutex_);
   absl::Duration consumer_wait_ ABSL_GUARDED_BY(mutex_);
+  // Where a batch's time goes (totals; see RankStatus.fill_seconds and the fields after it).
+  absl::Duration fill_time_ ABSL_GUARDED_BY(mutex_);
+  absl::Duration copy_wait_time_ ABSL_GUARDED_BY(mutex_);
+  absl::Duration lease_time_ ABSL_GUARDED_BY(mutex_);
+  absl::Duration device_idle_time_ ABSL_GUARDED_BY(mutex_);
+  uint64_t batches_filled_ ABSL_GUARDED_BY(mutex_) = 0;
   absl::Time starved_since_ ABSL_GUARDED_BY(mutex_) = absl::InfiniteFuture();
   // Mirror of generation_ that workers read without the lock to skip stale rows early.
   std::atomic<uint64_t> live_generation_{1};
