@@ -226,6 +226,39 @@ def images(sock, root, device, batch, epochs=2):
     return n / (time.perf_counter() - t0)
 
 
+def thread_cpu(pid):
+    """{tid: (thread name, CPU seconds so far)} of process `pid`, from /proc."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    task_dir = "/proc/%d/task" % pid
+    for tid in os.listdir(task_dir):
+        try:
+            with open(os.path.join(task_dir, tid, "stat")) as f:
+                stat = f.read()
+        except OSError:
+            continue  # the thread ended
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[tid] = (name, (int(fields[11]) + int(fields[12])) / tick)  # utime + stime
+    return out
+
+
+def print_thread_cpu(what, before, after, seconds):
+    """CPU used per thread name between two thread_cpu snapshots, in cores, busiest first:
+    a thread near 1.0 core is a serial bottleneck."""
+    groups = {}
+    for tid, (name, cpu) in after.items():
+        used = cpu - before.get(tid, (name, 0.0))[1]
+        total, busiest, count = groups.get(name, (0.0, 0.0, 0))
+        groups[name] = (total + used, max(busiest, used), count + 1)
+    rows = sorted(groups.items(), key=lambda kv: -kv[1][0])
+    print("%s, CPU in cores over %.1f s (threads; busiest thread): %s" % (
+        what, seconds, "; ".join("%s %.2f (%d; %.2f)" % (name, total / seconds, count,
+                                                          busiest / seconds)
+                                 for name, (total, busiest, count) in rows[:8]
+                                 if total > 0.01 * seconds)))
+
+
 def print_copy_counters(sock):
     """Per rank of every job: where a batch's time goes in ferryd (status counters)."""
     with ferry.Client(sock) as c:
@@ -324,10 +357,34 @@ def main():
         consume_bench = os.path.join(os.path.dirname(a.ferryd), "gpu_consume_bench")
         if os.path.exists(consume_bench):
             sys.stdout.flush()
+            cuda_index = str(torch.device(a.device).index or 0)
             subprocess.run([consume_bench, "--address", sock, "--path", path, "--seq-len",
                             str(a.seq_len), "--batches", a.token_batches, "--prefetch",
-                            a.prefetch, "--rounds", str(a.rounds),
-                            "--device", str(torch.device(a.device).index or 0)])
+                            a.prefetch, "--rounds", str(a.rounds), "--device", cuda_index])
+            # Where the CPU goes per thread, for the first batch size at the default depth.
+            for kind in ("tokens", "records"):
+                trainer = subprocess.Popen(
+                    [consume_bench, "--address", sock, "--path", path, "--seq-len",
+                     str(a.seq_len), "--batches", a.token_batches.split(",")[0], "--prefetch",
+                     "0", "--rounds", "1", "--epochs", "80", "--kinds", kind, "--device",
+                     cuda_index], stdout=subprocess.DEVNULL)
+                time.sleep(1.5)  # past the job's creation and warm-up
+                before = (time.perf_counter(), thread_cpu(proc.pid), thread_cpu(trainer.pid))
+                time.sleep(1.5)
+                after = None
+                try:
+                    if trainer.poll() is None:
+                        after = (time.perf_counter(), thread_cpu(proc.pid),
+                                 thread_cpu(trainer.pid))
+                except OSError:  # it ended while being read
+                    pass
+                trainer.wait()
+                if after is None:
+                    print("(the %s profile run ended early: no thread CPU figures)" % kind)
+                    continue
+                seconds = after[0] - before[0]
+                print_thread_cpu("ferryd, C++ trainer on %s" % kind, before[1], after[1], seconds)
+                print_thread_cpu("  the C++ trainer", before[2], after[2], seconds)
         else:
             print("(no %s: the C++ trainer rows are left out)" % consume_bench)
         if a.only_tokens:

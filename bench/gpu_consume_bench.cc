@@ -7,6 +7,7 @@
 //
 //   gpu_consume_bench --address SOCK --path FILE [--seq-len 2047] [--batches 64,256]
 //                     [--prefetch 0,8,32] [--epochs 2] [--rounds 3] [--device 0]
+//                     [--kinds tokens,records]
 //
 // FILE is read twice per configuration: as uint16 tokens widened to int64 on the GPU
 // (TokensOptions), and as raw int64 records of seq_len + 1 (RecordsOptions, one plain copy
@@ -27,6 +28,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "ferry/client.h"
@@ -161,6 +163,7 @@ int Main(int argc, char** argv) {
   std::string address, path;
   int seq_len = 2047, epochs = 2, rounds = 3, device = 0;
   std::vector<int> batches = {64, 256}, prefetches = {0, 8, 32};
+  bool tokens = true, records = true;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--address") address = v;
@@ -171,12 +174,17 @@ int Main(int argc, char** argv) {
     else if (a == "--epochs") epochs = std::atoi(v.c_str());
     else if (a == "--rounds") rounds = std::atoi(v.c_str());
     else if (a == "--device") device = std::atoi(v.c_str());
+    else if (a == "--kinds") {
+      tokens = absl::StrContains(v, "tokens");
+      records = absl::StrContains(v, "records");
+    }
     else Die("unknown argument " + a, absl::InvalidArgumentError("see the header of gpu_consume_bench.cc"));
   }
   if (address.empty() || path.empty() || seq_len < 1 || epochs < 1 || rounds < 1) {
     std::fprintf(stderr,
                  "usage: gpu_consume_bench --address SOCK --path FILE [--seq-len 2047] "
-                 "[--batches 64,256] [--prefetch 0,8,32] [--epochs 2] [--rounds 3] [--device 0]\n");
+                 "[--batches 64,256] [--prefetch 0,8,32] [--epochs 2] [--rounds 3] [--device 0] "
+                 "[--kinds tokens,records]\n");
     return 2;
   }
   const absl::StatusOr<int> count = DeviceCount();
@@ -200,9 +208,10 @@ int Main(int argc, char** argv) {
       const double peak = PinnedPeak(device, chunk);
       runs[{-1, 0}].emplace_back(peak, 1.0, 0.0);
       for (const int prefetch : prefetches) {
-        for (const bool records : {false, true}) {
-          const Run r = Consume(*client, path, seq_len, batch, prefetch, records, device, epochs);
-          runs[{records ? 1 : 0, prefetch}].emplace_back(r.gbps, r.gbps / peak, r.next_share);
+        for (const bool raw : {false, true}) {
+          if (raw ? !records : !tokens) continue;
+          const Run r = Consume(*client, path, seq_len, batch, prefetch, raw, device, epochs);
+          runs[{raw ? 1 : 0, prefetch}].emplace_back(r.gbps, r.gbps / peak, r.next_share);
         }
       }
     }

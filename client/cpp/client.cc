@@ -16,6 +16,7 @@
 #include "client/cpp/internal/cuda_ring.h"
 #include "client/cpp/internal/session.h"
 #include "common/session_protocol.h"
+#include "common/thread_name.h"
 #include "common/status_macros.h"
 #include "ferry/v1/ferry.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -164,6 +165,7 @@ class StreamState {
   }
 
   void WriterLoop() {
+    NameThisThread("ferry-releases");
     std::vector<v1::ConsumeRequest> batch;
     for (;;) {
       {
@@ -206,6 +208,7 @@ class StreamState {
   }
 
   void ReaderLoop() {
+    NameThisThread("ferry-batches");
     v1::ConsumeResponse message;
     while (stream_->Read(&message)) {
       absl::MutexLock lock(&mu_);

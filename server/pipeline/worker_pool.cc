@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/thread_name.h"
 
 namespace ferry {
 
@@ -90,6 +92,7 @@ void WorkerPool::Submit(int group, uint64_t owner, std::vector<Task> tasks) {
 }
 
 void WorkerPool::Run(int group) {
+  NameThisThread(absl::StrCat("ferry-worker-n", groups_[group].numa_node));
   if (absl::Status s = PinCurrentThreadToCpus(groups_[group].cpus); !s.ok()) {
     FERRY_LOG(WARNING) << "worker of NUMA node " << groups_[group].numa_node
                  << " runs unpinned: " << s;

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/thread_name.h"
 #include "common/session_protocol.h"
 #include "common/status_macros.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -122,6 +123,7 @@ Daemon::~Daemon() {
 }
 
 void Daemon::NotifyLoop() {
+  NameThisThread("ferry-notify");
   uint64_t watchdog_usec = 0;
   const bool watchdog = sd_watchdog_enabled(0, &watchdog_usec) > 0;
   const absl::Duration period =

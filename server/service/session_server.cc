@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/thread_name.h"
 #include "common/status_macros.h"
 #include "server/service/job_manager.h"
 
@@ -51,6 +52,7 @@ std::optional<PeerCredentials> SessionServer::Lookup(const std::string& token) c
 }
 
 void SessionServer::Run() {
+  NameThisThread("ferry-sessions");
   std::vector<pollfd> fds;
   for (;;) {
     fds.clear();

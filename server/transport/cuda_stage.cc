@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "common/thread_name.h"
 #include "common/status_macros.h"
 #include "server/cuda/cuda_resources.h"
 #include "server/cuda/internal/scoped_device.h"
@@ -136,6 +137,7 @@ class EventWatcher final {
   }
 
   static void Run(State& state) {
+    NameThisThread("ferry-events");
     // Sleeps of a few microseconds need the kernel's timer slack (50 us by default) cut.
     prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
     absl::Duration backoff = kMinBackoff;
