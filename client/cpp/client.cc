@@ -496,6 +496,17 @@ class ConsumerImpl {
       return Break(absl::InternalError("ferryd sent an empty message on the batch stream"));
     }
     const v1::BatchReady& ready = response.batch();
+    // A GPU batch lives in ferryd's device memory, which CUDA frees with ferryd: once
+    // ferryd is gone, batches it sent that this trainer has not taken are not handed out
+    // (the stream may not have noticed yet; the session socket has).
+    if (ring_ != nullptr && client_->session().DaemonGone()) {
+      return Break(absl::UnavailableError(absl::StrCat(
+          "ferryd (pid ", client_->session().daemon_pid(), ") is gone: its session socket "
+          "closed. The GPU batches it sent that this trainer had not taken are dropped, since "
+          "their device memory went with it. Start ferryd again and attach again; epoch ",
+          epoch_, " resumes at batch ", next_batch_, " with StartEpoch(", epoch_, ", ",
+          next_batch_, ")")));
+    }
     if (ready.seq() != next_seq_ || ready.epoch() != epoch_ || ready.batch() != next_batch_ ||
         ready.slot() >= num_slots_ || ready.num_samples() == 0 ||
         ready.num_samples() > job_.spec.batch_size) {

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "client/cpp/internal/convert.h"
 #include "client/cpp/internal/session.h"
 #include "common/session_protocol.h"
@@ -160,6 +161,25 @@ TEST(SessionTest, FetchSlabReceivesTheMemfd) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(refused.status().message(), HasSubstr("att-2 does not exist"));
   session->reset();
+}
+
+TEST(SessionTest, DaemonGoneOnceTheSessionSocketCloses) {
+  TempDir dir;
+  const std::string address = dir.path() + "/ferryd.sock";
+  absl::Notification checked_alive, closed;
+  FakeSessionServer server(address, [&](int fd) {
+    (void)SendPacket(fd, "HELLO t 1");
+    checked_alive.WaitForNotification();
+    shutdown(fd, SHUT_RDWR);  // what the kernel does to a killed ferryd's sockets
+    closed.Notify();
+  });
+  auto session = internal::Session::Open(address);
+  ASSERT_TRUE(session.ok()) << session.status();
+  EXPECT_FALSE((*session)->DaemonGone());
+  EXPECT_FALSE((*session)->DaemonGone()) << "asking twice changes nothing";
+  checked_alive.Notify();
+  closed.WaitForNotification();
+  EXPECT_TRUE((*session)->DaemonGone());
 }
 
 TEST(SlabMappingTest, RefusesAFileSmallerThanAnnounced) {

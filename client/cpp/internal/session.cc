@@ -91,6 +91,13 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Open(const std::string& grpc_s
   return std::unique_ptr<Session>(new Session(std::move(*fd), path, parts[1], pid));
 }
 
+bool Session::DaemonGone() {
+  absl::MutexLock lock(&mu_);
+  pollfd p{fd_.get(), POLLRDHUP, 0};
+  // POLLHUP and POLLERR are reported whether asked or not.
+  return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
 absl::StatusOr<Session::Slab> Session::FetchSlab(const std::string& attach_id) {
   absl::MutexLock lock(&mu_);
   absl::Status sent = SendPacket(fd_.get(), absl::StrCat("FD ", attach_id));

@@ -38,6 +38,11 @@ class Session final {
   // Asks for the memfd of attachment `attach_id` ("FD <id>" -> "OK <bytes>" + fd).
   absl::StatusOr<Slab> FetchSlab(const std::string& attach_id);
 
+  // True once ferryd's end of the session socket is closed (ferryd exited or was killed:
+  // the kernel closes its sockets before its parent can reap it). One poll(2), no wait;
+  // the GPU transport asks before every batch, since a dead ferryd's device memory is gone.
+  bool DaemonGone();
+
  private:
   Session(UniqueFd fd, std::string path, std::string token, int daemon_pid);
 

@@ -393,7 +393,10 @@ class Consumer final {
   // The next batch of the epoch, or nullopt after its last batch. Errors: FAILED_PRECONDITION
   // before StartEpoch; DEADLINE_EXCEEDED when nothing arrived within `timeout` (nothing is
   // lost: call again); otherwise the stream's error (e.g. UNAVAILABLE when ferryd died),
-  // after which the consumer is unusable until the next StartEpoch.
+  // after which the consumer is unusable until the next StartEpoch. GPU transport: once
+  // ferryd is gone, batches it sent but not yet taken are dropped, not returned (their
+  // device memory went with it): Next fails with UNAVAILABLE at once. Batches already taken
+  // stay mapped, but their contents are undefined from then on.
   absl::StatusOr<std::optional<Batch>> Next(absl::Duration timeout = absl::InfiniteDuration());
 
  private:
