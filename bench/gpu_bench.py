@@ -67,7 +67,7 @@ def cuda_objects(sock):
                for j in st.get("jobs", []) for r in j.get("ranks", []))
 
 
-def ferry_tokens(sock, path, seq_len, batch, device, epochs=2, records=False, prefetch=8,
+def ferry_tokens(sock, path, seq_len, batch, device, epochs=2, records=False, prefetch=0,
                  stats=None):
     """GB/s of int64 tokens delivered. records=True reads the same file as raw int64
     records of seq_len + 1 (no conversion anywhere: one plain copy per batch) instead of
@@ -300,8 +300,9 @@ def main():
     p.add_argument("--images", help="imagefolder for the JPEG pipeline")
     p.add_argument("--only-tokens", action="store_true", help="the token rows only")
     p.add_argument("--rounds", type=int, default=3, help="rounds of the token rows")
-    p.add_argument("--prefetch", default="8",
-                   help="comma-separated prefetch depths (slots per rank) for the token rows")
+    p.add_argument("--prefetch", default="0,8",
+                   help="comma-separated prefetch depths (slots per rank) for the token rows; "
+                   "0 = the daemon's default")
     p.add_argument("--skip-dataloader", action="store_true",
                    help="leave out the DataLoader token row (slow)")
     a = p.parse_args()

@@ -18,7 +18,7 @@ if [[ ${1:-} != bench ]]; then
 fi
 if [[ ${1:-} != tests ]]; then
   h2d_bench > "$OUT/h2d_bench.txt" 2>&1 || rc=1
-  sed -n '/^chunk/,/^$/p;/Batches back/,/^$/p' "$OUT/h2d_bench.txt"
+  sed -n '/^H2D cudaMemcpyAsync/,/^D2D/p' "$OUT/h2d_bench.txt" | grep -v '^D2D'
   python3 examples/make_demo_dataset.py /tmp/ferry-images --classes 20 --images-per-class 100 \
     >/dev/null
   python3 bench/gpu_bench.py --ferryd "$FERRY_DAEMON" --images /tmp/ferry-images --prefetch 0,8 2>&1 \
