@@ -72,7 +72,7 @@ absl::StatusOr<std::shared_ptr<RankPipeline>> RankPipeline::Create(
     stage->SetCallbacks(std::move(callbacks));
     absl::MutexLock lock(&pipeline->mutex_);
     pipeline->device_slots_.resize(static_cast<size_t>(stage->num_device_slots()));
-    for (DeviceSlot& d : pipeline->device_slots_) d.since = absl::Now();
+    for (DeviceSlot& d : pipeline->device_slots_) d.Free(absl::Now());
     pipeline->stage_ = std::move(stage);
   }
   return pipeline;
@@ -142,8 +142,7 @@ void RankPipeline::Unbind(BatchConsumer* consumer) {
       for (DeviceSlot& d : device_slots_) {
         // A dead consumer's work on its slots is gone with its context.
         if (d.state == SlotState::kLeased || d.state == SlotState::kReleasing) {
-          d.state = SlotState::kFree;
-          d.since = absl::Now();
+          d.Free(absl::Now());
           d.seq = -1;
         }
       }
@@ -206,8 +205,7 @@ absl::Status RankPipeline::StartEpoch(BatchConsumer* consumer, int64_t epoch,
         if (p.device_slot >= 0) {
           // Copied (or being copied) already: the device slot is simply reused; the host
           // slot comes back through OnHostSlotCopied.
-          device_slots_[p.device_slot].state = SlotState::kFree;
-          device_slots_[p.device_slot].since = absl::Now();
+          device_slots_[p.device_slot].Free(absl::Now());
         } else if (slots_[p.slot].state == SlotState::kQueued) {
           slots_[p.slot].state = SlotState::kFree;
         }
@@ -506,8 +504,7 @@ void RankPipeline::OnDeviceSlotReleased(int device_slot, uint64_t token) {
     DeviceSlot& dev = device_slots_[device_slot];
     // After an Unbind the slot was reclaimed already.
     if (dev.state != SlotState::kReleasing || dev.token != token) return;
-    dev.state = SlotState::kFree;
-    dev.since = absl::Now();
+    dev.Free(absl::Now());
     StartCopiesLocked();
   }
   Deliver({});
@@ -547,22 +544,23 @@ void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
       b.set_epoch(p.epoch);
       b.set_batch(p.batch);
       b.set_num_samples(p.num_samples);
+      const absl::Time now = absl::Now();
       if (stage_ != nullptr) {
         b.set_slot(static_cast<uint32_t>(p.device_slot));
         device_slots_[p.device_slot].state = SlotState::kLeased;
         device_slots_[p.device_slot].seq = b.seq();
-        device_slots_[p.device_slot].since = absl::Now();
+        device_slots_[p.device_slot].since = now;
       } else {
         b.set_slot(static_cast<uint32_t>(p.slot));
         slots_[p.slot].state = SlotState::kLeased;
         slots_[p.slot].seq = b.seq();
-        slots_[p.slot].since = absl::Now();
+        slots_[p.slot].since = now;
       }
       pending_.pop_front();
       ++deliver_batch_;
       ++batches_delivered_;
       samples_delivered_ += p.num_samples;
-      recent_deliveries_.emplace_back(absl::Now(), p.num_samples);
+      recent_deliveries_.emplace_back(now, p.num_samples);
       if (recent_deliveries_.size() > kRateWindow) recent_deliveries_.pop_front();
       ready.push_back(std::move(b));
     }

@@ -125,6 +125,10 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
     int64_t seq = -1;
     uint64_t token = 0;  // names the copy or release in progress; stale reports differ
     absl::Time since;    // of kFree or kLeased, for the time totals in status
+    void Free(absl::Time now) {
+      state = SlotState::kFree;
+      since = now;
+    }
   };
   struct CopyOrder {  // a copy decided under the lock, enqueued after it
     int host_slot;
