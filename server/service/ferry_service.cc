@@ -80,7 +80,9 @@ class ConsumeReactor final
  private:
   absl::Status Handle(const ferry::v1::ConsumeRequest& request) {
     if (request.releases_size() > 0 && !request.has_release()) {
-      return absl::InvalidArgumentError("ConsumeRequest.releases without release");
+      return absl::InvalidArgumentError(
+          "ConsumeRequest.releases without release: put the first release in `release` and "
+          "the ones after it in `releases` (docs/protocol.md)");
     }
     switch (request.kind_case()) {
       case ferry::v1::ConsumeRequest::kOpen: {
