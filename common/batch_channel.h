@@ -1,0 +1,127 @@
+// The batch channel: the Consume stream's data plane in shared memory.
+//
+// Why: a trainer that takes 1 MiB batches needs tens of thousands of BatchReady / Release
+// pairs a second per rank. Over gRPC each of them crossed two threads and an HTTP/2 frame
+// on each side, and a slot spent 560-830 us between "sent" and "released" while the
+// trainer waited (docs/benchmarks.md). Here a message is a 40-byte descriptor written into a
+// ring in a memfd both processes map, and the reader is woken through an eventfd only when
+// it said it is going to sleep, so a busy pair exchanges messages without a system call.
+//
+// Shape: two single-producer single-consumer rings in one memfd, one per direction, each
+// with an eventfd to wake its consumer. ferryd creates the channel (Create) and hands the
+// memfd and both eventfds to the trainer over the session socket; the trainer maps them
+// (Attach). The gRPC Consume stream stays: it opens the channel (Open.channel), carries the
+// final status (errors, shutdown) and its end is either side's death.
+//
+//   daemon -> trainer: kBatchReady, kEpochEnd
+//   trainer -> daemon: kStartEpoch, kRelease
+//
+// Trust: each side keeps its own copy of the indices it owns and only publishes them; an
+// index written by the peer is checked before use (DATA_LOSS when it is impossible), the
+// memfd is sealed against resizing, and a descriptor is copied out of shared memory before
+// it is looked at, so a trainer that scribbles on the channel can break only its own stream.
+//
+// Thread-safety: Send from one thread at a time, Receive / PrepareToSleep / ClearWakeups
+// from one thread at a time (callers serialize); WakeSelf from any thread.
+#ifndef FERRY_COMMON_BATCH_CHANNEL_H_
+#define FERRY_COMMON_BATCH_CHANNEL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/unique_fd.h"
+
+namespace ferry {
+
+// One message. Plain data, the same layout in both processes (x86-64 / aarch64 Linux).
+struct ChannelMessage {
+  enum Kind : uint32_t {
+    kBatchReady = 1,  // slot, seq, epoch, batch, num_samples
+    kEpochEnd = 2,    // epoch
+    kStartEpoch = 3,  // epoch, batch (= first batch)
+    kRelease = 4,     // slot, seq, flags
+  };
+  // kRelease flags: the trainer's last use of the (GPU) slot is over already, see
+  // ConsumeRequest.Release.complete.
+  static constexpr uint32_t kReleaseComplete = 1;
+
+  uint32_t kind = 0;
+  uint32_t slot = 0;
+  int64_t seq = 0;
+  int64_t epoch = 0;
+  int64_t batch = 0;
+  uint32_t num_samples = 0;
+  uint32_t flags = 0;
+};
+static_assert(sizeof(ChannelMessage) == 40, "the descriptor layout is part of the protocol");
+
+class BatchChannel final {
+ public:
+  // ferryd's end: a sealed memfd with two rings of at least `min_capacity` entries each
+  // (rounded up to a power of two, at most kMaxCapacity), and two eventfds.
+  static absl::StatusOr<std::unique_ptr<BatchChannel>> Create(uint32_t min_capacity);
+  // The trainer's end, from the fds ferryd handed over: checks the size, magic and capacity.
+  static absl::StatusOr<std::unique_ptr<BatchChannel>> Attach(UniqueFd memfd,
+                                                              UniqueFd to_trainer_event,
+                                                              UniqueFd to_daemon_event);
+  ~BatchChannel();
+  BatchChannel(const BatchChannel&) = delete;
+  BatchChannel& operator=(const BatchChannel&) = delete;
+
+  static constexpr uint32_t kMaxCapacity = 1u << 16;
+
+  // Appends `message` to the outgoing ring and wakes the peer if it sleeps.
+  // RESOURCE_EXHAUSTED when the ring is full (the peer is not reading); DATA_LOSS when the
+  // peer's index is impossible (it wrote over the channel).
+  absl::Status Send(const ChannelMessage& message);
+  // The next incoming message: true and `*message` filled, or false when the ring is empty.
+  // DATA_LOSS when the peer's index is impossible.
+  absl::StatusOr<bool> Receive(ChannelMessage* message);
+
+  // Sleeping, for the consumer of the incoming ring: PrepareToSleep tells the peer to wake
+  // this side on its next Send, and returns false (do not sleep) when a message is already
+  // waiting. After it returned true, wait for incoming_event_fd() to become readable (poll,
+  // epoll), then ClearWakeups.
+  bool PrepareToSleep();
+  void ClearWakeups();
+  int incoming_event_fd() const;
+  // Receive, sleeping up to `timeout` for a message: false when none came in time or
+  // WakeSelf was called.
+  absl::StatusOr<bool> ReceiveOrWait(ChannelMessage* message, absl::Duration timeout);
+  // Makes this side's pending or next sleep return (for example: the stream ended).
+  void WakeSelf();
+
+  // For handing the channel over (ferryd's end): fds stay owned by the channel.
+  int memfd() const { return memfd_.get(); }
+  int to_trainer_event_fd() const { return to_trainer_event_.get(); }
+  int to_daemon_event_fd() const { return to_daemon_event_.get(); }
+  size_t bytes() const { return bytes_; }
+  uint32_t capacity() const { return capacity_; }
+
+ private:
+  struct Ring;
+  BatchChannel(bool daemon_side, UniqueFd memfd, UniqueFd to_trainer_event,
+               UniqueFd to_daemon_event, uint8_t* base, size_t bytes, uint32_t capacity);
+  Ring outgoing() const;
+  Ring incoming() const;
+  int outgoing_event_fd() const;
+
+  const bool daemon_side_;
+  const UniqueFd memfd_;
+  const UniqueFd to_trainer_event_;
+  const UniqueFd to_daemon_event_;
+  uint8_t* const base_;
+  const size_t bytes_;
+  const uint32_t capacity_;
+  // The indices this side owns; never read back from shared memory.
+  uint64_t send_head_ = 0;     // next entry to write in the outgoing ring
+  uint64_t receive_tail_ = 0;  // next entry to read in the incoming ring
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_COMMON_BATCH_CHANNEL_H_
