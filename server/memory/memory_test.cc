@@ -1,3 +1,5 @@
+#include <errno.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -21,6 +23,26 @@ TEST(SharedSlabTest, SecondMappingOfTheFdSeesWrites) {
   ASSERT_NE(view, MAP_FAILED);
   EXPECT_EQ(static_cast<uint8_t*>(view)[123], 42);
   munmap(view, slab->size());
+}
+
+// The trainer holds the fd: it must not be able to resize the file under ferryd's mapping,
+// nor (kernel 5.1+) write into the slab ferryd fills.
+TEST(SharedSlabTest, TheFdCannotResizeOrWriteTheSlab) {
+  auto slab = SharedSlab::Create("test", 8192, -1);
+  ASSERT_TRUE(slab.ok()) << slab.status();
+  EXPECT_NE(ftruncate(slab->fd(), 0), 0);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_NE(ftruncate(slab->fd(), 1 << 20), 0);
+  slab->data()[0] = 7;  // ferryd's own mapping stays writable
+  const int seals = fcntl(slab->fd(), F_GET_SEALS);
+  ASSERT_GE(seals, 0);
+  EXPECT_TRUE(seals & F_SEAL_SEAL) << "nobody may lift the seals";
+#ifdef F_SEAL_FUTURE_WRITE
+  if (seals & F_SEAL_FUTURE_WRITE) {
+    EXPECT_EQ(mmap(nullptr, slab->size(), PROT_READ | PROT_WRITE, MAP_SHARED, slab->fd(), 0),
+              MAP_FAILED);
+  }
+#endif
 }
 
 TEST(SharedSlabTest, MoveKeepsOneOwner) {

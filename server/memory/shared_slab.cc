@@ -19,7 +19,7 @@ absl::StatusOr<SharedSlab> SharedSlab::Create(const std::string& name, size_t by
   if (bytes == 0) return absl::InvalidArgumentError("shared slab of 0 bytes");
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   bytes = (bytes + page - 1) / page * page;
-  UniqueFd fd(memfd_create(absl::StrCat("ferry-", name).c_str(), MFD_CLOEXEC));
+  UniqueFd fd(memfd_create(absl::StrCat("ferry-", name).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd.valid()) {
     return absl::InternalError(absl::StrCat("memfd_create for slab ", name, ": ", strerror(errno)));
   }
@@ -43,6 +43,16 @@ absl::StatusOr<SharedSlab> SharedSlab::Create(const std::string& name, size_t by
                                                      ": ", strerror(errno)));
   }
   for (size_t off = 0; off < bytes; off += page) slab.data_[off] = 0;
+  // The trainer gets this fd. Sealed, it cannot shrink the file under ferryd's mapping
+  // (ferryd's next write there would be a SIGBUS) nor, where the kernel has
+  // F_SEAL_FUTURE_WRITE (5.1+), map it writable: the slab is read-only outside ferryd.
+  if (fcntl(slab.fd(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+    return absl::InternalError(absl::StrCat("sealing slab ", name, ": ", strerror(errno)));
+  }
+#ifdef F_SEAL_FUTURE_WRITE
+  (void)fcntl(slab.fd(), F_ADD_SEALS, F_SEAL_FUTURE_WRITE);
+#endif
+  (void)fcntl(slab.fd(), F_ADD_SEALS, F_SEAL_SEAL);
   return slab;
 }
 
