@@ -102,20 +102,30 @@ absl::StatusOr<UniqueFd> ConnectUnix(const std::string& path, int type) {
 }
 
 absl::Status SendPacket(int sock, const std::string& message, int fd_to_pass) {
+  if (fd_to_pass < 0) return SendPacket(sock, message, absl::Span<const int>());
+  return SendPacket(sock, message, absl::Span<const int>(&fd_to_pass, 1));
+}
+
+absl::Status SendPacket(int sock, const std::string& message, absl::Span<const int> fds) {
+  if (fds.size() > kMaxPassedFds) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot pass ", fds.size(), " fds in one packet (at most ", kMaxPassedFds,
+                     ")"));
+  }
   iovec iov{const_cast<char*>(message.data()), message.size()};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  if (fd_to_pass >= 0) {
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)];
+  if (!fds.empty()) {
     memset(control, 0, sizeof(control));
     msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
     cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
     cmsg->cmsg_level = SOL_SOCKET;
     cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cmsg), &fd_to_pass, sizeof(int));
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    memcpy(CMSG_DATA(cmsg), fds.data(), sizeof(int) * fds.size());
   }
   ssize_t n;
   do {
@@ -126,12 +136,19 @@ absl::Status SendPacket(int sock, const std::string& message, int fd_to_pass) {
 }
 
 absl::StatusOr<std::string> RecvPacket(int sock, UniqueFd* received_fd) {
+  std::vector<UniqueFd> fds;
+  absl::StatusOr<std::string> packet = RecvPacket(sock, &fds);
+  if (packet.ok() && received_fd != nullptr && !fds.empty()) *received_fd = std::move(fds[0]);
+  return packet;  // fds beyond the first are closed here
+}
+
+absl::StatusOr<std::string> RecvPacket(int sock, std::vector<UniqueFd>* received_fds) {
   std::vector<char> buf(64 * 1024);
   iovec iov{buf.data(), buf.size()};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)];
   msg.msg_control = control;
   msg.msg_controllen = sizeof(control);
   ssize_t n;
@@ -139,18 +156,20 @@ absl::StatusOr<std::string> RecvPacket(int sock, UniqueFd* received_fd) {
     n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
   } while (n < 0 && errno == EINTR);
   if (n < 0) return ErrnoStatus(errno, "recvmsg on session socket");
-  if (n == 0) return absl::UnavailableError("session socket closed by the peer");
+  // Every fd that arrived gets an owner before anything can return.
+  std::vector<UniqueFd> fds;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      int fd;
-      memcpy(&fd, CMSG_DATA(c), sizeof(int));
-      if (received_fd != nullptr) {
-        received_fd->Reset(fd);
-      } else {
-        ::close(fd);
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd;
+        memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        fds.emplace_back(fd);
       }
     }
   }
+  if (n == 0) return absl::UnavailableError("session socket closed by the peer");
+  if (received_fds != nullptr) *received_fds = std::move(fds);
   return std::string(buf.data(), static_cast<size_t>(n));
 }
 

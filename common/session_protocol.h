@@ -15,13 +15,19 @@
 //   client -> server:             "FD <attach_id>"
 //   server -> client:             "OK <slab bytes>" with the memfd attached (SCM_RIGHTS),
 //                                 or "ERR <message>"
+//   client -> server:             "CHANNEL <attach_id>"
+//   server -> client:             "OK <channel bytes>" with the batch channel's memfd, its
+//                                 to-trainer eventfd and its to-daemon eventfd attached, in
+//                                 that order (common/batch_channel.h), or "ERR <message>"
 #ifndef FERRY_COMMON_SESSION_PROTOCOL_H_
 #define FERRY_COMMON_SESSION_PROTOCOL_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/unique_fd.h"
 
 namespace ferry {
@@ -44,12 +50,17 @@ absl::StatusOr<UniqueFd> ListenUnix(const std::string& path, int type, unsigned 
 // Connects to the Unix socket at `path`. NOT_FOUND / UNAVAILABLE name the path.
 absl::StatusOr<UniqueFd> ConnectUnix(const std::string& path, int type);
 
-// Sends one datagram, optionally with a file descriptor attached.
-absl::Status SendPacket(int sock, const std::string& message, int fd_to_pass = -1);
+inline constexpr size_t kMaxPassedFds = 4;
 
-// Receives one datagram (at most 64 KiB). `received_fd`, if not null, takes an attached fd.
+// Sends one datagram, optionally with file descriptors attached (at most kMaxPassedFds).
+absl::Status SendPacket(int sock, const std::string& message, int fd_to_pass = -1);
+absl::Status SendPacket(int sock, const std::string& message, absl::Span<const int> fds);
+
+// Receives one datagram (at most 64 KiB). `received_fd`, if not null, takes the first
+// attached fd; `received_fds` takes all of them, in order. Fds nobody takes are closed.
 // Returns UNAVAILABLE when the peer has closed the connection.
 absl::StatusOr<std::string> RecvPacket(int sock, UniqueFd* received_fd = nullptr);
+absl::StatusOr<std::string> RecvPacket(int sock, std::vector<UniqueFd>* received_fds);
 
 struct PeerCredentials {
   int pid = 0;

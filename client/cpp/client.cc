@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <deque>
 #include <thread>
 #include <utility>
@@ -15,6 +16,7 @@
 #include "client/cpp/internal/convert.h"
 #include "client/cpp/internal/cuda_ring.h"
 #include "client/cpp/internal/session.h"
+#include "common/batch_channel.h"
 #include "common/session_protocol.h"
 #include "common/thread_name.h"
 #include "common/status_macros.h"
@@ -30,6 +32,15 @@ namespace {
 constexpr absl::Duration kQuickCallDeadline = absl::Seconds(30);
 // How long a reattaching consumer waits for ferryd to notice that its previous stream ended.
 constexpr absl::Duration kReattachPatience = absl::Seconds(5);
+
+// Batches travel through a shared-memory batch channel unless FERRY_BATCH_CHANNEL=grpc
+// (or 0) keeps them on the gRPC stream: for comparing the two and for debugging.
+bool UseBatchChannel() {
+  const char* value = std::getenv("FERRY_BATCH_CHANNEL");
+  if (value == nullptr) return true;
+  const std::string_view v(value);
+  return !(v == "grpc" || v == "0");
+}
 
 }  // namespace
 
@@ -71,22 +82,31 @@ class ClientImpl {
 // push instead of a write round trip through gRPC (about 13 us), and Write, which waits for
 // its request to be sent, still follows every Release posted before it.
 //
+// With a batch channel (common/batch_channel.h) the batches, StartEpoch and the releases
+// travel through shared memory instead: Read takes the next message from the channel, and
+// StartEpoch and Release are written into it by their caller. The stream then only opens,
+// and the reader thread waits for its end (ferryd's error, shutdown or death) and wakes a
+// Read that sleeps on the channel.
+//
 // Thread safety: Write and Post may be called from any thread; Read from one thread at a
 // time; Cancel from the owning consumer.
 class StreamState {
  public:
   // `released_events`: the GPU transport's released-event handles, in slot order (empty
-  // for the host transport).
+  // for the host transport). `channel`: null to keep batches on the stream.
   static absl::StatusOr<std::shared_ptr<StreamState>> Open(
       const ClientImpl& client, const std::string& attach_id,
-      const std::vector<std::string>& released_events) {
+      const std::vector<std::string>& released_events,
+      std::unique_ptr<BatchChannel> channel) {
     auto state = std::shared_ptr<StreamState>(new StreamState(client.Context("Consume")));
+    state->channel_ = std::move(channel);
     client.Prepare(&state->context_, /*quick=*/false);
     state->stream_ = client.stub().Consume(&state->context_);
     state->reader_ = std::thread([s = state.get()] { s->ReaderLoop(); });
     state->writer_ = std::thread([s = state.get()] { s->WriterLoop(); });
     v1::ConsumeRequest open;
     open.mutable_open()->set_attach_id(attach_id);
+    open.mutable_open()->set_channel(state->channel_ != nullptr);
     for (const std::string& handle : released_events) {
       open.mutable_open()->add_released_events(handle);
     }
@@ -99,6 +119,13 @@ class StreamState {
   // Sends `request` after everything posted before it and waits until it is sent.
   // UNAVAILABLE once the stream has ended (the daemon reclaims its slots then).
   absl::Status Write(v1::ConsumeRequest request) {
+    if (channel_ != nullptr && request.has_start_epoch()) {
+      ChannelMessage m;
+      m.kind = ChannelMessage::kStartEpoch;
+      m.epoch = request.start_epoch().epoch();
+      m.batch = request.start_epoch().first_batch();
+      return SendToDaemon(m);
+    }
     uint64_t ticket;
     {
       absl::MutexLock lock(&out_mu_);
@@ -122,6 +149,15 @@ class StreamState {
   // cannot be sent any more (the stream ended) is dropped: an ended stream took every
   // lease with it.
   void Post(v1::ConsumeRequest request) {
+    if (channel_ != nullptr && request.has_release() && request.releases_size() == 0) {
+      ChannelMessage m;
+      m.kind = ChannelMessage::kRelease;
+      m.slot = request.release().slot();
+      m.seq = request.release().seq();
+      m.flags = request.release().complete() ? ChannelMessage::kReleaseComplete : 0;
+      (void)SendToDaemon(m);  // fails only once the stream is over, which took the lease
+      return;
+    }
     absl::MutexLock lock(&out_mu_);
     Enqueue(std::move(request));
   }
@@ -129,6 +165,7 @@ class StreamState {
   // The next message; nullopt when none arrived within `timeout`; the stream's final status
   // (never OK) once it has ended and every message before the end has been read.
   absl::StatusOr<std::optional<v1::ConsumeResponse>> Read(absl::Duration timeout) {
+    if (channel_ != nullptr) return ReadChannel(timeout);
     absl::MutexLock lock(&mu_);
     auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
       return !queue_.empty() || end_.has_value();
@@ -142,6 +179,8 @@ class StreamState {
     if (end_.has_value()) return *end_;
     return std::optional<v1::ConsumeResponse>();
   }
+
+  bool uses_channel() const { return channel_ != nullptr; }
 
   // Ends the call (the daemon sees the consumer go away) and joins both threads.
   // Idempotent. Requests still queued are dropped.
@@ -157,6 +196,92 @@ class StreamState {
 
  private:
   explicit StreamState(std::string context_text) : context_text_(std::move(context_text)) {}
+
+  // How long a full channel may stay full (ferryd not reading it) before the stream is
+  // given up. ferryd sizes the ring so that an honest trainer never fills it.
+  static constexpr absl::Duration kChannelFullPatience = absl::Seconds(30);
+
+  // Writes `m` into the channel after everything written before it. The stream's end
+  // status once it has ended; a channel error (or a channel full for kChannelFullPatience)
+  // ends the stream.
+  absl::Status SendToDaemon(const ChannelMessage& m) {
+    absl::MutexLock send_lock(&send_mu_);
+    absl::Time give_up = absl::InfiniteFuture();
+    for (;;) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (end_.has_value()) return *end_;
+      }
+      absl::Status sent = channel_->Send(m);
+      if (sent.ok()) return sent;
+      if (absl::IsResourceExhausted(sent)) {
+        const absl::Time now = absl::Now();
+        if (give_up == absl::InfiniteFuture()) give_up = now + kChannelFullPatience;
+        if (now < give_up) {
+          absl::SleepFor(absl::Microseconds(50));
+          continue;
+        }
+      }
+      context_.TryCancel();  // the reader thread records the end
+      return absl::UnavailableError(absl::StrCat("the batch channel of ", context_text_,
+                                                 " failed: ", sent.message()));
+    }
+  }
+
+  // Read for a stream with a channel: messages come from the channel; the stream's end is
+  // reported once the channel holds nothing more.
+  absl::StatusOr<std::optional<v1::ConsumeResponse>> ReadChannel(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    ChannelMessage m;
+    for (;;) {
+      absl::StatusOr<bool> got = channel_->Receive(&m);
+      if (got.ok() && !*got) {
+        bool ended;
+        {
+          absl::MutexLock lock(&mu_);
+          ended = end_.has_value();
+        }
+        // Whatever ferryd wrote before the stream ended is in the channel by now.
+        if (ended) {
+          got = channel_->Receive(&m);
+          if (got.ok() && !*got) {
+            absl::MutexLock lock(&mu_);
+            return *end_;
+          }
+        } else {
+          const absl::Duration left = deadline - absl::Now();
+          if (left <= absl::ZeroDuration()) return std::optional<v1::ConsumeResponse>();
+          got = channel_->ReceiveOrWait(&m, left);
+          if (got.ok() && !*got) continue;  // out of time, or woken by the stream's end
+        }
+      }
+      if (!got.ok()) {
+        context_.TryCancel();
+        return absl::InternalError(absl::StrCat("reading the batch channel of ", context_text_,
+                                                ": ", got.status().message()));
+      }
+      v1::ConsumeResponse response;
+      switch (m.kind) {
+        case ChannelMessage::kBatchReady: {
+          v1::BatchReady* batch = response.mutable_batch();
+          batch->set_seq(m.seq);
+          batch->set_epoch(m.epoch);
+          batch->set_batch(m.batch);
+          batch->set_slot(m.slot);
+          batch->set_num_samples(m.num_samples);
+          break;
+        }
+        case ChannelMessage::kEpochEnd:
+          response.mutable_epoch_end()->set_epoch(m.epoch);
+          break;
+        default:
+          context_.TryCancel();
+          return absl::InternalError(absl::StrCat("ferryd sent a batch channel message of kind ",
+                                                  m.kind, " on ", context_text_));
+      }
+      return std::optional<v1::ConsumeResponse>(std::move(response));
+    }
+  }
 
   // The request's ticket: it is sent once sent_ reaches it.
   uint64_t Enqueue(v1::ConsumeRequest request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(out_mu_) {
@@ -239,6 +364,7 @@ class StreamState {
       absl::MutexLock lock(&mu_);
       end_ = std::move(end);
     }
+    if (channel_ != nullptr) channel_->WakeSelf();  // a Read may sleep on the channel
     // Nothing queued can be sent any more.
     absl::MutexLock lock(&out_mu_);
     write_failed_ = true;
@@ -249,6 +375,8 @@ class StreamState {
   std::unique_ptr<grpc::ClientReaderWriter<v1::ConsumeRequest, v1::ConsumeResponse>> stream_;
   std::thread reader_;
   std::thread writer_;
+  std::unique_ptr<BatchChannel> channel_;  // set before the threads start; null: none
+  absl::Mutex send_mu_;  // one writer into the channel at a time (SendToDaemon)
 
   absl::Mutex write_mu_;  // held by the writer thread while it writes, by the reader to Finish
   bool closed_ ABSL_GUARDED_BY(write_mu_) = false;
@@ -424,10 +552,21 @@ class ConsumerImpl {
             "ferryd offered job '", job_id_,
             "' over a transport this client does not support; update the client library"));
     }
+    std::unique_ptr<BatchChannel> channel;
+    if (UseBatchChannel()) {
+      absl::StatusOr<std::unique_ptr<BatchChannel>> fetched =
+          client_->session().FetchChannel(response.attach_id());
+      if (fetched.ok()) {
+        channel = *std::move(fetched);
+      } else if (!absl::IsUnimplemented(fetched.status())) {  // else: an older ferryd
+        return fetched.status();
+      }
+    }
     FERRY_ASSIGN_OR_RETURN(
         stream_, StreamState::Open(*client_, response.attach_id(),
                                    ring_ ? ring_->released_event_handles()
-                                         : std::vector<std::string>()));
+                                         : std::vector<std::string>(),
+                                   std::move(channel)));
     layout_ = std::move(layout);
     job_ = std::move(job);
     attach_id_ = response.attach_id();

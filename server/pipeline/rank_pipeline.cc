@@ -117,6 +117,7 @@ absl::Status RankPipeline::Bind(BatchConsumer* consumer, int pid,
   }
   consumer_ = consumer;
   consumer_pid_ = pid;
+  consumer_via_channel_ = consumer->via_channel();
   next_seq_ = 0;
   starved_since_ = absl::InfiniteFuture();
   return absl::OkStatus();
@@ -605,6 +606,7 @@ void RankPipeline::FillStatus(ferry::v1::RankStatus* status) const {
   status->set_rank(rank_);
   status->set_attached(consumer_ != nullptr);
   status->set_consumer_pid(consumer_pid_);
+  status->set_batch_channel(consumer_via_channel_);
   status->set_batches_delivered(batches_delivered_);
   status->set_samples_delivered(samples_delivered_);
   if (recent_deliveries_.size() >= 2) {

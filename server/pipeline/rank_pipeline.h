@@ -50,6 +50,8 @@ class BatchConsumer {
   // The pipeline stops (job deleted, ferryd draining) and the consumer holds no batch any
   // more: end the stream with `reason`. Called once per binding.
   virtual void OnShutdown(const absl::Status& reason) = 0;
+  // For status: whether the consumer's batches travel through a shared-memory channel.
+  virtual bool via_channel() const { return false; }
 };
 
 class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
@@ -197,6 +199,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   bool epoch_end_sent_ ABSL_GUARDED_BY(mutex_) = false;
   BatchConsumer* consumer_ ABSL_GUARDED_BY(mutex_) = nullptr;
   int consumer_pid_ ABSL_GUARDED_BY(mutex_) = 0;
+  bool consumer_via_channel_ ABSL_GUARDED_BY(mutex_) = false;  // of the last consumer
   bool delivering_ ABSL_GUARDED_BY(mutex_) = false;
   std::vector<CopyOrder> copy_orders_ ABSL_GUARDED_BY(mutex_);  // in delivery order
   bool enqueuing_ ABSL_GUARDED_BY(mutex_) = false;  // a thread is in EnqueueCopies

@@ -77,10 +77,21 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                                  jobs->FindAttachment(Caller{peer.uid, peer.pid}, attach_id));
                              return std::make_pair(pipeline->slab().fd(),
                                                    static_cast<uint64_t>(pipeline->slab().size()));
+                           },
+                           [jobs](const PeerCredentials& peer, const std::string& attach_id)
+                               -> absl::StatusOr<std::unique_ptr<BatchChannel>> {
+                             FERRY_ASSIGN_OR_RETURN(
+                                 auto pipeline,
+                                 jobs->FindAttachment(Caller{peer.uid, peer.pid}, attach_id));
+                             // Never full: at most one BatchReady per slot and an EpochEnd
+                             // are unread at a time, and one Release per slot comes back.
+                             return BatchChannel::Create(
+                                 2 * static_cast<uint32_t>(pipeline->num_slots()) + 8);
                            }));
+  FERRY_ASSIGN_OR_RETURN(d->channels_, ChannelPoller::Start());
   Daemon* raw = d.get();
   d->service_ = std::make_unique<FerryService>(
-      d->jobs_.get(), d->sessions_.get(),
+      d->jobs_.get(), d->sessions_.get(), d->channels_.get(),
       [raw](ferry::v1::DaemonStatus* status) { raw->FillDaemonStatus(status); });
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -153,6 +164,7 @@ void Daemon::Drain() {
   stop_notify_.Notify();
   if (notify_thread_.joinable()) notify_thread_.join();
   sessions_.reset();
+  channels_.reset();  // after the server: a stream's end unregisters its channel
   unlink(config_.config.unix_socket().c_str());
   jobs_.reset();
   gpus_.reset();

@@ -22,6 +22,7 @@
 #include "server/service/ferry_service.h"
 #include "server/service/job_manager.h"
 #include "server/service/session_server.h"
+#include "server/service/channel_poller.h"
 #include "server/transport/gpu_provider.h"
 #include "server/topology/topology.h"
 
@@ -60,6 +61,7 @@ class Daemon final {
   std::unique_ptr<GpuProvider> gpus_;  // null without CUDA
   std::unique_ptr<JobManager> jobs_;
   std::unique_ptr<SessionServer> sessions_;
+  std::unique_ptr<ChannelPoller> channels_;  // reads every Consume stream's batch channel
   std::unique_ptr<FerryService> service_;
   std::unique_ptr<grpc::Server> server_;
   absl::Notification stop_notify_;

@@ -1,5 +1,6 @@
 #include "server/service/ferry_service.h"
 
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <string>
@@ -7,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/batch_channel.h"
 #include "common/logging.h"
 #include "common/session_protocol.h"
 
@@ -22,12 +24,21 @@ grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context,
 
 // One Consume stream: binds to a rank's pipeline on Open and forwards its batches. Owns
 // itself; deleted in OnDone after the pipeline has been unbound.
+//
+// With a batch channel (Open.channel) the batches go out as channel messages and the
+// trainer's StartEpoch and Release come in through the channel, read by the ChannelPoller's
+// thread (DrainChannel); the stream then only opens, ends, and carries the final status.
 class ConsumeReactor final
     : public grpc::ServerBidiReactor<ferry::v1::ConsumeRequest, ferry::v1::ConsumeResponse>,
       public BatchConsumer {
  public:
-  ConsumeReactor(JobManager* jobs, absl::StatusOr<Caller> caller)
-      : jobs_(jobs), caller_(std::move(caller)) {
+  ConsumeReactor(JobManager* jobs, SessionServer* sessions, ChannelPoller* poller,
+                 absl::StatusOr<Caller> caller, std::string token)
+      : jobs_(jobs),
+        sessions_(sessions),
+        poller_(poller),
+        caller_(std::move(caller)),
+        token_(std::move(token)) {
     if (!caller_.ok()) {
       FinishOnce(caller_.status());
       return;
@@ -49,12 +60,30 @@ class ConsumeReactor final
   }
 
   void OnBatchReady(const ferry::v1::BatchReady& batch) override {
+    if (channel_ != nullptr) {
+      ChannelMessage m;
+      m.kind = ChannelMessage::kBatchReady;
+      m.slot = batch.slot();
+      m.seq = batch.seq();
+      m.epoch = batch.epoch();
+      m.batch = batch.batch();
+      m.num_samples = batch.num_samples();
+      SendToChannel(m);
+      return;
+    }
     ferry::v1::ConsumeResponse response;
     *response.mutable_batch() = batch;
     Enqueue(std::move(response));
   }
 
   void OnEpochEnd(int64_t epoch) override {
+    if (channel_ != nullptr) {
+      ChannelMessage m;
+      m.kind = ChannelMessage::kEpochEnd;
+      m.epoch = epoch;
+      SendToChannel(m);
+      return;
+    }
     ferry::v1::ConsumeResponse response;
     response.mutable_epoch_end()->set_epoch(epoch);
     Enqueue(std::move(response));
@@ -70,9 +99,14 @@ class ConsumeReactor final
 
   void OnShutdown(const absl::Status& reason) override { FinishOnce(reason); }
 
+  bool via_channel() const override { return channel_ != nullptr; }
+
   void OnCancel() override { FinishOnce(absl::CancelledError("consumer cancelled")); }
 
   void OnDone() override {
+    // First the channel (its handler calls into this reactor and the pipeline), then the
+    // pipeline (its callbacks do).
+    if (poll_id_ != 0) poller_->Remove(poll_id_);
     if (pipeline_ != nullptr) pipeline_->Unbind(this);
     delete this;
   }
@@ -87,13 +121,30 @@ class ConsumeReactor final
     switch (request.kind_case()) {
       case ferry::v1::ConsumeRequest::kOpen: {
         if (pipeline_ != nullptr) return absl::FailedPreconditionError("stream already open");
-        auto pipeline = jobs_->FindAttachment(*caller_, request.open().attach_id());
+        const std::string& attach_id = request.open().attach_id();
+        auto pipeline = jobs_->FindAttachment(*caller_, attach_id);
         if (!pipeline.ok()) return pipeline.status();
+        if (request.open().channel()) {
+          // Set before Bind: the pipeline's first callback may follow it at once.
+          channel_ = sessions_->TakeChannel(token_, attach_id);
+          if (channel_ == nullptr) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                "Open.channel is set but this session fetched no batch channel for attachment ",
+                attach_id, ": send 'CHANNEL ", attach_id,
+                "' on the session socket first (docs/protocol.md)"));
+          }
+        }
         const auto& events = request.open().released_events();
         absl::Status bound = (*pipeline)->Bind(
             this, caller_->pid, std::vector<std::string>(events.begin(), events.end()));
         if (!bound.ok()) return bound;
         pipeline_ = *std::move(pipeline);
+        if (channel_ != nullptr) {
+          absl::StatusOr<uint64_t> id =
+              poller_->Add(channel_->incoming_event_fd(), [this] { DrainChannel(); });
+          if (!id.ok()) return id.status();
+          poll_id_ = *id;
+        }
         return absl::OkStatus();
       }
       case ferry::v1::ConsumeRequest::kStartEpoch:
@@ -115,6 +166,51 @@ class ConsumeReactor final
 
   absl::Status Release(const ferry::v1::ConsumeRequest::Release& release) {
     return pipeline_->Release(this, release.slot(), release.seq(), release.complete());
+  }
+
+  // Runs on the ChannelPoller's thread: handles what the trainer sent through the channel,
+  // until the ring is empty and the poller may sleep on it.
+  void DrainChannel() {
+    channel_->ClearWakeups();
+    if (channel_failed_.load()) return;
+    for (;;) {
+      ChannelMessage m;
+      absl::StatusOr<bool> got = channel_->Receive(&m);
+      absl::Status status = got.status();
+      if (status.ok() && !*got) {
+        if (channel_->PrepareToSleep()) return;
+        continue;
+      }
+      if (status.ok()) status = HandleChannelMessage(m);
+      if (!status.ok()) {
+        channel_failed_.store(true);
+        FinishOnce(status);  // last: OnDone may delete this reactor once it returns
+        return;
+      }
+    }
+  }
+
+  absl::Status HandleChannelMessage(const ChannelMessage& m) {
+    switch (m.kind) {
+      case ChannelMessage::kStartEpoch:
+        return pipeline_->StartEpoch(this, m.epoch, m.batch);
+      case ChannelMessage::kRelease:
+        return pipeline_->Release(this, m.slot, m.seq,
+                                  (m.flags & ChannelMessage::kReleaseComplete) != 0);
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the trainer sent a batch channel message of kind ", m.kind,
+            "; a trainer sends StartEpoch (3) and Release (4) only"));
+    }
+  }
+
+  // Pipeline callbacks never overlap, so this is the channel's only sender.
+  void SendToChannel(const ChannelMessage& m) {
+    absl::Status sent = channel_->Send(m);
+    if (sent.ok()) return;
+    channel_failed_.store(true);
+    FinishOnce(absl::Status(sent.code(), absl::StrCat("sending to the trainer's batch channel: ",
+                                                      sent.message())));
   }
 
   void Enqueue(ferry::v1::ConsumeResponse response) {
@@ -149,9 +245,16 @@ class ConsumeReactor final
   }
 
   JobManager* const jobs_;
+  SessionServer* const sessions_;
+  ChannelPoller* const poller_;
   const absl::StatusOr<Caller> caller_;
+  const std::string token_;
   ferry::v1::ConsumeRequest request_;       // touched by the read chain only
   std::shared_ptr<RankPipeline> pipeline_;  // set once by the read chain, read in OnDone
+  // Set once by the read chain on Open, before the pipeline or the poller can use them.
+  std::shared_ptr<BatchChannel> channel_;
+  uint64_t poll_id_ = 0;
+  std::atomic<bool> channel_failed_{false};
 
   absl::Mutex mutex_;
   // Bounded: at most one BatchReady per slot plus an EpochEnd are ever outstanding.
@@ -167,20 +270,28 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
-FerryService::FerryService(JobManager* jobs, const SessionServer* sessions,
+FerryService::FerryService(JobManager* jobs, SessionServer* sessions, ChannelPoller* channels,
                            DaemonStatusFiller daemon_status)
-    : jobs_(jobs), sessions_(sessions), daemon_status_(std::move(daemon_status)) {}
+    : jobs_(jobs),
+      sessions_(sessions),
+      channels_(channels),
+      daemon_status_(std::move(daemon_status)) {}
 
-absl::StatusOr<Caller> FerryService::Authenticate(grpc::CallbackServerContext* context) const {
+std::string FerryService::SessionToken(grpc::CallbackServerContext* context) {
   const auto& metadata = context->client_metadata();
   auto it = metadata.find(kSessionMetadataKey);
-  if (it == metadata.end()) {
+  if (it == metadata.end()) return std::string();
+  return std::string(it->second.data(), it->second.size());
+}
+
+absl::StatusOr<Caller> FerryService::Authenticate(grpc::CallbackServerContext* context) const {
+  const std::string token = SessionToken(context);
+  if (token.empty()) {
     return absl::UnauthenticatedError(
         "call carries no ferry session; connect through the ferry client library (it opens the "
         "session socket next to the gRPC socket)");
   }
-  std::optional<PeerCredentials> peer =
-      sessions_->Lookup(std::string(it->second.data(), it->second.size()));
+  std::optional<PeerCredentials> peer = sessions_->Lookup(token);
   if (!peer.has_value()) {
     return absl::UnauthenticatedError("unknown or closed ferry session; reconnect");
   }
@@ -249,7 +360,8 @@ grpc::ServerUnaryReactor* FerryService::Attach(grpc::CallbackServerContext* cont
 
 grpc::ServerBidiReactor<ferry::v1::ConsumeRequest, ferry::v1::ConsumeResponse>*
 FerryService::Consume(grpc::CallbackServerContext* context) {
-  return new ConsumeReactor(jobs_, Authenticate(context));
+  return new ConsumeReactor(jobs_, sessions_, channels_, Authenticate(context),
+                            SessionToken(context));
 }
 
 grpc::ServerUnaryReactor* FerryService::GetStatus(grpc::CallbackServerContext* context,

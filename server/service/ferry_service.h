@@ -1,6 +1,8 @@
 // The gRPC edge of ferryd: translates ferry.v1.Ferry calls into JobManager calls, converting
 // absl::Status to grpc::Status here and nowhere else. Uses the callback API: unary handlers
 // finish inline; Consume is a bidi reactor that owns its per-stream state and never blocks.
+// A Consume stream opened with a batch channel moves its batches and releases through that
+// channel (common/batch_channel.h), read on the ChannelPoller's thread.
 #ifndef FERRY_SERVER_SERVICE_FERRY_SERVICE_H_
 #define FERRY_SERVER_SERVICE_FERRY_SERVICE_H_
 
@@ -10,6 +12,7 @@
 #include "absl/status/status.h"
 #include "ferry/v1/ferry.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "server/service/channel_poller.h"
 #include "server/service/job_manager.h"
 #include "server/service/session_server.h"
 
@@ -21,7 +24,8 @@ class FerryService final : public ferry::v1::Ferry::CallbackService {
  public:
   using DaemonStatusFiller = std::function<void(ferry::v1::DaemonStatus*)>;
 
-  FerryService(JobManager* jobs, const SessionServer* sessions, DaemonStatusFiller daemon_status);
+  FerryService(JobManager* jobs, SessionServer* sessions, ChannelPoller* channels,
+               DaemonStatusFiller daemon_status);
 
   grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* context,
                                       const ferry::v1::CreateJobRequest* request,
@@ -45,11 +49,14 @@ class FerryService final : public ferry::v1::Ferry::CallbackService {
                                       ferry::v1::GetStatusResponse* response) override;
 
  private:
+  // The caller's session token (ferry-session metadata); empty without one.
+  static std::string SessionToken(grpc::CallbackServerContext* context);
   // The caller's credentials from its session token; UNAUTHENTICATED without one.
   absl::StatusOr<Caller> Authenticate(grpc::CallbackServerContext* context) const;
 
   JobManager* const jobs_;
-  const SessionServer* const sessions_;
+  SessionServer* const sessions_;
+  ChannelPoller* const channels_;
   const DaemonStatusFiller daemon_status_;
 };
 

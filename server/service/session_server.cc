@@ -19,22 +19,25 @@ namespace ferry {
 
 absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(const std::string& path,
                                                                     unsigned mode,
-                                                                    FdProvider fd_provider) {
+                                                                    FdProvider fd_provider,
+                                                                    ChannelFactory channel_factory) {
   FERRY_ASSIGN_OR_RETURN(UniqueFd listener, ListenUnix(path, SOCK_SEQPACKET, mode));
   UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return absl::InternalError("eventfd failed");
   std::unique_ptr<SessionServer> server(
-      new SessionServer(path, std::move(listener), std::move(wake), std::move(fd_provider)));
+      new SessionServer(path, std::move(listener), std::move(wake),
+                                           std::move(fd_provider), std::move(channel_factory)));
   server->thread_ = std::thread([s = server.get()] { s->Run(); });
   return server;
 }
 
 SessionServer::SessionServer(std::string path, UniqueFd listener, UniqueFd wake,
-                             FdProvider provider)
+                             FdProvider provider, ChannelFactory channel_factory)
     : path_(std::move(path)),
       listener_(std::move(listener)),
       wake_(std::move(wake)),
-      fd_provider_(std::move(provider)) {}
+      fd_provider_(std::move(provider)),
+      channel_factory_(std::move(channel_factory)) {}
 
 SessionServer::~SessionServer() {
   uint64_t one = 1;
@@ -49,6 +52,28 @@ std::optional<PeerCredentials> SessionServer::Lookup(const std::string& token) c
   auto it = by_token_.find(token);
   if (it == by_token_.end()) return std::nullopt;
   return it->second;
+}
+
+std::shared_ptr<BatchChannel> SessionServer::TakeChannel(const std::string& token,
+                                                         const std::string& attach_id) {
+  absl::MutexLock lock(&mutex_);
+  auto session = waiting_channels_.find(token);
+  if (session == waiting_channels_.end()) return nullptr;
+  auto it = session->second.find(attach_id);
+  if (it == session->second.end()) return nullptr;
+  std::shared_ptr<BatchChannel> channel = std::move(it->second);
+  session->second.erase(it);
+  return channel;
+}
+
+void SessionServer::Close(int fd) {
+  auto it = sessions_.find(fd);
+  {
+    absl::MutexLock lock(&mutex_);
+    by_token_.erase(it->second.token);
+    waiting_channels_.erase(it->second.token);
+  }
+  sessions_.erase(it);
 }
 
 void SessionServer::Run() {
@@ -68,18 +93,12 @@ void SessionServer::Run() {
     if (fds[1].revents & POLLIN) Accept();
     for (size_t i = 2; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
-      if (!Serve(fds[i].fd)) {
-        auto it = sessions_.find(fds[i].fd);
-        {
-          absl::MutexLock lock(&mutex_);
-          by_token_.erase(it->second.token);
-        }
-        sessions_.erase(it);
-      }
+      if (!Serve(fds[i].fd)) Close(fds[i].fd);
     }
   }
   absl::MutexLock lock(&mutex_);
   by_token_.clear();
+  waiting_channels_.clear();
   sessions_.clear();
 }
 
@@ -118,9 +137,34 @@ bool SessionServer::Serve(int fd) {
     }
     return SendPacket(fd, absl::StrCat("OK ", provided->second), provided->first).ok();
   }
+  if (absl::StartsWith(*message, "CHANNEL ")) return ServeChannel(fd, message->substr(8));
   return SendPacket(fd, absl::StrCat("ERR unknown request '", message->substr(0, 32),
-                                     "'; expected 'FD <attach_id>'"))
+                                     "'; expected 'FD <attach_id>' or 'CHANNEL <attach_id>'"))
       .ok();
+}
+
+bool SessionServer::ServeChannel(int fd, const std::string& attach_id) {
+  const Session& session = sessions_.at(fd);
+  {
+    absl::MutexLock lock(&mutex_);
+    const auto it = waiting_channels_.find(session.token);
+    if (it != waiting_channels_.end() && it->second.size() >= kMaxWaitingChannels) {
+      return SendPacket(fd, absl::StrCat("ERR this session holds ", kMaxWaitingChannels,
+                                         " batch channels that no Consume stream opened; "
+                                         "open a stream (Open.channel) before fetching more"))
+          .ok();
+    }
+  }
+  absl::StatusOr<std::unique_ptr<BatchChannel>> made = channel_factory_(session.peer, attach_id);
+  if (!made.ok()) return SendPacket(fd, absl::StrCat("ERR ", made.status().ToString())).ok();
+  std::shared_ptr<BatchChannel> channel = *std::move(made);
+  const int fds[] = {channel->memfd(), channel->to_trainer_event_fd(),
+                     channel->to_daemon_event_fd()};
+  if (!SendPacket(fd, absl::StrCat("OK ", channel->bytes()), fds).ok()) return false;
+  // A second fetch for the same attachment replaces the first (its stream never opened).
+  absl::MutexLock lock(&mutex_);
+  waiting_channels_[session.token][attach_id] = std::move(channel);
+  return true;
 }
 
 }  // namespace ferry

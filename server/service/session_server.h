@@ -1,7 +1,9 @@
 // ferryd's side of the session socket (protocol in common/session_protocol.h): accepts
-// clients, records their SO_PEERCRED credentials under a random token, and hands slab memfds
-// to the owner of an attach_id. One thread polls every session; sessions end when the
-// client closes its connection (or dies).
+// clients, records their SO_PEERCRED credentials under a random token, hands slab memfds
+// to the owner of an attach_id, and creates batch channels (common/batch_channel.h), which
+// wait here until the session's Consume stream opens them (TakeChannel). One thread polls
+// every session; sessions end when the client closes its connection (or dies), and take
+// their channels that no stream opened with them.
 //
 // Thread-safe.
 #ifndef FERRY_SERVER_SERVICE_SESSION_SERVER_H_
@@ -17,6 +19,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/batch_channel.h"
 #include "common/session_protocol.h"
 #include "common/unique_fd.h"
 
@@ -28,28 +31,44 @@ class SessionServer final {
   using FdProvider = std::function<absl::StatusOr<std::pair<int, uint64_t>>(
       const PeerCredentials& peer, const std::string& attach_id)>;
 
+  // A new batch channel for the Consume stream of attachment `attach_id`.
+  using ChannelFactory = std::function<absl::StatusOr<std::unique_ptr<BatchChannel>>(
+      const PeerCredentials& peer, const std::string& attach_id)>;
+
   static absl::StatusOr<std::unique_ptr<SessionServer>> Start(const std::string& path,
                                                               unsigned mode,
-                                                              FdProvider fd_provider);
+                                                              FdProvider fd_provider,
+                                                              ChannelFactory channel_factory);
   ~SessionServer();  // stops the thread, closes every session, removes the socket file
   SessionServer(const SessionServer&) = delete;
   SessionServer& operator=(const SessionServer&) = delete;
 
   // Credentials of a live session, nullopt for an unknown or closed one.
   std::optional<PeerCredentials> Lookup(const std::string& token) const;
+  // The channel session `token` fetched for `attach_id` ("CHANNEL <attach_id>"), handed over
+  // once: null when there is none (never fetched, already taken, or the session closed).
+  std::shared_ptr<BatchChannel> TakeChannel(const std::string& token,
+                                            const std::string& attach_id);
+  // Channels a session may hold that no stream has opened yet; more is a misbehaving client.
+  static constexpr size_t kMaxWaitingChannels = 64;
   const std::string& path() const { return path_; }
 
  private:
-  SessionServer(std::string path, UniqueFd listener, UniqueFd wake, FdProvider provider);
+  SessionServer(std::string path, UniqueFd listener, UniqueFd wake, FdProvider provider,
+                ChannelFactory channel_factory);
   void Run();
   void Accept();
   // False when the session should be closed.
   bool Serve(int fd);
+  // Answers "CHANNEL <attach_id>"; false when the session should be closed.
+  bool ServeChannel(int fd, const std::string& attach_id);
+  void Close(int fd);
 
   const std::string path_;
   const UniqueFd listener_;
   const UniqueFd wake_;  // eventfd: written by the destructor to stop Run()
   const FdProvider fd_provider_;
+  const ChannelFactory channel_factory_;
   std::thread thread_;
 
   struct Session {
@@ -62,6 +81,10 @@ class SessionServer final {
 
   mutable absl::Mutex mutex_;
   absl::flat_hash_map<std::string, PeerCredentials> by_token_ ABSL_GUARDED_BY(mutex_);
+  // token -> attach_id -> channel fetched but not yet opened by a stream
+  absl::flat_hash_map<std::string,
+                      absl::flat_hash_map<std::string, std::shared_ptr<BatchChannel>>>
+      waiting_channels_ ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace ferry

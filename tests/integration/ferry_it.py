@@ -267,6 +267,13 @@ def write_json_atomically(path, value):
     os.replace(tmp, path)
 
 
+def expect_batch_channel():
+    """Whether this test's trainers take batches through the shared-memory batch channel
+    (the default) or on the gRPC stream (FERRY_BATCH_CHANNEL=grpc: the *_grpc variants of
+    the tests in CMakeLists.txt)."""
+    return os.environ.get("FERRY_BATCH_CHANNEL", "shm") not in ("grpc", "0")
+
+
 def rank_status(job_status, rank):
     """The RankStatus of `rank` in a `ferryctl --json job` answer, or None."""
     for r in job_status.get("ranks", []):

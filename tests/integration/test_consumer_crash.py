@@ -52,6 +52,8 @@ class ConsumerKillTest(unittest.TestCase):
 
         victim = ferry_it.rank_status(ferry_it.ferryctl(self.daemon.address, "job", job_id), 1)
         self.assertTrue(victim["attached"], victim)
+        self.assertEqual(victim.get("batch_channel", False), ferry_it.expect_batch_channel(),
+                         victim)
         self.assertGreaterEqual(victim["slots_leased"], 1, victim)
 
         rank1.send_signal(signal.SIGKILL)

@@ -35,6 +35,11 @@ class TwoRanksTwoEpochsTest(unittest.TestCase):
         for r in results:
             self.assertTrue(r["done"], r.get("error"))
         self.assertEqual(results[0]["job_id"], results[1]["job_id"], "ranks must share a job")
+        job = ferry_it.ferryctl(self.daemon.address, "job", results[0]["job_id"])
+        for rank in range(WORLD):
+            status = ferry_it.rank_status(job, rank)
+            self.assertEqual(status.get("batch_channel", False), ferry_it.expect_batch_channel(),
+                             status)
         return root, results
 
     def check_epochs(self, root, results, num_samples):

@@ -9,6 +9,7 @@
 
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -31,7 +32,8 @@ absl::Status Annotate(const absl::Status& status, const std::string& path,
 
 // RecvPacket with a deadline, so a wedged daemon yields an error instead of a hang.
 absl::StatusOr<std::string> RecvWithTimeout(int sock, const std::string& path,
-                                            const std::string& what, UniqueFd* fd = nullptr) {
+                                            const std::string& what,
+                                            std::vector<UniqueFd>* fds = nullptr) {
   pollfd p{sock, POLLIN, 0};
   int n;
   do {
@@ -42,7 +44,7 @@ absl::StatusOr<std::string> RecvWithTimeout(int sock, const std::string& path,
     return absl::DeadlineExceededError(absl::StrCat("ferryd did not answer ", what, " within ",
                                                     kSessionTimeoutSeconds, " s on ", path));
   }
-  absl::StatusOr<std::string> packet = RecvPacket(sock, fd);
+  absl::StatusOr<std::string> packet = RecvPacket(sock, fds);
   if (!packet.ok()) return Annotate(packet.status(), path, what);
   return packet;
 }
@@ -103,9 +105,10 @@ absl::StatusOr<Session::Slab> Session::FetchSlab(const std::string& attach_id) {
   absl::Status sent = SendPacket(fd_.get(), absl::StrCat("FD ", attach_id));
   if (!sent.ok()) return Annotate(sent, path_, "requesting the slab");
   Slab slab;
-  absl::StatusOr<std::string> answer =
-      RecvWithTimeout(fd_.get(), path_, "the slab request", &slab.fd);
+  std::vector<UniqueFd> fds;
+  absl::StatusOr<std::string> answer = RecvWithTimeout(fd_.get(), path_, "the slab request", &fds);
   if (!answer.ok()) return answer.status();
+  if (!fds.empty()) slab.fd = std::move(fds[0]);
   absl::string_view text = *answer;
   if (absl::ConsumePrefix(&text, "ERR ")) {
     return absl::FailedPreconditionError(
@@ -120,6 +123,35 @@ absl::StatusOr<Session::Slab> Session::FetchSlab(const std::string& attach_id) {
         absl::StrCat("ferryd answered OK on ", path_, " but attached no file descriptor"));
   }
   return slab;
+}
+
+absl::StatusOr<std::unique_ptr<BatchChannel>> Session::FetchChannel(
+    const std::string& attach_id) {
+  absl::MutexLock lock(&mu_);
+  absl::Status sent = SendPacket(fd_.get(), absl::StrCat("CHANNEL ", attach_id));
+  if (!sent.ok()) return Annotate(sent, path_, "requesting a batch channel");
+  std::vector<UniqueFd> fds;
+  absl::StatusOr<std::string> answer =
+      RecvWithTimeout(fd_.get(), path_, "the batch channel request", &fds);
+  if (!answer.ok()) return answer.status();
+  absl::string_view text = *answer;
+  if (absl::ConsumePrefix(&text, "ERR ")) {
+    if (absl::StartsWith(text, "unknown request")) {
+      return absl::UnimplementedError(absl::StrCat("ferryd at ", path_,
+                                                   " has no batch channels: ", text));
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ferryd refused a batch channel for attachment ", attach_id, ": ", text));
+  }
+  if (!absl::ConsumePrefix(&text, "OK ") || fds.size() != 3) {
+    return absl::InternalError(absl::StrCat("unexpected answer '", answer->substr(0, 100),
+                                            "' with ", fds.size(), " fds to CHANNEL on ", path_,
+                                            " (expected OK and 3 fds)"));
+  }
+  absl::StatusOr<std::unique_ptr<BatchChannel>> channel =
+      BatchChannel::Attach(std::move(fds[0]), std::move(fds[1]), std::move(fds[2]));
+  if (!channel.ok()) return Annotate(channel.status(), path_, "mapping the batch channel");
+  return channel;
 }
 
 absl::StatusOr<std::shared_ptr<const SlabMapping>> SlabMapping::Create(int fd,

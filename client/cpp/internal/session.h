@@ -1,5 +1,5 @@
 // The client's end of the session socket (common/session_protocol.h): the HELLO token that
-// identifies this process to ferryd, and the hand-over of slab memfds.
+// identifies this process to ferryd, and the hand-over of slab memfds and batch channels.
 #ifndef FERRY_CLIENT_CPP_INTERNAL_SESSION_H_
 #define FERRY_CLIENT_CPP_INTERNAL_SESSION_H_
 
@@ -10,6 +10,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/batch_channel.h"
 #include "common/unique_fd.h"
 
 namespace ferry::internal {
@@ -18,7 +19,7 @@ namespace ferry::internal {
 // session socket's connect error, and how to start a daemon. Keeps `connect_error`'s code.
 absl::Status NoDaemonError(const std::string& grpc_socket, const absl::Status& connect_error);
 
-// Thread-safe: FetchSlab serializes its request/answer pair on the socket.
+// Thread-safe: FetchSlab and FetchChannel serialize their request/answer pairs on the socket.
 class Session final {
  public:
   // Connects to SessionSocketPath(grpc_socket) and reads the HELLO. Errors come from
@@ -37,6 +38,11 @@ class Session final {
   };
   // Asks for the memfd of attachment `attach_id` ("FD <id>" -> "OK <bytes>" + fd).
   absl::StatusOr<Slab> FetchSlab(const std::string& attach_id);
+
+  // Asks for a batch channel for attachment `attach_id` ("CHANNEL <id>" -> "OK <bytes>" +
+  // memfd and two eventfds) and maps it. UNIMPLEMENTED from a ferryd that predates batch
+  // channels (the caller then keeps batches on the gRPC stream).
+  absl::StatusOr<std::unique_ptr<BatchChannel>> FetchChannel(const std::string& attach_id);
 
   // True once ferryd's end of the session socket is closed (ferryd exited or was killed:
   // the kernel closes its sockets before its parent can reap it). One poll(2), no wait;

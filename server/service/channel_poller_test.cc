@@ -1,0 +1,101 @@
+#include "server/service/channel_poller.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <atomic>
+
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+
+namespace ferry {
+namespace {
+
+void Signal(int fd) {
+  const uint64_t one = 1;
+  ASSERT_EQ(write(fd, &one, sizeof(one)), 8);
+}
+
+void Drain(int fd) {
+  uint64_t n;
+  (void)!read(fd, &n, sizeof(n));
+}
+
+TEST(ChannelPollerTest, RunsTheHandlerOfTheFdThatBecameReadable) {
+  auto poller = ChannelPoller::Start();
+  ASSERT_TRUE(poller.ok()) << poller.status();
+  UniqueFd a(eventfd(0, EFD_NONBLOCK)), b(eventfd(0, EFD_NONBLOCK));
+  std::atomic<int> runs_a{0}, runs_b{0};
+  absl::Notification a_ran;
+  auto id_a = (*poller)->Add(a.get(), [&] {
+    Drain(a.get());
+    if (runs_a.fetch_add(1) == 0) a_ran.Notify();
+  });
+  auto id_b = (*poller)->Add(b.get(), [&] {
+    Drain(b.get());
+    runs_b.fetch_add(1);
+  });
+  ASSERT_TRUE(id_a.ok() && id_b.ok());
+  Signal(a.get());
+  ASSERT_TRUE(a_ran.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  (*poller)->Remove(*id_a);
+  (*poller)->Remove(*id_b);
+  EXPECT_EQ(runs_a.load(), 1);
+  EXPECT_EQ(runs_b.load(), 0);
+}
+
+TEST(ChannelPollerTest, AnFdReadableBeforeAddIsHandledAtOnce) {
+  auto poller = ChannelPoller::Start();
+  ASSERT_TRUE(poller.ok());
+  UniqueFd fd(eventfd(0, EFD_NONBLOCK));
+  Signal(fd.get());
+  absl::Notification ran;
+  auto id = (*poller)->Add(fd.get(), [&] {
+    Drain(fd.get());
+    if (!ran.HasBeenNotified()) ran.Notify();
+  });
+  ASSERT_TRUE(id.ok());
+  EXPECT_TRUE(ran.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  (*poller)->Remove(*id);
+}
+
+TEST(ChannelPollerTest, RemoveWaitsForARunningHandler) {
+  auto poller = ChannelPoller::Start();
+  ASSERT_TRUE(poller.ok());
+  UniqueFd fd(eventfd(0, EFD_NONBLOCK));
+  absl::Notification entered;
+  std::atomic<bool> finished{false};
+  auto id = (*poller)->Add(fd.get(), [&] {
+    Drain(fd.get());
+    entered.Notify();
+    absl::SleepFor(absl::Milliseconds(200));
+    finished.store(true);
+  });
+  ASSERT_TRUE(id.ok());
+  Signal(fd.get());
+  ASSERT_TRUE(entered.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  (*poller)->Remove(*id);
+  EXPECT_TRUE(finished.load()) << "Remove returned while the handler was still running";
+  Signal(fd.get());  // no handler any more: nothing runs (a run would touch `entered` twice)
+  absl::SleepFor(absl::Milliseconds(20));
+}
+
+TEST(ChannelPollerTest, AHandlerMayRemoveItself) {
+  auto poller = ChannelPoller::Start();
+  ASSERT_TRUE(poller.ok());
+  UniqueFd fd(eventfd(0, EFD_NONBLOCK));
+  std::atomic<uint64_t> id{0};
+  absl::Notification removed;
+  auto added = (*poller)->Add(fd.get(), [&] {
+    Drain(fd.get());
+    (*poller)->Remove(id.load());  // would deadlock if it waited for itself
+    removed.Notify();
+  });
+  ASSERT_TRUE(added.ok());
+  id.store(*added);
+  Signal(fd.get());
+  EXPECT_TRUE(removed.WaitForNotificationWithTimeout(absl::Seconds(30)));
+}
+
+}  // namespace
+}  // namespace ferry
