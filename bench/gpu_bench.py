@@ -12,7 +12,8 @@ Measured in one run, side by side (the machines are noisy: read the ratios):
   3. images (with --images): JPEG -> RandomResizedCrop(224) -> bf16 normalized CHW on the
      GPU, images/s;
   4. the token rows again with a C++ trainer (bench/gpu_consume_bench, found next to
-     --ferryd), which shows what ferryd delivers without the Python trainer's per-batch cost.
+     --ferryd), which shows what ferryd delivers without the Python trainer's per-batch cost,
+     once through the shared-memory batch channel and once on the gRPC stream.
 ferryd runs as a separate process on a private socket.
 """
 
@@ -359,9 +360,17 @@ def main():
         if os.path.exists(consume_bench):
             sys.stdout.flush()
             cuda_index = str(torch.device(a.device).index or 0)
-            subprocess.run([consume_bench, "--address", sock, "--path", path, "--seq-len",
-                            str(a.seq_len), "--batches", a.token_batches, "--prefetch",
-                            a.prefetch, "--rounds", str(a.rounds), "--device", cuda_index])
+            # Batches through the shared-memory batch channel (the default), then on the gRPC
+            # stream (the data plane before it) for comparison.
+            for plane in ("shm", "grpc"):
+                print("C++ trainer, batches %s:" % ("through the shared-memory batch channel"
+                                                    if plane == "shm" else
+                                                    "on the gRPC stream (FERRY_BATCH_CHANNEL=grpc)"))
+                sys.stdout.flush()
+                subprocess.run([consume_bench, "--address", sock, "--path", path, "--seq-len",
+                                str(a.seq_len), "--batches", a.token_batches, "--prefetch",
+                                a.prefetch, "--rounds", str(a.rounds), "--device", cuda_index],
+                               env=dict(os.environ, FERRY_BATCH_CHANNEL=plane))
             # Where the CPU goes per thread, for the first batch size at the default depth.
             for kind in ("tokens", "records"):
                 # Records have 4x fewer batches per epoch (int64 rows): as many epochs more.

@@ -227,7 +227,10 @@ std::string RenderJob(const JobStatus& status) {
                {"SAMPLES/S", true}, {"QUEUE", true}, {"LEASED", true}, {"SLOTS", true},
                {"WAIT S", true}});
   for (const RankStatus& r : status.ranks) {
-    ranks.AddRow({absl::StrCat(r.rank), r.attached ? "yes" : "no", absl::StrCat(r.epoch),
+    // How the consumer's batches travel: shared-memory channel or the gRPC stream.
+    const std::string attached =
+        r.attached ? (r.batch_channel ? "yes, shm" : "yes, grpc") : "no";
+    ranks.AddRow({absl::StrCat(r.rank), attached, absl::StrCat(r.epoch),
                   absl::StrCat(r.next_batch), absl::StrCat(r.batches_delivered),
                   absl::StrCat(r.samples_delivered), FormatRate(r.batches_per_second),
                   FormatRate(r.samples_per_second), absl::StrCat(r.queue_depth),

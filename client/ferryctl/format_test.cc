@@ -56,6 +56,7 @@ JobStatus SampleJob() {
   r0.samples_per_second = 2560;
   r0.consumer_wait_seconds = 1.25;
   r0.slots = 17;
+  r0.batch_channel = true;
   s.ranks.push_back(r0);
   RankStatus r1;
   r1.rank = 1;
@@ -84,6 +85,7 @@ TEST(RenderTest, JobShowsRanksAndRecentErrors) {
   EXPECT_THAT(out, HasSubstr("1.2"));  // consumer wait seconds
   EXPECT_THAT(out, HasSubstr("SLOTS"));
   EXPECT_THAT(out, HasSubstr(" 17 "));  // rank 0's ring
+  EXPECT_THAT(out, HasSubstr("yes, shm"));  // rank 0 takes batches through the channel
   EXPECT_THAT(out, HasSubstr("/data/train/a/bad.jpg  not a JPEG file"));
 }
 

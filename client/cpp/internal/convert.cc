@@ -246,6 +246,7 @@ JobStatus FromProto(const v1::JobStatus& status) {
     rank.queue_depth = r.queue_depth();
     rank.slots_leased = r.slots_leased();
     rank.slots = r.slots();
+    rank.batch_channel = r.batch_channel();
     rank.consumer_wait_seconds = r.consumer_wait_seconds();
     rank.epoch = r.epoch();
     rank.next_batch = r.next_batch();

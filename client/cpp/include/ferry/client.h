@@ -208,6 +208,9 @@ struct RankStatus {
   double consumer_wait_seconds = 0;
   int64_t epoch = 0;
   int64_t next_batch = 0;
+  // The current (or last) consumer takes batches through the shared-memory batch channel
+  // (false: on the gRPC stream; see docs/protocol.md).
+  bool batch_channel = false;
 };
 
 struct SampleError {
