@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -58,10 +59,11 @@ absl::Status Errno(const char* what) {
   return absl::InternalError(absl::StrCat(what, " for the batch channel: ", strerror(errno)));
 }
 
-void WriteEvent(int fd) {
-  const uint64_t one = 1;
-  // Cannot fail short of a counter overflow (2^64 - 2 wakeups unread), so nothing to do.
-  ssize_t unused = ::write(fd, &one, sizeof(one));
+// One byte on a wake socket. Never blocks: a full socket buffer (EAGAIN) already holds
+// wakeups the peer has not read, and a closed peer (EPIPE) has nobody left to wake.
+void Wake(int fd) {
+  const char byte = 1;
+  ssize_t unused = ::send(fd, &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
   (void)unused;
 }
 
@@ -72,13 +74,11 @@ struct BatchChannel::Ring {
   uint8_t* entries;
 };
 
-BatchChannel::BatchChannel(bool daemon_side, UniqueFd memfd, UniqueFd to_trainer_event,
-                           UniqueFd to_daemon_event, uint8_t* base, size_t bytes,
-                           uint32_t capacity)
+BatchChannel::BatchChannel(bool daemon_side, UniqueFd wake_in, UniqueFd wake_out,
+                           uint8_t* base, size_t bytes, uint32_t capacity)
     : daemon_side_(daemon_side),
-      memfd_(std::move(memfd)),
-      to_trainer_event_(std::move(to_trainer_event)),
-      to_daemon_event_(std::move(to_daemon_event)),
+      wake_in_(std::move(wake_in)),
+      wake_out_(std::move(wake_out)),
       base_(base),
       bytes_(bytes),
       capacity_(capacity) {}
@@ -101,9 +101,16 @@ absl::StatusOr<std::unique_ptr<BatchChannel>> BatchChannel::Create(uint32_t min_
   if (::fcntl(memfd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     return Errno("sealing the memfd");
   }
-  UniqueFd to_trainer(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  UniqueFd to_daemon(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!to_trainer.valid() || !to_daemon.valid()) return Errno("eventfd");
+  // [0]: ferryd's end, [1]: the trainer's.
+  int to_trainer[2], to_daemon[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, to_trainer) != 0) {
+    return Errno("socketpair");
+  }
+  UniqueFd daemon_out(to_trainer[0]), trainer_in(to_trainer[1]);
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, to_daemon) != 0) {
+    return Errno("socketpair");
+  }
+  UniqueFd daemon_in(to_daemon[0]), trainer_out(to_daemon[1]);
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd.get(), 0);
   if (p == MAP_FAILED) return Errno("mmap");
   auto* base = static_cast<uint8_t*>(p);
@@ -114,15 +121,18 @@ absl::StatusOr<std::unique_ptr<BatchChannel>> BatchChannel::Create(uint32_t min_
     // Nobody has looked at the ring yet: the first message must wake its reader.
     indices->consumer_sleeping.store(1);
   }
-  return std::unique_ptr<BatchChannel>(new BatchChannel(
-      /*daemon_side=*/true, std::move(memfd), std::move(to_trainer), std::move(to_daemon),
-      base, bytes, capacity));
+  std::unique_ptr<BatchChannel> channel(new BatchChannel(
+      /*daemon_side=*/true, std::move(daemon_in), std::move(daemon_out), base, bytes, capacity));
+  channel->handover_[0] = std::move(memfd);
+  channel->handover_[1] = std::move(trainer_in);
+  channel->handover_[2] = std::move(trainer_out);
+  return channel;
 }
 
 absl::StatusOr<std::unique_ptr<BatchChannel>> BatchChannel::Attach(UniqueFd memfd,
-                                                                   UniqueFd to_trainer_event,
-                                                                   UniqueFd to_daemon_event) {
-  if (!memfd.valid() || !to_trainer_event.valid() || !to_daemon_event.valid()) {
+                                                                   UniqueFd trainer_wake_in,
+                                                                   UniqueFd trainer_wake_out) {
+  if (!memfd.valid() || !trainer_wake_in.valid() || !trainer_wake_out.valid()) {
     return absl::InternalError("ferryd handed over a batch channel without its three fds");
   }
   struct stat st;
@@ -146,9 +156,25 @@ absl::StatusOr<std::unique_ptr<BatchChannel>> BatchChannel::Attach(UniqueFd memf
         "the batch channel from ferryd has an unknown layout (version ", header.version,
         ", capacity ", capacity, ", ", size, " bytes); is ferryd of another version?"));
   }
-  return std::unique_ptr<BatchChannel>(new BatchChannel(
-      /*daemon_side=*/false, std::move(memfd), std::move(to_trainer_event),
-      std::move(to_daemon_event), base, size, capacity));
+  UniqueFd self_wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!self_wake.valid()) {
+    ::munmap(p, size);
+    return Errno("eventfd");
+  }
+  // The mapping keeps the memory; the memfd itself is not needed any more.
+  std::unique_ptr<BatchChannel> channel(new BatchChannel(
+      /*daemon_side=*/false, std::move(trainer_wake_in), std::move(trainer_wake_out), base,
+      size, capacity));
+  channel->self_wake_ = std::move(self_wake);
+  return channel;
+}
+
+std::vector<int> BatchChannel::HandoverFds() const {
+  return {handover_[0].get(), handover_[1].get(), handover_[2].get()};
+}
+
+void BatchChannel::DropHandoverFds() {
+  for (UniqueFd& fd : handover_) fd.Reset();
 }
 
 BatchChannel::Ring BatchChannel::outgoing() const {
@@ -163,25 +189,18 @@ BatchChannel::Ring BatchChannel::incoming() const {
               base_ + kEntriesOffset + ring * size_t{capacity_} * sizeof(ChannelMessage)};
 }
 
-int BatchChannel::outgoing_event_fd() const {
-  return daemon_side_ ? to_trainer_event_.get() : to_daemon_event_.get();
-}
-
-int BatchChannel::incoming_event_fd() const {
-  return daemon_side_ ? to_daemon_event_.get() : to_trainer_event_.get();
-}
-
 absl::Status BatchChannel::Send(const ChannelMessage& message) {
   const Ring ring = outgoing();
   const uint64_t used = send_head_ - ring.indices->tail.load(std::memory_order_acquire);
   if (used > capacity_) {
     return absl::DataLossError(absl::StrCat(
         "the batch channel's read index is ahead of what was written (", used,
-        " entries in use of ", capacity_, "): the peer wrote over the channel"));
+        " entries in use of ", capacity_, "): ", peer(), " wrote over the channel"));
   }
   if (used == capacity_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the batch channel is full (", capacity_, " messages unread): the peer is not reading"));
+    return absl::ResourceExhaustedError(absl::StrCat("the batch channel is full (", capacity_,
+                                                     " messages unread): ", peer(),
+                                                     " is not reading it"));
   }
   memcpy(ring.entries + (send_head_ & (capacity_ - 1)) * sizeof(ChannelMessage), &message,
          sizeof(message));
@@ -191,7 +210,7 @@ absl::Status BatchChannel::Send(const ChannelMessage& message) {
   ring.indices->head.store(send_head_, std::memory_order_seq_cst);
   if (ring.indices->consumer_sleeping.load(std::memory_order_seq_cst) != 0 &&
       ring.indices->consumer_sleeping.exchange(0) != 0) {
-    WriteEvent(outgoing_event_fd());
+    Wake(wake_out_.get());
   }
   return absl::OkStatus();
 }
@@ -203,7 +222,7 @@ absl::StatusOr<bool> BatchChannel::Receive(ChannelMessage* message) {
   if (head - receive_tail_ > capacity_) {
     return absl::DataLossError(absl::StrCat(
         "the batch channel's write index claims ", head - receive_tail_,
-        " unread messages in a ring of ", capacity_, ": the peer wrote over the channel"));
+        " unread messages in a ring of ", capacity_, ": ", peer(), " wrote over the channel"));
   }
   memcpy(message, ring.entries + (receive_tail_ & (capacity_ - 1)) * sizeof(ChannelMessage),
          sizeof(*message));
@@ -224,12 +243,25 @@ bool BatchChannel::PrepareToSleep() {
 
 void BatchChannel::ClearWakeups() {
   incoming().indices->consumer_sleeping.store(0, std::memory_order_relaxed);
-  uint64_t count;
-  ssize_t unused = ::read(incoming_event_fd(), &count, sizeof(count));  // non-blocking
-  (void)unused;
+  char buf[256];
+  for (;;) {
+    const ssize_t n = ::recv(wake_in_.get(), buf, sizeof(buf), MSG_DONTWAIT);
+    if (n == 0) peer_closed_ = true;  // and the socket stays readable: do not spin on it
+    if (n < static_cast<ssize_t>(sizeof(buf))) break;
+  }
+  if (self_wake_.valid()) {
+    uint64_t count;
+    ssize_t unused = ::read(self_wake_.get(), &count, sizeof(count));  // our own, non-blocking
+    (void)unused;
+  }
 }
 
-void BatchChannel::WakeSelf() { WriteEvent(incoming_event_fd()); }
+void BatchChannel::WakeSelf() {
+  if (!self_wake_.valid()) return;
+  const uint64_t one = 1;
+  ssize_t unused = ::write(self_wake_.get(), &one, sizeof(one));
+  (void)unused;
+}
 
 absl::StatusOr<bool> BatchChannel::ReceiveOrWait(ChannelMessage* message,
                                                  absl::Duration timeout) {
@@ -237,17 +269,22 @@ absl::StatusOr<bool> BatchChannel::ReceiveOrWait(ChannelMessage* message,
   for (;;) {
     absl::StatusOr<bool> got = Receive(message);
     if (!got.ok() || *got) return got;
+    if (peer_closed_) return false;  // nobody left to wake this side
     if (!PrepareToSleep()) continue;
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
       ClearWakeups();
       return Receive(message);
     }
-    pollfd p{incoming_event_fd(), POLLIN, 0};
+    pollfd p[2] = {{wake_in_.get(), POLLIN, 0}, {self_wake_.get(), POLLIN, 0}};
     const timespec ts = absl::ToTimespec(left);
-    const int n = ::ppoll(&p, 1, &ts, nullptr);
-    if (n < 0 && errno != EINTR) return Errno("ppoll");
+    const int n = ::ppoll(p, self_wake_.valid() ? 2 : 1, &ts, nullptr);
+    const int poll_errno = errno;
     ClearWakeups();
+    if (n < 0 && poll_errno != EINTR) {
+      errno = poll_errno;
+      return Errno("ppoll");
+    }
     got = Receive(message);
     // Woken without a message (WakeSelf) or out of time: let the caller look around.
     if (!got.ok() || *got || n != 0 || absl::Now() >= deadline) return got;

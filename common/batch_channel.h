@@ -4,13 +4,16 @@
 // pairs a second per rank. Over gRPC each of them crossed two threads and an HTTP/2 frame
 // on each side, and a slot spent 560-830 us between "sent" and "released" while the
 // trainer waited (docs/benchmarks.md). Here a message is a 40-byte descriptor written into a
-// ring in a memfd both processes map, and the reader is woken through an eventfd only when
-// it said it is going to sleep, so a busy pair exchanges messages without a system call.
+// ring in a memfd both processes map, and the reader is woken (one byte on a wake socket)
+// only when it said it is going to sleep, so a busy pair exchanges messages without a
+// system call.
 //
 // Shape: two single-producer single-consumer rings in one memfd, one per direction, each
-// with an eventfd to wake its consumer. ferryd creates the channel (Create) and hands the
-// memfd and both eventfds to the trainer over the session socket; the trainer maps them
-// (Attach). The gRPC Consume stream stays: it opens the channel (Open.channel), carries the
+// with a Unix socket pair to wake its consumer. ferryd creates the channel (Create) and
+// hands the memfd and the trainer's ends of both socket pairs over the session socket; the
+// trainer maps them (Attach). Socket pairs, not eventfds, because each side then has its
+// own open file: a trainer cannot make ferryd's end blocking (O_NONBLOCK lives in the open
+// file, which SCM_RIGHTS shares) and so cannot stall ferryd's threads in read or write. The gRPC Consume stream stays: it opens the channel (Open.channel), carries the
 // final status (errors, shutdown) and its end is either side's death.
 //
 //   daemon -> trainer: kBatchReady, kEpochEnd
@@ -18,17 +21,19 @@
 //
 // Trust: each side keeps its own copy of the indices it owns and only publishes them; an
 // index written by the peer is checked before use (DATA_LOSS when it is impossible), the
-// memfd is sealed against resizing, and a descriptor is copied out of shared memory before
-// it is looked at, so a trainer that scribbles on the channel can break only its own stream.
+// memfd is sealed against resizing, a descriptor is copied out of shared memory before it
+// is looked at, and wake sockets are only used with MSG_DONTWAIT, so a trainer that
+// scribbles on the channel can break only its own stream.
 //
-// Thread-safety: Send from one thread at a time, Receive / PrepareToSleep / ClearWakeups
-// from one thread at a time (callers serialize); WakeSelf from any thread.
+// Thread-safety: Send from one thread at a time, Receive / PrepareToSleep / ClearWakeups /
+// ReceiveOrWait from one thread at a time (callers serialize); WakeSelf from any thread.
 #ifndef FERRY_COMMON_BATCH_CHANNEL_H_
 #define FERRY_COMMON_BATCH_CHANNEL_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -62,12 +67,13 @@ static_assert(sizeof(ChannelMessage) == 40, "the descriptor layout is part of th
 class BatchChannel final {
  public:
   // ferryd's end: a sealed memfd with two rings of at least `min_capacity` entries each
-  // (rounded up to a power of two, at most kMaxCapacity), and two eventfds.
+  // (rounded up to a power of two, at most kMaxCapacity), and two socket pairs.
   static absl::StatusOr<std::unique_ptr<BatchChannel>> Create(uint32_t min_capacity);
-  // The trainer's end, from the fds ferryd handed over: checks the size, magic and capacity.
+  // The trainer's end, from the fds ferryd handed over (HandoverFds, in order): checks the
+  // size, magic and capacity.
   static absl::StatusOr<std::unique_ptr<BatchChannel>> Attach(UniqueFd memfd,
-                                                              UniqueFd to_trainer_event,
-                                                              UniqueFd to_daemon_event);
+                                                              UniqueFd trainer_wake_in,
+                                                              UniqueFd trainer_wake_out);
   ~BatchChannel();
   BatchChannel(const BatchChannel&) = delete;
   BatchChannel& operator=(const BatchChannel&) = delete;
@@ -84,36 +90,44 @@ class BatchChannel final {
 
   // Sleeping, for the consumer of the incoming ring: PrepareToSleep tells the peer to wake
   // this side on its next Send, and returns false (do not sleep) when a message is already
-  // waiting. After it returned true, wait for incoming_event_fd() to become readable (poll,
-  // epoll), then ClearWakeups.
+  // waiting. After it returned true, wait for wake_fd() to become readable (poll, epoll),
+  // then ClearWakeups.
   bool PrepareToSleep();
   void ClearWakeups();
-  int incoming_event_fd() const;
-  // Receive, sleeping up to `timeout` for a message: false when none came in time or
-  // WakeSelf was called.
+  // The fd that becomes readable when the peer wakes this side (or closes its end).
+  int wake_fd() const { return wake_in_.get(); }
+  // True once ClearWakeups found the peer's end of the wake socket closed (it exited or
+  // gave the channel up): nothing will wake this side any more.
+  bool peer_closed() const { return peer_closed_; }
+  // Receive, sleeping up to `timeout` for a message: false when none came in time, after
+  // WakeSelf, or once the peer closed its end.
   absl::StatusOr<bool> ReceiveOrWait(ChannelMessage* message, absl::Duration timeout);
-  // Makes this side's pending or next sleep return (for example: the stream ended).
+  // Trainer's end: makes a pending or the next ReceiveOrWait return (the stream ended).
   void WakeSelf();
 
-  // For handing the channel over (ferryd's end): fds stay owned by the channel.
-  int memfd() const { return memfd_.get(); }
-  int to_trainer_event_fd() const { return to_trainer_event_.get(); }
-  int to_daemon_event_fd() const { return to_daemon_event_.get(); }
+  // ferryd's end, until DropHandoverFds: the memfd and the trainer's two wake sockets, in
+  // the order Attach takes them; still owned by the channel.
+  std::vector<int> HandoverFds() const;
+  // Closes them once they are sent (the channel keeps its mapping and its own sockets).
+  void DropHandoverFds();
   size_t bytes() const { return bytes_; }
   uint32_t capacity() const { return capacity_; }
 
  private:
   struct Ring;
-  BatchChannel(bool daemon_side, UniqueFd memfd, UniqueFd to_trainer_event,
-               UniqueFd to_daemon_event, uint8_t* base, size_t bytes, uint32_t capacity);
+  BatchChannel(bool daemon_side, UniqueFd wake_in, UniqueFd wake_out, uint8_t* base,
+               size_t bytes, uint32_t capacity);
   Ring outgoing() const;
   Ring incoming() const;
-  int outgoing_event_fd() const;
+  // "ferryd" or "the trainer", for error messages.
+  const char* peer() const { return daemon_side_ ? "the trainer" : "ferryd"; }
 
   const bool daemon_side_;
-  const UniqueFd memfd_;
-  const UniqueFd to_trainer_event_;
-  const UniqueFd to_daemon_event_;
+  const UniqueFd wake_in_;   // readable when the peer wakes this side
+  const UniqueFd wake_out_;  // one byte here wakes the peer
+  UniqueFd self_wake_;       // trainer's end: an eventfd of its own, for WakeSelf
+  UniqueFd handover_[3];     // ferryd's end, until sent: memfd, trainer's wake in / out
+  bool peer_closed_ = false;
   uint8_t* const base_;
   const size_t bytes_;
   const uint32_t capacity_;

@@ -25,9 +25,9 @@ struct Pair {
 Pair MakePair(uint32_t capacity) {
   auto daemon = BatchChannel::Create(capacity);
   EXPECT_TRUE(daemon.ok()) << daemon.status();
-  auto trainer = BatchChannel::Attach(UniqueFd(dup((*daemon)->memfd())),
-                                      UniqueFd(dup((*daemon)->to_trainer_event_fd())),
-                                      UniqueFd(dup((*daemon)->to_daemon_event_fd())));
+  const std::vector<int> fds = (*daemon)->HandoverFds();
+  auto trainer = BatchChannel::Attach(UniqueFd(dup(fds[0])), UniqueFd(dup(fds[1])),
+                                      UniqueFd(dup(fds[2])));
   EXPECT_TRUE(trainer.ok()) << trainer.status();
   return Pair{*std::move(daemon), *std::move(trainer)};
 }
@@ -103,16 +103,41 @@ TEST(BatchChannelTest, TheTwoDirectionsAreSeparateRings) {
 
 TEST(BatchChannelTest, TheMemfdIsSealedAgainstResizing) {
   Pair p = MakePair(8);
-  EXPECT_NE(ftruncate(p.daemon->memfd(), 0), 0);
+  const int memfd = p.daemon->HandoverFds()[0];
+  EXPECT_NE(ftruncate(memfd, 0), 0);
   EXPECT_EQ(errno, EPERM) << "a trainer must not be able to shrink ferryd's mapping";
-  EXPECT_NE(ftruncate(p.daemon->memfd(), 1 << 20), 0);
+  EXPECT_NE(ftruncate(memfd, 1 << 20), 0);
+}
+
+// O_NONBLOCK belongs to an open file, which fd passing shares: the trainer's wake sockets
+// must be other open files than ferryd's, or it could make ferryd's reads block.
+TEST(BatchChannelTest, TheTrainerCannotMakeFerrydsWakeSocketBlocking) {
+  Pair p = MakePair(8);
+  ASSERT_EQ(fcntl(p.trainer->wake_fd(), F_SETFL, 0), 0);
+  EXPECT_TRUE(fcntl(p.daemon->wake_fd(), F_GETFL) & O_NONBLOCK);
+  p.daemon->ClearWakeups();  // returns at once with nothing to read
+  ASSERT_TRUE(p.daemon->Send(Batch(0)).ok()) << "the wake is sent without blocking";
+}
+
+TEST(BatchChannelTest, APeerThatClosedItsEndStopsTheWaitAtOnce) {
+  Pair p = MakePair(8);
+  p.daemon->DropHandoverFds();
+  p.trainer.reset();  // the trainer exits
+  ChannelMessage m;
+  const absl::Time start = absl::Now();
+  auto got = p.daemon->ReceiveOrWait(&m, absl::Seconds(60));
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE(*got);
+  EXPECT_TRUE(p.daemon->peer_closed());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  EXPECT_TRUE(p.daemon->Send(Batch(1)).ok()) << "sending to a gone peer neither fails nor blocks";
 }
 
 TEST(BatchChannelTest, AnIndexThePeerWroteOverIsDataLoss) {
   Pair p = MakePair(8);
   // Scribble on the trainer -> daemon ring's head (bytes 256..264, see the layout).
   void* raw = mmap(nullptr, p.daemon->bytes(), PROT_READ | PROT_WRITE, MAP_SHARED,
-                   p.daemon->memfd(), 0);
+                   p.daemon->HandoverFds()[0], 0);
   ASSERT_NE(raw, MAP_FAILED);
   const uint64_t bogus = 1000;
   memcpy(static_cast<uint8_t*>(raw) + 256, &bogus, sizeof(bogus));
@@ -131,8 +156,8 @@ TEST(BatchChannelTest, AttachRefusesAFileThatIsNoChannel) {
   auto other = BatchChannel::Create(4);
   ASSERT_TRUE(other.ok());
   auto attached = BatchChannel::Attach(std::move(fd),
-                                       UniqueFd(dup((*other)->to_trainer_event_fd())),
-                                       UniqueFd(dup((*other)->to_daemon_event_fd())));
+                                       UniqueFd(dup((*other)->HandoverFds()[1])),
+                                       UniqueFd(dup((*other)->HandoverFds()[2])));
   EXPECT_EQ(attached.status().code(), absl::StatusCode::kInternal);
   EXPECT_NE(attached.status().message().find("another version"), std::string::npos)
       << attached.status();

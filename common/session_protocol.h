@@ -17,7 +17,7 @@
 //                                 or "ERR <message>"
 //   client -> server:             "CHANNEL <attach_id>"
 //   server -> client:             "OK <channel bytes>" with the batch channel's memfd, its
-//                                 to-trainer eventfd and its to-daemon eventfd attached, in
+//                                 trainer's ends of the to-trainer and to-daemon wake sockets attached, in
 //                                 that order (common/batch_channel.h), or "ERR <message>"
 #ifndef FERRY_COMMON_SESSION_PROTOCOL_H_
 #define FERRY_COMMON_SESSION_PROTOCOL_H_

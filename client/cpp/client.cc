@@ -251,14 +251,23 @@ class StreamState {
         } else {
           const absl::Duration left = deadline - absl::Now();
           if (left <= absl::ZeroDuration()) return std::optional<v1::ConsumeResponse>();
+          if (channel_->peer_closed()) {
+            // ferryd closed its end (it exited or ended the stream): its stream's status
+            // says why, and arrives shortly.
+            absl::MutexLock lock(&mu_);
+            auto ended_now = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return end_.has_value(); };
+            mu_.AwaitWithTimeout(absl::Condition(&ended_now), left);
+            continue;
+          }
           got = channel_->ReceiveOrWait(&m, left);
           if (got.ok() && !*got) continue;  // out of time, or woken by the stream's end
         }
       }
       if (!got.ok()) {
         context_.TryCancel();
-        return absl::InternalError(absl::StrCat("reading the batch channel of ", context_text_,
-                                                ": ", got.status().message()));
+        return absl::Status(got.status().code(),
+                            absl::StrCat("reading the batch channel of ", context_text_, ": ",
+                                         got.status().message()));
       }
       v1::ConsumeResponse response;
       switch (m.kind) {

@@ -41,7 +41,8 @@ ChannelPoller::~ChannelPoller() {
   if (thread_.joinable()) thread_.join();
 }
 
-absl::StatusOr<uint64_t> ChannelPoller::Add(int fd, std::function<void()> on_readable) {
+absl::StatusOr<uint64_t> ChannelPoller::Add(int fd,
+                                             std::function<void(uint64_t id)> on_readable) {
   absl::MutexLock lock(&mutex_);
   const uint64_t id = next_id_++;
   epoll_event ev{};
@@ -65,28 +66,45 @@ void ChannelPoller::Remove(uint64_t id) {
   mutex_.Await(absl::Condition(&idle));
 }
 
+void ChannelPoller::RunAgain(uint64_t id) {
+  if (id == 0) return;  // 0 is the stop signal, never a registration
+  absl::MutexLock lock(&mutex_);
+  again_.push_back(id);
+}
+
 void ChannelPoller::Run() {
   NameThisThread("ferry-channels");
   epoll_event events[64];
+  std::vector<uint64_t> ids;
   for (;;) {
-    const int n = ::epoll_wait(epoll_.get(), events, 64, -1);
-    if (n < 0) {
-      if (errno == EINTR) continue;
+    bool again;
+    {
+      absl::MutexLock lock(&mutex_);
+      again = !again_.empty();
+    }
+    const int n = ::epoll_wait(epoll_.get(), events, 64, again ? 0 : -1);
+    if (n < 0 && errno != EINTR) {
       FERRY_LOG(ERROR) << "batch channel epoll_wait failed: " << strerror(errno);
       return;
     }
-    for (int i = 0; i < n; ++i) {
-      const uint64_t id = events[i].data.u64;
+    ids.clear();
+    for (int i = 0; i < n; ++i) ids.push_back(events[i].data.u64);
+    {
+      absl::MutexLock lock(&mutex_);
+      ids.insert(ids.end(), again_.begin(), again_.end());
+      again_.clear();
+    }
+    for (const uint64_t id : ids) {
       if (id == 0) return;  // the destructor
       std::shared_ptr<Entry> entry;
       {
         absl::MutexLock lock(&mutex_);
         auto it = entries_.find(id);
-        if (it == entries_.end()) continue;  // removed after epoll_wait returned
+        if (it == entries_.end()) continue;  // removed meanwhile
         entry = it->second;
         running_ = id;
       }
-      entry->on_readable();
+      entry->on_readable(id);
       absl::MutexLock lock(&mutex_);
       running_ = 0;
     }

@@ -1,4 +1,4 @@
-// One thread that waits on many file descriptors (the batch channels' to-daemon eventfds)
+// One thread that waits on many file descriptors (the batch channels' wake sockets)
 // and runs each one's handler when it becomes readable. Level-triggered: a handler must
 // drain what woke it (BatchChannel::ClearWakeups) or it runs again at once.
 //
@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -31,14 +32,18 @@ class ChannelPoller final {
   ChannelPoller(const ChannelPoller&) = delete;
   ChannelPoller& operator=(const ChannelPoller&) = delete;
 
-  // Runs `on_readable` on the poller's thread whenever `fd` is readable (also right away
-  // if it already is). `fd` stays owned by the caller and must outlive the registration.
-  absl::StatusOr<uint64_t> Add(int fd, std::function<void()> on_readable);
+  // Runs `on_readable(id)` on the poller's thread whenever `fd` is readable (also right
+  // away if it already is; possibly before Add has returned the id, hence the argument).
+  // `fd` stays owned by the caller and must outlive the registration.
+  absl::StatusOr<uint64_t> Add(int fd, std::function<void(uint64_t id)> on_readable);
   // Ends a registration. When it returns, the handler is not running and never runs again,
   // unless Remove is called from that handler itself (then it returns at once, and the
   // handler must not touch what the removal was to protect after it returns). Unknown ids
   // are ignored.
   void Remove(uint64_t id);
+  // From a handler: run it again soon even if its fd is not readable, after the handlers
+  // of fds that are (a handler that stops early to let others run asks for this).
+  void RunAgain(uint64_t id);
 
  private:
   ChannelPoller(UniqueFd epoll, UniqueFd wake);
@@ -51,12 +56,13 @@ class ChannelPoller final {
 
   struct Entry {
     int fd;
-    std::function<void()> on_readable;
+    std::function<void(uint64_t)> on_readable;
   };
   absl::Mutex mutex_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mutex_);
   uint64_t next_id_ ABSL_GUARDED_BY(mutex_) = 1;
   uint64_t running_ ABSL_GUARDED_BY(mutex_) = 0;  // id of the handler running now, or 0
+  std::vector<uint64_t> again_ ABSL_GUARDED_BY(mutex_);  // RunAgain's ids, in order
 };
 
 }  // namespace ferry

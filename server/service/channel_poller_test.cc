@@ -27,11 +27,11 @@ TEST(ChannelPollerTest, RunsTheHandlerOfTheFdThatBecameReadable) {
   UniqueFd a(eventfd(0, EFD_NONBLOCK)), b(eventfd(0, EFD_NONBLOCK));
   std::atomic<int> runs_a{0}, runs_b{0};
   absl::Notification a_ran;
-  auto id_a = (*poller)->Add(a.get(), [&] {
+  auto id_a = (*poller)->Add(a.get(), [&](uint64_t) {
     Drain(a.get());
     if (runs_a.fetch_add(1) == 0) a_ran.Notify();
   });
-  auto id_b = (*poller)->Add(b.get(), [&] {
+  auto id_b = (*poller)->Add(b.get(), [&](uint64_t) {
     Drain(b.get());
     runs_b.fetch_add(1);
   });
@@ -50,7 +50,7 @@ TEST(ChannelPollerTest, AnFdReadableBeforeAddIsHandledAtOnce) {
   UniqueFd fd(eventfd(0, EFD_NONBLOCK));
   Signal(fd.get());
   absl::Notification ran;
-  auto id = (*poller)->Add(fd.get(), [&] {
+  auto id = (*poller)->Add(fd.get(), [&](uint64_t) {
     Drain(fd.get());
     if (!ran.HasBeenNotified()) ran.Notify();
   });
@@ -65,7 +65,7 @@ TEST(ChannelPollerTest, RemoveWaitsForARunningHandler) {
   UniqueFd fd(eventfd(0, EFD_NONBLOCK));
   absl::Notification entered;
   std::atomic<bool> finished{false};
-  auto id = (*poller)->Add(fd.get(), [&] {
+  auto id = (*poller)->Add(fd.get(), [&](uint64_t) {
     Drain(fd.get());
     entered.Notify();
     absl::SleepFor(absl::Milliseconds(200));
@@ -80,13 +80,32 @@ TEST(ChannelPollerTest, RemoveWaitsForARunningHandler) {
   absl::SleepFor(absl::Milliseconds(20));
 }
 
+TEST(ChannelPollerTest, RunAgainRunsTheHandlerWithoutItsFdBeingReadable) {
+  auto poller = ChannelPoller::Start();
+  ASSERT_TRUE(poller.ok());
+  UniqueFd fd(eventfd(0, EFD_NONBLOCK));
+  std::atomic<int> runs{0};
+  absl::Notification third;
+  auto id = (*poller)->Add(fd.get(), [&](uint64_t self) {
+    Drain(fd.get());
+    const int run = ++runs;
+    if (run < 3) (*poller)->RunAgain(self);
+    if (run == 3) third.Notify();
+  });
+  ASSERT_TRUE(id.ok());
+  Signal(fd.get());  // one wakeup, three runs
+  EXPECT_TRUE(third.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  (*poller)->Remove(*id);
+  EXPECT_EQ(runs.load(), 3);
+}
+
 TEST(ChannelPollerTest, AHandlerMayRemoveItself) {
   auto poller = ChannelPoller::Start();
   ASSERT_TRUE(poller.ok());
   UniqueFd fd(eventfd(0, EFD_NONBLOCK));
   std::atomic<uint64_t> id{0};
   absl::Notification removed;
-  auto added = (*poller)->Add(fd.get(), [&] {
+  auto added = (*poller)->Add(fd.get(), [&](uint64_t) {
     Drain(fd.get());
     (*poller)->Remove(id.load());  // would deadlock if it waited for itself
     removed.Notify();

@@ -95,6 +95,8 @@ class ConsumeChannelTest : public ::testing::Test {
     auto answer = RecvPacket(session_.get(), &fds);
     EXPECT_TRUE(answer.ok());
     if (out != nullptr && fds.size() == 3) {
+      memfd_ = UniqueFd(dup(fds[0].get()));  // for tests that write over the channel
+      wake_out_ = UniqueFd(dup(fds[2].get()));
       auto channel = BatchChannel::Attach(std::move(fds[0]), std::move(fds[1]), std::move(fds[2]));
       EXPECT_TRUE(channel.ok()) << channel.status();
       if (channel.ok()) *out = *std::move(channel);
@@ -142,6 +144,8 @@ class ConsumeChannelTest : public ::testing::Test {
   std::string token_;
   std::unique_ptr<v1::Ferry::Stub> stub_;
   std::string job_id_;
+  UniqueFd memfd_;     // of the last channel fetched
+  UniqueFd wake_out_;  // its trainer -> ferryd wake socket
 };
 
 TEST_F(ConsumeChannelTest, AnEpochTravelsThroughTheChannelInOrder) {
@@ -226,14 +230,14 @@ TEST_F(ConsumeChannelTest, AChannelTheTrainerWroteOverEndsItsStreamAndTheRankAtt
   ASSERT_NE(channel, nullptr);
   auto stream = Open(attach_id, true);
   // Claim 1000 unread messages in the trainer -> daemon ring (its head: bytes 256..264).
+  ASSERT_TRUE(memfd_.valid());
   void* raw = mmap(nullptr, channel->bytes(), PROT_READ | PROT_WRITE, MAP_SHARED,
-                   channel->memfd(), 0);
+                   memfd_.get(), 0);
   ASSERT_NE(raw, MAP_FAILED);
   const uint64_t bogus = 1000;
   memcpy(static_cast<uint8_t*>(raw) + 256, &bogus, sizeof(bogus));
   munmap(raw, channel->bytes());
-  const uint64_t one = 1;  // wake ferryd's channel thread
-  ASSERT_EQ(write(channel->to_daemon_event_fd(), &one, sizeof(one)), 8);
+  ASSERT_EQ(send(wake_out_.get(), "x", 1, 0), 1);  // wake ferryd's channel thread
   grpc::Status status = End(*stream);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::DATA_LOSS) << status.error_message();
 

@@ -141,7 +141,7 @@ class ConsumeReactor final
         pipeline_ = *std::move(pipeline);
         if (channel_ != nullptr) {
           absl::StatusOr<uint64_t> id =
-              poller_->Add(channel_->incoming_event_fd(), [this] { DrainChannel(); });
+              poller_->Add(channel_->wake_fd(), [this](uint64_t id) { DrainChannel(id); });
           if (!id.ok()) return id.status();
           poll_id_ = *id;
         }
@@ -169,25 +169,40 @@ class ConsumeReactor final
   }
 
   // Runs on the ChannelPoller's thread: handles what the trainer sent through the channel,
-  // until the ring is empty and the poller may sleep on it.
-  void DrainChannel() {
+  // until the ring is empty and the poller may sleep on it, or until one ring's worth was
+  // handled: then the other channels get their turn first (one busy or hostile trainer
+  // must not starve the others).
+  void DrainChannel(uint64_t poll_id) {
     channel_->ClearWakeups();
     if (channel_failed_.load()) return;
-    for (;;) {
+    absl::Status status;
+    for (uint32_t handled = 0; status.ok(); ++handled) {
+      if (handled == channel_->capacity()) {
+        poller_->RunAgain(poll_id);
+        return;
+      }
       ChannelMessage m;
       absl::StatusOr<bool> got = channel_->Receive(&m);
-      absl::Status status = got.status();
+      status = got.status();
       if (status.ok() && !*got) {
+        if (channel_->peer_closed()) {
+          status = absl::CancelledError(
+              "the trainer closed its batch channel (it exited or gave the stream up)");
+          break;
+        }
         if (channel_->PrepareToSleep()) return;
         continue;
       }
-      if (status.ok()) status = HandleChannelMessage(m);
-      if (!status.ok()) {
-        channel_failed_.store(true);
-        FinishOnce(status);  // last: OnDone may delete this reactor once it returns
-        return;
+      if (status.ok()) {
+        status = HandleChannelMessage(m);
+      } else {
+        status = absl::Status(status.code(), absl::StrCat("reading the trainer's batch channel: ",
+                                                          status.message()));
       }
     }
+    channel_failed_.store(true);
+    poller_->Remove(poll_id);  // from the handler itself: no more calls, returns at once
+    FinishOnce(status);  // last: OnDone may delete this reactor once it returns
   }
 
   absl::Status HandleChannelMessage(const ChannelMessage& m) {
@@ -204,13 +219,17 @@ class ConsumeReactor final
     }
   }
 
-  // Pipeline callbacks never overlap, so this is the channel's only sender.
+  // Pipeline callbacks never overlap, so this is the channel's only sender. Under the
+  // lock that Finish takes: nothing enters the channel once the stream is finished, so a
+  // trainer that sees the stream's end has already been sent all there will be.
   void SendToChannel(const ChannelMessage& m) {
+    absl::MutexLock lock(&mutex_);
+    if (finished_) return;
     absl::Status sent = channel_->Send(m);
     if (sent.ok()) return;
     channel_failed_.store(true);
-    FinishOnce(absl::Status(sent.code(), absl::StrCat("sending to the trainer's batch channel: ",
-                                                      sent.message())));
+    FinishLocked(absl::Status(sent.code(), absl::StrCat("sending to the trainer's batch channel: ",
+                                                        sent.message())));
   }
 
   void Enqueue(ferry::v1::ConsumeResponse response) {
@@ -239,6 +258,10 @@ class ConsumeReactor final
 
   void FinishOnce(const absl::Status& status) {
     absl::MutexLock lock(&mutex_);
+    FinishLocked(status);
+  }
+
+  void FinishLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
     if (finished_) return;
     finished_ = true;
     Finish(ToGrpcStatus(status));

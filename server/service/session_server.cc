@@ -63,6 +63,7 @@ std::shared_ptr<BatchChannel> SessionServer::TakeChannel(const std::string& toke
   if (it == session->second.end()) return nullptr;
   std::shared_ptr<BatchChannel> channel = std::move(it->second);
   session->second.erase(it);
+  --waiting_channel_count_;
   return channel;
 }
 
@@ -71,7 +72,11 @@ void SessionServer::Close(int fd) {
   {
     absl::MutexLock lock(&mutex_);
     by_token_.erase(it->second.token);
-    waiting_channels_.erase(it->second.token);
+    auto waiting = waiting_channels_.find(it->second.token);
+    if (waiting != waiting_channels_.end()) {
+      waiting_channel_count_ -= waiting->second.size();
+      waiting_channels_.erase(waiting);
+    }
   }
   sessions_.erase(it);
 }
@@ -99,6 +104,7 @@ void SessionServer::Run() {
   absl::MutexLock lock(&mutex_);
   by_token_.clear();
   waiting_channels_.clear();
+  waiting_channel_count_ = 0;
   sessions_.clear();
 }
 
@@ -148,8 +154,16 @@ bool SessionServer::ServeChannel(int fd, const std::string& attach_id) {
   {
     absl::MutexLock lock(&mutex_);
     const auto it = waiting_channels_.find(session.token);
-    if (it != waiting_channels_.end() && it->second.size() >= kMaxWaitingChannels) {
-      return SendPacket(fd, absl::StrCat("ERR this session holds ", kMaxWaitingChannels,
+    const size_t mine = it == waiting_channels_.end() ? 0 : it->second.size();
+    const bool refetch = mine > 0 && it->second.contains(attach_id);  // replaces, adds none
+    if (!refetch && (mine >= kMaxWaitingChannelsPerSession ||
+                     waiting_channel_count_ >= kMaxWaitingChannels)) {
+      return SendPacket(fd, absl::StrCat("ERR ", mine >= kMaxWaitingChannelsPerSession
+                                                     ? "this session holds "
+                                                     : "ferryd's sessions hold ",
+                                         mine >= kMaxWaitingChannelsPerSession
+                                             ? kMaxWaitingChannelsPerSession
+                                             : kMaxWaitingChannels,
                                          " batch channels that no Consume stream opened; "
                                          "open a stream (Open.channel) before fetching more"))
           .ok();
@@ -158,13 +172,18 @@ bool SessionServer::ServeChannel(int fd, const std::string& attach_id) {
   absl::StatusOr<std::unique_ptr<BatchChannel>> made = channel_factory_(session.peer, attach_id);
   if (!made.ok()) return SendPacket(fd, absl::StrCat("ERR ", made.status().ToString())).ok();
   std::shared_ptr<BatchChannel> channel = *std::move(made);
-  const int fds[] = {channel->memfd(), channel->to_trainer_event_fd(),
-                     channel->to_daemon_event_fd()};
-  if (!SendPacket(fd, absl::StrCat("OK ", channel->bytes()), fds).ok()) return false;
-  // A second fetch for the same attachment replaces the first (its stream never opened).
-  absl::MutexLock lock(&mutex_);
-  waiting_channels_[session.token][attach_id] = std::move(channel);
-  return true;
+  // Waiting before the client can learn of it: its Open may race this thread. A second
+  // fetch for the same attachment replaces the first (whose stream never opened).
+  {
+    absl::MutexLock lock(&mutex_);
+    auto& mine = waiting_channels_[session.token];
+    if (mine.insert_or_assign(attach_id, channel).second) ++waiting_channel_count_;
+  }
+  const bool sent =
+      SendPacket(fd, absl::StrCat("OK ", channel->bytes()), channel->HandoverFds()).ok();
+  // ferryd keeps its mapping and its own wake sockets; the trainer's fds are its now.
+  channel->DropHandoverFds();
+  return sent;
 }
 
 }  // namespace ferry

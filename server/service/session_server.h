@@ -49,8 +49,10 @@ class SessionServer final {
   // once: null when there is none (never fetched, already taken, or the session closed).
   std::shared_ptr<BatchChannel> TakeChannel(const std::string& token,
                                             const std::string& attach_id);
-  // Channels a session may hold that no stream has opened yet; more is a misbehaving client.
-  static constexpr size_t kMaxWaitingChannels = 64;
+  // Channels fetched and not yet opened by a stream, per session and in all: a client
+  // fetches one and opens it at once, so more is a misbehaving client (each holds fds).
+  static constexpr size_t kMaxWaitingChannelsPerSession = 8;
+  static constexpr size_t kMaxWaitingChannels = 1024;
   const std::string& path() const { return path_; }
 
  private:
@@ -85,6 +87,7 @@ class SessionServer final {
   absl::flat_hash_map<std::string,
                       absl::flat_hash_map<std::string, std::shared_ptr<BatchChannel>>>
       waiting_channels_ ABSL_GUARDED_BY(mutex_);
+  size_t waiting_channel_count_ ABSL_GUARDED_BY(mutex_) = 0;
 };
 
 }  // namespace ferry

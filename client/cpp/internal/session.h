@@ -40,7 +40,7 @@ class Session final {
   absl::StatusOr<Slab> FetchSlab(const std::string& attach_id);
 
   // Asks for a batch channel for attachment `attach_id` ("CHANNEL <id>" -> "OK <bytes>" +
-  // memfd and two eventfds) and maps it. UNIMPLEMENTED from a ferryd that predates batch
+  // memfd and two wake sockets) and maps it. UNIMPLEMENTED from a ferryd that predates batch
   // channels (the caller then keeps batches on the gRPC stream).
   absl::StatusOr<std::unique_ptr<BatchChannel>> FetchChannel(const std::string& attach_id);
 
