@@ -16,9 +16,10 @@
 //   server -> client:             "OK <slab bytes>" with the memfd attached (SCM_RIGHTS),
 //                                 or "ERR <message>"
 //   client -> server:             "CHANNEL <attach_id>"
-//   server -> client:             "OK <channel bytes>" with the batch channel's memfd, its
-//                                 trainer's ends of the to-trainer and to-daemon wake sockets attached, in
-//                                 that order (common/batch_channel.h), or "ERR <message>"
+//   server -> client:             "OK <channel bytes>" with the batch channel's memfd and
+//                                 the trainer's ends of its to-trainer and to-daemon wake
+//                                 sockets attached, in that order (common/batch_channel.h),
+//                                 or "ERR <message>"
 #ifndef FERRY_COMMON_SESSION_PROTOCOL_H_
 #define FERRY_COMMON_SESSION_PROTOCOL_H_
 
