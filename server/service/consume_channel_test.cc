@@ -77,15 +77,21 @@ class ConsumeChannelTest : public ::testing::Test {
     context->AddMetadata(kSessionMetadataKey, token_);
   }
 
+  // Attaches rank 0, waiting up to 5 s for ferryd to let go of a previous stream's rank.
   std::string Attach() {
-    v1::AttachRequest request;
-    request.set_job_id(job_id_);
-    v1::AttachResponse response;
-    grpc::ClientContext context;
-    Prepare(&context);
-    grpc::Status status = stub_->Attach(&context, request, &response);
-    EXPECT_TRUE(status.ok()) << status.error_message();
-    return response.attach_id();
+    grpc::Status status;
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      v1::AttachRequest request;
+      request.set_job_id(job_id_);
+      v1::AttachResponse response;
+      grpc::ClientContext context;
+      Prepare(&context);
+      status = stub_->Attach(&context, request, &response);
+      if (status.ok()) return response.attach_id();
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    ADD_FAILURE() << "Attach: " << status.error_message();
+    return std::string();
   }
 
   // "CHANNEL <attach_id>" on the session socket: the answer's text, and the channel if OK.
@@ -125,6 +131,20 @@ class ConsumeChannelTest : public ::testing::Test {
     return s.rw->Finish();
   }
 
+  // Attach, a fetched channel and a stream opened on it: what a client does.
+  struct Consumer {
+    std::unique_ptr<BatchChannel> channel;  // null when fetching failed (a test failure)
+    std::unique_ptr<Stream> stream;
+  };
+  Consumer AttachAndOpen() {
+    Consumer c;
+    const std::string attach_id = Attach();
+    const std::string answer = FetchChannel(attach_id, &c.channel);
+    EXPECT_EQ(answer.rfind("OK ", 0), 0u) << answer;
+    if (c.channel != nullptr) c.stream = Open(attach_id, /*channel=*/true);
+    return c;
+  }
+
   static ChannelMessage StartEpoch(int64_t epoch) {
     ChannelMessage m;
     m.kind = ChannelMessage::kStartEpoch;
@@ -149,12 +169,10 @@ class ConsumeChannelTest : public ::testing::Test {
 };
 
 TEST_F(ConsumeChannelTest, AnEpochTravelsThroughTheChannelInOrder) {
-  const std::string attach_id = Attach();
-  std::unique_ptr<BatchChannel> channel;
-  const std::string answer = FetchChannel(attach_id, &channel);
-  ASSERT_EQ(answer.rfind("OK ", 0), 0u) << answer;
-  ASSERT_NE(channel, nullptr);
-  auto stream = Open(attach_id, /*channel=*/true);
+  Consumer c = AttachAndOpen();
+  ASSERT_NE(c.channel, nullptr);
+  BatchChannel* channel = c.channel.get();
+  auto& stream = c.stream;
   ASSERT_TRUE(channel->Send(StartEpoch(0)).ok());
   const int64_t batches = kSamples / 4;  // (tokens - 1) / seq_len samples, 4 per batch
   for (int64_t b = 0; b < batches; ++b) {
@@ -193,11 +211,10 @@ TEST_F(ConsumeChannelTest, AChannelForAnUnknownAttachmentIsRefused) {
 }
 
 TEST_F(ConsumeChannelTest, AReleaseOfASlotNotLeasedEndsTheStream) {
-  const std::string attach_id = Attach();
-  std::unique_ptr<BatchChannel> channel;
-  FetchChannel(attach_id, &channel);
-  ASSERT_NE(channel, nullptr);
-  auto stream = Open(attach_id, true);
+  Consumer c = AttachAndOpen();
+  ASSERT_NE(c.channel, nullptr);
+  BatchChannel* channel = c.channel.get();
+  auto& stream = c.stream;
   ASSERT_TRUE(channel->Send(StartEpoch(0)).ok());
   ChannelMessage first = Next(*channel);
   ChannelMessage release;
@@ -210,11 +227,10 @@ TEST_F(ConsumeChannelTest, AReleaseOfASlotNotLeasedEndsTheStream) {
 }
 
 TEST_F(ConsumeChannelTest, AnUnknownMessageKindEndsTheStream) {
-  const std::string attach_id = Attach();
-  std::unique_ptr<BatchChannel> channel;
-  FetchChannel(attach_id, &channel);
-  ASSERT_NE(channel, nullptr);
-  auto stream = Open(attach_id, true);
+  Consumer c = AttachAndOpen();
+  ASSERT_NE(c.channel, nullptr);
+  BatchChannel* channel = c.channel.get();
+  auto& stream = c.stream;
   ChannelMessage bogus;
   bogus.kind = ChannelMessage::kBatchReady;  // ferryd's kind, not the trainer's
   ASSERT_TRUE(channel->Send(bogus).ok());
@@ -224,11 +240,10 @@ TEST_F(ConsumeChannelTest, AnUnknownMessageKindEndsTheStream) {
 }
 
 TEST_F(ConsumeChannelTest, AChannelTheTrainerWroteOverEndsItsStreamAndTheRankAttachesAgain) {
-  const std::string attach_id = Attach();
-  std::unique_ptr<BatchChannel> channel;
-  FetchChannel(attach_id, &channel);
-  ASSERT_NE(channel, nullptr);
-  auto stream = Open(attach_id, true);
+  Consumer c = AttachAndOpen();
+  ASSERT_NE(c.channel, nullptr);
+  BatchChannel* channel = c.channel.get();
+  auto& stream = c.stream;
   // Claim 1000 unread messages in the trainer -> daemon ring (its head: bytes 256..264).
   ASSERT_TRUE(memfd_.valid());
   void* raw = mmap(nullptr, channel->bytes(), PROT_READ | PROT_WRITE, MAP_SHARED,
@@ -242,24 +257,10 @@ TEST_F(ConsumeChannelTest, AChannelTheTrainerWroteOverEndsItsStreamAndTheRankAtt
   EXPECT_EQ(status.error_code(), grpc::StatusCode::DATA_LOSS) << status.error_message();
 
   // The rank is free again: a fresh attach with a fresh channel delivers.
-  std::string again;
-  std::unique_ptr<BatchChannel> fresh;
-  for (int i = 0; i < 100; ++i) {  // ferryd unbinds the old stream asynchronously
-    v1::AttachRequest request;
-    request.set_job_id(job_id_);
-    v1::AttachResponse response;
-    grpc::ClientContext context;
-    Prepare(&context);
-    if (stub_->Attach(&context, request, &response).ok()) {
-      again = response.attach_id();
-      break;
-    }
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  ASSERT_FALSE(again.empty());
-  FetchChannel(again, &fresh);
-  ASSERT_NE(fresh, nullptr);
-  auto second = Open(again, true);
+  Consumer again = AttachAndOpen();  // Attach waits for ferryd to unbind the old stream
+  ASSERT_NE(again.channel, nullptr);
+  BatchChannel* fresh = again.channel.get();
+  auto& second = again.stream;
   ASSERT_TRUE(fresh->Send(StartEpoch(1)).ok());
   ChannelMessage m = Next(*fresh);
   EXPECT_EQ(m.kind, ChannelMessage::kBatchReady);
