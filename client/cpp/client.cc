@@ -162,9 +162,11 @@ class StreamState {
     Enqueue(std::move(request));
   }
 
-  // The next message; nullopt when none arrived within `timeout`; the stream's final status
-  // (never OK) once it has ended and every message before the end has been read.
-  absl::StatusOr<std::optional<v1::ConsumeResponse>> Read(absl::Duration timeout) {
+  // The next message from ferryd, kBatchReady or kEpochEnd, whichever data plane carried it
+  // (a plain descriptor: taking a batch allocates nothing here); nullopt when none arrived
+  // within `timeout`; the stream's final status (never OK) once it has ended and every
+  // message before the end has been read.
+  absl::StatusOr<std::optional<ChannelMessage>> Read(absl::Duration timeout) {
     if (channel_ != nullptr) return ReadChannel(timeout);
     absl::MutexLock lock(&mu_);
     auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
@@ -172,12 +174,12 @@ class StreamState {
     };
     mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
     if (!queue_.empty()) {
-      v1::ConsumeResponse message = std::move(queue_.front());
+      const ChannelMessage message = queue_.front();
       queue_.pop_front();
-      return std::optional<v1::ConsumeResponse>(std::move(message));
+      return std::optional<ChannelMessage>(message);
     }
     if (end_.has_value()) return *end_;
-    return std::optional<v1::ConsumeResponse>();
+    return std::optional<ChannelMessage>();
   }
 
   bool uses_channel() const { return channel_ != nullptr; }
@@ -230,7 +232,7 @@ class StreamState {
 
   // Read for a stream with a channel: messages come from the channel; the stream's end is
   // reported once the channel holds nothing more.
-  absl::StatusOr<std::optional<v1::ConsumeResponse>> ReadChannel(absl::Duration timeout) {
+  absl::StatusOr<std::optional<ChannelMessage>> ReadChannel(absl::Duration timeout) {
     const absl::Time deadline = absl::Now() + timeout;
     ChannelMessage m;
     for (;;) {
@@ -250,7 +252,7 @@ class StreamState {
           }
         } else {
           const absl::Duration left = deadline - absl::Now();
-          if (left <= absl::ZeroDuration()) return std::optional<v1::ConsumeResponse>();
+          if (left <= absl::ZeroDuration()) return std::optional<ChannelMessage>();
           if (channel_->peer_closed()) {
             // ferryd closed its end (it exited or ended the stream): its stream's status
             // says why, and arrives shortly.
@@ -269,27 +271,25 @@ class StreamState {
                             absl::StrCat("reading the batch channel of ", context_text_, ": ",
                                          got.status().message()));
       }
-      v1::ConsumeResponse response;
-      switch (m.kind) {
-        case ChannelMessage::kBatchReady: {
-          v1::BatchReady* batch = response.mutable_batch();
-          batch->set_seq(m.seq);
-          batch->set_epoch(m.epoch);
-          batch->set_batch(m.batch);
-          batch->set_slot(m.slot);
-          batch->set_num_samples(m.num_samples);
-          break;
-        }
-        case ChannelMessage::kEpochEnd:
-          response.mutable_epoch_end()->set_epoch(m.epoch);
-          break;
-        default:
-          context_.TryCancel();
-          return absl::InternalError(absl::StrCat("ferryd sent a batch channel message of kind ",
-                                                  m.kind, " on ", context_text_));
+      if (m.kind != ChannelMessage::kBatchReady && m.kind != ChannelMessage::kEpochEnd) {
+        context_.TryCancel();
+        return absl::InternalError(absl::StrCat("ferryd sent a batch channel message of kind ",
+                                                m.kind, " on ", context_text_));
       }
-      return std::optional<v1::ConsumeResponse>(std::move(response));
+      return std::optional<ChannelMessage>(m);
     }
+  }
+
+  // The descriptor of a batch announced on the gRPC stream.
+  static ChannelMessage FromProto(const v1::BatchReady& b) {
+    ChannelMessage m;
+    m.kind = ChannelMessage::kBatchReady;
+    m.seq = b.seq();
+    m.epoch = b.epoch();
+    m.batch = b.batch();
+    m.slot = b.slot();
+    m.num_samples = b.num_samples();
+    return m;
   }
 
   // The request's ticket: it is sent once sent_ reaches it.
@@ -347,15 +347,19 @@ class StreamState {
     while (stream_->Read(&message)) {
       absl::MutexLock lock(&mu_);
       // ferryd coalesces the batches ready when a write starts (`batches` follow `batch`);
-      // the queue holds one batch per entry.
-      google::protobuf::RepeatedPtrField<v1::BatchReady> more;
-      more.Swap(message.mutable_batches());
-      queue_.push_back(std::move(message));
-      for (v1::BatchReady& b : more) {
-        v1::ConsumeResponse single;
-        *single.mutable_batch() = std::move(b);
-        queue_.push_back(std::move(single));
+      // the queue holds one batch per entry. A message with neither a batch nor an epoch
+      // end is queued as kind 0, which Next reports.
+      if (message.has_batch()) {
+        queue_.push_back(FromProto(message.batch()));
+      } else if (message.has_epoch_end()) {
+        ChannelMessage end;
+        end.kind = ChannelMessage::kEpochEnd;
+        end.epoch = message.epoch_end().epoch();
+        queue_.push_back(end);
+      } else if (message.batches_size() == 0) {
+        queue_.push_back(ChannelMessage());
       }
+      for (const v1::BatchReady& b : message.batches()) queue_.push_back(FromProto(b));
       message.Clear();
     }
     grpc::Status status;
@@ -398,7 +402,7 @@ class StreamState {
   bool stopping_ ABSL_GUARDED_BY(out_mu_) = false;
 
   absl::Mutex mu_;
-  std::deque<v1::ConsumeResponse> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<ChannelMessage> queue_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> end_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -623,27 +627,28 @@ class ConsumerImpl {
       case State::kInEpoch:
         break;
     }
-    absl::StatusOr<std::optional<v1::ConsumeResponse>> message = stream_->Read(timeout);
+    absl::StatusOr<std::optional<ChannelMessage>> message = stream_->Read(timeout);
+
     if (!message.ok()) return Break(message.status());
     if (!message->has_value()) {
       return absl::DeadlineExceededError(absl::StrCat(
           "no batch from ferryd within ", absl::FormatDuration(timeout), " (epoch ", epoch_,
           ", batch ", next_batch_, ")"));
     }
-    const v1::ConsumeResponse& response = **message;
-    if (response.has_epoch_end()) {
-      if (response.epoch_end().epoch() != epoch_ || next_batch_ != job_.batches_per_epoch) {
+    const ChannelMessage& ready = **message;
+    if (ready.kind == ChannelMessage::kEpochEnd) {
+      if (ready.epoch != epoch_ || next_batch_ != job_.batches_per_epoch) {
         return Break(absl::InternalError(absl::StrCat(
-            "ferryd ended epoch ", response.epoch_end().epoch(), " while this consumer was in ",
+            "ferryd ended epoch ", ready.epoch, " while this consumer was in ",
             "epoch ", epoch_, " at batch ", next_batch_, " of ", job_.batches_per_epoch)));
       }
       state_ = State::kEpochDone;
       return std::optional<Batch>();
     }
-    if (!response.has_batch()) {
+    if (ready.kind != ChannelMessage::kBatchReady) {
       return Break(absl::InternalError("ferryd sent an empty message on the batch stream"));
     }
-    const v1::BatchReady& ready = response.batch();
+
     // A GPU batch lives in ferryd's device memory, which CUDA frees with ferryd: once
     // ferryd is gone, batches it sent that this trainer has not taken are not handed out
     // (the stream may not have noticed yet; the session socket has).
@@ -655,27 +660,27 @@ class ConsumerImpl {
           epoch_, " resumes at batch ", next_batch_, " with StartEpoch(", epoch_, ", ",
           next_batch_, ")")));
     }
-    if (ready.seq() != next_seq_ || ready.epoch() != epoch_ || ready.batch() != next_batch_ ||
-        ready.slot() >= num_slots_ || ready.num_samples() == 0 ||
-        ready.num_samples() > job_.spec.batch_size) {
+    if (ready.seq != next_seq_ || ready.epoch != epoch_ || ready.batch != next_batch_ ||
+        ready.slot >= num_slots_ || ready.num_samples == 0 ||
+        ready.num_samples > job_.spec.batch_size) {
       return Break(absl::InternalError(absl::StrCat(
-          "ferryd sent BatchReady{seq=", ready.seq(), ", epoch=", ready.epoch(),
-          ", batch=", ready.batch(), ", slot=", ready.slot(), ", num_samples=",
-          ready.num_samples(), "} but expected seq ", next_seq_, ", epoch ", epoch_,
+          "ferryd sent BatchReady{seq=", ready.seq, ", epoch=", ready.epoch,
+          ", batch=", ready.batch, ", slot=", ready.slot, ", num_samples=",
+          ready.num_samples, "} but expected seq ", next_seq_, ", epoch ", epoch_,
           ", batch ", next_batch_, ", slot < ", num_slots_, ", 1..", job_.spec.batch_size,
           " samples")));
     }
     ++next_seq_;
     ++next_batch_;
     Batch batch;
-    batch.epoch_ = ready.epoch();
-    batch.index_ = ready.batch();
-    batch.seq_ = ready.seq();
-    batch.slot_ = ready.slot();
-    batch.num_samples_ = ready.num_samples();
+    batch.epoch_ = ready.epoch;
+    batch.index_ = ready.batch;
+    batch.seq_ = ready.seq;
+    batch.slot_ = ready.slot;
+    batch.num_samples_ = ready.num_samples;
     const int device = ring_ ? ring_->device() : -1;
-    const uint8_t* slot_base = ring_ ? ring_->slot_data(ready.slot())
-                                     : slab_->data() + uint64_t{ready.slot()} * slot_bytes_;
+    const uint8_t* slot_base = ring_ ? ring_->slot_data(ready.slot)
+                                     : slab_->data() + uint64_t{ready.slot} * slot_bytes_;
     batch.device_ = device;
     batch.fields_.reserve(layout_.size());
     for (const FieldInfo& f : layout_) {
@@ -683,15 +688,15 @@ class ConsumerImpl {
       field.name = f.name;
       field.dtype = f.dtype;
       field.shape.reserve(f.shape.size() + 1);
-      field.shape.push_back(ready.num_samples());
+      field.shape.push_back(ready.num_samples);
       field.shape.insert(field.shape.end(), f.shape.begin(), f.shape.end());
       field.data = slot_base + f.offset;
-      field.bytes = uint64_t{ready.num_samples()} * f.row_bytes;
+      field.bytes = uint64_t{ready.num_samples} * f.row_bytes;
       field.device = device;
       batch.fields_.push_back(std::move(field));
     }
     batch.lease_ =
-        std::make_unique<BatchLease>(stream_, slab_, ring_, ready.slot(), ready.seq());
+        std::make_unique<BatchLease>(stream_, slab_, ring_, ready.slot, ready.seq);
     return std::optional<Batch>(std::move(batch));
   }
 
