@@ -163,7 +163,42 @@ TEST(SessionTest, FetchSlabReceivesTheMemfd) {
   session->reset();
 }
 
+TEST(SessionTest, ALateAnswerIsNotTakenForTheNextRequestsAnswer) {
+  TempDir dir;
+  const std::string address = dir.path() + "/ferryd.sock";
+  absl::Notification timed_out;
+  FakeSessionServer server(address, [&](int fd) {
+    (void)SendPacket(fd, "HELLO t 1");
+    auto request = RecvPacket(fd);
+    ASSERT_TRUE(request.ok());
+    EXPECT_EQ(*request, "FD att-1");
+    timed_out.WaitForNotification();  // a wedged ferryd answers after the client gave up
+    UniqueFd memfd(memfd_create("slab", MFD_CLOEXEC));
+    ASSERT_EQ(ftruncate(memfd.get(), 8192), 0);
+    (void)SendPacket(fd, "OK 8192", memfd.get());
+    request = RecvPacket(fd);
+    ASSERT_TRUE(request.ok());
+    EXPECT_EQ(*request, "FD att-2");
+    (void)SendPacket(fd, "ERR attachment att-2 does not exist");
+    (void)RecvPacket(fd);
+  });
+  auto session = internal::Session::Open(address, absl::Milliseconds(200));
+  ASSERT_TRUE(session.ok()) << session.status();
+  auto late = (*session)->FetchSlab("att-1");
+  ASSERT_FALSE(late.ok());
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(late.status().message(), HasSubstr("did not answer the slab request within 200ms"));
+  timed_out.Notify();
+  // att-1's late answer (and its fd) arrive first; they are dropped, not handed to att-2.
+  auto refused = (*session)->FetchSlab("att-2");
+  ASSERT_FALSE(refused.ok()) << "att-2 was handed att-1's late slab";
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("att-2 does not exist"));
+  session->reset();
+}
+
 TEST(SessionTest, DaemonGoneOnceTheSessionSocketCloses) {
+
   TempDir dir;
   const std::string address = dir.path() + "/ferryd.sock";
   absl::Notification checked_alive, closed;

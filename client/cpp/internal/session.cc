@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -14,14 +15,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/session_protocol.h"
 
 namespace ferry::internal {
 namespace {
 
-// How long ferryd may take to answer on the session socket (HELLO, FD). It answers from
-// memory, so only a wedged daemon gets near this.
-constexpr int kSessionTimeoutSeconds = 30;
 
 absl::Status Annotate(const absl::Status& status, const std::string& path,
                       const std::string& what) {
@@ -30,24 +30,30 @@ absl::Status Annotate(const absl::Status& status, const std::string& path,
                       absl::StrCat(what, " on session socket ", path, ": ", status.message()));
 }
 
-// RecvPacket with a deadline, so a wedged daemon yields an error instead of a hang.
+// RecvPacket by `deadline` (`timeout` after the request), so a wedged daemon yields an
+// error instead of a hang.
 absl::StatusOr<std::string> RecvWithTimeout(int sock, const std::string& path,
-                                            const std::string& what,
+                                            const std::string& what, absl::Duration timeout,
+                                            absl::Time deadline,
                                             std::vector<UniqueFd>* fds = nullptr) {
   pollfd p{sock, POLLIN, 0};
   int n;
   do {
-    n = ::poll(&p, 1, kSessionTimeoutSeconds * 1000);
+    const int64_t left_ms =
+        std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now()));
+    n = ::poll(&p, 1, static_cast<int>(left_ms));
   } while (n < 0 && errno == EINTR);
   if (n < 0) return absl::InternalError(absl::StrCat("poll: ", strerror(errno)));
   if (n == 0) {
     return absl::DeadlineExceededError(absl::StrCat("ferryd did not answer ", what, " within ",
-                                                    kSessionTimeoutSeconds, " s on ", path));
+                                                    absl::FormatDuration(timeout), " on ", path,
+                                                    "; is it wedged? 'ferryctl status' asks it"));
   }
   absl::StatusOr<std::string> packet = RecvPacket(sock, fds);
   if (!packet.ok()) return Annotate(packet.status(), path, what);
   return packet;
 }
+
 
 }  // namespace
 
@@ -63,13 +69,16 @@ absl::Status NoDaemonError(const std::string& grpc_socket, const absl::Status& c
                                    "ferryd', or pass the address"));
 }
 
-Session::Session(UniqueFd fd, std::string path, std::string token, int daemon_pid)
+Session::Session(UniqueFd fd, std::string path, std::string token, int daemon_pid,
+                 absl::Duration answer_timeout)
     : path_(std::move(path)),
       token_(std::move(token)),
       daemon_pid_(daemon_pid),
+      answer_timeout_(answer_timeout),
       fd_(std::move(fd)) {}
 
-absl::StatusOr<std::unique_ptr<Session>> Session::Open(const std::string& grpc_socket) {
+absl::StatusOr<std::unique_ptr<Session>> Session::Open(const std::string& grpc_socket,
+                                                      absl::Duration answer_timeout) {
   const std::string path = SessionSocketPath(grpc_socket);
   absl::StatusOr<UniqueFd> fd = ConnectUnix(path, SOCK_SEQPACKET);
   if (!fd.ok()) {
@@ -80,7 +89,8 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Open(const std::string& grpc_s
     }
     return fd.status();
   }
-  absl::StatusOr<std::string> hello = RecvWithTimeout(fd->get(), path, "HELLO");
+  absl::StatusOr<std::string> hello = RecvWithTimeout(fd->get(), path, "HELLO", answer_timeout,
+                                                      absl::Now() + answer_timeout);
   if (!hello.ok()) return hello.status();
   std::vector<std::string> parts = absl::StrSplit(*hello, ' ');
   int pid = 0;
@@ -90,23 +100,37 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Open(const std::string& grpc_s
                                             "' on ", path,
                                             "; is it a ferryd of another version?"));
   }
-  return std::unique_ptr<Session>(new Session(std::move(*fd), path, parts[1], pid));
+  return std::unique_ptr<Session>(
+      new Session(std::move(*fd), path, parts[1], pid, answer_timeout));
 }
 
 bool Session::DaemonGone() {
-  absl::MutexLock lock(&mu_);
   pollfd p{fd_.get(), POLLRDHUP, 0};
   // POLLHUP and POLLERR are reported whether asked or not.
   return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
-absl::StatusOr<Session::Slab> Session::FetchSlab(const std::string& attach_id) {
+absl::StatusOr<std::string> Session::Ask(const std::string& request, const std::string& what,
+                                         std::vector<UniqueFd>* fds) {
   absl::MutexLock lock(&mu_);
-  absl::Status sent = SendPacket(fd_.get(), absl::StrCat("FD ", attach_id));
-  if (!sent.ok()) return Annotate(sent, path_, "requesting the slab");
+  absl::Status sent = SendPacket(fd_.get(), request);
+  if (!sent.ok()) return Annotate(sent, path_, absl::StrCat("sending ", what));
+  const absl::Time deadline = absl::Now() + answer_timeout_;
+  for (;;) {
+    fds->clear();
+    absl::StatusOr<std::string> answer =
+        RecvWithTimeout(fd_.get(), path_, what, answer_timeout_, deadline, fds);
+    if (absl::IsDeadlineExceeded(answer.status())) ++unanswered_;  // this one comes late
+    if (!answer.ok() || unanswered_ == 0) return answer;
+    --unanswered_;  // the late answer to an earlier request: dropped with its fds
+  }
+}
+
+absl::StatusOr<Session::Slab> Session::FetchSlab(const std::string& attach_id) {
   Slab slab;
   std::vector<UniqueFd> fds;
-  absl::StatusOr<std::string> answer = RecvWithTimeout(fd_.get(), path_, "the slab request", &fds);
+  absl::StatusOr<std::string> answer =
+      Ask(absl::StrCat("FD ", attach_id), "the slab request", &fds);
   if (!answer.ok()) return answer.status();
   if (!fds.empty()) slab.fd = std::move(fds[0]);
   absl::string_view text = *answer;
@@ -127,12 +151,10 @@ absl::StatusOr<Session::Slab> Session::FetchSlab(const std::string& attach_id) {
 
 absl::StatusOr<std::unique_ptr<BatchChannel>> Session::FetchChannel(
     const std::string& attach_id) {
-  absl::MutexLock lock(&mu_);
-  absl::Status sent = SendPacket(fd_.get(), absl::StrCat("CHANNEL ", attach_id));
-  if (!sent.ok()) return Annotate(sent, path_, "requesting a batch channel");
   std::vector<UniqueFd> fds;
   absl::StatusOr<std::string> answer =
-      RecvWithTimeout(fd_.get(), path_, "the batch channel request", &fds);
+      Ask(absl::StrCat("CHANNEL ", attach_id), "the batch channel request", &fds);
+
   if (!answer.ok()) return answer.status();
   absl::string_view text = *answer;
   if (absl::ConsumePrefix(&text, "ERR ")) {

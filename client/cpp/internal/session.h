@@ -6,10 +6,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/batch_channel.h"
 #include "common/unique_fd.h"
 
@@ -22,9 +24,15 @@ absl::Status NoDaemonError(const std::string& grpc_socket, const absl::Status& c
 // Thread-safe: FetchSlab and FetchChannel serialize their request/answer pairs on the socket.
 class Session final {
  public:
+  // How long ferryd may take to answer (HELLO, FD, CHANNEL). It answers from memory, so
+  // only a wedged daemon gets near this.
+  static constexpr absl::Duration kDefaultAnswerTimeout = absl::Seconds(30);
+
   // Connects to SessionSocketPath(grpc_socket) and reads the HELLO. Errors come from
-  // NoDaemonError when nothing answers.
-  static absl::StatusOr<std::unique_ptr<Session>> Open(const std::string& grpc_socket);
+  // NoDaemonError when nothing answers; DEADLINE_EXCEEDED when an answer takes longer
+  // than `answer_timeout`.
+  static absl::StatusOr<std::unique_ptr<Session>> Open(
+      const std::string& grpc_socket, absl::Duration answer_timeout = kDefaultAnswerTimeout);
 
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -50,16 +58,30 @@ class Session final {
   bool DaemonGone();
 
  private:
-  Session(UniqueFd fd, std::string path, std::string token, int daemon_pid);
+  Session(UniqueFd fd, std::string path, std::string token, int daemon_pid,
+          absl::Duration answer_timeout);
 
-  // Constant after construction.
+  // Sends `request` and returns ferryd's answer to it (with its fds in `fds`).
+  // DEADLINE_EXCEEDED after answer_timeout_; `what` names the request in errors.
+  absl::StatusOr<std::string> Ask(const std::string& request, const std::string& what,
+                                  std::vector<UniqueFd>* fds);
+
+  // Constant after construction. The socket is only read and written under mu_;
+  // DaemonGone polls it without the lock (it must not wait behind a slow request).
   const std::string path_;
   const std::string token_;
   const int daemon_pid_;
+  const absl::Duration answer_timeout_;
+  const UniqueFd fd_;
 
-  absl::Mutex mu_;
-  UniqueFd fd_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex mu_;  // one request/answer pair at a time
+  // Requests whose answer did not come in time. ferryd answers every request, in order, so
+  // the next this many packets are those late answers: Ask drops them (and their fds)
+  // instead of taking one for the answer to its own request.
+  int unanswered_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
 
 // A read-only, shared mapping of a whole file; unmapped on destruction. Thread-compatible
 // (immutable after creation).
