@@ -7,6 +7,8 @@ import threading
 import warnings
 import weakref
 
+import numpy as np
+
 from ferry import _daemon
 from ferry.errors import FerryError
 
@@ -250,13 +252,19 @@ class CenterCrop:
 _BFLOAT16_CODE = 7
 
 
+def _needs_widening(array):
+    """True for arrays that _to_torch widens (torch 1.x has no uint16/uint32 tensors)."""
+    import numpy as np
+    return array.dtype == np.uint16 or array.dtype == np.uint32
+
+
 def _to_torch(name, array, copy, bfloat16=False):
     import torch
     import numpy as np
     if bfloat16:
         # Reinterpret the raw bits (int16 has the same size; no copy beyond the usual).
         return _to_torch(name, array.view(np.int16), copy).view(torch.bfloat16)
-    if array.dtype == np.uint16 or array.dtype == np.uint32:
+    if _needs_widening(array):
         # torch 1.x has no uint16/uint32 tensors: widen (a copy even in zero-copy mode).
         return torch.from_numpy(array.astype(np.int32 if array.dtype == np.uint16 else np.int64))
     if copy:
@@ -478,7 +486,8 @@ class Loader:
         self.device = device
         self._as_numpy = _check_bool("as_numpy", as_numpy) or not _torch_available()
         self._zero_copy = _check_bool("zero_copy", zero_copy)
-        self._view_cache = {}  # device-slot views, see _cuda_views
+        self._view_cache = {}  # slot views, see _host_batch and _cuda_views
+
         self._raw_stream = None  # see _current_stream
         self._timeout = timeout
         self._torch_device = None
@@ -584,16 +593,11 @@ class Loader:
                     tensors, held = self._gpu_batch(batch)
                     yield tensors
                     continue
+                arrays = self._host_batch(batch)
                 if self._zero_copy:
-                    arrays = batch.arrays()
                     held = batch
                 else:
-                    arrays = {k: v.copy() for k, v in batch.arrays().items()}
                     batch.release()
-                if not self._as_numpy:
-                    bf16 = {f[0] for f in batch.fields if f[1] == _BFLOAT16_CODE}
-                    arrays = {k: _to_torch(k, v, copy=not self._zero_copy, bfloat16=k in bf16)
-                              for k, v in arrays.items()}
                 yield arrays
         finally:
             if held is not None:
@@ -621,6 +625,36 @@ class Loader:
             batch.release(self._current_stream())
         else:
             batch.release()
+
+    def _host_batch(self, batch):
+        """The arrays (or tensors) to yield for a host batch: views of the slab in zero-copy
+        mode, else copies. Views are made once per (slot, rows), as for GPU slots (see
+        _cuda_views): the slab is mapped once per attach, and making them costs more than
+        the rest of a handoff (ctypes calls per field, torch's read-only warning)."""
+        key = (batch.slot, batch.num_samples)
+        views = self._view_cache.get(key)
+        if views is None:
+            views = batch.arrays()
+            if not self._as_numpy:
+                bf16 = {f[0] for f in batch.fields if f[1] == _BFLOAT16_CODE}
+                # uint16/uint32 fields stay numpy arrays: torch has no such dtypes, so each
+                # batch widens them (a copy either way). bfloat16 arrives as uint16 bits.
+                views = {k: v if k not in bf16 and _needs_widening(v) else
+                         _to_torch(k, v, copy=False, bfloat16=k in bf16)
+                         for k, v in views.items()}
+
+            if len(self._view_cache) >= 256:
+                self._view_cache.clear()
+            self._view_cache[key] = views
+        if self._as_numpy:
+            return dict(views) if self._zero_copy else {k: v.copy() for k, v in views.items()}
+        out = {}
+        for k, v in views.items():
+            if isinstance(v, np.ndarray):  # to widen
+                out[k] = _to_torch(k, v, copy=True)
+            else:
+                out[k] = v if self._zero_copy else v.clone()
+        return out
 
     def _gpu_batch(self, batch):
         """(tensors to yield, batch still held or None). Nothing here waits on the host."""

@@ -161,7 +161,33 @@ class EndToEndTest(unittest.TestCase):
         zb = next(iter(z))
         self.assertTrue(torch.equal(torch.utils.dlpack.from_dlpack(zb["index"]), zb["index"]))
 
+    def test_torch_batches_stay_correct_as_slots_are_reused(self):
+        # Views of a slot are made once per (slot, rows) and reused: every batch, over
+        # epochs that reattach, with a short last batch, and kept copies in safe mode, must
+        # still hold its own rows.
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not installed")
+        for zero_copy in (False, True):
+            loader = self.loader(as_numpy=False, zero_copy=zero_copy, batch_size=5,
+                                 shuffle=True, seed=3, job_name="reuse-%s" % zero_copy)
+            for epoch in range(3):
+                loader.set_epoch(epoch)
+                kept, seen = [], []
+                for b in loader:
+                    self.assertIsInstance(b["tokens"], torch.Tensor)
+                    self.check_batch({k: v.numpy() for k, v in b.items()})
+                    seen.extend(int(i) for i in b["index"])
+                    if not zero_copy:
+                        kept.append(b)
+                self.assertEqual(sorted(seen), list(range(64)))
+                self.assertEqual(len(kept[-1]["index"]) if kept else 4, 4)  # 64 = 12 * 5 + 4
+                for b in kept:  # copies: untouched by the slots' later batches
+                    self.check_batch({k: v.numpy() for k, v in b.items()})
+
     def test_image_folder(self):
+
         from PIL import Image
         root = os.path.join(self.tmp.name, "images")
         for c, color in (("cat", (200, 10, 10)), ("dog", (10, 10, 200))):
