@@ -191,11 +191,12 @@ BatchChannel::Ring BatchChannel::incoming() const {
 
 absl::Status BatchChannel::Send(const ChannelMessage& message) {
   const Ring ring = outgoing();
-  const uint64_t used = send_head_ - ring.indices->tail.load(std::memory_order_acquire);
+  const uint64_t tail = ring.indices->tail.load(std::memory_order_acquire);
+  const uint64_t used = send_head_ - tail;
   if (used > capacity_) {
     return absl::DataLossError(absl::StrCat(
-        "the batch channel's read index is ahead of what was written (", used,
-        " entries in use of ", capacity_, "): ", peer(), " wrote over the channel"));
+        "the batch channel's read index is impossible (", tail, " read, ", send_head_,
+        " written, ring of ", capacity_, "): ", peer(), " wrote over the channel"));
   }
   if (used == capacity_) {
     return absl::ResourceExhaustedError(absl::StrCat("the batch channel is full (", capacity_,
@@ -221,9 +222,10 @@ absl::StatusOr<bool> BatchChannel::Receive(ChannelMessage* message) {
   if (head == receive_tail_) return false;
   if (head - receive_tail_ > capacity_) {
     return absl::DataLossError(absl::StrCat(
-        "the batch channel's write index claims ", head - receive_tail_,
-        " unread messages in a ring of ", capacity_, ": ", peer(), " wrote over the channel"));
+        "the batch channel's write index is impossible (", head, " written, ", receive_tail_,
+        " read, ring of ", capacity_, "): ", peer(), " wrote over the channel"));
   }
+
   memcpy(message, ring.entries + (receive_tail_ & (capacity_ - 1)) * sizeof(ChannelMessage),
          sizeof(*message));
   ++receive_tail_;
@@ -244,11 +246,12 @@ bool BatchChannel::PrepareToSleep() {
 void BatchChannel::ClearWakeups() {
   incoming().indices->consumer_sleeping.store(0, std::memory_order_relaxed);
   char buf[256];
-  for (;;) {
+  for (size_t read = 0; read < kMaxWakeBytesPerClear; read += sizeof(buf)) {
     const ssize_t n = ::recv(wake_in_.get(), buf, sizeof(buf), MSG_DONTWAIT);
     if (n == 0) peer_closed_ = true;  // and the socket stays readable: do not spin on it
     if (n < static_cast<ssize_t>(sizeof(buf))) break;
   }
+
   if (self_wake_.valid()) {
     uint64_t count;
     ssize_t unused = ::read(self_wake_.get(), &count, sizeof(count));  // our own, non-blocking

@@ -93,7 +93,13 @@ class BatchChannel final {
   // waiting. After it returned true, wait for wake_fd() to become readable (poll, epoll),
   // then ClearWakeups.
   bool PrepareToSleep();
+  // Reads at most kMaxWakeBytesPerClear bytes of wakeups: an honest peer sends one per
+  // sleep, and a peer that floods the socket must not hold the caller (ferryd's one
+  // channel thread) here; what is left keeps wake_fd() readable, so the caller's poll
+  // comes back to it.
   void ClearWakeups();
+  static constexpr size_t kMaxWakeBytesPerClear = 4096;
+
   // The fd that becomes readable when the peer wakes this side (or closes its end).
   int wake_fd() const { return wake_in_.get(); }
   // True once ClearWakeups found the peer's end of the wake socket closed (it exited or

@@ -2,13 +2,16 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -119,7 +122,35 @@ TEST(BatchChannelTest, TheTrainerCannotMakeFerrydsWakeSocketBlocking) {
   ASSERT_TRUE(p.daemon->Send(Batch(0)).ok()) << "the wake is sent without blocking";
 }
 
+TEST(BatchChannelTest, AFloodOfWakeupsIsReadABoundedAmountAtATime) {
+  // A trainer writing its wake socket full must not keep ferryd's channel thread (which
+  // serves every trainer) in ClearWakeups: each call reads a bounded amount, and the rest
+  // keeps the fd readable for the thread's next turn.
+  auto daemon = BatchChannel::Create(8);
+  ASSERT_TRUE(daemon.ok());
+  UniqueFd to_daemon(dup((*daemon)->HandoverFds()[2]));
+  (*daemon)->DropHandoverFds();
+  ASSERT_EQ(fcntl(to_daemon.get(), F_SETFL, O_NONBLOCK), 0);
+  std::vector<char> junk(1024, 'x');
+  size_t flooded = 0;
+  while (send(to_daemon.get(), junk.data(), junk.size(), MSG_DONTWAIT) > 0) {
+    flooded += junk.size();
+  }
+  ASSERT_GT(flooded, 4 * BatchChannel::kMaxWakeBytesPerClear);
+  (*daemon)->ClearWakeups();
+  pollfd p{(*daemon)->wake_fd(), POLLIN, 0};
+  EXPECT_EQ(poll(&p, 1, 0), 1) << "one ClearWakeups read the whole flood of " << flooded;
+  int calls = 1;
+  while (poll(&p, 1, 0) == 1 && calls < 100000) {
+    (*daemon)->ClearWakeups();
+    ++calls;
+  }
+  EXPECT_EQ(poll(&p, 1, 0), 0) << "the flood is read in the end";
+  EXPECT_FALSE((*daemon)->peer_closed());
+}
+
 TEST(BatchChannelTest, APeerThatClosedItsEndStopsTheWaitAtOnce) {
+
   Pair p = MakePair(8);
   p.daemon->DropHandoverFds();
   p.trainer.reset();  // the trainer exits

@@ -58,13 +58,17 @@ absl::StatusOr<uint64_t> ChannelPoller::Add(int fd,
 void ChannelPoller::Remove(uint64_t id) {
   absl::MutexLock lock(&mutex_);
   auto it = entries_.find(id);
-  if (it == entries_.end()) return;
-  ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, it->second->fd, nullptr);
-  entries_.erase(it);
+  if (it != entries_.end()) {
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, it->second->fd, nullptr);
+    entries_.erase(it);
+  }
   if (std::this_thread::get_id() == thread_id_) return;  // called by the handler itself
+  // Also when the id is gone already: a handler that removed itself may still be running,
+  // and the caller is about to destroy what it uses.
   auto idle = [this, id]() ABSL_SHARED_LOCKS_REQUIRED(mutex_) { return running_ != id; };
   mutex_.Await(absl::Condition(&idle));
 }
+
 
 void ChannelPoller::RunAgain(uint64_t id) {
   if (id == 0) return;  // 0 is the stop signal, never a registration

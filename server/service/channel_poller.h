@@ -38,8 +38,10 @@ class ChannelPoller final {
   absl::StatusOr<uint64_t> Add(int fd, std::function<void(uint64_t id)> on_readable);
   // Ends a registration. When it returns, the handler is not running and never runs again,
   // unless Remove is called from that handler itself (then it returns at once, and the
-  // handler must not touch what the removal was to protect after it returns). Unknown ids
-  // are ignored.
+  // handler must not touch what the removal was to protect after it returns). A removed
+  // or unknown id is not an error: Remove still waits for its handler if it is running
+  // (one that removed itself and goes on, e.g. to end its stream).
+
   void Remove(uint64_t id);
   // From a handler: run it again soon even if its fd is not readable, after the handlers
   // of fds that are (a handler that stops early to let others run asks for this).

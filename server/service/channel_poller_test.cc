@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <thread>
 
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
@@ -116,5 +117,39 @@ TEST(ChannelPollerTest, AHandlerMayRemoveItself) {
   EXPECT_TRUE(removed.WaitForNotificationWithTimeout(absl::Seconds(30)));
 }
 
+// What a Consume stream does at its end: its channel handler removes itself and goes on
+// to finish the stream, while gRPC's thread runs OnDone, which removes the registration
+// too and then deletes what the handler uses. That Remove must wait for the handler.
+TEST(ChannelPollerTest, RemoveWaitsForAHandlerThatRemovedItselfAndGoesOn) {
+  auto poller = ChannelPoller::Start();
+  ASSERT_TRUE(poller.ok());
+  UniqueFd fd(eventfd(0, EFD_NONBLOCK));
+  std::atomic<uint64_t> id{0};
+  absl::Notification removed_itself, go_on;
+  std::atomic<bool> finished{false};
+  auto added = (*poller)->Add(fd.get(), [&](uint64_t self) {
+    Drain(fd.get());
+    (*poller)->Remove(self);
+    removed_itself.Notify();
+    go_on.WaitForNotification();
+    finished.store(true);
+  });
+  ASSERT_TRUE(added.ok());
+  id.store(*added);
+  Signal(fd.get());
+  ASSERT_TRUE(removed_itself.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  std::atomic<bool> returned{false};
+  std::thread remover([&] {
+    (*poller)->Remove(id.load());
+    returned.store(true);
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(returned.load()) << "Remove returned while the handler was still running";
+  go_on.Notify();
+  remover.join();
+  EXPECT_TRUE(finished.load());
+}
+
 }  // namespace
+
 }  // namespace ferry

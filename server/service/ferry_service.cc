@@ -174,7 +174,10 @@ class ConsumeReactor final
   // must not starve the others).
   void DrainChannel(uint64_t poll_id) {
     channel_->ClearWakeups();
-    if (channel_failed_.load()) return;
+    if (channel_failed_.load()) {  // SendToChannel failed and ended the stream
+      poller_->Remove(poll_id);    // a closed wake socket would stay readable: no spinning
+      return;
+    }
     absl::Status status;
     for (uint32_t handled = 0; status.ok(); ++handled) {
       if (handled == channel_->capacity()) {
@@ -202,7 +205,10 @@ class ConsumeReactor final
     }
     channel_failed_.store(true);
     poller_->Remove(poll_id);  // from the handler itself: no more calls, returns at once
-    FinishOnce(status);  // last: OnDone may delete this reactor once it returns
+    // OnDone may follow on gRPC's thread at once; its Remove waits for this handler to
+    // return before the reactor is deleted.
+    FinishOnce(status);
+
   }
 
   absl::Status HandleChannelMessage(const ChannelMessage& m) {
