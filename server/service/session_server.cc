@@ -63,8 +63,15 @@ std::shared_ptr<BatchChannel> SessionServer::TakeChannel(const std::string& toke
   if (it == session->second.end()) return nullptr;
   std::shared_ptr<BatchChannel> channel = std::move(it->second);
   session->second.erase(it);
-  --waiting_channel_count_;
+  auto peer = by_token_.find(token);  // live: Close drops a session's channels with it
+  if (peer != by_token_.end()) CountWaiting(peer->second.uid, -1);
   return channel;
+}
+
+void SessionServer::CountWaiting(unsigned uid, ptrdiff_t change) {
+  size_t& count = waiting_per_uid_[uid];
+  count += change;
+  if (count == 0) waiting_per_uid_.erase(uid);
 }
 
 void SessionServer::Close(int fd) {
@@ -74,7 +81,7 @@ void SessionServer::Close(int fd) {
     by_token_.erase(it->second.token);
     auto waiting = waiting_channels_.find(it->second.token);
     if (waiting != waiting_channels_.end()) {
-      waiting_channel_count_ -= waiting->second.size();
+      CountWaiting(it->second.peer.uid, -static_cast<ptrdiff_t>(waiting->second.size()));
       waiting_channels_.erase(waiting);
     }
   }
@@ -104,12 +111,14 @@ void SessionServer::Run() {
   absl::MutexLock lock(&mutex_);
   by_token_.clear();
   waiting_channels_.clear();
-  waiting_channel_count_ = 0;
+  waiting_per_uid_.clear();
   sessions_.clear();
 }
 
 void SessionServer::Accept() {
-  UniqueFd fd(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  // Non-blocking: this one thread answers every session, so a client that does not read
+  // its answers must not stall the others. An answer that does not fit ends that session.
+  UniqueFd fd(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
   if (!fd.valid()) return;
   auto peer = GetPeerCredentials(fd.get());
   if (!peer.ok()) {
@@ -131,6 +140,14 @@ void SessionServer::Accept() {
   sessions_.emplace(key, std::move(session));
 }
 
+bool SessionServer::Sent(int fd, const absl::Status& sent) {
+  if (sent.ok()) return true;
+  FERRY_LOG(WARNING) << "closing the session of pid " << sessions_.at(fd).peer.pid
+                     << ": its answer could not be sent (" << sent.message()
+                     << "); a client must read the answer to each request before the next";
+  return false;
+}
+
 bool SessionServer::Serve(int fd) {
   auto message = RecvPacket(fd);
   if (!message.ok()) return false;  // closed or broken: the session ends
@@ -139,14 +156,14 @@ bool SessionServer::Serve(int fd) {
     const std::string attach_id = message->substr(3);
     auto provided = fd_provider_(session.peer, attach_id);
     if (!provided.ok()) {
-      return SendPacket(fd, absl::StrCat("ERR ", provided.status().ToString())).ok();
+      return Sent(fd, SendPacket(fd, absl::StrCat("ERR ", provided.status().ToString())));
     }
-    return SendPacket(fd, absl::StrCat("OK ", provided->second), provided->first).ok();
+    return Sent(fd, SendPacket(fd, absl::StrCat("OK ", provided->second), provided->first));
   }
   if (absl::StartsWith(*message, "CHANNEL ")) return ServeChannel(fd, message->substr(8));
-  return SendPacket(fd, absl::StrCat("ERR unknown request '", message->substr(0, 32),
-                                     "'; expected 'FD <attach_id>' or 'CHANNEL <attach_id>'"))
-      .ok();
+  return Sent(fd, SendPacket(fd, absl::StrCat("ERR unknown request '", message->substr(0, 32),
+                                              "'; expected 'FD <attach_id>' or 'CHANNEL "
+                                              "<attach_id>'")));
 }
 
 bool SessionServer::ServeChannel(int fd, const std::string& attach_id) {
@@ -156,31 +173,35 @@ bool SessionServer::ServeChannel(int fd, const std::string& attach_id) {
     const auto it = waiting_channels_.find(session.token);
     const size_t mine = it == waiting_channels_.end() ? 0 : it->second.size();
     const bool refetch = mine > 0 && it->second.contains(attach_id);  // replaces, adds none
+    const auto uid_count = waiting_per_uid_.find(session.peer.uid);
+    const size_t users = uid_count == waiting_per_uid_.end() ? 0 : uid_count->second;
     if (!refetch && (mine >= kMaxWaitingChannelsPerSession ||
-                     waiting_channel_count_ >= kMaxWaitingChannels)) {
-      return SendPacket(fd, absl::StrCat("ERR ", mine >= kMaxWaitingChannelsPerSession
-                                                     ? "this session holds "
-                                                     : "ferryd's sessions hold ",
-                                         mine >= kMaxWaitingChannelsPerSession
-                                             ? kMaxWaitingChannelsPerSession
-                                             : kMaxWaitingChannels,
-                                         " batch channels that no Consume stream opened; "
-                                         "open a stream (Open.channel) before fetching more"))
-          .ok();
+                     users >= kMaxWaitingChannelsPerUid)) {
+      const std::string holder =
+          mine >= kMaxWaitingChannelsPerSession
+              ? absl::StrCat("this session holds ", kMaxWaitingChannelsPerSession)
+              : absl::StrCat("the sessions of uid ", session.peer.uid, " hold ",
+                             kMaxWaitingChannelsPerUid);
+      return Sent(fd, SendPacket(fd, absl::StrCat(
+                                         "ERR ", holder,
+                                         " batch channels that no Consume stream opened; open "
+                                         "a stream (Open.channel) before fetching more")));
     }
   }
   absl::StatusOr<std::unique_ptr<BatchChannel>> made = channel_factory_(session.peer, attach_id);
-  if (!made.ok()) return SendPacket(fd, absl::StrCat("ERR ", made.status().ToString())).ok();
+  if (!made.ok()) {
+    return Sent(fd, SendPacket(fd, absl::StrCat("ERR ", made.status().ToString())));
+  }
   std::shared_ptr<BatchChannel> channel = *std::move(made);
   // Waiting before the client can learn of it: its Open may race this thread. A second
   // fetch for the same attachment replaces the first (whose stream never opened).
   {
     absl::MutexLock lock(&mutex_);
     auto& mine = waiting_channels_[session.token];
-    if (mine.insert_or_assign(attach_id, channel).second) ++waiting_channel_count_;
+    if (mine.insert_or_assign(attach_id, channel).second) CountWaiting(session.peer.uid, 1);
   }
   const bool sent =
-      SendPacket(fd, absl::StrCat("OK ", channel->bytes()), channel->HandoverFds()).ok();
+      Sent(fd, SendPacket(fd, absl::StrCat("OK ", channel->bytes()), channel->HandoverFds()));
   // ferryd keeps its mapping and its own wake sockets; the trainer's fds are its now.
   channel->DropHandoverFds();
   return sent;

@@ -49,10 +49,11 @@ class SessionServer final {
   // once: null when there is none (never fetched, already taken, or the session closed).
   std::shared_ptr<BatchChannel> TakeChannel(const std::string& token,
                                             const std::string& attach_id);
-  // Channels fetched and not yet opened by a stream, per session and in all: a client
+  // Channels fetched and not yet opened by a stream, per session and per uid: a client
   // fetches one and opens it at once, so more is a misbehaving client (each holds fds).
+  // Per uid, not in all: one user's runaway sessions must not lock other users out.
   static constexpr size_t kMaxWaitingChannelsPerSession = 8;
-  static constexpr size_t kMaxWaitingChannels = 1024;
+  static constexpr size_t kMaxWaitingChannelsPerUid = 256;
   const std::string& path() const { return path_; }
 
  private:
@@ -62,6 +63,9 @@ class SessionServer final {
   void Accept();
   // False when the session should be closed.
   bool Serve(int fd);
+  // `sent` is the status of sending an answer on session `fd`: true when it went out,
+  // else false (the session is closed) after a warning naming the client.
+  bool Sent(int fd, const absl::Status& sent);
   // Answers "CHANNEL <attach_id>"; false when the session should be closed.
   bool ServeChannel(int fd, const std::string& attach_id);
   void Close(int fd);
@@ -87,7 +91,9 @@ class SessionServer final {
   absl::flat_hash_map<std::string,
                       absl::flat_hash_map<std::string, std::shared_ptr<BatchChannel>>>
       waiting_channels_ ABSL_GUARDED_BY(mutex_);
-  size_t waiting_channel_count_ ABSL_GUARDED_BY(mutex_) = 0;
+  // uid -> how many of waiting_channels_ its sessions hold (no zero entries)
+  absl::flat_hash_map<unsigned, size_t> waiting_per_uid_ ABSL_GUARDED_BY(mutex_);
+  void CountWaiting(unsigned uid, ptrdiff_t change) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 };
 
 }  // namespace ferry
