@@ -10,7 +10,10 @@
 //   - one batch as ferryd will run it on the copy stream: H2D of the uint8 batch from the
 //     registered slab, then normalize to bf16;
 //   - batches back to back as ferryd issues them (a copy, then the slot's ready event), on
-//     one copy stream or two.
+//     one copy stream or two;
+//   - the same while host threads copy sample rows the way ferryd's workers fill slots: into
+//     memory of their own, or into the slots being copied with ordinary stores (memcpy) or
+//     streaming ones (common/streaming_copy.h).
 // Every figure is the median of kReps timed repetitions (CUDA events around each) after
 // kWarmup untimed ones. GB/s are 1e9 bytes per second.
 //
@@ -18,17 +21,20 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/random.h"
+#include "common/streaming_copy.h"
 #include "server/cuda/cuda_resources.h"
 #include "server/cuda/normalize.h"
 #include "server/memory/shared_slab.h"
@@ -203,6 +209,87 @@ int Main(int argc, char** argv) {
       const double two = GBps(bytes, batches(&ipc_events, true));
       std::printf("%3zu MiB  %8.1f %15.1f (%.2f) %15.1f (%.2f) %19.1f (%.2f)\n", chunk / kMiB,
                   plain, sync, sync / plain, ipc, ipc / plain, two, two / plain);
+    }
+  }
+
+  // Batches back to back while host threads fill: each of hardware threads - 1 copies
+  // 16 KiB rows (a 2048 x int64 record) from random places of a 1 GiB source (the page
+  // cache of a shuffled dataset), as ferryd's workers do, either into memory of its own
+  // (what the fill's traffic costs the DMA reads) or into the very slab slots the copies
+  // read (as in ferryd, where a slot is copied soon after it was written, and lines the
+  // CPU still holds dirty must be fetched from its caches), with ordinary stores or with
+  // streaming ones (common/streaming_copy.h) that leave nothing dirty in the caches.
+  {
+    constexpr size_t kRow = 16 * 1024;
+    constexpr size_t kSource = 1024 * kMiB;
+    constexpr size_t kOwnBytes = 8 * kMiB;
+    const int threads =
+        std::max(1, std::min(15, static_cast<int>(std::thread::hardware_concurrency()) - 1));
+    std::vector<uint8_t> source(kSource, 0x5a);
+    std::vector<std::vector<uint8_t>> own(threads, std::vector<uint8_t>(kOwnBytes, 1));
+    constexpr int kSlots = 16;
+    std::vector<CudaEvent> ipc_events;
+    for (int i = 0; i < kSlots; ++i) {
+      ipc_events.push_back(Take(CudaEvent::Create(device, CudaEvent::kInterprocess), "event"));
+    }
+    std::printf("\nBatches back to back (copy + interprocess event) while %d threads copy 16 KiB "
+                "rows from random places of 1 GiB; H2D GB/s (ratio to no fill), fill GB/s\n",
+                threads);
+    std::printf("%-8s %8s %24s %24s %24s\n", "chunk", "no fill", "memcpy, own memory",
+                "memcpy, into the slots", "streaming, into slots");
+    enum Fill { kNone, kOwnMemcpy, kSlotsMemcpy, kSlotsStreaming };
+    for (size_t chunk : {1 * kMiB, 4 * kMiB}) {
+      const size_t batch_bytes = chunk * kSlots;  // the slab bytes the copies read
+      auto measure = [&](Fill fill) -> std::pair<double, double> {
+        std::atomic<bool> stop{false};
+        std::atomic<uint64_t> copied{0};
+        std::vector<std::thread> workers;
+        for (int t = 0; fill != kNone && t < threads; ++t) {
+          workers.emplace_back([&, t] {
+            // Into the slots: thread t writes its share of the slab bytes the copies read.
+            const size_t share = std::max(kRow, batch_bytes / threads / kRow * kRow);
+            uint8_t* base = fill == kOwnMemcpy ? own[t].data()
+                                                : slab.data() + (t * share) % batch_bytes;
+            const size_t span = fill == kOwnMemcpy ? kOwnBytes : share;
+            Rng rng(100 + t);
+            uint64_t rows = 0;
+            size_t at = 0;
+            while (!stop.load(std::memory_order_relaxed)) {
+              const uint8_t* src = source.data() + (rng.Next() % (kSource / kRow)) * kRow;
+              if (fill == kSlotsStreaming) {
+                StreamingCopy(base + at, src, kRow);
+              } else {
+                std::memcpy(base + at, src, kRow);
+              }
+              at = at + 2 * kRow <= span ? at + kRow : 0;
+              ++rows;
+            }
+            copied.fetch_add(rows * kRow);
+          });
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        const auto start = std::chrono::steady_clock::now();
+        const double ms = timer.MedianMs([&](int) {
+          for (int i = 0; i < kSlots; ++i) {
+            Check(stream.CopyAsync(static_cast<uint8_t*>(dev.data()) + i * chunk,
+                                   slab.data() + i * chunk, chunk),
+                  "H2D");
+            Check(stream.Record(ipc_events[i]), "record");
+          }
+        });
+        stop = true;
+        for (std::thread& w : workers) w.join();
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        return {GBps(static_cast<double>(batch_bytes), ms), copied.load() / seconds / 1e9};
+      };
+      const auto idle = measure(kNone);
+      std::printf("%3zu MiB  %8.1f", chunk / kMiB, idle.first);
+      for (Fill fill : {kOwnMemcpy, kSlotsMemcpy, kSlotsStreaming}) {
+        const auto r = measure(fill);
+        std::printf(" %10.1f (%.2f), %6.1f", r.first, r.first / idle.first, r.second);
+      }
+      std::printf("\n");
     }
   }
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "common/streaming_copy.h"
 
 namespace ferry {
 namespace {
@@ -149,7 +150,8 @@ absl::Status RecordSource::Fill(int64_t index, uint64_t sample_seed,
   }
   const uint8_t* src =
       file_.bytes().data() + data_offset_ + static_cast<size_t>(index) * row_bytes_;
-  std::memcpy(rows[0], src, row_bytes_);
+  // Streaming stores: the slot is read next by the GPU's DMA or a trainer, not by this core.
+  StreamingCopy(rows[0], src, row_bytes_);
   if constexpr (std::endian::native == std::endian::big) {
     // The file is little-endian; the slot holds host order.
     for (size_t v = 0; v + value_bytes_ <= row_bytes_; v += value_bytes_) {

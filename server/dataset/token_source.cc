@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/streaming_copy.h"
 
 namespace ferry {
 namespace {
@@ -137,7 +138,8 @@ absl::Status TokenSource::Fill(int64_t index, uint64_t sample_seed,
   const uint8_t* src = file_.bytes().data() + static_cast<size_t>(index * seq_len_) * token_bytes_;
   int64_t overflow = -1;
   if (raw_) {
-    std::memcpy(rows[0], src, static_cast<size_t>(count) * token_bytes_);
+    // Streaming stores: the slot is read next by the GPU's DMA or a trainer, not by this core.
+    StreamingCopy(rows[0], src, static_cast<size_t>(count) * token_bytes_);
   } else if (token_bytes_ == 2) {
     overflow = output_dtype_ == ferry::v1::INT64 ? Convert<uint16_t, int64_t>(src, count, rows[0])
                                                  : Convert<uint16_t, int32_t>(src, count, rows[0]);
