@@ -44,7 +44,8 @@ def start_ferryd(binary, workdir):
     raise RuntimeError("ferryd did not start; see %s/ferryd.log" % workdir)
 
 
-def pinned_peak(chunk_bytes, device, reps=50):
+def pinned_peak(chunk_bytes, device):
+    reps = max(50, (512 << 20) // chunk_bytes)  # at least 512 MiB copied: ~10 ms
     src = torch.empty(chunk_bytes, dtype=torch.uint8).pin_memory()
     dst = torch.empty(chunk_bytes, dtype=torch.uint8, device=device)
     stream = torch.cuda.Stream(device)
@@ -69,8 +70,10 @@ def cuda_objects(sock):
 
 
 def ferry_tokens(sock, path, seq_len, batch, device, epochs=2, records=False, prefetch=0,
-                 stats=None):
-    """GB/s of int64 tokens delivered. records=True reads the same file as raw int64
+                 stats=None, min_seconds=1.0):
+    """GB/s of int64 tokens delivered over `epochs` epochs after a warm-up one, or as many
+    more as take min_seconds (an epoch of the default 512 MiB file lasts ~12 ms at the
+    pinned peak: too short to time alone). records=True reads the same file as raw int64
     records of seq_len + 1 (no conversion anywhere: one plain copy per batch) instead of
     uint16 tokens widened to int64 (on the GPU with a cuda device). prefetch: slots of the
     rank (batches in flight; 0 = the daemon's default). With a dict `stats`, adds "next":
@@ -92,7 +95,9 @@ def ferry_tokens(sock, path, seq_len, batch, device, epochs=2, records=False, pr
     in_next = 0.0
     clock = time.perf_counter
     t0 = clock()
-    for epoch in range(1, epochs + 1):
+    epoch = 0
+    while epoch < epochs or clock() - t0 < min_seconds:
+        epoch += 1
         loader.set_epoch(epoch)
         it = iter(loader)
         while True:
@@ -108,7 +113,7 @@ def ferry_tokens(sock, path, seq_len, batch, device, epochs=2, records=False, pr
         stats["next"] = in_next / seconds
     if device != "cpu":
         print("CUDA objects created by ferryd: %d after warm-up, %d after %d more epochs"
-              % (objects_after_warmup, cuda_objects(sock), epochs))
+              % (objects_after_warmup, cuda_objects(sock), epoch))
     loader.close()
     return nbytes / seconds / 1e9
 

@@ -6,8 +6,8 @@
 // Python trainer costs per batch (bench/gpu_bench.py runs both against one ferryd).
 //
 //   gpu_consume_bench --address SOCK --path FILE [--seq-len 2047] [--batches 64,256]
-//                     [--prefetch 0,8,32] [--epochs 2] [--rounds 3] [--device 0]
-//                     [--kinds tokens,records]
+//                     [--prefetch 0,8,32] [--epochs 2] [--min-seconds 1] [--rounds 3]
+//                     [--device 0] [--kinds tokens,records]
 //
 // FILE is read twice per configuration: as uint16 tokens widened to int64 on the GPU
 // (TokensOptions), and as raw int64 records of seq_len + 1 (RecordsOptions, one plain copy
@@ -86,14 +86,15 @@ double PinnedPeak(int device, size_t bytes) {
   CudaStream stream = Take(CudaStream::Create(device), "stream");
   CudaEvent start = Take(CudaEvent::Create(device, CudaEvent::kTiming), "event");
   CudaEvent stop = Take(CudaEvent::Create(device, CudaEvent::kTiming), "event");
-  constexpr int kWarmup = 5, kReps = 50;
+  constexpr int kWarmup = 5;
+  const int reps = static_cast<int>(std::max<size_t>(50, (size_t{512} << 20) / bytes));
   for (int i = 0; i < kWarmup; ++i) Check(stream.CopyAsync(dst.data(), host.get(), bytes), "copy");
   Check(stream.Record(start), "record");
-  for (int i = 0; i < kReps; ++i) Check(stream.CopyAsync(dst.data(), host.get(), bytes), "copy");
+  for (int i = 0; i < reps; ++i) Check(stream.CopyAsync(dst.data(), host.get(), bytes), "copy");
   Check(stream.Record(stop), "record");
   Check(stop.Synchronize(), "synchronize");
   const double ms = Take(ElapsedMillis(start, stop), "elapsed");
-  return static_cast<double>(bytes) * kReps / (ms * 1e6);
+  return static_cast<double>(bytes) * reps / (ms * 1e6);
 }
 
 struct Run {
@@ -101,9 +102,10 @@ struct Run {
   double next_share = 0;  // of the trainer's time, spent inside Next
 };
 
-// One job: a warm-up epoch, then `epochs` timed ones.
+// One job: a warm-up epoch, then `epochs` timed ones, or as many more as take min_seconds
+// (an epoch of a 512 MiB file lasts ~12 ms at the pinned peak: too short to time alone).
 Run Consume(Client& client, const std::string& path, int seq_len, int batch, int prefetch,
-            bool records, int device, int epochs) {
+            bool records, int device, int epochs, double min_seconds) {
   JobOptions job;
   if (records) {
     RecordsOptions r;
@@ -129,8 +131,9 @@ Run Consume(Client& client, const std::string& path, int seq_len, int batch, int
   CudaStream stream = Take(CudaStream::Create(consumer->device()), "stream");
   const std::string field = records ? "data" : "tokens";
   double bytes = 0, in_next = 0;
-  Clock::time_point start;
-  for (int epoch = 0; epoch <= epochs; ++epoch) {  // epoch 0 warms up
+  Clock::time_point start = Clock::now();
+  // Epoch 0 warms up.
+  for (int epoch = 0; epoch <= epochs || SecondsSince(start) < min_seconds; ++epoch) {
     if (epoch == 1) {
       Check(stream.Synchronize(), "synchronize");
       start = Clock::now();
@@ -162,6 +165,7 @@ double Median(std::vector<double> v) {
 int Main(int argc, char** argv) {
   std::string address, path;
   int seq_len = 2047, epochs = 2, rounds = 3, device = 0;
+  double min_seconds = 1.0;
   std::vector<int> batches = {64, 256}, prefetches = {0, 8, 32};
   bool tokens = true, records = true;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -172,6 +176,7 @@ int Main(int argc, char** argv) {
     else if (a == "--batches") batches = IntList(v);
     else if (a == "--prefetch") prefetches = IntList(v);
     else if (a == "--epochs") epochs = std::atoi(v.c_str());
+    else if (a == "--min-seconds") min_seconds = std::atof(v.c_str());
     else if (a == "--rounds") rounds = std::atoi(v.c_str());
     else if (a == "--device") device = std::atoi(v.c_str());
     else if (a == "--kinds") {
@@ -183,7 +188,7 @@ int Main(int argc, char** argv) {
   if (address.empty() || path.empty() || seq_len < 1 || epochs < 1 || rounds < 1) {
     std::fprintf(stderr,
                  "usage: gpu_consume_bench --address SOCK --path FILE [--seq-len 2047] "
-                 "[--batches 64,256] [--prefetch 0,8,32] [--epochs 2] [--rounds 3] [--device 0] "
+                 "[--batches 64,256] [--prefetch 0,8,32] [--epochs 2] [--min-seconds 1] [--rounds 3] [--device 0] "
                  "[--kinds tokens,records]\n");
     return 2;
   }
@@ -196,9 +201,9 @@ int Main(int argc, char** argv) {
   }
   std::unique_ptr<Client> client = Take(Client::Connect(address), "Connect");
   std::printf("C++ trainer (Next, WaitOn, ReleaseOn; touches nothing); %d round(s), %d epochs "
-              "each; ratio to the same round's pinned peak; next = share of the trainer's time "
+              "each or more to fill %.1f s; ratio to the same round's pinned peak; next = share of the trainer's time "
               "inside Next (waiting for ferryd)\n",
-              rounds, epochs);
+              rounds, epochs, min_seconds);
   std::printf("%-58s %8s %8s %13s %6s\n", "c++ trainer", "GB/s", "vs peak", "(min-max)", "next");
   for (const int batch : batches) {
     const size_t chunk = static_cast<size_t>(batch) * (seq_len + 1) * 8;
@@ -210,7 +215,8 @@ int Main(int argc, char** argv) {
       for (const int prefetch : prefetches) {
         for (const bool raw : {false, true}) {
           if (raw ? !records : !tokens) continue;
-          const Run r = Consume(*client, path, seq_len, batch, prefetch, raw, device, epochs);
+          const Run r = Consume(*client, path, seq_len, batch, prefetch, raw, device, epochs,
+                                min_seconds);
           runs[{raw ? 1 : 0, prefetch}].emplace_back(r.gbps, r.gbps / peak, r.next_share);
         }
       }
