@@ -22,6 +22,7 @@ absl::Status ErrnoStatus(int err, const std::string& what) {
   if (err == ENOENT) code = absl::StatusCode::kNotFound;
   if (err == ECONNREFUSED) code = absl::StatusCode::kUnavailable;
   if (err == EACCES || err == EPERM) code = absl::StatusCode::kPermissionDenied;
+  if (err == EAGAIN || err == EWOULDBLOCK) code = absl::StatusCode::kResourceExhausted;
   return absl::Status(code, absl::StrCat(what, ": ", strerror(err)));
 }
 

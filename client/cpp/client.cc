@@ -347,8 +347,9 @@ class StreamState {
     while (stream_->Read(&message)) {
       absl::MutexLock lock(&mu_);
       // ferryd coalesces the batches ready when a write starts (`batches` follow `batch`);
-      // the queue holds one batch per entry. A message with neither a batch nor an epoch
-      // end is queued as kind 0, which Next reports.
+      // the queue holds one batch per entry (a message of `batches` alone is valid too). A
+      // message with no batch at all and no epoch end is queued as kind 0, which Next
+      // reports.
       if (message.has_batch()) {
         queue_.push_back(FromProto(message.batch()));
       } else if (message.has_epoch_end()) {

@@ -142,9 +142,14 @@ void SessionServer::Accept() {
 
 bool SessionServer::Sent(int fd, const absl::Status& sent) {
   if (sent.ok()) return true;
-  FERRY_LOG(WARNING) << "closing the session of pid " << sessions_.at(fd).peer.pid
-                     << ": its answer could not be sent (" << sent.message()
-                     << "); a client must read the answer to each request before the next";
+  if (absl::IsResourceExhausted(sent)) {  // the socket is full: answers pile up unread
+    FERRY_LOG(WARNING) << "closing the session of pid " << sessions_.at(fd).peer.pid
+                       << ": its answer could not be sent (" << sent.message()
+                       << "); a client must read the answer to each request before the next";
+  } else {  // usually the client went away mid-request
+    FERRY_LOG(INFO) << "the session of pid " << sessions_.at(fd).peer.pid
+                    << " ended: its answer could not be sent (" << sent.message() << ")";
+  }
   return false;
 }
 

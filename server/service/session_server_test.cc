@@ -135,7 +135,14 @@ TEST_F(SessionServerTest, WaitingChannelsAreCappedPerUidSoOneUserCannotLockOutAn
     fetched = absl::StartsWith(Ask(one_more.get(), "CHANNEL b"), "OK ");
     if (!fetched) usleep(10000);
   }
-  EXPECT_TRUE(fetched);
+  ASSERT_TRUE(fetched);
+  // Back at the cap: the new session takes the closed one's place in full.
+  for (size_t c = 1; c < per_session; ++c) {
+    ASSERT_TRUE(absl::StartsWith(Ask(one_more.get(), absl::StrCat("CHANNEL b", c)), "OK "));
+  }
+  UniqueFd last = Connect();
+  ASSERT_TRUE(last.valid());
+  ASSERT_TRUE(absl::StrContains(Ask(last.get(), "CHANNEL d"), "batch channels that no Consume"));
 
   // Another user is not affected by this uid's channels (needs root to be someone else).
   if (geteuid() != 0) GTEST_SKIP() << "not root: cannot connect as another uid";

@@ -646,14 +646,18 @@ class Loader:
             if len(self._view_cache) >= 256:
                 self._view_cache.clear()
             self._view_cache[key] = views
+        # Zero-copy yields fresh views of the cached ones (view(), detach(): under a
+        # microsecond), so a caller's in-place reshaping (unsqueeze_, resize_,
+        # requires_grad_) never reaches a later batch of the same slot.
         if self._as_numpy:
-            return dict(views) if self._zero_copy else {k: v.copy() for k, v in views.items()}
+            return ({k: v.view() for k, v in views.items()} if self._zero_copy else
+                    {k: v.copy() for k, v in views.items()})
         out = {}
         for k, v in views.items():
             if isinstance(v, np.ndarray):  # to widen
                 out[k] = _to_torch(k, v, copy=True)
             else:
-                out[k] = v if self._zero_copy else v.clone()
+                out[k] = v.detach() if self._zero_copy else v.clone()
         return out
 
     def _gpu_batch(self, batch):
@@ -671,8 +675,8 @@ class Loader:
         stream = self._current_stream()
         batch.wait(stream)
         views = dict(views) if views is not None else self._cuda_views(batch)
-        if self._zero_copy:
-            return views, batch
+        if self._zero_copy:  # fresh views, as in _host_batch
+            return {k: v.detach() for k, v in views.items()}, batch
         # clone() runs on the current stream after the wait, and the released event is
         # recorded after the clones on that same stream: ferryd cannot overwrite early.
         tensors = {k: v.clone() for k, v in views.items()}
@@ -724,6 +728,7 @@ class Loader:
         """Detaches (ferryd reclaims this rank's slots) and stops a private daemon once no
         Loader uses it. Idempotent; also done at garbage collection and interpreter exit."""
         self._closed = True
+        getattr(self, "_view_cache", {}).clear()  # views of slots about to be unmapped
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None:
             finalizer()

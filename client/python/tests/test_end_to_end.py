@@ -163,8 +163,9 @@ class EndToEndTest(unittest.TestCase):
 
     def test_torch_batches_stay_correct_as_slots_are_reused(self):
         # Views of a slot are made once per (slot, rows) and reused: every batch, over
-        # epochs that reattach, with a short last batch, and kept copies in safe mode, must
-        # still hold its own rows.
+        # several epochs with a short last batch, must still hold its own rows; copies kept
+        # in safe mode stay untouched, and in zero-copy mode a caller reshaping its tensors
+        # in place does not reshape a later batch of the same slot.
         try:
             import torch
         except ImportError:
@@ -174,17 +175,22 @@ class EndToEndTest(unittest.TestCase):
                                  shuffle=True, seed=3, job_name="reuse-%s" % zero_copy)
             for epoch in range(3):
                 loader.set_epoch(epoch)
-                kept, seen = [], []
+                kept, seen, sizes = [], [], []
                 for b in loader:
                     self.assertIsInstance(b["tokens"], torch.Tensor)
+                    self.assertEqual(b["tokens"].dim(), 2)
                     self.check_batch({k: v.numpy() for k, v in b.items()})
                     seen.extend(int(i) for i in b["index"])
-                    if not zero_copy:
+                    sizes.append(len(b["index"]))
+                    if zero_copy:
+                        b["tokens"].unsqueeze_(0)  # the caller's business only
+                    else:
                         kept.append(b)
                 self.assertEqual(sorted(seen), list(range(64)))
-                self.assertEqual(len(kept[-1]["index"]) if kept else 4, 4)  # 64 = 12 * 5 + 4
+                self.assertEqual(sizes, [5] * 12 + [4])  # 64 = 12 * 5 + 4
                 for b in kept:  # copies: untouched by the slots' later batches
                     self.check_batch({k: v.numpy() for k, v in b.items()})
+            loader.close()
 
     def test_image_folder(self):
 
