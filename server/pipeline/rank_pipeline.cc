@@ -411,17 +411,23 @@ void RankPipeline::OnSlotFilled(int slot, uint64_t generation) {
 
 void RankPipeline::StartCopiesLocked() {
   if (shutting_down_) return;
+  int free_slots = 0;
+  for (const DeviceSlot& dev : device_slots_) free_slots += dev.state == SlotState::kFree;
+  // A filled batch is copied even while an earlier one still fills (a straggling task
+  // must not hold the copy engine and every batch behind it), as long as enough free
+  // device slots stay for the earlier batches still without one: were later batches to
+  // take them all, an earlier one could never be copied and none behind it delivered.
+  int earlier_without_slot = 0;
+  int d = 0;
   for (Pending& p : pending_) {
     if (p.device_slot >= 0) continue;
-    // Copies are enqueued in delivery order, so a batch still filling holds back the ones
-    // behind it (they would only wait in device slots instead of host slots).
-    if (slots_[p.slot].state != SlotState::kQueued) return;
-    int d = 0;
-    while (d < static_cast<int>(device_slots_.size()) &&
-           device_slots_[d].state != SlotState::kFree) {
-      ++d;
+    if (free_slots <= earlier_without_slot) return;
+    if (slots_[p.slot].state != SlotState::kQueued) {
+      ++earlier_without_slot;
+      continue;
     }
-    if (d == static_cast<int>(device_slots_.size())) return;
+    while (device_slots_[d].state != SlotState::kFree) ++d;  // free_slots > 0: one exists
+    --free_slots;
     const uint64_t token = ++device_tokens_;
     copy_orders_.push_back(CopyOrder{p.slot, d, p.num_samples, token});
     const absl::Time now = absl::Now();

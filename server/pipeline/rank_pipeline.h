@@ -8,7 +8,9 @@
 //
 // With a DeviceStage (GPU transport) a QUEUED host slot is copied into a free device slot
 // (COPYING until the stage says the copy is done, then FREE), and the consumer leases device
-// slots instead: device FREE -> QUEUED (copy enqueued, in order) -> LEASED -> FREE.
+// slots instead: device FREE -> COPYING (copy enqueued) -> QUEUED (copied) -> LEASED -> FREE.
+// Copies need not wait for earlier batches still filling (StartCopiesLocked keeps enough
+// device slots for them); delivery is always in order.
 //
 // Position: the consumer asks for (epoch, first_batch) with StartEpoch; the pipeline fills
 // that epoch in order and, once it has scheduled the epoch's last batch, goes on into the
