@@ -13,12 +13,19 @@
 //     one copy stream or two;
 //   - the same while host threads copy sample rows the way ferryd's workers fill slots: into
 //     memory of their own, or into the slots being copied with ordinary stores (memcpy) or
-//     streaming ones (common/streaming_copy.h).
+//     streaming ones (common/streaming_copy.h);
+//   - a shuffled batch of 16 KiB records gathered by the copy engine straight from a
+//     registered read-only mapping of a file (its page cache), with no CPU copy: one
+//     cudaMemcpyBatchAsync per batch, or a cudaMemcpyAsync per row, next to one contiguous
+//     copy of the same bytes.
 // Every figure is the median of kReps timed repetitions (CUDA events around each) after
 // kWarmup untimed ones. GB/s are 1e9 bytes per second.
 //
 //   h2d_bench [device]      (default device 0)
 #include <cuda_runtime_api.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -290,6 +297,99 @@ int Main(int argc, char** argv) {
         std::printf(" %10.1f (%.2f), %6.1f", r.first, r.first / idle.first, r.second);
       }
       std::printf("\n");
+    }
+  }
+
+  // Gather from the page cache: a file's read-only mapping registered with the driver, and
+  // each batch's rows (random 16 KiB records) copied from it by the copy engine.
+  {
+    constexpr size_t kRow = 16 * 1024;
+    constexpr size_t kFileBytes = 512 * kMiB;
+    const char* tmp = std::getenv("TMPDIR");
+    const std::string path = std::string(tmp != nullptr ? tmp : "/tmp") + "/h2d-bench-records";
+    {
+      std::vector<uint8_t> block(64 * kMiB, 0x3c);
+      FILE* f = std::fopen(path.c_str(), "wb");
+      for (size_t done = 0; f != nullptr && done < kFileBytes; done += block.size()) {
+        std::fwrite(block.data(), 1, block.size(), f);
+      }
+      if (f != nullptr) std::fclose(f);
+    }
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    void* map = fd < 0 ? MAP_FAILED : ::mmap(nullptr, kFileBytes, PROT_READ, MAP_SHARED, fd, 0);
+    if (fd >= 0) ::close(fd);
+    ::unlink(path.c_str());
+    if (map == MAP_FAILED) {
+      std::printf("\nGather from the page cache: cannot map %s\n", path.c_str());
+    } else {
+      const auto t0 = std::chrono::steady_clock::now();
+      const cudaError_t reg = cudaHostRegister(
+          map, kFileBytes, cudaHostRegisterPortable | cudaHostRegisterReadOnly);
+      const double reg_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (reg != cudaSuccess) {
+        std::printf("\nGather from the page cache: cudaHostRegister of a read-only file mapping "
+                    "failed: %s\n", cudaGetErrorName(reg));
+        cudaGetLastError();
+      } else {
+        std::printf("\nGather from the page cache (cudaHostRegister ReadOnly of a %zu MiB file "
+                    "mapping: %.1f ms); %d batches of random 16 KiB rows per rep, each followed "
+                    "by an interprocess event; GB/s and ratio to one contiguous copy per batch\n",
+                    kFileBytes / kMiB, reg_ms, 16);
+        std::printf("%-8s %12s %24s %24s\n", "batch", "contiguous", "cudaMemcpyBatchAsync",
+                    "cudaMemcpyAsync per row");
+        constexpr int kBatches = 16;
+        std::vector<CudaEvent> events;
+        for (int i = 0; i < kBatches; ++i) {
+          events.push_back(Take(CudaEvent::Create(device, CudaEvent::kInterprocess), "event"));
+        }
+        const auto* file = static_cast<const uint8_t*>(map);
+        Rng rng(11);
+        for (size_t chunk : {1 * kMiB, 4 * kMiB}) {
+          const size_t rows = chunk / kRow;
+          // Per batch: random rows of the file, into consecutive rows of a device slot.
+          std::vector<std::vector<const void*>> srcs(kBatches);
+          std::vector<std::vector<void*>> dsts(kBatches);
+          for (int b = 0; b < kBatches; ++b) {
+            for (size_t r = 0; r < rows; ++r) {
+              srcs[b].push_back(file + (rng.Next() % (kFileBytes / kRow)) * kRow);
+              dsts[b].push_back(static_cast<uint8_t*>(dev.data()) + (b * chunk) % (2 * max_chunk) +
+                                r * kRow);
+            }
+          }
+          const std::vector<size_t> sizes(rows, kRow);
+          cudaMemcpyAttributes attrs{};
+          attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+          size_t attrs_index = 0;
+          enum Mode { kContiguous, kBatchApi, kPerRow };
+          auto run = [&](Mode mode) {
+            return timer.MedianMs([&](int) {
+              for (int b = 0; b < kBatches; ++b) {
+                if (mode == kContiguous) {
+                  Check(stream.CopyAsync(dsts[b][0], file + (b * chunk) % kFileBytes, chunk), "H2D");
+                } else if (mode == kBatchApi) {
+                  CheckCuda(cudaMemcpyBatchAsync(dsts[b].data(), srcs[b].data(), sizes.data(), rows,
+                                                 &attrs, &attrs_index, 1, stream.get()),
+                            "cudaMemcpyBatchAsync");
+                } else {
+                  for (size_t r = 0; r < rows; ++r) {
+                    Check(stream.CopyAsync(dsts[b][r], srcs[b][r], kRow), "H2D");
+                  }
+                }
+                Check(stream.Record(events[b]), "record");
+              }
+            });
+          };
+          const double bytes = static_cast<double>(chunk) * kBatches;
+          const double contiguous = GBps(bytes, run(kContiguous));
+          const double batch_api = GBps(bytes, run(kBatchApi));
+          const double per_row = GBps(bytes, run(kPerRow));
+          std::printf("%3zu MiB  %12.1f %16.1f (%.2f) %16.1f (%.2f)\n", chunk / kMiB, contiguous,
+                      batch_api, batch_api / contiguous, per_row, per_row / contiguous);
+        }
+        CheckCuda(cudaHostUnregister(map), "cudaHostUnregister");
+      }
+      ::munmap(map, kFileBytes);
     }
   }
 
