@@ -188,8 +188,8 @@ int Main(int argc, char** argv) {
   if (address.empty() || path.empty() || seq_len < 1 || epochs < 1 || rounds < 1) {
     std::fprintf(stderr,
                  "usage: gpu_consume_bench --address SOCK --path FILE [--seq-len 2047] "
-                 "[--batches 64,256] [--prefetch 0,8,32] [--epochs 2] [--min-seconds 1] [--rounds 3] [--device 0] "
-                 "[--kinds tokens,records]\n");
+                 "[--batches 64,256] [--prefetch 0,8,32] [--epochs 2] [--min-seconds 1] "
+                 "[--rounds 3] [--device 0] [--kinds tokens,records]\n");
     return 2;
   }
   const absl::StatusOr<int> count = DeviceCount();
@@ -201,8 +201,8 @@ int Main(int argc, char** argv) {
   }
   std::unique_ptr<Client> client = Take(Client::Connect(address), "Connect");
   std::printf("C++ trainer (Next, WaitOn, ReleaseOn; touches nothing); %d round(s), %d epochs "
-              "each or more to fill %.1f s; ratio to the same round's pinned peak; next = share of the trainer's time "
-              "inside Next (waiting for ferryd)\n",
+              "each or more to fill %.1f s; ratio to the same round's pinned peak; next = share "
+              "of the trainer's time inside Next (waiting for ferryd)\n",
               rounds, epochs, min_seconds);
   std::printf("%-58s %8s %8s %13s %6s\n", "c++ trainer", "GB/s", "vs peak", "(min-max)", "next");
   for (const int batch : batches) {

@@ -18,8 +18,9 @@
 //     registered read-only mapping of a file (its page cache), with no CPU copy: one
 //     cudaMemcpyBatchAsync per batch, or a cudaMemcpyAsync per row, next to one contiguous
 //     copy of the same bytes.
-// Every figure is the median of kReps timed repetitions (CUDA events around each) after
-// kWarmup untimed ones. GB/s are 1e9 bytes per second.
+// Every copy figure is the median of kReps timed repetitions (CUDA events around each)
+// after kWarmup untimed ones; the fill threads' GB/s are their mean over the same reps.
+// GB/s are 1e9 bytes per second.
 //
 //   h2d_bench [device]      (default device 0)
 #include <cuda_runtime_api.h>
@@ -32,6 +33,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -42,6 +44,7 @@
 #include "absl/status/statusor.h"
 #include "common/random.h"
 #include "common/streaming_copy.h"
+#include "common/unique_fd.h"
 #include "server/cuda/cuda_resources.h"
 #include "server/cuda/normalize.h"
 #include "server/memory/shared_slab.h"
@@ -302,31 +305,34 @@ int Main(int argc, char** argv) {
 
   // Gather from the page cache: a file's read-only mapping registered with the driver, and
   // each batch's rows (random 16 KiB records) copied from it by the copy engine.
+#if CUDART_VERSION >= 13000  // cudaMemcpyBatchAsync as of CUDA 13 (12.8 had another form)
   {
     constexpr size_t kRow = 16 * 1024;
     constexpr size_t kFileBytes = 512 * kMiB;
     const char* tmp = std::getenv("TMPDIR");
-    const std::string path = std::string(tmp != nullptr ? tmp : "/tmp") + "/h2d-bench-records";
-    {
-      std::vector<uint8_t> block(64 * kMiB, 0x3c);
-      FILE* f = std::fopen(path.c_str(), "wb");
-      for (size_t done = 0; f != nullptr && done < kFileBytes; done += block.size()) {
-        std::fwrite(block.data(), 1, block.size(), f);
+    std::string path = std::string(tmp != nullptr ? tmp : "/tmp") + "/h2d-bench-XXXXXX";
+    UniqueFd fd(::mkstemp(path.data()));
+    bool written = fd.valid();
+    if (written) {
+      ::unlink(path.c_str());  // the open fd and the mapping keep it
+      const std::vector<uint8_t> block(64 * kMiB, 0x3c);
+      for (size_t done = 0; written && done < kFileBytes; done += block.size()) {
+        written = ::write(fd.get(), block.data(), block.size()) ==
+                  static_cast<ssize_t>(block.size());
       }
-      if (f != nullptr) std::fclose(f);
     }
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    void* map = fd < 0 ? MAP_FAILED : ::mmap(nullptr, kFileBytes, PROT_READ, MAP_SHARED, fd, 0);
-    if (fd >= 0) ::close(fd);
-    ::unlink(path.c_str());
+    void* map = written ? ::mmap(nullptr, kFileBytes, PROT_READ, MAP_SHARED, fd.get(), 0)
+                        : MAP_FAILED;
     if (map == MAP_FAILED) {
-      std::printf("\nGather from the page cache: cannot map %s\n", path.c_str());
+      std::printf("\nGather from the page cache: cannot write and map %zu MiB at %s: %s\n",
+                  kFileBytes / kMiB, path.c_str(), std::strerror(errno));
     } else {
       const auto t0 = std::chrono::steady_clock::now();
       const cudaError_t reg = cudaHostRegister(
           map, kFileBytes, cudaHostRegisterPortable | cudaHostRegisterReadOnly);
       const double reg_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      constexpr int kBatches = 16;
       if (reg != cudaSuccess) {
         std::printf("\nGather from the page cache: cudaHostRegister of a read-only file mapping "
                     "failed: %s\n", cudaGetErrorName(reg));
@@ -335,10 +341,9 @@ int Main(int argc, char** argv) {
         std::printf("\nGather from the page cache (cudaHostRegister ReadOnly of a %zu MiB file "
                     "mapping: %.1f ms); %d batches of random 16 KiB rows per rep, each followed "
                     "by an interprocess event; GB/s and ratio to one contiguous copy per batch\n",
-                    kFileBytes / kMiB, reg_ms, 16);
+                    kFileBytes / kMiB, reg_ms, kBatches);
         std::printf("%-8s %12s %24s %24s\n", "batch", "contiguous", "cudaMemcpyBatchAsync",
                     "cudaMemcpyAsync per row");
-        constexpr int kBatches = 16;
         std::vector<CudaEvent> events;
         for (int i = 0; i < kBatches; ++i) {
           events.push_back(Take(CudaEvent::Create(device, CudaEvent::kInterprocess), "event"));
@@ -351,10 +356,10 @@ int Main(int argc, char** argv) {
           std::vector<std::vector<const void*>> srcs(kBatches);
           std::vector<std::vector<void*>> dsts(kBatches);
           for (int b = 0; b < kBatches; ++b) {
+            uint8_t* slot = static_cast<uint8_t*>(dev.data()) + (b * chunk) % (2 * max_chunk);
             for (size_t r = 0; r < rows; ++r) {
               srcs[b].push_back(file + (rng.Next() % (kFileBytes / kRow)) * kRow);
-              dsts[b].push_back(static_cast<uint8_t*>(dev.data()) + (b * chunk) % (2 * max_chunk) +
-                                r * kRow);
+              dsts[b].push_back(slot + r * kRow);
             }
           }
           const std::vector<size_t> sizes(rows, kRow);
@@ -366,10 +371,11 @@ int Main(int argc, char** argv) {
             return timer.MedianMs([&](int) {
               for (int b = 0; b < kBatches; ++b) {
                 if (mode == kContiguous) {
-                  Check(stream.CopyAsync(dsts[b][0], file + (b * chunk) % kFileBytes, chunk), "H2D");
+                  Check(stream.CopyAsync(dsts[b][0], file + (b * chunk) % kFileBytes, chunk),
+                        "H2D");
                 } else if (mode == kBatchApi) {
-                  CheckCuda(cudaMemcpyBatchAsync(dsts[b].data(), srcs[b].data(), sizes.data(), rows,
-                                                 &attrs, &attrs_index, 1, stream.get()),
+                  CheckCuda(cudaMemcpyBatchAsync(dsts[b].data(), srcs[b].data(), sizes.data(),
+                                                 rows, &attrs, &attrs_index, 1, stream.get()),
                             "cudaMemcpyBatchAsync");
                 } else {
                   for (size_t r = 0; r < rows; ++r) {
@@ -392,6 +398,7 @@ int Main(int argc, char** argv) {
       ::munmap(map, kFileBytes);
     }
   }
+#endif
 
   // Device-to-device: the device memory ceiling, read + write.
   const size_t d2d_bytes = 512 * kMiB;

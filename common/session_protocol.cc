@@ -20,7 +20,10 @@ namespace {
 absl::Status ErrnoStatus(int err, const std::string& what) {
   absl::StatusCode code = absl::StatusCode::kInternal;
   if (err == ENOENT) code = absl::StatusCode::kNotFound;
-  if (err == ECONNREFUSED) code = absl::StatusCode::kUnavailable;
+  // The peer is not there (any more): refused, or gone mid-conversation.
+  if (err == ECONNREFUSED || err == EPIPE || err == ECONNRESET) {
+    code = absl::StatusCode::kUnavailable;
+  }
   if (err == EACCES || err == EPERM) code = absl::StatusCode::kPermissionDenied;
   if (err == EAGAIN || err == EWOULDBLOCK) code = absl::StatusCode::kResourceExhausted;
   return absl::Status(code, absl::StrCat(what, ": ", strerror(err)));

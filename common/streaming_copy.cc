@@ -17,13 +17,14 @@ void StreamingCopy(void* dst, const void* src, size_t n) {
   }
   auto* out = static_cast<uint8_t*>(dst);
   auto* in = static_cast<const uint8_t*>(src);
-  // Streaming stores need 16-byte aligned destinations: copy the head up to the boundary.
-  const size_t head = (16 - (reinterpret_cast<uintptr_t>(out) & 15)) & 15;
+  // Copy the head up to a line boundary: streaming stores need 16-byte aligned
+  // destinations, and whole lines fill their write-combining buffers (n > head: n >= 1024).
+  const size_t head = (64 - (reinterpret_cast<uintptr_t>(out) & 63)) & 63;
   std::memcpy(out, in, head);
   out += head;
   in += head;
   n -= head;
-  // 64 bytes (one cache line) per iteration, so each line's write-combining buffer fills.
+  // One line (64 bytes) per iteration.
   size_t i = 0;
   for (; i + 64 <= n; i += 64) {
     const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));

@@ -1,3 +1,21 @@
+// StreamingCopy: memcpy with non-temporal (streaming) stores, for buffers that the GPU's
+// copy engine reads next and this CPU does not.
+//
+//   StreamingCopy(slot_row, mapped_file + offset, row_bytes);  // then publish the slot
+//
+// Why: ferryd's workers copy sample rows into a pinned slot that the copy engine reads by
+// DMA soon after. Rows written with ordinary stores are still dirty in the writing cores'
+// caches when the DMA reads them, and each such line must be fetched from a core instead
+// of memory. bench/h2d_bench measures it on the H100 box: 1 MiB copies from slots being
+// rewritten with memcpy ran at 0.42-0.46x of copies from untouched memory, with streaming
+// stores at 0.79-0.84x (the bench rewrites the slots during the copies, harsher than
+// ferryd, which writes a slot once before copying it). In ferryd's sustained raw-record
+// rows the gain was within the lent box's noise at 1 MiB and 0.46-0.50x vs 0.38-0.46x at
+// 4 MiB (docs/benchmarks.md).
+//
+// Contract: on return the bytes are ordered like ordinary stores of this thread, so a
+// release that publishes the buffer afterwards (a mutex, an atomic with release order)
+// publishes them too: the streaming path ends with a store fence.
 #ifndef FERRY_COMMON_STREAMING_COPY_H_
 #define FERRY_COMMON_STREAMING_COPY_H_
 
@@ -5,22 +23,12 @@
 
 namespace ferry {
 
-// Copies n bytes from src to dst (not overlapping) with non-temporal stores where the CPU
-// has them (x86-64), std::memcpy elsewhere and for copies under kStreamingCopyMinBytes.
-//
-// Why: ferryd's workers copy sample rows into a pinned slot that the GPU's copy engine
-// reads by DMA soon after, and that the CPU never reads again. Rows written with ordinary
-// stores are still dirty in the writing cores' caches when the DMA reads them, and each
-// such line must be fetched from a core instead of memory: on the H100 box, 1 MiB copies
-// from slots being written with memcpy ran at 0.46x of copies from untouched memory, with
-// streaming stores at 0.80x (bench/h2d_bench), and ferryd's 1 MiB raw records went from
-// 0.62-0.64x to 0.77-0.85x of the pinned peak (docs/benchmarks.md).
-//
-// Contract: on return the bytes are globally visible, ordered before any later store of
-// this thread (the function ends with a store fence), so a release that publishes the
-// slot afterwards publishes these bytes too.
+// Copies n bytes from src to dst (not overlapping) with streaming stores where the CPU has
+// them (x86-64); std::memcpy elsewhere and below kStreamingCopyMinBytes.
 void StreamingCopy(void* dst, const void* src, size_t n);
 
+// Below this, a copy touches a few lines only: write-combining buffers that are flushed
+// part-full and the store fence would cost more than the dirty lines they avoid.
 inline constexpr size_t kStreamingCopyMinBytes = 1024;
 
 }  // namespace ferry

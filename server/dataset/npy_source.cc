@@ -393,7 +393,8 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(absl::Span<const uint8_t> file, absl::s
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<SampleSource>> OpenNpySource(const ferry::v1::NpyDataset& spec) {
+absl::StatusOr<std::unique_ptr<SampleSource>> OpenNpySource(const ferry::v1::NpyDataset& spec,
+                                                            RowStores stores) {
   if (spec.path().empty()) {
     return absl::InvalidArgumentError("dataset.npy.path must be set to a .npy file");
   }
@@ -417,7 +418,8 @@ absl::StatusOr<std::unique_ptr<SampleSource>> OpenNpySource(const ferry::v1::Npy
           "all at least 1"));
     }
   }
-  FERRY_ASSIGN_OR_RETURN(auto source, RecordSource::FromLayout(std::move(file), layout, "row"));
+  FERRY_ASSIGN_OR_RETURN(auto source,
+                         RecordSource::FromLayout(std::move(file), layout, "row", stores));
   return std::unique_ptr<SampleSource>(std::move(source));
 }
 

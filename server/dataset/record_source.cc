@@ -41,7 +41,7 @@ size_t RowBytes(const std::vector<int64_t>& shape, size_t value_bytes) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RecordSource>> RecordSource::Create(
-    const ferry::v1::RecordsDataset& spec) {
+    const ferry::v1::RecordsDataset& spec, RowStores stores) {
   if (spec.path().empty()) {
     return absl::InvalidArgumentError("dataset.records.path must be set to the records file");
   }
@@ -96,12 +96,13 @@ absl::StatusOr<std::unique_ptr<RecordSource>> RecordSource::Create(
   layout.data_offset = header;
   layout.num_records = static_cast<int64_t>(payload / row_bytes);
   return std::unique_ptr<RecordSource>(
-      new RecordSource(std::move(file), layout, row_bytes, "record"));
+      new RecordSource(std::move(file), layout, row_bytes, "record", stores));
 }
 
 absl::StatusOr<std::unique_ptr<RecordSource>> RecordSource::FromLayout(MappedFile file,
                                                                        const RecordLayout& layout,
-                                                                       std::string unit) {
+                                                                       std::string unit,
+                                                                       RowStores stores) {
   const size_t value_bytes = DTypeSize(layout.dtype);
   const bool dims_ok =
       std::all_of(layout.shape.begin(), layout.shape.end(), [](int64_t d) { return d >= 1; });
@@ -117,14 +118,15 @@ absl::StatusOr<std::unique_ptr<RecordSource>> RecordSource::FromLayout(MappedFil
                      ") does not fit '", file.path(), "' (", file.bytes().size(), " bytes)"));
   }
   return std::unique_ptr<RecordSource>(
-      new RecordSource(std::move(file), layout, row_bytes, std::move(unit)));
+      new RecordSource(std::move(file), layout, row_bytes, std::move(unit), stores));
 }
 
 RecordSource::RecordSource(MappedFile file, const RecordLayout& layout, size_t row_bytes,
-                           std::string unit)
+                           std::string unit, RowStores stores)
     : file_(std::move(file)),
       data_offset_(layout.data_offset),
       row_bytes_(row_bytes),
+      stores_(stores),
       value_bytes_(DTypeSize(layout.dtype)),
       num_records_(layout.num_records),
       unit_(std::move(unit)) {
@@ -150,8 +152,11 @@ absl::Status RecordSource::Fill(int64_t index, uint64_t sample_seed,
   }
   const uint8_t* src =
       file_.bytes().data() + data_offset_ + static_cast<size_t>(index) * row_bytes_;
-  // Streaming stores: the slot is read next by the GPU's DMA or a trainer, not by this core.
-  StreamingCopy(rows[0], src, row_bytes_);
+  if (stores_ == RowStores::kStreaming) {
+    StreamingCopy(rows[0], src, row_bytes_);
+  } else {
+    std::memcpy(rows[0], src, row_bytes_);
+  }
   if constexpr (std::endian::native == std::endian::big) {
     // The file is little-endian; the slot holds host order.
     for (size_t v = 0; v + value_bytes_ <= row_bytes_; v += value_bytes_) {

@@ -42,15 +42,16 @@ class RecordSource final : public SampleSource {
   // NOT_FOUND naming the path; FAILED_PRECONDITION when the file is shorter than
   // header_bytes, holds no full record, or its size minus header_bytes is not a multiple of
   // the record size (the message gives the sizes).
+  // `stores`: how Fill writes the rows (RowStores, sample_source.h).
   static absl::StatusOr<std::unique_ptr<RecordSource>> Create(
-      const ferry::v1::RecordsDataset& spec);
+      const ferry::v1::RecordsDataset& spec, RowStores stores = RowStores::kOrdinary);
 
   // A file whose layout the caller has read elsewhere (a .npy header). `unit` names one
   // record in Describe ("row"). INVALID_ARGUMENT when the layout is empty or does not fit
   // the file: callers check their own input first, with their own messages.
-  static absl::StatusOr<std::unique_ptr<RecordSource>> FromLayout(MappedFile file,
-                                                                  const RecordLayout& layout,
-                                                                  std::string unit);
+  static absl::StatusOr<std::unique_ptr<RecordSource>> FromLayout(
+      MappedFile file, const RecordLayout& layout, std::string unit,
+      RowStores stores = RowStores::kOrdinary);
 
   int64_t size() const override { return num_records_; }
   const std::vector<FieldLayout>& fields() const override { return fields_; }
@@ -62,12 +63,14 @@ class RecordSource final : public SampleSource {
   bool FillIsCopy() const override { return true; }
 
  private:
-  RecordSource(MappedFile file, const RecordLayout& layout, size_t row_bytes, std::string unit);
+  RecordSource(MappedFile file, const RecordLayout& layout, size_t row_bytes, std::string unit,
+               RowStores stores);
 
   // Constant after construction.
   const MappedFile file_;
   const size_t data_offset_;
   const size_t row_bytes_;
+  const RowStores stores_;
   const size_t value_bytes_;  // DTypeSize(dtype), for byte-swapping on big-endian hosts
   const int64_t num_records_;
   const std::string unit_;

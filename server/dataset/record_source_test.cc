@@ -153,6 +153,28 @@ TEST(RecordsTest, EveryDtypeDeliversEachRecordAfterTheHeader) {
   }
 }
 
+// A GPU job's rows are written with streaming stores; they must be the same bytes. Rows
+// of 4 KiB + 6 are long enough to stream and odd enough to leave a head and a tail.
+TEST(RecordsTest, StreamingStoresDeliverTheSameRows) {
+  TempDir dir;
+  constexpr int kRecords = 5;
+  const size_t row_bytes = 2051 * 2;
+  const std::string payload = Pattern(kRecords * row_bytes);
+  const std::string path = dir.File("rows.u16");
+  Put(path, payload);
+  for (RowStores stores : {RowStores::kOrdinary, RowStores::kStreaming}) {
+    auto source = RecordSource::Create(RecordsSpec(path, ferry::v1::UINT16, {2051}), stores);
+    ASSERT_TRUE(source.ok()) << source.status();
+    auto scratch = (*source)->NewScratch();
+    for (int64_t i = 0; i < kRecords; ++i) {
+      Rows rows(**source);
+      ASSERT_TRUE((*source)->Fill(i, 0, rows.pointers, scratch.get()).ok());
+      EXPECT_EQ(rows.buffers[0], payload.substr(i * row_bytes, row_bytes)) << i;
+      EXPECT_EQ(rows.Index(), i);
+    }
+  }
+}
+
 TEST(RecordsTest, EmptyShapeIsOneScalarPerRecord) {
   TempDir dir;
   const std::string path = dir.File("scalars.f32");

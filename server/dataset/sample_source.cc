@@ -32,6 +32,8 @@ size_t DTypeSize(ferry::v1::DType dtype) {
 absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(const ferry::v1::JobSpec& spec,
                                                                const DecodeLimits& limits) {
   const ferry::v1::DatasetSpec& dataset = spec.dataset();
+  const bool to_gpu = spec.device().rfind("cuda:", 0) == 0;
+  const RowStores stores = to_gpu ? RowStores::kStreaming : RowStores::kOrdinary;
   switch (dataset.kind_case()) {
     case ferry::v1::DatasetSpec::kImageFolder: {
       if (dataset.image_folder().root().empty()) {
@@ -49,7 +51,6 @@ absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(const ferry::v1::
     case ferry::v1::DatasetSpec::kTokens: {
       // A GPU job widens tokens on its device (see TokenSource::Create), except UINT32 ->
       // INT32, whose range check runs here.
-      const bool to_gpu = spec.device().rfind("cuda:", 0) == 0;
       const bool narrowing = dataset.tokens().token_dtype() == ferry::v1::UINT32 &&
                              dataset.tokens().output_dtype() == ferry::v1::INT32;
       FERRY_ASSIGN_OR_RETURN(auto source,
@@ -64,11 +65,11 @@ absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(const ferry::v1::
       return std::unique_ptr<SampleSource>(std::move(source));
     }
     case ferry::v1::DatasetSpec::kRecords: {
-      FERRY_ASSIGN_OR_RETURN(auto source, RecordSource::Create(dataset.records()));
+      FERRY_ASSIGN_OR_RETURN(auto source, RecordSource::Create(dataset.records(), stores));
       return std::unique_ptr<SampleSource>(std::move(source));
     }
     case ferry::v1::DatasetSpec::kNpy:
-      return OpenNpySource(dataset.npy());
+      return OpenNpySource(dataset.npy(), stores);
     case ferry::v1::DatasetSpec::KIND_NOT_SET:
       break;
   }

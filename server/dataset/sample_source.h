@@ -40,6 +40,11 @@ struct FieldLayout {
 
 size_t DTypeSize(ferry::v1::DType dtype);  // 0 for DTYPE_UNSPECIFIED
 
+// How a copy-only source writes sample rows into a slot: kStreaming for slots the GPU's copy
+// engine reads next (a row left dirty in the workers' caches slows the DMA that reads it:
+// common/streaming_copy.h), kOrdinary for slots a trainer's CPU reads.
+enum class RowStores { kOrdinary, kStreaming };
+
 class SampleSource {
  public:
   // Per-thread mutable state (a JPEG decoder, file buffers). Opaque to callers.

@@ -138,7 +138,7 @@ absl::Status TokenSource::Fill(int64_t index, uint64_t sample_seed,
   const uint8_t* src = file_.bytes().data() + static_cast<size_t>(index * seq_len_) * token_bytes_;
   int64_t overflow = -1;
   if (raw_) {
-    // Streaming stores: the slot is read next by the GPU's DMA or a trainer, not by this core.
+    // Raw rows are for GPU jobs only: streaming stores (RowStores::kStreaming says why).
     StreamingCopy(rows[0], src, static_cast<size_t>(count) * token_bytes_);
   } else if (token_bytes_ == 2) {
     overflow = output_dtype_ == ferry::v1::INT64 ? Convert<uint16_t, int64_t>(src, count, rows[0])

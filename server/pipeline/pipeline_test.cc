@@ -613,13 +613,25 @@ TEST_F(PipelineTest, FilledBatchesAreCopiedPastAStragglerThatKeepsADeviceSlot) {
   ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
   // Batches 1-3 fill on the other worker and take three device slots; their host slots
   // refill (batches 4-6), but the last device slot stays for batch 0.
-  for (int i = 0; i < 500 && stage->copies.load() < 3; ++i) absl::SleepFor(absl::Milliseconds(10));
+  auto filled = [&] {
+    ferry::v1::RankStatus status;
+    p->FillStatus(&status);
+    return status.batches_filled();
+  };
+  for (int i = 0; i < 500 && (stage->copies.load() < 3 || filled() < 6); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
   absl::SleepFor(absl::Milliseconds(100));
   EXPECT_EQ(stage->copies.load(), 3);
+  EXPECT_EQ(filled(), 6u);     // batches 1-6: the copied ones' host slots were filled again
   EXPECT_EQ(c.pending(), 0u);  // nothing delivered ahead of batch 0
   gate.Notify();
   for (int64_t i = 0; i < 16; ++i) {
-    auto b = std::get<ferry::v1::BatchReady>(*c.Next());
+    const std::optional<Message> m = c.Next();
+    ASSERT_TRUE(m.has_value()) << "batch " << i << " never came";
+    const auto* ready = std::get_if<ferry::v1::BatchReady>(&*m);
+    ASSERT_NE(ready, nullptr) << "batch " << i;
+    const ferry::v1::BatchReady b = *ready;
     EXPECT_EQ(b.batch(), i);
     std::vector<int64_t> got(4);
     memcpy(got.data(), stage->device_[b.slot()].data() + job_->layout().offsets[1], 32);

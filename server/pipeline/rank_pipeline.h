@@ -151,8 +151,10 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   RankPipeline(std::shared_ptr<Job> job, int rank, SharedSlab slab,
                MemoryBudget::Reservation reservation, int num_slots, WorkerPool* pool,
                int group);
-  // Assigns free device slots to filled host slots, in delivery order, and queues the
-  // copies in copy_orders_; EnqueueCopies hands them to the stage after the lock is let go.
+  // Assigns free device slots to filled host slots (in delivery order, except that a filled
+  // batch goes before earlier ones still filling while a free slot stays for each of
+  // them) and queues the copies in copy_orders_; EnqueueCopies hands them to the stage
+  // after the lock is let go.
   void StartCopiesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Hands the queued copies to the stage in order, without the pipeline's lock (enqueuing
   // a copy costs 10-30 us of CUDA calls, which would otherwise hold up every other thread
@@ -203,7 +205,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   int consumer_pid_ ABSL_GUARDED_BY(mutex_) = 0;
   bool consumer_via_channel_ ABSL_GUARDED_BY(mutex_) = false;  // of the last consumer
   bool delivering_ ABSL_GUARDED_BY(mutex_) = false;
-  std::vector<CopyOrder> copy_orders_ ABSL_GUARDED_BY(mutex_);  // in delivery order
+  std::vector<CopyOrder> copy_orders_ ABSL_GUARDED_BY(mutex_);  // in the order decided
   bool enqueuing_ ABSL_GUARDED_BY(mutex_) = false;  // a thread is in EnqueueCopies
   int64_t next_seq_ ABSL_GUARDED_BY(mutex_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mutex_) = false;

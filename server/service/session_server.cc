@@ -146,9 +146,12 @@ bool SessionServer::Sent(int fd, const absl::Status& sent) {
     FERRY_LOG(WARNING) << "closing the session of pid " << sessions_.at(fd).peer.pid
                        << ": its answer could not be sent (" << sent.message()
                        << "); a client must read the answer to each request before the next";
-  } else {  // usually the client went away mid-request
+  } else if (absl::IsUnavailable(sent)) {  // the client went away mid-request
     FERRY_LOG(INFO) << "the session of pid " << sessions_.at(fd).peer.pid
                     << " ended: its answer could not be sent (" << sent.message() << ")";
+  } else {
+    FERRY_LOG(WARNING) << "closing the session of pid " << sessions_.at(fd).peer.pid
+                       << ": its answer could not be sent (" << sent.message() << ")";
   }
   return false;
 }
