@@ -115,6 +115,17 @@ ferry::v1::RecordsDataset RecordsSpec(const std::string& path, ferry::v1::DType 
   return spec;
 }
 
+// Fills every record of `source` and compares it with its bytes in `payload`.
+void ExpectEachRecord(const SampleSource& source, const std::string& payload, size_t row_bytes) {
+  auto scratch = source.NewScratch();
+  for (int64_t i = 0; i < source.size(); ++i) {
+    Rows rows(source);
+    ASSERT_TRUE(source.Fill(i, 0, rows.pointers, scratch.get()).ok()) << i;
+    EXPECT_EQ(rows.buffers[0], payload.substr(i * row_bytes, row_bytes)) << i;
+    EXPECT_EQ(rows.Index(), i);
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // records
 
@@ -142,13 +153,7 @@ TEST(RecordsTest, EveryDtypeDeliversEachRecordAfterTheHeader) {
     EXPECT_EQ(fields[1].name, "index");
     EXPECT_EQ(fields[1].dtype, ferry::v1::INT64);
     EXPECT_THAT(fields[1].shape, IsEmpty());
-    auto scratch = (*source)->NewScratch();
-    for (int64_t i = 0; i < kRecords; ++i) {
-      Rows rows(**source);
-      ASSERT_TRUE((*source)->Fill(i, 0, rows.pointers, scratch.get()).ok());
-      EXPECT_EQ(rows.buffers[0], payload.substr(i * row_bytes, row_bytes)) << i;
-      EXPECT_EQ(rows.Index(), i);
-    }
+    ExpectEachRecord(**source, payload, row_bytes);
     EXPECT_EQ((*source)->Describe(4), path + " record 4");
   }
 }
@@ -165,13 +170,7 @@ TEST(RecordsTest, StreamingStoresDeliverTheSameRows) {
   for (RowStores stores : {RowStores::kOrdinary, RowStores::kStreaming}) {
     auto source = RecordSource::Create(RecordsSpec(path, ferry::v1::UINT16, {2051}), stores);
     ASSERT_TRUE(source.ok()) << source.status();
-    auto scratch = (*source)->NewScratch();
-    for (int64_t i = 0; i < kRecords; ++i) {
-      Rows rows(**source);
-      ASSERT_TRUE((*source)->Fill(i, 0, rows.pointers, scratch.get()).ok());
-      EXPECT_EQ(rows.buffers[0], payload.substr(i * row_bytes, row_bytes)) << i;
-      EXPECT_EQ(rows.Index(), i);
-    }
+    ExpectEachRecord(**source, payload, row_bytes);
   }
 }
 

@@ -491,6 +491,21 @@ class FakeDeviceStage final : public DeviceStage {
   std::vector<std::pair<int, uint64_t>> watched_ ABSL_GUARDED_BY(mutex_);
 };
 
+// A pipeline of `job` whose device stage is a FakeDeviceStage of `device_slots`, returned
+// in *stage.
+absl::StatusOr<std::shared_ptr<RankPipeline>> CreateWithFakeStage(
+    std::shared_ptr<Job> job, int host_slots, int device_slots, WorkerPool* pool,
+    MemoryBudget* budget, FakeDeviceStage** stage) {
+  const size_t slot_bytes = job->layout().slot_bytes;
+  return RankPipeline::Create(
+      std::move(job), 0, host_slots, -1, pool, budget,
+      [=](const SharedSlab& slab) -> absl::StatusOr<std::unique_ptr<DeviceStage>> {
+        auto s = std::make_unique<FakeDeviceStage>(slab, slot_bytes, device_slots);
+        *stage = s.get();
+        return s;
+      });
+}
+
 TEST_F(PipelineTest, DeviceStageSlotsAreLeasedAndHostSlotsRecycled) {
   ferry::v1::JobSpec spec;
   spec.set_batch_size(4);
@@ -500,13 +515,8 @@ TEST_F(PipelineTest, DeviceStageSlotsAreLeasedAndHostSlotsRecycled) {
   job_ = *Job::Create(JobIdentity{"jgpu", "gpu", 1000, 77}, spec,
                       std::make_unique<FakeSource>(64, absl::flat_hash_set<int64_t>{}));
   FakeDeviceStage* stage = nullptr;
-  auto created = RankPipeline::Create(
-      job_, 0, /*host slots=*/2, -1, pool_.get(), &budget_,
-      [&](const SharedSlab& slab) -> absl::StatusOr<std::unique_ptr<DeviceStage>> {
-        auto s = std::make_unique<FakeDeviceStage>(slab, job_->layout().slot_bytes, 3);
-        stage = s.get();
-        return s;
-      });
+  auto created = CreateWithFakeStage(job_, /*host_slots=*/2, /*device_slots=*/3,
+                                     pool_.get(), &budget_, &stage);
   ASSERT_TRUE(created.ok()) << created.status();
   auto p = *created;
   EXPECT_EQ(p->num_slots(), 3);
@@ -601,13 +611,8 @@ TEST_F(PipelineTest, FilledBatchesAreCopiedPastAStragglerThatKeepsADeviceSlot) {
   job_ = *Job::Create(JobIdentity{"jgpu3", "gpu3", 1000, 79}, spec,
                       std::make_unique<GatedSource>(64, /*gated=*/0, &gate));  // in batch 0
   FakeDeviceStage* stage = nullptr;
-  auto p = *RankPipeline::Create(
-      job_, 0, /*host slots=*/4, -1, pool_.get(), &budget_,
-      [&](const SharedSlab& slab) -> absl::StatusOr<std::unique_ptr<DeviceStage>> {
-        auto s = std::make_unique<FakeDeviceStage>(slab, job_->layout().slot_bytes, 4);
-        stage = s.get();
-        return s;
-      });
+  auto p = *CreateWithFakeStage(job_, /*host_slots=*/4, /*device_slots=*/4,
+                                 pool_.get(), &budget_, &stage);
   RecordingConsumer c;
   ASSERT_TRUE(p->Bind(&c, 1, {"a", "b", "c", "d"}).ok());
   ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
@@ -653,13 +658,8 @@ TEST_F(PipelineTest, CompleteReleaseFreesTheDeviceSlotWithoutASignal) {
   job_ = *Job::Create(JobIdentity{"jgpu2", "gpu2", 1000, 78}, spec,
                       std::make_unique<FakeSource>(64, absl::flat_hash_set<int64_t>{}));
   FakeDeviceStage* stage = nullptr;
-  auto p = *RankPipeline::Create(
-      job_, 0, /*host slots=*/2, -1, pool_.get(), &budget_,
-      [&](const SharedSlab& slab) -> absl::StatusOr<std::unique_ptr<DeviceStage>> {
-        auto s = std::make_unique<FakeDeviceStage>(slab, job_->layout().slot_bytes, 2);
-        stage = s.get();
-        return s;
-      });
+  auto p = *CreateWithFakeStage(job_, /*host_slots=*/2, /*device_slots=*/2,
+                                 pool_.get(), &budget_, &stage);
   RecordingConsumer c;
   ASSERT_TRUE(p->Bind(&c, 1, {"a", "b"}).ok());
   ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
