@@ -17,7 +17,8 @@
 //   - a shuffled batch of 16 KiB records gathered by the copy engine straight from a
 //     registered read-only mapping of a file (its page cache), with no CPU copy: one
 //     cudaMemcpyBatchAsync per batch, or a cudaMemcpyAsync per row, next to one contiguous
-//     copy of the same bytes.
+//     copy of the same bytes; and the same rows (and smaller ones) gathered by a kernel
+//     that reads the mapping across PCIe, on 2 to all SMs' worth of thread blocks.
 // Every copy figure is the median of kReps timed repetitions (CUDA events around each)
 // after kWarmup untimed ones; the fill threads' GB/s are their mean over the same reps.
 // GB/s are 1e9 bytes per second.
@@ -42,6 +43,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "common/random.h"
 #include "common/streaming_copy.h"
 #include "common/unique_fd.h"
@@ -392,6 +395,95 @@ int Main(int argc, char** argv) {
           const double per_row = GBps(bytes, run(kPerRow));
           std::printf("%3zu MiB  %12.1f %16.1f (%.2f) %16.1f (%.2f)\n", chunk / kMiB, contiguous,
                       batch_api, batch_api / contiguous, per_row, per_row / contiguous);
+        }
+        // The same, gathered by a kernel reading the mapping across PCIe: per batch one
+        // launch, given the batch's record indices in device memory, or in the launch's
+        // parameters (read from host memory, as ferryd does), on one stream or alternating
+        // over two (so a batch's kernel may start while the previous one drains).
+        const int sms = info.multiprocessor_count;
+        std::printf("\nGather kernel from the page cache (same mapping, %d batches per rep, each "
+                    "followed by an interprocess event): GB/s (ratio to one contiguous copy "
+                    "per batch); indices in device memory (dev) or in the launch's parameters "
+                    "(param), blocks per launch, one stream or two\n", kBatches);
+        struct Column {
+          bool param;
+          int blocks;
+          int streams;
+        };
+        const std::vector<Column> columns = {{false, 16, 1}, {false, 32, 1}, {false, 64, 1},
+                                             {false, sms, 1}, {true, 32, 1},  {true, 64, 1},
+                                             {true, sms, 1},  {true, 32, 2},  {true, 64, 2}};
+        std::printf("%-8s %-6s %10s", "row", "batch", "contiguous");
+        for (const Column& c : columns) {
+          std::printf(" %13s", absl::StrCat(c.param ? "param " : "dev ", c.blocks, "b",
+                                            c.streams == 2 ? " x2" : "").c_str());
+        }
+        std::printf("\n");
+        const size_t max_rows = 4 * kMiB / 256;
+        DeviceBuffer indices =
+            Take(DeviceBuffer::Create(device, kBatches * max_rows * sizeof(int64_t)), "indices");
+        CudaStream second = Take(CudaStream::Create(device), "stream");
+        CudaEvent joined = Take(CudaEvent::Create(device, CudaEvent::kSync), "event");
+        std::vector<CudaEvent> second_events;
+        for (int i = 0; i < kBatches; ++i) {
+          second_events.push_back(Take(CudaEvent::Create(device, CudaEvent::kInterprocess), "event"));
+        }
+        for (auto [row, chunk] : std::vector<std::pair<size_t, size_t>>{
+                 {16 * 1024, 1 * kMiB}, {16 * 1024, 4 * kMiB}, {4096, 4 * kMiB},
+                 {1024, 4 * kMiB}, {256, 4 * kMiB}}) {
+          const size_t rows = chunk / row;
+          const GatherSource source{.records = static_cast<const uint8_t*>(map),
+                                    .num_records = static_cast<int64_t>(kFileBytes / row),
+                                    .row_bytes = row};
+          std::vector<int64_t> host_indices(kBatches * rows);
+          for (int64_t& i : host_indices) i = static_cast<int64_t>(rng.Next() % (kFileBytes / row));
+          CheckCuda(cudaMemcpy(indices.data(), host_indices.data(),
+                               host_indices.size() * sizeof(int64_t), cudaMemcpyHostToDevice),
+                    "indices");
+          const auto* index_base = static_cast<const int64_t*>(indices.data());
+          const double bytes = static_cast<double>(chunk) * kBatches;
+          auto slot = [&](int b) {
+            return static_cast<uint8_t*>(dev.data()) + (b * chunk) % (2 * max_chunk);
+          };
+          const double contiguous = GBps(bytes, timer.MedianMs([&](int) {
+            for (int b = 0; b < kBatches; ++b) {
+              Check(stream.CopyAsync(slot(b), file + (b * chunk) % kFileBytes, chunk), "H2D");
+              Check(stream.Record(events[b]), "record");
+            }
+          }));
+          std::printf("%5zu B  %2zu MiB %10.1f", row, chunk / kMiB, contiguous);
+          for (const Column& c : columns) {
+            if (c.param && static_cast<int64_t>(rows) > kMaxGatherRowsPerLaunch) {
+              std::printf(" %13s", "-");
+              continue;
+            }
+            const double gbps = GBps(bytes, timer.MedianMs([&](int) {
+              if (c.streams == 2) {  // the second stream starts after the timer's start event
+                Check(stream.Record(joined), "record");
+                CheckCuda(cudaStreamWaitEvent(second.get(), joined.get(), 0), "wait");
+              }
+              for (int b = 0; b < kBatches; ++b) {
+                CudaStream& on = c.streams == 2 && b % 2 ? second : stream;
+                if (c.param) {
+                  Check(LaunchGatherRowsIndexedFromHost(
+                            source, absl::MakeConstSpan(host_indices).subspan(b * rows, rows),
+                            slot(b), nullptr, c.blocks, on.get()),
+                        "gather");
+                } else {
+                  Check(LaunchGatherRows(source, index_base + b * rows,
+                                         static_cast<int64_t>(rows), slot(b), c.blocks, on.get()),
+                        "gather");
+                }
+                Check(on.Record(c.streams == 2 && b % 2 ? second_events[b] : events[b]), "record");
+              }
+              if (c.streams == 2) {  // the timer's stop event waits for both
+                Check(second.Record(joined), "record");
+                CheckCuda(cudaStreamWaitEvent(stream.get(), joined.get(), 0), "wait");
+              }
+            }));
+            std::printf("   %5.1f (%.2f)", gbps, gbps / contiguous);
+          }
+          std::printf("\n");
         }
         CheckCuda(cudaHostUnregister(map), "cudaHostUnregister");
       }

@@ -218,6 +218,18 @@ std::string RenderJob(const JobStatus& status) {
                             status.substituted, " substitutes served; policy ",
                             s.on_corrupt_sample == CorruptSamplePolicy::kFail ? "fail" : "skip",
                             ")")});
+  // GPU jobs: how each rank's batches reach the device (ranks of a job usually agree).
+  std::vector<std::string> paths;
+  for (const RankStatus& r : status.ranks) {
+    if (r.copy_path.empty()) continue;
+    std::string path = r.copy_path;
+    if (r.pinned_dataset_bytes != 0) {
+      absl::StrAppend(&path, " (", FormatBytes(r.pinned_dataset_bytes), " of the dataset pinned)");
+    }
+    if (!r.copy_path_note.empty()) absl::StrAppend(&path, ": ", r.copy_path_note);
+    if (std::find(paths.begin(), paths.end(), path) == paths.end()) paths.push_back(path);
+  }
+  if (!paths.empty()) info.AddRow({"copy path", absl::StrJoin(paths, "; ")});
   if (!status.failure.empty()) info.AddRow({"FAILED", status.failure});
   std::string out = info.Render();
   out += "\n";

@@ -87,6 +87,22 @@ TEST(RenderTest, JobShowsRanksAndRecentErrors) {
   EXPECT_THAT(out, HasSubstr(" 17 "));  // rank 0's ring
   EXPECT_THAT(out, HasSubstr("yes, shm"));  // rank 0 takes batches through the channel
   EXPECT_THAT(out, HasSubstr("/data/train/a/bad.jpg  not a JPEG file"));
+  EXPECT_THAT(out, Not(HasSubstr("copy path")));  // host transport
+}
+
+TEST(RenderTest, JobShowsEachDistinctCopyPath) {
+  JobStatus s = SampleJob();
+  for (RankStatus& r : s.ranks) {
+    r.copy_path = "page-cache gather";
+    r.pinned_dataset_bytes = uint64_t{512} << 20;
+  }
+  std::string out = RenderJob(s);
+  EXPECT_THAT(out, HasSubstr("copy path      page-cache gather (512.0 MiB of the dataset pinned)\n"));
+  s.ranks[1].copy_path = "slot copy";
+  s.ranks[1].pinned_dataset_bytes = 0;
+  s.ranks[1].copy_path_note = "workers copy the records: over budget";
+  out = RenderJob(s);
+  EXPECT_THAT(out, HasSubstr("pinned); slot copy: workers copy the records: over budget"));
 }
 
 TEST(RenderTest, StatusShowsDaemonNumaAndMemory) {

@@ -298,13 +298,26 @@ absl::StatusOr<MemIpcHandle> DeviceBuffer::IpcHandle() const {
 
 // ---------------------------------------------------------------------------- registration
 
-absl::StatusOr<HostRegistration> HostRegistration::Create(void* data, size_t bytes) {
+absl::StatusOr<HostRegistration> HostRegistration::Create(void* data, size_t bytes,
+                                                          Access access) {
   if (data == nullptr || bytes == 0) {
     return absl::InvalidArgumentError("cannot page-lock an empty host range");
   }
-  FERRY_RETURN_IF_ERROR(Check(cudaHostRegister(data, bytes, cudaHostRegisterPortable),
-                              "cudaHostRegister", absl::StrCat(bytes, " bytes")));
+  unsigned flags = cudaHostRegisterPortable;
+  if (access == Access::kReadOnly) flags |= cudaHostRegisterMapped | cudaHostRegisterReadOnly;
+  FERRY_RETURN_IF_ERROR(Check(cudaHostRegister(data, bytes, flags), "cudaHostRegister",
+                              absl::StrCat(bytes, " bytes",
+                                           access == Access::kReadOnly ? ", read-only" : "")));
   return HostRegistration(data, bytes);
+}
+
+absl::StatusOr<const void*> HostRegistration::DeviceData(int device) const {
+  cuda_internal::ScopedDevice scope(device);
+  FERRY_RETURN_IF_ERROR(scope.status());
+  void* mapped = nullptr;
+  FERRY_RETURN_IF_ERROR(Check(cudaHostGetDevicePointer(&mapped, data_, 0),
+                              "cudaHostGetDevicePointer", absl::StrCat("device ", device)));
+  return static_cast<const void*>(mapped);
 }
 
 HostRegistration::HostRegistration(HostRegistration&& other) noexcept

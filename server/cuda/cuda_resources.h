@@ -195,11 +195,21 @@ class DeviceBuffer final {
 // so copies from it are DMA at full PCIe speed; cudaHostUnregister on destruction. The
 // range must stay mapped for the registration's lifetime. Registration costs time in
 // proportion to the size (hundreds of ms per GiB): do it once per slab, never per batch.
+//
+// kReadOnly registers a range the process may only read (a PROT_READ file mapping: its
+// page cache) with cudaHostRegisterReadOnly; devices then only read it too.
 class HostRegistration final {
  public:
+  enum class Access { kReadWrite, kReadOnly };
+
   // INVALID_ARGUMENT for a null or empty range; ALREADY_EXISTS when part of it is
   // registered already.
-  static absl::StatusOr<HostRegistration> Create(void* data, size_t bytes);
+  static absl::StatusOr<HostRegistration> Create(void* data, size_t bytes,
+                                                 Access access = Access::kReadWrite);
+
+  // The address kernels on `device` read the range at (cudaHostGetDevicePointer; the
+  // host address itself on most systems).
+  absl::StatusOr<const void*> DeviceData(int device) const;
 
   HostRegistration(HostRegistration&& other) noexcept;
   HostRegistration& operator=(HostRegistration&& other) noexcept;

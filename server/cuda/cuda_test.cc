@@ -286,6 +286,133 @@ TEST_F(CudaTest, WidenTokens) {
   }
 }
 
+// ------------------------------------------------------------------------------ gather
+
+// Records of a real file's read-only mapping, registered read-only, gathered by the
+// kernel: every row matches the file, rows with an index out of range and the bytes around
+// the batch keep their poison.
+// host_indices: LaunchGatherRowsIndexedFromHost, which also writes the indices out.
+void CheckGather(size_t row_bytes, size_t header, int64_t count, int blocks, bool host_indices,
+                 uint64_t seed) {
+  SCOPED_TRACE(absl::StrCat("rows of ", row_bytes, " B after a ", header, " B header, ", count,
+                            " rows on ", blocks, " blocks, indices from ",
+                            host_indices ? "the host" : "the device"));
+  Rng rng(seed);
+  const int64_t num_records = 97;
+  std::vector<uint8_t> file_bytes(header + num_records * row_bytes);
+  for (auto& b : file_bytes) b = static_cast<uint8_t>(rng.Next() >> 56);
+  char path[] = "/tmp/ferry-gather-XXXXXX";
+  const int fd = ::mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ::unlink(path);
+  ASSERT_EQ(::write(fd, file_bytes.data(), file_bytes.size()),
+            static_cast<ssize_t>(file_bytes.size()));
+  void* map = ::mmap(nullptr, file_bytes.size(), PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  ASSERT_NE(map, MAP_FAILED);
+  {
+    HostRegistration registration = ValueOrDie(HostRegistration::Create(
+        map, file_bytes.size(), HostRegistration::Access::kReadOnly));
+    const auto* records = static_cast<const uint8_t*>(ValueOrDie(registration.DeviceData(0)));
+    std::vector<int64_t> indices(count);
+    for (auto& i : indices) i = static_cast<int64_t>(rng.Next() % num_records);
+    if (count >= 3) {
+      indices[1] = -1;           // out of range: left as it was
+      indices[2] = num_records;  // likewise
+    }
+    std::vector<int64_t> indices_copy;
+    const size_t guard = 64;
+    const size_t dst_bytes = guard + count * row_bytes + guard;
+    CudaStream stream = ValueOrDie(CudaStream::Create(0));
+    DeviceBuffer dst = ValueOrDie(DeviceBuffer::Create(0, dst_bytes));
+    DeviceBuffer index_buffer = ValueOrDie(DeviceBuffer::Create(0, count * sizeof(int64_t)));
+    ASSERT_CUDA(cudaMemcpy(index_buffer.data(), indices.data(), count * sizeof(int64_t),
+                           cudaMemcpyHostToDevice));
+    ASSERT_CUDA(cudaMemset(dst.data(), 0xa5, dst_bytes));
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    const GatherSource source{.records = records + header,
+                              .num_records = num_records,
+                              .row_bytes = row_bytes};
+    if (host_indices) {
+      ASSERT_CUDA(cudaMemset(index_buffer.data(), 0xa5, count * sizeof(int64_t)));
+      ASSERT_CUDA(cudaDeviceSynchronize());
+      ASSERT_OK(LaunchGatherRowsIndexedFromHost(source, indices,
+                                                static_cast<uint8_t*>(dst.data()) + guard,
+                                                static_cast<int64_t*>(index_buffer.data()),
+                                                blocks, stream.get()));
+      indices_copy = indices;
+      std::fill(indices.begin(), indices.end(), -7);  // the launch took its own copy
+    } else {
+      ASSERT_OK(LaunchGatherRows(source, static_cast<const int64_t*>(index_buffer.data()), count,
+                                 static_cast<uint8_t*>(dst.data()) + guard, blocks, stream.get()));
+      indices_copy = indices;
+    }
+    ASSERT_OK(stream.Synchronize());
+    indices = indices_copy;
+    std::vector<int64_t> written(count);
+    ASSERT_CUDA(cudaMemcpy(written.data(), index_buffer.data(), count * sizeof(int64_t),
+                           cudaMemcpyDeviceToHost));
+    EXPECT_EQ(written, indices);
+    std::vector<uint8_t> out(dst_bytes);
+    ASSERT_CUDA(cudaMemcpy(out.data(), dst.data(), dst_bytes, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < guard; ++i) ASSERT_EQ(out[i], 0xa5) << "before the batch, byte " << i;
+    for (int64_t r = 0; r < count; ++r) {
+      const uint8_t* got = out.data() + guard + r * row_bytes;
+      if (indices[r] < 0 || indices[r] >= num_records) {
+        for (size_t k = 0; k < row_bytes; ++k) ASSERT_EQ(got[k], 0xa5) << "row " << r;
+        continue;
+      }
+      const uint8_t* want = file_bytes.data() + header + indices[r] * row_bytes;
+      ASSERT_EQ(std::memcmp(got, want, row_bytes), 0) << "row " << r << " (record " << indices[r] << ")";
+    }
+    for (size_t i = 0; i < guard; ++i) {
+      ASSERT_EQ(out[guard + count * row_bytes + i], 0xa5) << "after the batch, byte " << i;
+    }
+  }
+  ::munmap(map, file_bytes.size());
+}
+
+TEST_F(CudaTest, GatherRowsFromARegisteredFileMapping) {
+  uint64_t seed = 100;
+  // 16-, 8-, 4- and 1-byte units; headers that keep or break the records' alignment.
+  for (bool host_indices : {false, true}) {
+    for (size_t row_bytes : {16384, 48, 24, 12, 5}) {
+      for (size_t header : {0, 8, 3}) {
+        for (int blocks : {1, 7}) {
+          CheckGather(row_bytes, header, 300, blocks, host_indices, ++seed);
+        }
+      }
+    }
+    // One row; each parameter list size at its limit.
+    for (int64_t count : {1, 64, 256, 1024, 4000}) {
+      CheckGather(24, 0, count, 64, host_indices, ++seed);
+    }
+  }
+}
+
+TEST_F(CudaTest, GatherRowsRejectsBadArguments) {
+  CudaStream stream = ValueOrDie(CudaStream::Create(0));
+  DeviceBuffer buffer = ValueOrDie(DeviceBuffer::Create(0, 4096));
+  const auto* base = static_cast<const uint8_t*>(buffer.data());
+  const auto* indices = static_cast<const int64_t*>(buffer.data());
+  const GatherSource ok{.records = base, .num_records = 4, .row_bytes = 16};
+  EXPECT_TRUE(LaunchGatherRows(ok, indices, 0, buffer.data(), 4, stream.get()).ok());
+  EXPECT_EQ(LaunchGatherRows(ok, indices, -1, buffer.data(), 4, stream.get()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LaunchGatherRows(ok, nullptr, 2, buffer.data(), 4, stream.get()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LaunchGatherRows(ok, indices, 2, buffer.data(), 0, stream.get()).code(),
+            absl::StatusCode::kInvalidArgument);
+  const GatherSource huge{.records = base, .num_records = 4, .row_bytes = size_t{1} << 31};
+  EXPECT_THAT(LaunchGatherRows(huge, indices, 2, buffer.data(), 4, stream.get()).message(),
+              HasSubstr("4 GiB"));
+  const std::vector<int64_t> too_many(kMaxGatherRowsPerLaunch + 1, 0);
+  EXPECT_THAT(LaunchGatherRowsIndexedFromHost(ok, too_many, buffer.data(), nullptr, 4,
+                                              stream.get())
+                  .message(),
+              HasSubstr("at most 4000"));
+}
+
 // ------------------------------------------------------------------------------ owners
 
 TEST_F(CudaTest, DeviceInfo) {

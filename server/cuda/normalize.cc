@@ -93,4 +93,65 @@ absl::Status LaunchWidenTokens(const void* src, TokenInput src_dtype, void* dst,
                     absl::StrCat(count, " tokens on device ", device));
 }
 
+namespace {
+
+// The checks both gather launchers share; OK for a launch to go ahead.
+absl::Status CheckGather(const GatherSource& source, const void* indices, int64_t count,
+                         const void* dst, int blocks) {
+  if (count < 0) return absl::InvalidArgumentError(absl::StrCat("cannot gather ", count, " rows"));
+  if (source.records == nullptr || indices == nullptr || dst == nullptr) {
+    return absl::InvalidArgumentError("gather: null records, indices or destination");
+  }
+  if (source.row_bytes == 0 || blocks < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gather: rows of ", source.row_bytes, " bytes on ", blocks, " blocks"));
+  }
+  if (source.row_bytes >= (uint64_t{1} << 32) ||
+      static_cast<uint64_t>(count) * source.row_bytes >= (uint64_t{1} << 32)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gather: ", count, " rows of ", source.row_bytes, " bytes make a batch of 4 GiB or more"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LaunchGatherRows(const GatherSource& source, const int64_t* indices, int64_t count,
+                              void* dst, int blocks, void* stream) {
+  if (count == 0) return absl::OkStatus();
+  FERRY_RETURN_IF_ERROR(CheckGather(source, indices, count, dst, blocks));
+  FERRY_ASSIGN_OR_RETURN(const int device, StreamDevice(stream));
+  ScopedDevice scope(device);
+  FERRY_RETURN_IF_ERROR(scope.status());
+  const cudaError_t error = cuda_internal::EnqueueGatherRows(
+      source.records, source.num_records, source.row_bytes, indices, count, dst, blocks,
+      static_cast<cudaStream_t>(stream));
+  if (error == cudaSuccess) return absl::OkStatus();
+  return CudaStatus(error, "gather-rows kernel launch",
+                    absl::StrCat(count, " rows of ", source.row_bytes, " bytes on device ", device));
+}
+
+absl::Status LaunchGatherRowsIndexedFromHost(const GatherSource& source,
+                                             absl::Span<const int64_t> indices, void* dst,
+                                             int64_t* index_out, int blocks, void* stream) {
+  static_assert(kMaxGatherRowsPerLaunch == cuda_internal::kMaxGatherParamRows);
+  const int64_t count = static_cast<int64_t>(indices.size());
+  if (count == 0) return absl::OkStatus();
+  FERRY_RETURN_IF_ERROR(CheckGather(source, indices.data(), count, dst, blocks));
+  if (count > kMaxGatherRowsPerLaunch) {
+    return absl::InvalidArgumentError(absl::StrCat("gather: ", count,
+                                                   " rows with host indices; at most ",
+                                                   kMaxGatherRowsPerLaunch, " per launch"));
+  }
+  FERRY_ASSIGN_OR_RETURN(const int device, StreamDevice(stream));
+  ScopedDevice scope(device);
+  FERRY_RETURN_IF_ERROR(scope.status());
+  const cudaError_t error = cuda_internal::EnqueueGatherRowsIndexedFromHost(
+      source.records, source.num_records, source.row_bytes, indices.data(), count, dst,
+      index_out, blocks, static_cast<cudaStream_t>(stream));
+  if (error == cudaSuccess) return absl::OkStatus();
+  return CudaStatus(error, "gather-rows kernel launch",
+                    absl::StrCat(count, " rows of ", source.row_bytes, " bytes on device ", device));
+}
+
 }  // namespace ferry

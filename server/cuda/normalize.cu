@@ -281,6 +281,112 @@ cudaError_t WidenAs(const void* src, void* dst, int64_t count, cudaStream_t stre
                           static_cast<Out*>(dst), count, vector);
 }
 
+
+// Gather: row r of the batch is record indices[r] of a mapping in host memory, read by the
+// SMs across PCIe (the mapping is registered: device-readable). The batch is one flat run
+// of V-sized units; consecutive lanes take consecutive units (a warp reads 32 contiguous
+// units of one row, or two rows' ends), and each thread issues kUnroll loads before its
+// first store, so that enough reads are in flight to cover PCIe's latency with few
+// blocks. A row whose index is outside [0, num_records) is left unwritten: the kernel
+// never reads outside the mapping. With `index_out`, the indices are written there too.
+//
+// The indices come from device memory, or travel in the launch's own parameters (up to
+// 32 KiB of them since CUDA 12.1): then nothing is copied before the kernel runs, which
+// on an H100 is worth a small H2D's latency per batch.
+struct DeviceIndices {
+  const int64_t* __restrict__ at;
+  __device__ __forceinline__ int64_t operator[](uint32_t r) const { return at[r]; }
+};
+template <int kRows>
+struct ParamIndices {
+  int64_t at[kRows];
+  __device__ __forceinline__ int64_t operator[](uint32_t r) const { return at[r]; }
+};
+
+template <typename V, int kUnroll, typename Indices>
+__global__ void __launch_bounds__(kThreads)
+    GatherRows(const uint8_t* __restrict__ records, int64_t num_records, const Indices indices,
+               uint32_t count, uint32_t units_per_row, uint32_t total_units,
+               uint8_t* __restrict__ dst, int64_t* __restrict__ index_out) {
+  const uint32_t stride = gridDim.x * kThreads;
+  const uint32_t thread = blockIdx.x * kThreads + threadIdx.x;
+  const size_t row_bytes = static_cast<size_t>(units_per_row) * sizeof(V);
+  if (index_out != nullptr) {
+    for (uint32_t r = thread; r < count; r += stride) index_out[r] = indices[r];
+  }
+  for (uint32_t first = thread; first < total_units; first += stride * kUnroll) {
+    V v[kUnroll];
+    bool valid[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const uint32_t unit = first + u * stride;
+      valid[u] = false;
+      if (unit < total_units) {
+        const uint32_t row = unit / units_per_row;
+        const int64_t index = indices[row];
+        if (index >= 0 && index < num_records) {
+          const V* src = reinterpret_cast<const V*>(records + static_cast<size_t>(index) * row_bytes);
+          v[u] = __ldcs(src + (unit - row * units_per_row));
+          valid[u] = true;
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (valid[u]) reinterpret_cast<V*>(dst)[first + u * stride] = v[u];
+    }
+  }
+}
+
+template <typename V, int kUnroll, typename Indices>
+cudaError_t GatherAs(const uint8_t* records, int64_t num_records, size_t row_bytes,
+                     const Indices& indices, int64_t count, void* dst, int64_t* index_out,
+                     int blocks, cudaStream_t stream) {
+  const uint32_t units_per_row = static_cast<uint32_t>(row_bytes / sizeof(V));
+  const uint32_t total_units = static_cast<uint32_t>(count * units_per_row);
+  const int64_t needed = (static_cast<int64_t>(total_units) + kThreads - 1) / kThreads;
+  if (blocks > needed) blocks = static_cast<int>(needed);
+  (void)cudaGetLastError();
+  GatherRows<V, kUnroll, Indices><<<blocks, kThreads, 0, stream>>>(
+      records, num_records, indices, static_cast<uint32_t>(count), units_per_row, total_units,
+      static_cast<uint8_t*>(dst), index_out);
+  return cudaGetLastError();
+}
+
+// The widest unit that divides the rows and both bases: every unit is then aligned.
+template <typename Indices>
+cudaError_t GatherAny(const uint8_t* records, int64_t num_records, size_t row_bytes,
+                      const Indices& indices, int64_t count, void* dst, int64_t* index_out,
+                      int blocks, cudaStream_t stream) {
+  const uintptr_t bits = reinterpret_cast<uintptr_t>(records) |
+                         reinterpret_cast<uintptr_t>(dst) | static_cast<uintptr_t>(row_bytes);
+  if (bits % 16 == 0) {
+    return GatherAs<uint4, 4>(records, num_records, row_bytes, indices, count, dst, index_out,
+                              blocks, stream);
+  }
+  if (bits % 8 == 0) {
+    return GatherAs<uint2, 8>(records, num_records, row_bytes, indices, count, dst, index_out,
+                              blocks, stream);
+  }
+  if (bits % 4 == 0) {
+    return GatherAs<uint32_t, 8>(records, num_records, row_bytes, indices, count, dst,
+                                 index_out, blocks, stream);
+  }
+  return GatherAs<uint8_t, 8>(records, num_records, row_bytes, indices, count, dst, index_out,
+                              blocks, stream);
+}
+
+// Parameter lists of a few sizes, so a batch of 64 rows does not ship 32 KiB per launch.
+template <int kRows>
+cudaError_t GatherWithParams(const uint8_t* records, int64_t num_records, size_t row_bytes,
+                             const int64_t* host_indices, int64_t count, void* dst,
+                             int64_t* index_out, int blocks, cudaStream_t stream) {
+  ParamIndices<kRows> params;
+  memcpy(params.at, host_indices, static_cast<size_t>(count) * sizeof(int64_t));
+  return GatherAny(records, num_records, row_bytes, params, count, dst, index_out, blocks,
+                   stream);
+}
+
 }  // namespace
 
 cudaError_t EnqueueNormalizeImages(const uint8_t* src, void* dst, NormalizeOut out,
@@ -308,6 +414,37 @@ cudaError_t EnqueueWidenTokens(const void* src, void* dst, WidenKind kind, int64
       return WidenAs<uint32_t, int32_t>(src, dst, count, stream);
     case WidenKind::kU32ToI64:
       return WidenAs<uint32_t, int64_t>(src, dst, count, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t EnqueueGatherRows(const uint8_t* records, int64_t num_records, size_t row_bytes,
+                              const int64_t* indices, int64_t count, void* dst, int blocks,
+                              cudaStream_t stream) {
+  return GatherAny(records, num_records, row_bytes, DeviceIndices{indices}, count, dst,
+                   nullptr, blocks, stream);
+}
+
+cudaError_t EnqueueGatherRowsIndexedFromHost(const uint8_t* records, int64_t num_records,
+                                             size_t row_bytes, const int64_t* host_indices,
+                                             int64_t count, void* dst, int64_t* index_out,
+                                             int blocks, cudaStream_t stream) {
+  static_assert(kMaxGatherParamRows == 4000);
+  if (count <= 64) {
+    return GatherWithParams<64>(records, num_records, row_bytes, host_indices, count, dst,
+                                index_out, blocks, stream);
+  }
+  if (count <= 256) {
+    return GatherWithParams<256>(records, num_records, row_bytes, host_indices, count, dst,
+                                 index_out, blocks, stream);
+  }
+  if (count <= 1024) {
+    return GatherWithParams<1024>(records, num_records, row_bytes, host_indices, count, dst,
+                                  index_out, blocks, stream);
+  }
+  if (count <= 4000) {
+    return GatherWithParams<4000>(records, num_records, row_bytes, host_indices, count, dst,
+                                  index_out, blocks, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -150,6 +150,8 @@ absl::Status RecordSource::Fill(int64_t index, uint64_t sample_seed,
     return absl::InvalidArgumentError(
         absl::StrCat("Fill needs ", fields_.size(), " rows (data, index), got ", rows.size()));
   }
+  std::memcpy(rows[1], &index, sizeof(index));
+  if (rows[0] == nullptr) return absl::OkStatus();  // the device reads it: direct_rows()
   const uint8_t* src =
       file_.bytes().data() + data_offset_ + static_cast<size_t>(index) * row_bytes_;
   if (stores_ == RowStores::kStreaming) {
@@ -163,8 +165,19 @@ absl::Status RecordSource::Fill(int64_t index, uint64_t sample_seed,
       std::reverse(rows[0] + v, rows[0] + v + value_bytes_);
     }
   }
-  std::memcpy(rows[1], &index, sizeof(index));
   return absl::OkStatus();
+}
+
+std::optional<DirectRows> RecordSource::direct_rows() const {
+  if constexpr (std::endian::native != std::endian::little) return std::nullopt;
+  return DirectRows{.field = 0,
+                    .index_field = 1,
+                    .records = file_.bytes().data() + data_offset_,
+                    .num_records = num_records_,
+                    .row_bytes = row_bytes_,
+                    .mapping = file_.bytes().data(),
+                    .mapping_bytes = file_.bytes().size(),
+                    .path = file_.path()};
 }
 
 std::string RecordSource::Describe(int64_t index) const {

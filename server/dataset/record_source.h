@@ -61,6 +61,9 @@ class RecordSource final : public SampleSource {
                     Scratch* scratch) const override;
   std::string Describe(int64_t index) const override;
   bool FillIsCopy() const override { return true; }
+  // "data" is the file's records as they are (on little-endian hosts: nothing to swap),
+  // located by "index".
+  std::optional<DirectRows> direct_rows() const override;
 
  private:
   RecordSource(MappedFile file, const RecordLayout& layout, size_t row_bytes, std::string unit,

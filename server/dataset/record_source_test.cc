@@ -174,6 +174,39 @@ TEST(RecordsTest, StreamingStoresDeliverTheSameRows) {
   }
 }
 
+// direct_rows locates record i at records + i * row_bytes inside the whole mapping, for a
+// device to read it there; Fill given a null "data" row writes the index only.
+TEST(RecordsTest, DirectRowsLocateEachRecordInTheMapping) {
+  TempDir dir;
+  constexpr size_t kHeader = 13, kRow = 24;
+  constexpr int kRecords = 9;
+  const std::string payload = Pattern(kRecords * kRow);
+  const std::string path = dir.File("direct");
+  Put(path, std::string(kHeader, 'h') + payload);
+  auto source = RecordSource::Create(RecordsSpec(path, ferry::v1::INT64, {3}, kHeader));
+  ASSERT_TRUE(source.ok()) << source.status();
+  const std::optional<DirectRows> direct = (*source)->direct_rows();
+  ASSERT_TRUE(direct.has_value());
+  EXPECT_EQ(direct->field, 0);
+  EXPECT_EQ(direct->index_field, 1);
+  EXPECT_EQ(direct->num_records, kRecords);
+  EXPECT_EQ(direct->row_bytes, kRow);
+  EXPECT_EQ(direct->path, path);
+  EXPECT_EQ(direct->mapping_bytes, kHeader + payload.size());
+  EXPECT_EQ(direct->records, direct->mapping + kHeader);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(direct->mapping) % 4096, 0u);
+  for (int64_t i = 0; i < kRecords; ++i) {
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(direct->records + i * kRow), kRow),
+              payload.substr(i * kRow, kRow));
+  }
+  auto scratch = (*source)->NewScratch();
+  Rows rows(**source);
+  rows.pointers[0] = nullptr;
+  ASSERT_TRUE((*source)->Fill(5, 0, rows.pointers, scratch.get()).ok());
+  EXPECT_EQ(rows.Index(), 5);
+  EXPECT_EQ(rows.buffers[0], std::string(kRow, '\xAB'));  // untouched
+}
+
 TEST(RecordsTest, EmptyShapeIsOneScalarPerRecord) {
   TempDir dir;
   const std::string path = dir.File("scalars.f32");

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,23 @@ size_t DTypeSize(ferry::v1::DType dtype);  // 0 for DTYPE_UNSPECIFIED
 // common/streaming_copy.h), kOrdinary for slots a trainer's CPU reads.
 enum class RowStores { kOrdinary, kStreaming };
 
+// A field that is a plain slice of a read-only file mapping: sample i's row is the
+// row_bytes at records + record * row_bytes, where `record` is the int64 the source writes
+// into field `index_field` of the same row. A device transport may then read those rows
+// itself, straight from the mapping (registered with the driver), and leave the workers
+// only the index to write: see Fill's `rows` contract. `mapping` / `mapping_bytes` are the
+// whole mapping (page-aligned start), what must be registered; `path` names it.
+struct DirectRows {
+  int field = -1;
+  int index_field = -1;
+  const uint8_t* records = nullptr;
+  int64_t num_records = 0;
+  size_t row_bytes = 0;
+  const uint8_t* mapping = nullptr;
+  size_t mapping_bytes = 0;
+  std::string path;
+};
+
 class SampleSource {
  public:
   // Per-thread mutable state (a JPEG decoder, file buffers). Opaque to callers.
@@ -60,7 +78,9 @@ class SampleSource {
   virtual std::unique_ptr<Scratch> NewScratch() const = 0;
 
   // Writes sample `index` into rows[f] for each field f (rows.size() == fields().size(),
-  // each with fields()[f].row_bytes writable). `sample_seed` drives every random choice.
+  // each with fields()[f].row_bytes writable). rows[f] is null for the field that
+  // direct_rows() names when the caller reads those rows from the mapping itself: Fill
+  // then writes the other fields only. `sample_seed` drives every random choice.
   // A sample that cannot be read or decoded returns a status naming its file (DATA_LOSS for
   // corrupt content, NOT_FOUND / PERMISSION_DENIED for I/O); the caller decides what to do.
   virtual absl::Status Fill(int64_t index, uint64_t sample_seed, absl::Span<uint8_t* const> rows,
@@ -73,6 +93,10 @@ class SampleSource {
   // its cost is a few microseconds per row and the pipeline hands a worker many rows at
   // once: dispatching a task costs more than copying a small row.
   virtual bool FillIsCopy() const { return false; }
+
+  // A field whose rows a device may read straight from the dataset's mapping (DirectRows);
+  // nullopt for sources that decode, convert or read through a file API.
+  virtual std::optional<DirectRows> direct_rows() const { return std::nullopt; }
 
   // Sources stored as streams (tar shards) define the epoch's order themselves, so that
   // each rank, dealt a contiguous run of it, reads its own shards mostly sequentially. When

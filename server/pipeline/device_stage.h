@@ -39,6 +39,11 @@ class DeviceStage {
 
   virtual int num_device_slots() const = 0;
 
+  // The field whose rows the stage reads from the dataset itself rather than from the host
+  // slot (SampleSource::direct_rows): workers leave those rows unwritten. -1 when the stage
+  // copies every field from the host slot. Constant after creation.
+  virtual int gathered_field() const { return -1; }
+
   // How a stage reports progress. `token` is the value passed to the call that started the
   // work; the pipeline uses it to ignore reports about work it has since abandoned.
   struct Callbacks {

@@ -39,15 +39,21 @@ class FakeSource final : public SampleSource {
       return absl::DataLossError("corrupt on purpose");
     }
     int64_t value = index * 10;
-    memcpy(rows[0], &value, 8);
+    if (rows[0] != nullptr) {
+      memcpy(rows[0], &value, 8);
+    } else {
+      null_rows_.fetch_add(1);  // a stage reads "value" itself (DeviceStage::gathered_field)
+    }
     memcpy(rows[1], &index, 8);
     return absl::OkStatus();
   }
   std::string Describe(int64_t index) const override { return "fake/" + std::to_string(index); }
   int64_t bad_reads() const { return bad_reads_.load(); }
+  int64_t null_rows() const { return null_rows_.load(); }
 
  private:
   mutable std::atomic<int64_t> bad_reads_{0};
+  mutable std::atomic<int64_t> null_rows_{0};
   int64_t n_;
   absl::flat_hash_set<int64_t> corrupt_;
   std::vector<FieldLayout> fields_;
@@ -433,8 +439,10 @@ class FakeDeviceStage final : public DeviceStage {
     }
   }
   int num_device_slots() const override { return static_cast<int>(device_.size()); }
+  int gathered_field() const override { return gathered; }
   void SetCallbacks(Callbacks callbacks) override { callbacks_ = std::move(callbacks); }
-  absl::Status StartCopy(int host_slot, int device_slot, uint32_t, uint64_t token) override {
+  absl::Status StartCopy(int host_slot, int device_slot, uint32_t num_samples,
+                         uint64_t token) override {
     {
       absl::MutexLock lock(&mutex_);
       for (const auto& [slot, token] : watched_) {
@@ -442,7 +450,21 @@ class FakeDeviceStage final : public DeviceStage {
             << "device slot " << device_slot << " written before its released signal";
       }
     }
-    memcpy(device_[device_slot].data(), slab_ + host_slot * slot_bytes_, slot_bytes_);
+    const uint8_t* host = slab_ + host_slot * slot_bytes_;
+    memcpy(device_[device_slot].data(), host, slot_bytes_);
+    if (gathered == 0) {
+      // FakeSource's field 0 ("value" = 10 * index, at offset 0): read "from the dataset"
+      // given each row's index, as CudaStage's gather kernel does; the host rows must be
+      // untouched.
+      for (uint32_t r = 0; r < num_samples; ++r) {
+        int64_t index, unwritten;
+        memcpy(&index, host + index_offset + 8 * r, 8);
+        memcpy(&unwritten, host + 8 * r, 8);
+        if (unwritten != 0) ++host_rows_written;
+        const int64_t value = 10 * index;
+        memcpy(device_[device_slot].data() + 8 * r, &value, 8);
+      }
+    }
     ++copies;
     // The thread owns copies of the callbacks, so it never touches the stage.
     threads_.emplace_back([callbacks = callbacks_, host_slot, device_slot, token] {
@@ -482,6 +504,9 @@ class FakeDeviceStage final : public DeviceStage {
 
   const uint8_t* slab_;  // the mapping outlives the SharedSlab object, which is moved
   const size_t slot_bytes_;
+  int gathered = -1;          // set before the pipeline is created
+  size_t index_offset = 0;    // of field 1, with gathered == 0
+  std::atomic<int> host_rows_written{0};
   std::vector<std::vector<uint8_t>> device_;
   Callbacks callbacks_;
   std::vector<std::thread> threads_;
@@ -495,12 +520,15 @@ class FakeDeviceStage final : public DeviceStage {
 // in *stage.
 absl::StatusOr<std::shared_ptr<RankPipeline>> CreateWithFakeStage(
     std::shared_ptr<Job> job, int host_slots, int device_slots, WorkerPool* pool,
-    MemoryBudget* budget, FakeDeviceStage** stage) {
+    MemoryBudget* budget, FakeDeviceStage** stage, int gathered_field = -1) {
   const size_t slot_bytes = job->layout().slot_bytes;
+  const size_t index_offset = job->layout().offsets.back();
   return RankPipeline::Create(
       std::move(job), 0, host_slots, -1, pool, budget,
       [=](const SharedSlab& slab) -> absl::StatusOr<std::unique_ptr<DeviceStage>> {
         auto s = std::make_unique<FakeDeviceStage>(slab, slot_bytes, device_slots);
+        s->gathered = gathered_field;
+        s->index_offset = index_offset;
         *stage = s.get();
         return s;
       });
@@ -575,6 +603,45 @@ TEST_F(PipelineTest, DeviceStageSlotsAreLeasedAndHostSlotsRecycled) {
   }
   EXPECT_EQ(slots.size(), 3u);
   p->Unbind(&c2);
+  p->Shutdown(absl::CancelledError("test over"));
+  stage->JoinReports();
+}
+
+// A stage that reads a field from the dataset itself (CudaStage's page-cache gather): the
+// workers hand the source a null row for it and never write it into the host slot, and
+// every batch still holds the right values once the stage has read them.
+TEST_F(PipelineTest, FieldGatheredByTheStageIsNeverWrittenByWorkers) {
+  ferry::v1::JobSpec spec;
+  spec.set_batch_size(4);
+  spec.set_shuffle(true);
+  spec.set_seed(9);
+  spec.set_drop_last(true);
+  auto source = std::make_unique<FakeSource>(64, absl::flat_hash_set<int64_t>{});
+  const FakeSource* fake = source.get();
+  job_ = *Job::Create(JobIdentity{"jgather", "gather", 1000, 78}, spec, std::move(source));
+  FakeDeviceStage* stage = nullptr;
+  auto created = CreateWithFakeStage(job_, /*host_slots=*/2, /*device_slots=*/2, pool_.get(),
+                                     &budget_, &stage, /*gathered_field=*/0);
+  ASSERT_TRUE(created.ok()) << created.status();
+  auto p = *created;
+  RecordingConsumer c;
+  ASSERT_TRUE(p->Bind(&c, 1, {"a", "b"}).ok());
+  ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
+  for (int64_t i = 0; i < 16; ++i) {
+    auto b = std::get<ferry::v1::BatchReady>(*c.Next());
+    ASSERT_EQ(b.batch(), i);
+    std::vector<int64_t> values(4), indices(4);
+    memcpy(values.data(), stage->device_[b.slot()].data(), 32);
+    memcpy(indices.data(), stage->device_[b.slot()].data() + job_->layout().offsets[1], 32);
+    EXPECT_EQ(indices, Expected(0, 0, i));
+    for (int r = 0; r < 4; ++r) EXPECT_EQ(values[r], 10 * indices[r]) << "batch " << i;
+    ASSERT_TRUE(p->Release(&c, b.slot(), b.seq()).ok());
+    stage->SignalReleased();
+  }
+  EXPECT_EQ(std::get<EpochEndMsg>(*c.Next()).epoch, 0);
+  EXPECT_GE(fake->null_rows(), 64);
+  EXPECT_EQ(stage->host_rows_written.load(), 0);
+  p->Unbind(&c);
   p->Shutdown(absl::CancelledError("test over"));
   stage->JoinReports();
 }

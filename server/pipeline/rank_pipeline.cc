@@ -18,10 +18,13 @@ namespace {
 // were 32 tasks a batch, and at 1 MiB batches the pool's queue bounded the batch rate).
 constexpr size_t kCopyTaskBytes = 128 << 10;
 
-size_t CopyRowsPerTask(const Job& job) {
+size_t CopyRowsPerTask(const Job& job, int gathered_field) {
   if (!job.source().FillIsCopy()) return 1;
   size_t row_bytes = 0;
-  for (const FieldLayout& f : job.layout().fields) row_bytes += f.row_bytes;
+  const std::vector<FieldLayout>& fields = job.layout().fields;
+  for (size_t f = 0; f < fields.size(); ++f) {
+    if (static_cast<int>(f) != gathered_field) row_bytes += fields[f].row_bytes;
+  }
   return std::max<size_t>(1, (kCopyTaskBytes + row_bytes - 1) / std::max<size_t>(1, row_bytes));
 }
 
@@ -54,9 +57,10 @@ absl::StatusOr<std::shared_ptr<RankPipeline>> RankPipeline::Create(
     FERRY_ASSIGN_OR_RETURN(stage, stage_factory(slab));
   }
   const int group = pool->GroupForNode(numa_node);
+  const int gathered_field = stage != nullptr ? stage->gathered_field() : -1;
   std::shared_ptr<RankPipeline> pipeline(new RankPipeline(std::move(job), rank, std::move(slab),
                                                           std::move(reservation), num_slots,
-                                                          pool, group));
+                                                          pool, group, gathered_field));
   if (stage != nullptr) {
     std::weak_ptr<RankPipeline> weak = pipeline;
     DeviceStage::Callbacks callbacks;
@@ -80,7 +84,7 @@ absl::StatusOr<std::shared_ptr<RankPipeline>> RankPipeline::Create(
 
 RankPipeline::RankPipeline(std::shared_ptr<Job> job, int rank, SharedSlab slab,
                            MemoryBudget::Reservation reservation, int num_slots,
-                           WorkerPool* pool, int group)
+                           WorkerPool* pool, int group, int gathered_field)
     : job_(std::move(job)),
       rank_(rank),
       slab_(std::move(slab)),
@@ -88,7 +92,8 @@ RankPipeline::RankPipeline(std::shared_ptr<Job> job, int rank, SharedSlab slab,
       pool_(pool),
       group_(group),
       batches_per_epoch_(job_->sampler().batches_per_epoch()),
-      copy_rows_per_task_(CopyRowsPerTask(*job_)),
+      gathered_field_(gathered_field),
+      copy_rows_per_task_(CopyRowsPerTask(*job_, gathered_field)),
       slots_(num_slots) {}
 
 RankPipeline::~RankPipeline() = default;
@@ -333,7 +338,9 @@ void RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index
     uint8_t* rows[16];
     const size_t nfields = std::min<size_t>(layout.fields.size(), 16);
     for (size_t f = 0; f < nfields; ++f) {
-      rows[f] = base + layout.offsets[f] + static_cast<size_t>(row) * layout.fields[f].row_bytes;
+      rows[f] = static_cast<int>(f) == gathered_field_
+                    ? nullptr  // the stage reads these rows from the dataset itself
+                    : base + layout.offsets[f] + static_cast<size_t>(row) * layout.fields[f].row_bytes;
     }
     SampleSource::Scratch* scratch = context.ScratchFor(job_->identity().serial, source);
     const uint64_t seed = job_->spec().seed();
@@ -370,7 +377,9 @@ void RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index
     }
     if (filled && candidate != index) job_->CountSubstitute();
     if (!filled) {
-      for (size_t f = 0; f < nfields; ++f) memset(rows[f], 0, layout.fields[f].row_bytes);
+      for (size_t f = 0; f < nfields; ++f) {
+        if (rows[f] != nullptr) memset(rows[f], 0, layout.fields[f].row_bytes);
+      }
       FERRY_LOG(ERROR) << "job " << job_->identity().id << ": no readable substitute for sample "
                        << index << "; row " << row << " of the batch is zeroed";
     }

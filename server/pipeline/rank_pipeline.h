@@ -150,7 +150,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
 
   RankPipeline(std::shared_ptr<Job> job, int rank, SharedSlab slab,
                MemoryBudget::Reservation reservation, int num_slots, WorkerPool* pool,
-               int group);
+               int group, int gathered_field);
   // Assigns free device slots to filled host slots (in delivery order, except that a filled
   // batch goes before earlier ones still filling while a free slot stays for each of
   // them) and queues the copies in copy_orders_; EnqueueCopies hands them to the stage
@@ -186,6 +186,9 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   const int group_;
   std::unique_ptr<DeviceStage> stage_;  // set once in Create, before any use
   const int64_t batches_per_epoch_;
+  // The field the stage reads from the dataset itself (DeviceStage::gathered_field): its
+  // rows are never written here. -1 when none.
+  const int gathered_field_;
   const size_t copy_rows_per_task_;  // 1 unless the source only copies rows
 
   // State below is protected by mutex_ (slot rows_left is atomic: workers count down

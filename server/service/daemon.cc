@@ -60,8 +60,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                                                      config.pinned_memory_budget_bytes(),
                                                      d->config_.path);
 #if FERRY_HAVE_CUDA
+  GatherOptions gather;
+  gather.enabled = !config.disable_page_cache_gather();
+  if (config.gather_thread_blocks() != 0) {
+    gather.thread_blocks = static_cast<int>(std::min<uint32_t>(config.gather_thread_blocks(), 1 << 16));
+  }
   d->gpus_ = MakeCudaGpuProvider(d->topology_, d->pinned_budget_.get(),
-                                 config.device_memory_budget_bytes(), d->config_.path);
+                                 config.device_memory_budget_bytes(), d->config_.path, gather);
 #endif
   d->jobs_ = std::make_unique<JobManager>(job_options, d->pool_.get(), d->host_budget_.get(),
                                           d->gpus_.get());

@@ -3,8 +3,10 @@
 // ("ready", recorded here after the copy and any kernel; "released", recorded by the
 // trainer and opened here when it binds), the job's host slab registered once as pinned
 // memory, and one copy stream. Per batch: wait released[d] on the stream, H2D (only uint8
-// crosses PCIe for images), optionally normalize to CHW floats, record ready[d]. The host
-// never waits on the device except on a completion thread that returns host slots.
+// crosses PCIe for images), optionally normalize to CHW floats, record ready[d]. Records
+// may instead be gathered from the dataset's pinned page cache (GatherOptions below), on
+// two streams in turn. The host never waits on the device except on a completion thread
+// that returns host slots.
 #ifndef FERRY_SERVER_TRANSPORT_CUDA_STAGE_H_
 #define FERRY_SERVER_TRANSPORT_CUDA_STAGE_H_
 
@@ -50,13 +52,25 @@ struct DeviceSlotLayout {
       ferry::v1::DType tokens_output = ferry::v1::DTYPE_UNSPECIFIED);
 };
 
+// Reading fixed-size records straight from the dataset's page cache (DaemonConfig's
+// gather_thread_blocks and disable_page_cache_gather; CopyPath in ferry.proto). A job whose
+// source has direct_rows() and needs no conversion gets it when enabled and its file fits
+// the pinned budget: the file's mapping is registered read-only once (shared by every rank
+// reading it, since a range can be registered only once per process), workers write only
+// each row's index, and per batch a kernel of `thread_blocks` blocks gathers the rows.
+struct GatherOptions {
+  bool enabled = true;
+  int thread_blocks = 64;
+};
+
 // Creates the CUDA GpuProvider: lists the GPUs (CUDA ordinals with their PCI bus ids and
 // NUMA nodes from `topology`), with daemon-wide pinned and per-GPU device budgets. With no
 // usable GPU it still answers, refusing cuda devices with the reason.
 std::unique_ptr<GpuProvider> MakeCudaGpuProvider(const Topology& topology,
                                                  MemoryBudget* pinned_budget,
                                                  uint64_t device_budget_bytes,
-                                                 const std::string& config_path);
+                                                 const std::string& config_path,
+                                                 GatherOptions gather = {});
 
 }  // namespace ferry
 

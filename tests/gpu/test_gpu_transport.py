@@ -3,7 +3,8 @@ processes (gpu_worker.py) that use ferry.Loader(device="cuda:0"). Skipped, with 
 without PyTorch with CUDA or without a libferry built with CUDA.
 
   (a) cuda uint8 batches equal cpu batches of the same spec (index, label, pixel sums),
-      2 epochs;
+      2 epochs; tokens widened on the GPU; records gathered from the page cache, and
+      copied by workers where the pinned budget or the config rules the gather out;
   (b) float32 / bfloat16 normalization on the GPU vs a torch reference from the cpu batch;
   (c) two ranks on one GPU;
   (d) kill -9 of a GPU trainer mid-epoch, then reattach and finish the epoch;
@@ -148,6 +149,79 @@ class GpuTransportTest(unittest.TestCase):
         self.assertGreater(int(gpu["pinned_memory_in_use_bytes"]), 0, gpu)
         table = ferry_it.run_ferryctl(self.daemon.address, "status").stdout
         self.assertIn("WORKER CPUS", table)
+
+    def records_on(self, address, path, device, **dataset):
+        """Two shuffled epochs of `path` as int64 records of 33 values on `device`: per batch
+        (data, index) on the CPU, and the copy path status reports for the job's rank."""
+        import ferry
+        loader = ferry.Loader(ferry.Records(path, dtype="int64", shape=(33,), **dataset),
+                              batch_size=7, shuffle=True, seed=4, device=device,
+                              address=address, timeout=60)
+        batches = []
+        for epoch in (0, 1):
+            loader.set_epoch(epoch)
+            batches += [(b["data"].cpu(), b["index"].cpu()) for b in loader]
+        status = ferry_it.ferryctl(address, "status")
+        loader.close()
+        ranks = [r for j in status.get("jobs", [])
+                 if j["job"]["spec"]["dataset"].get("records", {}).get("path") == path
+                 # the Loader names the GPU by its PCI bus id: "cuda:0000:..."
+                 and j["job"]["spec"].get("device", "cpu").startswith(device[:4])
+                 for r in j.get("ranks", [])]
+        return batches, ranks
+
+    def test_a_records_gathered_from_the_page_cache_match_cpu(self):
+        # Records jobs on the GPU read their rows with a kernel straight from the file's
+        # pinned page cache (PAGE_CACHE_GATHER); the data must equal the cpu transport's, for
+        # records aligned to 16 bytes and for records after an 8-byte header. A ferryd whose
+        # pinned budget cannot hold the file, or that turns the gather off, copies the rows
+        # on its workers (SLOT_COPY) and says why.
+        import numpy as np
+        import torch
+        d = self.daemon.dir
+        rng = np.random.default_rng(5)
+        values = rng.integers(-2**62, 2**62, (1999, 33), dtype=np.int64)
+        plain = os.path.join(d, "records.i64")
+        values.tofile(plain)
+        with_header = os.path.join(d, "records-header.i64")
+        with open(with_header, "wb") as f:
+            f.write(b"HEADER!!")
+            f.write(values.tobytes())
+        for path, extra in ((plain, {}), (with_header, {"header_bytes": 8})):
+            cpu, _ = self.records_on(self.daemon.address, path, "cpu", **extra)
+            gpu, ranks = self.records_on(self.daemon.address, path, "cuda:0", **extra)
+            self.assertEqual(len(cpu), 2 * (1999 // 7 + 1))
+            self.assertEqual(len(cpu), len(gpu))
+            for (cd, ci), (gd, gi) in zip(cpu, gpu):
+                self.assertTrue(torch.equal(ci, gi))
+                self.assertTrue(torch.equal(cd, gd), path)
+                self.assertTrue(torch.equal(gd, torch.from_numpy(values[gi.numpy()])))
+            self.assertTrue(ranks, "no rank of the cuda records job in status")
+            for r in ranks:
+                self.assertEqual(r.get("copy_path"), "PAGE_CACHE_GATHER", r)
+                self.assertGreaterEqual(int(r["pinned_dataset_bytes"]), values.nbytes, r)
+        big = os.path.join(d, "records-big.i64")
+        np.zeros((4096, 33), dtype=np.int64).tofile(big)  # 1.08 MB: over a 1 MiB budget
+        for config, plain_path, note in (
+                ("pinned_memory_budget_bytes: 1048576\n", "PAGE_CACHE_GATHER",
+                 "pinned memory budget"),
+                ("disable_page_cache_gather: true\n", "SLOT_COPY", "disable_page_cache_gather")):
+            with ferry_it.FerryDaemon(config=config) as other:
+                gpu, ranks = self.records_on(other.address, plain, "cuda:0")
+                self.assertEqual(len(gpu), 2 * (1999 // 7 + 1))
+                for gd, gi in gpu:
+                    self.assertTrue(torch.equal(gd, torch.from_numpy(values[gi.numpy()])))
+                self.assertTrue(ranks)
+                for r in ranks:
+                    self.assertEqual(r.get("copy_path"), plain_path, (config, r))
+                gpu, ranks = self.records_on(other.address, big, "cuda:0")
+                self.assertEqual(len(gpu), 2 * (4096 // 7 + 1))
+                for gd, _ in gpu:
+                    self.assertEqual(int(gd.abs().sum()), 0)
+                self.assertTrue(ranks)
+                for r in ranks:
+                    self.assertEqual(r.get("copy_path"), "SLOT_COPY", (config, r))
+                    self.assertIn(note, r.get("copy_path_note", ""), (config, r))
 
     def test_b_normalize(self):
         import torch

@@ -247,6 +247,18 @@ JobStatus FromProto(const v1::JobStatus& status) {
     rank.slots_leased = r.slots_leased();
     rank.slots = r.slots();
     rank.batch_channel = r.batch_channel();
+    switch (r.copy_path()) {
+      case ferry::v1::SLOT_COPY:
+        rank.copy_path = "slot copy";
+        break;
+      case ferry::v1::PAGE_CACHE_GATHER:
+        rank.copy_path = "page-cache gather";
+        break;
+      default:
+        break;
+    }
+    rank.copy_path_note = r.copy_path_note();
+    rank.pinned_dataset_bytes = r.pinned_dataset_bytes();
     rank.consumer_wait_seconds = r.consumer_wait_seconds();
     rank.epoch = r.epoch();
     rank.next_batch = r.next_batch();

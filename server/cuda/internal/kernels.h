@@ -32,6 +32,21 @@ enum class WidenKind { kU16ToI32, kU16ToI64, kU32ToI32, kU32ToI64 };
 cudaError_t EnqueueWidenTokens(const void* src, void* dst, WidenKind kind, int64_t count,
                                cudaStream_t stream);
 
+// `count` >= 1 rows of `row_bytes` >= 1 bytes, count * row_bytes < 2^32; `blocks` >= 1
+// (capped at what the batch needs). Same device rule.
+cudaError_t EnqueueGatherRows(const uint8_t* records, int64_t num_records, size_t row_bytes,
+                              const int64_t* indices, int64_t count, void* dst, int blocks,
+                              cudaStream_t stream);
+
+// The same with the indices read from host memory now and passed in the launch's
+// parameters (count <= kMaxGatherParamRows); with `index_out` (device memory, may be null)
+// the kernel also writes them there.
+constexpr int64_t kMaxGatherParamRows = 4000;  // 32,000 bytes of the 32,764 CUDA 12.1+ allow
+cudaError_t EnqueueGatherRowsIndexedFromHost(const uint8_t* records, int64_t num_records,
+                                             size_t row_bytes, const int64_t* host_indices,
+                                             int64_t count, void* dst, int64_t* index_out,
+                                             int blocks, cudaStream_t stream);
+
 }  // namespace cuda_internal
 }  // namespace ferry
 

@@ -211,6 +211,13 @@ struct RankStatus {
   // The current (or last) consumer takes batches through the shared-memory batch channel
   // (false: on the gRPC stream; see docs/protocol.md).
   bool batch_channel = false;
+  // GPU transport: how batches reach the device. "slot copy" (workers fill pinned host
+  // slots, the copy engine moves them) or "page-cache gather" (a kernel reads the records
+  // straight from the dataset file's pinned page cache); empty for the host transport.
+  // copy_path_note says why a dataset that could be gathered is not.
+  std::string copy_path;
+  std::string copy_path_note;
+  uint64_t pinned_dataset_bytes = 0;  // of the dataset file, pinned for the gather
 };
 
 struct SampleError {
