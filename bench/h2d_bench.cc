@@ -18,7 +18,9 @@
 //     registered read-only mapping of a file (its page cache), with no CPU copy: one
 //     cudaMemcpyBatchAsync per batch, or a cudaMemcpyAsync per row, next to one contiguous
 //     copy of the same bytes; and the same rows (and smaller ones) gathered by a kernel
-//     that reads the mapping across PCIe, on 2 to all SMs' worth of thread blocks.
+//     that reads the mapping across PCIe (what ferryd does for records), given the
+//     indices in device memory or in its launch parameters, on 16 to all SMs' worth of
+//     thread blocks, on one stream or two in turn.
 // Every copy figure is the median of kReps timed repetitions (CUDA events around each)
 // after kWarmup untimed ones; the fill threads' GB/s are their mean over the same reps.
 // GB/s are 1e9 bytes per second.
