@@ -297,7 +297,7 @@ struct DeviceIndices {
   const int64_t* __restrict__ at;
   __device__ __forceinline__ int64_t operator[](uint32_t r) const { return at[r]; }
 };
-template <int kRows>
+template <int64_t kRows>
 struct ParamIndices {
   int64_t at[kRows];
   __device__ __forceinline__ int64_t operator[](uint32_t r) const { return at[r]; }
@@ -377,7 +377,7 @@ cudaError_t GatherAny(const uint8_t* records, int64_t num_records, size_t row_by
 }
 
 // Parameter lists of a few sizes, so a batch of 64 rows does not ship 32 KiB per launch.
-template <int kRows>
+template <int64_t kRows>
 cudaError_t GatherWithParams(const uint8_t* records, int64_t num_records, size_t row_bytes,
                              const int64_t* host_indices, int64_t count, void* dst,
                              int64_t* index_out, int blocks, cudaStream_t stream) {
@@ -385,6 +385,25 @@ cudaError_t GatherWithParams(const uint8_t* records, int64_t num_records, size_t
   memcpy(params.at, host_indices, static_cast<size_t>(count) * sizeof(int64_t));
   return GatherAny(records, num_records, row_bytes, params, count, dst, index_out, blocks,
                    stream);
+}
+
+// The first of `kRows, kLarger...` that holds `count` rows; cudaErrorInvalidValue past
+// the last.
+template <int64_t kRows, int64_t... kLarger>
+cudaError_t GatherWithSmallestParams(const uint8_t* records, int64_t num_records,
+                                     size_t row_bytes, const int64_t* host_indices,
+                                     int64_t count, void* dst, int64_t* index_out, int blocks,
+                                     cudaStream_t stream) {
+  if (count <= kRows) {
+    return GatherWithParams<kRows>(records, num_records, row_bytes, host_indices, count, dst,
+                                   index_out, blocks, stream);
+  }
+  if constexpr (sizeof...(kLarger) > 0) {
+    return GatherWithSmallestParams<kLarger...>(records, num_records, row_bytes, host_indices,
+                                                count, dst, index_out, blocks, stream);
+  } else {
+    return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace
@@ -429,24 +448,8 @@ cudaError_t EnqueueGatherRowsIndexedFromHost(const uint8_t* records, int64_t num
                                              size_t row_bytes, const int64_t* host_indices,
                                              int64_t count, void* dst, int64_t* index_out,
                                              int blocks, cudaStream_t stream) {
-  static_assert(kMaxGatherParamRows == 4000);
-  if (count <= 64) {
-    return GatherWithParams<64>(records, num_records, row_bytes, host_indices, count, dst,
-                                index_out, blocks, stream);
-  }
-  if (count <= 256) {
-    return GatherWithParams<256>(records, num_records, row_bytes, host_indices, count, dst,
-                                 index_out, blocks, stream);
-  }
-  if (count <= 1024) {
-    return GatherWithParams<1024>(records, num_records, row_bytes, host_indices, count, dst,
-                                  index_out, blocks, stream);
-  }
-  if (count <= 4000) {
-    return GatherWithParams<4000>(records, num_records, row_bytes, host_indices, count, dst,
-                                  index_out, blocks, stream);
-  }
-  return cudaErrorInvalidValue;
+  return GatherWithSmallestParams<64, 256, 1024, kMaxGatherParamRows>(
+      records, num_records, row_bytes, host_indices, count, dst, index_out, blocks, stream);
 }
 
 }  // namespace cuda_internal

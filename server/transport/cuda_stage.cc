@@ -540,13 +540,8 @@ class CudaStage final : public DeviceStage {
     absl::StatusOr<PinnedMappings::Lease> lease = mappings->Acquire(*rows);
     absl::StatusOr<const void*> mapped =
         lease.ok() ? lease->registration().DeviceData(device_) : lease.status();
-    if (!mapped.ok()) {
-      copy_path_note_ = absl::StrCat("workers copy the records: ", mapped.status().message());
-      FERRY_LOG(WARNING) << "job " << job.identity().id << " on GPU " << device_ << ": "
-                         << copy_path_note_;
-      return;
-    }
-    absl::StatusOr<CudaStream> second = CudaStream::Create(device_);
+    absl::StatusOr<CudaStream> second =
+        mapped.ok() ? CudaStream::Create(device_) : absl::StatusOr<CudaStream>(mapped.status());
     if (!second.ok()) {
       copy_path_note_ = absl::StrCat("workers copy the records: ", second.status().message());
       FERRY_LOG(WARNING) << "job " << job.identity().id << " on GPU " << device_ << ": "
