@@ -20,7 +20,7 @@
 //     copy of the same bytes; and the same rows (and smaller ones) gathered by a kernel
 //     that reads the mapping across PCIe (what ferryd does for records), given the
 //     indices in device memory or in its launch parameters, on 16 to all SMs' worth of
-//     thread blocks, on one stream or two in turn.
+//     thread blocks, on one stream or two to eight in turn.
 // Every copy figure is the median of kReps timed repetitions (CUDA events around each)
 // after kWarmup untimed ones; the fill threads' GB/s are their mean over the same reps.
 // GB/s are 1e9 bytes per second.
@@ -400,35 +400,43 @@ int Main(int argc, char** argv) {
         }
         // The same, gathered by a kernel reading the mapping across PCIe: per batch one
         // launch, given the batch's record indices in device memory, or in the launch's
-        // parameters (read from host memory, as ferryd does), on one stream or alternating
-        // over two (so a batch's kernel may start while the previous one drains).
+        // parameters (read from host memory, as ferryd does), on one stream or taking two
+        // to eight in turn (so a batch's kernel may start while the one before drains).
+        // More batches per rep than above, so that the streams reach their steady state.
+        constexpr int kKernelBatches = 64;
         const int sms = info.multiprocessor_count;
         std::printf("\nGather kernel from the page cache (same mapping, %d batches per rep, each "
                     "followed by an interprocess event): GB/s (ratio to one contiguous copy "
                     "per batch); indices in device memory (dev) or in the launch's parameters "
-                    "(param), blocks per launch, one stream or two\n", kBatches);
+                    "(param), blocks per launch, streams taken in turn\n", kKernelBatches);
         struct Column {
           bool param;
           int blocks;
           int streams;
         };
-        const std::vector<Column> columns = {{false, 16, 1}, {false, 32, 1}, {false, 64, 1},
-                                             {false, sms, 1}, {true, 32, 1},  {true, 64, 1},
-                                             {true, sms, 1},  {true, 32, 2},  {true, 64, 2}};
+        const std::vector<Column> columns = {{false, 16, 1}, {false, 64, 1}, {false, sms, 1},
+                                             {true, 64, 1},  {true, 64, 2},  {true, 64, 3},
+                                             {true, 16, 4},  {true, 32, 4},  {true, 8, 8},
+                                             {true, 16, 8}};
         std::printf("%-8s %-6s %10s", "row", "batch", "contiguous");
         for (const Column& c : columns) {
           std::printf(" %13s", absl::StrCat(c.param ? "param " : "dev ", c.blocks, "b",
-                                            c.streams == 2 ? " x2" : "").c_str());
+                                            c.streams > 1 ? absl::StrCat(" x", c.streams) : "")
+                                   .c_str());
         }
         std::printf("\n");
         const size_t max_rows = 4 * kMiB / 256;
-        DeviceBuffer indices =
-            Take(DeviceBuffer::Create(device, kBatches * max_rows * sizeof(int64_t)), "indices");
-        CudaStream second = Take(CudaStream::Create(device), "stream");
+        DeviceBuffer indices = Take(
+            DeviceBuffer::Create(device, kKernelBatches * max_rows * sizeof(int64_t)), "indices");
+        std::vector<CudaStream> more_streams;  // besides `stream`
+        for (int i = 0; i < 7; ++i) {
+          more_streams.push_back(Take(CudaStream::Create(device), "stream"));
+        }
         CudaEvent joined = Take(CudaEvent::Create(device, CudaEvent::kSync), "event");
-        std::vector<CudaEvent> second_events;
-        for (int i = 0; i < kBatches; ++i) {
-          second_events.push_back(Take(CudaEvent::Create(device, CudaEvent::kInterprocess), "event"));
+        std::vector<CudaEvent> kernel_events;
+        for (int i = 0; i < kKernelBatches; ++i) {
+          kernel_events.push_back(
+              Take(CudaEvent::Create(device, CudaEvent::kInterprocess), "event"));
         }
         for (auto [row, chunk] : std::vector<std::pair<size_t, size_t>>{
                  {16 * 1024, 1 * kMiB}, {16 * 1024, 4 * kMiB}, {4096, 4 * kMiB},
@@ -437,20 +445,20 @@ int Main(int argc, char** argv) {
           const GatherSource source{.records = static_cast<const uint8_t*>(map),
                                     .num_records = static_cast<int64_t>(kFileBytes / row),
                                     .row_bytes = row};
-          std::vector<int64_t> host_indices(kBatches * rows);
+          std::vector<int64_t> host_indices(kKernelBatches * rows);
           for (int64_t& i : host_indices) i = static_cast<int64_t>(rng.Next() % (kFileBytes / row));
           CheckCuda(cudaMemcpy(indices.data(), host_indices.data(),
                                host_indices.size() * sizeof(int64_t), cudaMemcpyHostToDevice),
                     "indices");
           const auto* index_base = static_cast<const int64_t*>(indices.data());
-          const double bytes = static_cast<double>(chunk) * kBatches;
+          const double bytes = static_cast<double>(chunk) * kKernelBatches;
           auto slot = [&](int b) {
             return static_cast<uint8_t*>(dev.data()) + (b * chunk) % (2 * max_chunk);
           };
           const double contiguous = GBps(bytes, timer.MedianMs([&](int) {
-            for (int b = 0; b < kBatches; ++b) {
+            for (int b = 0; b < kKernelBatches; ++b) {
               Check(stream.CopyAsync(slot(b), file + (b * chunk) % kFileBytes, chunk), "H2D");
-              Check(stream.Record(events[b]), "record");
+              Check(stream.Record(kernel_events[b]), "record");
             }
           }));
           std::printf("%5zu B  %2zu MiB %10.1f", row, chunk / kMiB, contiguous);
@@ -459,13 +467,18 @@ int Main(int argc, char** argv) {
               std::printf(" %13s", "-");
               continue;
             }
+            auto on_stream = [&](int b) -> CudaStream& {
+              const int turn = b % c.streams;
+              return turn == 0 ? stream : more_streams[turn - 1];
+            };
             const double gbps = GBps(bytes, timer.MedianMs([&](int) {
-              if (c.streams == 2) {  // the second stream starts after the timer's start event
-                Check(stream.Record(joined), "record");
-                CheckCuda(cudaStreamWaitEvent(second.get(), joined.get(), 0), "wait");
+              // The other streams start after the timer's start event...
+              Check(stream.Record(joined), "record");
+              for (int i = 1; i < c.streams; ++i) {
+                CheckCuda(cudaStreamWaitEvent(more_streams[i - 1].get(), joined.get(), 0), "wait");
               }
-              for (int b = 0; b < kBatches; ++b) {
-                CudaStream& on = c.streams == 2 && b % 2 ? second : stream;
+              for (int b = 0; b < kKernelBatches; ++b) {
+                CudaStream& on = on_stream(b);
                 if (c.param) {
                   Check(LaunchGatherRowsIndexedFromHost(
                             source, absl::MakeConstSpan(host_indices).subspan(b * rows, rows),
@@ -476,11 +489,12 @@ int Main(int argc, char** argv) {
                                          static_cast<int64_t>(rows), slot(b), c.blocks, on.get()),
                         "gather");
                 }
-                Check(on.Record(c.streams == 2 && b % 2 ? second_events[b] : events[b]), "record");
+                Check(on.Record(kernel_events[b]), "record");
               }
-              if (c.streams == 2) {  // the timer's stop event waits for both
-                Check(second.Record(joined), "record");
-                CheckCuda(cudaStreamWaitEvent(stream.get(), joined.get(), 0), "wait");
+              // ... and the timer's stop event waits for each of them.
+              for (int turn = 1; turn < c.streams; ++turn) {
+                const int last = kKernelBatches - 1 - (kKernelBatches - 1 - turn) % c.streams;
+                CheckCuda(cudaStreamWaitEvent(stream.get(), kernel_events[last].get(), 0), "wait");
               }
             }));
             std::printf("   %5.1f (%.2f)", gbps, gbps / contiguous);

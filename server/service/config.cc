@@ -66,6 +66,11 @@ absl::StatusOr<LoadedConfig> LoadConfig(const std::string& path) {
     }
     loaded.from_file = true;
   }
+  if (loaded.config.gather_streams() > kMaxGatherStreams) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config file '", loaded.path, "': gather_streams is ", loaded.config.gather_streams(),
+        "; use 1 to ", kMaxGatherStreams, " (0 = the default, 4)"));
+  }
   ApplyDefaults(&loaded.config);
   return loaded;
 }

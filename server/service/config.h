@@ -3,6 +3,7 @@
 #ifndef FERRY_SERVER_SERVICE_CONFIG_H_
 #define FERRY_SERVER_SERVICE_CONFIG_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -11,6 +12,8 @@
 namespace ferry {
 
 inline constexpr char kDefaultConfigPath[] = "/etc/ferry/ferryd.conf";
+// Most streams a GPU rank's page-cache gather may take in turn (gather_streams).
+inline constexpr uint32_t kMaxGatherStreams = 16;
 
 struct LoadedConfig {
   ferry::v1::DaemonConfig config;  // every default filled in
@@ -19,7 +22,8 @@ struct LoadedConfig {
 };
 
 // Reads `path` if given (it must then exist), else kDefaultConfigPath if it exists, else
-// only defaults. INVALID_ARGUMENT with the parser's line and column for a malformed file.
+// only defaults. INVALID_ARGUMENT with the parser's line and column for a malformed file,
+// or naming the setting whose value is out of range.
 absl::StatusOr<LoadedConfig> LoadConfig(const std::string& path);
 
 // Fills every unset field of `config` with its default (see config.proto).

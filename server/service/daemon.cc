@@ -63,7 +63,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   GatherOptions gather;
   gather.enabled = !config.disable_page_cache_gather();
   if (config.gather_thread_blocks() != 0) {
-    gather.thread_blocks = static_cast<int>(std::min<uint32_t>(config.gather_thread_blocks(), 1 << 16));
+    gather.thread_blocks =
+        static_cast<int>(std::min<uint32_t>(config.gather_thread_blocks(), 1 << 16));
+  }
+  if (config.gather_streams() != 0) {
+    gather.streams = static_cast<int>(config.gather_streams());  // LoadConfig checked it
   }
   d->gpus_ = MakeCudaGpuProvider(d->topology_, d->pinned_budget_.get(),
                                  config.device_memory_budget_bytes(), d->config_.path, gather);

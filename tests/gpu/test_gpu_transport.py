@@ -200,6 +200,18 @@ class GpuTransportTest(unittest.TestCase):
             for r in ranks:
                 self.assertEqual(r.get("copy_path"), "PAGE_CACHE_GATHER", r)
                 self.assertGreaterEqual(int(r["pinned_dataset_bytes"]), values.nbytes, r)
+        # Batches in order and intact however many streams their kernels take in turn
+        # (the default is 4): one, and 16 of one block each, which finish out of order.
+        cpu, _ = self.records_on(self.daemon.address, plain, "cpu")
+        for config in ("gather_streams: 1\n", "gather_streams: 16\ngather_thread_blocks: 1\n"):
+            with ferry_it.FerryDaemon(config=config) as other:
+                gpu, ranks = self.records_on(other.address, plain, "cuda:0")
+                self.assertEqual(len(cpu), len(gpu), config)
+                for (cd, ci), (gd, gi) in zip(cpu, gpu):
+                    self.assertTrue(torch.equal(ci, gi), config)
+                    self.assertTrue(torch.equal(cd, gd), config)
+                for r in ranks:
+                    self.assertEqual(r.get("copy_path"), "PAGE_CACHE_GATHER", (config, r))
         big = os.path.join(d, "records-big.i64")
         np.zeros((4096, 33), dtype=np.int64).tofile(big)  # 1.08 MB: over a 1 MiB budget
         for config, plain_path, note in (

@@ -1,0 +1,75 @@
+// Loading ferryd's config file: defaults, parse errors and out-of-range settings.
+#include "server/service/config.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace ferry {
+namespace {
+
+class ConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = "/tmp/ferry-config-XXXXXX";
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override {
+    unlink(path().c_str());
+    rmdir(dir_.c_str());
+  }
+  std::string path() const { return dir_ + "/ferryd.conf"; }
+  void Write(const std::string& text) {
+    std::ofstream out(path());
+    out << text;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(ConfigTest, FillsDefaultsAroundWhatTheFileSets) {
+  Write("gather_streams: 3\ngather_thread_blocks: 32\n");
+  absl::StatusOr<LoadedConfig> loaded = LoadConfig(path());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_TRUE(loaded->from_file);
+  EXPECT_EQ(loaded->config.gather_streams(), 3u);
+  EXPECT_EQ(loaded->config.gather_thread_blocks(), 32u);
+  EXPECT_EQ(loaded->config.default_prefetch_depth(), 4u);
+  EXPECT_FALSE(loaded->config.unix_socket().empty());
+}
+
+TEST_F(ConfigTest, MissingFileGivenExplicitlyIsAnError) {
+  absl::StatusOr<LoadedConfig> loaded = LoadConfig(dir_ + "/absent.conf");
+  ASSERT_EQ(loaded.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(absl::StrContains(loaded.status().message(), "absent.conf"));
+}
+
+TEST_F(ConfigTest, MalformedFileNamesTheFileAndTheProblem) {
+  Write("gather_streams: three\n");
+  absl::StatusOr<LoadedConfig> loaded = LoadConfig(path());
+  ASSERT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(loaded.status().message(), path()));
+  EXPECT_TRUE(absl::StrContains(loaded.status().message(), "line 1")) << loaded.status();
+}
+
+TEST_F(ConfigTest, GatherStreamsOverTheLimitIsRefusedWithTheRange) {
+  const uint32_t over = kMaxGatherStreams + 1;
+  Write(absl::StrCat("gather_streams: ", over, "\n"));
+  absl::StatusOr<LoadedConfig> loaded = LoadConfig(path());
+  ASSERT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(loaded.status().message(), absl::StrCat("gather_streams is ", over)))
+      << loaded.status();
+  EXPECT_TRUE(absl::StrContains(loaded.status().message(), absl::StrCat("1 to ", kMaxGatherStreams)));
+  Write(absl::StrCat("gather_streams: ", kMaxGatherStreams, "\n"));
+  EXPECT_TRUE(LoadConfig(path()).ok());
+}
+
+}  // namespace
+}  // namespace ferry
