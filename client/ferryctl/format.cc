@@ -230,6 +230,17 @@ std::string RenderJob(const JobStatus& status) {
     if (std::find(paths.begin(), paths.end(), path) == paths.end()) paths.push_back(path);
   }
   if (!paths.empty()) info.AddRow({"copy path", absl::StrJoin(paths, "; ")});
+  uint64_t copied = 0, gathered = 0;
+  bool can_gather = false;
+  for (const RankStatus& r : status.ranks) {
+    copied += r.batches_copied;
+    gathered += r.batches_gathered;
+    can_gather |= r.copy_path == "page-cache gather";
+  }
+  if (can_gather) {
+    info.AddRow({"gathered", absl::StrCat(gathered, " of ", copied,
+                                          " batches (the others copied by workers)")});
+  }
   if (!status.failure.empty()) info.AddRow({"FAILED", status.failure});
   std::string out = info.Render();
   out += "\n";

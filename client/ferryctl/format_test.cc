@@ -96,13 +96,20 @@ TEST(RenderTest, JobShowsEachDistinctCopyPath) {
     r.copy_path = "page-cache gather";
     r.pinned_dataset_bytes = uint64_t{512} << 20;
   }
+  s.ranks[0].batches_copied = 100;
+  s.ranks[0].batches_gathered = 60;
+  s.ranks[1].batches_copied = 50;
+  s.ranks[1].batches_gathered = 5;
   std::string out = RenderJob(s);
   EXPECT_THAT(out, HasSubstr("copy path      page-cache gather (512.0 MiB of the dataset pinned)\n"));
+  EXPECT_THAT(out, HasSubstr("gathered       65 of 150 batches (the others copied by workers)\n"));
   s.ranks[1].copy_path = "slot copy";
   s.ranks[1].pinned_dataset_bytes = 0;
   s.ranks[1].copy_path_note = "workers copy the records: over budget";
   out = RenderJob(s);
   EXPECT_THAT(out, HasSubstr("pinned); slot copy: workers copy the records: over budget"));
+  for (RankStatus& r : s.ranks) r.copy_path = "slot copy";
+  EXPECT_THAT(RenderJob(s), Not(HasSubstr("gathered ")));
 }
 
 TEST(RenderTest, StatusShowsDaemonNumaAndMemory) {

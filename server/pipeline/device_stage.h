@@ -39,10 +39,20 @@ class DeviceStage {
 
   virtual int num_device_slots() const = 0;
 
-  // The field whose rows the stage reads from the dataset itself rather than from the host
-  // slot (SampleSource::direct_rows): workers leave those rows unwritten. -1 when the stage
-  // copies every field from the host slot. Constant after creation.
+  // The field whose rows the stage can read from the dataset itself rather than from the
+  // host slot (SampleSource::direct_rows): for a batch the pipeline asks it to gather
+  // (StartCopy's `gather`), workers leave those rows unwritten. -1 when the stage copies
+  // every field from the host slot. Constant after creation.
   virtual int gathered_field() const { return -1; }
+  // With a gathered_field: true to gather every batch; false to gather only the batches
+  // the pipeline starts while the consumer holds under 3/4 of the slots (leased, or
+  // released but their released signal not yet seen: it waits for batches, or soon
+  // will), workers writing the rows of the others. A gather runs kernels
+  // in ferryd's CUDA context, which the GPU time-slices with the trainer's; a slot copy
+  // runs on the copy engine beside the trainer's kernels. So gathering pays while the
+  // trainer waits for batches, and costs its step time while it computes. Constant after
+  // creation.
+  virtual bool gathers_every_batch() const { return true; }
 
   // How a stage reports progress. `token` is the value passed to the call that started the
   // work; the pipeline uses it to ignore reports about work it has since abandoned.
@@ -60,9 +70,11 @@ class DeviceStage {
   // Copies host slot `host_slot` (holding `num_samples` rows) into device slot
   // `device_slot`, converts it there and records the slot's "ready" signal after that work;
   // then reports host_slot_free(host_slot) and device_slot_ready(device_slot, token). The
-  // device slot must be free: never leased, or its released signal reported.
+  // device slot must be free: never leased, or its released signal reported. `gather`: the
+  // host slot lacks the rows of gathered_field(), which the stage reads from the dataset
+  // at the indices of the source's index field (only with a gathered_field).
   virtual absl::Status StartCopy(int host_slot, int device_slot, uint32_t num_samples,
-                                 uint64_t token) = 0;
+                                 bool gather, uint64_t token) = 0;
 
   // The consumer released `device_slot`: reports device_slot_released(device_slot, token)
   // once its "released" signal has completed. Dropped by CloseConsumer.

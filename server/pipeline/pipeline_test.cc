@@ -128,6 +128,8 @@ class PipelineTest : public ::testing::Test {
     return out;
   }
 
+  void ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(bool gpu_lags);
+
   std::vector<int64_t> Expected(int64_t epoch, int rank, int64_t batch) {
     std::vector<int64_t> ids;
     job_->sampler().BatchIndices(epoch, rank, batch, &ids);
@@ -440,9 +442,11 @@ class FakeDeviceStage final : public DeviceStage {
   }
   int num_device_slots() const override { return static_cast<int>(device_.size()); }
   int gathered_field() const override { return gathered; }
+  bool gathers_every_batch() const override { return every_batch; }
   void SetCallbacks(Callbacks callbacks) override { callbacks_ = std::move(callbacks); }
-  absl::Status StartCopy(int host_slot, int device_slot, uint32_t num_samples,
+  absl::Status StartCopy(int host_slot, int device_slot, uint32_t num_samples, bool gather,
                          uint64_t token) override {
+    EXPECT_TRUE(!gather || gathered == 0) << "asked to gather with no gathered field";
     {
       absl::MutexLock lock(&mutex_);
       for (const auto& [slot, token] : watched_) {
@@ -450,9 +454,9 @@ class FakeDeviceStage final : public DeviceStage {
             << "device slot " << device_slot << " written before its released signal";
       }
     }
-    const uint8_t* host = slab_ + host_slot * slot_bytes_;
+    uint8_t* host = slab_ + host_slot * slot_bytes_;
     memcpy(device_[device_slot].data(), host, slot_bytes_);
-    if (gathered == 0) {
+    if (gather) {
       // FakeSource's field 0 ("value" = 10 * index, at offset 0): read "from the dataset"
       // given each row's index, as CudaStage's gather kernel does; the host rows must be
       // untouched.
@@ -464,7 +468,11 @@ class FakeDeviceStage final : public DeviceStage {
         const int64_t value = 10 * index;
         memcpy(device_[device_slot].data() + 8 * r, &value, 8);
       }
+      ++gathers;
     }
+    // Zeroed after each copy: a batch the workers were to fill shows its rows, not those
+    // of an earlier batch of the same host slot.
+    memset(host, 0, slot_bytes_);
     ++copies;
     // The thread owns copies of the callbacks, so it never touches the stage.
     threads_.emplace_back([callbacks = callbacks_, host_slot, device_slot, token] {
@@ -486,6 +494,17 @@ class FakeDeviceStage final : public DeviceStage {
     }
     for (const auto& [slot, token] : fire) callbacks_.device_slot_released(slot, token);
   }
+  // The trainer's GPU finished with the oldest slot it released.
+  void SignalOldestReleased() {
+    std::pair<int, uint64_t> fire;
+    {
+      absl::MutexLock lock(&mutex_);
+      ASSERT_FALSE(watched_.empty());
+      fire = watched_.front();
+      watched_.erase(watched_.begin());
+    }
+    callbacks_.device_slot_released(fire.first, fire.second);
+  }
   size_t watched() {
     absl::MutexLock lock(&mutex_);
     return watched_.size();
@@ -502,15 +521,17 @@ class FakeDeviceStage final : public DeviceStage {
     opened = false;
   }
 
-  const uint8_t* slab_;  // the mapping outlives the SharedSlab object, which is moved
+  uint8_t* slab_;  // the mapping outlives the SharedSlab object, which is moved
   const size_t slot_bytes_;
   int gathered = -1;          // set before the pipeline is created
+  bool every_batch = true;    // likewise
   size_t index_offset = 0;    // of field 1, with gathered == 0
   std::atomic<int> host_rows_written{0};
   std::vector<std::vector<uint8_t>> device_;
   Callbacks callbacks_;
   std::vector<std::thread> threads_;
   std::atomic<int> copies{0};
+  std::atomic<int> gathers{0};
   bool opened = false;
   absl::Mutex mutex_;
   std::vector<std::pair<int, uint64_t>> watched_ ABSL_GUARDED_BY(mutex_);
@@ -644,6 +665,82 @@ TEST_F(PipelineTest, FieldGatheredByTheStageIsNeverWrittenByWorkers) {
   p->Unbind(&c);
   p->Shutdown(absl::CancelledError("test over"));
   stage->JoinReports();
+}
+
+// A stage that gathers only while the consumer waits (DeviceStage::gathers_every_batch
+// false): batches scheduled while the consumer holds 3/4 of the slots or more have their
+// rows written by the workers and copied; those scheduled while it holds few are
+// gathered. Every batch holds the right values either way. The consumer holds slots by
+// keeping them leased, or (gpu_lags) by releasing each at once while its GPU, still busy
+// with earlier work, signals the releases only later, oldest first.
+void PipelineTest::ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(bool gpu_lags) {
+  ferry::v1::JobSpec spec;
+  spec.set_batch_size(4);
+  spec.set_shuffle(true);
+  spec.set_seed(3);
+  spec.set_drop_last(true);
+  job_ = *Job::Create(JobIdentity{"jgather2", "gather2", 1000, 80}, spec,
+                      std::make_unique<FakeSource>(64, absl::flat_hash_set<int64_t>{}));
+  FakeDeviceStage* stage = nullptr;
+  auto created = RankPipeline::Create(
+      job_, 0, /*num_slots=*/4, -1, pool_.get(), &budget_,
+      [&](const SharedSlab& slab) -> absl::StatusOr<std::unique_ptr<DeviceStage>> {
+        auto s = std::make_unique<FakeDeviceStage>(slab, job_->layout().slot_bytes, 4);
+        s->gathered = 0;
+        s->every_batch = false;
+        s->index_offset = job_->layout().offsets.back();
+        stage = s.get();
+        return s;
+      });
+  ASSERT_TRUE(created.ok()) << created.status();
+  auto p = *created;
+  RecordingConsumer c;
+  ASSERT_TRUE(p->Bind(&c, 1, {"a", "b", "c", "d"}).ok());
+  ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());  // batches 0-3 scheduled with nothing held
+  auto take = [&](int64_t i) {
+    auto b = std::get<ferry::v1::BatchReady>(*c.Next());
+    EXPECT_EQ(b.batch(), i);
+    std::vector<int64_t> values(4), indices(4);
+    memcpy(values.data(), stage->device_[b.slot()].data(), 32);
+    memcpy(indices.data(), stage->device_[b.slot()].data() + job_->layout().offsets[1], 32);
+    EXPECT_EQ(indices, Expected(0, 0, i));
+    for (int r = 0; r < 4; ++r) EXPECT_EQ(values[r], 10 * indices[r]) << "batch " << i;
+    return b;
+  };
+  std::deque<ferry::v1::BatchReady> held;
+  for (int64_t i = 0; i < 4; ++i) {  // the consumer takes every slot
+    held.push_back(take(i));
+    if (gpu_lags) ASSERT_TRUE(p->Release(&c, held.back().slot(), held.back().seq()).ok());
+  }
+  // From here each batch is scheduled when a host slot frees, right after a copy made
+  // room by a released signal, while the consumer holds the other three slots: batches
+  // 8-15.
+  for (int64_t i = 4; i < 16; ++i) {
+    if (gpu_lags) {
+      stage->SignalOldestReleased();
+      const ferry::v1::BatchReady b = take(i);
+      ASSERT_TRUE(p->Release(&c, b.slot(), b.seq()).ok());
+    } else {
+      ASSERT_TRUE(p->Release(&c, held.front().slot(), held.front().seq()).ok());
+      held.pop_front();
+      stage->SignalReleased();
+      held.push_back(take(i));
+    }
+  }
+  EXPECT_GE(stage->gathers.load(), 4);                         // batches 0-3 at least
+  EXPECT_GE(stage->copies.load() - stage->gathers.load(), 8);  // batches 8-15 at least
+  EXPECT_EQ(stage->host_rows_written.load(), 0);
+  p->Unbind(&c);
+  p->Shutdown(absl::CancelledError("test over"));
+  stage->JoinReports();
+}
+
+TEST_F(PipelineTest, BatchesMadeWhileTheConsumerHoldsMostSlotsAreCopiedNotGathered) {
+  ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(/*gpu_lags=*/false);
+}
+
+TEST_F(PipelineTest, SlotsReleasedButStillInUseOnTheTrainersGpuCountAsHeld) {
+  ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(/*gpu_lags=*/true);
 }
 
 // FakeSource whose sample `gated` blocks in Fill until `gate` is notified: a straggler.

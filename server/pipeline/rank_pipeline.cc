@@ -93,7 +93,8 @@ RankPipeline::RankPipeline(std::shared_ptr<Job> job, int rank, SharedSlab slab,
       group_(group),
       batches_per_epoch_(job_->sampler().batches_per_epoch()),
       gathered_field_(gathered_field),
-      copy_rows_per_task_(CopyRowsPerTask(*job_, gathered_field)),
+      copy_rows_per_task_gathered_(CopyRowsPerTask(*job_, gathered_field)),
+      copy_rows_per_task_(CopyRowsPerTask(*job_, -1)),
       slots_(num_slots) {}
 
 RankPipeline::~RankPipeline() = default;
@@ -298,6 +299,7 @@ void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
     }
     job_->sampler().BatchIndices(next_epoch_, rank_, next_batch_, &indices);
     Slot& slot = slots_[s];
+    slot.gather = GatherNextBatchLocked();
     slot.state = SlotState::kFilling;
     slot.since = absl::Now();
     slot.generation = generation_;
@@ -309,7 +311,8 @@ void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
     // copied go at least kCopyTaskBytes to a task.
     const size_t n = indices.size();
     size_t per_task = std::max<size_t>(1, n / (2 * static_cast<size_t>(pool_->total_threads())));
-    if (copy_rows_per_task_ > per_task) per_task = copy_rows_per_task_;
+    const size_t copy_rows = slot.gather ? copy_rows_per_task_gathered_ : copy_rows_per_task_;
+    if (copy_rows > per_task) per_task = copy_rows;
     const size_t num_tasks = (n + per_task - 1) / per_task;
     slot.rows_left.store(static_cast<int>(num_tasks), std::memory_order_relaxed);
     pending_.push_back(Pending{static_cast<int>(s), -1, slot.epoch, slot.batch, slot.num_samples});
@@ -318,10 +321,11 @@ void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
     for (size_t begin = 0; begin < n; begin += per_task) {
       const size_t end = std::min(n, begin + per_task);
       tasks->push_back([self, s = static_cast<int>(s), gen = generation_, begin, epoch = slot.epoch,
+                        gather = slot.gather,
                         rows = std::vector<int64_t>(indices.begin() + begin, indices.begin() + end)](
                            WorkerContext& context) {
         for (size_t i = 0; i < rows.size(); ++i) {
-          self->FillRow(s, gen, static_cast<int>(begin + i), rows[i], epoch, context);
+          self->FillRow(s, gen, static_cast<int>(begin + i), rows[i], epoch, gather, context);
         }
         self->OnTaskDone(s, gen);
       });
@@ -329,8 +333,23 @@ void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
   }
 }
 
+bool RankPipeline::GatherNextBatchLocked() const {
+  if (gathered_field_ < 0) return false;
+  if (stage_->gathers_every_batch()) return true;
+  // The consumer holds most slots: sent to it and not yet released, or released by its
+  // host thread but still in use by work queued on its GPU (a trainer's host runs ahead
+  // of its GPU). It is busy with them and this batch has their time to be filled and
+  // copied, so the copy engine moves it and no kernel takes the GPU from the trainer.
+  // Otherwise the trainer waits, or soon will: gather.
+  int held = 0;
+  for (const DeviceSlot& d : device_slots_) {
+    held += d.state == SlotState::kLeased || d.state == SlotState::kReleasing;
+  }
+  return 4 * held < 3 * static_cast<int>(device_slots_.size());
+}
+
 void RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index, int64_t epoch,
-                           WorkerContext& context) {
+                           bool gather, WorkerContext& context) {
   if (live_generation_.load(std::memory_order_relaxed) == generation) {
     const SlotLayout& layout = job_->layout();
     const SampleSource& source = job_->source();
@@ -338,7 +357,7 @@ void RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index
     uint8_t* rows[16];
     const size_t nfields = std::min<size_t>(layout.fields.size(), 16);
     for (size_t f = 0; f < nfields; ++f) {
-      rows[f] = static_cast<int>(f) == gathered_field_
+      rows[f] = gather && static_cast<int>(f) == gathered_field_
                     ? nullptr  // the stage reads these rows from the dataset itself
                     : base + layout.offsets[f] + static_cast<size_t>(row) * layout.fields[f].row_bytes;
     }
@@ -438,7 +457,7 @@ void RankPipeline::StartCopiesLocked() {
     while (device_slots_[d].state != SlotState::kFree) ++d;  // free_slots > 0: one exists
     --free_slots;
     const uint64_t token = ++device_tokens_;
-    copy_orders_.push_back(CopyOrder{p.slot, d, p.num_samples, token});
+    copy_orders_.push_back(CopyOrder{p.slot, d, p.num_samples, slots_[p.slot].gather, token});
     const absl::Time now = absl::Now();
     slots_[p.slot].state = SlotState::kCopying;
     copy_wait_time_ += now - slots_[p.slot].since;
@@ -465,7 +484,7 @@ void RankPipeline::EnqueueCopies() {
   for (;;) {
     absl::Status failed;
     for (const CopyOrder& o : orders) {
-      failed = stage_->StartCopy(o.host_slot, o.device_slot, o.num_samples, o.token);
+      failed = stage_->StartCopy(o.host_slot, o.device_slot, o.num_samples, o.gather, o.token);
       if (!failed.ok()) break;
     }
     absl::MutexLock lock(&mutex_);

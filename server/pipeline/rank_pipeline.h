@@ -117,6 +117,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
     int64_t batch = 0;
     uint32_t num_samples = 0;
     int64_t seq = -1;  // while leased
+    bool gather = false;  // the stage reads the gathered field's rows (not written here)
     std::atomic<int> rows_left{0};  // tasks still filling rows
     absl::Time since;  // of the current state, for the time totals in status
   };
@@ -138,6 +139,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
     int host_slot;
     int device_slot;
     uint32_t num_samples;
+    bool gather;
     uint64_t token;
   };
   struct Pending {  // one scheduled batch, in delivery order
@@ -168,8 +170,11 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
 
   // Takes free slots and hands their rows to the pool. Requires mutex_.
   void ScheduleLocked(std::vector<WorkerPool::Task>* tasks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Whether the batch about to be scheduled has its gathered field read by the stage
+  // (DeviceStage::gathers_every_batch says when).
+  bool GatherNextBatchLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void FillRow(int slot, uint64_t generation, int row, int64_t index, int64_t epoch,
-               WorkerContext& context);
+               bool gather, WorkerContext& context);
   // Counts a finished task of `slot`; the last one completes the slot.
   void OnTaskDone(int slot, uint64_t generation);
   void OnSlotFilled(int slot, uint64_t generation);
@@ -186,10 +191,13 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   const int group_;
   std::unique_ptr<DeviceStage> stage_;  // set once in Create, before any use
   const int64_t batches_per_epoch_;
-  // The field the stage reads from the dataset itself (DeviceStage::gathered_field): its
-  // rows are never written here. -1 when none.
+  // The field the stage can read from the dataset itself (DeviceStage::gathered_field):
+  // its rows are not written here for the batches it gathers. -1 when none.
   const int gathered_field_;
-  const size_t copy_rows_per_task_;  // 1 unless the source only copies rows
+  // Rows a task fills: 1 unless the source only copies rows; for batches the stage
+  // gathers, and for the others.
+  const size_t copy_rows_per_task_gathered_;
+  const size_t copy_rows_per_task_;
 
   // State below is protected by mutex_ (slot rows_left is atomic: workers count down
   // without the lock and only the last one takes it).

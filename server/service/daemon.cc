@@ -62,6 +62,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 #if FERRY_HAVE_CUDA
   GatherOptions gather;
   gather.enabled = !config.disable_page_cache_gather();
+  gather.every_batch = config.gather_every_batch();
   if (config.gather_thread_blocks() != 0) {
     gather.thread_blocks =
         static_cast<int>(std::min<uint32_t>(config.gather_thread_blocks(), 1 << 16));

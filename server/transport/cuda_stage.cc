@@ -343,13 +343,17 @@ class CudaStage final : public DeviceStage {
 
   int num_device_slots() const override { return static_cast<int>(slots_.size()); }
   int gathered_field() const override { return gathered_field_; }
+  bool gathers_every_batch() const override { return gather_every_batch_; }
 
   void SetCallbacks(Callbacks callbacks) override { callbacks_ = std::move(callbacks); }
 
-  absl::Status StartCopy(int host_slot, int device_slot, uint32_t num_samples,
+  absl::Status StartCopy(int host_slot, int device_slot, uint32_t num_samples, bool gather,
                          uint64_t token) override {
     const absl::Time start = absl::Now();
-    absl::Status s = EnqueueCopy(host_slot, device_slot, num_samples, token);
+    absl::Status s = gather && gathered_field_ < 0
+                         ? absl::InternalError("StartCopy asked to gather rows that this "
+                                               "stage has no page cache mapping for")
+                         : EnqueueCopy(host_slot, device_slot, num_samples, gather, token);
     enqueue_nanos_.fetch_add(absl::ToInt64Nanoseconds(absl::Now() - start),
                              std::memory_order_relaxed);
     return s;
@@ -364,7 +368,8 @@ class CudaStage final : public DeviceStage {
 
   // The device slot is free (the pipeline saw its released signal complete), so the copy
   // stream never waits for the trainer's context.
-  absl::Status EnqueueCopy(int host_slot, int device_slot, uint32_t num_samples, uint64_t token) {
+  absl::Status EnqueueCopy(int host_slot, int device_slot, uint32_t num_samples, bool gather,
+                           uint64_t token) {
     cuda_internal::ScopedDevice scope(device_);
     FERRY_RETURN_IF_ERROR(scope.status());
     // Gathers take the copy stream and the extra gather streams in turn, so that a batch's
@@ -373,11 +378,11 @@ class CudaStage final : public DeviceStage {
     // 16 blocks, in bench/h2d_bench). Batches are independent and the watcher only reports
     // a batch after those before it: the order seen by the pipeline stays the order of
     // these calls.
-    const size_t turn = copies_enqueued_++ % (1 + more_gather_streams_.size());
+    const size_t turn = gather ? gathers_enqueued_++ % (1 + more_gather_streams_.size()) : 0;
     CudaStream& stream = turn == 0 ? *stream_ : more_gather_streams_[turn - 1];
     const uint8_t* src = slab_ + static_cast<size_t>(host_slot) * host_->slot_bytes;
     uint8_t* dst = static_cast<uint8_t*>(slots_[device_slot].data());
-    if (gathered_field_ >= 0) {
+    if (gather) {
       // The gathered field's rows come from the page cache, located by the indices the
       // workers wrote. Up to kMaxGatherRowsPerLaunch rows, the indices travel in the
       // kernel's launch parameters and the kernel writes the index field too: no copy
@@ -452,6 +457,7 @@ class CudaStage final : public DeviceStage {
     counters_->bytes_to_device.fetch_add(host_->slot_bytes, std::memory_order_relaxed);
     bytes_copied_.fetch_add(host_->slot_bytes, std::memory_order_relaxed);
     batches_copied_.fetch_add(1, std::memory_order_relaxed);
+    if (gather) batches_gathered_.fetch_add(1, std::memory_order_relaxed);
     return absl::OkStatus();
   }
 
@@ -519,6 +525,7 @@ class CudaStage final : public DeviceStage {
     status->set_copy_ready_seconds(watcher_->seconds(EventWatcher::kDeviceSlotReady));
     status->set_release_signal_seconds(watcher_->seconds(EventWatcher::kReleased));
     status->set_batches_copied(batches_copied_.load(std::memory_order_relaxed));
+    status->set_batches_gathered(batches_gathered_.load(std::memory_order_relaxed));
     status->set_copy_path(gathered_field_ >= 0 ? ferry::v1::PAGE_CACHE_GATHER
                                                : ferry::v1::SLOT_COPY);
     status->set_copy_path_note(copy_path_note_);
@@ -559,6 +566,11 @@ class CudaStage final : public DeviceStage {
     gathered_field_ = rows->field;
     index_field_ = rows->index_field;
     gather_blocks_ = std::max(1, gather.thread_blocks);
+    gather_every_batch_ = gather.every_batch;
+    if (!gather_every_batch_) {
+      copy_path_note_ = "kernels gather the batches made while the trainer waits for them; "
+                        "workers copy the rows of those made while it computes";
+    }
     gather_source_ = GatherSource{
         .records = static_cast<const uint8_t*>(*mapped) + (rows->records - rows->mapping),
         .num_records = rows->num_records,
@@ -585,6 +597,7 @@ class CudaStage final : public DeviceStage {
   // Written by StartCopy, read by FillStatus (see device_stage.h: they may overlap).
   std::atomic<uint64_t> bytes_copied_{0};
   std::atomic<uint64_t> batches_copied_{0};
+  std::atomic<uint64_t> batches_gathered_{0};
   std::atomic<int64_t> enqueue_nanos_{0};
   uint64_t objects_created_ = 0;
   Callbacks callbacks_;
@@ -593,7 +606,8 @@ class CudaStage final : public DeviceStage {
   // Page-cache gather (ChooseCopyPath): constant after Create.
   std::optional<PinnedMappings::Lease> gather_lease_;
   std::vector<CudaStream> more_gather_streams_;  // besides stream_
-  uint64_t copies_enqueued_ = 0;  // StartCopy runs on one thread at a time
+  uint64_t gathers_enqueued_ = 0;  // StartCopy runs on one thread at a time
+  bool gather_every_batch_ = true;
   int gathered_field_ = -1;
   int index_field_ = -1;
   int gather_blocks_ = 0;

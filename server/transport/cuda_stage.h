@@ -62,8 +62,11 @@ struct DeviceSlotLayout {
 // small kernels keep PCIe busier than one or two large ones (each kernel's ramp and tail
 // overlap the others'), and take fewer SMs: on an H100, 4 x 16 blocks reached 0.9-1.05x of
 // the copy engine's peak where 2 x 64 reached 0.87-0.91x (docs/benchmarks.md).
+// Unless `every_batch`, only batches made while the trainer waits for ferry are gathered
+// (DeviceStage::gathers_every_batch says why).
 struct GatherOptions {
   bool enabled = true;
+  bool every_batch = false;
   int thread_blocks = 16;
   int streams = 4;
 };

@@ -150,9 +150,10 @@ class GpuTransportTest(unittest.TestCase):
         table = ferry_it.run_ferryctl(self.daemon.address, "status").stdout
         self.assertIn("WORKER CPUS", table)
 
-    def records_on(self, address, path, device, **dataset):
+    def records_on(self, address, path, device, step_seconds=0, **dataset):
         """Two shuffled epochs of `path` as int64 records of 33 values on `device`: per batch
-        (data, index) on the CPU, and the copy path status reports for the job's rank."""
+        (data, index) on the CPU, and the copy path status reports for the job's rank. With
+        step_seconds, the trainer spends that long on each batch, so ferry runs ahead."""
         import ferry
         loader = ferry.Loader(ferry.Records(path, dtype="int64", shape=(33,), **dataset),
                               batch_size=7, shuffle=True, seed=4, device=device,
@@ -160,7 +161,9 @@ class GpuTransportTest(unittest.TestCase):
         batches = []
         for epoch in (0, 1):
             loader.set_epoch(epoch)
-            batches += [(b["data"].cpu(), b["index"].cpu()) for b in loader]
+            for b in loader:
+                batches.append((b["data"].cpu(), b["index"].cpu()))
+                time.sleep(step_seconds)
         status = ferry_it.ferryctl(address, "status")
         loader.close()
         ranks = [r for j in status.get("jobs", [])
@@ -212,6 +215,30 @@ class GpuTransportTest(unittest.TestCase):
                     self.assertTrue(torch.equal(cd, gd), config)
                 for r in ranks:
                     self.assertEqual(r.get("copy_path"), "PAGE_CACHE_GATHER", (config, r))
+        # Which batches are gathered: by default those made while the trainer waits for
+        # them (at least the first ones, made before it held any slot); while it computes
+        # (2 ms a batch here) workers copy the rows instead. With gather_every_batch,
+        # every batch is gathered. The data are the same either way.
+        for config in ("", "gather_every_batch: true\n"):
+            for step in (0, 0.002):
+                with ferry_it.FerryDaemon(config=config) as other:  # a job of its own
+                    gpu, ranks = self.records_on(other.address, plain, "cuda:0",
+                                                 step_seconds=step)
+                    self.assertEqual(len(cpu), len(gpu), config)
+                    for (cd, ci), (gd, gi) in zip(cpu, gpu):
+                        self.assertTrue(torch.equal(ci, gi), config)
+                        self.assertTrue(torch.equal(cd, gd), config)
+                    [r] = ranks
+                    copied = int(r.get("batches_copied", 0))
+                    gathered = int(r.get("batches_gathered", 0))
+                    self.assertGreaterEqual(copied, len(gpu), r)
+                    self.assertGreater(gathered, 0, (config, step, r))
+                    print("gathered %d of %d batches (%s, %.3f s steps)"
+                          % (gathered, copied, config.strip() or "default", step))
+                    if config:
+                        self.assertEqual(gathered, copied, r)
+                    elif step > 0:
+                        self.assertLess(gathered, copied // 2, r)
         big = os.path.join(d, "records-big.i64")
         np.zeros((4096, 33), dtype=np.int64).tofile(big)  # 1.08 MB: over a 1 MiB budget
         for config, plain_path, note in (

@@ -259,6 +259,8 @@ JobStatus FromProto(const v1::JobStatus& status) {
     }
     rank.copy_path_note = r.copy_path_note();
     rank.pinned_dataset_bytes = r.pinned_dataset_bytes();
+    rank.batches_copied = r.batches_copied();
+    rank.batches_gathered = r.batches_gathered();
     rank.consumer_wait_seconds = r.consumer_wait_seconds();
     rank.epoch = r.epoch();
     rank.next_batch = r.next_batch();

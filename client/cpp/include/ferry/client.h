@@ -214,10 +214,13 @@ struct RankStatus {
   // GPU transport: how batches reach the device. "slot copy" (workers fill pinned host
   // slots, the copy engine moves them) or "page-cache gather" (a kernel reads the records
   // straight from the dataset file's pinned page cache); empty for the host transport.
-  // copy_path_note says why a dataset that could be gathered is not.
+  // copy_path_note says why a dataset that could be gathered is not, or which batches are.
   std::string copy_path;
   std::string copy_path_note;
   uint64_t pinned_dataset_bytes = 0;  // of the dataset file, pinned for the gather
+  // GPU transport: batches copied to the device, and of those, gathered from the page cache.
+  uint64_t batches_copied = 0;
+  uint64_t batches_gathered = 0;
 };
 
 struct SampleError {
