@@ -23,5 +23,6 @@ if [[ ${1:-} != tests ]]; then
     >/dev/null
   python3 bench/gpu_bench.py --ferryd "$FERRY_DAEMON" --images /tmp/ferry-images --prefetch 0,8 2>&1 \
     | tee "$OUT/gpu_bench.txt"
+  python3 bench/gpu_step_bench.py --ferryd "$FERRY_DAEMON" 2>&1 | tee "$OUT/gpu_step_bench.txt"
 fi
 exit $rc
