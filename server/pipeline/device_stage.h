@@ -53,6 +53,10 @@ class DeviceStage {
   // trainer waits for batches, and costs its step time while it computes. Constant after
   // creation.
   virtual bool gathers_every_batch() const { return true; }
+  // With a gathered_field: false until the stage can gather (its dataset mapping is still
+  // being registered, or that failed); until then every batch's rows are written by the
+  // workers. Once true, stays true. Called under the pipeline's lock.
+  virtual bool gather_ready() const { return true; }
 
   // How a stage reports progress. `token` is the value passed to the call that started the
   // work; the pipeline uses it to ignore reports about work it has since abandoned.

@@ -433,16 +433,25 @@ class FakeDeviceStage final : public DeviceStage {
   FakeDeviceStage(const SharedSlab& slab, size_t slot_bytes, int slots)
       : slab_(slab.data()), slot_bytes_(slot_bytes), device_(slots, std::vector<uint8_t>(slot_bytes)) {}
   ~FakeDeviceStage() override { JoinReports(); }
-  // Call after the pipeline's Shutdown (no copy starts after it) and before dropping the
-  // test's reference, so that no report thread ends up destroying the pipeline.
+  // Call after the pipeline's Shutdown and before dropping the test's reference, so that
+  // no report thread ends up destroying the pipeline. A report thread may still start a
+  // copy ordered before the Shutdown, and with it another report thread: join until none
+  // is left.
   void JoinReports() {
-    for (auto& t : threads_) {
-      if (t.joinable()) t.join();
+    for (;;) {
+      std::vector<std::thread> threads;
+      {
+        absl::MutexLock lock(&threads_mutex_);
+        threads.swap(threads_);
+      }
+      if (threads.empty()) return;
+      for (std::thread& t : threads) t.join();
     }
   }
   int num_device_slots() const override { return static_cast<int>(device_.size()); }
   int gathered_field() const override { return gathered; }
   bool gathers_every_batch() const override { return every_batch; }
+  bool gather_ready() const override { return ready.load(); }
   void SetCallbacks(Callbacks callbacks) override { callbacks_ = std::move(callbacks); }
   absl::Status StartCopy(int host_slot, int device_slot, uint32_t num_samples, bool gather,
                          uint64_t token) override {
@@ -475,6 +484,7 @@ class FakeDeviceStage final : public DeviceStage {
     memset(host, 0, slot_bytes_);
     ++copies;
     // The thread owns copies of the callbacks, so it never touches the stage.
+    absl::MutexLock lock(&threads_mutex_);
     threads_.emplace_back([callbacks = callbacks_, host_slot, device_slot, token] {
       callbacks.host_slot_free(host_slot);
       callbacks.device_slot_ready(device_slot, token);
@@ -525,11 +535,13 @@ class FakeDeviceStage final : public DeviceStage {
   const size_t slot_bytes_;
   int gathered = -1;          // set before the pipeline is created
   bool every_batch = true;    // likewise
+  std::atomic<bool> ready{true};  // the gather can start (a registration is done)
   size_t index_offset = 0;    // of field 1, with gathered == 0
   std::atomic<int> host_rows_written{0};
   std::vector<std::vector<uint8_t>> device_;
   Callbacks callbacks_;
-  std::vector<std::thread> threads_;
+  absl::Mutex threads_mutex_;
+  std::vector<std::thread> threads_ ABSL_GUARDED_BY(threads_mutex_);
   std::atomic<int> copies{0};
   std::atomic<int> gathers{0};
   bool opened = false;
@@ -729,6 +741,55 @@ void PipelineTest::ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(bool
   }
   EXPECT_GE(stage->gathers.load(), 4);                         // batches 0-3 at least
   EXPECT_GE(stage->copies.load() - stage->gathers.load(), 8);  // batches 8-15 at least
+  EXPECT_EQ(stage->host_rows_written.load(), 0);
+  p->Unbind(&c);
+  p->Shutdown(absl::CancelledError("test over"));
+  stage->JoinReports();
+}
+
+// A stage whose gather is not ready yet (its dataset mapping still registering): the
+// batches scheduled until then are copied from rows the workers wrote; the ones
+// scheduled after it is ready are gathered.
+TEST_F(PipelineTest, BatchesAreCopiedUntilTheGatherIsReady) {
+  ferry::v1::JobSpec spec;
+  spec.set_batch_size(4);
+  spec.set_shuffle(true);
+  spec.set_seed(5);
+  spec.set_drop_last(true);
+  job_ = *Job::Create(JobIdentity{"jgather3", "gather3", 1000, 81}, spec,
+                      std::make_unique<FakeSource>(64, absl::flat_hash_set<int64_t>{}));
+  FakeDeviceStage* stage = nullptr;
+  auto created = RankPipeline::Create(
+      job_, 0, /*num_slots=*/4, -1, pool_.get(), &budget_,
+      [&](const SharedSlab& slab) -> absl::StatusOr<std::unique_ptr<DeviceStage>> {
+        auto s = std::make_unique<FakeDeviceStage>(slab, job_->layout().slot_bytes, 4);
+        s->gathered = 0;
+        s->ready = false;
+        s->index_offset = job_->layout().offsets.back();
+        stage = s.get();
+        return s;
+      });
+  ASSERT_TRUE(created.ok()) << created.status();
+  auto p = *created;
+  RecordingConsumer c;
+  ASSERT_TRUE(p->Bind(&c, 1, {"a", "b", "c", "d"}).ok());
+  ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
+  for (int64_t i = 0; i < 16; ++i) {
+    auto b = std::get<ferry::v1::BatchReady>(*c.Next());
+    ASSERT_EQ(b.batch(), i);
+    std::vector<int64_t> values(4), indices(4);
+    memcpy(values.data(), stage->device_[b.slot()].data(), 32);
+    memcpy(indices.data(), stage->device_[b.slot()].data() + job_->layout().offsets[1], 32);
+    EXPECT_EQ(indices, Expected(0, 0, i));
+    for (int r = 0; r < 4; ++r) EXPECT_EQ(values[r], 10 * indices[r]) << "batch " << i;
+    // Batches 0-7 were scheduled before any release (four host slots, and four more once
+    // the first four took the device slots); every later one after this.
+    if (i == 0) stage->ready = true;
+    ASSERT_TRUE(p->Release(&c, b.slot(), b.seq()).ok());
+    stage->SignalReleased();
+  }
+  EXPECT_GE(stage->copies.load() - stage->gathers.load(), 4);  // batches 0-3 at least
+  EXPECT_GE(stage->gathers.load(), 8);                         // batches 8-15 at least
   EXPECT_EQ(stage->host_rows_written.load(), 0);
   p->Unbind(&c);
   p->Shutdown(absl::CancelledError("test over"));

@@ -334,7 +334,7 @@ void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
 }
 
 bool RankPipeline::GatherNextBatchLocked() const {
-  if (gathered_field_ < 0) return false;
+  if (gathered_field_ < 0 || !stage_->gather_ready()) return false;
   if (stage_->gathers_every_batch()) return true;
   // The consumer holds most slots: sent to it and not yet released, or released by its
   // host thread but still in use by work queued on its GPU (a trainer's host runs ahead

@@ -5,9 +5,11 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/logging.h"
 #include "common/thread_name.h"
 #include "common/session_protocol.h"
@@ -63,6 +65,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   GatherOptions gather;
   gather.enabled = !config.disable_page_cache_gather();
   gather.every_batch = config.gather_every_batch();
+  if (config.gather_registration_wait_ms() != 0) {
+    gather.registration_wait =
+        absl::Milliseconds(std::max(0, config.gather_registration_wait_ms()));
+  }
   if (config.gather_thread_blocks() != 0) {
     gather.thread_blocks =
         static_cast<int>(std::min<uint32_t>(config.gather_thread_blocks(), 1 << 16));

@@ -204,66 +204,112 @@ class EventWatcher final {
 
 // Dataset mappings registered read-only for the gather, one registration per mapping
 // however many ranks read it (registering a range twice fails), each counted once against
-// the pinned budget. A Lease keeps its mapping registered; the last one to go unregisters
-// it, under the registry's lock, so a new Acquire never races a registration going away.
+// the pinned budget. cudaHostRegister reads the whole file in, at the disk's speed when it
+// is not cached, so each registration runs on a thread of its own: Acquire reserves the
+// budget and waits for it at most `wait`, and a Lease tells whether it is done. A Lease
+// keeps its mapping registered; the last one to go unregisters it (after the registering
+// thread is done), under the registry's lock, so a new Acquire never races a registration
+// going away.
 class PinnedMappings final {
+ private:
+  struct Entry {
+    int users = 0;
+    absl::Mutex mutex;
+    // Given back when the registration fails: nothing stays pinned then.
+    MemoryBudget::Reservation reservation ABSL_GUARDED_BY(mutex);
+    bool done ABSL_GUARDED_BY(mutex) = false;
+    absl::StatusOr<HostRegistration> registration ABSL_GUARDED_BY(mutex) =
+        absl::UnavailableError("registering");
+    std::thread registrar;  // joined by ~Entry: the registration outlives no thread
+    ~Entry() {
+      if (registrar.joinable()) registrar.join();
+    }
+  };
+
  public:
   class Lease final {
    public:
     Lease(Lease&& other) noexcept
         : owner_(std::exchange(other.owner_, nullptr)),
           key_(other.key_),
-          registration_(other.registration_) {}
+          entry_(other.entry_) {}
     Lease& operator=(Lease&&) = delete;
     Lease(const Lease&) = delete;
     ~Lease() {
       if (owner_ != nullptr) owner_->Release(key_);
     }
-    uint64_t bytes() const { return registration_->size(); }
-    const HostRegistration& registration() const { return *registration_; }
+    uint64_t bytes() const {
+      absl::MutexLock lock(&entry_->mutex);
+      return entry_->reservation.bytes();
+    }
+    // Not done yet: UNAVAILABLE. Done: the registration (kept until the last Lease goes),
+    // or why it failed.
+    absl::StatusOr<const HostRegistration*> registration() const {
+      absl::MutexLock lock(&entry_->mutex);
+      if (!entry_->done) return absl::UnavailableError("still registering");
+      if (!entry_->registration.ok()) return entry_->registration.status();
+      return &*entry_->registration;
+    }
 
    private:
     friend class PinnedMappings;
-    Lease(PinnedMappings* owner, const void* key, const HostRegistration* registration)
-        : owner_(owner), key_(key), registration_(registration) {}
+    Lease(PinnedMappings* owner, const void* key, Entry* entry)
+        : owner_(owner), key_(key), entry_(entry) {}
     PinnedMappings* owner_;
     const void* key_;
-    const HostRegistration* registration_;  // owned by the registry's entry
+    Entry* entry_;  // owned by the registry
   };
 
   explicit PinnedMappings(MemoryBudget* budget) : budget_(budget) {}
   PinnedMappings(const PinnedMappings&) = delete;
   PinnedMappings& operator=(const PinnedMappings&) = delete;
 
-  // RESOURCE_EXHAUSTED (the pinned budget, naming the file) or the registration's error.
-  absl::StatusOr<Lease> Acquire(const DirectRows& rows) {
+  // RESOURCE_EXHAUSTED (the pinned budget, naming the file) at once; the registration's
+  // outcome through the Lease, after waiting for it up to `wait`.
+  absl::StatusOr<Lease> Acquire(const DirectRows& rows, int device, absl::Duration wait) {
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     const uint64_t bytes = RoundUp(rows.mapping_bytes, page);  // the mapping's whole pages
-    absl::MutexLock lock(&mutex_);
-    std::unique_ptr<Entry>& entry = entries_[rows.mapping];
-    if (entry == nullptr) {
-      absl::StatusOr<MemoryBudget::Reservation> reservation =
-          budget_->Reserve(bytes, absl::StrCat("the pinned page cache of '", rows.path, "'"));
-      absl::StatusOr<HostRegistration> registration =
-          reservation.ok() ? HostRegistration::Create(const_cast<uint8_t*>(rows.mapping), bytes,
-                                                      HostRegistration::Access::kReadOnly)
-                           : absl::StatusOr<HostRegistration>(reservation.status());
-      if (!registration.ok()) {
-        entries_.erase(rows.mapping);
-        return registration.status();
+    Entry* entry;
+    {
+      absl::MutexLock lock(&mutex_);
+      std::unique_ptr<Entry>& slot = entries_[rows.mapping];
+      if (slot == nullptr) {
+        absl::StatusOr<MemoryBudget::Reservation> reservation =
+            budget_->Reserve(bytes, absl::StrCat("the pinned page cache of '", rows.path, "'"));
+        if (!reservation.ok()) {
+          entries_.erase(rows.mapping);
+          return reservation.status();
+        }
+        slot = std::make_unique<Entry>();
+        Entry* e = slot.get();
+        {
+          absl::MutexLock entry_lock(&e->mutex);
+          e->reservation = *std::move(reservation);
+        }
+        uint8_t* data = const_cast<uint8_t*>(rows.mapping);
+        e->registrar = std::thread([e, data, bytes, device] {
+          NameThisThread("ferry-register");
+          cuda_internal::ScopedDevice scope(device);
+          absl::StatusOr<HostRegistration> r =
+              scope.status().ok()
+                  ? HostRegistration::Create(data, bytes, HostRegistration::Access::kReadOnly)
+                  : absl::StatusOr<HostRegistration>(scope.status());
+          absl::MutexLock lock(&e->mutex);
+          if (!r.ok()) e->reservation = MemoryBudget::Reservation();
+          e->registration = std::move(r);
+          e->done = true;
+        });
       }
-      entry = std::make_unique<Entry>(Entry{0, *std::move(reservation), *std::move(registration)});
+      entry = slot.get();
+      ++entry->users;
     }
-    ++entry->users;
-    return Lease(this, rows.mapping, &entry->registration);
+    Lease lease(this, rows.mapping, entry);
+    absl::MutexLock lock(&entry->mutex);
+    entry->mutex.AwaitWithTimeout(absl::Condition(&entry->done), wait);
+    return lease;
   }
 
  private:
-  struct Entry {
-    int users = 0;
-    MemoryBudget::Reservation reservation;
-    HostRegistration registration;
-  };
   void Release(const void* key) {
     absl::MutexLock lock(&mutex_);
     auto it = entries_.find(key);
@@ -344,15 +390,16 @@ class CudaStage final : public DeviceStage {
   int num_device_slots() const override { return static_cast<int>(slots_.size()); }
   int gathered_field() const override { return gathered_field_; }
   bool gathers_every_batch() const override { return gather_every_batch_; }
+  bool gather_ready() const override { return GatherReady(); }
 
   void SetCallbacks(Callbacks callbacks) override { callbacks_ = std::move(callbacks); }
 
   absl::Status StartCopy(int host_slot, int device_slot, uint32_t num_samples, bool gather,
                          uint64_t token) override {
     const absl::Time start = absl::Now();
-    absl::Status s = gather && gathered_field_ < 0
-                         ? absl::InternalError("StartCopy asked to gather rows that this "
-                                               "stage has no page cache mapping for")
+    absl::Status s = gather && gather_state_.load(std::memory_order_acquire) != kReady
+                         ? absl::InternalError("StartCopy asked to gather rows whose page "
+                                               "cache is not registered")
                          : EnqueueCopy(host_slot, device_slot, num_samples, gather, token);
     enqueue_nanos_.fetch_add(absl::ToInt64Nanoseconds(absl::Now() - start),
                              std::memory_order_relaxed);
@@ -526,9 +573,24 @@ class CudaStage final : public DeviceStage {
     status->set_release_signal_seconds(watcher_->seconds(EventWatcher::kReleased));
     status->set_batches_copied(batches_copied_.load(std::memory_order_relaxed));
     status->set_batches_gathered(batches_gathered_.load(std::memory_order_relaxed));
-    status->set_copy_path(gathered_field_ >= 0 ? ferry::v1::PAGE_CACHE_GATHER
-                                               : ferry::v1::SLOT_COPY);
-    status->set_copy_path_note(copy_path_note_);
+    if (gathered_field_ < 0) {
+      status->set_copy_path(ferry::v1::SLOT_COPY);
+      status->set_copy_path_note(copy_path_note_);
+    } else if (GatherReady()) {
+      status->set_copy_path(ferry::v1::PAGE_CACHE_GATHER);
+      status->set_copy_path_note(
+          gather_every_batch_ ? ""
+                              : "kernels gather the batches made while the trainer waits for "
+                                "them; workers copy the rows of those made while it computes");
+    } else {
+      absl::MutexLock lock(&gather_mutex_);
+      const bool failed = gather_state_.load(std::memory_order_relaxed) == kFailed;
+      status->set_copy_path(failed ? ferry::v1::SLOT_COPY : ferry::v1::PAGE_CACHE_GATHER);
+      status->set_copy_path_note(
+          failed ? gather_note_
+                 : "registering the dataset's page cache (reading the file in); workers copy "
+                   "the rows until it is done");
+    }
     status->set_pinned_dataset_bytes(gather_lease_.has_value() ? gather_lease_->bytes() : 0);
   }
 
@@ -537,7 +599,8 @@ class CudaStage final : public DeviceStage {
 
   // Gathers the source's direct rows from its pinned page cache when it has them, nothing
   // converts them, the daemon allows it, and the file fits the pinned budget; otherwise
-  // workers copy them, and copy_path_note_ says why (for status, and logged).
+  // workers copy them, and copy_path_note_ says why (for status, and logged). The
+  // registration may still be running when this returns (GatherReady).
   void ChooseCopyPath(const Job& job, PinnedMappings* mappings, const GatherOptions& gather) {
     const std::optional<DirectRows> rows = job.source().direct_rows();
     if (!rows.has_value() || layout_.converts()) return;  // nothing to gather
@@ -545,10 +608,9 @@ class CudaStage final : public DeviceStage {
       copy_path_note_ = "page-cache gather is off (disable_page_cache_gather)";
       return;
     }
-    absl::StatusOr<PinnedMappings::Lease> lease = mappings->Acquire(*rows);
-    absl::StatusOr<const void*> mapped =
-        lease.ok() ? lease->registration().DeviceData(device_) : lease.status();
-    absl::Status status = mapped.status();
+    absl::StatusOr<PinnedMappings::Lease> lease =
+        mappings->Acquire(*rows, device_, gather.registration_wait);
+    absl::Status status = lease.status();
     std::vector<CudaStream> streams;
     for (int i = 1; status.ok() && i < std::max(1, gather.streams); ++i) {
       absl::StatusOr<CudaStream> stream = CudaStream::Create(device_);
@@ -567,15 +629,40 @@ class CudaStage final : public DeviceStage {
     index_field_ = rows->index_field;
     gather_blocks_ = std::max(1, gather.thread_blocks);
     gather_every_batch_ = gather.every_batch;
-    if (!gather_every_batch_) {
-      copy_path_note_ = "kernels gather the batches made while the trainer waits for them; "
-                        "workers copy the rows of those made while it computes";
+    gather_rows_ = *rows;
+    job_id_ = job.identity().id;
+    gather_state_.store(kRegistering, std::memory_order_relaxed);
+    objects_created_ += 1 + more_gather_streams_.size();  // the lease, the extra streams
+    GatherReady();
+  }
+
+  // True once the dataset's registration is done and its device address known; from then
+  // on gather_source_ is set and constant. A failed registration leaves the rank on the
+  // workers' copy for good, with the reason in status and the log.
+  bool GatherReady() const {
+    const int state = gather_state_.load(std::memory_order_acquire);
+    if (state != kRegistering) return state == kReady;
+    absl::MutexLock lock(&gather_mutex_);
+    if (gather_state_.load(std::memory_order_relaxed) != kRegistering) {
+      return gather_state_.load(std::memory_order_relaxed) == kReady;
+    }
+    absl::StatusOr<const HostRegistration*> registration = gather_lease_->registration();
+    if (absl::IsUnavailable(registration.status())) return false;  // still registering
+    absl::StatusOr<const void*> mapped =
+        registration.ok() ? (*registration)->DeviceData(device_) : registration.status();
+    if (!mapped.ok()) {
+      gather_note_ = absl::StrCat("workers copy the records: ", mapped.status().message());
+      FERRY_LOG(WARNING) << "job " << job_id_ << " on GPU " << device_ << ": " << gather_note_;
+      gather_state_.store(kFailed, std::memory_order_release);
+      return false;
     }
     gather_source_ = GatherSource{
-        .records = static_cast<const uint8_t*>(*mapped) + (rows->records - rows->mapping),
-        .num_records = rows->num_records,
-        .row_bytes = rows->row_bytes};
-    objects_created_ += 1 + more_gather_streams_.size();  // the lease, the extra streams
+        .records = static_cast<const uint8_t*>(*mapped) +
+                   (gather_rows_.records - gather_rows_.mapping),
+        .num_records = gather_rows_.num_records,
+        .row_bytes = gather_rows_.row_bytes};
+    gather_state_.store(kReady, std::memory_order_release);
+    return true;
   }
 
   int device_ = 0;
@@ -603,7 +690,8 @@ class CudaStage final : public DeviceStage {
   Callbacks callbacks_;
   std::shared_ptr<GpuCounters> counters_;
   size_t counted_pinned_ = 0;  // what this stage added to counters_->pinned_bytes
-  // Page-cache gather (ChooseCopyPath): constant after Create.
+  // Page-cache gather (ChooseCopyPath): constant after Create, but for the registration's
+  // outcome (GatherReady).
   std::optional<PinnedMappings::Lease> gather_lease_;
   std::vector<CudaStream> more_gather_streams_;  // besides stream_
   uint64_t gathers_enqueued_ = 0;  // StartCopy runs on one thread at a time
@@ -611,8 +699,15 @@ class CudaStage final : public DeviceStage {
   int gathered_field_ = -1;
   int index_field_ = -1;
   int gather_blocks_ = 0;
-  GatherSource gather_source_;
-  std::string copy_path_note_;
+  DirectRows gather_rows_;
+  std::string job_id_;
+  enum GatherState { kNone, kRegistering, kReady, kFailed };
+  mutable std::atomic<int> gather_state_{kNone};
+  mutable absl::Mutex gather_mutex_;  // resolves the registration's outcome once
+  // Set once, under gather_mutex_, before gather_state_ becomes kReady; read after seeing it.
+  mutable GatherSource gather_source_;
+  mutable std::string gather_note_ ABSL_GUARDED_BY(gather_mutex_);  // why it failed
+  std::string copy_path_note_;  // why a gatherable dataset is not gathered (constant)
   std::unique_ptr<EventWatcher> watcher_;  // last: destroyed first
 };
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "server/memory/memory_budget.h"
 #include "server/pipeline/device_stage.h"
 #include "server/topology/topology.h"
@@ -63,12 +64,16 @@ struct DeviceSlotLayout {
 // overlap the others'), and take fewer SMs: on an H100, 4 x 16 blocks reached 0.9-1.05x of
 // the copy engine's peak where 2 x 64 reached 0.87-0.91x (docs/benchmarks.md).
 // Unless `every_batch`, only batches made while the trainer waits for ferry are gathered
-// (DeviceStage::gathers_every_batch says why).
+// (DeviceStage::gathers_every_batch says why). Registering the mapping reads the whole
+// file in: an attach waits for it up to `registration_wait`, and past that the rank starts
+// with the workers' copy and gathers once the registration is done (DeviceStage::
+// gather_ready).
 struct GatherOptions {
   bool enabled = true;
   bool every_batch = false;
   int thread_blocks = 16;
   int streams = 4;
+  absl::Duration registration_wait = absl::Seconds(1);
 };
 
 // Creates the CUDA GpuProvider: lists the GPUs (CUDA ordinals with their PCI bus ids and

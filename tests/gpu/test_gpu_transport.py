@@ -206,7 +206,10 @@ class GpuTransportTest(unittest.TestCase):
         # Batches in order and intact however many streams their kernels take in turn
         # (the default is 4): one, and 16 of one block each, which finish out of order.
         cpu, _ = self.records_on(self.daemon.address, plain, "cpu")
-        for config in ("gather_streams: 1\n", "gather_streams: 16\ngather_thread_blocks: 1\n"):
+        # An attach that does not wait for the registration: batches made before it is done
+        # are copied by the workers, the later ones gathered.
+        for config in ("gather_streams: 1\n", "gather_streams: 16\ngather_thread_blocks: 1\n",
+                       "gather_registration_wait_ms: -1\ngather_every_batch: true\n"):
             with ferry_it.FerryDaemon(config=config) as other:
                 gpu, ranks = self.records_on(other.address, plain, "cuda:0")
                 self.assertEqual(len(cpu), len(gpu), config)
@@ -215,6 +218,7 @@ class GpuTransportTest(unittest.TestCase):
                     self.assertTrue(torch.equal(cd, gd), config)
                 for r in ranks:
                     self.assertEqual(r.get("copy_path"), "PAGE_CACHE_GATHER", (config, r))
+                    self.assertGreater(int(r.get("batches_gathered", 0)), 0, (config, r))
         # Which batches are gathered: by default those made while the trainer waits for
         # them (at least the first ones, made before it held any slot); while it computes
         # (2 ms a batch here) workers copy the rows instead. With gather_every_batch,
