@@ -128,15 +128,17 @@ def main():
     rows_in_file = a.records_mb * (1 << 20) // (SEQ * 8)
     np.random.default_rng(0).integers(0, 1 << 40, size=(rows_in_file, SEQ),
                                       dtype=np.int64).tofile(path)
+    # One ferryd per feed, so each one's status counts only its own batches.
     daemons = [start_ferryd(a.ferryd, workdir, "default"),
                start_ferryd(a.ferryd, workdir, "every", "gather_every_batch: true\n"),
-               start_ferryd(a.ferryd, workdir, "copy", "disable_page_cache_gather: true\n")]
+               start_ferryd(a.ferryd, workdir, "copy", "disable_page_cache_gather: true\n"),
+               start_ferryd(a.ferryd, workdir, "tokens")]
     records = ferry.Records(path, dtype="int64", shape=(SEQ,))
     tokens = ferry.Tokens(path, seq_len=SEQ - 1, dtype="uint16", output_dtype="int64")
     feeds = (("records, default", daemons[0][1], records, "data"),
              ("records, gather_every_batch", daemons[1][1], records, "data"),
              ("records, slot copy", daemons[2][1], records, "data"),
-             ("tokens u16->int64", daemons[0][1], tokens, "tokens"))
+             ("tokens u16->int64", daemons[3][1], tokens, "tokens"))
     try:
         print("step = embedding of 512 columns -> [rows, 512, %d] bf16, then N matmuls %dx%d; "
               "mean step time (median of %d rounds of %d steps), ratio to synthetic (median, "

@@ -9,7 +9,7 @@
 set -uo pipefail
 source .device/env.sh
 OUT=${OUT:-/tmp/ferry-out}; mkdir -p "$OUT"
-settings=${1:-"1:64 2:64 3:64 4:64 2:32 3:32 2:128"}
+settings=${1:-"4:16 2:64 8:8 3:32"}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 50257, size=256 << 20, dtype=np.uint16).tofile('$dir/tokens.u16')"

@@ -230,12 +230,14 @@ std::string RenderJob(const JobStatus& status) {
     if (std::find(paths.begin(), paths.end(), path) == paths.end()) paths.push_back(path);
   }
   if (!paths.empty()) info.AddRow({"copy path", absl::StrJoin(paths, "; ")});
+  // Over the ranks that gather; the others copy every batch.
   uint64_t copied = 0, gathered = 0;
   bool can_gather = false;
   for (const RankStatus& r : status.ranks) {
+    if (r.copy_path != "page-cache gather") continue;
     copied += r.batches_copied;
     gathered += r.batches_gathered;
-    can_gather |= r.copy_path == "page-cache gather";
+    can_gather = true;
   }
   if (can_gather) {
     info.AddRow({"gathered", absl::StrCat(gathered, " of ", copied,

@@ -103,11 +103,21 @@ TEST(RenderTest, JobShowsEachDistinctCopyPath) {
   std::string out = RenderJob(s);
   EXPECT_THAT(out, HasSubstr("copy path      page-cache gather (512.0 MiB of the dataset pinned)\n"));
   EXPECT_THAT(out, HasSubstr("gathered       65 of 150 batches (the others copied by workers)\n"));
+  // The default: gathered while the trainer waits, as the note says.
+  for (RankStatus& r : s.ranks) {
+    r.copy_path_note = "kernels gather the batches made while the trainer waits for them";
+  }
+  EXPECT_THAT(RenderJob(s), HasSubstr("copy path      page-cache gather (512.0 MiB of the dataset "
+                                      "pinned): kernels gather the batches made while the "
+                                      "trainer waits for them\n"));
+  s.ranks[0].copy_path_note.clear();
   s.ranks[1].copy_path = "slot copy";
   s.ranks[1].pinned_dataset_bytes = 0;
   s.ranks[1].copy_path_note = "workers copy the records: over budget";
   out = RenderJob(s);
   EXPECT_THAT(out, HasSubstr("pinned); slot copy: workers copy the records: over budget"));
+  // Only the ranks that gather count.
+  EXPECT_THAT(out, HasSubstr("gathered       60 of 100 batches"));
   for (RankStatus& r : s.ranks) r.copy_path = "slot copy";
   EXPECT_THAT(RenderJob(s), Not(HasSubstr("gathered ")));
 }

@@ -45,8 +45,8 @@ class DeviceStage {
   // every field from the host slot. Constant after creation.
   virtual int gathered_field() const { return -1; }
   // With a gathered_field: true to gather every batch; false to gather only the batches
-  // the pipeline starts while the consumer holds under 3/4 of the slots (leased, or
-  // released but their released signal not yet seen: it waits for batches, or soon
+  // the pipeline starts while the consumer holds under 3/4 of the slots but one (leased,
+  // or released but their released signal not yet seen: it waits for batches, or soon
   // will), workers writing the rows of the others. A gather runs kernels
   // in ferryd's CUDA context, which the GPU time-slices with the trainer's; a slot copy
   // runs on the copy engine beside the trainer's kernels. So gathering pays while the

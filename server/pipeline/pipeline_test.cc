@@ -8,6 +8,7 @@
 #include <variant>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -128,7 +129,7 @@ class PipelineTest : public ::testing::Test {
     return out;
   }
 
-  void ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(bool gpu_lags);
+  void ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(int slots, bool gpu_lags);
 
   std::vector<int64_t> Expected(int64_t epoch, int rank, int64_t batch) {
     std::vector<int64_t> ids;
@@ -680,12 +681,14 @@ TEST_F(PipelineTest, FieldGatheredByTheStageIsNeverWrittenByWorkers) {
 }
 
 // A stage that gathers only while the consumer waits (DeviceStage::gathers_every_batch
-// false): batches scheduled while the consumer holds 3/4 of the slots or more have their
-// rows written by the workers and copied; those scheduled while it holds few are
-// gathered. Every batch holds the right values either way. The consumer holds slots by
-// keeping them leased, or (gpu_lags) by releasing each at once while its GPU, still busy
-// with earlier work, signals the releases only later, oldest first.
-void PipelineTest::ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(bool gpu_lags) {
+// false): batches scheduled while the consumer holds every slot but the one being
+// refilled have their rows written by the workers and copied; those scheduled while it
+// holds none are gathered. Every batch holds the right values either way. The consumer
+// holds slots by keeping them leased, or (gpu_lags) by releasing each at once while its
+// GPU, still busy with earlier work, signals the releases only later, oldest first.
+void PipelineTest::ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(int slots,
+                                                                          bool gpu_lags) {
+  SCOPED_TRACE(absl::StrCat(slots, " slots", gpu_lags ? ", GPU lags" : ""));
   ferry::v1::JobSpec spec;
   spec.set_batch_size(4);
   spec.set_shuffle(true);
@@ -695,9 +698,9 @@ void PipelineTest::ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(bool
                       std::make_unique<FakeSource>(64, absl::flat_hash_set<int64_t>{}));
   FakeDeviceStage* stage = nullptr;
   auto created = RankPipeline::Create(
-      job_, 0, /*num_slots=*/4, -1, pool_.get(), &budget_,
+      job_, 0, slots, -1, pool_.get(), &budget_,
       [&](const SharedSlab& slab) -> absl::StatusOr<std::unique_ptr<DeviceStage>> {
-        auto s = std::make_unique<FakeDeviceStage>(slab, job_->layout().slot_bytes, 4);
+        auto s = std::make_unique<FakeDeviceStage>(slab, job_->layout().slot_bytes, slots);
         s->gathered = 0;
         s->every_batch = false;
         s->index_offset = job_->layout().offsets.back();
@@ -707,8 +710,8 @@ void PipelineTest::ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(bool
   ASSERT_TRUE(created.ok()) << created.status();
   auto p = *created;
   RecordingConsumer c;
-  ASSERT_TRUE(p->Bind(&c, 1, {"a", "b", "c", "d"}).ok());
-  ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());  // batches 0-3 scheduled with nothing held
+  ASSERT_TRUE(p->Bind(&c, 1, std::vector<std::string>(slots, "event")).ok());
+  ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());  // batches 0 to slots-1 with nothing held
   auto take = [&](int64_t i) {
     auto b = std::get<ferry::v1::BatchReady>(*c.Next());
     EXPECT_EQ(b.batch(), i);
@@ -720,14 +723,14 @@ void PipelineTest::ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(bool
     return b;
   };
   std::deque<ferry::v1::BatchReady> held;
-  for (int64_t i = 0; i < 4; ++i) {  // the consumer takes every slot
+  for (int64_t i = 0; i < slots; ++i) {  // the consumer takes every slot
     held.push_back(take(i));
     if (gpu_lags) ASSERT_TRUE(p->Release(&c, held.back().slot(), held.back().seq()).ok());
   }
   // From here each batch is scheduled when a host slot frees, right after a copy made
-  // room by a released signal, while the consumer holds the other three slots: batches
-  // 8-15.
-  for (int64_t i = 4; i < 16; ++i) {
+  // room by a released signal, while the consumer holds all the other slots: batches
+  // 2 * slots to 15.
+  for (int64_t i = slots; i < 16; ++i) {
     if (gpu_lags) {
       stage->SignalOldestReleased();
       const ferry::v1::BatchReady b = take(i);
@@ -739,8 +742,8 @@ void PipelineTest::ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(bool
       held.push_back(take(i));
     }
   }
-  EXPECT_GE(stage->gathers.load(), 4);                         // batches 0-3 at least
-  EXPECT_GE(stage->copies.load() - stage->gathers.load(), 8);  // batches 8-15 at least
+  EXPECT_GE(stage->gathers.load(), slots);  // batches 0 to slots-1 at least
+  EXPECT_GE(stage->copies.load() - stage->gathers.load(), 16 - 2 * slots);
   EXPECT_EQ(stage->host_rows_written.load(), 0);
   p->Unbind(&c);
   p->Shutdown(absl::CancelledError("test over"));
@@ -797,11 +800,18 @@ TEST_F(PipelineTest, BatchesAreCopiedUntilTheGatherIsReady) {
 }
 
 TEST_F(PipelineTest, BatchesMadeWhileTheConsumerHoldsMostSlotsAreCopiedNotGathered) {
-  ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(/*gpu_lags=*/false);
+  ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(/*slots=*/4, /*gpu_lags=*/false);
 }
 
 TEST_F(PipelineTest, SlotsReleasedButStillInUseOnTheTrainersGpuCountAsHeld) {
-  ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(/*gpu_lags=*/true);
+  ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(/*slots=*/4, /*gpu_lags=*/true);
+}
+
+// With two or three slots, one of them being refilled, the consumer can hold at most the
+// others: that is "most" there too.
+TEST_F(PipelineTest, SmallRingsAlsoCopyWhileTheConsumerHoldsTheOtherSlots) {
+  ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(/*slots=*/2, /*gpu_lags=*/false);
+  ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(/*slots=*/3, /*gpu_lags=*/true);
 }
 
 // FakeSource whose sample `gated` blocks in Fill until `gate` is notified: a straggler.

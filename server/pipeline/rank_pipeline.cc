@@ -340,12 +340,15 @@ bool RankPipeline::GatherNextBatchLocked() const {
   // host thread but still in use by work queued on its GPU (a trainer's host runs ahead
   // of its GPU). It is busy with them and this batch has their time to be filled and
   // copied, so the copy engine moves it and no kernel takes the GPU from the trainer.
-  // Otherwise the trainer waits, or soon will: gather.
+  // Otherwise the trainer waits, or soon will: gather. Most is 3/4 of the slots but one:
+  // a batch is scheduled when its host slot frees, as its predecessor's copy completes,
+  // so that copy's device slot is not held yet (with 2 or 3 slots, 3/4 of them all could
+  // never be reached; a ring of 1 is never gathered).
   int held = 0;
   for (const DeviceSlot& d : device_slots_) {
     held += d.state == SlotState::kLeased || d.state == SlotState::kReleasing;
   }
-  return 4 * held < 3 * static_cast<int>(device_slots_.size());
+  return 4 * held < 3 * (static_cast<int>(device_slots_.size()) - 1);
 }
 
 void RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index, int64_t epoch,

@@ -42,7 +42,18 @@ TEST_F(ConfigTest, FillsDefaultsAroundWhatTheFileSets) {
   EXPECT_EQ(loaded->config.gather_streams(), 3u);
   EXPECT_EQ(loaded->config.gather_thread_blocks(), 32u);
   EXPECT_EQ(loaded->config.default_prefetch_depth(), 4u);
+  EXPECT_EQ(loaded->config.gather_registration_wait_ms(), 1000);
   EXPECT_FALSE(loaded->config.unix_socket().empty());
+}
+
+TEST_F(ConfigTest, GatherSettingsDefaultToWhatTheDocsSay) {
+  Write("");
+  absl::StatusOr<LoadedConfig> loaded = LoadConfig(path());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->config.gather_streams(), 4u);
+  EXPECT_EQ(loaded->config.gather_thread_blocks(), 16u);
+  EXPECT_EQ(loaded->config.gather_registration_wait_ms(), 1000);
+  EXPECT_FALSE(loaded->config.gather_every_batch());
 }
 
 TEST_F(ConfigTest, MissingFileGivenExplicitlyIsAnError) {

@@ -62,20 +62,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                                                      config.pinned_memory_budget_bytes(),
                                                      d->config_.path);
 #if FERRY_HAVE_CUDA
-  GatherOptions gather;
+  GatherOptions gather;  // ApplyDefaults filled in every unset setting
   gather.enabled = !config.disable_page_cache_gather();
   gather.every_batch = config.gather_every_batch();
-  if (config.gather_registration_wait_ms() != 0) {
-    gather.registration_wait =
-        absl::Milliseconds(std::max(0, config.gather_registration_wait_ms()));
-  }
-  if (config.gather_thread_blocks() != 0) {
-    gather.thread_blocks =
-        static_cast<int>(std::min<uint32_t>(config.gather_thread_blocks(), 1 << 16));
-  }
-  if (config.gather_streams() != 0) {
-    gather.streams = static_cast<int>(config.gather_streams());  // LoadConfig checked it
-  }
+  gather.thread_blocks =
+      static_cast<int>(std::min<uint32_t>(std::max<uint32_t>(config.gather_thread_blocks(), 1),
+                                          1 << 16));
+  gather.streams = static_cast<int>(config.gather_streams());  // LoadConfig checked it
+  gather.registration_wait =
+      absl::Milliseconds(std::max(0, config.gather_registration_wait_ms()));
   d->gpus_ = MakeCudaGpuProvider(d->topology_, d->pinned_budget_.get(),
                                  config.device_memory_budget_bytes(), d->config_.path, gather);
 #endif

@@ -96,8 +96,8 @@ class EventWatcher final {
 
   // `event` must stay alive until its callback has run or Forget(kind) returned. Events of
   // kHostSlotCopied and kDeviceSlotReady must be watched in the order they were recorded
-  // (see Run; with the gather's several streams, a batch that completes before the one
-  // recorded ahead of it on the other stream is reported just after that one).
+  // (see Run; with the gather's several streams, a batch that completes before one
+  // recorded ahead of it on another stream is reported just after that one).
   // `also_frees_host_slot`: a kDeviceSlotReady watch that stands for kHostSlotCopied too
   // (its latency counts for both).
   void Watch(const CudaEvent* event, Kind kind, std::function<void()> callback,
@@ -362,6 +362,7 @@ class CudaStage final : public DeviceStage {
       FERRY_ASSIGN_OR_RETURN(CudaEvent done, CudaEvent::Create(device, CudaEvent::kSync));
       stage->copy_done_.push_back(std::move(done));
     }
+    stage->slot_stream_.assign(stage->slots_.size(), -1);
     // Registration, stream, per slot a buffer and a ready event, maybe per host slot an event.
     stage->objects_created_ = 2 + 2 * stage->slots_.size() + stage->copy_done_.size();
     stage->ChooseCopyPath(job, mappings, gather);
@@ -422,11 +423,20 @@ class CudaStage final : public DeviceStage {
     // Gathers take the copy stream and the extra gather streams in turn, so that a batch's
     // kernel starts while the ones before drain (on one stream, each kernel's ramp and
     // tail idle PCIe: 0.84x of the copy engine at 1 MiB batches, 1.07x on four streams of
-    // 16 blocks, in bench/h2d_bench). Batches are independent and the watcher only reports
-    // a batch after those before it: the order seen by the pipeline stays the order of
-    // these calls.
-    const size_t turn = gather ? gathers_enqueued_++ % (1 + more_gather_streams_.size()) : 0;
+    // 16 blocks, in bench/h2d_bench). The watcher only reports a batch after those before
+    // it: the order seen by the pipeline stays the order of these calls.
+    const int turn =
+        gather ? static_cast<int>(gathers_enqueued_++ % (1 + more_gather_streams_.size())) : 0;
     CudaStream& stream = turn == 0 ? *stream_ : more_gather_streams_[turn - 1];
+    // A device slot is written only once its last batch is released, which orders the two
+    // writes, but for a batch abandoned by a seek (RankPipeline::StartEpoch frees its slot
+    // while its copy may still be queued): on another stream, that copy could land after
+    // this one. So a slot written before on another stream waits for that write's ready
+    // event first (long complete, but for an abandoned batch).
+    if (slot_stream_[device_slot] >= 0 && slot_stream_[device_slot] != turn) {
+      FERRY_RETURN_IF_ERROR(stream.Wait(ready_[device_slot]));
+    }
+    slot_stream_[device_slot] = turn;
     const uint8_t* src = slab_ + static_cast<size_t>(host_slot) * host_->slot_bytes;
     uint8_t* dst = static_cast<uint8_t*>(slots_[device_slot].data());
     if (gather) {
@@ -695,6 +705,9 @@ class CudaStage final : public DeviceStage {
   std::optional<PinnedMappings::Lease> gather_lease_;
   std::vector<CudaStream> more_gather_streams_;  // besides stream_
   uint64_t gathers_enqueued_ = 0;  // StartCopy runs on one thread at a time
+  // Per device slot, the stream (0: stream_, i: more_gather_streams_[i - 1]) of its last
+  // write, -1 before the first; StartCopy's thread only.
+  std::vector<int> slot_stream_;
   bool gather_every_batch_ = true;
   int gathered_field_ = -1;
   int index_field_ = -1;
