@@ -123,6 +123,7 @@ absl::Status RankPipeline::Bind(BatchConsumer* consumer, int pid,
   }
   consumer_ = consumer;
   consumer_pid_ = pid;
+  consumer_started_ = false;
   consumer_via_channel_ = consumer->via_channel();
   next_seq_ = 0;
   starved_since_ = absl::InfiniteFuture();
@@ -223,6 +224,7 @@ absl::Status RankPipeline::StartEpoch(BatchConsumer* consumer, int64_t epoch,
       next_batch_ = first_batch;
     }
     active_ = true;
+    consumer_started_ = true;
     deliver_epoch_ = epoch;
     deliver_batch_ = first_batch;
     epoch_end_sent_ = false;
@@ -574,7 +576,7 @@ void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
   while (consumer_ != nullptr) {
     std::vector<ferry::v1::BatchReady> ready;
     bool send_end = false;
-    const bool producing = active_ && !shutting_down_;
+    const bool producing = active_ && consumer_started_ && !shutting_down_;
     while (producing && HeadDeliverableLocked()) {
       const Pending p = pending_.front();
       ferry::v1::BatchReady b;

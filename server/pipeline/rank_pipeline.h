@@ -207,6 +207,9 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   std::vector<DeviceSlot> device_slots_ ABSL_GUARDED_BY(mutex_);
   uint64_t generation_ ABSL_GUARDED_BY(mutex_) = 1;
   bool active_ ABSL_GUARDED_BY(mutex_) = false;  // a StartEpoch was received
+  // The bound consumer sent its StartEpoch: until then nothing is delivered to it (the
+  // batches pending from before it bound may not be where it starts).
+  bool consumer_started_ ABSL_GUARDED_BY(mutex_) = false;
   int64_t next_epoch_ ABSL_GUARDED_BY(mutex_) = 0;  // next batch to schedule
   int64_t next_batch_ ABSL_GUARDED_BY(mutex_) = 0;
   int64_t deliver_epoch_ ABSL_GUARDED_BY(mutex_) = 0;  // next batch to deliver

@@ -54,11 +54,12 @@ struct DeviceSlotLayout {
 };
 
 // Reading fixed-size records straight from the dataset's page cache (DaemonConfig's
-// gather_thread_blocks and disable_page_cache_gather; CopyPath in ferry.proto). A job whose
+// gather_* settings and disable_page_cache_gather; CopyPath in ferry.proto). A job whose
 // source has direct_rows() and needs no conversion gets it when enabled and its file fits
 // the pinned budget: the file's mapping is registered read-only once (shared by every rank
-// reading it, since a range can be registered only once per process), workers write only
-// each row's index, and per batch a kernel of `thread_blocks` blocks gathers the rows.
+// reading it, since a range can be registered only once per process), and for each batch
+// the pipeline picks to gather, workers write only each row's index and a kernel of
+// `thread_blocks` blocks gathers the rows.
 // Batches take `streams` streams in turn, so up to that many kernels run at once. Several
 // small kernels keep PCIe busier than one or two large ones (each kernel's ramp and tail
 // overlap the others'), and take fewer SMs: on an H100, 4 x 16 blocks reached 0.9-1.05x of
