@@ -31,17 +31,25 @@ import torch
 import ferry
 
 
-def start_ferryd(binary, workdir):
-    sock = os.path.join(workdir, "ferryd.sock")
-    log = open(os.path.join(workdir, "ferryd.log"), "w")
-    proc = subprocess.Popen([binary, "--listen", sock], stdout=log, stderr=subprocess.STDOUT)
+def start_ferryd(binary, workdir, name="ferryd", config=None):
+    """Starts `binary` on WORKDIR/NAME.sock (with `config`, a DaemonConfig in text form, if
+    given) and waits until it answers; returns (process, socket path)."""
+    sock = os.path.join(workdir, name + ".sock")
+    log = open(os.path.join(workdir, name + ".log"), "w")
+    args = [binary, "--listen", sock]
+    if config is not None:
+        conf = os.path.join(workdir, name + ".conf")
+        with open(conf, "w") as f:
+            f.write(config)
+        args += ["--config", conf]
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     for _ in range(200):
         try:
             ferry.Client(sock).close()
             return proc, sock
         except Exception:
             time.sleep(0.05)
-    raise RuntimeError("ferryd did not start; see %s/ferryd.log" % workdir)
+    raise RuntimeError("ferryd did not start; see %s/%s.log" % (workdir, name))
 
 
 def pinned_peak(chunk_bytes, device):

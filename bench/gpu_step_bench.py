@@ -29,7 +29,6 @@ import argparse
 import itertools
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,27 +37,11 @@ import numpy as np
 import torch
 
 import ferry
+from gpu_bench import start_ferryd  # bench/ is on the path: this script's folder
 
 SEQ = 2048  # int64 columns per record
 WIDTH = 1024
 VOCAB = 4096
-
-
-def start_ferryd(binary, workdir, name, config=""):
-    sock = os.path.join(workdir, name + ".sock")
-    conf = os.path.join(workdir, name + ".conf")
-    with open(conf, "w") as f:
-        f.write(config)
-    log = open(os.path.join(workdir, name + ".log"), "w")
-    proc = subprocess.Popen([binary, "--config", conf, "--listen", sock], stdout=log,
-                            stderr=subprocess.STDOUT)
-    for _ in range(200):
-        try:
-            ferry.Client(sock).close()
-            return proc, sock
-        except Exception:
-            time.sleep(0.05)
-    raise RuntimeError("ferryd did not start; see %s" % log.name)
 
 
 class Step:
@@ -151,8 +134,8 @@ def main():
                     np.fromfile(path, dtype=np.int64, count=rows * SEQ).reshape(rows, SEQ)
                 ).to(a.device)
                 runs = {}
-                before = {name: gathered(sock) for name, sock, _, field in feeds
-                          if field == "data"}
+                record_socks = {name: sock for name, sock, _, field in feeds if field == "data"}
+                before = {name: gathered(sock) for name, sock in record_socks.items()}
                 for _ in range(a.rounds):
                     base = timed_steps(step, itertools.repeat(synthetic_batch), a.steps)
                     runs.setdefault("synthetic", []).append((base, 1.0))
@@ -163,8 +146,8 @@ def main():
                         loader.close()
                         runs.setdefault(name, []).append((t, t / base))
                 counts = {}
-                for name, (g0, c0) in before.items():
-                    g1, c1 = gathered(dict((n, s) for n, s, _, _ in feeds)[name])
+                for name, sock in record_socks.items():
+                    (g0, c0), (g1, c1) = before[name], gathered(sock)
                     counts[name] = "gathered %d of %d" % (g1 - g0, c1 - c0)
                 for name, vals in runs.items():
                     ratios = [v[1] for v in vals]

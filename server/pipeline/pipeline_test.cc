@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <set>
 #include <thread>
 #include <variant>
@@ -98,6 +99,8 @@ class RecordingConsumer final : public BatchConsumer {
   std::deque<Message> messages_ ABSL_GUARDED_BY(mutex_);
 };
 
+class FakeDeviceStage;
+
 class PipelineTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -130,6 +133,23 @@ class PipelineTest : public ::testing::Test {
   }
 
   void ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(int slots, bool gpu_lags);
+  // For the gather tests: a shuffled job of 16 batches of 4 FakeSource samples.
+  std::shared_ptr<Job> GatherJob(const std::string& id, uint64_t seed, uint64_t serial,
+                                 std::unique_ptr<SampleSource> source = nullptr) {
+    ferry::v1::JobSpec spec;
+    spec.set_batch_size(4);
+    spec.set_shuffle(true);
+    spec.set_seed(seed);
+    spec.set_drop_last(true);
+    if (source == nullptr) {
+      source = std::make_unique<FakeSource>(64, absl::flat_hash_set<int64_t>{});
+    }
+    return *Job::Create(JobIdentity{id, id, 1000, serial}, spec, std::move(source));
+  }
+  // Batch `i` of epoch 0 in its device slot: the right indices, and value = 10 * index
+  // (gathered by the stage or written by the workers).
+  void ExpectDeviceBatch(const FakeDeviceStage& stage, const ferry::v1::BatchReady& b,
+                         int64_t i);
 
   std::vector<int64_t> Expected(int64_t epoch, int rank, int64_t batch) {
     std::vector<int64_t> ids;
@@ -550,11 +570,22 @@ class FakeDeviceStage final : public DeviceStage {
   std::vector<std::pair<int, uint64_t>> watched_ ABSL_GUARDED_BY(mutex_);
 };
 
+void PipelineTest::ExpectDeviceBatch(const FakeDeviceStage& stage,
+                                     const ferry::v1::BatchReady& b, int64_t i) {
+  EXPECT_EQ(b.batch(), i);
+  std::vector<int64_t> values(4), indices(4);
+  memcpy(values.data(), stage.device_[b.slot()].data(), 32);
+  memcpy(indices.data(), stage.device_[b.slot()].data() + job_->layout().offsets[1], 32);
+  EXPECT_EQ(indices, Expected(0, 0, i));
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(values[r], 10 * indices[r]) << "batch " << i;
+}
+
 // A pipeline of `job` whose device stage is a FakeDeviceStage of `device_slots`, returned
-// in *stage.
+// in *stage; `configure` may set the stage's knobs before the pipeline sees it.
 absl::StatusOr<std::shared_ptr<RankPipeline>> CreateWithFakeStage(
     std::shared_ptr<Job> job, int host_slots, int device_slots, WorkerPool* pool,
-    MemoryBudget* budget, FakeDeviceStage** stage, int gathered_field = -1) {
+    MemoryBudget* budget, FakeDeviceStage** stage, int gathered_field = -1,
+    const std::function<void(FakeDeviceStage&)>& configure = {}) {
   const size_t slot_bytes = job->layout().slot_bytes;
   const size_t index_offset = job->layout().offsets.back();
   return RankPipeline::Create(
@@ -563,6 +594,7 @@ absl::StatusOr<std::shared_ptr<RankPipeline>> CreateWithFakeStage(
         auto s = std::make_unique<FakeDeviceStage>(slab, slot_bytes, device_slots);
         s->gathered = gathered_field;
         s->index_offset = index_offset;
+        if (configure) configure(*s);
         *stage = s.get();
         return s;
       });
@@ -645,14 +677,9 @@ TEST_F(PipelineTest, DeviceStageSlotsAreLeasedAndHostSlotsRecycled) {
 // workers hand the source a null row for it and never write it into the host slot, and
 // every batch still holds the right values once the stage has read them.
 TEST_F(PipelineTest, FieldGatheredByTheStageIsNeverWrittenByWorkers) {
-  ferry::v1::JobSpec spec;
-  spec.set_batch_size(4);
-  spec.set_shuffle(true);
-  spec.set_seed(9);
-  spec.set_drop_last(true);
   auto source = std::make_unique<FakeSource>(64, absl::flat_hash_set<int64_t>{});
   const FakeSource* fake = source.get();
-  job_ = *Job::Create(JobIdentity{"jgather", "gather", 1000, 78}, spec, std::move(source));
+  job_ = GatherJob("jgather", /*seed=*/9, /*serial=*/78, std::move(source));
   FakeDeviceStage* stage = nullptr;
   auto created = CreateWithFakeStage(job_, /*host_slots=*/2, /*device_slots=*/2, pool_.get(),
                                      &budget_, &stage, /*gathered_field=*/0);
@@ -663,12 +690,7 @@ TEST_F(PipelineTest, FieldGatheredByTheStageIsNeverWrittenByWorkers) {
   ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
   for (int64_t i = 0; i < 16; ++i) {
     auto b = std::get<ferry::v1::BatchReady>(*c.Next());
-    ASSERT_EQ(b.batch(), i);
-    std::vector<int64_t> values(4), indices(4);
-    memcpy(values.data(), stage->device_[b.slot()].data(), 32);
-    memcpy(indices.data(), stage->device_[b.slot()].data() + job_->layout().offsets[1], 32);
-    EXPECT_EQ(indices, Expected(0, 0, i));
-    for (int r = 0; r < 4; ++r) EXPECT_EQ(values[r], 10 * indices[r]) << "batch " << i;
+    ExpectDeviceBatch(*stage, b, i);
     ASSERT_TRUE(p->Release(&c, b.slot(), b.seq()).ok());
     stage->SignalReleased();
   }
@@ -689,24 +711,11 @@ TEST_F(PipelineTest, FieldGatheredByTheStageIsNeverWrittenByWorkers) {
 void PipelineTest::ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(int slots,
                                                                           bool gpu_lags) {
   SCOPED_TRACE(absl::StrCat(slots, " slots", gpu_lags ? ", GPU lags" : ""));
-  ferry::v1::JobSpec spec;
-  spec.set_batch_size(4);
-  spec.set_shuffle(true);
-  spec.set_seed(3);
-  spec.set_drop_last(true);
-  job_ = *Job::Create(JobIdentity{"jgather2", "gather2", 1000, 80}, spec,
-                      std::make_unique<FakeSource>(64, absl::flat_hash_set<int64_t>{}));
+  job_ = GatherJob("jgather2", /*seed=*/3, /*serial=*/80);
   FakeDeviceStage* stage = nullptr;
-  auto created = RankPipeline::Create(
-      job_, 0, slots, -1, pool_.get(), &budget_,
-      [&](const SharedSlab& slab) -> absl::StatusOr<std::unique_ptr<DeviceStage>> {
-        auto s = std::make_unique<FakeDeviceStage>(slab, job_->layout().slot_bytes, slots);
-        s->gathered = 0;
-        s->every_batch = false;
-        s->index_offset = job_->layout().offsets.back();
-        stage = s.get();
-        return s;
-      });
+  auto created =
+      CreateWithFakeStage(job_, slots, slots, pool_.get(), &budget_, &stage,
+                          /*gathered_field=*/0, [](FakeDeviceStage& s) { s.every_batch = false; });
   ASSERT_TRUE(created.ok()) << created.status();
   auto p = *created;
   RecordingConsumer c;
@@ -714,12 +723,7 @@ void PipelineTest::ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(int 
   ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());  // batches 0 to slots-1 with nothing held
   auto take = [&](int64_t i) {
     auto b = std::get<ferry::v1::BatchReady>(*c.Next());
-    EXPECT_EQ(b.batch(), i);
-    std::vector<int64_t> values(4), indices(4);
-    memcpy(values.data(), stage->device_[b.slot()].data(), 32);
-    memcpy(indices.data(), stage->device_[b.slot()].data() + job_->layout().offsets[1], 32);
-    EXPECT_EQ(indices, Expected(0, 0, i));
-    for (int r = 0; r < 4; ++r) EXPECT_EQ(values[r], 10 * indices[r]) << "batch " << i;
+    ExpectDeviceBatch(*stage, b, i);
     return b;
   };
   std::deque<ferry::v1::BatchReady> held;
@@ -754,24 +758,11 @@ void PipelineTest::ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(int 
 // batches scheduled until then are copied from rows the workers wrote; the ones
 // scheduled after it is ready are gathered.
 TEST_F(PipelineTest, BatchesAreCopiedUntilTheGatherIsReady) {
-  ferry::v1::JobSpec spec;
-  spec.set_batch_size(4);
-  spec.set_shuffle(true);
-  spec.set_seed(5);
-  spec.set_drop_last(true);
-  job_ = *Job::Create(JobIdentity{"jgather3", "gather3", 1000, 81}, spec,
-                      std::make_unique<FakeSource>(64, absl::flat_hash_set<int64_t>{}));
+  job_ = GatherJob("jgather3", /*seed=*/5, /*serial=*/81);
   FakeDeviceStage* stage = nullptr;
-  auto created = RankPipeline::Create(
-      job_, 0, /*num_slots=*/4, -1, pool_.get(), &budget_,
-      [&](const SharedSlab& slab) -> absl::StatusOr<std::unique_ptr<DeviceStage>> {
-        auto s = std::make_unique<FakeDeviceStage>(slab, job_->layout().slot_bytes, 4);
-        s->gathered = 0;
-        s->ready = false;
-        s->index_offset = job_->layout().offsets.back();
-        stage = s.get();
-        return s;
-      });
+  auto created =
+      CreateWithFakeStage(job_, /*host_slots=*/4, /*device_slots=*/4, pool_.get(), &budget_,
+                          &stage, /*gathered_field=*/0, [](FakeDeviceStage& s) { s.ready = false; });
   ASSERT_TRUE(created.ok()) << created.status();
   auto p = *created;
   RecordingConsumer c;
@@ -779,12 +770,7 @@ TEST_F(PipelineTest, BatchesAreCopiedUntilTheGatherIsReady) {
   ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
   for (int64_t i = 0; i < 16; ++i) {
     auto b = std::get<ferry::v1::BatchReady>(*c.Next());
-    ASSERT_EQ(b.batch(), i);
-    std::vector<int64_t> values(4), indices(4);
-    memcpy(values.data(), stage->device_[b.slot()].data(), 32);
-    memcpy(indices.data(), stage->device_[b.slot()].data() + job_->layout().offsets[1], 32);
-    EXPECT_EQ(indices, Expected(0, 0, i));
-    for (int r = 0; r < 4; ++r) EXPECT_EQ(values[r], 10 * indices[r]) << "batch " << i;
+    ExpectDeviceBatch(*stage, b, i);
     // Batches 0-7 were scheduled before any release (four host slots, and four more once
     // the first four took the device slots); every later one after this.
     if (i == 0) stage->ready = true;
