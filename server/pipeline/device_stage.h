@@ -47,11 +47,10 @@ class DeviceStage {
   // With a gathered_field: true to gather every batch; false to gather only the batches
   // the pipeline starts while the consumer holds under 3/4 of the slots but one (leased,
   // or released but their released signal not yet seen: it waits for batches, or soon
-  // will), workers writing the rows of the others. A gather runs kernels
-  // in ferryd's CUDA context, which the GPU time-slices with the trainer's; a slot copy
-  // runs on the copy engine beside the trainer's kernels. So gathering pays while the
-  // trainer waits for batches, and costs its step time while it computes. Constant after
-  // creation.
+  // will), workers writing the rows of the others. A gather runs kernels in ferryd's CUDA
+  // context, which the GPU time-slices with the trainer's; a slot copy runs on the copy
+  // engine beside the trainer's kernels. So gathering pays while the trainer waits for
+  // batches, and costs its step time while it computes. Constant after creation.
   virtual bool gathers_every_batch() const { return true; }
   // With a gathered_field: false until the stage can gather (its dataset mapping is still
   // being registered, or that failed); until then every batch's rows are written by the
