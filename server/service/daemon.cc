@@ -66,8 +66,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   gather.enabled = !config.disable_page_cache_gather();
   gather.every_batch = config.gather_every_batch();
   gather.thread_blocks =
-      static_cast<int>(std::min<uint32_t>(std::max<uint32_t>(config.gather_thread_blocks(), 1),
-                                          1 << 16));
+      static_cast<int>(std::min<uint32_t>(config.gather_thread_blocks(), 1 << 16));
   gather.streams = static_cast<int>(config.gather_streams());  // LoadConfig checked it
   gather.registration_wait =
       absl::Milliseconds(std::max(0, config.gather_registration_wait_ms()));

@@ -391,7 +391,35 @@ class CudaStage final : public DeviceStage {
   int num_device_slots() const override { return static_cast<int>(slots_.size()); }
   int gathered_field() const override { return gathered_field_; }
   bool gathers_every_batch() const override { return gather_every_batch_; }
-  bool gather_ready() const override { return GatherReady(); }
+  // True once the dataset's registration is done and its device address known; from then
+  // on gather_source_ is set and constant. A failed registration leaves the rank on the
+  // workers' copy for good, with the reason in status and the log.
+  bool gather_ready() const override {
+    if (const int state = gather_state_.load(std::memory_order_acquire); state != kRegistering) {
+      return state == kReady;
+    }
+    absl::MutexLock lock(&gather_mutex_);
+    if (const int state = gather_state_.load(std::memory_order_relaxed); state != kRegistering) {
+      return state == kReady;  // resolved by another caller meanwhile
+    }
+    absl::StatusOr<const HostRegistration*> registration = gather_lease_->registration();
+    if (absl::IsUnavailable(registration.status())) return false;  // still registering
+    absl::StatusOr<const void*> mapped =
+        registration.ok() ? (*registration)->DeviceData(device_) : registration.status();
+    if (!mapped.ok()) {
+      gather_note_ = absl::StrCat("workers copy the records: ", mapped.status().message());
+      FERRY_LOG(WARNING) << "job " << job_id_ << " on GPU " << device_ << ": " << gather_note_;
+      gather_state_.store(kFailed, std::memory_order_release);
+      return false;
+    }
+    gather_source_ = GatherSource{
+        .records = static_cast<const uint8_t*>(*mapped) +
+                   (gather_rows_.records - gather_rows_.mapping),
+        .num_records = gather_rows_.num_records,
+        .row_bytes = gather_rows_.row_bytes};
+    gather_state_.store(kReady, std::memory_order_release);
+    return true;
+  }
 
   void SetCallbacks(Callbacks callbacks) override { callbacks_ = std::move(callbacks); }
 
@@ -586,7 +614,7 @@ class CudaStage final : public DeviceStage {
     if (gathered_field_ < 0) {
       status->set_copy_path(ferry::v1::SLOT_COPY);
       status->set_copy_path_note(copy_path_note_);
-    } else if (GatherReady()) {
+    } else if (gather_ready()) {
       status->set_copy_path(ferry::v1::PAGE_CACHE_GATHER);
       status->set_copy_path_note(
           gather_every_batch_ ? ""
@@ -610,7 +638,7 @@ class CudaStage final : public DeviceStage {
   // Gathers the source's direct rows from its pinned page cache when it has them, nothing
   // converts them, the daemon allows it, and the file fits the pinned budget; otherwise
   // workers copy them, and copy_path_note_ says why (for status, and logged). The
-  // registration may still be running when this returns (GatherReady).
+  // registration may still be running when this returns (gather_ready).
   void ChooseCopyPath(const Job& job, PinnedMappings* mappings, const GatherOptions& gather) {
     const std::optional<DirectRows> rows = job.source().direct_rows();
     if (!rows.has_value() || layout_.converts()) return;  // nothing to gather
@@ -643,36 +671,7 @@ class CudaStage final : public DeviceStage {
     job_id_ = job.identity().id;
     gather_state_.store(kRegistering, std::memory_order_relaxed);
     objects_created_ += 1 + more_gather_streams_.size();  // the lease, the extra streams
-    GatherReady();
-  }
-
-  // True once the dataset's registration is done and its device address known; from then
-  // on gather_source_ is set and constant. A failed registration leaves the rank on the
-  // workers' copy for good, with the reason in status and the log.
-  bool GatherReady() const {
-    const int state = gather_state_.load(std::memory_order_acquire);
-    if (state != kRegistering) return state == kReady;
-    absl::MutexLock lock(&gather_mutex_);
-    if (gather_state_.load(std::memory_order_relaxed) != kRegistering) {
-      return gather_state_.load(std::memory_order_relaxed) == kReady;
-    }
-    absl::StatusOr<const HostRegistration*> registration = gather_lease_->registration();
-    if (absl::IsUnavailable(registration.status())) return false;  // still registering
-    absl::StatusOr<const void*> mapped =
-        registration.ok() ? (*registration)->DeviceData(device_) : registration.status();
-    if (!mapped.ok()) {
-      gather_note_ = absl::StrCat("workers copy the records: ", mapped.status().message());
-      FERRY_LOG(WARNING) << "job " << job_id_ << " on GPU " << device_ << ": " << gather_note_;
-      gather_state_.store(kFailed, std::memory_order_release);
-      return false;
-    }
-    gather_source_ = GatherSource{
-        .records = static_cast<const uint8_t*>(*mapped) +
-                   (gather_rows_.records - gather_rows_.mapping),
-        .num_records = gather_rows_.num_records,
-        .row_bytes = gather_rows_.row_bytes};
-    gather_state_.store(kReady, std::memory_order_release);
-    return true;
+    gather_ready();
   }
 
   int device_ = 0;
@@ -701,7 +700,7 @@ class CudaStage final : public DeviceStage {
   std::shared_ptr<GpuCounters> counters_;
   size_t counted_pinned_ = 0;  // what this stage added to counters_->pinned_bytes
   // Page-cache gather (ChooseCopyPath): constant after Create, but for the registration's
-  // outcome (GatherReady).
+  // outcome (gather_ready).
   std::optional<PinnedMappings::Lease> gather_lease_;
   std::vector<CudaStream> more_gather_streams_;  // besides stream_
   uint64_t gathers_enqueued_ = 0;  // StartCopy runs on one thread at a time
