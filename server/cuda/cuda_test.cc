@@ -289,8 +289,8 @@ TEST_F(CudaTest, WidenTokens) {
 // ------------------------------------------------------------------------------ gather
 
 // Records of a real file's read-only mapping, registered read-only, gathered by the
-// kernel: every row matches the file, rows with an index out of range and the bytes around
-// the batch keep their poison.
+// kernel: every row matches the file, rows with an index out of range are zeros, and the
+// bytes around the batch keep their poison.
 // host_indices: LaunchGatherRowsIndexedFromHost, which also writes the indices out.
 void CheckGather(size_t row_bytes, size_t header, int64_t count, int blocks, bool host_indices,
                  uint64_t seed) {
@@ -317,7 +317,7 @@ void CheckGather(size_t row_bytes, size_t header, int64_t count, int blocks, boo
     std::vector<int64_t> indices(count);
     for (auto& i : indices) i = static_cast<int64_t>(rng.Next() % num_records);
     if (count >= 3) {
-      indices[1] = -1;           // out of range: left as it was
+      indices[1] = -1;           // no sample: zeros
       indices[2] = num_records;  // likewise
     }
     std::vector<int64_t> indices_copy;
@@ -359,7 +359,7 @@ void CheckGather(size_t row_bytes, size_t header, int64_t count, int blocks, boo
     for (int64_t r = 0; r < count; ++r) {
       const uint8_t* got = out.data() + guard + r * row_bytes;
       if (indices[r] < 0 || indices[r] >= num_records) {
-        for (size_t k = 0; k < row_bytes; ++k) ASSERT_EQ(got[k], 0xa5) << "row " << r;
+        for (size_t k = 0; k < row_bytes; ++k) ASSERT_EQ(got[k], 0) << "row " << r;
         continue;
       }
       const uint8_t* want = file_bytes.data() + header + indices[r] * row_bytes;

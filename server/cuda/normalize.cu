@@ -287,8 +287,10 @@ cudaError_t WidenAs(const void* src, void* dst, int64_t count, cudaStream_t stre
 // of V-sized units; consecutive lanes take consecutive units (a warp reads 32 contiguous
 // units of one row, or two rows' ends), and each thread issues kUnroll loads before its
 // first store, so that enough reads are in flight to cover PCIe's latency with few
-// blocks. A row whose index is outside [0, num_records) is left unwritten: the kernel
-// never reads outside the mapping. With `index_out`, the indices are written there too.
+// blocks. A row whose index is outside [0, num_records) is written as zeros (the pipeline
+// marks a row with no readable sample by index -1, and the workers' copy path zeroes it
+// too); the kernel never reads outside the mapping. With `index_out`, the indices are
+// written there too.
 //
 // The indices come from device memory, or travel in the launch's own parameters (up to
 // 32 KiB of them since CUDA 12.1): then nothing is copied before the kernel runs, which
@@ -320,14 +322,14 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const uint32_t unit = first + u * stride;
-      valid[u] = false;
-      if (unit < total_units) {
+      valid[u] = unit < total_units;
+      v[u] = V{};
+      if (valid[u]) {
         const uint32_t row = unit / units_per_row;
         const int64_t index = indices[row];
         if (index >= 0 && index < num_records) {
           const V* src = reinterpret_cast<const V*>(records + static_cast<size_t>(index) * row_bytes);
           v[u] = __ldcs(src + (unit - row * units_per_row));
-          valid[u] = true;
         }
       }
     }

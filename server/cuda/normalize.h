@@ -72,8 +72,9 @@ struct GatherSource {
 // Writes dst[r * row_bytes, +row_bytes) = record indices[r] of `source` for r in [0, count),
 // on `blocks` thread blocks (a few keep PCIe busy: see bench/h2d_bench, which measures
 // them; each uses one SM's worth of threads). `indices` (int64) and `dst` are device
-// memory of the stream's device. A row whose index is outside [0, num_records) is left as
-// it was: the kernel never reads outside the records. 16-byte loads when the records, dst
+// memory of the stream's device. A row whose index is outside [0, num_records) is written
+// as zeros (index -1 marks a row with no readable sample): the kernel never reads outside
+// the records. 16-byte loads when the records, dst
 // and row_bytes allow, narrower ones otherwise. INVALID_ARGUMENT for a negative count,
 // null pointers (unless count is 0), row_bytes 0, blocks < 1, or a batch of 4 GiB or more.
 absl::Status LaunchGatherRows(const GatherSource& source, const int64_t* indices, int64_t count,

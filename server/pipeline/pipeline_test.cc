@@ -304,6 +304,29 @@ TEST_F(PipelineTest, UnreadableSamplesAreSubstitutedAndCounted) {
   p->Unbind(&c);
 }
 
+// With no readable substitute left, a row is zeros with index -1 (no sample), whatever the
+// slot held before; the batch keeps its size.
+TEST_F(PipelineTest, ARowWithNoReadableSubstituteIsZerosWithIndexMinusOne) {
+  absl::flat_hash_set<int64_t> corrupt;
+  for (int64_t i = 0; i < 8; ++i) corrupt.insert(i);
+  auto p = Make(8, 4, 1, 0, 2, true, corrupt);
+  memset(p->slab().data(), 0xa5, p->slab().size());
+  RecordingConsumer c;
+  ASSERT_TRUE(p->Bind(&c, 1).ok());
+  ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
+  for (int i = 0; i < 2; ++i) {
+    auto b = std::get<ferry::v1::BatchReady>(*c.Next());
+    ASSERT_EQ(b.num_samples(), 4u);
+    EXPECT_EQ(Indices(*p, b), std::vector<int64_t>(4, -1));
+    const uint8_t* values = p->slab().data() + b.slot() * job_->layout().slot_bytes;
+    for (int k = 0; k < 4 * 8; ++k) ASSERT_EQ(values[k], 0) << "byte " << k;
+    ASSERT_TRUE(p->Release(&c, b.slot(), b.seq()).ok());
+  }
+  EXPECT_EQ(job_->error_count(), 8);
+  EXPECT_EQ(job_->substituted_count(), 0);
+  p->Unbind(&c);
+}
+
 TEST_F(PipelineTest, QuarantinedSamplesAreNeverReadAgainAndKeepTheirSubstitute) {
   absl::flat_hash_set<int64_t> corrupt = {3, 17, 42};
   auto p = Make(50, 10, 1, 0, 2, true, corrupt);
@@ -729,7 +752,9 @@ void PipelineTest::ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(int 
   std::deque<ferry::v1::BatchReady> held;
   for (int64_t i = 0; i < slots; ++i) {  // the consumer takes every slot
     held.push_back(take(i));
-    if (gpu_lags) ASSERT_TRUE(p->Release(&c, held.back().slot(), held.back().seq()).ok());
+    if (gpu_lags) {
+      ASSERT_TRUE(p->Release(&c, held.back().slot(), held.back().seq()).ok());
+    }
   }
   // From here each batch is scheduled when a host slot frees, right after a copy made
   // room by a released signal, while the consumer holds all the other slots: batches

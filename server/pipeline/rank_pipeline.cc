@@ -28,6 +28,18 @@ size_t CopyRowsPerTask(const Job& job, int gathered_field) {
   return std::max<size_t>(1, (kCopyTaskBytes + row_bytes - 1) / std::max<size_t>(1, row_bytes));
 }
 
+// The field named "index" (int64 []), or -1.
+int IndexField(const Job& job) {
+  const std::vector<FieldLayout>& fields = job.layout().fields;
+  for (size_t f = 0; f < fields.size(); ++f) {
+    if (fields[f].name == "index" && fields[f].dtype == ferry::v1::INT64 &&
+        fields[f].row_bytes == sizeof(int64_t)) {
+      return static_cast<int>(f);
+    }
+  }
+  return -1;
+}
+
 // How many other samples a failed one may be replaced by before its row is zeroed.
 constexpr int kSubstituteAttempts = 8;
 constexpr size_t kRateWindow = 64;
@@ -93,6 +105,7 @@ RankPipeline::RankPipeline(std::shared_ptr<Job> job, int rank, SharedSlab slab,
       group_(group),
       batches_per_epoch_(job_->sampler().batches_per_epoch()),
       gathered_field_(gathered_field),
+      index_field_(IndexField(*job_)),
       copy_rows_per_task_gathered_(CopyRowsPerTask(*job_, gathered_field)),
       copy_rows_per_task_(CopyRowsPerTask(*job_, -1)),
       slots_(num_slots) {}
@@ -401,11 +414,18 @@ void RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index
     }
     if (filled && candidate != index) job_->CountSubstitute();
     if (!filled) {
+      // Zeros, and index -1: no sample. A gathering stage reads index -1 as "write zeros"
+      // (LaunchGatherRows), so the row is the same whichever path carries the batch.
       for (size_t f = 0; f < nfields; ++f) {
         if (rows[f] != nullptr) memset(rows[f], 0, layout.fields[f].row_bytes);
       }
+      if (index_field_ >= 0 && static_cast<size_t>(index_field_) < nfields &&
+          rows[index_field_] != nullptr) {
+        const int64_t no_sample = -1;
+        memcpy(rows[index_field_], &no_sample, sizeof(no_sample));
+      }
       FERRY_LOG(ERROR) << "job " << job_->identity().id << ": no readable substitute for sample "
-                       << index << "; row " << row << " of the batch is zeroed";
+                       << index << "; row " << row << " of the batch is zeroed, its index -1";
     }
   }
 }

@@ -194,6 +194,9 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   // The field the stage can read from the dataset itself (DeviceStage::gathered_field):
   // its rows are not written here for the batches it gathers. -1 when none.
   const int gathered_field_;
+  // The int64 "index" field every source writes (sample_source.h), or -1: a row with no
+  // readable substitute gets -1 there, so the trainer can tell it holds no sample.
+  const int index_field_;
   // Rows a task fills: 1 unless the source only copies rows; for batches the stage
   // gathers, and for the others.
   const size_t copy_rows_per_task_gathered_;
