@@ -6,16 +6,43 @@
 #include <sys/stat.h>
 
 #include <cstring>
+#include <tuple>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 #include "common/unique_fd.h"
 
 namespace ferry {
+namespace {
 
-absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path) {
+// What makes two opens the same unchanged file: the inode, and its size and modification
+// time when opened (a file rewritten in place gets a new mapping, as a replaced one does).
+using FileKey = std::tuple<dev_t, ino_t, off_t, int64_t, int64_t>;
+
+FileKey KeyOf(const struct stat& st) {
+  return {st.st_dev, st.st_ino, st.st_size, static_cast<int64_t>(st.st_mtim.tv_sec),
+          static_cast<int64_t>(st.st_mtim.tv_nsec)};
+}
+
+// The process's live mappings. Entries whose mapping is gone are swept on each Open (few
+// datasets are open at once).
+struct Registry {
+  absl::Mutex mutex;
+  absl::flat_hash_map<FileKey, std::weak_ptr<const MappedFile>> files ABSL_GUARDED_BY(mutex);
+};
+
+Registry& TheRegistry() {
+  static Registry* const registry = new Registry;  // never destroyed: used until exit
+  return *registry;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& path) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.valid()) {
     const int err = errno;
@@ -35,41 +62,33 @@ absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not a regular file"));
   }
   const size_t size = static_cast<size_t>(st.st_size);
-  if (size == 0) return MappedFile(path, nullptr, 0);
+  if (size == 0) return std::shared_ptr<const MappedFile>(new MappedFile(path, nullptr, 0));
+
+  Registry& registry = TheRegistry();
+  // Held across the mmap, so that two jobs opening one file at once map it once.
+  absl::MutexLock lock(&registry.mutex);
+  absl::erase_if(registry.files, [](const auto& entry) { return entry.second.expired(); });
+  std::weak_ptr<const MappedFile>& slot = registry.files[KeyOf(st)];
+  if (std::shared_ptr<const MappedFile> live = slot.lock()) return live;
   void* addr = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.get(), 0);
   if (addr == MAP_FAILED) {
     const int err = errno;
+    registry.files.erase(KeyOf(st));
     return absl::Status(absl::ErrnoToStatusCode(err),
                         absl::StrCat("mmap of '", path, "' (", size,
                                      " bytes) failed: ", std::strerror(err)));
   }
-  return MappedFile(path, static_cast<const uint8_t*>(addr), size);
+  std::shared_ptr<const MappedFile> file(
+      new MappedFile(path, static_cast<const uint8_t*>(addr), size));
+  slot = file;
+  return file;
 }
 
-MappedFile::MappedFile(MappedFile&& other) noexcept
-    : path_(std::move(other.path_)),
-      data_(std::exchange(other.data_, nullptr)),
-      size_(std::exchange(other.size_, 0)) {}
-
-MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
-  if (this != &other) {
-    Reset();
-    path_ = std::move(other.path_);
-    data_ = std::exchange(other.data_, nullptr);
-    size_ = std::exchange(other.size_, 0);
-  }
-  return *this;
-}
-
-MappedFile::~MappedFile() { Reset(); }
-
-void MappedFile::Reset() {
+MappedFile::~MappedFile() {
   if (data_ != nullptr && ::munmap(const_cast<uint8_t*>(data_), size_) != 0) {
     // Destructors never throw; a failing munmap means a corrupted address, worth a log line.
     FERRY_LOG(ERROR) << "munmap of '" << path_ << "' failed: " << std::strerror(errno);
   }
-  data_ = nullptr;
-  size_ = 0;
 }
 
 }  // namespace ferry

@@ -68,8 +68,8 @@ absl::StatusOr<std::unique_ptr<RecordSource>> RecordSource::Create(
         "dataset.records.shape [", absl::StrJoin(layout.shape, ", "), "] of dataset.records.dtype ",
         DTypeLabel(spec.dtype()), " makes a record larger than any file; is the shape right?"));
   }
-  FERRY_ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(spec.path()));
-  const size_t bytes = file.bytes().size();
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, MappedFile::Open(spec.path()));
+  const size_t bytes = file->bytes().size();
   const uint64_t header = spec.header_bytes();
   const std::string record = RecordLabel(layout.dtype, layout.shape);
   if (bytes < header) {
@@ -99,10 +99,9 @@ absl::StatusOr<std::unique_ptr<RecordSource>> RecordSource::Create(
       new RecordSource(std::move(file), layout, row_bytes, "record", stores));
 }
 
-absl::StatusOr<std::unique_ptr<RecordSource>> RecordSource::FromLayout(MappedFile file,
-                                                                       const RecordLayout& layout,
-                                                                       std::string unit,
-                                                                       RowStores stores) {
+absl::StatusOr<std::unique_ptr<RecordSource>> RecordSource::FromLayout(
+    std::shared_ptr<const MappedFile> file, const RecordLayout& layout, std::string unit,
+    RowStores stores) {
   const size_t value_bytes = DTypeSize(layout.dtype);
   const bool dims_ok =
       std::all_of(layout.shape.begin(), layout.shape.end(), [](int64_t d) { return d >= 1; });
@@ -110,19 +109,19 @@ absl::StatusOr<std::unique_ptr<RecordSource>> RecordSource::FromLayout(MappedFil
   size_t data_bytes = 0;
   if (value_bytes == 0 || row_bytes == 0 || layout.num_records < 1 ||
       __builtin_mul_overflow(row_bytes, static_cast<uint64_t>(layout.num_records), &data_bytes) ||
-      layout.data_offset > file.bytes().size() ||
-      data_bytes > file.bytes().size() - layout.data_offset) {
+      layout.data_offset > file->bytes().size() ||
+      data_bytes > file->bytes().size() - layout.data_offset) {
     return absl::InvalidArgumentError(
         absl::StrCat("record layout (", layout.num_records, " x ",
                      RecordLabel(layout.dtype, layout.shape), " at byte ", layout.data_offset,
-                     ") does not fit '", file.path(), "' (", file.bytes().size(), " bytes)"));
+                     ") does not fit '", file->path(), "' (", file->bytes().size(), " bytes)"));
   }
   return std::unique_ptr<RecordSource>(
       new RecordSource(std::move(file), layout, row_bytes, std::move(unit), stores));
 }
 
-RecordSource::RecordSource(MappedFile file, const RecordLayout& layout, size_t row_bytes,
-                           std::string unit, RowStores stores)
+RecordSource::RecordSource(std::shared_ptr<const MappedFile> file, const RecordLayout& layout,
+                           size_t row_bytes, std::string unit, RowStores stores)
     : file_(std::move(file)),
       data_offset_(layout.data_offset),
       row_bytes_(row_bytes),
@@ -144,7 +143,7 @@ absl::Status RecordSource::Fill(int64_t index, uint64_t sample_seed,
                                 absl::Span<uint8_t* const> rows, Scratch* scratch) const {
   if (index < 0 || index >= num_records_) {
     return absl::OutOfRangeError(absl::StrCat("sample index ", index, " is outside [0, ",
-                                              num_records_, ") of '", file_.path(), "'"));
+                                              num_records_, ") of '", file_->path(), "'"));
   }
   if (rows.size() != fields_.size()) {
     return absl::InvalidArgumentError(
@@ -153,7 +152,7 @@ absl::Status RecordSource::Fill(int64_t index, uint64_t sample_seed,
   std::memcpy(rows[1], &index, sizeof(index));
   if (rows[0] == nullptr) return absl::OkStatus();  // the device reads it: direct_rows()
   const uint8_t* src =
-      file_.bytes().data() + data_offset_ + static_cast<size_t>(index) * row_bytes_;
+      file_->bytes().data() + data_offset_ + static_cast<size_t>(index) * row_bytes_;
   if (stores_ == RowStores::kStreaming) {
     StreamingCopy(rows[0], src, row_bytes_);
   } else {
@@ -172,16 +171,16 @@ std::optional<DirectRows> RecordSource::direct_rows() const {
   if constexpr (std::endian::native != std::endian::little) return std::nullopt;
   return DirectRows{.field = 0,
                     .index_field = 1,
-                    .records = file_.bytes().data() + data_offset_,
+                    .records = file_->bytes().data() + data_offset_,
                     .num_records = num_records_,
                     .row_bytes = row_bytes_,
-                    .mapping = file_.bytes().data(),
-                    .mapping_bytes = file_.bytes().size(),
-                    .path = file_.path()};
+                    .mapping = file_->bytes().data(),
+                    .mapping_bytes = file_->bytes().size(),
+                    .path = file_->path()};
 }
 
 std::string RecordSource::Describe(int64_t index) const {
-  return absl::StrCat(file_.path(), " ", unit_, " ", index);
+  return absl::StrCat(file_->path(), " ", unit_, " ", index);
 }
 
 }  // namespace ferry

@@ -50,7 +50,7 @@ class RecordSource final : public SampleSource {
   // record in Describe ("row"). INVALID_ARGUMENT when the layout is empty or does not fit
   // the file: callers check their own input first, with their own messages.
   static absl::StatusOr<std::unique_ptr<RecordSource>> FromLayout(
-      MappedFile file, const RecordLayout& layout, std::string unit,
+      std::shared_ptr<const MappedFile> file, const RecordLayout& layout, std::string unit,
       RowStores stores = RowStores::kOrdinary);
 
   int64_t size() const override { return num_records_; }
@@ -66,11 +66,11 @@ class RecordSource final : public SampleSource {
   std::optional<DirectRows> direct_rows() const override;
 
  private:
-  RecordSource(MappedFile file, const RecordLayout& layout, size_t row_bytes, std::string unit,
-               RowStores stores);
+  RecordSource(std::shared_ptr<const MappedFile> file, const RecordLayout& layout, size_t row_bytes,
+               std::string unit, RowStores stores);
 
   // Constant after construction.
-  const MappedFile file_;
+  const std::shared_ptr<const MappedFile> file_;  // shared with other jobs over the file
   const size_t data_offset_;
   const size_t row_bytes_;
   const RowStores stores_;

@@ -9,11 +9,13 @@
 #include <fstream>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/dataset/mapped_file.h"
 #include "server/dataset/npy_source.h"
 #include "server/dataset/sample_source.h"
 
@@ -305,6 +307,90 @@ TEST(RecordsTest, FromLayoutRefusesALayoutPastTheFile) {
   EXPECT_FALSE(RecordSource::FromLayout(open(), layout, "row").ok());
   layout = {.data_offset = 0, .dtype = ferry::v1::UINT8, .shape = {}, .num_records = 0};
   EXPECT_FALSE(RecordSource::FromLayout(open(), layout, "row").ok());
+}
+
+// ---------------------------------------------------------------------------------------
+// MappedFile: one mapping per unchanged file
+
+TEST(MappedFileTest, AFileOpenedTwiceByAnyLinkSharesOneMapping) {
+  TempDir dir;
+  const std::string path = dir.File("r.bin");
+  Put(path, Pattern(4096));
+  fs::create_hard_link(path, dir.File("hard.bin"));
+  fs::create_symlink(path, dir.File("soft.bin"));
+  auto first = MappedFile::Open(path);
+  ASSERT_TRUE(first.ok()) << first.status();
+  for (const std::string& other : {path, dir.File("hard.bin"), dir.File("soft.bin")}) {
+    auto again = MappedFile::Open(other);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->get(), first->get()) << other;
+    EXPECT_EQ((*again)->bytes().data(), (*first)->bytes().data()) << other;
+  }
+  EXPECT_EQ((*first)->path(), path);
+}
+
+TEST(MappedFileTest, AFileOpenedFromManyThreadsAtOnceIsMappedOnce) {
+  TempDir dir;
+  const std::string path = dir.File("r.bin");
+  Put(path, Pattern(1 << 20));
+  std::vector<std::shared_ptr<const MappedFile>> files(8);
+  std::vector<std::thread> threads;
+  for (auto& file : files) {
+    threads.emplace_back([&path, &file] { file = MappedFile::Open(path).value(); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const auto& file : files) EXPECT_EQ(file.get(), files[0].get());
+}
+
+TEST(MappedFileTest, AReplacedOrRewrittenFileGetsAMappingOfItsOwn) {
+  TempDir dir;
+  const std::string path = dir.File("r.bin");
+  Put(path, Pattern(4096));
+  auto old = MappedFile::Open(path).value();
+  // Replaced (a new inode under the same name): the old mapping keeps the old bytes.
+  Put(dir.File("new.bin"), std::string(4096, 'x'));
+  fs::rename(dir.File("new.bin"), path);
+  auto replaced = MappedFile::Open(path).value();
+  EXPECT_NE(replaced.get(), old.get());
+  EXPECT_EQ(replaced->bytes()[0], 'x');
+  EXPECT_EQ(old->bytes()[1], 1);
+  // Rewritten in place to another size (same inode).
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::app);
+    out << "more";
+  }
+  auto grown = MappedFile::Open(path).value();
+  EXPECT_NE(grown.get(), replaced.get());
+  EXPECT_EQ(grown->bytes().size(), 4100u);
+  EXPECT_EQ(replaced->bytes().size(), 4096u);
+}
+
+TEST(MappedFileTest, AFileMappedAgainAfterItsLastOwnerWentReadsTheSame) {
+  TempDir dir;
+  const std::string path = dir.File("r.bin");
+  Put(path, Pattern(4096));
+  MappedFile::Open(path).value().reset();
+  auto file = MappedFile::Open(path).value();
+  ASSERT_EQ(file->bytes().size(), 4096u);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(file->bytes().data()), 4096), Pattern(4096));
+  EXPECT_EQ(MappedFile::Open(dir.File("missing.bin")).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+// Two jobs over one records file read the same mapping: a device transport registers (and
+// counts against its pinned budget) one range for both.
+TEST(RecordsTest, SourcesOverOneFileShareItsMapping) {
+  TempDir dir;
+  const std::string path = dir.File("r.bin");
+  Put(path, Pattern(64 * 8));
+  auto a = RecordSource::Create(RecordsSpec(path, ferry::v1::INT64, {}));
+  auto b = RecordSource::Create(RecordsSpec(path, ferry::v1::INT64, {2}));
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE((*a)->direct_rows().has_value());
+  ASSERT_TRUE((*b)->direct_rows().has_value());
+  EXPECT_EQ((*a)->direct_rows()->mapping, (*b)->direct_rows()->mapping);
+  EXPECT_EQ((*a)->direct_rows()->mapping_bytes, 64u * 8);
 }
 
 // ---------------------------------------------------------------------------------------

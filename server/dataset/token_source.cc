@@ -77,8 +77,8 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Create(
         absl::StrCat("dataset.tokens.output_dtype must be INT64 (the default) or INT32 (got ",
                      ferry::v1::DType_Name(output), ")"));
   }
-  FERRY_ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(spec.path()));
-  const size_t bytes = file.bytes().size();
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, MappedFile::Open(spec.path()));
+  const size_t bytes = file->bytes().size();
   if (bytes % token_bytes != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "token file '", spec.path(), "' is ", bytes, " bytes, not a multiple of ", token_bytes,
@@ -90,7 +90,8 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Create(
   if (num_tokens < seq_len + 1) {
     return absl::FailedPreconditionError(absl::StrCat(
         "token file '", spec.path(), "' holds ", num_tokens, " tokens, fewer than one sample (",
-        "dataset.tokens.seq_len + 1 = ", seq_len + 1, " tokens); lower seq_len or use a longer file"));
+        "dataset.tokens.seq_len + 1 = ", seq_len + 1,
+        " tokens); lower seq_len or use a longer file"));
   }
   const int64_t num_samples = (num_tokens - 1) / seq_len;
   if (raw && token_bytes == 4 && output == ferry::v1::INT32) {
@@ -101,8 +102,8 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Create(
       new TokenSource(std::move(file), token_bytes, output, seq_len, num_samples, raw));
 }
 
-TokenSource::TokenSource(MappedFile file, size_t token_bytes, DType output_dtype,
-                         int64_t seq_len, int64_t num_samples, bool raw)
+TokenSource::TokenSource(std::shared_ptr<const MappedFile> file, size_t token_bytes,
+                         DType output_dtype, int64_t seq_len, int64_t num_samples, bool raw)
     : file_(std::move(file)),
       token_bytes_(token_bytes),
       output_dtype_(output_dtype),
@@ -128,14 +129,14 @@ absl::Status TokenSource::Fill(int64_t index, uint64_t sample_seed,
                                absl::Span<uint8_t* const> rows, Scratch* scratch) const {
   if (index < 0 || index >= num_samples_) {
     return absl::OutOfRangeError(absl::StrCat("sample index ", index, " is outside [0, ",
-                                              num_samples_, ") of '", file_.path(), "'"));
+                                              num_samples_, ") of '", file_->path(), "'"));
   }
   if (rows.size() != fields_.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("Fill needs ", fields_.size(), " rows (tokens, index), got ", rows.size()));
   }
   const int64_t count = seq_len_ + 1;
-  const uint8_t* src = file_.bytes().data() + static_cast<size_t>(index * seq_len_) * token_bytes_;
+  const uint8_t* src = file_->bytes().data() + static_cast<size_t>(index * seq_len_) * token_bytes_;
   int64_t overflow = -1;
   if (raw_) {
     // Raw rows are for GPU jobs only: streaming stores (RowStores::kStreaming says why).
@@ -150,7 +151,7 @@ absl::Status TokenSource::Fill(int64_t index, uint64_t sample_seed,
   if (overflow >= 0) {
     const int64_t token = index * seq_len_ + overflow;
     return absl::DataLossError(absl::StrCat(
-        "token ", token, " of '", file_.path(), "' (value ",
+        "token ", token, " of '", file_->path(), "' (value ",
         LoadLittleEndian<uint32_t>(src + overflow * token_bytes_),
         ") does not fit dataset.tokens.output_dtype INT32; use INT64"));
   }
@@ -159,7 +160,7 @@ absl::Status TokenSource::Fill(int64_t index, uint64_t sample_seed,
 }
 
 std::string TokenSource::Describe(int64_t index) const {
-  return absl::StrCat(file_.path(), " tokens [", index * seq_len_, ", ",
+  return absl::StrCat(file_->path(), " tokens [", index * seq_len_, ", ",
                       index * seq_len_ + seq_len_ + 1, ")");
 }
 

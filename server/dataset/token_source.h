@@ -39,11 +39,11 @@ class TokenSource final : public SampleSource {
   bool FillIsCopy() const override { return true; }
 
  private:
-  TokenSource(MappedFile file, size_t token_bytes, ferry::v1::DType output_dtype,
-              int64_t seq_len, int64_t num_samples, bool raw);
+  TokenSource(std::shared_ptr<const MappedFile> file, size_t token_bytes,
+              ferry::v1::DType output_dtype, int64_t seq_len, int64_t num_samples, bool raw);
 
   // Constant after construction.
-  const MappedFile file_;
+  const std::shared_ptr<const MappedFile> file_;  // shared with other jobs over the file
   const size_t token_bytes_;  // 2 or 4
   const ferry::v1::DType output_dtype_;  // INT64 or INT32
   const int64_t seq_len_;

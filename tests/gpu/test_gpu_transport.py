@@ -4,7 +4,8 @@ without PyTorch with CUDA or without a libferry built with CUDA.
 
   (a) cuda uint8 batches equal cpu batches of the same spec (index, label, pixel sums),
       2 epochs; tokens widened on the GPU; records gathered from the page cache, and
-      copied by workers where the pinned budget or the config rules the gather out;
+      copied by workers where the pinned budget or the config rules the gather out; two
+      jobs over one file pin it once;
   (b) float32 / bfloat16 normalization on the GPU vs a torch reference from the cpu batch;
   (c) two ranks on one GPU;
   (d) kill -9 of a GPU trainer mid-epoch, then reattach and finish the epoch;
@@ -265,6 +266,43 @@ class GpuTransportTest(unittest.TestCase):
                 for r in ranks:
                     self.assertEqual(r.get("copy_path"), "SLOT_COPY", (config, r))
                     self.assertIn(note, r.get("copy_path_note", ""), (config, r))
+
+    def test_a_two_jobs_over_one_file_pin_it_once(self):
+        # Two jobs (seeds 4 and 5) over one records file, live at once, share its mapping
+        # and so one registration of its page cache: under a pinned budget that holds the
+        # file once (and the jobs' slabs) but not twice, both gather, and the daemon's
+        # pinned bytes count the file once. Each still gets its own, right, batches.
+        import ferry
+        import numpy as np
+        import torch
+        path = os.path.join(self.daemon.dir, "records-shared.i64")
+        values = np.random.default_rng(6).integers(-2**62, 2**62, (1999, 33), dtype=np.int64)
+        values.tofile(path)  # 527,736 bytes
+        with ferry_it.FerryDaemon(config="pinned_memory_budget_bytes: 1048576\n") as other:
+            loaders = [ferry.Loader(ferry.Records(path, dtype="int64", shape=(33,)),
+                                    batch_size=7, shuffle=True, seed=seed, device="cuda:0",
+                                    address=other.address, timeout=60) for seed in (4, 5)]
+            iterators = [iter(loader) for loader in loaders]
+            firsts = []
+            for it in iterators:
+                b = next(it)
+                firsts.append(b["index"].cpu())
+                self.assertTrue(torch.equal(b["data"].cpu(),
+                                            torch.from_numpy(values[b["index"].cpu().numpy()])))
+            self.assertFalse(torch.equal(firsts[0], firsts[1]), "two seeds, one order")
+            status = ferry_it.ferryctl(other.address, "status")
+            ranks = [r for j in status.get("jobs", []) for r in j.get("ranks", [])]
+            self.assertEqual(len(ranks), 2, status)
+            for r in ranks:
+                self.assertEqual(r.get("copy_path"), "PAGE_CACHE_GATHER", r)
+            # The daemon's pinned bytes: the jobs' slabs and the registered file.
+            in_use = int(status["daemon"]["pinned_memory_in_use_bytes"])
+            print("two jobs over one %d-byte file: %d pinned bytes in use"
+                  % (values.nbytes, in_use))
+            self.assertGreaterEqual(in_use, values.nbytes, status["daemon"])
+            self.assertLess(in_use, 2 * values.nbytes, status["daemon"])
+            for loader in loaders:
+                loader.close()
 
     def test_b_normalize(self):
         import torch
