@@ -12,8 +12,8 @@ compute-bound step: an embedding lookup of the batch's first 512 columns into a
 [rows, 512, 1024] bf16 activation, then `layers` matmuls with a 1024 x 1024 weight.
 Ferry is far ahead of such a trainer, so what a step loses is the transport's share of
 the GPU: kernels in ferryd's CUDA context (the page-cache gather, the tokens' widening)
-time-slice with the trainer's (no MPS), where the copy engine moves slot copies beside
-the trainer's kernels. Rows, each against "synthetic" (the same step on one tensor made
+time-slice with the trainer's (without MPS: scripts/gpu-mps.sh runs this under MPS too),
+where the copy engine moves slot copies beside the trainer's kernels. Rows, each against "synthetic" (the same step on one tensor made
 before the loop, no loader) in the same round:
   - records, default: ferryd gathers only batches made while the trainer waits, and
     workers copy the rows of the others (the status counts are printed);
