@@ -2,11 +2,7 @@
 # Runs on the GPU machine from the checkout root, after scripts/gpu-bundle.sh here:
 # the CUDA unit tests, the GPU transport tests and the GPU benchmarks. Logs go to $OUT.
 set -uo pipefail
-source .device/env.sh
-export PYTHONPATH=$PWD/.device/python PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
-export FERRY_DAEMON=$PWD/.device/bin/ferryd FERRYCTL=$PWD/.device/bin/ferryctl
-export FERRY_LIBRARY=$PWD/.device/python/ferry/_lib/libferry.so
-OUT=${OUT:-/tmp/ferry-out}; mkdir -p "$OUT"
+source scripts/gpu-env.sh
 nvidia-smi --query-gpu=name,pci.bus_id,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 rc=0
 # Argument: "tests" (tests only), "bench" (benchmarks only), nothing (both).

@@ -8,11 +8,7 @@
 #   [ROUNDS=2] [STEPS=200] bash scripts/gpu-mps.sh step
 #                                   bench/gpu_step_bench.py without MPS, then under it
 set -uo pipefail
-source .device/env.sh
-export PYTHONPATH=$PWD/.device/python PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
-export FERRY_DAEMON=$PWD/.device/bin/ferryd FERRYCTL=$PWD/.device/bin/ferryctl
-export FERRY_LIBRARY=$PWD/.device/python/ferry/_lib/libferry.so
-OUT=${OUT:-/tmp/ferry-out}; mkdir -p "$OUT"
+source scripts/gpu-env.sh
 command -v nvidia-cuda-mps-control >/dev/null || { echo "no nvidia-cuda-mps-control here"; exit 1; }
 nvidia-smi --query-gpu=name,pci.bus_id,driver_version,compute_mode --format=csv,noheader \
   | tee "$OUT/gpu.txt"
