@@ -9,10 +9,11 @@
 // batch may go before an earlier one still filling), after letting go of the lock, so the
 // CUDA calls do not hold up the rank's other threads. The stage relies only on that order
 // being the order of its own calls (CudaStage watches its events in stream order). None
-// of them blocks on the device: they enqueue work and return. FillStatus may run concurrently with StartCopy. The
-// stage reports progress through Callbacks, from a thread of its own, holding no lock of
-// its own. Everything the stage needs (device memory, events, streams, pinned
-// registration) is allocated when it is created; nothing after.
+// of them blocks on the device: they enqueue work and return. FillStatus may run
+// concurrently with StartCopy. The stage reports progress through Callbacks, from a
+// thread of its own, holding no lock of its own. Everything the stage needs (device
+// memory, events, streams, pinned registration) is allocated when it is created; nothing
+// after.
 //
 // Why the pipeline, not the GPU, waits for the consumer's "released" signal: ferryd and the
 // trainer are two CUDA contexts on one GPU. A stream of one context waiting for an event of

@@ -474,9 +474,8 @@ class CudaStage final : public DeviceStage {
       // precedes it. Larger batches copy the indices first. Other fields are copied.
       const bool params = num_samples <= kMaxGatherRowsPerLaunch;
       for (size_t f = 0; f < host_->fields.size(); ++f) {
-        if (static_cast<int>(f) == gathered_field_ || (params && static_cast<int>(f) == index_field_)) {
-          continue;
-        }
+        const int field = static_cast<int>(f);
+        if (field == gathered_field_ || (params && field == index_field_)) continue;
         FERRY_RETURN_IF_ERROR(stream.CopyAsync(dst + layout_.offsets[f], src + host_->offsets[f],
                                                host_->fields[f].row_bytes * num_samples));
       }
