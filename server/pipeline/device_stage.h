@@ -46,12 +46,12 @@ class DeviceStage {
   // every field from the host slot. Constant after creation.
   virtual int gathered_field() const { return -1; }
   // With a gathered_field: true to gather every batch; false to gather only the batches
-  // the pipeline starts while the consumer holds under 3/4 of the slots but one (leased,
-  // or released but their released signal not yet seen: it waits for batches, or soon
-  // will), workers writing the rows of the others. A gather runs kernels in ferryd's CUDA
-  // context, which the GPU time-slices with the trainer's; a slot copy runs on the copy
-  // engine beside the trainer's kernels. So gathering pays while the trainer waits for
-  // batches, and costs its step time while it computes. Constant after creation.
+  // the pipeline starts while the consumer waits for batches, or soon will
+  // (server/pipeline/gather_policy.h says how it tells), workers writing the rows of
+  // the others. A gather runs kernels in ferryd's CUDA context, which the GPU time-slices
+  // with the trainer's; a slot copy runs on the copy engine beside the trainer's kernels.
+  // So gathering pays while the trainer waits for batches, and costs its step time while
+  // it computes. Constant after creation.
   virtual bool gathers_every_batch() const { return true; }
   // With a gathered_field: false until the stage can gather (its dataset mapping is still
   // being registered, or that failed); until then every batch's rows are written by the
@@ -83,6 +83,11 @@ class DeviceStage {
   // The consumer released `device_slot`: reports device_slot_released(device_slot, token)
   // once its "released" signal has completed. Dropped by CloseConsumer.
   virtual void WatchReleased(int device_slot, uint64_t token) = 0;
+  // Whether the "released" signal of `device_slot`, watched since WatchReleased, has not
+  // completed yet, asked now: the consumer's GPU still has work on the slot queued. The
+  // report of a completed one may come later (CudaStage polls its events every 5-100 us).
+  // Called under the pipeline's lock; must not block. A stage that cannot tell says true.
+  virtual bool ReleasedSignalPending(int device_slot) const { return true; }
 
   // What a consumer needs to map the device slots (filled into AttachResponse).
   virtual void Describe(ferry::v1::AttachResponse* response) const = 0;

@@ -4,10 +4,12 @@
 #include <atomic>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <set>
 #include <thread>
 #include <variant>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -15,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/pipeline/gather_policy.h"
 #include "server/pipeline/job.h"
 #include "server/pipeline/rank_pipeline.h"
 #include "server/pipeline/worker_pool.h"
@@ -508,6 +511,12 @@ class FakeDeviceStage final : public DeviceStage {
       }
     }
     uint8_t* host = slab_ + host_slot * slot_bytes_;
+    if (gathered == 0) {
+      int64_t first_index;
+      memcpy(&first_index, host + index_offset, 8);
+      absl::MutexLock lock(&mutex_);
+      gathered_by_first_index_[first_index] = gather;
+    }
     memcpy(device_[device_slot].data(), host, slot_bytes_);
     if (gather) {
       // FakeSource's field 0 ("value" = 10 * index, at offset 0): read "from the dataset"
@@ -539,12 +548,34 @@ class FakeDeviceStage final : public DeviceStage {
     absl::MutexLock lock(&mutex_);
     watched_.emplace_back(device_slot, token);
   }
+  bool ReleasedSignalPending(int device_slot) const override {
+    absl::MutexLock lock(&mutex_);
+    for (const auto& [slot, token] : watched_) {
+      if (slot == device_slot) return !completed_unreported_.contains(slot);
+    }
+    return false;
+  }
+  // The trainer's GPU finished with every slot it released so far, and the stage has not
+  // reported it yet (CudaStage's event watcher polls every 5-100 us).
+  void CompleteWatchedUnreported() {
+    absl::MutexLock lock(&mutex_);
+    for (const auto& [slot, token] : watched_) completed_unreported_.insert(slot);
+  }
+  // Whether the batch whose first row is sample `index` was gathered (vs copied);
+  // nullopt if no such batch was copied.
+  std::optional<bool> GatheredBatchStartingWith(int64_t index) {
+    absl::MutexLock lock(&mutex_);
+    auto it = gathered_by_first_index_.find(index);
+    if (it == gathered_by_first_index_.end()) return std::nullopt;
+    return it->second;
+  }
   // The trainer's GPU finished with every slot it released so far.
   void SignalReleased() {
     std::vector<std::pair<int, uint64_t>> fire;
     {
       absl::MutexLock lock(&mutex_);
       fire.swap(watched_);
+      completed_unreported_.clear();
     }
     for (const auto& [slot, token] : fire) callbacks_.device_slot_released(slot, token);
   }
@@ -556,6 +587,7 @@ class FakeDeviceStage final : public DeviceStage {
       ASSERT_FALSE(watched_.empty());
       fire = watched_.front();
       watched_.erase(watched_.begin());
+      completed_unreported_.erase(fire.first);
     }
     callbacks_.device_slot_released(fire.first, fire.second);
   }
@@ -572,6 +604,7 @@ class FakeDeviceStage final : public DeviceStage {
   void CloseConsumer() override {
     absl::MutexLock lock(&mutex_);
     watched_.clear();
+    completed_unreported_.clear();
     opened = false;
   }
 
@@ -589,8 +622,10 @@ class FakeDeviceStage final : public DeviceStage {
   std::atomic<int> copies{0};
   std::atomic<int> gathers{0};
   bool opened = false;
-  absl::Mutex mutex_;
+  mutable absl::Mutex mutex_;
   std::vector<std::pair<int, uint64_t>> watched_ ABSL_GUARDED_BY(mutex_);
+  absl::flat_hash_set<int> completed_unreported_ ABSL_GUARDED_BY(mutex_);  // device slots
+  absl::flat_hash_map<int64_t, bool> gathered_by_first_index_ ABSL_GUARDED_BY(mutex_);
 };
 
 void PipelineTest::ExpectDeviceBatch(const FakeDeviceStage& stage,
@@ -823,6 +858,117 @@ TEST_F(PipelineTest, SlotsReleasedButStillInUseOnTheTrainersGpuCountAsHeld) {
 TEST_F(PipelineTest, SmallRingsAlsoCopyWhileTheConsumerHoldsTheOtherSlots) {
   ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(/*slots=*/2, /*gpu_lags=*/false);
   ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(/*slots=*/3, /*gpu_lags=*/true);
+}
+
+TEST(GatherPolicyTest, GathersWhileTheTrainerHoldsFewSlots) {
+  GatherPolicy policy(32);
+  EXPECT_TRUE(policy.GatherNext(/*leased=*/0, /*pending=*/0));
+  EXPECT_TRUE(policy.GatherNext(3, 1));   // one pending: the batch its GPU is on
+  EXPECT_TRUE(policy.GatherNext(23, 0));  // 23 < 3/4 of 31
+  EXPECT_FALSE(policy.GatherNext(24, 0));
+  EXPECT_FALSE(policy.GatherNext(23, 1));  // pending ones count as held
+  EXPECT_TRUE(policy.GatherNext(0, 0));    // held slots alone leave nothing behind
+}
+
+TEST(GatherPolicyTest, SmallRingsCopyWhileTheTrainerHoldsTheOtherSlots) {
+  GatherPolicy one(1);
+  EXPECT_FALSE(one.GatherNext(0, 0));
+  GatherPolicy two(2);
+  EXPECT_TRUE(two.GatherNext(0, 0));
+  EXPECT_FALSE(two.GatherNext(1, 0));
+  GatherPolicy three(3);
+  EXPECT_TRUE(three.GatherNext(1, 0));
+  EXPECT_FALSE(three.GatherNext(2, 0));
+}
+
+// Two pending released signals: the trainer's GPU is behind its host. That batch and the
+// next ring's worth are copied even when the trainer then holds nothing (it ran dry, and
+// resumes computing as soon as a batch arrives); a new sign starts the count again.
+TEST(GatherPolicyTest, CopiesARingsWorthOfBatchesAfterTheTrainersGpuWasBehind) {
+  GatherPolicy policy(8);
+  EXPECT_FALSE(policy.GatherNext(0, GatherPolicy::kGpuBehind));
+  for (int i = 0; i < 5; ++i) EXPECT_FALSE(policy.GatherNext(0, 0)) << i;
+  EXPECT_FALSE(policy.GatherNext(1, 3));
+  for (int i = 0; i < 8; ++i) EXPECT_FALSE(policy.GatherNext(0, 0)) << i;
+  EXPECT_TRUE(policy.GatherNext(0, 0));
+  EXPECT_TRUE(policy.GatherNext(0, 1));
+}
+
+// A trainer whose GPU runs behind its host: it takes every batch as soon as it comes and
+// releases it at once, while its GPU is still busy with the two batches before (their
+// released signals pending). It holds few slots, yet it is not waiting for batches: once
+// the ring's first batches are made, every batch is copied, none gathered.
+TEST_F(PipelineTest, BatchesMadeWhileTheTrainersGpuIsBehindItsHostAreCopied) {
+  job_ = GatherJob("jgather5", /*seed=*/11, /*serial=*/83,
+                   std::make_unique<FakeSource>(256, absl::flat_hash_set<int64_t>{}));
+  FakeDeviceStage* stage = nullptr;
+  auto created =
+      CreateWithFakeStage(job_, /*host_slots=*/4, /*device_slots=*/16, pool_.get(), &budget_,
+                          &stage, /*gathered_field=*/0, [](FakeDeviceStage& s) { s.every_batch = false; });
+  ASSERT_TRUE(created.ok()) << created.status();
+  auto p = *created;
+  RecordingConsumer c;
+  ASSERT_TRUE(p->Bind(&c, 1, std::vector<std::string>(16, "event")).ok());
+  ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
+  const int64_t batches = job_->sampler().batches_per_epoch();
+  ASSERT_EQ(batches, 64);
+  for (int64_t i = 0; i < batches; ++i) {
+    auto b = std::get<ferry::v1::BatchReady>(*c.Next());
+    ExpectDeviceBatch(*stage, b, i);
+    ASSERT_TRUE(p->Release(&c, b.slot(), b.seq()).ok());
+    while (stage->watched() > 2) stage->SignalOldestReleased();
+  }
+  // Batches 0-19 fill the 16 device slots and 4 host slots before any release; each later
+  // one is scheduled once a released signal was reported, with two still pending.
+  for (int64_t i = 20; i < batches; ++i) {
+    EXPECT_EQ(stage->GatheredBatchStartingWith(Expected(0, 0, i)[0]), false) << "batch " << i;
+  }
+  EXPECT_EQ(stage->GatheredBatchStartingWith(Expected(0, 0, 0)[0]), true);
+  EXPECT_EQ(stage->host_rows_written.load(), 0);
+  p->Unbind(&c);
+  p->Shutdown(absl::CancelledError("test over"));
+  stage->JoinReports();
+}
+
+// A slot whose released signal has completed is no longer the trainer's, even before the
+// stage reports it: the pipeline asks the stage when it decides. Here the trainer took and
+// released every slot and its GPU finished with all of them, but only one release was
+// reported when batch 8 was scheduled: the trainer waits, so batch 8 is gathered.
+TEST_F(PipelineTest, ReleasesCompletedButNotYetReportedDoNotCountAsHeld) {
+  job_ = GatherJob("jgather6", /*seed=*/13, /*serial=*/84);
+  FakeDeviceStage* stage = nullptr;
+  auto created =
+      CreateWithFakeStage(job_, /*host_slots=*/4, /*device_slots=*/4, pool_.get(), &budget_,
+                          &stage, /*gathered_field=*/0, [](FakeDeviceStage& s) { s.every_batch = false; });
+  ASSERT_TRUE(created.ok()) << created.status();
+  auto p = *created;
+  RecordingConsumer c;
+  ASSERT_TRUE(p->Bind(&c, 1, {"a", "b", "c", "d"}).ok());
+  ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
+  std::vector<ferry::v1::BatchReady> taken;
+  for (int64_t i = 0; i < 4; ++i) {
+    taken.push_back(std::get<ferry::v1::BatchReady>(*c.Next()));
+    ExpectDeviceBatch(*stage, taken.back(), i);
+  }
+  // Batches 4-7 wait in the host slots for device slots.
+  for (const auto& b : taken) ASSERT_TRUE(p->Release(&c, b.slot(), b.seq()).ok());
+  stage->CompleteWatchedUnreported();
+  // Batch 0's slot takes batch 4, whose host slot then takes batch 8, while the releases
+  // of batches 1-3 are complete but not reported.
+  stage->SignalOldestReleased();
+  auto b4 = std::get<ferry::v1::BatchReady>(*c.Next());
+  ExpectDeviceBatch(*stage, b4, 4);
+  stage->SignalReleased();
+  ASSERT_TRUE(p->Release(&c, b4.slot(), b4.seq(), /*complete=*/true).ok());
+  for (int64_t i = 5; i <= 8; ++i) {
+    auto b = std::get<ferry::v1::BatchReady>(*c.Next());
+    ExpectDeviceBatch(*stage, b, i);
+    ASSERT_TRUE(p->Release(&c, b.slot(), b.seq(), /*complete=*/true).ok());
+  }
+  EXPECT_EQ(stage->GatheredBatchStartingWith(Expected(0, 0, 8)[0]), true);
+  p->Unbind(&c);
+  p->Shutdown(absl::CancelledError("test over"));
+  stage->JoinReports();
 }
 
 // FakeSource whose sample `gated` blocks in Fill until `gate` is notified: a straggler.

@@ -88,6 +88,7 @@ absl::StatusOr<std::shared_ptr<RankPipeline>> RankPipeline::Create(
     stage->SetCallbacks(std::move(callbacks));
     absl::MutexLock lock(&pipeline->mutex_);
     pipeline->device_slots_.resize(static_cast<size_t>(stage->num_device_slots()));
+    pipeline->gather_policy_ = GatherPolicy(stage->num_device_slots());
     for (DeviceSlot& d : pipeline->device_slots_) d.Free(absl::Now());
     pipeline->stage_ = std::move(stage);
   }
@@ -348,22 +349,22 @@ void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
   }
 }
 
-bool RankPipeline::GatherNextBatchLocked() const {
+bool RankPipeline::GatherNextBatchLocked() {
   if (gathered_field_ < 0 || !stage_->gather_ready()) return false;
   if (stage_->gathers_every_batch()) return true;
-  // The consumer holds most slots: sent to it and not yet released, or released by its
-  // host thread but still in use by work queued on its GPU (a trainer's host runs ahead
-  // of its GPU). It is busy with them and this batch has their time to be filled and
-  // copied, so the copy engine moves it and no kernel takes the GPU from the trainer.
-  // Otherwise the trainer waits, or soon will: gather. Most is 3/4 of the slots but one:
-  // a batch is scheduled when its host slot frees, as its predecessor's copy completes,
-  // so that copy's device slot is not held yet (with 2 or 3 slots, 3/4 of them all could
-  // never be reached; a ring of 1 is never gathered).
-  int held = 0;
-  for (const DeviceSlot& d : device_slots_) {
-    held += d.state == SlotState::kLeased || d.state == SlotState::kReleasing;
+  // The released signals are asked now, not taken from the stage's reports: CudaStage's
+  // event watcher reports completions up to 100 us late, longer than a 1 MiB batch lasts.
+  int leased = 0;
+  int pending = 0;
+  for (size_t i = 0; i < device_slots_.size(); ++i) {
+    const SlotState state = device_slots_[i].state;
+    leased += state == SlotState::kLeased;
+    if (state == SlotState::kReleasing && pending < GatherPolicy::kGpuBehind &&
+        stage_->ReleasedSignalPending(static_cast<int>(i))) {
+      ++pending;
+    }
   }
-  return 4 * held < 3 * (static_cast<int>(device_slots_.size()) - 1);
+  return gather_policy_.GatherNext(leased, pending);
 }
 
 void RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index, int64_t epoch,

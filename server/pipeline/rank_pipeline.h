@@ -39,6 +39,7 @@
 #include "server/memory/memory_budget.h"
 #include "server/memory/shared_slab.h"
 #include "server/pipeline/device_stage.h"
+#include "server/pipeline/gather_policy.h"
 #include "server/pipeline/job.h"
 #include "server/pipeline/worker_pool.h"
 
@@ -171,8 +172,8 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   // Takes free slots and hands their rows to the pool. Requires mutex_.
   void ScheduleLocked(std::vector<WorkerPool::Task>* tasks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Whether the batch about to be scheduled has its gathered field read by the stage
-  // (DeviceStage::gathers_every_batch says when).
-  bool GatherNextBatchLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // (DeviceStage::gathers_every_batch and GatherPolicy say when).
+  bool GatherNextBatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void FillRow(int slot, uint64_t generation, int row, int64_t index, int64_t epoch,
                bool gather, WorkerContext& context);
   // Counts a finished task of `slot`; the last one completes the slot.
@@ -208,6 +209,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   std::vector<Slot> slots_;
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mutex_);
   std::vector<DeviceSlot> device_slots_ ABSL_GUARDED_BY(mutex_);
+  GatherPolicy gather_policy_ ABSL_GUARDED_BY(mutex_);
   uint64_t generation_ ABSL_GUARDED_BY(mutex_) = 1;
   bool active_ ABSL_GUARDED_BY(mutex_) = false;  // a StartEpoch was received
   // The bound consumer sent its StartEpoch: until then nothing is delivered to it (the

@@ -442,6 +442,13 @@ class CudaStage final : public DeviceStage {
     });
   }
 
+  bool ReleasedSignalPending(int device_slot) const override {
+    if (device_slot >= static_cast<int>(released_.size())) return false;
+    absl::StatusOr<bool> complete = released_[device_slot].IsComplete();
+    // An error (a dead trainer's event) is reported by the watcher; the slot is no work.
+    return complete.ok() && !*complete;
+  }
+
   // The device slot is free (the pipeline saw its released signal complete), so the copy
   // stream never waits for the trainer's context.
   absl::Status EnqueueCopy(int host_slot, int device_slot, uint32_t num_samples, bool gather,
@@ -687,7 +694,8 @@ class CudaStage final : public DeviceStage {
   std::vector<MemIpcHandle> mem_handles_;
   std::vector<EventIpcHandle> ready_handles_;
   std::vector<CudaEvent> copy_done_;  // per host slot
-  // Guarded by the pipeline's lock (WatchReleased / OpenConsumer / CloseConsumer run under it).
+  // Guarded by the pipeline's lock (WatchReleased, ReleasedSignalPending, OpenConsumer and
+  // CloseConsumer run under it).
   std::vector<CudaEvent> released_;
   // Written by StartCopy, read by FillStatus (see device_stage.h: they may overlap).
   std::atomic<uint64_t> bytes_copied_{0};

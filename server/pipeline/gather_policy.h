@@ -1,0 +1,56 @@
+// Whether a rank's next batch has its rows gathered by the device stage (kernels in
+// ferryd's CUDA context reading the dataset's pinned page cache) or written by the workers
+// into the host slot and moved by a slot copy (the copy engine).
+//
+// Why it matters: without MPS the GPU runs one CUDA context at a time. A slot copy runs on
+// the copy engine beside the trainer's kernels and costs its step 0-3%. A gather kernel
+// must wait for ferryd's context to get the GPU, and a trainer whose host runs ahead of its
+// GPU keeps the GPU busy for milliseconds on end: measured on an H100, a Python trainer of
+// 0.65 ms steps ran its host 2-20 ms ahead, and gathers enqueued while it computed (and
+// every copy queued behind them on their stream) waited until its GPU ran dry, up to
+// 40 ms, so it ran dry on every pass through the ring: 1.20x its step time. Gathering pays
+// only while the trainer waits for batches, where it moves 1 MiB batches at 1.0x of the
+// pinned copy peak (the workers' copy: 0.76x).
+//
+// So the policy gathers only while the trainer waits, or soon will, and reads two signs
+// that it will not:
+//  - Its GPU is behind its host: work on `kGpuBehind` or more of the slots it released is
+//    still queued there (their released signals pending). One pending is the batch its GPU
+//    is on (a safe-mode Loader's clone of the batch just taken, or the step over it), which
+//    may end any moment. Once seen, the next ring's worth of batches is copied even if the
+//    sign goes away: a trainer that ran dry (its host waiting on batches held up by
+//    ferryd's own kernels) shows nothing pending, yet resumes computing as soon as a batch
+//    arrives, and the gathers chosen then would be held up in turn.
+//  - It holds most slots (sent to it and not released, or released with their signals
+//    pending): it is busy with those and this batch has their time to be made. Most is 3/4
+//    of the slots but one: a batch is scheduled when its host slot frees, as its
+//    predecessor's copy completes, so that copy's device slot is not held yet (with 2 or 3
+//    slots, 3/4 of them all could never be reached; a ring of 1 is never gathered).
+//
+// Not thread-safe: the pipeline calls it under its lock.
+#ifndef FERRY_SERVER_PIPELINE_GATHER_POLICY_H_
+#define FERRY_SERVER_PIPELINE_GATHER_POLICY_H_
+
+namespace ferry {
+
+class GatherPolicy {
+ public:
+  // Released signals pending on the trainer's GPU that say it is behind its host.
+  static constexpr int kGpuBehind = 2;
+
+  // `slots`: the rank's device slots.
+  explicit GatherPolicy(int slots = 0) : slots_(slots) {}
+
+  // For the batch being scheduled: `leased` batches are sent to the consumer and not
+  // released; `pending` of those it released still have their released signal pending
+  // (the caller may stop counting at kGpuBehind). True: gather it.
+  bool GatherNext(int leased, int pending);
+
+ private:
+  int slots_;
+  int copies_left_ = 0;  // batches still copied since the trainer's GPU was last behind
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_SERVER_PIPELINE_GATHER_POLICY_H_
