@@ -6,7 +6,8 @@
 Measured in one run, side by side (the machines are noisy: read the ratios):
   1. tokens: GB/s delivered into the trainer's GPU memory by ferry (zero-copy views, the
      trainer touching nothing) vs a pinned cudaMemcpyAsync of the same chunk size (the copy
-     peak), and vs torch DataLoader(pin_memory=True) reading the same file;
+     peak), and vs torch DataLoader(pin_memory=True) reading the same file; then the
+     Loader's default (safe) mode, which clone()s each field of each batch;
   2. handoff: time the trainer spends getting a usable tensor when ferry is ahead of it
      (next() on a full queue), p50 / p99 over >= 10,000 batches;
   3. images (with --images): JPEG -> RandomResizedCrop(224) -> bf16 normalized CHW on the
@@ -78,7 +79,7 @@ def cuda_objects(sock):
 
 
 def ferry_tokens(sock, path, seq_len, batch, device, epochs=2, records=False, prefetch=0,
-                 stats=None, min_seconds=1.0):
+                 stats=None, min_seconds=1.0, zero_copy=True):
     """GB/s of int64 tokens delivered over `epochs` epochs after a warm-up one, or as many
     more as take min_seconds (an epoch of the default 512 MiB file lasts ~12 ms at the
     pinned peak: too short to time alone). records=True reads the same file as raw int64
@@ -86,13 +87,14 @@ def ferry_tokens(sock, path, seq_len, batch, device, epochs=2, records=False, pr
     uint16 tokens widened to int64 (on the GPU with a cuda device). prefetch: slots of the
     rank (batches in flight; 0 = the daemon's default). With a dict `stats`, adds "next":
     the share of the measured time the trainer spent inside the Loader's next() (waiting for
-    ferry plus the Loader's own per-batch work)."""
+    ferry plus the Loader's own per-batch work). zero_copy=False: the Loader's default
+    (safe) mode, which clone()s every field of every batch."""
     if records:
         dataset = ferry.Records(path, dtype="int64", shape=(seq_len + 1,))
     else:
         dataset = ferry.Tokens(path, seq_len=seq_len, dtype="uint16", output_dtype="int64")
     loader = ferry.Loader(dataset, batch_size=batch, shuffle=True, seed=0, drop_last=True,
-                          device=device, address=sock, zero_copy=True, prefetch=prefetch)
+                          device=device, address=sock, zero_copy=zero_copy, prefetch=prefetch)
     field = "data" if records else "tokens"
     nbytes = 0
     loader.set_epoch(0)
@@ -337,21 +339,27 @@ def main():
             for _ in range(a.rounds):
                 peak = pinned_peak(chunk, a.device)
                 runs.setdefault("peak", []).append((peak, 1.0, 0.0))
-                for depth in prefetch:
+                # Zero-copy at each prefetch depth, then the Loader's default (safe) mode.
+                variants = [(depth, True) for depth in prefetch]
+                if a.device != "cpu":
+                    variants.append((0, False))
+                for depth, zero_copy in variants:
                     for records in (False, True):
                         st = {}
                         gbs = ferry_tokens(sock, path, a.seq_len, batch, a.device,
-                                           records=records, prefetch=depth, stats=st)
-                        runs.setdefault((records, depth), []).append((gbs, gbs / peak,
-                                                                      st["next"]))
+                                           records=records, prefetch=depth, stats=st,
+                                           zero_copy=zero_copy)
+                        runs.setdefault((records, depth, zero_copy), []).append(
+                            (gbs, gbs / peak, st["next"]))
             med = lambda xs: statistics.median(xs)
             for key, vals in runs.items():
                 if key == "peak":
                     name = "pinned cudaMemcpyAsync, %.1f MiB chunks (peak)" % (chunk / 2**20)
                 else:
-                    name = ("ferry %s -> GPU (batch %d, prefetch %s)"
+                    name = ("ferry %s -> GPU (batch %d, %s)"
                             % ("raw int64 records" if key[0] else "tokens u16->int64", batch,
-                               key[1] or "default"))
+                               "prefetch %s" % (key[1] or "default") if key[2] else
+                               "safe mode: clone()s"))
                 rows.append((name, med([v[0] for v in vals]), med([v[1] for v in vals]),
                              min(v[1] for v in vals), max(v[1] for v in vals),
                              med([v[2] for v in vals])))
