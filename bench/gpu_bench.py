@@ -359,7 +359,7 @@ def main():
                     name = ("ferry %s -> GPU (batch %d, %s)"
                             % ("raw int64 records" if key[0] else "tokens u16->int64", batch,
                                "prefetch %s" % (key[1] or "default") if key[2] else
-                               "safe mode: clone()s"))
+                               "safe mode, prefetch default"))
                 rows.append((name, med([v[0] for v in vals]), med([v[1] for v in vals]),
                              min(v[1] for v in vals), max(v[1] for v in vals),
                              med([v[2] for v in vals])))
@@ -373,10 +373,10 @@ def main():
         print("%d round(s); GB/s of int64 delivered (median), ratio to the same round's pinned "
               "peak (median, min-max), share of the trainer's time inside the Loader's next()"
               % a.rounds)
-        print("%-58s %8s %8s %13s %6s" % ("python trainer (ferry.Loader)", "GB/s", "vs peak",
-                                           "(min-max)", "next"))
+        print("%-72s %8s %8s %13s %6s" % ("python trainer (ferry.Loader, zero-copy unless "
+                                           "said)", "GB/s", "vs peak", "(min-max)", "next"))
         for name, v, r, lo, hi, wait in rows:
-            print("%-58s %8.2f %8.2f %6.2f-%-6.2f %6.2f" % (name, v, r, lo, hi, wait))
+            print("%-72s %8.2f %8.2f %6.2f-%-6.2f %6.2f" % (name, v, r, lo, hi, wait))
         consume_bench = os.path.join(os.path.dirname(a.ferryd), "gpu_consume_bench")
         if os.path.exists(consume_bench):
             sys.stdout.flush()

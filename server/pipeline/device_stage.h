@@ -3,8 +3,8 @@
 // one of its own device slots (and converts it there), and the consumer is given device
 // slots instead of host slots. The host transport has no stage: consumers read host slots.
 //
-// Contract: WatchReleased, OpenConsumer and CloseConsumer are called with the pipeline's
-// lock held; StartCopy is called without it, from one thread at a time, in the order the
+// Contract: WatchReleased, ReleasedSignalPending (at most two calls per batch scheduled),
+// OpenConsumer and CloseConsumer are called with the pipeline's lock held; StartCopy is called without it, from one thread at a time, in the order the
 // pipeline decided the copies under its lock (not necessarily delivery order: a filled
 // batch may go before an earlier one still filling), after letting go of the lock, so the
 // CUDA calls do not hold up the rank's other threads. The stage relies only on that order

@@ -14,8 +14,8 @@
 //
 // So the policy gathers only while the trainer waits, or soon will, and reads two signs
 // that it will not:
-//  - Its GPU is behind its host: work on `kGpuBehind` or more of the slots it released is
-//    still queued there (their released signals pending). One pending is the batch its GPU
+//  - Its GPU is behind its host: work on its `kGpuBehind` latest released slots is still
+//    queued there (their released signals pending). One pending is the batch its GPU
 //    is on (a safe-mode Loader's clone of the batch just taken, or the step over it), which
 //    may end any moment. Once seen, the next ring's worth of batches is copied even if the
 //    sign goes away: a trainer that ran dry (its host waiting on batches held up by
@@ -27,13 +27,18 @@
 //    predecessor's copy completes, so that copy's device slot is not held yet (with 2 or 3
 //    slots, 3/4 of them all could never be reached; a ring of 1 is never gathered).
 //
-// Not thread-safe: the pipeline calls it under its lock.
+// For each batch it schedules, the pipeline counts the consumer's leased slots and asks
+// the stage about its latest releases (RankPipeline::GatherNextBatchLocked):
+//   GatherPolicy policy(num_device_slots);
+//   slot.gather = policy.GatherNext(leased, pending);
+// Not thread-safe: the pipeline calls it under its lock, and starts a new one for each
+// consumer (what it learned was about that consumer's GPU).
 #ifndef FERRY_SERVER_PIPELINE_GATHER_POLICY_H_
 #define FERRY_SERVER_PIPELINE_GATHER_POLICY_H_
 
 namespace ferry {
 
-class GatherPolicy {
+class GatherPolicy final {
  public:
   // Released signals pending on the trainer's GPU that say it is behind its host.
   static constexpr int kGpuBehind = 2;
@@ -42,8 +47,8 @@ class GatherPolicy {
   explicit GatherPolicy(int slots = 0) : slots_(slots) {}
 
   // For the batch being scheduled: `leased` batches are sent to the consumer and not
-  // released; `pending` of those it released still have their released signal pending
-  // (the caller may stop counting at kGpuBehind). True: gather it.
+  // released; the latest `pending` of those it released still have their released
+  // signal pending (the caller may stop counting at kGpuBehind). True: gather it.
   bool GatherNext(int leased, int pending);
 
  private:

@@ -512,10 +512,10 @@ class FakeDeviceStage final : public DeviceStage {
     }
     uint8_t* host = slab_ + host_slot * slot_bytes_;
     if (gathered == 0) {
-      int64_t first_index;
-      memcpy(&first_index, host + index_offset, 8);
+      std::vector<int64_t> indices(num_samples);
+      memcpy(indices.data(), host + index_offset, 8 * num_samples);
       absl::MutexLock lock(&mutex_);
-      gathered_by_first_index_[first_index] = gather;
+      gathered_by_indices_[indices] = gather;
     }
     memcpy(device_[device_slot].data(), host, slot_bytes_);
     if (gather) {
@@ -561,12 +561,12 @@ class FakeDeviceStage final : public DeviceStage {
     absl::MutexLock lock(&mutex_);
     for (const auto& [slot, token] : watched_) completed_unreported_.insert(slot);
   }
-  // Whether the batch whose first row is sample `index` was gathered (vs copied);
-  // nullopt if no such batch was copied.
-  std::optional<bool> GatheredBatchStartingWith(int64_t index) {
+  // Whether the batch of samples `indices` was last gathered (vs copied); nullopt if no
+  // such batch was copied.
+  std::optional<bool> Gathered(const std::vector<int64_t>& indices) {
     absl::MutexLock lock(&mutex_);
-    auto it = gathered_by_first_index_.find(index);
-    if (it == gathered_by_first_index_.end()) return std::nullopt;
+    auto it = gathered_by_indices_.find(indices);
+    if (it == gathered_by_indices_.end()) return std::nullopt;
     return it->second;
   }
   // The trainer's GPU finished with every slot it released so far.
@@ -625,7 +625,7 @@ class FakeDeviceStage final : public DeviceStage {
   mutable absl::Mutex mutex_;
   std::vector<std::pair<int, uint64_t>> watched_ ABSL_GUARDED_BY(mutex_);
   absl::flat_hash_set<int> completed_unreported_ ABSL_GUARDED_BY(mutex_);  // device slots
-  absl::flat_hash_map<int64_t, bool> gathered_by_first_index_ ABSL_GUARDED_BY(mutex_);
+  absl::flat_hash_map<std::vector<int64_t>, bool> gathered_by_indices_ ABSL_GUARDED_BY(mutex_);
 };
 
 void PipelineTest::ExpectDeviceBatch(const FakeDeviceStage& stage,
@@ -904,7 +904,8 @@ TEST_F(PipelineTest, BatchesMadeWhileTheTrainersGpuIsBehindItsHostAreCopied) {
   FakeDeviceStage* stage = nullptr;
   auto created =
       CreateWithFakeStage(job_, /*host_slots=*/4, /*device_slots=*/16, pool_.get(), &budget_,
-                          &stage, /*gathered_field=*/0, [](FakeDeviceStage& s) { s.every_batch = false; });
+                          &stage, /*gathered_field=*/0,
+                          [](FakeDeviceStage& s) { s.every_batch = false; });
   ASSERT_TRUE(created.ok()) << created.status();
   auto p = *created;
   RecordingConsumer c;
@@ -921,11 +922,21 @@ TEST_F(PipelineTest, BatchesMadeWhileTheTrainersGpuIsBehindItsHostAreCopied) {
   // Batches 0-19 fill the 16 device slots and 4 host slots before any release; each later
   // one is scheduled once a released signal was reported, with two still pending.
   for (int64_t i = 20; i < batches; ++i) {
-    EXPECT_EQ(stage->GatheredBatchStartingWith(Expected(0, 0, i)[0]), false) << "batch " << i;
+    EXPECT_EQ(stage->Gathered(Expected(0, 0, i)), false) << "batch " << i;
   }
-  EXPECT_EQ(stage->GatheredBatchStartingWith(Expected(0, 0, 0)[0]), true);
+  EXPECT_EQ(stage->Gathered(Expected(0, 0, 0)), true);
   EXPECT_EQ(stage->host_rows_written.load(), 0);
+  // A new consumer starts with a policy of its own: its first batch is gathered (the old
+  // one's GPU being behind says nothing about it), here one the ring holds no copy of.
   p->Unbind(&c);
+  stage->SignalReleased();  // nothing: Unbind forgot the old consumer's signals
+  RecordingConsumer c2;
+  ASSERT_TRUE(p->Bind(&c2, 2, std::vector<std::string>(16, "event")).ok());
+  ASSERT_TRUE(p->StartEpoch(&c2, 0, 40).ok());
+  auto b = std::get<ferry::v1::BatchReady>(*c2.Next());
+  ExpectDeviceBatch(*stage, b, 40);
+  EXPECT_EQ(stage->Gathered(Expected(0, 0, 40)), true);
+  p->Unbind(&c2);
   p->Shutdown(absl::CancelledError("test over"));
   stage->JoinReports();
 }
@@ -939,7 +950,8 @@ TEST_F(PipelineTest, ReleasesCompletedButNotYetReportedDoNotCountAsHeld) {
   FakeDeviceStage* stage = nullptr;
   auto created =
       CreateWithFakeStage(job_, /*host_slots=*/4, /*device_slots=*/4, pool_.get(), &budget_,
-                          &stage, /*gathered_field=*/0, [](FakeDeviceStage& s) { s.every_batch = false; });
+                          &stage, /*gathered_field=*/0,
+                          [](FakeDeviceStage& s) { s.every_batch = false; });
   ASSERT_TRUE(created.ok()) << created.status();
   auto p = *created;
   RecordingConsumer c;
@@ -965,7 +977,7 @@ TEST_F(PipelineTest, ReleasesCompletedButNotYetReportedDoNotCountAsHeld) {
     ExpectDeviceBatch(*stage, b, i);
     ASSERT_TRUE(p->Release(&c, b.slot(), b.seq(), /*complete=*/true).ok());
   }
-  EXPECT_EQ(stage->GatheredBatchStartingWith(Expected(0, 0, 8)[0]), true);
+  EXPECT_EQ(stage->Gathered(Expected(0, 0, 8)), true);
   p->Unbind(&c);
   p->Shutdown(absl::CancelledError("test over"));
   stage->JoinReports();

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <array>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -161,6 +162,8 @@ void RankPipeline::Unbind(BatchConsumer* consumer) {
     consumer_pid_ = 0;
     if (stage_ != nullptr) {
       stage_->CloseConsumer();
+      // What the policy learned was about this consumer's GPU.
+      gather_policy_ = GatherPolicy(static_cast<int>(device_slots_.size()));
       for (DeviceSlot& d : device_slots_) {
         // A dead consumer's work on its slots is gone with its context.
         if (d.state == SlotState::kLeased || d.state == SlotState::kReleasing) {
@@ -352,17 +355,29 @@ void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
 bool RankPipeline::GatherNextBatchLocked() {
   if (gathered_field_ < 0 || !stage_->gather_ready()) return false;
   if (stage_->gathers_every_batch()) return true;
-  // The released signals are asked now, not taken from the stage's reports: CudaStage's
-  // event watcher reports completions up to 100 us late, longer than a 1 MiB batch lasts.
   int leased = 0;
-  int pending = 0;
+  // The latest releases (their tokens grow with each Release), newest first.
+  std::array<int, GatherPolicy::kGpuBehind> latest;
+  latest.fill(-1);
   for (size_t i = 0; i < device_slots_.size(); ++i) {
-    const SlotState state = device_slots_[i].state;
-    leased += state == SlotState::kLeased;
-    if (state == SlotState::kReleasing && pending < GatherPolicy::kGpuBehind &&
-        stage_->ReleasedSignalPending(static_cast<int>(i))) {
-      ++pending;
+    const DeviceSlot& d = device_slots_[i];
+    leased += d.state == SlotState::kLeased;
+    if (d.state != SlotState::kReleasing) continue;
+    int slot = static_cast<int>(i);
+    for (int& l : latest) {
+      if (l < 0 || device_slots_[l].token < device_slots_[slot].token) std::swap(l, slot);
+      if (slot < 0) break;
     }
+  }
+  // Whether their released signals are pending is asked now, not taken from the stage's
+  // reports (CudaStage's event watcher reports completions up to 100 us late, longer than
+  // a 1 MiB batch lasts). Only the latest few are asked, newest first, and only until one
+  // is complete: a trainer's stream completes its releases in order, so the ones before
+  // a complete one are complete too. At most kGpuBehind queries under the lock.
+  int pending = 0;
+  for (const int slot : latest) {
+    if (slot < 0 || !stage_->ReleasedSignalPending(slot)) break;
+    ++pending;
   }
   return gather_policy_.GatherNext(leased, pending);
 }
