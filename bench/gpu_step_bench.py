@@ -20,7 +20,9 @@ before the loop, no loader) in the same round:
   - records, gather_every_batch: a ferryd that gathers every batch with its kernels;
   - records, slot copy: a ferryd with disable_page_cache_gather;
   - tokens: the same file as uint16 tokens, copied and widened to int64 by a kernel of
-    ferryd's (for comparison: every batch runs one kernel there).
+    ferryd's (for comparison: every batch runs one kernel there);
+  - tokens, widen_tokens_on_host: the same tokens widened by the workers, and int64 rows
+    copied (4x the PCIe bytes, no kernel).
 Each figure is the median over rounds of the mean step time over `steps` steps after
 a warm-up; the ratio is the median of the per-round ratios (1.00 = free).
 """
@@ -115,13 +117,15 @@ def main():
     daemons = [start_ferryd(a.ferryd, workdir, "default"),
                start_ferryd(a.ferryd, workdir, "every", "gather_every_batch: true\n"),
                start_ferryd(a.ferryd, workdir, "copy", "disable_page_cache_gather: true\n"),
-               start_ferryd(a.ferryd, workdir, "tokens")]
+               start_ferryd(a.ferryd, workdir, "tokens"),
+               start_ferryd(a.ferryd, workdir, "tokens-host", "widen_tokens_on_host: true\n")]
     records = ferry.Records(path, dtype="int64", shape=(SEQ,))
     tokens = ferry.Tokens(path, seq_len=SEQ - 1, dtype="uint16", output_dtype="int64")
     feeds = (("records, default", daemons[0][1], records, "data"),
              ("records, gather_every_batch", daemons[1][1], records, "data"),
              ("records, slot copy", daemons[2][1], records, "data"),
-             ("tokens u16->int64", daemons[3][1], tokens, "tokens"))
+             ("tokens u16->int64", daemons[3][1], tokens, "tokens"),
+             ("tokens, widen_tokens_on_host", daemons[4][1], tokens, "tokens"))
     try:
         print("step = embedding of 512 columns -> [rows, 512, %d] bf16, then N matmuls %dx%d; "
               "mean step time (median of %d rounds of %d steps), ratio to synthetic (median, "

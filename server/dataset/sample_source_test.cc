@@ -574,6 +574,38 @@ TEST(TokensTest, Uint32TokenTooLargeForInt32IsDataLoss) {
   EXPECT_EQ(ReadRow<int64_t>(rows64.buffers[0])[5], int64_t{0xFFFFFFF0u});
 }
 
+// A GPU job gets the file's own token dtype, for ferryd's kernel to widen on the device,
+// unless the daemon widens tokens on the host (widen_tokens_on_host) or the output
+// narrows (UINT32 -> INT32, checked here); a host job's are always widened here.
+TEST(TokensTest, GpuJobsGetRawTokensUnlessWidenedOnTheHost) {
+  TempDir dir;
+  const std::string path = dir.path() + "/t.bin";
+  WriteTokens(path, std::vector<uint16_t>{1, 2, 3, 4, 5, 6, 7, 8, 9});
+  ferry::v1::JobSpec gpu = TokenSpec(path, ferry::v1::UINT16, 4);
+  gpu.set_device("cuda:0");
+  auto tokens_dtype = [](const ferry::v1::JobSpec& spec, bool widen_on_host) {
+    absl::StatusOr<std::unique_ptr<SampleSource>> source =
+        MakeSampleSource(spec, DecodeLimits(), widen_on_host);
+    EXPECT_TRUE(source.ok()) << source.status();
+    return source.ok() ? (*source)->fields()[0].dtype : ferry::v1::DTYPE_UNSPECIFIED;
+  };
+  EXPECT_EQ(tokens_dtype(gpu, false), ferry::v1::UINT16);
+  EXPECT_EQ(tokens_dtype(gpu, true), ferry::v1::INT64);
+  EXPECT_EQ(tokens_dtype(TokenSpec(path, ferry::v1::UINT16, 4), false), ferry::v1::INT64);
+
+  // Widened on the host for a GPU job: the rows hold the int64 values.
+  absl::StatusOr<std::unique_ptr<SampleSource>> source =
+      MakeSampleSource(gpu, DecodeLimits(), /*widen_tokens_on_host=*/true);
+  ASSERT_TRUE(source.ok()) << source.status();
+  ASSERT_EQ((*source)->fields()[0].row_bytes, 5u * 8u);
+  std::vector<uint8_t> row(5 * 8);
+  int64_t index = -1;
+  uint8_t* rows[] = {row.data(), reinterpret_cast<uint8_t*>(&index)};
+  ASSERT_TRUE((*source)->Fill(1, 0, rows, (*source)->NewScratch().get()).ok());
+  EXPECT_THAT(ReadRow<int64_t>(row), ElementsAre(5, 6, 7, 8, 9));
+  EXPECT_EQ(index, 1);
+}
+
 TEST(TokensTest, UnalignedRowsAndDescribe) {
   TempDir dir;
   const std::string path = dir.path() + "/t.bin";

@@ -55,6 +55,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (limits.max_sample_bytes() != 0) {
     job_options.decode_limits.max_sample_bytes = limits.max_sample_bytes();
   }
+  job_options.widen_tokens_on_host = config.widen_tokens_on_host();
   job_options.default_prefetch_depth = config.default_prefetch_depth();
   job_options.default_prefetch_bytes = config.default_prefetch_bytes();
   d->pinned_budget_ = std::make_unique<MemoryBudget>("pinned memory budget",

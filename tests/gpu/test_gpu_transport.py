@@ -140,6 +140,33 @@ class GpuTransportTest(unittest.TestCase):
                     continue  # values past 2**31 are a DATA_LOSS on the host; see below
                 self.assertTrue(torch.equal(ct, gt), (dtype, out))
                 self.assertTrue(torch.equal(ci, gi))
+        # widen_tokens_on_host: the workers widen, the copy engine moves int64 (4x the bytes
+        # of the raw uint16 rows: no kernel of ferryd's), and the batches are the same. A
+        # batch of 16 rows fills one 4 KiB host slot raw, three widened (status counts the
+        # slots' bytes per batch copied).
+        path = os.path.join(d, "tokens.uint16")
+        with ferry_it.FerryDaemon(config="widen_tokens_on_host: true\n") as other:
+            loader = ferry.Loader(ferry.Tokens(path, seq_len=63, dtype="uint16"),
+                                  batch_size=16, shuffle=True, seed=2, device="cuda:0",
+                                  address=other.address, timeout=60)
+            loader.set_epoch(1)
+            widened = [(b["tokens"].cpu(), b["index"].cpu()) for b in loader]
+            status = ferry_it.ferryctl(other.address, "status")
+            loader.close()
+        [rank] = [r for j in status.get("jobs", []) for r in j.get("ranks", [])]
+        loader = ferry.Loader(ferry.Tokens(path, seq_len=63, dtype="uint16"), batch_size=16,
+                              shuffle=True, seed=2, device="cpu", address=self.daemon.address,
+                              timeout=60)
+        loader.set_epoch(1)
+        cpu = [(b["tokens"], b["index"]) for b in loader]
+        loader.close()
+        self.assertEqual(len(cpu), len(widened))
+        for (ct, ci), (gt, gi) in zip(cpu, widened):
+            self.assertEqual(gt.dtype, torch.int64)
+            self.assertTrue(torch.equal(ct, gt))
+            self.assertTrue(torch.equal(ci, gi))
+        self.assertGreaterEqual(int(rank["bytes_to_device"]) // int(rank["batches_copied"]),
+                                16 * 64 * 8, rank)
         # Status per GPU: NUMA node, worker CPUs, bytes moved, pinned bytes released with
         # the jobs' rings... (ranks stay attached to their jobs until deleted).
         status = ferry_it.ferryctl(self.daemon.address, "status")
