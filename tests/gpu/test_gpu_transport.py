@@ -143,7 +143,7 @@ class GpuTransportTest(unittest.TestCase):
         # widen_tokens_on_host: the workers widen, the copy engine moves int64 (4x the bytes
         # of the raw uint16 rows: no kernel of ferryd's), and the batches are the same. A
         # batch of 16 rows fills one 4 KiB host slot raw, three widened (status counts the
-        # slots' bytes per batch copied).
+        # slots' bytes per batch copied), and the job's host rows are int64, not uint16.
         path = os.path.join(d, "tokens.uint16")
         with ferry_it.FerryDaemon(config="widen_tokens_on_host: true\n") as other:
             loader = ferry.Loader(ferry.Tokens(path, seq_len=63, dtype="uint16"),
@@ -153,7 +153,9 @@ class GpuTransportTest(unittest.TestCase):
             widened = [(b["tokens"].cpu(), b["index"].cpu()) for b in loader]
             status = ferry_it.ferryctl(other.address, "status")
             loader.close()
-        [rank] = [r for j in status.get("jobs", []) for r in j.get("ranks", [])]
+        [job] = status.get("jobs", [])
+        [rank] = job.get("ranks", [])
+        self.assertEqual(job["job"]["fields"][0]["dtype"], "INT64", job["job"])
         loader = ferry.Loader(ferry.Tokens(path, seq_len=63, dtype="uint16"), batch_size=16,
                               shuffle=True, seed=2, device="cpu", address=self.daemon.address,
                               timeout=60)
