@@ -153,8 +153,15 @@ class ConsumeChannelTest : public ::testing::Test {
   }
   static ChannelMessage Next(BatchChannel& channel) {
     ChannelMessage m;
-    auto got = channel.ReceiveOrWait(&m, absl::Seconds(30));
-    EXPECT_TRUE(got.ok() && *got) << "no message from ferryd within 30 s";
+    // ReceiveOrWait may also return false early, woken by a wake-up whose message an
+    // earlier call already took ("let the caller look around"): ask again until the
+    // deadline, as the client library does.
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    absl::StatusOr<bool> got = false;
+    while (got.ok() && !*got && absl::Now() < deadline) {
+      got = channel.ReceiveOrWait(&m, deadline - absl::Now());
+    }
+    EXPECT_TRUE(got.ok() && *got) << "no message from ferryd within 30 s: " << got.status();
     return m;
   }
 
