@@ -275,6 +275,26 @@ TEST(JobOptionsJsonTest, TokensFromHandWrittenJsonWithCamelCaseNames) {
   EXPECT_TRUE(parsed->drop_last);
 }
 
+TEST(JobOptionsJsonTest, TokensWidenedOnTheHostRoundTrip) {
+  JobOptions options;
+  TokensOptions tokens;
+  tokens.path = "/d/t.bin";
+  tokens.seq_len = 16;
+  tokens.widen_on_host = true;
+  options.dataset = tokens;
+  options.device = "cuda:0";
+  const std::string json = JobOptionsToJson(options);
+  EXPECT_THAT(json, HasSubstr(R"("widen_on_host":true)"));
+  auto parsed = JobOptionsFromJson(json);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_TRUE(std::holds_alternative<TokensOptions>(parsed->dataset));
+  EXPECT_TRUE(std::get<TokensOptions>(parsed->dataset).widen_on_host);
+  auto camel = JobOptionsFromJson(
+      R"({"dataset":{"tokens":{"path":"/d/t.bin","seqLen":4,"widenOnHost":true}}})");
+  ASSERT_TRUE(camel.ok()) << camel.status();
+  EXPECT_TRUE(std::get<TokensOptions>(camel->dataset).widen_on_host);
+}
+
 TEST(JobOptionsJsonTest, MalformedJsonAndUnknownFieldsAreInvalidArgument) {
   auto bad = JobOptionsFromJson(R"({"batch_size": )");
   ASSERT_FALSE(bad.ok());

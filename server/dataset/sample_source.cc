@@ -56,7 +56,8 @@ absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(const ferry::v1::
                              dataset.tokens().output_dtype() == ferry::v1::INT32;
       FERRY_ASSIGN_OR_RETURN(
           auto source,
-          TokenSource::Create(dataset.tokens(), to_gpu && !narrowing && !widen_tokens_on_host));
+          TokenSource::Create(dataset.tokens(), to_gpu && !narrowing && !widen_tokens_on_host &&
+                                                    !dataset.tokens().widen_on_host()));
       return std::unique_ptr<SampleSource>(std::move(source));
     }
     case ferry::v1::DatasetSpec::kWebdataset: {

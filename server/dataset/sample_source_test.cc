@@ -575,8 +575,9 @@ TEST(TokensTest, Uint32TokenTooLargeForInt32IsDataLoss) {
 }
 
 // A GPU job gets the file's own token dtype, for ferryd's kernel to widen on the device,
-// unless the daemon widens tokens on the host (widen_tokens_on_host) or the output
-// narrows (UINT32 -> INT32, checked here); a host job's are always widened here.
+// unless the daemon (widen_tokens_on_host) or the job (widen_on_host) widens tokens on the
+// host, or the output narrows (UINT32 -> INT32, checked here); a host job's are always
+// widened here.
 TEST(TokensTest, GpuJobsGetRawTokensUnlessWidenedOnTheHost) {
   TempDir dir;
   const std::string path = dir.path() + "/t.bin";
@@ -591,6 +592,9 @@ TEST(TokensTest, GpuJobsGetRawTokensUnlessWidenedOnTheHost) {
   };
   EXPECT_EQ(tokens_dtype(gpu, false), ferry::v1::UINT16);
   EXPECT_EQ(tokens_dtype(gpu, true), ferry::v1::INT64);
+  ferry::v1::JobSpec per_job = gpu;  // the job asks for it (TokensDataset.widen_on_host)
+  per_job.mutable_dataset()->mutable_tokens()->set_widen_on_host(true);
+  EXPECT_EQ(tokens_dtype(per_job, false), ferry::v1::INT64);
   EXPECT_EQ(tokens_dtype(TokenSpec(path, ferry::v1::UINT16, 4), false), ferry::v1::INT64);
 
   // Widened on the host for a GPU job: the rows hold the int64 values.

@@ -78,6 +78,7 @@ v1::JobSpec ToProto(const JobOptions& options) {
     t->set_token_dtype(ToProto(tokens->token_dtype));
     t->set_seq_len(tokens->seq_len);
     t->set_output_dtype(ToProto(tokens->output_dtype));
+    t->set_widen_on_host(tokens->widen_on_host);
   } else if (const auto* wds = std::get_if<WebDatasetOptions>(&options.dataset)) {
     v1::WebDataset* w = spec.mutable_dataset()->mutable_webdataset();
     for (const std::string& s : wds->shards) w->add_shards(s);
@@ -139,6 +140,7 @@ JobOptions FromProto(const v1::JobSpec& spec) {
       tokens.token_dtype = FromProto(t.token_dtype());
       tokens.seq_len = t.seq_len();
       tokens.output_dtype = FromProto(t.output_dtype());
+      tokens.widen_on_host = t.widen_on_host();
       options.dataset = tokens;
       break;
     }

@@ -132,12 +132,18 @@ class WebDataset:
 
 class Tokens:
     """A flat binary file of little-endian token ids (dtype "uint16" or "uint32"); a sample
-    is seq_len + 1 tokens. Batches: {"tokens": output_dtype[B, seq_len + 1], "index": ...}."""
+    is seq_len + 1 tokens. Batches: {"tokens": output_dtype[B, seq_len + 1], "index": ...}.
+
+    widen_on_host: with a GPU device, ferryd's workers widen the tokens and the copy engine
+    moves the wider rows, instead of a kernel of ferryd's widening them on the GPU. That
+    kernel takes turns on the GPU with a computing trainer's (without MPS): set it for
+    compute-bound trainers; an input-bound one is faster without it."""
 
     _TOKEN_DTYPES = {"uint16": "UINT16", "uint32": "UINT32"}
     _OUTPUT_DTYPES = {"int64": "INT64", "int32": "INT32"}
 
-    def __init__(self, path, seq_len, dtype="uint16", output_dtype="int64"):
+    def __init__(self, path, seq_len, dtype="uint16", output_dtype="int64",
+                 widen_on_host=False):
         self.path = _check_path("Tokens path", path)
         self.seq_len = _check_int("seq_len", seq_len, 1, 2**32 - 2)
         if dtype not in self._TOKEN_DTYPES:
@@ -148,11 +154,15 @@ class Tokens:
                              % (sorted(self._OUTPUT_DTYPES), output_dtype))
         self.dtype = dtype
         self.output_dtype = output_dtype
+        self.widen_on_host = _check_bool("widen_on_host", widen_on_host)
 
     def _spec(self):
-        return {"tokens": {"path": self.path, "seq_len": self.seq_len,
-                           "token_dtype": self._TOKEN_DTYPES[self.dtype],
-                           "output_dtype": self._OUTPUT_DTYPES[self.output_dtype]}}
+        spec = {"path": self.path, "seq_len": self.seq_len,
+                "token_dtype": self._TOKEN_DTYPES[self.dtype],
+                "output_dtype": self._OUTPUT_DTYPES[self.output_dtype]}
+        if self.widen_on_host:  # left out otherwise: a ferryd without the field accepts it
+            spec["widen_on_host"] = True
+        return {"tokens": spec}
 
     def __repr__(self):
         return "Tokens(%r, seq_len=%d, dtype=%r)" % (self.path, self.seq_len, self.dtype)

@@ -38,6 +38,11 @@ class DatasetArgsTest(unittest.TestCase):
         spec = ferry.Tokens("/t.bin", seq_len=8, dtype="uint32")._spec()
         self.assertEqual(spec["tokens"]["token_dtype"], "UINT32")
         self.assertEqual(spec["tokens"]["output_dtype"], "INT64")
+        self.assertNotIn("widen_on_host", spec["tokens"])  # an older ferryd knows no such field
+        spec = ferry.Tokens("/t.bin", seq_len=8, widen_on_host=True)._spec()
+        self.assertIs(spec["tokens"]["widen_on_host"], True)
+        with self.assertRaises(TypeError):
+            ferry.Tokens("/t.bin", seq_len=8, widen_on_host="yes")
 
     def test_transforms(self):
         with self.assertRaisesRegex(ValueError, "size must be >= 1"):

@@ -75,6 +75,9 @@ struct TokensOptions {
   uint32_t seq_len = 0;
   // kInt64 or kInt32. Default: kInt64.
   DType output_dtype = DType::kInt64;
+  // GPU jobs: widened by ferryd's workers and copied, not by a kernel of ferryd's on the
+  // GPU (ferry.v1.TokensDataset.widen_on_host). For compute-bound trainers without MPS.
+  bool widen_on_host = false;
 };
 
 // WebDataset tar shards: a sample is the members sharing a basename; fields "image",
