@@ -169,6 +169,23 @@ class GpuTransportTest(unittest.TestCase):
             self.assertTrue(torch.equal(ci, gi))
         self.assertGreaterEqual(int(rank["bytes_to_device"]) // int(rank["batches_copied"]),
                                 16 * 64 * 8, rank)
+        # The same asked for by the job alone (ferry.Tokens(widen_on_host=True)), on the
+        # test's own ferryd, which widens on the GPU otherwise.
+        loader = ferry.Loader(ferry.Tokens(path, seq_len=63, dtype="uint16",
+                                           widen_on_host=True),
+                              batch_size=16, shuffle=True, seed=2, device="cuda:0",
+                              address=self.daemon.address, timeout=60)
+        loader.set_epoch(1)
+        per_job = [(b["tokens"].cpu(), b["index"].cpu()) for b in loader]
+        status = ferry_it.ferryctl(self.daemon.address, "status")
+        loader.close()
+        self.assertEqual(len(cpu), len(per_job))
+        for (ct, ci), (gt, gi) in zip(cpu, per_job):
+            self.assertTrue(torch.equal(ct, gt))
+            self.assertTrue(torch.equal(ci, gi))
+        [job] = [j for j in status.get("jobs", [])
+                 if j["job"]["spec"]["dataset"].get("tokens", {}).get("widen_on_host")]
+        self.assertEqual(job["job"]["fields"][0]["dtype"], "INT64", job["job"])
         # Status per GPU: NUMA node, worker CPUs, bytes moved, pinned bytes released with
         # the jobs' rings... (ranks stay attached to their jobs until deleted).
         status = ferry_it.ferryctl(self.daemon.address, "status")
