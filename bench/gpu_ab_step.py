@@ -3,8 +3,9 @@
 Python trainer: what an input-bound trainer gets (raw int64 records of 1 MiB, zero-copy,
 ratio to the pinned cudaMemcpyAsync peak of the same run) and what a compute-bound one
 pays (bench/gpu_step_bench.py's step of 4 matmuls, 0.65 ms on an H100, over the same
-records, ratio to the step on a batch made before the loop). For telling a change to the gather policy from the
-lease's noise. Run on the GPU machine after scripts/gpu-bundle.sh; prints, never asserts.
+records, ratio to the step on a batch made before the loop). For telling a change to the
+gather policy from the lease's noise. Run on the GPU machine after scripts/gpu-bundle.sh;
+prints, never asserts.
 
   python3 bench/gpu_ab_step.py A_FERRYD B_FERRYD [--pairs 3] [--steps 300]
 """

@@ -51,7 +51,8 @@ absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(const ferry::v1::
     }
     case ferry::v1::DatasetSpec::kTokens: {
       // A GPU job widens tokens on its device (see TokenSource::Create), except UINT32 ->
-      // INT32, whose range check runs here, and where the daemon widens them here.
+      // INT32, whose range check runs here, and where the daemon or the job asks for them
+      // widened here (for compute-bound trainers: docs/operations.md).
       const bool narrowing = dataset.tokens().token_dtype() == ferry::v1::UINT32 &&
                              dataset.tokens().output_dtype() == ferry::v1::INT32;
       FERRY_ASSIGN_OR_RETURN(

@@ -4,10 +4,11 @@
 // slots instead of host slots. The host transport has no stage: consumers read host slots.
 //
 // Contract: WatchReleased, ReleasedSignalPending (at most two calls per batch scheduled),
-// OpenConsumer and CloseConsumer are called with the pipeline's lock held; StartCopy is called without it, from one thread at a time, in the order the
-// pipeline decided the copies under its lock (not necessarily delivery order: a filled
-// batch may go before an earlier one still filling), after letting go of the lock, so the
-// CUDA calls do not hold up the rank's other threads. The stage relies only on that order
+// OpenConsumer and CloseConsumer are called with the pipeline's lock held; StartCopy is
+// called without it, from one thread at a time, in the order the pipeline decided the
+// copies under its lock (not necessarily delivery order: a filled batch may go before an
+// earlier one still filling), after letting go of the lock, so the CUDA calls do not hold
+// up the rank's other threads. The stage relies only on that order
 // being the order of its own calls (CudaStage watches its events in stream order). None
 // of them blocks on the device: they enqueue work and return. FillStatus may run
 // concurrently with StartCopy. The stage reports progress through Callbacks, from a

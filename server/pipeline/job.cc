@@ -37,7 +37,8 @@ absl::StatusOr<std::shared_ptr<Job>> Job::Create(JobIdentity identity,
   if (spec.batch_size() == 0) {
     return absl::InvalidArgumentError("batch_size must be at least 1 (got 0)");
   }
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<SampleSource> source, MakeSampleSource(spec, limits, widen_tokens_on_host));
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<SampleSource> source,
+                         MakeSampleSource(spec, limits, widen_tokens_on_host));
   return Create(std::move(identity), spec, std::move(source));
 }
 

@@ -208,8 +208,9 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
     absl::MutexLock lock(&mutex_);
     identity.serial = next_serial_++;
   }
-  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, Job::Create(identity, spec, options_.decode_limits,
-                                                                options_.widen_tokens_on_host));
+  FERRY_ASSIGN_OR_RETURN(
+      std::shared_ptr<Job> job,
+      Job::Create(identity, spec, options_.decode_limits, options_.widen_tokens_on_host));
   if (cuda) FERRY_RETURN_IF_ERROR(gpus_->CheckJob(*job));
   // Refuse now a job whose rank slab can never fit, rather than at every rank's attach.
   const uint32_t slots = SlotsPerRank(*job);
