@@ -30,8 +30,7 @@ size_t DTypeSize(ferry::v1::DType dtype) {
 }
 
 absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(const ferry::v1::JobSpec& spec,
-                                                               const DecodeLimits& limits,
-                                                               bool widen_tokens_on_host) {
+                                                               const DecodeLimits& limits) {
   const ferry::v1::DatasetSpec& dataset = spec.dataset();
   const bool to_gpu = spec.device().rfind("cuda:", 0) == 0;
   const RowStores stores = to_gpu ? RowStores::kStreaming : RowStores::kOrdinary;
@@ -51,14 +50,12 @@ absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(const ferry::v1::
     }
     case ferry::v1::DatasetSpec::kTokens: {
       // A GPU job widens tokens on its device (see TokenSource::Create), except UINT32 ->
-      // INT32, whose range check runs here, and where the daemon or the job asks for them
-      // widened here (for compute-bound trainers: docs/operations.md).
+      // INT32, whose range check runs here, and where the job asks for them widened here
+      // (widen_on_host, for compute-bound trainers: docs/operations.md).
       const bool narrowing = dataset.tokens().token_dtype() == ferry::v1::UINT32 &&
                              dataset.tokens().output_dtype() == ferry::v1::INT32;
-      FERRY_ASSIGN_OR_RETURN(
-          auto source,
-          TokenSource::Create(dataset.tokens(), to_gpu && !narrowing && !widen_tokens_on_host &&
-                                                    !dataset.tokens().widen_on_host()));
+      const bool raw = to_gpu && !narrowing && !dataset.tokens().widen_on_host();
+      FERRY_ASSIGN_OR_RETURN(auto source, TokenSource::Create(dataset.tokens(), raw));
       return std::unique_ptr<SampleSource>(std::move(source));
     }
     case ferry::v1::DatasetSpec::kWebdataset: {

@@ -115,12 +115,8 @@ class SampleSource {
 //   FAILED_PRECONDITION when the dataset is empty (says what was expected).
 // Dataset-root policy is the caller's job (it needs the config path for its message).
 // `limits` guard the decoders of image datasets (DaemonConfig.decode_limits).
-// `widen_tokens_on_host` (DaemonConfig.widen_tokens_on_host): a GPU job's tokens are
-// widened here, as a host job's, not left raw for the device (TokenSource::Create); a job
-// can ask for that alone (TokensDataset.widen_on_host).
 absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(
-    const ferry::v1::JobSpec& spec, const DecodeLimits& limits = DecodeLimits(),
-    bool widen_tokens_on_host = false);
+    const ferry::v1::JobSpec& spec, const DecodeLimits& limits = DecodeLimits());
 
 }  // namespace ferry
 

@@ -575,31 +575,28 @@ TEST(TokensTest, Uint32TokenTooLargeForInt32IsDataLoss) {
 }
 
 // A GPU job gets the file's own token dtype, for ferryd's kernel to widen on the device,
-// unless the daemon (widen_tokens_on_host) or the job (widen_on_host) widens tokens on the
-// host, or the output narrows (UINT32 -> INT32, checked here); a host job's are always
-// widened here.
+// unless the job asks for them widened on the host (widen_on_host; the daemon's
+// widen_tokens_on_host sets it: JobManagerTest) or the output narrows (UINT32 -> INT32,
+// checked here); a host job's are always widened here.
 TEST(TokensTest, GpuJobsGetRawTokensUnlessWidenedOnTheHost) {
   TempDir dir;
   const std::string path = dir.path() + "/t.bin";
   WriteTokens(path, std::vector<uint16_t>{1, 2, 3, 4, 5, 6, 7, 8, 9});
   ferry::v1::JobSpec gpu = TokenSpec(path, ferry::v1::UINT16, 4);
   gpu.set_device("cuda:0");
-  auto tokens_dtype = [](const ferry::v1::JobSpec& spec, bool widen_on_host) {
-    absl::StatusOr<std::unique_ptr<SampleSource>> source =
-        MakeSampleSource(spec, DecodeLimits(), widen_on_host);
+  ferry::v1::JobSpec widened = gpu;
+  widened.mutable_dataset()->mutable_tokens()->set_widen_on_host(true);
+  auto tokens_dtype = [](const ferry::v1::JobSpec& spec) {
+    absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(spec);
     EXPECT_TRUE(source.ok()) << source.status();
     return source.ok() ? (*source)->fields()[0].dtype : ferry::v1::DTYPE_UNSPECIFIED;
   };
-  EXPECT_EQ(tokens_dtype(gpu, false), ferry::v1::UINT16);
-  EXPECT_EQ(tokens_dtype(gpu, true), ferry::v1::INT64);
-  ferry::v1::JobSpec per_job = gpu;  // the job asks for it (TokensDataset.widen_on_host)
-  per_job.mutable_dataset()->mutable_tokens()->set_widen_on_host(true);
-  EXPECT_EQ(tokens_dtype(per_job, false), ferry::v1::INT64);
-  EXPECT_EQ(tokens_dtype(TokenSpec(path, ferry::v1::UINT16, 4), false), ferry::v1::INT64);
+  EXPECT_EQ(tokens_dtype(gpu), ferry::v1::UINT16);
+  EXPECT_EQ(tokens_dtype(widened), ferry::v1::INT64);
+  EXPECT_EQ(tokens_dtype(TokenSpec(path, ferry::v1::UINT16, 4)), ferry::v1::INT64);
 
   // Widened on the host for a GPU job: the rows hold the int64 values.
-  absl::StatusOr<std::unique_ptr<SampleSource>> source =
-      MakeSampleSource(gpu, DecodeLimits(), /*widen_tokens_on_host=*/true);
+  absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(widened);
   ASSERT_TRUE(source.ok()) << source.status();
   ASSERT_EQ((*source)->fields()[0].row_bytes, 5u * 8u);
   std::vector<uint8_t> row(5 * 8);

@@ -32,13 +32,11 @@ SlotLayout SlotLayout::Make(const std::vector<FieldLayout>& fields, int64_t batc
 
 absl::StatusOr<std::shared_ptr<Job>> Job::Create(JobIdentity identity,
                                                  const ferry::v1::JobSpec& spec,
-                                                 const DecodeLimits& limits,
-                                                 bool widen_tokens_on_host) {
+                                                 const DecodeLimits& limits) {
   if (spec.batch_size() == 0) {
     return absl::InvalidArgumentError("batch_size must be at least 1 (got 0)");
   }
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<SampleSource> source,
-                         MakeSampleSource(spec, limits, widen_tokens_on_host));
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<SampleSource> source, MakeSampleSource(spec, limits));
   return Create(std::move(identity), spec, std::move(source));
 }
 

@@ -43,11 +43,9 @@ struct JobIdentity {
 class Job final {
  public:
   // Opens the dataset and checks the spec. Errors name the offending field.
-  // `limits` and `widen_tokens_on_host`: see MakeSampleSource.
   static absl::StatusOr<std::shared_ptr<Job>> Create(JobIdentity identity,
                                                      const ferry::v1::JobSpec& spec,
-                                                     const DecodeLimits& limits = DecodeLimits(),
-                                                     bool widen_tokens_on_host = false);
+                                                     const DecodeLimits& limits = DecodeLimits());
   // Same, over an already opened source (tests feed fakes through this).
   static absl::StatusOr<std::shared_ptr<Job>> Create(JobIdentity identity,
                                                      const ferry::v1::JobSpec& spec,

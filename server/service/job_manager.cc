@@ -152,6 +152,11 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
     return absl::InvalidArgumentError(absl::StrCat(
         "device must be \"cpu\" or \"cuda:N\" (got '", spec.device(), "')"));
   }
+  // The daemon's widen_tokens_on_host is the job's own widen_on_host for every GPU job
+  // (before the key: a job that asks for it and one that does not are then the same).
+  if (cuda && options_.widen_tokens_on_host && spec.dataset().has_tokens()) {
+    spec.mutable_dataset()->mutable_tokens()->set_widen_on_host(true);
+  }
   if (!cuda && spec.has_image_output() && spec.image_output().dtype() != ferry::v1::UINT8 &&
       spec.image_output().dtype() != ferry::v1::DTYPE_UNSPECIFIED) {
     return absl::InvalidArgumentError(
@@ -208,9 +213,8 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
     absl::MutexLock lock(&mutex_);
     identity.serial = next_serial_++;
   }
-  FERRY_ASSIGN_OR_RETURN(
-      std::shared_ptr<Job> job,
-      Job::Create(identity, spec, options_.decode_limits, options_.widen_tokens_on_host));
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Job> job,
+                         Job::Create(identity, spec, options_.decode_limits));
   if (cuda) FERRY_RETURN_IF_ERROR(gpus_->CheckJob(*job));
   // Refuse now a job whose rank slab can never fit, rather than at every rank's attach.
   const uint32_t slots = SlotsPerRank(*job);

@@ -44,7 +44,8 @@ class JobManager final {
     uint32_t default_prefetch_depth = 4;
     uint64_t default_prefetch_bytes = uint64_t{64} << 20;
     DecodeLimits decode_limits;              // DaemonConfig.decode_limits, defaults filled
-    bool widen_tokens_on_host = false;       // DaemonConfig.widen_tokens_on_host
+    // DaemonConfig.widen_tokens_on_host: sets TokensDataset.widen_on_host of GPU jobs.
+    bool widen_tokens_on_host = false;
   };
 
   // `gpus` serves "cuda:N" devices; null when ferryd was built without CUDA.

@@ -9,6 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/transport/gpu_provider.h"
 
 namespace ferry {
 namespace {
@@ -145,6 +146,53 @@ TEST_F(JobManagerTest, InvalidFieldsAreNamed) {
   spec.set_device("cuda:0");
   EXPECT_EQ(m->CreateJob(kAlice, "", spec).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// Accepts "cuda:0" and checks nothing: enough to create GPU jobs (no rank attaches).
+class OneGpu final : public GpuProvider {
+ public:
+  absl::StatusOr<int> Resolve(const std::string&) const override { return 0; }
+  absl::Status CheckJob(const Job&) const override { return absl::OkStatus(); }
+  int NumaNode(int) const override { return -1; }
+  absl::StatusOr<std::unique_ptr<DeviceStage>> MakeStage(const Job&, int, const SharedSlab&,
+                                                         int) override {
+    return absl::UnimplementedError("no device here");
+  }
+  void FillStatus(ferry::v1::DaemonStatus*) const override {}
+};
+
+// DaemonConfig.widen_tokens_on_host makes every GPU token job one that asks for
+// widen_on_host: its host rows are int64, and a job that asked for it itself is the same
+// job. Host jobs and other daemons are untouched.
+TEST_F(JobManagerTest, WidenTokensOnHostSetsEveryGpuTokenJobsOwnOption) {
+  budget_ = std::make_unique<MemoryBudget>("host memory budget", "host_memory_budget_bytes",
+                                           1 << 30, "/etc/ferry/ferryd.conf");
+  OneGpu gpu;
+  JobManager::Options o;
+  o.allow_any_dataset = true;
+  o.widen_tokens_on_host = true;
+  JobManager widening(o, pool_.get(), budget_.get(), &gpu);
+  o.widen_tokens_on_host = false;
+  JobManager plain(o, pool_.get(), budget_.get(), &gpu);
+
+  auto spec = TokensSpec(tokens_);
+  spec.set_device("cuda:0");
+  auto widened = widening.CreateJob(kAlice, "", spec);
+  ASSERT_TRUE(widened.ok()) << widened.status();
+  EXPECT_TRUE(widened->job->spec().dataset().tokens().widen_on_host());
+  EXPECT_EQ(widened->job->layout().fields[0].dtype, ferry::v1::INT64);
+  auto asked = spec;
+  asked.mutable_dataset()->mutable_tokens()->set_widen_on_host(true);
+  auto same = widening.CreateJob(kAlice, "", asked);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->job->identity().id, widened->job->identity().id);
+
+  auto host = widening.CreateJob(kAlice, "", TokensSpec(tokens_));
+  ASSERT_TRUE(host.ok()) << host.status();
+  EXPECT_FALSE(host->job->spec().dataset().tokens().widen_on_host());
+  auto raw = plain.CreateJob(kAlice, "", spec);
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  EXPECT_EQ(raw->job->layout().fields[0].dtype, ferry::v1::UINT16);
 }
 
 TEST_F(JobManagerTest, JobOverTheBudgetIsResourceExhausted) {
