@@ -73,22 +73,14 @@ absl::Status ResolveRange(float lo_in, float hi_in, double lo_default, double hi
   return absl::OkStatus();
 }
 
-// Reads the whole file at `path` into the front of *buffer, growing it only when the file is
-// larger than any before; returns the file's length.
-absl::StatusOr<size_t> ReadWholeFile(const std::string& path, uint64_t max_bytes,
-                                     std::vector<uint8_t>* buffer) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) {
-    const int err = errno;
-    return absl::Status(absl::ErrnoToStatusCode(err),
-                        absl::StrCat("cannot open '", path, "': ", std::strerror(err)));
-  }
+// Reads the whole file at `path` (opened through `fs`) into the front of *buffer, growing it
+// only when the file is larger than any before; returns the file's length.
+absl::StatusOr<size_t> ReadWholeFile(const DatasetFs& fs, const std::string& path,
+                                     uint64_t max_bytes, std::vector<uint8_t>* buffer) {
+  absl::StatusOr<UniqueFd> fd = fs.OpenFile(path);
+  if (!fd.ok()) return fd.status();
   struct stat st;
-  if (::fstat(fd.get(), &st) != 0) {
-    const int err = errno;
-    return absl::Status(absl::ErrnoToStatusCode(err),
-                        absl::StrCat("cannot stat '", path, "': ", std::strerror(err)));
-  }
+  if (::fstat(fd->get(), &st) != 0) return FileErrnoStatus(errno, "cannot stat", path);
   const size_t size = static_cast<size_t>(st.st_size);
   if (max_bytes > 0 && size > max_bytes) {
     return absl::DataLossError(absl::StrCat("refused '", path, "': ", size,
@@ -98,18 +90,25 @@ absl::StatusOr<size_t> ReadWholeFile(const std::string& path, uint64_t max_bytes
   if (buffer->size() < size) buffer->resize(size);
   size_t done = 0;
   while (done < size) {
-    const ssize_t n = ::pread(fd.get(), buffer->data() + done, size - done,
+    const ssize_t n = ::pread(fd->get(), buffer->data() + done, size - done,
                               static_cast<off_t>(done));
     if (n < 0) {
       if (errno == EINTR) continue;
-      const int err = errno;
-      return absl::Status(absl::ErrnoToStatusCode(err),
-                          absl::StrCat("cannot read '", path, "': ", std::strerror(err)));
+      return FileErrnoStatus(errno, "cannot read", path);
     }
     if (n == 0) break;  // the file shrank since fstat: decode what there is
     done += static_cast<size_t>(n);
   }
   return done;
+}
+
+// A link `fs` refused to follow, found while listing: the job is refused (serving the tree
+// without it would silently drop samples).
+absl::Status RefusedLink(const DatasetFs& fs, const std::string& path) {
+  absl::Status s = fs.OpenFile(path).status();
+  if (s.code() == absl::StatusCode::kPermissionDenied) return s;
+  return absl::PermissionDeniedError(
+      absl::StrCat("dataset path '", path, "' is a symbolic link ferryd does not follow"));
 }
 
 }  // namespace
@@ -163,51 +162,42 @@ absl::StatusOr<ImageTransform> ImageTransformFromSpec(const ferry::v1::Transform
 }
 
 absl::StatusOr<std::unique_ptr<ImageFolderSource>> ImageFolderSource::Create(
-    const std::string& root, const ImageTransform& transform, const DecodeLimits& limits) {
-  std::error_code ec;
-  const fs::file_status root_status = fs::status(root, ec);
-  if (root_status.type() == fs::file_type::not_found) {
-    return absl::NotFoundError(absl::StrCat("dataset path '", root, "' does not exist"));
+    const std::string& root, const ImageTransform& transform, const DecodeLimits& limits,
+    std::shared_ptr<const DatasetFs> fs) {
+  absl::StatusOr<std::vector<DatasetFs::Entry>> top = fs->ListDirectory(root);
+  if (!top.ok()) {
+    if (top.status().code() == absl::StatusCode::kInvalidArgument) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset.image_folder.root '", root,
+                       "' is not a directory; expected <root>/<class>/<file>.jpg"));
+    }
+    return top.status();
   }
-  if (ec) {
-    return absl::Status(absl::ErrnoToStatusCode(ec.value()),
-                        absl::StrCat("cannot access dataset path '", root, "': ", ec.message()));
-  }
-  if (!fs::is_directory(root_status)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dataset.image_folder.root '", root,
-                     "' is not a directory; expected <root>/<class>/<file>.jpg"));
-  }
-  std::unique_ptr<ImageFolderSource> source(new ImageFolderSource(root, transform, limits));
-
-  // directory_entry caches the type readdir reports (d_type), so regular files and
-  // directories cost no stat; only symlinks and filesystems without d_type are stat'ed.
-  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
-    std::error_code type_ec;
-    if (it->is_directory(type_ec)) source->classes_.push_back(it->path().filename().string());
-  }
-  if (ec) {
-    return absl::Status(absl::ErrnoToStatusCode(ec.value()),
-                        absl::StrCat("cannot list dataset path '", root, "': ", ec.message()));
+  const fs::path root_path(root);
+  std::unique_ptr<ImageFolderSource> source(
+      new ImageFolderSource(root, transform, limits, fs));
+  for (const DatasetFs::Entry& e : *top) {
+    if (e.type == DatasetFs::EntryType::kDirectory) source->classes_.push_back(e.name);
+    if (e.type == DatasetFs::EntryType::kSymlink) {
+      return RefusedLink(*fs, (root_path / e.name).string());
+    }
   }
   std::sort(source->classes_.begin(), source->classes_.end());
 
   std::vector<std::string> names;
   source->name_offsets_.push_back(0);
   for (size_t c = 0; c < source->classes_.size(); ++c) {
-    const fs::path class_dir = fs::path(root) / source->classes_[c];
+    const std::string class_dir = (root_path / source->classes_[c]).string();
+    absl::StatusOr<std::vector<DatasetFs::Entry>> entries = fs->ListDirectory(class_dir);
+    if (!entries.ok()) return entries.status();
     names.clear();
-    for (fs::directory_iterator it(class_dir, ec), end; !ec && it != end; it.increment(ec)) {
-      std::string name = it->path().filename().string();
-      if (!IsJpegName(name)) continue;
-      std::error_code type_ec;
-      if (it->is_directory(type_ec)) continue;
-      names.push_back(std::move(name));
-    }
-    if (ec) {
-      return absl::Status(absl::ErrnoToStatusCode(ec.value()),
-                          absl::StrCat("cannot list class directory '", class_dir.string(),
-                                       "': ", ec.message()));
+    for (DatasetFs::Entry& e : *entries) {
+      if (!IsJpegName(e.name)) continue;
+      if (e.type == DatasetFs::EntryType::kSymlink) {
+        return RefusedLink(*fs, (fs::path(class_dir) / e.name).string());
+      }
+      if (e.type == DatasetFs::EntryType::kDirectory) continue;
+      names.push_back(std::move(e.name));
     }
     std::sort(names.begin(), names.end());
     for (const std::string& name : names) {
@@ -228,8 +218,9 @@ absl::StatusOr<std::unique_ptr<ImageFolderSource>> ImageFolderSource::Create(
 }
 
 ImageFolderSource::ImageFolderSource(std::string root, const ImageTransform& transform,
-                                     const DecodeLimits& limits)
-    : root_(std::move(root)), transform_(transform), limits_(limits) {
+                                     const DecodeLimits& limits,
+                                     std::shared_ptr<const DatasetFs> fs)
+    : root_(std::move(root)), transform_(transform), limits_(limits), fs_(std::move(fs)) {
   const int64_t side = transform_.size;
   fields_.push_back(FieldLayout{.name = "image",
                                 .dtype = ferry::v1::UINT8,
@@ -274,7 +265,7 @@ absl::Status ImageFolderSource::Fill(int64_t index, uint64_t sample_seed,
   }
   s->path.clear();  // keeps its capacity: no allocation once the longest path was seen
   AppendPath(index, &s->path);
-  absl::StatusOr<size_t> length = ReadWholeFile(s->path, limits_.max_sample_bytes, &s->file);
+  absl::StatusOr<size_t> length = ReadWholeFile(*fs_, s->path, limits_.max_sample_bytes, &s->file);
   if (!length.ok()) return length.status();
   if (*length == 0) {
     return absl::DataLossError(absl::StrCat("'", s->path, "' is empty"));

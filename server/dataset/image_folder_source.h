@@ -32,11 +32,13 @@ absl::StatusOr<ImageTransform> ImageTransformFromSpec(const ferry::v1::Transform
 
 class ImageFolderSource final : public SampleSource {
  public:
-  // Lists `root`. NOT_FOUND "dataset path '<root>' does not exist"; INVALID_ARGUMENT when it is
-  // not a directory; FAILED_PRECONDITION when it holds no JPEG in any class directory.
+  // Lists `root` through `fs`, which Fill then opens the files through. NOT_FOUND "dataset
+  // path '<root>' does not exist"; INVALID_ARGUMENT when it is not a directory;
+  // PERMISSION_DENIED naming a class directory or JPEG that is a symbolic link `fs` does not
+  // follow; FAILED_PRECONDITION when it holds no JPEG in any class directory.
   static absl::StatusOr<std::unique_ptr<ImageFolderSource>> Create(
       const std::string& root, const ImageTransform& transform,
-      const DecodeLimits& limits = DecodeLimits());
+      const DecodeLimits& limits = DecodeLimits(), std::shared_ptr<const DatasetFs> fs = UnconfinedDatasetFs());
 
   int64_t size() const override { return static_cast<int64_t>(labels_.size()); }
   const std::vector<FieldLayout>& fields() const override { return fields_; }
@@ -52,13 +54,14 @@ class ImageFolderSource final : public SampleSource {
 
  private:
   ImageFolderSource(std::string root, const ImageTransform& transform,
-                    const DecodeLimits& limits);
+                    const DecodeLimits& limits, std::shared_ptr<const DatasetFs> fs);
   void AppendPath(int64_t index, std::string* out) const;
 
   // Constant after construction.
   const std::string root_;
   const ImageTransform transform_;
   const DecodeLimits limits_;
+  const std::shared_ptr<const DatasetFs> fs_;
   std::vector<std::string> classes_;
   std::vector<int32_t> labels_;        // per sample
   std::vector<uint64_t> name_offsets_;  // per sample + 1: names_[off[i], off[i+1])

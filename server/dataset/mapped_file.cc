@@ -42,25 +42,12 @@ Registry& TheRegistry() {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) {
-    const int err = errno;
-    if (err == ENOENT) {
-      return absl::NotFoundError(absl::StrCat("dataset path '", path, "' does not exist"));
-    }
-    return absl::Status(absl::ErrnoToStatusCode(err),
-                        absl::StrCat("cannot open '", path, "': ", std::strerror(err)));
-  }
+absl::StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& path,
+                                                                   const DatasetFs& fs) {
+  absl::StatusOr<UniqueFd> fd = fs.OpenFile(path);
+  if (!fd.ok()) return fd.status();
   struct stat st;
-  if (::fstat(fd.get(), &st) != 0) {
-    const int err = errno;
-    return absl::Status(absl::ErrnoToStatusCode(err),
-                        absl::StrCat("cannot stat '", path, "': ", std::strerror(err)));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not a regular file"));
-  }
+  if (::fstat(fd->get(), &st) != 0) return FileErrnoStatus(errno, "cannot stat", path);
   const size_t size = static_cast<size_t>(st.st_size);
   if (size == 0) return std::shared_ptr<const MappedFile>(new MappedFile(path, nullptr, 0));
 
@@ -70,13 +57,11 @@ absl::StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::st
   absl::erase_if(registry.files, [](const auto& entry) { return entry.second.expired(); });
   std::weak_ptr<const MappedFile>& slot = registry.files[KeyOf(st)];
   if (std::shared_ptr<const MappedFile> live = slot.lock()) return live;
-  void* addr = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.get(), 0);
+  void* addr = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd->get(), 0);
   if (addr == MAP_FAILED) {
     const int err = errno;
     registry.files.erase(KeyOf(st));
-    return absl::Status(absl::ErrnoToStatusCode(err),
-                        absl::StrCat("mmap of '", path, "' (", size,
-                                     " bytes) failed: ", std::strerror(err)));
+    return FileErrnoStatus(err, absl::StrCat("cannot map ", size, " bytes of"), path);
   }
   std::shared_ptr<const MappedFile> file(
       new MappedFile(path, static_cast<const uint8_t*>(addr), size));

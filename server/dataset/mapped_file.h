@@ -24,16 +24,18 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "server/dataset/dataset_fs.h"
 
 namespace ferry {
 
 class MappedFile final {
  public:
-  // Maps `path` read-only, or returns the mapping of the same unchanged file if one is
-  // alive. NOT_FOUND "dataset path '<path>' does not exist", PERMISSION_DENIED and other
-  // open/mmap failures name the path; INVALID_ARGUMENT when it is not a regular file. An
-  // empty file gives an empty mapping (bytes() is empty, nothing is mapped).
-  static absl::StatusOr<std::shared_ptr<const MappedFile>> Open(const std::string& path);
+  // Maps `path` read-only, opened through `fs`, or returns the mapping of the same unchanged
+  // file if one is alive. Errors as DatasetFs::OpenFile's (NOT_FOUND, PERMISSION_DENIED,
+  // INVALID_ARGUMENT when it is not a regular file) and mmap's, naming the path. An empty
+  // file gives an empty mapping (bytes() is empty, nothing is mapped).
+  static absl::StatusOr<std::shared_ptr<const MappedFile>> Open(
+      const std::string& path, const DatasetFs& fs = *UnconfinedDatasetFs());
 
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;

@@ -41,7 +41,7 @@ size_t RowBytes(const std::vector<int64_t>& shape, size_t value_bytes) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RecordSource>> RecordSource::Create(
-    const ferry::v1::RecordsDataset& spec, RowStores stores) {
+    const ferry::v1::RecordsDataset& spec, RowStores stores, const DatasetFs& fs) {
   if (spec.path().empty()) {
     return absl::InvalidArgumentError("dataset.records.path must be set to the records file");
   }
@@ -68,7 +68,7 @@ absl::StatusOr<std::unique_ptr<RecordSource>> RecordSource::Create(
         "dataset.records.shape [", absl::StrJoin(layout.shape, ", "), "] of dataset.records.dtype ",
         DTypeLabel(spec.dtype()), " makes a record larger than any file; is the shape right?"));
   }
-  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, MappedFile::Open(spec.path()));
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, MappedFile::Open(spec.path(), fs));
   const size_t bytes = file->bytes().size();
   const uint64_t header = spec.header_bytes();
   const std::string record = RecordLabel(layout.dtype, layout.shape);

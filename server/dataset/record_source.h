@@ -42,9 +42,11 @@ class RecordSource final : public SampleSource {
   // NOT_FOUND naming the path; FAILED_PRECONDITION when the file is shorter than
   // header_bytes, holds no full record, or its size minus header_bytes is not a multiple of
   // the record size (the message gives the sizes).
-  // `stores`: how Fill writes the rows (RowStores, sample_source.h).
+  // `stores`: how Fill writes the rows (RowStores, sample_source.h). The file is opened
+  // through `fs`.
   static absl::StatusOr<std::unique_ptr<RecordSource>> Create(
-      const ferry::v1::RecordsDataset& spec, RowStores stores = RowStores::kOrdinary);
+      const ferry::v1::RecordsDataset& spec, RowStores stores = RowStores::kOrdinary,
+      const DatasetFs& fs = *UnconfinedDatasetFs());
 
   // A file whose layout the caller has read elsewhere (a .npy header). `unit` names one
   // record in Describe ("row"). INVALID_ARGUMENT when the layout is empty or does not fit

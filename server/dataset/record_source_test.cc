@@ -640,19 +640,19 @@ TEST(MakeSampleSourceTest, DispatchesRecordsAndNpy) {
   *records.mutable_dataset()->mutable_records() =
       RecordsSpec(dir.File("r.bin"), ferry::v1::UINT16, {2});
   Put(dir.File("r.bin"), Pattern(12));
-  auto r = MakeSampleSource(records);
+  auto r = MakeSampleSource(records, UnconfinedDatasetFs());
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ((*r)->size(), 3);
 
   ferry::v1::JobSpec npy;
   npy.mutable_dataset()->mutable_npy()->set_path(dir.File("a.npy"));
   Put(dir.File("a.npy"), Npy(Dict("|u1", "(4, 2)"), Pattern(8)));
-  auto n = MakeSampleSource(npy);
+  auto n = MakeSampleSource(npy, UnconfinedDatasetFs());
   ASSERT_TRUE(n.ok()) << n.status();
   EXPECT_EQ((*n)->size(), 4);
   EXPECT_EQ((*n)->fields()[0].dtype, ferry::v1::UINT8);
 
-  auto none = MakeSampleSource(ferry::v1::JobSpec());
+  auto none = MakeSampleSource(ferry::v1::JobSpec(), UnconfinedDatasetFs());
   EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(none.status().message(),
               AllOf(HasSubstr("image_folder"), HasSubstr("tokens"), HasSubstr("webdataset"),

@@ -30,6 +30,7 @@ size_t DTypeSize(ferry::v1::DType dtype) {
 }
 
 absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(const ferry::v1::JobSpec& spec,
+                                                               std::shared_ptr<const DatasetFs> fs,
                                                                const DecodeLimits& limits) {
   const ferry::v1::DatasetSpec& dataset = spec.dataset();
   const bool to_gpu = spec.device().rfind("cuda:", 0) == 0;
@@ -45,7 +46,7 @@ absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(const ferry::v1::
       FERRY_ASSIGN_OR_RETURN(ImageTransform transform, ImageTransformFromSpec(spec.transform()));
       FERRY_ASSIGN_OR_RETURN(auto source,
                              ImageFolderSource::Create(dataset.image_folder().root(), transform,
-                                                       limits));
+                                                       limits, std::move(fs)));
       return std::unique_ptr<SampleSource>(std::move(source));
     }
     case ferry::v1::DatasetSpec::kTokens: {
@@ -55,22 +56,23 @@ absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(const ferry::v1::
       const bool narrowing = dataset.tokens().token_dtype() == ferry::v1::UINT32 &&
                              dataset.tokens().output_dtype() == ferry::v1::INT32;
       const bool raw = to_gpu && !narrowing && !dataset.tokens().widen_on_host();
-      FERRY_ASSIGN_OR_RETURN(auto source, TokenSource::Create(dataset.tokens(), raw));
+      FERRY_ASSIGN_OR_RETURN(auto source, TokenSource::Create(dataset.tokens(), raw, *fs));
       return std::unique_ptr<SampleSource>(std::move(source));
     }
     case ferry::v1::DatasetSpec::kWebdataset: {
       // The transform first: indexing many shards takes a while.
       FERRY_ASSIGN_OR_RETURN(ImageTransform transform, ImageTransformFromSpec(spec.transform()));
       FERRY_ASSIGN_OR_RETURN(auto source,
-                             WebDatasetSource::Create(dataset.webdataset(), transform, limits));
+                             WebDatasetSource::Create(dataset.webdataset(), transform, limits,
+                                                      std::move(fs)));
       return std::unique_ptr<SampleSource>(std::move(source));
     }
     case ferry::v1::DatasetSpec::kRecords: {
-      FERRY_ASSIGN_OR_RETURN(auto source, RecordSource::Create(dataset.records(), stores));
+      FERRY_ASSIGN_OR_RETURN(auto source, RecordSource::Create(dataset.records(), stores, *fs));
       return std::unique_ptr<SampleSource>(std::move(source));
     }
     case ferry::v1::DatasetSpec::kNpy:
-      return OpenNpySource(dataset.npy(), stores);
+      return OpenNpySource(dataset.npy(), stores, *fs);
     case ferry::v1::DatasetSpec::KIND_NOT_SET:
       break;
   }

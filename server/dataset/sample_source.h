@@ -9,7 +9,7 @@
 //                "index" int64 []
 //   webdataset:  "image" uint8 [size, size, 3], "label" int64 [], "index" int64 []
 //
-//   FERRY_ASSIGN_OR_RETURN(auto source, MakeSampleSource(spec, dataset_roots));
+//   FERRY_ASSIGN_OR_RETURN(auto source, MakeSampleSource(spec, fs));
 //   std::vector<uint8_t*> rows = {...};  // one pointer per field, in fields() order
 //   absl::Status s = source->Fill(index, MixSeed(seed, epoch, index), rows, scratch.get());
 //
@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "ferry/v1/ferry.pb.h"
+#include "server/dataset/dataset_fs.h"
 #include "server/decode/image_transform.h"
 
 namespace ferry {
@@ -82,7 +83,9 @@ class SampleSource {
   // direct_rows() names when the caller reads those rows from the mapping itself: Fill
   // then writes the other fields only. `sample_seed` drives every random choice.
   // A sample that cannot be read or decoded returns a status naming its file (DATA_LOSS for
-  // corrupt content, NOT_FOUND / PERMISSION_DENIED for I/O); the caller decides what to do.
+  // corrupt content, NOT_FOUND / PERMISSION_DENIED for I/O, RESOURCE_EXHAUSTED / UNAVAILABLE
+  // when the machine, not the data, failed: IsTransientReadError); the caller decides what
+  // to do.
   virtual absl::Status Fill(int64_t index, uint64_t sample_seed, absl::Span<uint8_t* const> rows,
                             Scratch* scratch) const = 0;
 
@@ -113,10 +116,11 @@ class SampleSource {
 //   INVALID_ARGUMENT naming the field (crop size 0, seq_len 0, unknown token dtype, ...);
 //   NOT_FOUND naming the path when it does not exist;
 //   FAILED_PRECONDITION when the dataset is empty (says what was expected).
-// Dataset-root policy is the caller's job (it needs the config path for its message).
-// `limits` guard the decoders of image datasets (DaemonConfig.decode_limits).
+// Every file is opened through `fs` (dataset_roots: DatasetFs). `limits` guard the decoders
+// of image datasets (DaemonConfig.decode_limits).
 absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(
-    const ferry::v1::JobSpec& spec, const DecodeLimits& limits = DecodeLimits());
+    const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
+    const DecodeLimits& limits = DecodeLimits());
 
 }  // namespace ferry
 

@@ -86,7 +86,7 @@ struct Rows {
 };
 
 std::unique_ptr<SampleSource> MustMake(const ferry::v1::JobSpec& spec) {
-  absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(spec);
+  absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(spec, UnconfinedDatasetFs());
   EXPECT_TRUE(source.ok()) << source.status();
   return source.ok() ? *std::move(source) : nullptr;
 }
@@ -292,7 +292,7 @@ TEST_F(ImageFolderTest, ConcurrentFillsMatchSerial) {
 TEST(ImageFolderErrorsTest, MissingRootIsNotFound) {
   TempDir dir;
   const std::string missing = dir.path() + "/nope";
-  absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(ImageSpec(missing));
+  absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(ImageSpec(missing), UnconfinedDatasetFs());
   EXPECT_EQ(source.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(source.status().message(), "dataset path '" + missing + "' does not exist");
 }
@@ -301,31 +301,31 @@ TEST(ImageFolderErrorsTest, RootThatIsAFileIsInvalid) {
   TempDir dir;
   PutText(dir.path() + "/file", "x");
   absl::StatusOr<std::unique_ptr<SampleSource>> source =
-      MakeSampleSource(ImageSpec(dir.path() + "/file"));
+      MakeSampleSource(ImageSpec(dir.path() + "/file"), UnconfinedDatasetFs());
   EXPECT_EQ(source.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(source.status().message(), HasSubstr("is not a directory"));
 }
 
 TEST(ImageFolderErrorsTest, EmptyDatasetIsFailedPrecondition) {
   TempDir dir;
-  absl::StatusOr<std::unique_ptr<SampleSource>> none = MakeSampleSource(ImageSpec(dir.path()));
+  absl::StatusOr<std::unique_ptr<SampleSource>> none = MakeSampleSource(ImageSpec(dir.path()), UnconfinedDatasetFs());
   EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(none.status().message(), HasSubstr(dir.path()));
 
   PutText(dir.path() + "/cat/readme.txt", "no images here");
   fs::create_directories(dir.path() + "/dog");
-  absl::StatusOr<std::unique_ptr<SampleSource>> no_jpeg = MakeSampleSource(ImageSpec(dir.path()));
+  absl::StatusOr<std::unique_ptr<SampleSource>> no_jpeg = MakeSampleSource(ImageSpec(dir.path()), UnconfinedDatasetFs());
   EXPECT_EQ(no_jpeg.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(no_jpeg.status().message(), HasSubstr("2 class directories"));
   EXPECT_THAT(no_jpeg.status().message(), HasSubstr(".jpg"));
 }
 
 TEST(ImageFolderErrorsTest, UnsetRootOrKindIsInvalid) {
-  absl::StatusOr<std::unique_ptr<SampleSource>> no_root = MakeSampleSource(ImageSpec(""));
+  absl::StatusOr<std::unique_ptr<SampleSource>> no_root = MakeSampleSource(ImageSpec(""), UnconfinedDatasetFs());
   EXPECT_EQ(no_root.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(no_root.status().message(), HasSubstr("dataset.image_folder.root"));
 
-  absl::StatusOr<std::unique_ptr<SampleSource>> no_kind = MakeSampleSource(ferry::v1::JobSpec());
+  absl::StatusOr<std::unique_ptr<SampleSource>> no_kind = MakeSampleSource(ferry::v1::JobSpec(), UnconfinedDatasetFs());
   EXPECT_EQ(no_kind.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(no_kind.status().message(), HasSubstr("dataset.image_folder or dataset.tokens"));
 }
@@ -438,7 +438,7 @@ TEST(TransformSpecTest, InvalidSpecsNameTheField) {
     ferry::v1::JobSpec job;
     job.mutable_dataset()->mutable_image_folder()->set_root(dir.path());
     *job.mutable_transform() = c.spec;
-    absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(job);
+    absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(job, UnconfinedDatasetFs());
     EXPECT_EQ(source.status().code(), absl::StatusCode::kInvalidArgument) << c.what;
     EXPECT_EQ(source.status().message(), t.status().message()) << c.what;
   }
@@ -587,7 +587,7 @@ TEST(TokensTest, GpuJobsGetRawTokensUnlessWidenedOnTheHost) {
   ferry::v1::JobSpec widened = gpu;
   widened.mutable_dataset()->mutable_tokens()->set_widen_on_host(true);
   auto tokens_dtype = [](const ferry::v1::JobSpec& spec) {
-    absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(spec);
+    absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(spec, UnconfinedDatasetFs());
     EXPECT_TRUE(source.ok()) << source.status();
     return source.ok() ? (*source)->fields()[0].dtype : ferry::v1::DTYPE_UNSPECIFIED;
   };
@@ -596,7 +596,7 @@ TEST(TokensTest, GpuJobsGetRawTokensUnlessWidenedOnTheHost) {
   EXPECT_EQ(tokens_dtype(TokenSpec(path, ferry::v1::UINT16, 4)), ferry::v1::INT64);
 
   // Widened on the host for a GPU job: the rows hold the int64 values.
-  absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(widened);
+  absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(widened, UnconfinedDatasetFs());
   ASSERT_TRUE(source.ok()) << source.status();
   ASSERT_EQ((*source)->fields()[0].row_bytes, 5u * 8u);
   std::vector<uint8_t> row(5 * 8);
@@ -666,7 +666,7 @@ TEST(TokensTest, InvalidSpecsNameTheField) {
   PutText(dir.path() + "/empty.bin", "");
   PutText(dir.path() + "/odd.bin", std::string(201, 'x'));
   for (const Case& c : cases) {
-    absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(c.spec);
+    absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(c.spec, UnconfinedDatasetFs());
     EXPECT_EQ(source.status().code(), c.code) << c.what << ": " << source.status();
     for (const std::string& sub : c.substrings) {
       EXPECT_THAT(source.status().message(), HasSubstr(sub)) << c.what;

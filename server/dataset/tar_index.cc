@@ -398,27 +398,18 @@ absl::StatusOr<TarIndex> IndexTarBytes(const std::string& shard,
   return IndexTar(shard, MemoryTarReader(bytes));
 }
 
-absl::StatusOr<TarIndex> IndexTarFile(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) {
-    const int err = errno;
-    if (err == ENOENT) {
-      return absl::NotFoundError(absl::StrCat("dataset path '", path, "' does not exist"));
+absl::StatusOr<TarIndex> IndexTarFile(const std::string& path, const DatasetFs& fs) {
+  absl::StatusOr<UniqueFd> fd = fs.OpenFile(path);
+  if (!fd.ok()) {
+    if (fd.status().code() == absl::StatusCode::kInvalidArgument) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tar shard '", path, "' is not a regular file"));
     }
-    return absl::Status(absl::ErrnoToStatusCode(err),
-                        absl::StrCat("cannot open '", path, "': ", std::strerror(err)));
+    return fd.status();
   }
   struct stat st;
-  if (::fstat(fd.get(), &st) != 0) {
-    const int err = errno;
-    return absl::Status(absl::ErrnoToStatusCode(err),
-                        absl::StrCat("cannot stat '", path, "': ", std::strerror(err)));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tar shard '", path, "' is not a regular file"));
-  }
-  return IndexTar(path, FileTarReader(std::move(fd), static_cast<uint64_t>(st.st_size)));
+  if (::fstat(fd->get(), &st) != 0) return FileErrnoStatus(errno, "cannot stat", path);
+  return IndexTar(path, FileTarReader(*std::move(fd), static_cast<uint64_t>(st.st_size)));
 }
 
 }  // namespace ferry

@@ -43,6 +43,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "server/dataset/dataset_fs.h"
 
 namespace ferry {
 
@@ -83,7 +84,8 @@ absl::StatusOr<TarIndex> IndexTar(const std::string& shard, const TarReader& rea
 // Indexes the tar file at `path` with pread. NOT_FOUND "dataset path '<path>' does not
 // exist", PERMISSION_DENIED and other open errors name the path; INVALID_ARGUMENT when it is
 // not a regular file.
-absl::StatusOr<TarIndex> IndexTarFile(const std::string& path);
+absl::StatusOr<TarIndex> IndexTarFile(const std::string& path,
+                                      const DatasetFs& fs = *UnconfinedDatasetFs());
 
 // Indexes an archive held in memory (tests, tools).
 absl::StatusOr<TarIndex> IndexTarBytes(const std::string& shard,

@@ -49,7 +49,7 @@ int64_t Convert(const uint8_t* src, int64_t count, uint8_t* dst) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Create(
-    const ferry::v1::TokensDataset& spec, bool raw) {
+    const ferry::v1::TokensDataset& spec, bool raw, const DatasetFs& fs) {
   if (spec.path().empty()) {
     return absl::InvalidArgumentError("dataset.tokens.path must be set to the token file");
   }
@@ -77,7 +77,7 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Create(
         absl::StrCat("dataset.tokens.output_dtype must be INT64 (the default) or INT32 (got ",
                      ferry::v1::DType_Name(output), ")"));
   }
-  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, MappedFile::Open(spec.path()));
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, MappedFile::Open(spec.path(), fs));
   const size_t bytes = file->bytes().size();
   if (bytes % token_bytes != 0) {
     return absl::InvalidArgumentError(absl::StrCat(

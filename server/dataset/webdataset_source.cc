@@ -115,8 +115,9 @@ struct WebDatasetSource::ShardResult {
 };
 
 absl::StatusOr<WebDatasetSource::ShardResult> WebDatasetSource::IndexShard(
-    const std::string& path, const std::string& image_key, const std::string& label_key) {
-  absl::StatusOr<TarIndex> tar = IndexTarFile(path);
+    const std::string& path, const std::string& image_key, const std::string& label_key,
+    const DatasetFs& fs) {
+  absl::StatusOr<TarIndex> tar = IndexTarFile(path, fs);
   if (!tar.ok()) {
     if (tar.status().code() == absl::StatusCode::kDataLoss) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -201,7 +202,7 @@ absl::StatusOr<WebDatasetSource::ShardResult> WebDatasetSource::IndexShard(
 
 absl::StatusOr<std::unique_ptr<WebDatasetSource>> WebDatasetSource::Create(
     const ferry::v1::WebDataset& spec, const ImageTransform& transform,
-    const DecodeLimits& limits) {
+    const DecodeLimits& limits, std::shared_ptr<const DatasetFs> fs) {
   if (spec.shards().empty()) {
     return absl::InvalidArgumentError(
         "dataset.webdataset.shards must list at least one .tar path or pattern, e.g. "
@@ -229,12 +230,16 @@ absl::StatusOr<std::unique_ptr<WebDatasetSource>> WebDatasetSource::Create(
   }
 
   // Index the shards on a few threads; results are merged in shard order, so the numbering
-  // does not depend on which thread finished first.
+  // does not depend on which thread finished first. The first failure stops the others: the
+  // job is refused anyway, and a list of many missing shards must not take long to refuse.
   std::vector<std::optional<absl::StatusOr<ShardResult>>> results(shards.size());
   std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
   auto work = [&] {
-    for (size_t s = next.fetch_add(1); s < shards.size(); s = next.fetch_add(1)) {
-      results[s] = IndexShard(shards[s], image_key, label_key);
+    for (size_t s = next.fetch_add(1); s < shards.size() && !failed.load();
+         s = next.fetch_add(1)) {
+      results[s] = IndexShard(shards[s], image_key, label_key, *fs);
+      if (!results[s]->ok()) failed.store(true);
     }
   };
   const size_t threads = std::min(kIndexThreads, shards.size());
@@ -246,11 +251,12 @@ absl::StatusOr<std::unique_ptr<WebDatasetSource>> WebDatasetSource::Create(
   const uint32_t shuffle_buffer =
       spec.shuffle_buffer() == 0 ? kDefaultShuffleBuffer : spec.shuffle_buffer();
   std::unique_ptr<WebDatasetSource> source(
-      new WebDatasetSource(transform, limits, shuffle_buffer));
+      new WebDatasetSource(transform, limits, shuffle_buffer, std::move(fs)));
   source->label_spellings_.push_back(label_key);
   source->shard_begin_.push_back(0);
   source->name_offsets_.push_back(0);
   for (size_t s = 0; s < shards.size(); ++s) {
+    if (!results[s].has_value()) continue;  // after a failure, which the loop reaches
     if (!results[s]->ok()) return results[s]->status();
     ShardResult& r = **results[s];
     Stats& stats = source->stats_;
@@ -315,8 +321,8 @@ absl::StatusOr<std::unique_ptr<WebDatasetSource>> WebDatasetSource::Create(
 }
 
 WebDatasetSource::WebDatasetSource(const ImageTransform& transform, const DecodeLimits& limits,
-                                   uint32_t shuffle_buffer)
-    : transform_(transform), limits_(limits), shuffle_buffer_(shuffle_buffer) {
+                                   uint32_t shuffle_buffer, std::shared_ptr<const DatasetFs> fs)
+    : transform_(transform), limits_(limits), shuffle_buffer_(shuffle_buffer), fs_(std::move(fs)) {
   const int64_t side = transform_.size;
   fields_.push_back(FieldLayout{.name = "image",
                                 .dtype = ferry::v1::UINT8,
@@ -388,13 +394,13 @@ absl::Status WebDatasetSource::Fill(int64_t index, uint64_t sample_seed,
   }
 
   if (s->shard != static_cast<int64_t>(sample.shard)) {
-    s->fd.Reset(::open(shard.c_str(), O_RDONLY | O_CLOEXEC));
+    absl::StatusOr<UniqueFd> opened = fs_->OpenFile(shard);
+    s->fd = opened.ok() ? *std::move(opened) : UniqueFd();
     s->shard = s->fd.valid() ? static_cast<int64_t>(sample.shard) : -1;
-    if (!s->fd.valid()) {
-      const int err = errno;
-      return absl::Status(absl::ErrnoToStatusCode(err),
+    if (!opened.ok()) {
+      return absl::Status(opened.status().code(),
                           absl::StrCat("cannot read '", Describe(index),
-                                       "': cannot open the shard: ", std::strerror(err)));
+                                       "': ", opened.status().message()));
     }
   }
   // One read when the label lies next to the image (either side), two otherwise.

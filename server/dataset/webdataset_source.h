@@ -58,9 +58,10 @@ class WebDatasetSource final : public SampleSource {
   //   NOT_FOUND "dataset path '<shard>' does not exist", other open errors name the shard;
   //   FAILED_PRECONDITION "webdataset shard '<shard>' is damaged: ..." for a corrupt header
   //     (with its byte offset), or when no shard holds a sample with an image member.
+  // Shards are opened through `fs`, now and by Fill.
   static absl::StatusOr<std::unique_ptr<WebDatasetSource>> Create(
       const ferry::v1::WebDataset& spec, const ImageTransform& transform,
-      const DecodeLimits& limits = DecodeLimits());
+      const DecodeLimits& limits = DecodeLimits(), std::shared_ptr<const DatasetFs> fs = UnconfinedDatasetFs());
 
   int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
   const std::vector<FieldLayout>& fields() const override { return fields_; }
@@ -106,10 +107,11 @@ class WebDatasetSource final : public SampleSource {
   struct ShardResult;  // one shard's samples, before they are merged
 
   WebDatasetSource(const ImageTransform& transform, const DecodeLimits& limits,
-                   uint32_t shuffle_buffer);
+                   uint32_t shuffle_buffer, std::shared_ptr<const DatasetFs> fs);
   static absl::StatusOr<ShardResult> IndexShard(const std::string& path,
                                                 const std::string& image_key,
-                                                const std::string& label_key);
+                                                const std::string& label_key,
+                                                const DatasetFs& fs);
   absl::string_view ImageName(int64_t index) const;
   std::string LabelName(int64_t index) const;
 
@@ -117,6 +119,7 @@ class WebDatasetSource final : public SampleSource {
   const ImageTransform transform_;
   const DecodeLimits limits_;
   const uint32_t shuffle_buffer_;
+  const std::shared_ptr<const DatasetFs> fs_;
   std::vector<std::string> shards_;
   std::vector<int64_t> shard_begin_;  // per shard + 1
   std::vector<Sample> samples_;

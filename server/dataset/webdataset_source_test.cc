@@ -109,7 +109,7 @@ class WebDatasetSourceTest : public ::testing::Test {
 
   std::unique_ptr<SampleSource> Make(const ferry::v1::JobSpec& spec,
                                      const DecodeLimits& limits = DecodeLimits()) {
-    absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(spec, limits);
+    absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(spec, UnconfinedDatasetFs(), limits);
     EXPECT_TRUE(source.ok()) << source.status();
     return source.ok() ? *std::move(source) : nullptr;
   }
@@ -342,7 +342,7 @@ TEST_F(WebDatasetSourceTest, CreateErrorsNameTheProblem) {
       {no_transform, absl::StatusCode::kInvalidArgument, "transform must be set"},
   };
   for (const Case& c : cases) {
-    absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(c.spec);
+    absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(c.spec, UnconfinedDatasetFs());
     EXPECT_EQ(source.status().code(), c.code) << c.message << ": " << source.status();
     EXPECT_THAT(source.status().message(), HasSubstr(c.message));
   }

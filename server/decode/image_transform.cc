@@ -41,7 +41,14 @@ struct ErrorManager {
 
 [[noreturn]] void ErrorExit(j_common_ptr cinfo) {
   auto* err = reinterpret_cast<ErrorManager*>(cinfo->err);
-  (*cinfo->err->format_message)(cinfo, err->message);
+  if (cinfo->err->msg_code == JERR_NO_SOI) {
+    // libjpeg's text quotes the file's first two bytes; a message may reach a caller who
+    // may not read the file, so it never carries the file's contents.
+    std::snprintf(err->message, sizeof(err->message),
+                  "Not a JPEG file: it does not start with a JPEG start-of-image marker");
+  } else {
+    (*cinfo->err->format_message)(cinfo, err->message);
+  }
   std::longjmp(err->jump, 1);
 }
 

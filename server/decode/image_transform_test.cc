@@ -18,6 +18,7 @@ namespace ferry {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testutil::ChromaSubsampling;
 using testutil::EncodeCmykJpeg;
 using testutil::EncodeGrayJpeg;
@@ -251,6 +252,12 @@ TEST(JpegDecoderErrorTest, NotAJpeg) {
   ExpectDecodeError(png, "Not a JPEG file");
   Image text(500, 'x');
   ExpectDecodeError(text, "Not a JPEG file");
+  // The message never quotes the file's bytes (libjpeg's own says "starts with 0x78 0x78").
+  JpegDecoder decoder;
+  Image rgb;
+  int w = 0, h = 0;
+  absl::Status s = decoder.DecodeRgb(text, &rgb, &w, &h);
+  EXPECT_THAT(std::string(s.message()), Not(HasSubstr("0x78")));
 }
 
 TEST(JpegDecoderErrorTest, TruncatedInHeader) {

@@ -11,32 +11,51 @@
 namespace ferry {
 namespace {
 
-size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+uint64_t RoundUp(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
 constexpr size_t kMaxRecentErrors = 32;
 
 }  // namespace
 
-SlotLayout SlotLayout::Make(const std::vector<FieldLayout>& fields, int64_t batch_size) {
+absl::StatusOr<SlotLayout> SlotLayout::Make(const std::vector<FieldLayout>& fields,
+                                            int64_t batch_size) {
+  if (batch_size < 1 || batch_size > kMaxBatchSize) {
+    return absl::InvalidArgumentError(absl::StrCat("batch_size must be in [1, ", kMaxBatchSize,
+                                                   "] (got ", batch_size, ")"));
+  }
   SlotLayout layout;
   layout.fields = fields;
   layout.batch_size = batch_size;
-  size_t offset = 0;
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  uint64_t offset = 0;
   for (const FieldLayout& f : fields) {
     offset = RoundUp(offset, 256);
     layout.offsets.push_back(offset);
-    offset += f.row_bytes * static_cast<size_t>(batch_size);
+    uint64_t block = 0;
+    // offset <= kMaxSlotBytes here, so the sum cannot wrap once block is checked too.
+    if (__builtin_mul_overflow(static_cast<uint64_t>(f.row_bytes),
+                               static_cast<uint64_t>(batch_size), &block) ||
+        block > kMaxSlotBytes || offset + block > kMaxSlotBytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "a batch of ", batch_size, " rows of field '", f.name, "' (", f.row_bytes,
+          " bytes a row) exceeds the largest batch ferryd holds (", kMaxSlotBytes,
+          " bytes for all fields); lower batch_size"));
+    }
+    offset += block;
   }
-  layout.slot_bytes = RoundUp(std::max<size_t>(offset, 1), static_cast<size_t>(sysconf(_SC_PAGESIZE)));
+  layout.slot_bytes = RoundUp(std::max<uint64_t>(offset, 1), page);
   return layout;
 }
 
 absl::StatusOr<std::shared_ptr<Job>> Job::Create(JobIdentity identity,
                                                  const ferry::v1::JobSpec& spec,
+                                                 std::shared_ptr<const DatasetFs> fs,
                                                  const DecodeLimits& limits) {
-  if (spec.batch_size() == 0) {
-    return absl::InvalidArgumentError("batch_size must be at least 1 (got 0)");
+  if (spec.batch_size() < 1 || spec.batch_size() > kMaxBatchSize) {
+    return absl::InvalidArgumentError(absl::StrCat("batch_size must be in [1, ", kMaxBatchSize,
+                                                   "] (got ", spec.batch_size(), ")"));
   }
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<SampleSource> source, MakeSampleSource(spec, limits));
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<SampleSource> source,
+                         MakeSampleSource(spec, std::move(fs), limits));
   return Create(std::move(identity), spec, std::move(source));
 }
 
@@ -63,18 +82,19 @@ absl::StatusOr<std::shared_ptr<Job>> Job::Create(JobIdentity identity,
     };
     options.contiguous = true;
   }
+  FERRY_ASSIGN_OR_RETURN(SlotLayout layout, SlotLayout::Make(source->fields(), options.batch_size));
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Sampler> sampler, Sampler::Create(options));
-  return std::shared_ptr<Job>(
-      new Job(std::move(identity), spec, std::move(source), std::move(sampler)));
+  return std::shared_ptr<Job>(new Job(std::move(identity), spec, std::move(source),
+                                      std::move(sampler), std::move(layout)));
 }
 
 Job::Job(JobIdentity identity, ferry::v1::JobSpec spec, std::unique_ptr<SampleSource> source,
-         std::unique_ptr<Sampler> sampler)
+         std::unique_ptr<Sampler> sampler, SlotLayout layout)
     : identity_(std::move(identity)),
       spec_(std::move(spec)),
       source_(std::move(source)),
       sampler_(std::move(sampler)),
-      layout_(SlotLayout::Make(source_->fields(), spec_.batch_size())),
+      layout_(std::move(layout)),
       create_time_(absl::Now()) {}
 
 void Job::ToProto(ferry::v1::Job* job) const {

@@ -21,6 +21,13 @@
 
 namespace ferry {
 
+// The largest batch_size a job may ask for: far above any training batch, and small enough
+// that a row count times any row size ferry accepts is checked arithmetic, never a wrap.
+inline constexpr int64_t kMaxBatchSize = int64_t{1} << 20;
+// The largest slot (one batch, all fields): 1 TiB. Anything larger is a mistake in the spec,
+// and every product of a slot size with a slot count (at most 64) then fits in 64 bits.
+inline constexpr uint64_t kMaxSlotBytes = uint64_t{1} << 40;
+
 // Where each field's rows live inside a slot. Every field block starts on a 256-byte
 // boundary (aligned for vector loads and DMA) and the slot size is a multiple of the page
 // size, so every slot starts page-aligned in the slab.
@@ -30,7 +37,11 @@ struct SlotLayout {
   int64_t batch_size = 0;
   size_t slot_bytes = 0;
 
-  static SlotLayout Make(const std::vector<FieldLayout>& fields, int64_t batch_size);
+  // Lays out `batch_size` rows of each field. Every size is computed with overflow checks:
+  // INVALID_ARGUMENT when batch_size is outside [1, kMaxBatchSize], RESOURCE_EXHAUSTED
+  // naming the field when the slot would exceed kMaxSlotBytes.
+  static absl::StatusOr<SlotLayout> Make(const std::vector<FieldLayout>& fields,
+                                         int64_t batch_size);
 };
 
 struct JobIdentity {
@@ -42,9 +53,10 @@ struct JobIdentity {
 
 class Job final {
  public:
-  // Opens the dataset and checks the spec. Errors name the offending field.
+  // Opens the dataset through `fs` and checks the spec. Errors name the offending field.
   static absl::StatusOr<std::shared_ptr<Job>> Create(JobIdentity identity,
                                                      const ferry::v1::JobSpec& spec,
+                                                     std::shared_ptr<const DatasetFs> fs,
                                                      const DecodeLimits& limits = DecodeLimits());
   // Same, over an already opened source (tests feed fakes through this).
   static absl::StatusOr<std::shared_ptr<Job>> Create(JobIdentity identity,
@@ -86,7 +98,7 @@ class Job final {
 
  private:
   Job(JobIdentity identity, ferry::v1::JobSpec spec, std::unique_ptr<SampleSource> source,
-      std::unique_ptr<Sampler> sampler);
+      std::unique_ptr<Sampler> sampler, SlotLayout layout);
 
   const JobIdentity identity_;
   const ferry::v1::JobSpec spec_;

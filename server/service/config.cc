@@ -32,7 +32,6 @@ uint64_t PhysicalMemoryBytes() {
 
 void ApplyDefaults(ferry::v1::DaemonConfig* c) {
   if (c->unix_socket().empty()) c->set_unix_socket(DefaultSocketPath());
-  if (c->unix_socket_mode() == 0) c->set_unix_socket_mode(0660);
   if (c->host_memory_budget_bytes() == 0) c->set_host_memory_budget_bytes(PhysicalMemoryBytes() / 2);
   if (c->pinned_memory_budget_bytes() == 0) {
     c->set_pinned_memory_budget_bytes(c->host_memory_budget_bytes());
@@ -73,6 +72,13 @@ absl::StatusOr<LoadedConfig> LoadConfig(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat(
         "config file '", loaded.path, "': gather_streams is ", loaded.config.gather_streams(),
         "; use 1 to ", kMaxGatherStreams, " (0 = the default, 4)"));
+  }
+  for (const std::string& root : loaded.config.dataset_roots()) {
+    if (root.empty() || root[0] != '/') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config file '", loaded.path, "': dataset_roots entry '", root.substr(0, 512),
+          "' is not an absolute path; write it from /"));
+    }
   }
   ApplyDefaults(&loaded.config);
   return loaded;

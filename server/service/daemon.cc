@@ -28,6 +28,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   ferry::v1::DaemonConfig& config = d->config_.config;
   if (!options.listen.empty()) config.set_unix_socket(options.listen);
   if (options.workers >= 0) config.set_workers_per_node(static_cast<uint32_t>(options.workers));
+  // The system daemon serves every member of group `ferry`; any other daemon its user only.
+  if (config.unix_socket_mode() == 0) {
+    config.set_unix_socket_mode(config.unix_socket() == kSystemSocketPath ? 0660 : 0600);
+  }
 
   FERRY_ASSIGN_OR_RETURN(d->topology_, Topology::Read(config.sysfs_root()));
   FERRY_ASSIGN_OR_RETURN(d->pool_, WorkerPool::Create(d->topology_,
@@ -43,6 +47,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   // serve.
   job_options.allow_any_dataset =
       job_options.dataset_roots.empty() && config.unix_socket() != kSystemSocketPath;
+  job_options.follow_symlinks_within_roots = config.follow_symlinks_within_roots();
   job_options.config_path = d->config_.path;
   const ferry::v1::DecodeLimits& limits = config.decode_limits();
   if (limits.max_image_pixels() != 0) {

@@ -62,15 +62,6 @@ absl::StatusOr<std::vector<std::string>> DatasetPaths(const ferry::v1::JobSpec& 
   return paths;
 }
 
-bool IsUnder(const std::filesystem::path& path, const std::filesystem::path& root) {
-  auto p = path.begin();
-  for (auto r = root.begin(); r != root.end(); ++r, ++p) {
-    if (r->empty()) continue;  // trailing slash of the root
-    if (p == path.end() || *p != *r) return false;
-  }
-  return true;
-}
-
 std::string SpecKey(uint32_t uid, const std::string& name, const ferry::v1::JobSpec& spec) {
   std::string bytes;
   google::protobuf::io::StringOutputStream out(&bytes);
@@ -95,7 +86,23 @@ std::string RandomHex(int bytes) {
 
 JobManager::JobManager(Options options, WorkerPool* pool, MemoryBudget* host_budget,
                        GpuProvider* gpus)
-    : options_(std::move(options)), pool_(pool), host_budget_(host_budget), gpus_(gpus) {}
+    : options_(std::move(options)), pool_(pool), host_budget_(host_budget), gpus_(gpus) {
+  if (options_.allow_any_dataset) {
+    dataset_fs_ = UnconfinedDatasetFs();
+    return;
+  }
+  if (options_.dataset_roots.empty()) return;  // a system daemon without roots reads nothing
+  DatasetAccess access;
+  access.roots = options_.dataset_roots;
+  access.follow_symlinks_within_roots = options_.follow_symlinks_within_roots;
+  access.config_path = options_.config_path;
+  absl::StatusOr<std::shared_ptr<const DatasetFs>> fs = MakeDatasetFs(access);
+  if (fs.ok()) {
+    dataset_fs_ = *std::move(fs);
+  } else {
+    dataset_fs_error_ = fs.status();
+  }
+}
 
 JobManager::~JobManager() { BeginDrain(); }
 
@@ -106,22 +113,14 @@ absl::Status JobManager::CheckDataset(const ferry::v1::JobSpec& spec) const {
 }
 
 absl::Status JobManager::CheckDatasetPath(const std::string& path) const {
-  if (path[0] != '/') {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dataset path '", path, "' is relative; ferryd needs an absolute path"));
+  if (dataset_fs_ == nullptr) {
+    if (!dataset_fs_error_.ok()) return dataset_fs_error_;
+    return absl::PermissionDeniedError(absl::StrCat(
+        "dataset path '", path.substr(0, 512), "' is not under any configured dataset_roots "
+        "(none configured); add its directory to dataset_roots in ", options_.config_path));
   }
-  if (options_.allow_any_dataset) return absl::OkStatus();
-  std::error_code ec;
-  const std::filesystem::path canonical = std::filesystem::weakly_canonical(path, ec);
-  for (const std::string& root : options_.dataset_roots) {
-    std::filesystem::path r = std::filesystem::weakly_canonical(root, ec);
-    if (!ec && IsUnder(canonical, r)) return absl::OkStatus();
-  }
-  return absl::PermissionDeniedError(absl::StrCat(
-      "dataset path '", path, "' is not under any configured dataset_roots (",
-      options_.dataset_roots.empty() ? std::string("none configured")
-                                     : absl::StrJoin(options_.dataset_roots, ", "),
-      "); add its directory to dataset_roots in ", options_.config_path));
+  // The name's check, before any disk access; each open is checked again as it happens.
+  return dataset_fs_->CheckPath(path);
 }
 
 uint32_t JobManager::SlotsPerRank(const Job& job) const {
@@ -214,7 +213,7 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
     identity.serial = next_serial_++;
   }
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Job> job,
-                         Job::Create(identity, spec, options_.decode_limits));
+                         Job::Create(identity, spec, dataset_fs_, options_.decode_limits));
   if (cuda) FERRY_RETURN_IF_ERROR(gpus_->CheckJob(*job));
   // Refuse now a job whose rank slab can never fit, rather than at every rank's attach.
   const uint32_t slots = SlotsPerRank(*job);

@@ -38,6 +38,7 @@ class JobManager final {
   struct Options {
     std::vector<std::string> dataset_roots;  // empty: see allow_any_dataset
     bool allow_any_dataset = false;          // per-user daemon with no roots configured
+    bool follow_symlinks_within_roots = false;  // DaemonConfig's (DatasetAccess)
     std::string config_path;                 // for error messages
     // Slots per rank of a job that asks for none: default_prefetch_depth, or more for small
     // batches, until default_prefetch_bytes of slots are in flight (see SlotsPerRank).
@@ -109,6 +110,11 @@ class JobManager final {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const Options options_;
+  // Every file a job opens goes through it (dataset_roots). Null when no job may read
+  // anything: a system daemon without roots, or roots that are unusable (dataset_fs_error_
+  // says why).
+  std::shared_ptr<const DatasetFs> dataset_fs_;
+  absl::Status dataset_fs_error_;
   WorkerPool* const pool_;
   MemoryBudget* const host_budget_;
   GpuProvider* const gpus_;

@@ -107,6 +107,33 @@ TEST_F(JobManagerTest, DatasetOutsideRootsIsPermissionDenied) {
   EXPECT_TRUE(ok->CreateJob(kAlice, "", TokensSpec(tokens_)).ok());
 }
 
+// The request that crashed ferryd: one 1 TiB record and a batch of 2^24 of them wrapped the
+// slot size, and a worker wrote past its slot. Every size is checked now, naming the field.
+TEST_F(JobManagerTest, BatchesWhoseSizeOverflowsAreRefusedNamingTheField) {
+  const std::string huge = (dir_ / "data" / "one_record.bin").string();
+  {
+    std::ofstream create(huge, std::ios::binary);
+  }
+  if (truncate(huge.c_str(), off_t{1} << 40) != 0) {
+    GTEST_SKIP() << "this filesystem cannot hold a sparse 1 TiB file";
+  }
+  auto m = Manager({}, true);
+  ferry::v1::JobSpec spec;
+  spec.mutable_dataset()->mutable_records()->set_path(huge);
+  spec.mutable_dataset()->mutable_records()->set_dtype(ferry::v1::UINT8);
+  spec.mutable_dataset()->mutable_records()->add_shape(int64_t{1} << 40);
+  spec.set_batch_size(1u << 24);
+  auto r = m->CreateJob(kAlice, "", spec);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("batch_size must be in [1, 1048576]"));
+
+  spec.set_batch_size(1u << 20);  // allowed, but 2^60 bytes a batch
+  r = m->CreateJob(kAlice, "", spec);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(r.status().message(), HasSubstr("field 'data'"));
+  EXPECT_THAT(r.status().message(), HasSubstr("lower batch_size"));
+}
+
 TEST_F(JobManagerTest, NoRootsOnASystemDaemonRefusesEverything) {
   auto m = Manager({}, false);
   auto r = m->CreateJob(kAlice, "", TokensSpec(tokens_));

@@ -14,7 +14,7 @@ SlotLayout ImageLayout(int batch) {
       {"image", ferry::v1::UINT8, {224, 224, 3}, 224 * 224 * 3},
       {"label", ferry::v1::INT64, {}, 8},
       {"index", ferry::v1::INT64, {}, 8}};
-  return SlotLayout::Make(fields, batch);
+  return *SlotLayout::Make(fields, batch);
 }
 
 TEST(DeviceSlotLayoutTest, UnconvertedIsTheHostLayout) {
@@ -64,14 +64,14 @@ TEST(DeviceSlotLayoutTest, BadRequestsNameTheField) {
   std::vector<FieldLayout> tokens = {{"tokens", ferry::v1::INT64, {9}, 72}};
   ferry::v1::ImageOutput f32;
   f32.set_dtype(ferry::v1::FLOAT32);
-  EXPECT_THAT(DeviceSlotLayout::Make(SlotLayout::Make(tokens, 4), f32).status().message(),
+  EXPECT_THAT(DeviceSlotLayout::Make(*SlotLayout::Make(tokens, 4), f32).status().message(),
               HasSubstr("no image field"));
 }
 
 TEST(DeviceSlotLayoutTest, RawTokensAreWidenedThroughStaging) {
   std::vector<FieldLayout> raw = {{"tokens", ferry::v1::UINT16, {9}, 18},
                                   {"index", ferry::v1::INT64, {}, 8}};
-  SlotLayout host = SlotLayout::Make(raw, 4);
+  SlotLayout host = *SlotLayout::Make(raw, 4);
   for (auto [out, size] : {std::pair{ferry::v1::DTYPE_UNSPECIFIED, 8u},
                            std::pair{ferry::v1::INT64, 8u}, std::pair{ferry::v1::INT32, 4u}}) {
     auto d = DeviceSlotLayout::Make(host, ferry::v1::ImageOutput(), out);
@@ -92,7 +92,7 @@ TEST(DeviceSlotLayoutTest, RawTokensAreWidenedThroughStaging) {
               HasSubstr("dataset.tokens.output_dtype"));
   // Already widened on the host (the CPU transport, or UINT32 -> INT32): copied as is.
   std::vector<FieldLayout> wide = {{"tokens", ferry::v1::INT32, {9}, 36}};
-  auto d = DeviceSlotLayout::Make(SlotLayout::Make(wide, 4), ferry::v1::ImageOutput(),
+  auto d = DeviceSlotLayout::Make(*SlotLayout::Make(wide, 4), ferry::v1::ImageOutput(),
                                   ferry::v1::INT32);
   ASSERT_TRUE(d.ok());
   EXPECT_FALSE(d->converts());

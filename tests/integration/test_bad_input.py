@@ -208,6 +208,16 @@ class DatasetRootsTest(DaemonTestCase):
         cls.inside = ferry_it.make_image_folder(os.path.join(cls.allowed, "images"), {"a": 2})
         cls.outside = ferry_it.make_image_folder(os.path.join(cls.dir, "other"), {"a": 2})
         os.symlink(cls.outside, os.path.join(cls.allowed, "link"))
+        # Links planted inside an allowed tree, leading out of it: a class directory and a
+        # file of an otherwise ordinary class.
+        cls.planted = ferry_it.make_image_folder(os.path.join(cls.allowed, "planted"), {"a": 2})
+        os.symlink(os.path.join(cls.outside, "a"), os.path.join(cls.planted, "b"))
+        cls.planted_file = ferry_it.make_image_folder(os.path.join(cls.allowed, "planted_file"),
+                                                      {"a": 2})
+        secret = os.path.join(cls.dir, "secret.jpg")
+        with open(secret, "wb") as f:
+            f.write(b"TOP SECRET, not a JPEG")
+        os.symlink(secret, os.path.join(cls.planted_file, "a", "zz.jpg"))
 
     def assertDenied(self, path, fn, *args):
         message = self.assertFerryError("PERMISSION_DENIED", fn, *args)
@@ -216,15 +226,29 @@ class DatasetRootsTest(DaemonTestCase):
         self.assertIn("add its directory to dataset_roots in %s" % self.daemon.config_path,
                       message)
 
+    def assertLinkRefused(self, path, fn, *args):
+        message = self.assertFerryError("PERMISSION_DENIED", fn, *args)
+        self.assertIn("dataset path '%s' passes through a symbolic link" % path, message)
+        self.assertIn("follow_symlinks_within_roots: true in %s" % self.daemon.config_path,
+                      message)
+        self.assertNotIn("TOP SECRET", message)
+
     def test_path_outside_the_roots_is_denied(self):
         self.assertDenied(self.outside, self.loader, ferry.ImageFolder(self.outside))
 
     def test_symlink_and_dotdot_out_of_a_root_are_denied(self):
         link = os.path.join(self.allowed, "link")
-        self.assertDenied(link, self.loader, ferry.ImageFolder(link))
+        self.assertLinkRefused(link, self.loader, ferry.ImageFolder(link))
         # The Python layer normalises "..", so send it raw.
         dotdot = os.path.join(self.allowed, "..", "other")
-        self.assertDenied(dotdot, self.client().create_job, image_spec(dotdot))
+        self.assertDenied(os.path.join(self.dir, "other"), self.client().create_job,
+                          image_spec(dotdot))
+
+    def test_links_planted_inside_a_root_are_refused_by_name(self):
+        self.assertLinkRefused(os.path.join(self.planted, "b"), self.loader,
+                               ferry.ImageFolder(self.planted))
+        self.assertLinkRefused(os.path.join(self.planted_file, "a", "zz.jpg"), self.loader,
+                               ferry.ImageFolder(self.planted_file))
 
     def test_path_inside_a_root_is_served_and_status_shows_the_roots(self):
         loader = self.loader(ferry.ImageFolder(self.inside))
@@ -232,6 +256,28 @@ class DatasetRootsTest(DaemonTestCase):
         daemon = ferry_it.ferryctl(self.daemon.address, "status")["daemon"]
         self.assertEqual(daemon["dataset_roots"], [self.allowed])
         self.assertEqual(daemon["config_path"], self.daemon.config_path)
+
+
+class FollowSymlinksWithinRootsTest(DaemonTestCase):
+    CONFIG = staticmethod(lambda d: 'dataset_roots: "%s/allowed"\n'
+                          "follow_symlinks_within_roots: true\n" % d)
+
+    def test_links_within_the_roots_are_served_and_links_out_are_not(self):
+        allowed = os.path.join(self.dir, "allowed")
+        images = ferry_it.make_image_folder(os.path.join(allowed, "images"), {"a": 2, "b": 2})
+        outside = ferry_it.make_image_folder(os.path.join(self.dir, "other"), {"a": 2})
+        linked = os.path.join(allowed, "linked")
+        os.makedirs(linked)
+        os.symlink(os.path.join(images, "a"), os.path.join(linked, "a"))
+        os.symlink(os.path.join(images, "b"), os.path.join(linked, "b"))
+        loader = self.loader(ferry.ImageFolder(linked), batch_size=2)
+        self.assertEqual(sorted(int(i) for batch in loader for i in batch["index"]),
+                         [0, 1, 2, 3])
+        os.symlink(os.path.join(outside, "a"), os.path.join(linked, "c"))
+        message = self.assertFerryError("PERMISSION_DENIED", self.loader,
+                                        ferry.ImageFolder(linked), batch_size=2,
+                                        job_name="with-c")
+        self.assertIn("leads outside dataset_roots", message)
 
 
 class MemoryBudgetTest(DaemonTestCase):

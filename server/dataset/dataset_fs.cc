@@ -1,0 +1,306 @@
+#include "server/dataset/dataset_fs.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace ferry {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Paths in messages are cut to this many bytes: a request may name a path of any length.
+constexpr size_t kMaxQuotedPath = 512;
+
+std::string Quoted(const std::string& path) {
+  if (path.size() <= kMaxQuotedPath) return absl::StrCat("'", path, "'");
+  return absl::StrCat("'", path.substr(0, kMaxQuotedPath), "...' (", path.size(), " bytes)");
+}
+
+bool IsUnder(const fs::path& path, const fs::path& root) {
+  auto p = path.begin();
+  for (auto r = root.begin(); r != root.end(); ++r, ++p) {
+    if (r->empty()) continue;  // trailing slash of the root
+    if (p == path.end() || *p != *r) return false;
+  }
+  return true;
+}
+
+// `path` below `root` (both lexically normal), without a leading slash; "." for the root.
+std::string Below(const fs::path& path, const fs::path& root) {
+  fs::path rel = path.lexically_relative(root);
+  return rel.empty() ? std::string(".") : rel.string();
+}
+
+// The path an open descriptor refers to, as the kernel resolved it.
+std::optional<std::string> ResolvedPath(int fd) {
+  char link[64];
+  snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+  std::string target(4096, '\0');
+  const ssize_t n = ::readlink(link, target.data(), target.size());
+  if (n <= 0 || static_cast<size_t>(n) >= target.size()) return std::nullopt;
+  target.resize(static_cast<size_t>(n));
+  return target;
+}
+
+class RealDatasetFs final : public DatasetFs {
+ public:
+  struct Root {
+    fs::path configured;  // lexically normal
+    fs::path canonical;   // symlinks of the root itself resolved (the admin's choice)
+  };
+
+  RealDatasetFs(std::vector<Root> roots, bool follow_symlinks, std::string config_path)
+      : roots_(std::move(roots)),
+        follow_symlinks_(follow_symlinks),
+        config_path_(std::move(config_path)) {}
+
+  absl::Status CheckPath(const std::string& path) const override {
+    if (path.empty() || path[0] != '/') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset path ", Quoted(path), " is relative; ferryd needs an absolute path"));
+    }
+    if (roots_.empty()) return absl::OkStatus();
+    return FindRoot(fs::path(path).lexically_normal()).status();
+  }
+
+  absl::StatusOr<UniqueFd> OpenFile(const std::string& path) const override {
+    absl::StatusOr<UniqueFd> fd = Open(path, O_RDONLY);
+    if (!fd.ok()) return fd.status();
+    struct stat st;
+    if (::fstat(fd->get(), &st) != 0) return FileErrnoStatus(errno, "cannot stat", path);
+    if (!S_ISREG(st.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat(Quoted(path), " is not a regular file"));
+    }
+    return fd;
+  }
+
+  absl::StatusOr<std::vector<Entry>> ListDirectory(const std::string& path) const override {
+    absl::StatusOr<UniqueFd> fd = Open(path, O_RDONLY | O_DIRECTORY);
+    if (!fd.ok()) {
+      if (fd.status().code() == absl::StatusCode::kFailedPrecondition) {
+        return absl::InvalidArgumentError(absl::StrCat(Quoted(path), " is not a directory"));
+      }
+      return fd.status();
+    }
+    DIR* dir = ::fdopendir(fd->get());
+    if (dir == nullptr) return FileErrnoStatus(errno, "cannot list", path);
+    fd->Release();  // the DIR owns it now
+    std::vector<Entry> entries;
+    absl::Status status;
+    for (;;) {
+      errno = 0;
+      const struct dirent* d = ::readdir(dir);
+      if (d == nullptr) {
+        if (errno != 0) status = FileErrnoStatus(errno, "cannot list", path);
+        break;
+      }
+      if (std::strcmp(d->d_name, ".") == 0 || std::strcmp(d->d_name, "..") == 0) continue;
+      Entry e;
+      e.name = d->d_name;
+      unsigned char type = d->d_type;
+      if (type == DT_UNKNOWN) {  // filesystems without d_type: one lstat
+        struct stat st;
+        if (::fstatat(::dirfd(dir), d->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+          type = S_ISREG(st.st_mode)   ? DT_REG
+                 : S_ISDIR(st.st_mode) ? DT_DIR
+                 : S_ISLNK(st.st_mode) ? DT_LNK
+                                       : DT_UNKNOWN;
+        }
+      }
+      e.type = type == DT_REG   ? EntryType::kFile
+               : type == DT_DIR ? EntryType::kDirectory
+               : type == DT_LNK ? EntryType::kSymlink
+                                : EntryType::kOther;
+      if (e.type == EntryType::kSymlink && follow_symlinks_) {
+        e.type = TargetType(absl::StrCat(path, path.back() == '/' ? "" : "/", e.name));
+      }
+      entries.push_back(std::move(e));
+    }
+    ::closedir(dir);
+    if (!status.ok()) return status;
+    return entries;
+  }
+
+ private:
+  // The root `normal` lies under and its path below that root.
+  absl::StatusOr<std::pair<const Root*, std::string>> FindRoot(const fs::path& normal) const {
+    for (const Root& r : roots_) {
+      if (IsUnder(normal, r.configured)) return std::make_pair(&r, Below(normal, r.configured));
+      if (IsUnder(normal, r.canonical)) return std::make_pair(&r, Below(normal, r.canonical));
+    }
+    std::vector<std::string> names;
+    for (const Root& r : roots_) names.push_back(r.configured.string());
+    return absl::PermissionDeniedError(absl::StrCat(
+        "dataset path ", Quoted(normal.string()), " is not under any configured dataset_roots (",
+        absl::StrJoin(names, ", "), "); add its directory to dataset_roots in ", config_path_));
+  }
+
+  bool UnderSomeRoot(const fs::path& resolved) const {
+    for (const Root& r : roots_) {
+      if (IsUnder(resolved, r.canonical)) return true;
+    }
+    return false;
+  }
+
+  absl::Status SymlinkRefused(const std::string& path) const {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "dataset path ", Quoted(path),
+        " passes through a symbolic link, and ferryd follows none below dataset_roots; replace "
+        "the link with the file, or set follow_symlinks_within_roots: true in ",
+        config_path_, " if the tree's links stay within the roots"));
+  }
+
+  absl::Status LeavesRoots(const std::string& path) const {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "dataset path ", Quoted(path),
+        " leads outside dataset_roots through a symbolic link or '..'; ferryd reads only files "
+        "under the roots configured in ", config_path_));
+  }
+
+  // Opens `path` with `flags` (O_RDONLY, maybe O_DIRECTORY) under the policy. ENOTDIR for
+  // O_DIRECTORY comes back as FAILED_PRECONDITION.
+  absl::StatusOr<UniqueFd> Open(const std::string& path, int flags) const {
+    absl::Status checked = CheckPath(path);
+    if (!checked.ok()) return checked;
+    flags |= O_CLOEXEC;
+    if (roots_.empty()) {
+      UniqueFd fd(::open(path.c_str(), flags));
+      if (!fd.valid()) return OpenError(errno, path);
+      return fd;
+    }
+    const fs::path normal = fs::path(path).lexically_normal();
+    absl::StatusOr<std::pair<const Root*, std::string>> found = FindRoot(normal);
+    if (!found.ok()) return found.status();
+    const Root& root = *found->first;
+    const std::string& below = found->second;
+    UniqueFd root_fd(::open(root.canonical.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!root_fd.valid()) return OpenError(errno, root.configured.string());
+    if (follow_symlinks_) {
+      // Links are followed wherever they lead; what was opened must lie under a root.
+      UniqueFd fd(::openat(root_fd.get(), below.c_str(), flags));
+      if (!fd.valid()) return OpenError(errno, path);
+      const std::optional<std::string> resolved = ResolvedPath(fd.get());
+      if (!resolved.has_value() || !UnderSomeRoot(fs::path(*resolved))) return LeavesRoots(path);
+      return fd;
+    }
+    struct open_how how;
+    std::memset(&how, 0, sizeof(how));
+    how.flags = static_cast<uint64_t>(flags);
+    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+    const long opened = ::syscall(SYS_openat2, root_fd.get(), below.c_str(), &how, sizeof(how));
+    if (opened >= 0) return UniqueFd(static_cast<int>(opened));
+    const int err = errno;
+    if (err == ELOOP) return SymlinkRefused(path);
+    if (err == EXDEV) return LeavesRoots(path);
+    if (err != ENOSYS) return OpenError(err, path);
+    // Kernels before 5.6: refuse a final link, then require that the kernel's resolution
+    // of the rest is the path as named (any link on the way would change it).
+    UniqueFd fd(::openat(root_fd.get(), below.c_str(), flags | O_NOFOLLOW));
+    if (!fd.valid()) {
+      if (errno == ELOOP) return SymlinkRefused(path);
+      return OpenError(errno, path);
+    }
+    const std::optional<std::string> resolved = ResolvedPath(fd.get());
+    const fs::path expected = (root.canonical / below).lexically_normal();
+    if (!resolved.has_value() || fs::path(*resolved) != expected) return SymlinkRefused(path);
+    return fd;
+  }
+
+  absl::Status OpenError(int err, const std::string& path) const {
+    if (err == ENOENT) {
+      return absl::NotFoundError(absl::StrCat("dataset path ", Quoted(path), " does not exist"));
+    }
+    if (err == ENOTDIR) {
+      return absl::FailedPreconditionError(absl::StrCat(Quoted(path), " is not a directory"));
+    }
+    return FileErrnoStatus(err, "cannot open", path);
+  }
+
+  // What a followed link below `path`'s directory points at (kSymlink when it may not be
+  // followed: outside the roots).
+  EntryType TargetType(const std::string& path) const {
+    absl::StatusOr<UniqueFd> fd = Open(path, O_PATH);
+    struct stat st;
+    if (!fd.ok() || ::fstat(fd->get(), &st) != 0) return EntryType::kSymlink;
+    return S_ISREG(st.st_mode) ? EntryType::kFile
+           : S_ISDIR(st.st_mode) ? EntryType::kDirectory
+                                 : EntryType::kOther;
+  }
+
+  const std::vector<Root> roots_;
+  const bool follow_symlinks_;
+  const std::string config_path_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const DatasetFs>> MakeDatasetFs(const DatasetAccess& access) {
+  std::vector<RealDatasetFs::Root> roots;
+  for (const std::string& root : access.roots) {
+    if (root.empty() || root[0] != '/') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dataset_roots entry ", Quoted(root), " is not an absolute path; fix it in ",
+          access.config_path));
+    }
+    RealDatasetFs::Root r;
+    r.configured = fs::path(root).lexically_normal();
+    std::error_code ec;
+    r.canonical = fs::weakly_canonical(r.configured, ec);
+    if (ec) r.canonical = r.configured;
+    roots.push_back(std::move(r));
+  }
+  return std::shared_ptr<const DatasetFs>(std::make_shared<RealDatasetFs>(
+      std::move(roots), access.follow_symlinks_within_roots, access.config_path));
+}
+
+std::shared_ptr<const DatasetFs> UnconfinedDatasetFs() {
+  static const std::shared_ptr<const DatasetFs> unconfined =
+      std::make_shared<RealDatasetFs>(std::vector<RealDatasetFs::Root>{}, true, "");
+  return unconfined;
+}
+
+bool IsTransientReadError(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kResourceExhausted ||
+         status.code() == absl::StatusCode::kUnavailable;
+}
+
+absl::Status FileErrnoStatus(int err, const std::string& what, const std::string& path) {
+  absl::StatusCode code;
+  switch (err) {
+    case EMFILE:
+    case ENFILE:
+    case ENOMEM:
+    case ENOBUFS:
+      code = absl::StatusCode::kResourceExhausted;
+      break;
+    case EIO:
+    case EAGAIN:
+    case ESTALE:
+    case ETIMEDOUT:
+    case EINTR:
+      code = absl::StatusCode::kUnavailable;
+      break;
+    default:
+      code = absl::ErrnoToStatusCode(err);
+      // Codes the reader treats as transient stay reserved for the cases above.
+      if (code == absl::StatusCode::kResourceExhausted || code == absl::StatusCode::kUnavailable) {
+        code = absl::StatusCode::kInternal;
+      }
+  }
+  return absl::Status(code, absl::StrCat(what, " ", Quoted(path), ": ", std::strerror(err)));
+}
+
+}  // namespace ferry

@@ -1,0 +1,94 @@
+// The filesystem as a job's dataset sees it. Every file and directory a sample source opens
+// goes through one DatasetFs, so that:
+//  * a system daemon's dataset_roots hold at the open itself, not only for the path a request
+//    names: a path is resolved beneath its root by the kernel (openat2 with RESOLVE_BENEATH),
+//    and symbolic links below a root are refused unless the daemon is configured to follow
+//    those that stay within the roots. A user who can write into an allowed tree cannot point
+//    ferryd at a file outside it.
+//  * tests can inject failures (a fault-injecting DatasetFs over the real one).
+//
+//   DatasetAccess access;
+//   access.roots = {"/data"};
+//   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const DatasetFs> fs, MakeDatasetFs(access));
+//   FERRY_ASSIGN_OR_RETURN(UniqueFd fd, fs->OpenFile("/data/imagenet/train/n01/x.JPEG"));
+//
+// Errors name the path, never a file's contents, and carry a canonical code:
+//   NOT_FOUND "dataset path '<path>' does not exist";
+//   PERMISSION_DENIED for what the daemon may not read, a path outside the roots and a
+//     symbolic link it does not follow (the message says what to configure);
+//   RESOURCE_EXHAUSTED / UNAVAILABLE for conditions of the machine, not of the data (out of
+//     file descriptors or memory, I/O errors that may pass): see IsTransientReadError.
+// Thread-safety: every method is const and may be called from many threads at once.
+#ifndef FERRY_SERVER_DATASET_DATASET_FS_H_
+#define FERRY_SERVER_DATASET_DATASET_FS_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/unique_fd.h"
+
+namespace ferry {
+
+class DatasetFs {
+ public:
+  enum class EntryType { kFile, kDirectory, kSymlink, kOther };
+  struct Entry {
+    std::string name;
+    // kSymlink only for a link this filesystem does not follow; a followed link has the
+    // type of its target.
+    EntryType type = EntryType::kOther;
+  };
+
+  DatasetFs() = default;
+  DatasetFs(const DatasetFs&) = delete;
+  DatasetFs& operator=(const DatasetFs&) = delete;
+  virtual ~DatasetFs() = default;
+
+  // OK when `path` (absolute) may be read by a job; the PERMISSION_DENIED an open of it
+  // would return otherwise. Checks the name only: callers use it to refuse a request before
+  // touching the disk.
+  virtual absl::Status CheckPath(const std::string& path) const = 0;
+
+  // Opens a regular file read-only (close-on-exec). INVALID_ARGUMENT when it is not a
+  // regular file.
+  virtual absl::StatusOr<UniqueFd> OpenFile(const std::string& path) const = 0;
+
+  // Lists directory `path`: every entry but "." and "..", in the order the directory gives.
+  virtual absl::StatusOr<std::vector<Entry>> ListDirectory(const std::string& path) const = 0;
+};
+
+// Which paths a job may read.
+struct DatasetAccess {
+  // Absolute directories a job's files must lie under. Empty: any path the daemon can read
+  // (a per-user daemon, which reads only what its user can read anyway).
+  std::vector<std::string> roots;
+  // Follow a symbolic link below a root when its target lies under one of the roots too
+  // (trees that link shared files into each split). Default: false, every link is refused.
+  bool follow_symlinks_within_roots = false;
+  // Named in the messages that say what to configure.
+  std::string config_path;
+};
+
+// The real filesystem under `access`. INVALID_ARGUMENT for a relative root. A root that does
+// not exist yet is allowed (it may be mounted later); opens under it fail until it does.
+absl::StatusOr<std::shared_ptr<const DatasetFs>> MakeDatasetFs(const DatasetAccess& access);
+
+// The real filesystem with no roots: every path the process can read.
+std::shared_ptr<const DatasetFs> UnconfinedDatasetFs();
+
+// True for a read that failed because of the machine, not the data: out of file descriptors
+// (EMFILE, ENFILE) or memory (ENOMEM), and I/O errors that may pass (EIO, EAGAIN, ESTALE,
+// ETIMEDOUT). A sample that fails so is not corrupt: the reader waits and tries again.
+bool IsTransientReadError(const absl::Status& status);
+
+// The status of a failed system call on `path`: `what` ("cannot open", "cannot read") names
+// the step. The code follows the classes above (RESOURCE_EXHAUSTED for EMFILE, ENFILE,
+// ENOMEM; UNAVAILABLE for EIO, EAGAIN, ESTALE, ETIMEDOUT; absl's mapping otherwise).
+absl::Status FileErrnoStatus(int err, const std::string& what, const std::string& path);
+
+}  // namespace ferry
+
+#endif  // FERRY_SERVER_DATASET_DATASET_FS_H_
