@@ -243,6 +243,10 @@ std::string RenderJob(const JobStatus& status) {
     info.AddRow({"gathered", absl::StrCat(gathered, " of ", copied,
                                           " batches (the others copied by workers)")});
   }
+  if (!status.paused.empty()) {
+    info.AddRow({"PAUSED", absl::StrCat(status.paused, " (a condition of this machine; ",
+                                        status.transient_errors, " reads retried)")});
+  }
   if (!status.failure.empty()) info.AddRow({"FAILED", status.failure});
   std::string out = info.Render();
   out += "\n";

@@ -142,6 +142,33 @@ bool Job::IsQuarantined(int64_t index) const {
 
 int64_t Job::quarantined_count() const { return quarantined_.load(std::memory_order_acquire); }
 
+void Job::NoteTransientError(const std::string& path, const absl::Status& status) {
+  transient_errors_.fetch_add(1, std::memory_order_relaxed);
+  absl::MutexLock lock(&errors_mutex_);
+  const bool first = !paused_.load(std::memory_order_relaxed);
+  paused_reason_ = absl::StrCat("reading '", path, "': ", status.message());
+  paused_.store(true, std::memory_order_release);
+  if (first) {
+    FERRY_LOG(WARNING) << "job " << identity_.id << " paused: " << paused_reason_
+                       << " (a condition of this machine, not of the data: the sample is "
+                          "read again until it succeeds, for at most "
+                       << absl::FormatDuration(transient_retry_limit()) << ")";
+  }
+}
+
+void Job::EndPause() {
+  absl::MutexLock lock(&errors_mutex_);
+  if (!paused_.load(std::memory_order_relaxed)) return;
+  paused_.store(false, std::memory_order_release);
+  FERRY_LOG(INFO) << "job " << identity_.id << " resumed (paused by " << paused_reason_ << ")";
+  paused_reason_.clear();
+}
+
+std::string Job::paused_reason() const {
+  absl::MutexLock lock(&errors_mutex_);
+  return paused_reason_;
+}
+
 void Job::Fail(const absl::Status& status) {
   absl::MutexLock lock(&errors_mutex_);
   if (!failure_.ok()) return;

@@ -90,6 +90,28 @@ class Job final {
   int64_t substituted_count() const { return substituted_.load(std::memory_order_relaxed); }
   std::vector<ferry::v1::SampleError> recent_errors() const;
 
+  // ---- Reads that failed because of the machine (IsTransientReadError: out of file
+  // descriptors or memory, I/O errors that may pass). Such a sample is not bad: the worker
+  // waits and reads it again, and the job is "paused" until a read succeeds. A pause that
+  // lasts transient_retry_limit() fails the job with the reason.
+  // Notes a transient failure reading `path`; logged once per pause.
+  void NoteTransientError(const std::string& path, const absl::Status& status);
+  // Notes a successful read: ends a pause (logged). Lock-free while not paused.
+  void NoteReadOk() {
+    if (paused_.load(std::memory_order_acquire)) EndPause();
+  }
+  // The error that paused the job; empty when it is not paused.
+  std::string paused_reason() const;
+  int64_t transient_error_count() const {
+    return transient_errors_.load(std::memory_order_relaxed);
+  }
+  absl::Duration transient_retry_limit() const {
+    return absl::Milliseconds(transient_retry_limit_ms_.load(std::memory_order_relaxed));
+  }
+  void set_transient_retry_limit(absl::Duration limit) {
+    transient_retry_limit_ms_.store(absl::ToInt64Milliseconds(limit), std::memory_order_relaxed);
+  }
+
   // FAIL policy: the first bad sample stops the job. Fail keeps the first status; failure()
   // is OK until then. Every rank pipeline checks it before delivering a batch.
   void Fail(const absl::Status& status);
@@ -115,6 +137,12 @@ class Job final {
   std::atomic<int64_t> substituted_{0};
   absl::Status failure_ ABSL_GUARDED_BY(errors_mutex_);
   std::atomic<bool> failed_{false};
+
+  void EndPause();
+  std::string paused_reason_ ABSL_GUARDED_BY(errors_mutex_);
+  std::atomic<bool> paused_{false};
+  std::atomic<int64_t> transient_errors_{0};
+  std::atomic<int64_t> transient_retry_limit_ms_{5 * 60 * 1000};  // Default: 5 minutes
 };
 
 }  // namespace ferry

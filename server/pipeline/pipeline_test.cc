@@ -1,7 +1,11 @@
 // RankPipeline against a fake SampleSource: ordering, bounded prefetch, epoch changes,
 // reclaiming a vanished consumer's slots and substituting unreadable samples.
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <deque>
 #include <functional>
 #include <optional>
@@ -21,6 +25,7 @@
 #include "server/pipeline/job.h"
 #include "server/pipeline/rank_pipeline.h"
 #include "server/pipeline/worker_pool.h"
+#include "testing/jpeg_writer.h"
 
 namespace ferry {
 namespace {
@@ -328,6 +333,152 @@ TEST_F(PipelineTest, ARowWithNoReadableSubstituteIsZerosWithIndexMinusOne) {
   EXPECT_EQ(job_->error_count(), 8);
   EXPECT_EQ(job_->substituted_count(), 0);
   p->Unbind(&c);
+}
+
+// A FakeSource whose reads fail as they do when ferryd runs out of file descriptors, while
+// `broken` is set.
+class OutOfDescriptorsSource final : public SampleSource {
+ public:
+  explicit OutOfDescriptorsSource(int64_t n) : inner_(n, {}) {}
+  int64_t size() const override { return inner_.size(); }
+  const std::vector<FieldLayout>& fields() const override { return inner_.fields(); }
+  std::unique_ptr<Scratch> NewScratch() const override { return inner_.NewScratch(); }
+  absl::Status Fill(int64_t index, uint64_t seed, absl::Span<uint8_t* const> rows,
+                    Scratch* scratch) const override {
+    if (broken.load()) {
+      failed_reads.fetch_add(1);
+      return FileErrnoStatus(EMFILE, "cannot open", Describe(index));
+    }
+    return inner_.Fill(index, seed, rows, scratch);
+  }
+  std::string Describe(int64_t index) const override { return inner_.Describe(index); }
+
+  mutable std::atomic<bool> broken{true};
+  mutable std::atomic<int64_t> failed_reads{0};
+
+ private:
+  FakeSource inner_;
+};
+
+// The bad day the issue reported: out of descriptors, every sample was quarantined and the
+// trainer got zeroed rows for good. Now the job pauses and resumes with the right samples.
+TEST_F(PipelineTest, ReadsFailingForTheMachineAreRetriedNeverQuarantined) {
+  ferry::v1::JobSpec spec;
+  spec.set_batch_size(4);
+  spec.set_shuffle(true);
+  spec.set_seed(3);
+  auto owned = std::make_unique<OutOfDescriptorsSource>(32);
+  OutOfDescriptorsSource* source = owned.get();
+  job_ = *Job::Create(JobIdentity{"jfd", "fd", 1000, next_serial_++}, spec, std::move(owned));
+  auto p = *RankPipeline::Create(job_, 0, 3, -1, pool_.get(), &budget_);
+  RecordingConsumer c;
+  ASSERT_TRUE(p->Bind(&c, 1).ok());
+  ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (source->failed_reads.load() < 8 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_GE(source->failed_reads.load(), 8);
+  EXPECT_EQ(c.pending(), 0u) << "a batch was delivered while no sample could be read";
+  EXPECT_THAT(job_->paused_reason(), HasSubstr("Too many open files"));
+  EXPECT_THAT(job_->paused_reason(), HasSubstr("fake/"));
+  source->broken.store(false);
+  for (int64_t i = 0; i < 8; ++i) {
+    auto b = std::get<ferry::v1::BatchReady>(*c.Next());
+    EXPECT_EQ(Indices(*p, b), Expected(0, 0, i)) << "batch " << i;
+    ASSERT_TRUE(p->Release(&c, b.slot(), b.seq()).ok());
+  }
+  EXPECT_EQ(job_->error_count(), 0);
+  EXPECT_EQ(job_->quarantined_count(), 0);
+  EXPECT_EQ(job_->substituted_count(), 0);
+  EXPECT_EQ(job_->paused_reason(), "");
+  EXPECT_GE(job_->transient_error_count(), 8);
+  p->Unbind(&c);
+}
+
+TEST_F(PipelineTest, ReadsThatKeepFailingForTheMachineFailTheJobWithTheReason) {
+  ferry::v1::JobSpec spec;
+  spec.set_batch_size(4);
+  job_ = *Job::Create(JobIdentity{"jfd2", "fd2", 1000, next_serial_++}, spec,
+                      std::make_unique<OutOfDescriptorsSource>(32));
+  job_->set_transient_retry_limit(absl::Milliseconds(100));
+  auto p = *RankPipeline::Create(job_, 0, 2, -1, pool_.get(), &budget_);
+  RecordingConsumer c;
+  ASSERT_TRUE(p->Bind(&c, 1).ok());
+  ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
+  std::optional<Message> m = c.Next();
+  ASSERT_TRUE(m.has_value());
+  ASSERT_TRUE(std::holds_alternative<absl::Status>(*m)) << "a batch was delivered";
+  const absl::Status& end = std::get<absl::Status>(*m);
+  EXPECT_EQ(end.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(end.message(), HasSubstr("Too many open files"));
+  EXPECT_THAT(end.message(), HasSubstr("not of the data"));
+  EXPECT_THAT(end.message(), HasSubstr("LimitNOFILE"));
+  EXPECT_EQ(job_->quarantined_count(), 0);
+  p->Unbind(&c);
+}
+
+// The same through the real filesystem: JPEGs read while the process is out of descriptors.
+TEST_F(PipelineTest, AnImageJobOutOfDescriptorsPausesAndRecovers) {
+  char dir_template[] = "/tmp/ferry_pipeline_fds_XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::filesystem::path dir = dir_template;
+  std::filesystem::create_directories(dir / "a");
+  for (int i = 0; i < 12; ++i) {
+    const std::vector<uint8_t> rgb = testutil::MakeTestPattern(40, 30, i);
+    ASSERT_TRUE(testutil::WriteFile((dir / "a" / (std::to_string(i) + ".jpg")).string(),
+                                    testutil::EncodeJpeg(rgb.data(), 40, 30, 90))
+                    .ok());
+  }
+  ferry::v1::JobSpec spec;
+  spec.mutable_dataset()->mutable_image_folder()->set_root(dir.string());
+  spec.mutable_transform()->mutable_center_crop()->set_size(16);
+  spec.set_batch_size(4);
+  job_ = *Job::Create(JobIdentity{"jimg", "img", 1000, next_serial_++}, spec,
+                      UnconfinedDatasetFs());
+  auto p = *RankPipeline::Create(job_, 0, 3, -1, pool_.get(), &budget_);
+  RecordingConsumer c;
+  ASSERT_TRUE(p->Bind(&c, 1).ok());
+
+  struct rlimit saved;
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  struct rlimit low = saved;
+  low.rlim_cur = std::min<rlim_t>(saved.rlim_cur, 256);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::vector<UniqueFd> hog;
+  for (UniqueFd fd(::dup(0)); fd.valid(); fd = UniqueFd(::dup(0))) hog.push_back(std::move(fd));
+  ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (job_->paused_reason().empty() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  absl::SleepFor(absl::Milliseconds(50));
+  const size_t delivered_while_out = c.pending();
+  const std::string reason = job_->paused_reason();
+  hog.clear();
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+
+  EXPECT_EQ(delivered_while_out, 0u);
+  EXPECT_THAT(reason, HasSubstr("Too many open files"));
+  std::set<int64_t> seen;
+  for (int i = 0; i < 3; ++i) {
+    auto b = std::get<ferry::v1::BatchReady>(*c.Next());
+    const uint8_t* base = p->slab().data() + b.slot() * job_->layout().slot_bytes;
+    for (uint32_t r = 0; r < b.num_samples(); ++r) {
+      int64_t index;
+      memcpy(&index, base + job_->layout().offsets[2] + r * 8, 8);
+      EXPECT_GE(index, 0) << "a zeroed row";
+      seen.insert(index);
+    }
+    ASSERT_TRUE(p->Release(&c, b.slot(), b.seq()).ok());
+  }
+  EXPECT_EQ(seen.size(), 12u);
+  EXPECT_EQ(job_->error_count(), 0);
+  EXPECT_EQ(job_->quarantined_count(), 0);
+  p->Unbind(&c);
+  p->Shutdown(absl::CancelledError("test over"));
+  absl::SleepFor(absl::Milliseconds(50));  // tasks of the next epoch in flight see it
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(PipelineTest, QuarantinedSamplesAreNeverReadAgainAndKeepTheirSubstitute) {

@@ -43,6 +43,9 @@ int IndexField(const Job& job) {
 
 // How many other samples a failed one may be replaced by before its row is zeroed.
 constexpr int kSubstituteAttempts = 8;
+// A read that failed for the machine is tried again after these waits, doubling.
+constexpr absl::Duration kFirstRetryWait = absl::Milliseconds(10);
+constexpr absl::Duration kLastRetryWait = absl::Seconds(1);
 constexpr size_t kRateWindow = 64;
 
 }  // namespace
@@ -409,7 +412,13 @@ void RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index
         absl::Status s = source.Fill(candidate, MixSeed(seed, static_cast<uint64_t>(epoch),
                                                         static_cast<uint64_t>(candidate)),
                                      absl::MakeConstSpan(rows, nfields), scratch);
+        if (IsTransientReadError(s)) {
+          s = RetryTransient(source, candidate, epoch, absl::MakeConstSpan(rows, nfields),
+                             scratch, generation, s);
+          if (IsTransientReadError(s)) return;  // the job failed, or the row is stale
+        }
         if (s.ok()) {
+          job_->NoteReadOk();
           filled = true;
           break;
         }
@@ -444,6 +453,39 @@ void RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index
                        << index << "; row " << row << " of the batch is zeroed, its index -1";
     }
   }
+}
+
+absl::Status RankPipeline::RetryTransient(const SampleSource& source, int64_t index,
+                                          int64_t epoch, absl::Span<uint8_t* const> rows,
+                                          SampleSource::Scratch* scratch, uint64_t generation,
+                                          absl::Status status) {
+  const std::string path = source.Describe(index);
+  const absl::Time give_up = absl::Now() + job_->transient_retry_limit();
+  absl::Duration backoff = kFirstRetryWait;
+  while (IsTransientReadError(status)) {
+    job_->NoteTransientError(path, status);
+    if (absl::Now() >= give_up) {
+      job_->Fail(absl::Status(
+          status.code(),
+          absl::StrCat("job ", job_->identity().id, " stopped: reading sample ", index, " '",
+                       path, "' failed for ", absl::FormatDuration(job_->transient_retry_limit()),
+                       " for a reason of this machine, not of the data: ", status.message(),
+                       ". Free the resource (raise ferryd's LimitNOFILE, free memory, check the "
+                       "disk) and create the job again")));
+      return status;
+    }
+    // Wait, in steps short enough that a shutdown or a seek is not held up by it.
+    const absl::Time wake = absl::Now() + backoff;
+    while (absl::Now() < wake) {
+      if (live_generation_.load(std::memory_order_relaxed) != generation) return status;
+      absl::SleepFor(std::min(absl::Milliseconds(20), wake - absl::Now()));
+    }
+    backoff = std::min(backoff * 2, kLastRetryWait);
+    status = source.Fill(index, MixSeed(job_->spec().seed(), static_cast<uint64_t>(epoch),
+                                        static_cast<uint64_t>(index)),
+                         rows, scratch);
+  }
+  return status;
 }
 
 void RankPipeline::OnTaskDone(int slot, uint64_t generation) {

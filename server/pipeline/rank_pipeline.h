@@ -176,6 +176,14 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   bool GatherNextBatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void FillRow(int slot, uint64_t generation, int row, int64_t index, int64_t epoch,
                bool gather, WorkerContext& context);
+  // Reads sample `index` again while it fails for a reason of the machine
+  // (IsTransientReadError), waiting longer each time, and returns the first other status.
+  // Gives up, returning the transient status, when the row goes stale (a seek or shutdown)
+  // or when the job's transient_retry_limit() has passed; the job has then failed with the
+  // reason.
+  absl::Status RetryTransient(const SampleSource& source, int64_t index, int64_t epoch,
+                              absl::Span<uint8_t* const> rows, SampleSource::Scratch* scratch,
+                              uint64_t generation, absl::Status status);
   // Counts a finished task of `slot`; the last one completes the slot.
   void OnTaskDone(int slot, uint64_t generation);
   void OnSlotFilled(int slot, uint64_t generation);

@@ -48,6 +48,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   job_options.allow_any_dataset =
       job_options.dataset_roots.empty() && config.unix_socket() != kSystemSocketPath;
   job_options.follow_symlinks_within_roots = config.follow_symlinks_within_roots();
+  job_options.transient_retry_limit = absl::Seconds(config.read_retry_seconds());
   job_options.config_path = d->config_.path;
   const ferry::v1::DecodeLimits& limits = config.decode_limits();
   if (limits.max_image_pixels() != 0) {

@@ -214,6 +214,7 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
   }
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Job> job,
                          Job::Create(identity, spec, dataset_fs_, options_.decode_limits));
+  job->set_transient_retry_limit(options_.transient_retry_limit);
   if (cuda) FERRY_RETURN_IF_ERROR(gpus_->CheckJob(*job));
   // Refuse now a job whose rank slab can never fit, rather than at every rank's attach.
   const uint32_t slots = SlotsPerRank(*job);
@@ -369,6 +370,8 @@ void JobManager::FillJobStatus(const Job& job, ferry::v1::JobStatus* status) {
   status->set_quarantined(job.quarantined_count());
   status->set_substituted(job.substituted_count());
   if (job.failed()) status->set_failure(job.failure().ToString());
+  status->set_paused(job.paused_reason());
+  status->set_transient_errors(job.transient_error_count());
 }
 
 void JobManager::BeginDrain() {

@@ -45,6 +45,9 @@ class JobManager final {
     uint32_t default_prefetch_depth = 4;
     uint64_t default_prefetch_bytes = uint64_t{64} << 20;
     DecodeLimits decode_limits;              // DaemonConfig.decode_limits, defaults filled
+    // DaemonConfig.read_retry_seconds: how long a job's reads may fail for a reason of the
+    // machine (out of descriptors, ...) before the job fails (Job::transient_retry_limit).
+    absl::Duration transient_retry_limit = absl::Minutes(5);
     // DaemonConfig.widen_tokens_on_host: sets TokensDataset.widen_on_host of GPU jobs.
     bool widen_tokens_on_host = false;
   };

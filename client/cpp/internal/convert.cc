@@ -275,6 +275,8 @@ JobStatus FromProto(const v1::JobStatus& status) {
   out.quarantined = status.quarantined();
   out.substituted = status.substituted();
   out.failure = status.failure();
+  out.paused = status.paused();
+  out.transient_errors = status.transient_errors();
   return out;
 }
 

@@ -239,7 +239,10 @@ struct JobStatus {
   std::vector<SampleError> recent_errors;
   int64_t quarantined = 0;  // bad samples remembered and never read again
   int64_t substituted = 0;  // substitutes delivered in their place
-  std::string failure;      // non-empty once the FAIL policy stopped the job
+  std::string failure;      // non-empty once the job stopped (FAIL policy, machine errors)
+  // Non-empty while reads wait on the machine (out of descriptors, ...): the latest error.
+  std::string paused;
+  int64_t transient_errors = 0;  // reads that failed so, each try counted
 };
 
 struct NumaNodeStatus {
