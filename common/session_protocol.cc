@@ -1,6 +1,7 @@
 #include "common/session_protocol.h"
 
 #include <errno.h>
+#include <pwd.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -58,18 +59,73 @@ std::string SessionSocketPath(const std::string& grpc_socket_path) {
   return absl::StrCat(grpc_socket_path, ".session");
 }
 
+bool IsTrustedDaemonUid(unsigned uid) {
+  if (uid == 0 || uid == geteuid()) return true;
+  // The system daemon's user (deploy/systemd/ferry.sysusers.conf), looked up once.
+  static const long ferry_uid = [] {
+    struct passwd pw;
+    struct passwd* found = nullptr;
+    std::vector<char> buf(16384);
+    if (getpwnam_r("ferry", &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr) {
+      return -1L;
+    }
+    return static_cast<long>(pw.pw_uid);
+  }();
+  return ferry_uid >= 0 && uid == static_cast<unsigned>(ferry_uid);
+}
+
+absl::Status CheckSocketDirectory(const std::string& socket_path) {
+  std::string dir = std::filesystem::path(socket_path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("stat('", dir, "')"));
+  }
+  if (!IsTrustedDaemonUid(st.st_uid)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "socket directory '", dir, "' belongs to uid ", st.st_uid, ", not to you (uid ",
+        geteuid(), "), root or the ferry user: another user may have made it to receive your "
+        "jobs. Remove it (as root, or its owner) or use another socket path (--listen, "
+        "FERRY_ADDRESS)"));
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (st.st_mode & S_ISVTX) == 0) {
+    char mode[8];
+    snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return absl::PermissionDeniedError(absl::StrCat(
+        "socket directory '", dir, "' is writable by others (mode ", mode,
+        "): another user could replace ferryd's socket. Run chmod go-w '", dir, "'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDaemonPeer(int sock, const std::string& path) {
+  absl::StatusOr<PeerCredentials> peer = GetPeerCredentials(sock);
+  if (!peer.ok()) return peer.status();
+  if (IsTrustedDaemonUid(peer->uid)) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      "the ferryd on '", path, "' runs as uid ", peer->uid, ", not as you (uid ", geteuid(),
+      "), root or the ferry user; not sending it your jobs. It may be another user's daemon "
+      "on your address: stop it, or use another address (FERRY_ADDRESS)"));
+}
+
 absl::StatusOr<UniqueFd> ListenUnix(const std::string& path, int type, unsigned mode) {
   auto addr = MakeAddress(path);
   if (!addr.ok()) return addr.status();
-  std::error_code ec;
   std::filesystem::path parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) {
-    std::filesystem::create_directories(parent, ec);
-    if (ec) {
-      return absl::PermissionDeniedError(absl::StrCat("cannot create socket directory '",
-                                                      parent.string(), "': ", ec.message()));
+    // Each missing directory 0700: a per-user daemon's runtime directory is its own.
+    std::filesystem::path partial;
+    for (const auto& part : parent) {
+      partial /= part;
+      if (::mkdir(partial.c_str(), 0700) != 0 && errno != EEXIST) {
+        return absl::PermissionDeniedError(absl::StrCat("cannot create socket directory '",
+                                                        partial.string(), "': ",
+                                                        strerror(errno)));
+      }
     }
   }
+  absl::Status dir_ok = CheckSocketDirectory(path);
+  if (!dir_ok.ok()) return dir_ok;
   UniqueFd fd(::socket(AF_UNIX, type | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return ErrnoStatus(errno, "socket(AF_UNIX)");
   // A socket file left by a crashed daemon would make bind fail; if nobody accepts on it,

@@ -44,9 +44,26 @@ std::string DefaultSocketPath();
 std::string SessionSocketPath(const std::string& grpc_socket_path);
 
 // Creates, binds and listens on a Unix socket of `type` (SOCK_STREAM or SOCK_SEQPACKET) at
-// `path`, replacing a stale socket file, with file mode `mode`. Creates the parent
-// directory if missing.
+// `path`, replacing a stale socket file, with file mode `mode`. Creates missing directories
+// with mode 0700, then checks the socket's directory with CheckSocketDirectory: a
+// directory another user made (squatting /tmp/ferry-<uid>) is refused, so nobody else can
+// swap the socket for their own.
 absl::StatusOr<UniqueFd> ListenUnix(const std::string& path, int type, unsigned mode);
+
+// The uids a ferryd may run as and be trusted, by its clients and for its directories:
+// root, this process's own, and the system daemon's user `ferry` where it exists.
+bool IsTrustedDaemonUid(unsigned uid);
+
+// OK when the directory holding `socket_path` can hold only a trusted daemon's sockets:
+// owned by a trusted uid (IsTrustedDaemonUid) and writable by nobody else (group or others
+// may write only to a sticky directory). PERMISSION_DENIED names the directory, its owner
+// and what to do.
+absl::Status CheckSocketDirectory(const std::string& socket_path);
+
+// OK when the peer of connected socket `sock` (the daemon at `path`) runs as a trusted uid;
+// PERMISSION_DENIED naming the uid otherwise: a client never sends its jobs to another
+// user's daemon.
+absl::Status CheckDaemonPeer(int sock, const std::string& path);
 
 // Connects to the Unix socket at `path`. NOT_FOUND / UNAVAILABLE name the path.
 absl::StatusOr<UniqueFd> ConnectUnix(const std::string& path, int type);

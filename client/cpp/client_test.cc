@@ -99,6 +99,21 @@ TEST(ConnectTest, StaleSocketIsUnavailable) {
   EXPECT_THAT(client.status().message(), HasSubstr("start one with 'ferryd'"));
 }
 
+// A directory another user made where this user's daemon would listen (/tmp/ferry-<uid>):
+// the client does not greet whatever listens there.
+TEST(ConnectTest, ASquattedSocketDirectoryIsRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to hand a directory to another uid";
+  TempDir dir;
+  const std::string address = dir.path() + "/ferryd.sock";
+  FakeSessionServer server(address, [](int fd) { (void)SendPacket(fd, "HELLO token 1"); });
+  ASSERT_EQ(chown(dir.path().c_str(), 4242, 4242), 0);
+  auto client = Client::Connect(address);
+  ASSERT_FALSE(client.ok());
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(client.status().message(),
+              HasSubstr("socket directory '" + dir.path() + "' belongs to uid 4242"));
+}
+
 TEST(ConnectTest, BadGreetingIsReported) {
   TempDir dir;
   const std::string address = dir.path() + "/ferryd.sock";

@@ -366,6 +366,14 @@ class OtherUidTest(DaemonTestCase):
         self.assertEqual(consumer.batches_per_epoch, 1)
 
 
+class PerUserDaemonTest(DaemonTestCase):
+    def test_sockets_are_the_owners_only(self):
+        # Any daemon but the system one answers its own user only, unless configured.
+        self.assertEqual(os.stat(self.daemon.address).st_mode & 0o777, 0o600)
+        self.assertEqual(os.stat(self.daemon.session_address).st_mode & 0o777, 0o600)
+        self.assertEqual(ferry_it.run_ferryctl(self.daemon.address, "status").returncode, 0)
+
+
 class NoDaemonTest(unittest.TestCase):
     def test_missing_socket_names_the_path_and_how_to_start_ferryd(self):
         d = ferry_it.short_tempdir("ferry-it-")

@@ -89,6 +89,11 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Open(const std::string& grpc_s
     }
     return fd.status();
   }
+  // Before anything is sent: the daemon is trusted, and so is the directory its sockets
+  // live in (the gRPC socket beside this one cannot have been swapped).
+  absl::Status trusted = CheckDaemonPeer(fd->get(), path);
+  if (trusted.ok()) trusted = CheckSocketDirectory(path);
+  if (!trusted.ok()) return trusted;
   absl::StatusOr<std::string> hello = RecvWithTimeout(fd->get(), path, "HELLO", answer_timeout,
                                                       absl::Now() + answer_timeout);
   if (!hello.ok()) return hello.status();
