@@ -7,6 +7,8 @@
 #ifndef FERRY_COMMON_LOGGING_H_
 #define FERRY_COMMON_LOGGING_H_
 
+#include <atomic>
+#include <cstdint>
 #include <sstream>
 
 namespace ferry {
@@ -26,6 +28,10 @@ class LogMessage {
   std::ostringstream stream_;
 };
 
+// True when `seconds` have passed since the last time it returned true for `last` (the
+// steady clock's nanoseconds of that time; 0 before the first).
+bool ShouldLogAgain(std::atomic<int64_t>* last, int seconds);
+
 }  // namespace logging_internal
 }  // namespace ferry
 
@@ -34,5 +40,12 @@ class LogMessage {
 #define FERRY_LOG_SEVERITY_ERROR ::ferry::logging_internal::Severity::kError
 #define FERRY_LOG(severity) \
   ::ferry::logging_internal::LogMessage(FERRY_LOG_SEVERITY_##severity, __FILE__, __LINE__).stream()
+
+// Logs at most once every `seconds` from this line: a flood of one event is one line.
+#define FERRY_LOG_EVERY_N_SEC(severity, seconds)                               \
+  if (static std::atomic<int64_t> ferry_log_last{0};                          \
+      !::ferry::logging_internal::ShouldLogAgain(&ferry_log_last, seconds)) { \
+  } else                                                                       \
+    FERRY_LOG(severity)
 
 #endif  // FERRY_COMMON_LOGGING_H_

@@ -41,6 +41,8 @@ void ApplyDefaults(ferry::v1::DaemonConfig* c) {
   if (c->default_prefetch_bytes() == 0) c->set_default_prefetch_bytes(uint64_t{64} << 20);
   if (c->drain_timeout_seconds() == 0) c->set_drain_timeout_seconds(5);
   if (c->read_retry_seconds() == 0) c->set_read_retry_seconds(300);
+  if (c->max_sessions() == 0) c->set_max_sessions(4096);
+  if (c->max_sessions_per_uid() == 0) c->set_max_sessions_per_uid(1024);
   if (c->gather_thread_blocks() == 0) c->set_gather_thread_blocks(16);
   if (c->gather_streams() == 0) c->set_gather_streams(4);
   if (c->gather_registration_wait_ms() == 0) c->set_gather_registration_wait_ms(1000);

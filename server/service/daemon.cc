@@ -1,5 +1,6 @@
 #include "server/service/daemon.h"
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <systemd/sd-daemon.h>
@@ -15,11 +16,37 @@
 #include "common/session_protocol.h"
 #include "common/status_macros.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #if FERRY_HAVE_CUDA
 #include "server/transport/cuda_stage.h"
 #endif
 
 namespace ferry {
+namespace {
+
+// gRPC bounds (see the builder below).
+constexpr int kMaxRequestBytes = 4 << 20;
+constexpr int kMaxStreamsPerConnection = 256;
+constexpr int kMaxConnectionIdleMs = 10 * 60 * 1000;
+constexpr int kKeepaliveMs = 60 * 1000;
+constexpr int kKeepaliveTimeoutMs = 20 * 1000;
+constexpr int kMaxRpcThreads = 256;
+constexpr size_t kRpcMemoryBytes = size_t{512} << 20;  // buffers of all gRPC connections
+
+// Raises the soft RLIMIT_NOFILE to the hard one (a daemon serving many trainers needs more
+// than the usual 1024) and returns the soft limit in effect.
+size_t RaiseDescriptorLimit() {
+  struct rlimit limit;
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return 1024;
+  if (limit.rlim_cur < limit.rlim_max) {
+    struct rlimit raised = limit;
+    raised.rlim_cur = limit.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
+  }
+  return limit.rlim_cur == RLIM_INFINITY ? size_t{1} << 20 : static_cast<size_t>(limit.rlim_cur);
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   std::unique_ptr<Daemon> d(new Daemon());
@@ -83,6 +110,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   d->jobs_ = std::make_unique<JobManager>(job_options, d->pool_.get(), d->host_budget_.get(),
                                           d->gpus_.get());
 
+  // Every session holds a descriptor, and so does each of its batch channels: sessions are
+  // kept under half the descriptor limit, the rest left for datasets, slabs and gRPC.
+  SessionLimits session_limits;
+  session_limits.max_sessions =
+      std::min<size_t>(config.max_sessions(), std::max<size_t>(16, RaiseDescriptorLimit() / 2));
+  session_limits.max_sessions_per_uid =
+      std::min<size_t>(config.max_sessions_per_uid(), session_limits.max_sessions);
   JobManager* jobs = d->jobs_.get();
   FERRY_ASSIGN_OR_RETURN(
       d->sessions_,
@@ -104,7 +138,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                              // are unread at a time, and one Release per slot comes back.
                              return BatchChannel::Create(
                                  2 * static_cast<uint32_t>(pipeline->num_slots()) + 8);
-                           }));
+                           },
+                           session_limits));
   FERRY_ASSIGN_OR_RETURN(d->channels_, ChannelPoller::Start());
   Daemon* raw = d.get();
   d->service_ = std::make_unique<FerryService>(
@@ -126,6 +161,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (!config.tcp_listen().empty()) {
     builder.AddListeningPort(config.tcp_listen(), grpc::InsecureServerCredentials());
   }
+  // Bounds on what gRPC callers may hold (docs/operations.md, "Limits"): request size, streams
+  // per connection, and connections that stay open doing nothing.
+  builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, kMaxConnectionIdleMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  grpc::ResourceQuota quota("ferryd");
+  quota.SetMaxThreads(kMaxRpcThreads);
+  quota.Resize(kRpcMemoryBytes);
+  builder.SetResourceQuota(quota);
   builder.RegisterService(d->service_.get());
   d->server_ = builder.BuildAndStart();
   if (d->server_ == nullptr) {

@@ -1,5 +1,6 @@
 #include "server/service/session_server.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -20,24 +21,28 @@ namespace ferry {
 absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(const std::string& path,
                                                                     unsigned mode,
                                                                     FdProvider fd_provider,
-                                                                    ChannelFactory channel_factory) {
+                                                                    ChannelFactory channel_factory,
+                                                                    SessionLimits limits) {
   FERRY_ASSIGN_OR_RETURN(UniqueFd listener, ListenUnix(path, SOCK_SEQPACKET, mode));
   UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return absl::InternalError("eventfd failed");
   std::unique_ptr<SessionServer> server(
       new SessionServer(path, std::move(listener), std::move(wake),
-                                           std::move(fd_provider), std::move(channel_factory)));
+                                           std::move(fd_provider), std::move(channel_factory),
+                                           limits));
   server->thread_ = std::thread([s = server.get()] { s->Run(); });
   return server;
 }
 
 SessionServer::SessionServer(std::string path, UniqueFd listener, UniqueFd wake,
-                             FdProvider provider, ChannelFactory channel_factory)
+                             FdProvider provider, ChannelFactory channel_factory, SessionLimits limits)
     : path_(std::move(path)),
       listener_(std::move(listener)),
       wake_(std::move(wake)),
       fd_provider_(std::move(provider)),
-      channel_factory_(std::move(channel_factory)) {}
+      channel_factory_(std::move(channel_factory)),
+      limits_(limits),
+      spare_fd_(::open("/dev/null", O_RDONLY | O_CLOEXEC)) {}
 
 SessionServer::~SessionServer() {
   uint64_t one = 1;
@@ -85,24 +90,35 @@ void SessionServer::Close(int fd) {
       waiting_channels_.erase(waiting);
     }
   }
+  auto count = sessions_per_uid_.find(it->second.peer.uid);
+  if (count != sessions_per_uid_.end() && --count->second == 0) sessions_per_uid_.erase(count);
   sessions_.erase(it);
 }
 
 void SessionServer::Run() {
   NameThisThread("ferry-sessions");
   std::vector<pollfd> fds;
+  // While out of descriptors with no spare left, the listener rests (it would stay readable
+  // and this thread spin); sessions are still served.
+  absl::Time listener_rests_until = absl::InfinitePast();
   for (;;) {
     fds.clear();
     fds.push_back({wake_.get(), POLLIN, 0});
-    fds.push_back({listener_.get(), POLLIN, 0});
+    const bool resting = absl::Now() < listener_rests_until;
+    fds.push_back({listener_.get(), static_cast<short>(resting ? 0 : POLLIN), 0});
     for (const auto& [fd, session] : sessions_) fds.push_back({fd, POLLIN, 0});
-    if (poll(fds.data(), fds.size(), -1) < 0) {
+    const int timeout_ms =
+        resting ? static_cast<int>(absl::ToInt64Milliseconds(listener_rests_until - absl::Now())) + 1
+                : -1;
+    if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       FERRY_LOG(ERROR) << "session socket poll failed: " << strerror(errno);
       return;
     }
     if (fds[0].revents != 0) break;
-    if (fds[1].revents & POLLIN) Accept();
+    if ((fds[1].revents & POLLIN) && !Accept()) {
+      listener_rests_until = absl::Now() + absl::Milliseconds(100);
+    }
     for (size_t i = 2; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
       if (!Serve(fds[i].fd)) Close(fds[i].fd);
@@ -115,29 +131,63 @@ void SessionServer::Run() {
   sessions_.clear();
 }
 
-void SessionServer::Accept() {
+void SessionServer::Refuse(UniqueFd fd, const std::string& why) {
+  (void)SendPacket(fd.get(), absl::StrCat("ERR ", why));
+}
+
+bool SessionServer::Accept() {
   // Non-blocking: this one thread answers every session, so a client that does not read
   // its answers must not stall the others. An answer that does not fit ends that session.
   UniqueFd fd(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-  if (!fd.valid()) return;
+  if (!fd.valid()) {
+    const int err = errno;
+    if (err != EMFILE && err != ENFILE) return true;  // the client left, or a signal
+    FERRY_LOG_EVERY_N_SEC(WARNING, 10)
+        << "ferryd is out of file descriptors (" << strerror(err)
+        << "): refusing new sessions; raise LimitNOFILE or close idle clients";
+    if (!spare_fd_.valid()) return false;
+    spare_fd_.Reset();
+    UniqueFd refused(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (refused.valid()) {
+      Refuse(std::move(refused),
+             "ferryd is out of file descriptors; try again later, and ask the administrator "
+             "to raise its LimitNOFILE");
+    }
+    spare_fd_.Reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    return refused.valid() || spare_fd_.valid();
+  }
   auto peer = GetPeerCredentials(fd.get());
   if (!peer.ok()) {
     FERRY_LOG(WARNING) << "rejected a session: " << peer.status();
-    return;
+    return true;
   }
+  size_t& mine = sessions_per_uid_[peer->uid];
+  if (mine >= limits_.max_sessions_per_uid || sessions_.size() >= limits_.max_sessions) {
+    const bool per_uid = mine >= limits_.max_sessions_per_uid;
+    if (mine == 0) sessions_per_uid_.erase(peer->uid);
+    const std::string why =
+        per_uid ? absl::StrCat("uid ", peer->uid, " has ", limits_.max_sessions_per_uid,
+                               " sessions open, the most ferryd allows one user "
+                               "(max_sessions_per_uid); close idle clients")
+                : absl::StrCat("ferryd has ", limits_.max_sessions,
+                               " sessions open, the most it allows (max_sessions); try again "
+                               "later");
+    FERRY_LOG_EVERY_N_SEC(WARNING, 10) << "refused a session of pid " << peer->pid << ": " << why;
+    Refuse(std::move(fd), why);
+    return true;
+  }
+  ++mine;
   Session session{std::move(fd), *peer, RandomHex(16)};
   // Known before the client can learn it: its first RPC may race this thread.
   {
     absl::MutexLock lock(&mutex_);
     by_token_[session.token] = session.peer;
   }
-  if (!SendPacket(session.fd.get(), absl::StrCat("HELLO ", session.token, " ", getpid())).ok()) {
-    absl::MutexLock lock(&mutex_);
-    by_token_.erase(session.token);
-    return;
-  }
   const int key = session.fd.get();
+  const std::string hello = absl::StrCat("HELLO ", session.token, " ", getpid());
   sessions_.emplace(key, std::move(session));
+  if (!SendPacket(key, hello).ok()) Close(key);
+  return true;
 }
 
 bool SessionServer::Sent(int fd, const absl::Status& sent) {

@@ -25,6 +25,14 @@
 
 namespace ferry {
 
+// Bounds on live sessions. A connection over a bound is answered "ERR <why>" and closed, so
+// one user's runaway clients cannot lock other users out, nor take the descriptors ferryd
+// needs to answer anyone.
+struct SessionLimits {
+  size_t max_sessions = 4096;          // Default: 4096 in all
+  size_t max_sessions_per_uid = 1024;  // Default: 1024 per uid
+};
+
 class SessionServer final {
  public:
   // Returns the fd to pass (borrowed; it stays owned by the slab) and the slab size.
@@ -38,7 +46,8 @@ class SessionServer final {
   static absl::StatusOr<std::unique_ptr<SessionServer>> Start(const std::string& path,
                                                               unsigned mode,
                                                               FdProvider fd_provider,
-                                                              ChannelFactory channel_factory);
+                                                              ChannelFactory channel_factory,
+                                                              SessionLimits limits = SessionLimits());
   ~SessionServer();  // stops the thread, closes every session, removes the socket file
   SessionServer(const SessionServer&) = delete;
   SessionServer& operator=(const SessionServer&) = delete;
@@ -58,9 +67,14 @@ class SessionServer final {
 
  private:
   SessionServer(std::string path, UniqueFd listener, UniqueFd wake, FdProvider provider,
-                ChannelFactory channel_factory);
+                ChannelFactory channel_factory, SessionLimits limits);
   void Run();
-  void Accept();
+  // Accepts one pending connection. Out of descriptors, it gives up its spare one to accept
+  // and refuse the connection (the listener would otherwise stay readable and the thread
+  // spin); false when even that failed and the listener should rest a while.
+  bool Accept();
+  // Sends "ERR <why>" on a connection that is refused, and closes it.
+  void Refuse(UniqueFd fd, const std::string& why);
   // False when the session should be closed.
   bool Serve(int fd);
   // `sent` is the status of sending an answer on session `fd`: true when it went out,
@@ -75,7 +89,9 @@ class SessionServer final {
   const UniqueFd wake_;  // eventfd: written by the destructor to stop Run()
   const FdProvider fd_provider_;
   const ChannelFactory channel_factory_;
+  const SessionLimits limits_;
   std::thread thread_;
+  UniqueFd spare_fd_;  // /dev/null, given up to refuse a connection when out of descriptors
 
   struct Session {
     UniqueFd fd;
@@ -84,6 +100,7 @@ class SessionServer final {
   };
   // Owned and touched by the session thread only.
   absl::flat_hash_map<int, Session> sessions_;
+  absl::flat_hash_map<unsigned, size_t> sessions_per_uid_;  // no zero entries
 
   mutable absl::Mutex mutex_;
   absl::flat_hash_map<std::string, PeerCredentials> by_token_ ABSL_GUARDED_BY(mutex_);

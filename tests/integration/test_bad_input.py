@@ -6,6 +6,7 @@ import os
 import random
 import re
 import subprocess
+import time
 import sys
 import unittest
 
@@ -372,6 +373,62 @@ class PerUserDaemonTest(DaemonTestCase):
         self.assertEqual(os.stat(self.daemon.address).st_mode & 0o777, 0o600)
         self.assertEqual(os.stat(self.daemon.session_address).st_mode & 0o777, 0o600)
         self.assertEqual(ferry_it.run_ferryctl(self.daemon.address, "status").returncode, 0)
+
+
+IDLE_SESSIONS_SCRIPT = r"""
+import resource, socket, sys
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+path, count = sys.argv[1], int(sys.argv[2])
+held, greetings = [], {}
+for _ in range(count):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(30)
+    s.connect(path)
+    word = s.recv(65536).decode()
+    key = word.split(" ")[0] if word.startswith("HELLO") else word
+    greetings[key] = greetings.get(key, 0) + 1
+    held.append(s)
+print(repr(greetings), flush=True)
+sys.stdin.readline()  # hold every session open until told
+"""
+
+
+@unittest.skipUnless(os.geteuid() == 0, "needs root: the idle sessions are another uid's")
+class IdleSessionsTest(DaemonTestCase):
+    CONFIG = "unix_socket_mode: 0666\n"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = ferry_it.FerryDaemon(config=cls.CONFIG, dir_mode=0o755)
+        cls.dir = cls.daemon.dir
+
+    def test_two_thousand_idle_sessions_of_one_user_lock_nobody_else_out(self):
+        proc = subprocess.Popen(
+            ["setpriv", "--reuid=%d" % NOBODY, "--regid=%d" % NOBODY, "--clear-groups",
+             sys.executable, "-c", IDLE_SESSIONS_SCRIPT, self.daemon.session_address, "2000"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd="/", env={"PATH": "/usr/bin:/bin"})
+        self.addCleanup(proc.stderr.close)
+        self.addCleanup(proc.stdout.close)
+        self.addCleanup(proc.stdin.close)
+        self.addCleanup(proc.kill)
+        greetings = eval(proc.stdout.readline() or "{}")
+        self.assertEqual(greetings.get("HELLO"), 1024, (greetings, proc.stderr.read()
+                                                       if proc.poll() is not None else ""))
+        refusal = ("ERR uid %d has 1024 sessions open, the most ferryd allows one user "
+                   "(max_sessions_per_uid); close idle clients" % NOBODY)
+        self.assertEqual(greetings.get(refusal), 976, greetings)
+        # With that uid's sessions all open: status answers at once, a trainer is served.
+        start = time.monotonic()
+        status = ferry_it.run_ferryctl(self.daemon.address, "status")
+        self.assertEqual(status.returncode, 0, status.stderr)
+        self.assertLess(time.monotonic() - start, 10)
+        root = ferry_it.make_image_folder(os.path.join(self.dir, "images"), {"a": 2})
+        self.assertEqual(len(list(self.loader(ferry.ImageFolder(root)))), 1)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        self.assertEqual(proc.wait(timeout=60), 0)
 
 
 class NoDaemonTest(unittest.TestCase):

@@ -97,6 +97,10 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Open(const std::string& grpc_s
   absl::StatusOr<std::string> hello = RecvWithTimeout(fd->get(), path, "HELLO", answer_timeout,
                                                       absl::Now() + answer_timeout);
   if (!hello.ok()) return hello.status();
+  if (absl::StartsWith(*hello, "ERR ")) {  // refused: too many sessions, out of descriptors
+    return absl::ResourceExhaustedError(
+        absl::StrCat("ferryd at ", grpc_socket, " refused the session: ", hello->substr(4)));
+  }
   std::vector<std::string> parts = absl::StrSplit(*hello, ' ');
   int pid = 0;
   if (parts.size() != 3 || parts[0] != "HELLO" || parts[1].empty() ||
