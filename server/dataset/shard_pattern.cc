@@ -10,15 +10,26 @@
 namespace ferry {
 namespace {
 
-constexpr size_t kMaxNames = 10'000'000;
+// A pattern is quoted up to this many bytes in messages.
+constexpr size_t kMaxQuoted = 200;
 
 absl::Status Bad(const std::string& pattern, const std::string& why) {
-  return absl::InvalidArgumentError(absl::StrCat("shard pattern '", pattern, "': ", why));
+  const std::string quoted = pattern.size() <= kMaxQuoted
+                                 ? pattern
+                                 : absl::StrCat(pattern.substr(0, kMaxQuoted), "...");
+  return absl::InvalidArgumentError(absl::StrCat("shard pattern '", quoted, "': ", why));
+}
+
+absl::Status TooMany(const std::string& pattern) {
+  return Bad(pattern, absl::StrCat("the shard list expands to more than ", kMaxShardNames,
+                                   " names or ", kMaxShardNameBytes >> 20,
+                                   " MiB of names; list fewer, larger shards"));
 }
 
 // Alternatives of one brace group's body: "000..146" or "a,b,c".
+// At most `budget` of them: more is TooMany (checked before any is made).
 absl::StatusOr<std::vector<std::string>> Alternatives(const std::string& pattern,
-                                                      const std::string& body) {
+                                                      const std::string& body, size_t budget) {
   std::vector<std::string> out;
   const size_t dots = body.find("..");
   if (dots != std::string::npos && body.find(',') == std::string::npos) {
@@ -29,7 +40,7 @@ absl::StatusOr<std::vector<std::string>> Alternatives(const std::string& pattern
       return Bad(pattern, absl::StrCat("'{", body, "}' is not a range of non-negative integers"));
     }
     if (lo > hi) return Bad(pattern, absl::StrCat("range '{", body, "}' is reversed"));
-    if (hi - lo >= kMaxNames) return Bad(pattern, "expands to more than 10 million names");
+    if (hi - lo >= budget) return TooMany(pattern);
     const size_t width = lo_text.size() > 1 && lo_text[0] == '0' ? lo_text.size() : 0;
     for (uint64_t i = lo; i <= hi; ++i) {
       std::string n = absl::StrCat(i);
@@ -45,8 +56,10 @@ absl::StatusOr<std::vector<std::string>> Alternatives(const std::string& pattern
 
 }  // namespace
 
-absl::StatusOr<std::vector<std::string>> ExpandShardPattern(const std::string& pattern) {
+absl::StatusOr<std::vector<std::string>> ExpandShardPattern(const std::string& pattern,
+                                                            size_t max_names, size_t max_bytes) {
   std::vector<std::string> names = {""};
+  size_t bytes = 0;  // of all names
   size_t pos = 0;
   while (pos < pattern.size()) {
     const size_t open = pattern.find('{', pos);
@@ -56,17 +69,30 @@ absl::StatusOr<std::vector<std::string>> ExpandShardPattern(const std::string& p
     }
     const std::string literal = pattern.substr(pos, open == std::string::npos ? std::string::npos
                                                                                : open - pos);
+    if (literal.size() > 0 &&
+        (names.size() > max_bytes / literal.size() ||
+         bytes + names.size() * literal.size() > max_bytes)) {
+      return TooMany(pattern);
+    }
+    bytes += names.size() * literal.size();
     for (std::string& n : names) n += literal;
     if (open == std::string::npos) break;
     const size_t close = pattern.find('}', open);
     if (close == std::string::npos) return Bad(pattern, "'{' without '}'");
     const std::string body = pattern.substr(open + 1, close - open - 1);
     if (body.find('{') != std::string::npos) return Bad(pattern, "nested '{' is not supported");
-    auto alternatives = Alternatives(pattern, body);
+    auto alternatives = Alternatives(pattern, body, max_names / names.size());
     if (!alternatives.ok()) return alternatives.status();
-    if (names.size() * alternatives->size() > kMaxNames) {
-      return Bad(pattern, "expands to more than 10 million names");
+    if (names.size() * alternatives->size() > max_names) return TooMany(pattern);
+    // Every name is copied once per alternative, and each alternative once per name.
+    size_t alternative_bytes = 0;
+    for (const std::string& a : *alternatives) alternative_bytes += a.size();
+    if (bytes > max_bytes / alternatives->size() ||
+        alternative_bytes > max_bytes / names.size() ||
+        bytes * alternatives->size() + alternative_bytes * names.size() > max_bytes) {
+      return TooMany(pattern);
     }
+    bytes = bytes * alternatives->size() + alternative_bytes * names.size();
     std::vector<std::string> next;
     next.reserve(names.size() * alternatives->size());
     for (const std::string& n : names) {
@@ -81,10 +107,15 @@ absl::StatusOr<std::vector<std::string>> ExpandShardPattern(const std::string& p
 absl::StatusOr<std::vector<std::string>> ExpandShardPatterns(
     const std::vector<std::string>& patterns) {
   std::vector<std::string> all;
+  size_t bytes = 0;
   for (const std::string& p : patterns) {
-    auto names = ExpandShardPattern(p);
+    if (all.size() >= kMaxShardNames) return TooMany(p);
+    auto names = ExpandShardPattern(p, kMaxShardNames - all.size(), kMaxShardNameBytes - bytes);
     if (!names.ok()) return names.status();
-    all.insert(all.end(), names->begin(), names->end());
+    for (std::string& n : *names) {
+      bytes += n.size();
+      all.push_back(std::move(n));
+    }
   }
   return all;
 }

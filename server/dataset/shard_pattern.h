@@ -7,6 +7,7 @@
 #ifndef FERRY_SERVER_DATASET_SHARD_PATTERN_H_
 #define FERRY_SERVER_DATASET_SHARD_PATTERN_H_
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -14,11 +15,19 @@
 
 namespace ferry {
 
-// INVALID_ARGUMENT naming the pattern for an unbalanced or empty group, a reversed range,
-// or an expansion of more than 10 million names.
-absl::StatusOr<std::vector<std::string>> ExpandShardPattern(const std::string& pattern);
+// A job's shard list expands to at most this many names, of at most this many bytes in all:
+// the cost of a request stays bounded (memory, and the time to index the shards).
+inline constexpr size_t kMaxShardNames = 1'000'000;
+inline constexpr size_t kMaxShardNameBytes = size_t{256} << 20;
 
-// All patterns expanded, in order.
+// INVALID_ARGUMENT naming the pattern (its first 200 bytes) for an unbalanced or empty group,
+// a reversed range, or an expansion past `max_names` names or `max_bytes` bytes (checked
+// before the names are made).
+absl::StatusOr<std::vector<std::string>> ExpandShardPattern(
+    const std::string& pattern, size_t max_names = kMaxShardNames,
+    size_t max_bytes = kMaxShardNameBytes);
+
+// All patterns expanded, in order, within kMaxShardNames and kMaxShardNameBytes together.
 absl::StatusOr<std::vector<std::string>> ExpandShardPatterns(
     const std::vector<std::string>& patterns);
 

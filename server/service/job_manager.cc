@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "common/quote.h"
 #include "common/random.h"
 #include "common/status_macros.h"
 #include "server/dataset/shard_pattern.h"
@@ -134,6 +135,20 @@ uint32_t JobManager::SlotsPerRank(const Job& job) const {
 absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
                                                           const std::string& name,
                                                           ferry::v1::JobSpec spec) {
+  if (name.size() > kMaxJobNameBytes ||
+      !std::all_of(name.begin(), name.end(), [](char c) { return c >= 0x20 && c < 0x7f; })) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job name ", QuoteForMessage(name, 64), " must be at most ", kMaxJobNameBytes,
+        " printable ASCII characters"));
+  }
+  if (spec.world_size() > kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat("world_size must be at most ", kMaxWorldSize,
+                                                   " (got ", spec.world_size(), ")"));
+  }
+  if (spec.batch_size() > kMaxBatchSize) {
+    return absl::InvalidArgumentError(absl::StrCat("batch_size must be in [1, ", kMaxBatchSize,
+                                                   "] (got ", spec.batch_size(), ")"));
+  }
   if (spec.device().empty()) spec.set_device("cpu");
   if (spec.world_size() == 0) spec.set_world_size(1);
   if (spec.batch_size() == 0) {
@@ -243,7 +258,8 @@ absl::StatusOr<JobManager::JobEntry*> JobManager::FindOwnedLocked(const Caller& 
                                                                   const std::string& id) {
   auto it = jobs_.find(id);
   if (it == jobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("no job '", id, "'; list jobs with 'ferryctl jobs'"));
+    return absl::NotFoundError(
+        absl::StrCat("no job ", QuoteForMessage(id, 64), "; list jobs with 'ferryctl jobs'"));
   }
   if (!caller.is_root() && it->second.job->identity().owner_uid != caller.uid) {
     return absl::PermissionDeniedError(absl::StrCat(
@@ -294,16 +310,19 @@ absl::Status JobManager::DeleteJob(const Caller& caller, const std::string& id) 
 }
 
 absl::StatusOr<JobManager::Attachment> JobManager::Attach(const Caller& caller,
-                                                          const std::string& job_id, int rank) {
+                                                          const std::string& job_id,
+                                                          uint32_t requested_rank) {
   absl::MutexLock lock(&mutex_);
   if (draining_) return absl::UnavailableError("ferryd is shutting down");
   FERRY_ASSIGN_OR_RETURN(JobEntry * entry, FindOwnedLocked(caller, job_id));
   if (entry->job->failed()) return entry->job->failure();
   const ferry::v1::JobSpec& spec = entry->job->spec();
-  if (rank < 0 || rank >= static_cast<int>(spec.world_size())) {
+  if (requested_rank >= spec.world_size()) {
     return absl::InvalidArgumentError(absl::StrCat("rank must be in [0, ", spec.world_size(),
-                                                   ") for job ", job_id, " (got ", rank, ")"));
+                                                   ") for job ", job_id, " (got ",
+                                                   requested_rank, ")"));
   }
+  const int rank = static_cast<int>(requested_rank);  // < world_size <= kMaxWorldSize
   std::shared_ptr<RankPipeline>& pipeline = entry->ranks[rank];
   if (pipeline == nullptr) {
     // The slab is allocated once here and reused by every later attach of this rank.

@@ -33,6 +33,11 @@ struct Caller {
   bool is_root() const { return uid == 0; }
 };
 
+// Bounds on what a request may ask for (docs/operations.md, "Limits"); batch_size is bounded
+// by kMaxBatchSize (job.h) and shard lists by kMaxShardNames (shard_pattern.h).
+inline constexpr size_t kMaxJobNameBytes = 128;
+inline constexpr uint32_t kMaxWorldSize = 1u << 20;
+
 class JobManager final {
  public:
   struct Options {
@@ -76,7 +81,8 @@ class JobManager final {
   };
   // Creates the rank's pipeline (slab) on first attach. FAILED_PRECONDITION if the rank has a
   // live consumer; INVALID_ARGUMENT for a rank outside [0, world_size).
-  absl::StatusOr<Attachment> Attach(const Caller& caller, const std::string& job_id, int rank);
+  absl::StatusOr<Attachment> Attach(const Caller& caller, const std::string& job_id,
+                                    uint32_t rank);
 
   // Slots of each rank's ring: the job's prefetch_depth; without one, the default depth,
   // raised for small batches until default_prefetch_bytes are in flight, up to

@@ -134,6 +134,38 @@ TEST_F(JobManagerTest, BatchesWhoseSizeOverflowsAreRefusedNamingTheField) {
   EXPECT_THAT(r.status().message(), HasSubstr("lower batch_size"));
 }
 
+// What a request may carry is bounded, and errors quote a bounded part of it: a 9 KB job id
+// turned NOT_FOUND into RESOURCE_EXHAUSTED (over gRPC's metadata limit), a 3 MiB job name was
+// accepted, and a rank of 2^32 - 1 was cast to int.
+TEST_F(JobManagerTest, RequestSizesAreBoundedAndErrorsQuoteLittleOfThem) {
+  auto m = Manager({}, true);
+  const std::string long_id(9000, 'j');
+  auto missing = m->GetJob(kAlice, long_id);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_LT(missing.status().message().size(), 200u);
+  EXPECT_THAT(missing.status().message(), HasSubstr("(9000 bytes)"));
+
+  auto named = m->CreateJob(kAlice, std::string(3 << 20, 'n'), TokensSpec(tokens_));
+  EXPECT_EQ(named.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(named.status().message(), HasSubstr("at most 128 printable ASCII characters"));
+  EXPECT_LT(named.status().message().size(), 300u);
+  EXPECT_EQ(m->CreateJob(kAlice, "a\nb", TokensSpec(tokens_)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  auto spec = TokensSpec(tokens_);
+  spec.set_world_size(UINT32_MAX);
+  auto wide = m->CreateJob(kAlice, "", spec);
+  EXPECT_EQ(wide.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(wide.status().message(), HasSubstr("world_size must be at most 1048576"));
+
+  auto job = m->CreateJob(kAlice, "ranks", TokensSpec(tokens_));
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto rank = m->Attach(kAlice, job->job->identity().id, UINT32_MAX);
+  EXPECT_EQ(rank.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(rank.status().message(), HasSubstr("rank must be in [0, 2)"));
+  EXPECT_THAT(rank.status().message(), HasSubstr("(got 4294967295)"));
+}
+
 TEST_F(JobManagerTest, NoRootsOnASystemDaemonRefusesEverything) {
   auto m = Manager({}, false);
   auto r = m->CreateJob(kAlice, "", TokensSpec(tokens_));
