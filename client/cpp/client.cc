@@ -32,6 +32,10 @@ namespace {
 constexpr absl::Duration kQuickCallDeadline = absl::Seconds(30);
 // How long a reattaching consumer waits for ferryd to notice that its previous stream ended.
 constexpr absl::Duration kReattachPatience = absl::Seconds(5);
+// How long a first attach waits for a rank's consumer to let go: a consumer closed just
+// before (a Loader closed and made again) ends its stream asynchronously, and ferryd may not
+// have seen the end yet. A consumer that is really live is reported after this.
+constexpr absl::Duration kFirstAttachPatience = absl::Seconds(2);
 
 // Batches travel through a shared-memory batch channel unless FERRY_BATCH_CHANNEL=grpc
 // (or 0) keeps them on the gRPC stream: for comparing the two and for debugging.
@@ -477,8 +481,9 @@ class ConsumerImpl {
     if (stream_) stream_->Cancel();
   }
 
-  // Attaches (again), maps the slab and opens a stream. With `retry`, waits up to
-  // kReattachPatience for the daemon to let go of this rank's previous stream.
+  // Attaches (again), maps the slab and opens a stream, waiting for the daemon to let go of
+  // this rank's previous stream: up to kReattachPatience with `retry` (this consumer's own
+  // stream broke), kFirstAttachPatience without.
   absl::Status Attach(bool retry) {
     if (stream_) {
       stream_->Cancel();
@@ -490,7 +495,7 @@ class ConsumerImpl {
     request.set_job_id(job_id_);
     request.set_rank(rank_);
     v1::AttachResponse response;
-    const absl::Time give_up = absl::Now() + (retry ? kReattachPatience : absl::ZeroDuration());
+    const absl::Time give_up = absl::Now() + (retry ? kReattachPatience : kFirstAttachPatience);
     while (true) {
       grpc::ClientContext context;
       client_->Prepare(&context, /*quick=*/false);

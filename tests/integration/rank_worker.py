@@ -17,6 +17,8 @@ Config keys:
   pause_after: after this many batches of the first epoch, write `out`, create `ready_file`
     and then wait for `go_file` to exist, or, without go_file, sleep until killed (holding
     the current batch when zero_copy is set).
+  reattach_seconds: how long the Loader waits for a restarted ferryd (FERRY_REATTACH_SECONDS;
+    the Loader's default when absent).
 """
 
 import hashlib
@@ -33,6 +35,8 @@ import ferry_it  # noqa: E402
 
 def main():
     cfg = json.loads(sys.argv[1])
+    if "reattach_seconds" in cfg:
+        os.environ["FERRY_REATTACH_SECONDS"] = str(cfg["reattach_seconds"])
     loader = ferry.Loader(ferry.ImageFolder(cfg["root"]), batch_size=cfg["batch_size"],
                           transform=ferry.RandomResizedCrop(cfg.get("crop", 32), flip=True),
                           shuffle=True, seed=cfg["seed"], drop_last=cfg.get("drop_last", False),

@@ -78,6 +78,27 @@ class ResumeTest(Harness):
                              self.stream(ref, 0, key), key)
             self.assertEqual(self.stream(after, 1, key), self.stream(ref, 1, key), key)
 
+    def test_a_trainer_goes_on_by_itself_after_ferryd_restarts(self):
+        # The Loader of a trainer that lives through a ferryd restart (systemd's Restart=,
+        # SIGTERM for an upgrade) attaches again on its own and continues its epoch: the
+        # streams are those of an uninterrupted run, nothing lost or repeated.
+        ref = self.finish(*self.worker(self.daemon, self.root, "ref", epochs=[0, 1]), "ref")
+        for sig in (signal.SIGKILL, signal.SIGTERM):
+            name = "survivor-%d" % sig
+            go = os.path.join(self.dir, name + ".go")
+            ready = os.path.join(self.dir, name + ".ready")
+            proc, out = self.worker(self.daemon, self.root, name, epochs=[0, 1], pause_after=3,
+                                    go_file=go, ready_file=ready)
+            ferry_it.wait_for_file(ready, 60, [proc], name + " readiness")
+            self.daemon.restart(sig)
+            open(go, "w").close()
+            result = self.finish(proc, out, name)
+            for key in ("index", "digest", "label"):
+                for epoch in (0, 1):
+                    self.assertEqual(self.stream(result, epoch, key),
+                                     self.stream(ref, epoch, key), (sig, epoch, key))
+            self.assertIn("reattaching job", ferry_it.tail(os.path.join(self.dir, name + ".log")))
+
     def test_one_rank_restarts_alone_while_the_other_continues(self):
         refs = [self.finish(*self.worker(self.daemon, self.root, "ref%d" % r, rank=r,
                                          world_size=2, epochs=[2]), "ref%d" % r)

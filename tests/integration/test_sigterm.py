@@ -41,8 +41,9 @@ class SigtermTest(unittest.TestCase):
         d = daemon.dir
         root = ferry_it.make_image_folder(os.path.join(d, "images"), {"elk": 8, "fox": 8})
         go = os.path.join(d, "go")
+        # ferryd is stopped for good: the Loaders do not wait for it to come back.
         common = dict(address=daemon.address, root=root, world_size=2, batch_size=2, seed=1,
-                      crop=16, job_name="drain")
+                      crop=16, job_name="drain", reattach_seconds=0)
         # Rank 0 takes one batch and holds it (zero-copy) until told to go on; rank 1 keeps
         # consuming epoch after epoch, so SIGTERM finds it mid-stream.
         holder_cfg = dict(common, rank=0, epochs=3, zero_copy=True, pause_after=1,

@@ -3,7 +3,9 @@
 import math
 import numbers
 import os
+import sys
 import threading
+import time
 import warnings
 import weakref
 
@@ -14,6 +16,18 @@ from ferry.errors import FerryError
 
 # How often a waiting iterator returns to Python, so Ctrl-C is handled promptly.
 _POLL_MS = 200
+# How long a Loader waits for a restarted ferryd (systemd's Restart=, an upgrade) to answer
+# again before it gives up with the error that broke its stream; FERRY_REATTACH_SECONDS
+# overrides it (0: give up at once).
+_REATTACH_SECONDS = 60.0
+
+
+def _reattach_seconds():
+    value = os.environ.get("FERRY_REATTACH_SECONDS")
+    try:
+        return float(value) if value else _REATTACH_SECONDS
+    except ValueError:
+        return _REATTACH_SECONDS
 
 
 def _check_int(name, value, minimum=None, maximum=None):
@@ -514,6 +528,7 @@ class Loader:
         self._client = None
         self._consumer = None
         self._closed = False
+        self._job_name = job_name
         try:
             self._connect(address)
             self.job = self._client.create_job(self._spec, name=job_name)
@@ -529,6 +544,7 @@ class Loader:
         from ferry.client import Client
         if address is None and os.environ.get("FERRY_ADDRESS"):
             address = os.environ["FERRY_ADDRESS"]
+        self._address = address  # what a reattach connects to (None: the default daemon)
         if address is not None:
             self._client = Client(address)
             return
@@ -581,19 +597,36 @@ class Loader:
         first, self._resume_batch = self._resume_batch, 0
         # start_epoch may attach again (new slot mappings): views of old slots are stale.
         self._view_cache.clear()
-        self._wrap(self._consumer.start_epoch, self._epoch, first)
         self._batches_done = first
+        try:
+            self._wrap(self._consumer.start_epoch, self._epoch, first)
+        except FerryError as e:
+            if e.code != "UNAVAILABLE" or self._daemon is not None:
+                raise
+            self._reattach(e)  # starts the epoch at `first` on the new daemon
         return self._iterate(self._generation)
+
+    def _release_held(self, held, held_by):
+        """Releases the batch the caller had; a batch of a consumer that is gone (ferryd
+        restarted, see _reattach) has nothing to give back."""
+        if held_by is not self._consumer:
+            return
+        try:
+            self._release(held)
+        except FerryError as e:
+            if e.code != "UNAVAILABLE" or self._daemon is not None:
+                raise  # else _next_batch meets the same break and reattaches
 
     def _iterate(self, generation):
         held = None  # zero-copy: the batch whose arrays the caller has now
+        held_by = None  # the consumer it came from
         try:
             while True:
                 if generation != self._generation or self._closed:
                     raise RuntimeError("this ferry.Loader iterator was superseded by a newer "
                                        "iteration (or the Loader was closed)")
                 if held is not None:
-                    self._release(held)
+                    self._release_held(held, held_by)
                     held = None
                 batch = self._next_batch()
                 if batch is None:
@@ -601,18 +634,19 @@ class Loader:
                 self._batches_done = batch.index + 1
                 if self._torch_device is not None:
                     tensors, held = self._gpu_batch(batch)
+                    held_by = self._consumer
                     yield tensors
                     continue
                 arrays = self._host_batch(batch)
                 if self._zero_copy:
-                    held = batch
+                    held, held_by = batch, self._consumer
                 else:
-                    batch.release()
+                    self._release_held(batch, self._consumer)
                 yield arrays
         finally:
             if held is not None:
                 try:
-                    self._release(held)
+                    self._release_held(held, held_by)
                 except FerryError:
                     pass
 
@@ -714,6 +748,9 @@ class Loader:
             try:
                 return self._wrap(self._consumer.next, _POLL_MS)
             except FerryError as e:
+                if e.code == "UNAVAILABLE" and self._daemon is None:
+                    self._reattach(e)  # ferryd restarted: continue where this epoch was
+                    continue
                 if e.code != "DEADLINE_EXCEEDED" or "no batch from ferryd" not in e.message:
                     raise
             waited += _POLL_MS / 1000.0
@@ -721,6 +758,51 @@ class Loader:
                 raise FerryError("DEADLINE_EXCEEDED", "no batch from ferryd within %g s "
                                  "(epoch %d, after batch %d)"
                                  % (self._timeout, self._epoch, self._batches_done))
+
+    def _reattach(self, error):
+        """The daemon this Loader uses went away (restarted by systemd, upgraded): connects
+        again, creates the same job and goes on with this epoch after the batches already
+        delivered. The epoch's order is a function of (seed, epoch), so no sample is lost or
+        repeated. A private daemon's death is not retried (it died with its reason, which
+        _wrap reports). Gives up after _REATTACH_SECONDS, raising `error`."""
+        print("ferry: lost ferryd (%s); reattaching job %r rank %d at epoch %d batch %d"
+              % (error.message, self._job_name or self.job.get("name"), self.rank, self._epoch,
+                 self._batches_done), file=sys.stderr)
+        self._finalizer.detach()
+        Loader._cleanup_quietly(self._consumer, self._client)
+        self._consumer = self._client = None
+        self._view_cache.clear()  # views of the old slots
+        patience = _reattach_seconds()
+        deadline = time.monotonic() + patience
+        from ferry.client import Client
+        while True:
+            try:
+                self._client = Client(self._address)
+                self.job = self._client.create_job(self._spec, name=self._job_name)
+                self._consumer = self._client.attach(self.job["id"], self.rank)
+                self._consumer.start_epoch(self._epoch, self._batches_done)
+                break
+            except FerryError as e:
+                Loader._cleanup_quietly(self._consumer, self._client)
+                self._consumer = self._client = None
+                if (e.code not in ("NOT_FOUND", "UNAVAILABLE", "RESOURCE_EXHAUSTED") or
+                        time.monotonic() > deadline):
+                    self._finalizer = weakref.finalize(self, lambda: None)
+                    raise FerryError(error.code, "%s; ferryd did not take the job back within "
+                                     "%g s: %s" % (error.message, patience, e.message),
+                                     error.code_value) from e
+                time.sleep(0.2)
+        self._finalizer = weakref.finalize(self, Loader._cleanup, self._consumer, self._client,
+                                           self._daemon)
+
+    @staticmethod
+    def _cleanup_quietly(consumer, client):
+        for closable in (consumer, client):
+            if closable is not None:
+                try:
+                    closable.close()
+                except FerryError:
+                    pass
 
     def _wrap(self, fn, *args):
         """Calls fn; adds the private daemon's fate to errors, since its death is the

@@ -115,6 +115,16 @@ class EndToEndTest(unittest.TestCase):
         loader.load_state_dict(state)
         self.assertEqual(self.indices(loader), full[3 * 4:])
 
+    def test_a_loader_made_again_right_after_close_takes_the_rank(self):
+        # close() ends the consumer's stream; ferryd sees the end a moment later. A Loader made
+        # at once for the same rank must not fail with "already has a live consumer" (it
+        # did about once in 30 tries).
+        for _ in range(40):
+            loader = ferry.Loader(ferry.Tokens(self.token_path, seq_len=SEQ), batch_size=4,
+                                  prefetch=2, as_numpy=True, timeout=30, job_name="reopen")
+            self.check_batch(next(iter(loader)))
+            loader.close()
+
     def test_zero_copy_views_are_read_only_and_correct(self):
         loader = self.loader(zero_copy=True)
         for batch in loader:
