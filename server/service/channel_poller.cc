@@ -92,7 +92,10 @@ void ChannelPoller::Run() {
       return;
     }
     ids.clear();
-    for (int i = 0; i < n; ++i) ids.push_back(events[i].data.u64);
+    for (int i = 0; i < n; ++i) {
+      const uint64_t id = events[i].data.u64;  // epoll_event is packed: copy, never bind
+      ids.push_back(id);
+    }
     {
       absl::MutexLock lock(&mutex_);
       ids.insert(ids.end(), again_.begin(), again_.end());

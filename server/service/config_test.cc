@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace ferry {
@@ -80,6 +81,27 @@ TEST_F(ConfigTest, GatherStreamsOverTheLimitIsRefusedWithTheRange) {
   EXPECT_TRUE(absl::StrContains(loaded.status().message(), absl::StrCat("1 to ", kMaxGatherStreams)));
   Write(absl::StrCat("gather_streams: ", kMaxGatherStreams, "\n"));
   EXPECT_TRUE(LoadConfig(path()).ok());
+}
+
+TEST_F(ConfigTest, HardeningSettingsDefaultToWhatTheDocsSay) {
+  Write("");
+  absl::StatusOr<LoadedConfig> loaded = LoadConfig(path());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->config.read_retry_seconds(), 300u);
+  EXPECT_EQ(loaded->config.max_sessions(), 4096u);
+  EXPECT_EQ(loaded->config.max_sessions_per_uid(), 1024u);
+  EXPECT_FALSE(loaded->config.follow_symlinks_within_roots());
+  // Left at 0: the daemon picks 0660 for the system socket, 0600 for any other.
+  EXPECT_EQ(loaded->config.unix_socket_mode(), 0u);
+}
+
+TEST_F(ConfigTest, RelativeDatasetRootsAreRefused) {
+  Write("dataset_roots: \"/data\"\ndataset_roots: \"data/images\"\n");
+  absl::StatusOr<LoadedConfig> loaded = LoadConfig(path());
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(loaded.status().message()),
+              ::testing::HasSubstr("dataset_roots entry 'data/images' is not an absolute path"));
 }
 
 }  // namespace
