@@ -2,6 +2,7 @@
 // for the whole fuzzing process; each input is one session whose requests are the input's
 // packets (a length byte, then that many bytes). Every answer is read; the server must
 // answer or close the session, never crash, and keep greeting the next client.
+#include <errno.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -40,9 +41,14 @@ ferry::SessionServer* Server() {
   return server;
 }
 
+// libFuzzer's -timeout interrupts with SIGALRM every second: poll again on EINTR.
 bool Readable(int fd, int timeout_ms) {
   pollfd p{fd, POLLIN, 0};
-  return poll(&p, 1, timeout_ms) == 1;
+  int n;
+  do {
+    n = poll(&p, 1, timeout_ms);
+  } while (n < 0 && errno == EINTR);
+  return n == 1;
 }
 
 }  // namespace
