@@ -43,6 +43,8 @@ def record(batch):
 
 def main():
     config = json.loads(sys.argv[1])
+    if "reattach_seconds" in config:  # how long the Loader waits for a restarted ferryd
+        os.environ["FERRY_REATTACH_SECONDS"] = str(config["reattach_seconds"])
     out = {"epochs": {}, "done": False}
     saved = {}
     loader = ferry.Loader(

@@ -426,9 +426,10 @@ class GpuTransportTest(unittest.TestCase):
             root = ferry_it.make_image_folder(os.path.join(daemon.dir, "images"), {"a": 6, "b": 6})
             out, ready, go = (os.path.join(daemon.dir, n) for n in ("e.json", "e.ready", "e.go"))
             log = os.path.join(daemon.dir, "e.log")
+            # ferryd is gone for good: the Loader does not wait for it to come back.
             proc = start(dict(address=daemon.address, root=root, batch_size=2, seed=1,
                               epochs=1, device="cuda:0", pause_after=1, ready_file=ready,
-                              go_file=go, out=out), log)
+                              go_file=go, out=out, reattach_seconds=0), log)
             ferry_it.wait_for_file(ready, 120, [proc])
             daemon.process.send_signal(signal.SIGKILL)
             daemon.process.wait(10)
@@ -445,6 +446,29 @@ class GpuTransportTest(unittest.TestCase):
             result = ferry_it.read_json(out)
             self.assertIn("error", result, ferry_it.tail(log))
             self.assertIn(result["error"]["code"], ("UNAVAILABLE", "CANCELLED", "INTERNAL"))
+        finally:
+            daemon.stop()
+
+    def test_e2_gpu_trainer_goes_on_after_ferryd_restarts(self):
+        # A GPU trainer that lives through a ferryd restart attaches again by itself (new
+        # device slots, new events) and delivers the rest of its epoch.
+        daemon = ferry_it.FerryDaemon()
+        try:
+            root = ferry_it.make_image_folder(os.path.join(daemon.dir, "images"), {"a": 6, "b": 6})
+            out, ready, go = (os.path.join(daemon.dir, n) for n in ("e2.json", "e2.ready", "e2.go"))
+            log = os.path.join(daemon.dir, "e2.log")
+            proc = start(dict(address=daemon.address, root=root, batch_size=2, seed=1,
+                              epochs=1, device="cuda:0", pause_after=2, ready_file=ready,
+                              go_file=go, out=out), log)
+            ferry_it.wait_for_file(ready, 120, [proc])
+            daemon.restart(signal.SIGKILL)
+            open(go, "w").close()
+            self.assertEqual(proc.wait(120), 0, ferry_it.tail(log))
+            result = ferry_it.read_json(out)
+            self.assertTrue(result["done"], result.get("error"))
+            indices = sorted(i for entry in result["epochs"]["0"] for i in entry["index"])
+            self.assertEqual(indices, list(range(12)), ferry_it.tail(log))
+            self.assertIn("reattaching job", ferry_it.tail(log))
         finally:
             daemon.stop()
 
