@@ -96,11 +96,9 @@ class ClientImpl {
 // time; Cancel from the owning consumer.
 class StreamState {
  public:
-  // `released_events`: the GPU transport's released-event handles, in slot order (empty
-  // for the host transport). `channel`: null to keep batches on the stream.
+  // `channel`: null to keep batches on the stream.
   static absl::StatusOr<std::shared_ptr<StreamState>> Open(
       const ClientImpl& client, const std::string& attach_id,
-      const std::vector<std::string>& released_events,
       std::unique_ptr<BatchChannel> channel) {
     auto state = std::shared_ptr<StreamState>(new StreamState(client.Context("Consume")));
     state->channel_ = std::move(channel);
@@ -111,9 +109,6 @@ class StreamState {
     v1::ConsumeRequest open;
     open.mutable_open()->set_attach_id(attach_id);
     open.mutable_open()->set_channel(state->channel_ != nullptr);
-    for (const std::string& handle : released_events) {
-      open.mutable_open()->add_released_events(handle);
-    }
     FERRY_RETURN_IF_ERROR(state->Write(std::move(open)));
     return state;
   }
@@ -550,6 +545,7 @@ class ConsumerImpl {
         for (const v1::CudaSlot& slot : cuda.slots()) {
           spec.mem_handles.push_back(slot.mem_handle());
           spec.ready_events.push_back(slot.ready_event());
+          spec.released_events.push_back(slot.released_event());
         }
         // A reattach to the same pipeline keeps the mappings (CUDA maps an IPC handle once
         // per process); batches of the old stream keep theirs alive either way.
@@ -582,10 +578,7 @@ class ConsumerImpl {
       }
     }
     FERRY_ASSIGN_OR_RETURN(
-        stream_, StreamState::Open(*client_, response.attach_id(),
-                                   ring_ ? ring_->released_event_handles()
-                                         : std::vector<std::string>(),
-                                   std::move(channel)));
+        stream_, StreamState::Open(*client_, response.attach_id(), std::move(channel)));
     layout_ = std::move(layout);
     job_ = std::move(job);
     attach_id_ = response.attach_id();

@@ -93,7 +93,8 @@ class DeviceStage {
   // What a consumer needs to map the device slots (filled into AttachResponse).
   virtual void Describe(ferry::v1::AttachResponse* response) const = 0;
 
-  // A consumer binds: `released_events` are its per-slot "released" signals.
+  // A consumer binds: `released_events` are per-slot "released" signals it sent, if the
+  // stage takes them (CudaStage exports its own in Describe and refuses any).
   virtual absl::Status OpenConsumer(const std::vector<std::string>& released_events) = 0;
   // The consumer is gone: forget its signals (a dead process's events never fire again).
   // No device_slot_released report for a slot watched before starts after this returns.

@@ -349,10 +349,15 @@ class CudaStage final : public DeviceStage {
       FERRY_ASSIGN_OR_RETURN(MemIpcHandle mem, buffer.IpcHandle());
       FERRY_ASSIGN_OR_RETURN(CudaEvent ready, CudaEvent::Create(device, CudaEvent::kInterprocess));
       FERRY_ASSIGN_OR_RETURN(EventIpcHandle event, ready.IpcHandle());
+      FERRY_ASSIGN_OR_RETURN(CudaEvent released,
+                             CudaEvent::Create(device, CudaEvent::kInterprocess));
+      FERRY_ASSIGN_OR_RETURN(EventIpcHandle released_handle, released.IpcHandle());
       stage->slots_.push_back(std::move(buffer));
       stage->ready_.push_back(std::move(ready));
+      stage->released_.push_back(std::move(released));
       stage->mem_handles_.push_back(mem);
       stage->ready_handles_.push_back(event);
+      stage->released_handles_.push_back(released_handle);
     }
     // Per host slot an event that frees it before the normalize kernel has run (images).
     const int host_slots = stage->layout_.image_field >= 0
@@ -363,8 +368,9 @@ class CudaStage final : public DeviceStage {
       stage->copy_done_.push_back(std::move(done));
     }
     stage->slot_stream_.assign(stage->slots_.size(), -1);
-    // Registration, stream, per slot a buffer and a ready event, maybe per host slot an event.
-    stage->objects_created_ = 2 + 2 * stage->slots_.size() + stage->copy_done_.size();
+    // Registration, stream, per slot a buffer and ready and released events, maybe per host
+    // slot an event. A consumer adds none (it records the exported events).
+    stage->objects_created_ = 2 + 3 * stage->slots_.size() + stage->copy_done_.size();
     stage->ChooseCopyPath(job, mappings, gather);
     stage->watcher_ = std::make_unique<EventWatcher>(stage->counters_);
     stage->counted_pinned_ = slab.size();
@@ -561,6 +567,8 @@ class CudaStage final : public DeviceStage {
       ferry::v1::CudaSlot* slot = cuda->add_slots();
       slot->set_mem_handle(mem_handles_[i].bytes.data(), mem_handles_[i].bytes.size());
       slot->set_ready_event(ready_handles_[i].bytes.data(), ready_handles_[i].bytes.size());
+      slot->set_released_event(released_handles_[i].bytes.data(),
+                               released_handles_[i].bytes.size());
     }
     for (size_t f = 0; f < layout_.fields.size(); ++f) {
       ferry::v1::Field* field = cuda->add_fields();
@@ -573,37 +581,18 @@ class CudaStage final : public DeviceStage {
   }
 
   absl::Status OpenConsumer(const std::vector<std::string>& released_events) override {
-    if (released_events.size() != slots_.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Open carries ", released_events.size(), " released events; a GPU attach needs one "
-          "per slot (", slots_.size(), ")"));
+    if (!released_events.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Open carries ", released_events.size(), " released events, but this ferryd exports "
+          "its own (CudaSlot.released_event); the trainer's ferry client library is older "
+          "than ferryd: upgrade it"));
     }
-    std::vector<CudaEvent> opened;
-    for (const std::string& bytes : released_events) {
-      if (bytes.size() != kCudaIpcHandleSize) {
-        return absl::InvalidArgumentError(absl::StrCat("a released event handle has ",
-                                                       bytes.size(), " bytes, not ",
-                                                       kCudaIpcHandleSize));
-      }
-      EventIpcHandle handle;
-      std::copy(bytes.begin(), bytes.end(), handle.bytes.begin());
-      auto event = CudaEvent::OpenIpc(device_, handle);
-      if (!event.ok()) {
-        return absl::Status(event.status().code(),
-                            absl::StrCat("cannot open the trainer's released event (does it share "
-                                         "ferryd's IPC namespace? containers need hostIPC): ",
-                                         event.status().message()));
-      }
-      opened.push_back(*std::move(event));
-    }
-    objects_created_ += opened.size();
-    released_ = std::move(opened);
-    return absl::OkStatus();
+    return absl::OkStatus();  // the consumer records the events Describe exported
   }
 
   void CloseConsumer() override {
+    // The events stay: the next consumer of the rank records them anew before any watch.
     watcher_->Forget(EventWatcher::kReleased);
-    released_.clear();
   }
 
   void FillStatus(ferry::v1::RankStatus* status) const override {
@@ -693,10 +682,10 @@ class CudaStage final : public DeviceStage {
   std::vector<CudaEvent> ready_;
   std::vector<MemIpcHandle> mem_handles_;
   std::vector<EventIpcHandle> ready_handles_;
-  std::vector<CudaEvent> copy_done_;  // per host slot
-  // Guarded by the pipeline's lock (WatchReleased, ReleasedSignalPending, OpenConsumer and
-  // CloseConsumer run under it).
+  // Per device slot, exported: every consumer of the rank records them (CudaSlot).
   std::vector<CudaEvent> released_;
+  std::vector<EventIpcHandle> released_handles_;
+  std::vector<CudaEvent> copy_done_;  // per host slot
   // Written by StartCopy, read by FillStatus (see device_stage.h: they may overlap).
   std::atomic<uint64_t> bytes_copied_{0};
   std::atomic<uint64_t> batches_copied_{0};

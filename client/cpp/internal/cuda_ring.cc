@@ -1,5 +1,5 @@
 // CudaRing over the CUDA runtime, built from server/cuda's owners (DeviceBuffer::OpenIpc,
-// CudaEvent::OpenIpc / Create(kInterprocess)).
+// CudaEvent::OpenIpc).
 #include "client/cpp/internal/cuda_ring.h"
 
 #include <cuda_runtime_api.h>
@@ -70,10 +70,13 @@ absl::StatusOr<int> LocalDevice(const CudaRingSpec& spec) {
 class CudaRingImpl final : public CudaRing {
  public:
   static absl::StatusOr<std::shared_ptr<const CudaRing>> Open(const CudaRingSpec& spec) {
-    if (spec.mem_handles.size() != spec.ready_events.size() || spec.mem_handles.empty()) {
+    if (spec.mem_handles.size() != spec.ready_events.size() ||
+        spec.mem_handles.size() != spec.released_events.size() || spec.mem_handles.empty()) {
       return absl::InternalError(absl::StrCat(
-          "ferryd sent ", spec.mem_handles.size(), " slot memory handles and ",
-          spec.ready_events.size(), " ready events; expected the same non-zero number"));
+          "ferryd sent ", spec.mem_handles.size(), " slot memory handles, ",
+          spec.ready_events.size(), " ready events and ", spec.released_events.size(),
+          " released events; expected the same non-zero number (a ferryd older than this "
+          "client sends no released events: upgrade ferryd)"));
     }
     FERRY_ASSIGN_OR_RETURN(int device, LocalDevice(spec));
     auto ring = std::shared_ptr<CudaRingImpl>(new CudaRingImpl(spec, device));
@@ -81,14 +84,14 @@ class CudaRingImpl final : public CudaRing {
     ring->slots_.reserve(n);
     ring->ready_.reserve(n);
     ring->released_.reserve(n);
-    ring->released_handles_.reserve(n);
     for (size_t i = 0; i < n; ++i) {
       if (spec.mem_handles[i].size() != kCudaIpcHandleSize ||
-          spec.ready_events[i].size() != kCudaIpcHandleSize) {
+          spec.ready_events[i].size() != kCudaIpcHandleSize ||
+          spec.released_events[i].size() != kCudaIpcHandleSize) {
         return absl::InternalError(absl::StrCat(
-            "ferryd sent IPC handles of ", spec.mem_handles[i].size(), " and ",
-            spec.ready_events[i].size(), " bytes for slot ", i, "; expected ",
-            kCudaIpcHandleSize));
+            "ferryd sent IPC handles of ", spec.mem_handles[i].size(), ", ",
+            spec.ready_events[i].size(), " and ", spec.released_events[i].size(),
+            " bytes for slot ", i, "; expected ", kCudaIpcHandleSize));
       }
       MemIpcHandle mem;
       std::memcpy(mem.bytes.data(), spec.mem_handles[i].data(), kCudaIpcHandleSize);
@@ -102,12 +105,13 @@ class CudaRingImpl final : public CudaRing {
       if (!event.ok()) return IpcError(spec, i, "ready event", event.status());
       ring->ready_.push_back(*std::move(event));
 
-      FERRY_ASSIGN_OR_RETURN(CudaEvent released,
-                             CudaEvent::Create(device, CudaEvent::kInterprocess));
-      FERRY_ASSIGN_OR_RETURN(EventIpcHandle handle, released.IpcHandle());
-      ring->released_.push_back(std::move(released));
-      ring->released_handles_.emplace_back(reinterpret_cast<const char*>(handle.bytes.data()),
-                                           handle.bytes.size());
+      EventIpcHandle released;
+      std::memcpy(released.bytes.data(), spec.released_events[i].data(), kCudaIpcHandleSize);
+      absl::StatusOr<CudaEvent> released_event = CudaEvent::OpenIpc(device, released);
+      if (!released_event.ok()) {
+        return IpcError(spec, i, "released event", released_event.status());
+      }
+      ring->released_.push_back(*std::move(released_event));
     }
     return std::shared_ptr<const CudaRing>(std::move(ring));
   }
@@ -117,12 +121,10 @@ class CudaRingImpl final : public CudaRing {
   const uint8_t* slot_data(uint32_t slot) const override {
     return static_cast<const uint8_t*>(slots_[slot].data());
   }
-  const std::vector<std::string>& released_event_handles() const override {
-    return released_handles_;
-  }
   bool Matches(const CudaRingSpec& spec) const override {
     return spec.pci_bus_id == spec_.pci_bus_id && spec.slot_bytes == spec_.slot_bytes &&
-           spec.mem_handles == spec_.mem_handles && spec.ready_events == spec_.ready_events;
+           spec.mem_handles == spec_.mem_handles && spec.ready_events == spec_.ready_events &&
+           spec.released_events == spec_.released_events;
   }
 
   absl::Status WaitReady(uint32_t slot, void* stream) const override {
@@ -184,8 +186,7 @@ class CudaRingImpl final : public CudaRing {
   const int device_;
   std::vector<DeviceBuffer> slots_;
   std::vector<CudaEvent> ready_;
-  std::vector<CudaEvent> released_;
-  std::vector<std::string> released_handles_;
+  std::vector<CudaEvent> released_;  // ferryd's, opened here: recorded by SignalReleased
 };
 
 }  // namespace

@@ -1,10 +1,12 @@
 // The trainer's side of ferryd's GPU transport: the device slots and events of one attach,
 // opened once over CUDA IPC and kept for the attach's lifetime.
 //
-// ferryd exports, per slot, a device buffer and a "ready" event (recorded after its copy and
-// kernels). The trainer opens both, and creates one interprocess "released" event per slot
-// whose handles go back to ferryd in ConsumeRequest.Open; ferryd writes a slot again only
-// once it has seen that slot's released event complete. Per batch the trainer only enqueues:
+// ferryd exports, per slot, a device buffer, a "ready" event (recorded after its copy and
+// kernels) and a "released" event; the trainer opens all three. ferryd writes a slot again
+// only once it has seen that slot's released event complete. The trainer exports nothing:
+// an importer of another process's events keeps a mapping of that process's driver segment
+// for good, so ferryd, which outlives thousands of trainers, must import none of theirs.
+// Per batch the trainer only enqueues:
 //   WaitReady(slot, stream)       cudaStreamWaitEvent(stream, ready[slot]), skipped when
 //                                 the event has completed already (ferry ahead)
 //   SignalReleased(slot, stream)  cudaEventRecord(released[slot], stream), skipped when the
@@ -37,14 +39,16 @@ struct CudaRingSpec {
   uint64_t slot_bytes = 0;
   std::vector<std::string> mem_handles;    // 64 bytes each, one per slot
   std::vector<std::string> ready_events;   // 64 bytes each, one per slot
+  std::vector<std::string> released_events;  // 64 bytes each, one per slot
 };
 
 class CudaRing {
  public:
   virtual ~CudaRing() = default;
 
-  // Opens every slot and ready event of `spec` on the local device with spec.pci_bus_id
-  // and creates the released events. Errors name the CUDA call and error:
+  // Opens every slot, ready and released event of `spec` on the local device with
+  // spec.pci_bus_id. Errors name the CUDA call and error (INTERNAL for handle counts that
+  // disagree, e.g. an older ferryd that sends no released events):
   // FAILED_PRECONDITION when the device is not visible to this process, for IPC failures
   // (e.g. another IPC namespace), or when this library was built without CUDA.
   static absl::StatusOr<std::shared_ptr<const CudaRing>> Open(const CudaRingSpec& spec);
@@ -54,8 +58,6 @@ class CudaRing {
   virtual uint32_t num_slots() const = 0;
   // Device address of slot `slot` (mapped; slot_bytes long).
   virtual const uint8_t* slot_data(uint32_t slot) const = 0;
-  // cudaIpcEventHandle_t bytes of the released events, in slot order.
-  virtual const std::vector<std::string>& released_event_handles() const = 0;
   // True when `spec` names the same exported slots and events (a reattach to the same
   // pipeline), so the mappings can be kept.
   virtual bool Matches(const CudaRingSpec& spec) const = 0;

@@ -27,6 +27,7 @@ CudaRingSpec GarbageSpec(std::string pci_bus_id) {
   spec.slot_bytes = 1 << 20;
   spec.mem_handles = {std::string(64, '\x5a'), std::string(64, '\x5a')};
   spec.ready_events = {std::string(64, '\x33'), std::string(64, '\x33')};
+  spec.released_events = {std::string(64, '\x44'), std::string(64, '\x44')};
   return spec;
 }
 
@@ -95,6 +96,15 @@ TEST(CudaRingTest, MismatchedHandleCountsAreInternal) {
   ASSERT_FALSE(ring.ok());
   if (BuiltWithCuda()) {
     EXPECT_EQ(ring.status().code(), absl::StatusCode::kInternal) << ring.status();
+  }
+  // An older ferryd sends no released events (the trainer exported its own then).
+  spec = GarbageSpec("0000:3b:00.0");
+  spec.released_events.clear();
+  ring = CudaRing::Open(spec);
+  ASSERT_FALSE(ring.ok());
+  if (BuiltWithCuda()) {
+    EXPECT_EQ(ring.status().code(), absl::StatusCode::kInternal) << ring.status();
+    EXPECT_THAT(ring.status().message(), HasSubstr("released events"));
   }
 }
 
