@@ -18,7 +18,7 @@ namespace ferry {
 // A job's shard list expands to at most this many names, of at most this many bytes in all:
 // the cost of a request stays bounded (memory, and the time to index the shards).
 inline constexpr size_t kMaxShardNames = 1'000'000;
-inline constexpr size_t kMaxShardNameBytes = size_t{256} << 20;
+inline constexpr size_t kMaxShardNameBytes = size_t{64} << 20;
 
 // INVALID_ARGUMENT naming the pattern (its first 200 bytes) for an unbalanced or empty group,
 // a reversed range, or an expansion past `max_names` names or `max_bytes` bytes (checked

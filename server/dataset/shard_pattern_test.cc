@@ -50,7 +50,7 @@ TEST(ShardPatternTest, ExpansionsAreBoundedInNamesAndBytesBeforeAnyIsMade) {
     auto r = ExpandShardPatterns(too_many);
     ASSERT_FALSE(r.ok()) << too_many[0].substr(0, 40);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(r.status().message(), HasSubstr("more than 1000000 names or 256 MiB of names"));
+    EXPECT_THAT(r.status().message(), HasSubstr("more than 1000000 names or 64 MiB of names"));
     EXPECT_LT(r.status().message().size(), 400u);  // a long pattern is quoted in part
   }
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
