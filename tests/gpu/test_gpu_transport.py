@@ -420,17 +420,24 @@ class GpuTransportTest(unittest.TestCase):
         got = first["epochs"]["0"] + rest["epochs"]["0"]
         self.assertEqual(self.strip({"0": got}), self.strip(cpu["epochs"]))
 
+    @staticmethod
+    def paused_gpu_trainer(daemon, name, **cfg):
+        """A GPU trainer on `daemon` over 12 images that takes cfg["pause_after"] batches of
+        epoch 0 and waits for its go file; returns (process, out file, go file, log)."""
+        root = ferry_it.make_image_folder(os.path.join(daemon.dir, "images"), {"a": 6, "b": 6})
+        out, ready, go, log = (os.path.join(daemon.dir, name + suffix)
+                               for suffix in (".json", ".ready", ".go", ".log"))
+        proc = start(dict(address=daemon.address, root=root, batch_size=2, seed=1, epochs=1,
+                          device="cuda:0", ready_file=ready, go_file=go, out=out, **cfg), log)
+        ferry_it.wait_for_file(ready, 120, [proc])
+        return proc, out, go, log
+
     def test_e_ferryd_sigkill_under_gpu_trainer(self):
         daemon = ferry_it.FerryDaemon()
         try:
-            root = ferry_it.make_image_folder(os.path.join(daemon.dir, "images"), {"a": 6, "b": 6})
-            out, ready, go = (os.path.join(daemon.dir, n) for n in ("e.json", "e.ready", "e.go"))
-            log = os.path.join(daemon.dir, "e.log")
             # ferryd is gone for good: the Loader does not wait for it to come back.
-            proc = start(dict(address=daemon.address, root=root, batch_size=2, seed=1,
-                              epochs=1, device="cuda:0", pause_after=1, ready_file=ready,
-                              go_file=go, out=out, reattach_seconds=0), log)
-            ferry_it.wait_for_file(ready, 120, [proc])
+            proc, out, go, log = self.paused_gpu_trainer(daemon, "e", pause_after=1,
+                                                         reattach_seconds=0)
             daemon.process.send_signal(signal.SIGKILL)
             daemon.process.wait(10)
             start_time = time.monotonic()
@@ -454,13 +461,7 @@ class GpuTransportTest(unittest.TestCase):
         # device slots, new events) and delivers the rest of its epoch.
         daemon = ferry_it.FerryDaemon()
         try:
-            root = ferry_it.make_image_folder(os.path.join(daemon.dir, "images"), {"a": 6, "b": 6})
-            out, ready, go = (os.path.join(daemon.dir, n) for n in ("e2.json", "e2.ready", "e2.go"))
-            log = os.path.join(daemon.dir, "e2.log")
-            proc = start(dict(address=daemon.address, root=root, batch_size=2, seed=1,
-                              epochs=1, device="cuda:0", pause_after=2, ready_file=ready,
-                              go_file=go, out=out), log)
-            ferry_it.wait_for_file(ready, 120, [proc])
+            proc, out, go, log = self.paused_gpu_trainer(daemon, "e2", pause_after=2)
             daemon.restart(signal.SIGKILL)
             open(go, "w").close()
             self.assertEqual(proc.wait(120), 0, ferry_it.tail(log))

@@ -332,16 +332,20 @@ print(json.dumps(out))
 """
 
 
-@unittest.skipUnless(os.geteuid() == 0, "needs root: another uid's attach is tested by "
-                     "creating a job as root and attaching as uid %d" % NOBODY)
-class OtherUidTest(DaemonTestCase):
-    # Sockets any user may connect to (0666), in a directory any user may enter (0755).
+class SharedDaemonTestCase(DaemonTestCase):
+    """A ferryd other uids can reach: sockets any user may connect to (0666), in a directory
+    any user may enter (0755)."""
     CONFIG = "unix_socket_mode: 0666\n"
 
     @classmethod
     def setUpClass(cls):
         cls.daemon = ferry_it.FerryDaemon(config=cls.CONFIG, dir_mode=0o755)
         cls.dir = cls.daemon.dir
+
+
+@unittest.skipUnless(os.geteuid() == 0, "needs root: another uid's attach is tested by "
+                     "creating a job as root and attaching as uid %d" % NOBODY)
+class OtherUidTest(SharedDaemonTestCase):
 
     def test_other_uid_cannot_attach_or_see_the_job(self):
         self.assertEqual(os.stat(self.daemon.address).st_mode & 0o777, 0o666)
@@ -395,13 +399,7 @@ sys.stdin.readline()  # hold every session open until told
 
 
 @unittest.skipUnless(os.geteuid() == 0, "needs root: the idle sessions are another uid's")
-class IdleSessionsTest(DaemonTestCase):
-    CONFIG = "unix_socket_mode: 0666\n"
-
-    @classmethod
-    def setUpClass(cls):
-        cls.daemon = ferry_it.FerryDaemon(config=cls.CONFIG, dir_mode=0o755)
-        cls.dir = cls.daemon.dir
+class IdleSessionsTest(SharedDaemonTestCase):
 
     def test_two_thousand_idle_sessions_of_one_user_lock_nobody_else_out(self):
         proc = subprocess.Popen(
