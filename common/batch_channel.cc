@@ -289,8 +289,12 @@ absl::StatusOr<bool> BatchChannel::ReceiveOrWait(ChannelMessage* message,
       return Errno("ppoll");
     }
     got = Receive(message);
-    // Woken without a message (WakeSelf) or out of time: let the caller look around.
-    if (!got.ok() || *got || n != 0 || absl::Now() >= deadline) return got;
+    if (!got.ok() || *got) return got;
+    // Without a message: return after WakeSelf, a signal or the deadline (the caller looks
+    // around), or once the peer is gone. A wake byte alone can be stale (the peer saw this
+    // side about to sleep just as it found a message and stayed awake): sleep again.
+    const bool woken_by_self = n > 0 && self_wake_.valid() && (p[1].revents & POLLIN) != 0;
+    if (woken_by_self || n < 0 || peer_closed_ || absl::Now() >= deadline) return false;
   }
 }
 

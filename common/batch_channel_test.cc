@@ -229,6 +229,27 @@ TEST(BatchChannelTest, WakeSelfEndsASleepWithoutAMessage) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "the wakeup was lost";
 }
 
+// The daemon saw the trainer about to sleep and sent a wake byte, but the trainer found the
+// message before sleeping: the byte is stale. The next wait must not end on it (found by the
+// ping-pong test under TSan's timing).
+TEST(BatchChannelTest, AStaleWakeByteDoesNotEndTheNextWait) {
+  Pair p = MakePair(8);
+  ASSERT_TRUE(p.trainer->PrepareToSleep());
+  ASSERT_TRUE(p.daemon->Send(Batch(1)).ok());  // sees the trainer asleep: writes a wake byte
+  ChannelMessage m;
+  auto first = p.trainer->Receive(&m);  // found without sleeping; the wake byte stays
+  ASSERT_TRUE(first.ok() && *first);
+  std::thread sender([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    ASSERT_TRUE(p.daemon->Send(Batch(2)).ok());
+  });
+  auto got = p.trainer->ReceiveOrWait(&m, absl::Seconds(60));
+  sender.join();
+  ASSERT_TRUE(got.ok());
+  ASSERT_TRUE(*got) << "the wait ended on the stale wake byte, without a message";
+  EXPECT_EQ(m.seq, 2);
+}
+
 // Ping-pong between two processes: every message must arrive, in order, and no wakeup may be
 // lost (a lost one leaves both sides asleep until the 10 s timeout, which fails the test).
 TEST(BatchChannelTest, TwoProcessesPingPongWithoutLosingAWakeup) {
@@ -243,7 +264,10 @@ TEST(BatchChannelTest, TwoProcessesPingPongWithoutLosingAWakeup) {
       ChannelMessage m;
       auto got = p.trainer->ReceiveOrWait(&m, absl::Seconds(10));
       if (!got.ok()) _exit(2);
-      if (!*got) continue;
+      if (!*got) {
+        if (p.trainer->peer_closed()) _exit(4);  // the parent failed and is gone
+        continue;
+      }
       if (m.seq != expect || m.kind != ChannelMessage::kBatchReady) _exit(3);
       ++expect;
       ChannelMessage release;
