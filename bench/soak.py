@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Soak: one ferryd under trainers that join and die, for a long time. Prints what ferryd
-holds every --every seconds (RSS, file descriptors, threads, GPU memory), then the growth
-after warm-up; never asserts (docs/benchmarks.md has the figures).
+holds every --every seconds (RSS and its anonymous part, file descriptors, threads, GPU
+memory), then the growth after warm-up; never asserts (docs/benchmarks.md has the figures).
 
   python3 bench/soak.py --ferryd build/server/ferryd [--minutes 60] [--device cpu|cuda:0]
                         [--every 30] [--ranks 2] [--csv soak.csv]
@@ -67,12 +67,16 @@ def start_ferryd(binary, workdir):
     raise RuntimeError("ferryd did not start; see %s/ferryd.log" % workdir)
 
 
-def rss_kib(pid):
+def memory_kib(pid):
+    """VmRSS and its anonymous part (RssAnon: heap, stacks; what a leak grows). The rest is
+    the mapped dataset's page cache (RssFile) and the shared slots (RssShmem)."""
+    got = {}
     with open("/proc/%d/status" % pid) as f:
         for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return -1
+            key = line.split(":")[0]
+            if key in ("VmRSS", "RssAnon"):
+                got[key] = int(line.split()[1])
+    return got.get("VmRSS", -1), got.get("RssAnon", -1)
 
 
 def threads(pid):
@@ -143,8 +147,9 @@ def main():
     start = time.monotonic()
     end = start + args.minutes * 60
     next_sample = start
-    print("%8s %10s %6s %8s %8s %8s %8s" % ("minutes", "rss_kib", "fds", "threads",
-                                             "gpu_mib", "deaths", "cuda_shm"), flush=True)
+    columns = ("minutes", "rss_kib", "anon_kib", "fds", "threads", "gpu_mib", "deaths",
+               "cuda_shm")
+    print("%8s %10s %10s %6s %8s %8s %8s %8s" % columns, flush=True)
     try:
         while time.monotonic() < end:
             for rank in range(1, args.ranks):
@@ -162,15 +167,15 @@ def main():
                                    % (daemon.returncode, work))
             now = time.monotonic()
             if now >= next_sample:
-                row = dict(minutes=(now - start) / 60, rss_kib=rss_kib(daemon.pid),
+                rss, anon = memory_kib(daemon.pid)
+                row = dict(minutes=(now - start) / 60, rss_kib=rss, anon_kib=anon,
                            fds=fds(daemon.pid), threads=threads(daemon.pid),
                            gpu_mib=gpu_mib(daemon.pid) if args.device != "cpu" else 0,
                            deaths=deaths,
                            cuda_shm=len(set(shm_entries()) - shm_before))
                 rows.append(row)
-                print("%8.1f %10d %6d %8d %8d %8d %8d" % tuple(row[k] for k in (
-                    "minutes", "rss_kib", "fds", "threads", "gpu_mib", "deaths", "cuda_shm")),
-                    flush=True)
+                print("%8.1f %10d %10d %6d %8d %8d %8d %8d" % tuple(row[k] for k in columns),
+                      flush=True)
                 next_sample += args.every
             time.sleep(0.05)
     finally:
@@ -192,7 +197,9 @@ def main():
         d = [r["deaths"] for r in warm]
         print("\nafter warm-up (%d samples, %d trainer deaths):" % (len(warm),
                                                                     d[-1] - d[0]))
-        for key in ("rss_kib", "fds", "threads", "gpu_mib", "cuda_shm"):
+        for key in columns[1:]:
+            if key == "deaths":
+                continue
             per_hour = slope(t, [r[key] for r in warm])
             per_death = slope(d, [r[key] for r in warm]) if d[-1] > d[0] else float("nan")
             print("  %-9s first %8d last %8d  slope %+10.1f /h  %+8.3f /death"

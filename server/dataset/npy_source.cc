@@ -184,14 +184,6 @@ std::string ShapeLabel(const std::vector<int64_t>& shape) {
   return absl::StrCat("(", absl::StrJoin(shape, ", "), ")");
 }
 
-// The first bytes of the header, printable, for messages about a malformed one.
-std::string Excerpt(absl::string_view header) {
-  constexpr size_t kMax = 96;
-  std::string out = absl::CHexEscape(header.substr(0, kMax));
-  if (header.size() > kMax) out += "...";
-  return out;
-}
-
 struct DescrResult {
   ferry::v1::DType dtype = ferry::v1::DTYPE_UNSPECIFIED;
   size_t itemsize = 0;
@@ -294,12 +286,11 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(absl::Span<const uint8_t> file, absl::s
   const absl::string_view header(reinterpret_cast<const char*>(file.data()) + start, header_len);
   absl::StatusOr<Literal> parsed = LiteralParser(header).ParseAll();
   if (!parsed.ok()) {
-    return fail(absl::StrCat("has a malformed header (", parsed.status().message(), "): '",
-                             Excerpt(header), "'; save it again with np.save"));
+    return fail(absl::StrCat("has a malformed header (", parsed.status().message(),
+                             "); save it again with np.save"));
   }
   if (parsed->kind != Literal::Kind::kDict) {
-    return fail(absl::StrCat("has a header that is not a dict: '", Excerpt(header),
-                             "'; save it again with np.save"));
+    return fail("has a header that is not a dict; save it again with np.save");
   }
   const Literal* descr = nullptr;
   const Literal* fortran_order = nullptr;
@@ -314,20 +305,16 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(absl::Span<const uint8_t> file, absl::s
     } else if (key.kind == Literal::Kind::kString && key.text == "shape") {
       shape = value;
     } else {
-      const std::string shown =
-          key.kind == Literal::Kind::kString ? absl::CHexEscape(key.text) : Excerpt(header);
-      return fail(absl::StrCat("has the header key '", shown,
-                               "'; a .npy header holds only 'descr', 'fortran_order' and "
-                               "'shape' (numpy.load refuses others too): save it again with "
-                               "np.save"));
+      return fail(absl::StrCat("has a header key other than 'descr', 'fortran_order' and "
+                               "'shape' (key ", i / 2 + 1, " of ", parsed->items.size() / 2,
+                               "; numpy.load refuses others too): save it again with np.save"));
     }
   }
   for (const auto& [value, name] :
        {std::pair{descr, "descr"}, std::pair{fortran_order, "fortran_order"},
         std::pair{shape, "shape"}}) {
     if (value == nullptr) {
-      return fail(absl::StrCat("has no '", name, "' in its header: '", Excerpt(header),
-                               "'; save it again with np.save"));
+      return fail(absl::StrCat("has no '", name, "' in its header; save it again with np.save"));
     }
   }
   if (descr->kind == Literal::Kind::kList) {
@@ -336,13 +323,12 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(absl::Span<const uint8_t> file, absl::s
         "each field to its own .npy, e.g. np.save(path, np.ascontiguousarray(arr['x']))");
   }
   if (descr->kind != Literal::Kind::kString) {
-    return fail(absl::StrCat("has a header 'descr' that is not a dtype string: '", Excerpt(header),
-                             "'; save it again with np.save"));
+    return fail("has a header 'descr' that is not a dtype string; save it again with np.save");
   }
   FERRY_ASSIGN_OR_RETURN(DescrResult type, ParseDescr(descr->text, fail));
   if (fortran_order->kind != Literal::Kind::kBool) {
-    return fail(absl::StrCat("has a header 'fortran_order' that is not True or False: '",
-                             Excerpt(header), "'; save it again with np.save"));
+    return fail(
+        "has a header 'fortran_order' that is not True or False; save it again with np.save");
   }
   NpyHeader out;
   out.dtype = type.dtype;
@@ -354,9 +340,8 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(absl::Span<const uint8_t> file, absl::s
   }
   if (!shape_ok) {
     return fail(
-        absl::StrCat("has a header 'shape' that is not a tuple of non-negative "
-                     "integers: '",
-                     Excerpt(header), "'; save it again with np.save"));
+        "has a header 'shape' that is not a tuple of non-negative integers; save it again "
+        "with np.save");
   }
   if (out.shape.empty()) {
     return fail(

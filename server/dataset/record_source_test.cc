@@ -27,6 +27,7 @@ using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 
 // A fresh temporary directory, removed with its contents on destruction.
 class TempDir {
@@ -455,6 +456,8 @@ void ExpectRefused(const std::string& file, const std::string& message) {
   ASSERT_FALSE(header.ok()) << "accepted: " << message;
   EXPECT_EQ(header.status().code(), absl::StatusCode::kFailedPrecondition) << header.status();
   EXPECT_THAT(header.status().message(), AllOf(HasSubstr("/data/x.npy"), HasSubstr(message)));
+  // The caller may be refused the file: a message describes the header, never quotes it.
+  EXPECT_THAT(header.status().message(), Not(HasSubstr("SECRET")));
 }
 
 TEST(NpyHeaderTest, RefusesUnsupportedArraysSayingWhatToDo) {
@@ -503,13 +506,20 @@ TEST(NpyHeaderTest, MalformedFilesAreErrors) {
   ExpectRefused(good + "x", "1 bytes after its array");
   ExpectRefused(Npy(Dict("<f4", "(4611686018427387904, 4)"), Pattern(4)), "over 2^64");
 
-  // Missing keys, unknown keys, bad values.
+  // Missing keys, unknown keys, bad values; none of the header's text is quoted back.
+  ExpectRefused(Npy("{'SECRET': 1, 'descr': '<f4'", Pattern(48)), "malformed header");
+  ExpectRefused(Npy("['SECRET', '<f4']", Pattern(48)), "not a dict");
+  ExpectRefused(Npy("{'SECRET': 1, 'descr': '<f4', 'fortran_order': False, 'shape': (4, 3)}",
+                    Pattern(48)),
+                "header key other than");
+  ExpectRefused(Npy("{'descr': '<f4', 'fortran_order': 'SECRET', 'shape': (4, 3)}", Pattern(48)),
+                "'fortran_order' that is not True or False");
   ExpectRefused(Npy("{'fortran_order': False, 'shape': (4, 3), }", Pattern(48)), "'descr'");
   ExpectRefused(Npy("{'descr': '<f4', 'shape': (4, 3), }", Pattern(48)), "'fortran_order'");
   ExpectRefused(Npy("{'descr': '<f4', 'fortran_order': False, }", Pattern(48)), "'shape'");
   ExpectRefused(
       Npy("{'descr': '<f4', 'fortran_order': False, 'shape': (4, 3), 'x': 1}", Pattern(48)),
-      "header key 'x'");
+      "header key other than 'descr', 'fortran_order' and 'shape' (key 4 of 4");
   ExpectRefused(Npy("{'descr': 4, 'fortran_order': False, 'shape': (4, 3)}", Pattern(48)),
                 "'descr' that is not a dtype string");
   ExpectRefused(Npy("{'descr': '<f4', 'fortran_order': 0, 'shape': (4, 3)}", Pattern(48)),
