@@ -325,4 +325,40 @@ absl::Status FileErrnoStatus(int err, const std::string& what, const std::string
   return absl::Status(code, absl::StrCat(what, " ", Quoted(path), ": ", std::strerror(err)));
 }
 
+absl::Status StoppingError() {
+  return absl::UnavailableError(
+      "ferryd is stopping; the dataset was not indexed: create the job again once ferryd is "
+      "back");
+}
+
+namespace {
+
+class StoppableFs final : public DatasetFs {
+ public:
+  StoppableFs(std::shared_ptr<const DatasetFs> fs, std::shared_ptr<const std::atomic<bool>> stopping)
+      : fs_(std::move(fs)), stopping_(std::move(stopping)) {}
+
+  absl::Status CheckPath(const std::string& path) const override { return fs_->CheckPath(path); }
+  absl::StatusOr<UniqueFd> OpenFile(const std::string& path) const override {
+    return fs_->OpenFile(path);
+  }
+  absl::StatusOr<std::vector<Entry>> ListDirectory(const std::string& path) const override {
+    return fs_->ListDirectory(path);
+  }
+  bool Stopping() const override {
+    return stopping_->load(std::memory_order_relaxed) || fs_->Stopping();
+  }
+
+ private:
+  const std::shared_ptr<const DatasetFs> fs_;
+  const std::shared_ptr<const std::atomic<bool>> stopping_;
+};
+
+}  // namespace
+
+std::shared_ptr<const DatasetFs> StoppableDatasetFs(
+    std::shared_ptr<const DatasetFs> fs, std::shared_ptr<const std::atomic<bool>> stopping) {
+  return std::make_shared<StoppableFs>(std::move(fs), std::move(stopping));
+}
+
 }  // namespace ferry

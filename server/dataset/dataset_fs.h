@@ -22,6 +22,7 @@
 #ifndef FERRY_SERVER_DATASET_DATASET_FS_H_
 #define FERRY_SERVER_DATASET_DATASET_FS_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,7 +59,20 @@ class DatasetFs {
 
   // Lists directory `path`: every entry but "." and "..", in the order the directory gives.
   virtual absl::StatusOr<std::vector<Entry>> ListDirectory(const std::string& path) const = 0;
+
+  // True once the daemon is stopping: code that opens many files to index a dataset (a
+  // long shard list) checks it between files and gives up with StoppingError(), so that
+  // SIGTERM is not held up by a job being created. Reads of an existing job's samples do
+  // not check it (draining consumers finish their batches).
+  virtual bool Stopping() const { return false; }
 };
+
+// The error for indexing given up because the daemon is stopping (UNAVAILABLE: retry).
+absl::Status StoppingError();
+
+// `fs`, whose Stopping() turns true when `*stopping` does.
+std::shared_ptr<const DatasetFs> StoppableDatasetFs(
+    std::shared_ptr<const DatasetFs> fs, std::shared_ptr<const std::atomic<bool>> stopping);
 
 // Which paths a job may read.
 struct DatasetAccess {

@@ -238,7 +238,8 @@ absl::StatusOr<std::unique_ptr<WebDatasetSource>> WebDatasetSource::Create(
   auto work = [&] {
     for (size_t s = next.fetch_add(1); s < shards.size() && !failed.load();
          s = next.fetch_add(1)) {
-      results[s] = IndexShard(shards[s], image_key, label_key, *fs);
+      results[s] = fs->Stopping() ? absl::StatusOr<ShardResult>(StoppingError())
+                                  : IndexShard(shards[s], image_key, label_key, *fs);
       if (!results[s]->ok()) failed.store(true);
     }
   };

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include "common/random.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/dataset/dataset_fs.h"
 #include "server/dataset/image_folder_source.h"
 #include "server/dataset/sample_source.h"
 #include "server/dataset/tar_index.h"
@@ -210,6 +212,45 @@ TEST_F(WebDatasetSourceTest, ShardsNumberedInPatternOrderAndReadInAnyOrder) {
     ASSERT_TRUE(source->Fill(i, 1, rows.pointers, scratch.get()).ok());
     EXPECT_EQ(rows.Int64(1), want[i]);
   }
+}
+
+// The real filesystem, counting opens; the daemon "stops" at the tenth.
+class StopsAfterTenOpens final : public DatasetFs {
+ public:
+  absl::Status CheckPath(const std::string& path) const override {
+    return fs_->CheckPath(path);
+  }
+  absl::StatusOr<UniqueFd> OpenFile(const std::string& path) const override {
+    if (opens_.fetch_add(1) + 1 >= 10) stopping_->store(true);
+    return fs_->OpenFile(path);
+  }
+  absl::StatusOr<std::vector<Entry>> ListDirectory(const std::string& path) const override {
+    return fs_->ListDirectory(path);
+  }
+  int opens() const { return opens_.load(); }
+  std::shared_ptr<std::atomic<bool>> stopping() const { return stopping_; }
+
+ private:
+  const std::shared_ptr<const DatasetFs> fs_ = UnconfinedDatasetFs();
+  const std::shared_ptr<std::atomic<bool>> stopping_ = std::make_shared<std::atomic<bool>>(false);
+  mutable std::atomic<int> opens_{0};
+};
+
+TEST_F(WebDatasetSourceTest, IndexingGivesUpWhenTheDaemonStops) {
+  constexpr int kShards = 400;
+  const std::string jpeg = Jpeg(8, 8, 1);
+  for (int s = 0; s < kShards; ++s) {
+    WriteTar(Path(absl::StrCat("stop-", s, ".tar")), {{"a.jpg", jpeg}, {"a.cls", "1"}});
+  }
+  auto counting = std::make_shared<StopsAfterTenOpens>();
+  std::shared_ptr<const DatasetFs> fs = StoppableDatasetFs(counting, counting->stopping());
+  absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(
+      Spec({Path(absl::StrCat("stop-{0..", kShards - 1, "}.tar"))}), fs);
+  ASSERT_FALSE(source.ok());
+  EXPECT_EQ(source.status().code(), absl::StatusCode::kUnavailable) << source.status();
+  EXPECT_THAT(source.status().message(), HasSubstr("ferryd is stopping"));
+  // Each indexing thread finishes the shard it has open, then stops.
+  EXPECT_LT(counting->opens(), 40) << "indexing went on after the daemon began to stop";
 }
 
 TEST_F(WebDatasetSourceTest, BadSamplesAreDataLossNamingShardAndMember) {

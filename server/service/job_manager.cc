@@ -89,7 +89,7 @@ JobManager::JobManager(Options options, WorkerPool* pool, MemoryBudget* host_bud
                        GpuProvider* gpus)
     : options_(std::move(options)), pool_(pool), host_budget_(host_budget), gpus_(gpus) {
   if (options_.allow_any_dataset) {
-    dataset_fs_ = UnconfinedDatasetFs();
+    dataset_fs_ = StoppableDatasetFs(UnconfinedDatasetFs(), stopping_);
     return;
   }
   if (options_.dataset_roots.empty()) return;  // a system daemon without roots reads nothing
@@ -99,7 +99,7 @@ JobManager::JobManager(Options options, WorkerPool* pool, MemoryBudget* host_bud
   access.config_path = options_.config_path;
   absl::StatusOr<std::shared_ptr<const DatasetFs>> fs = MakeDatasetFs(access);
   if (fs.ok()) {
-    dataset_fs_ = *std::move(fs);
+    dataset_fs_ = StoppableDatasetFs(*std::move(fs), stopping_);
   } else {
     dataset_fs_error_ = fs.status();
   }
@@ -394,6 +394,9 @@ void JobManager::FillJobStatus(const Job& job, ferry::v1::JobStatus* status) {
 }
 
 void JobManager::BeginDrain() {
+  // First, without the lock: a CreateJob indexing a long shard list gives up at its next
+  // file instead of holding up the stop.
+  stopping_->store(true);
   std::vector<std::shared_ptr<RankPipeline>> all;
   {
     absl::MutexLock lock(&mutex_);

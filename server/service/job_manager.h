@@ -6,6 +6,7 @@
 #ifndef FERRY_SERVER_SERVICE_JOB_MANAGER_H_
 #define FERRY_SERVER_SERVICE_JOB_MANAGER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -123,6 +124,8 @@ class JobManager final {
   // anything: a system daemon without roots, or roots that are unusable (dataset_fs_error_
   // says why).
   std::shared_ptr<const DatasetFs> dataset_fs_;
+  // Set by BeginDrain; dataset_fs_->Stopping() reports it to dataset indexing.
+  const std::shared_ptr<std::atomic<bool>> stopping_ = std::make_shared<std::atomic<bool>>(false);
   absl::Status dataset_fs_error_;
   WorkerPool* const pool_;
   MemoryBudget* const host_budget_;
