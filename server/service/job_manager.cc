@@ -352,6 +352,16 @@ absl::StatusOr<JobManager::Attachment> JobManager::Attach(const Caller& caller,
         "rank ", rank, " of job ", job_id, " already has a live consumer; each rank is consumed "
         "by one process at a time"));
   }
+  // One attach_id per rank: a new one supersedes the last, whose consumer is gone or never
+  // opened (a bound rank was refused above). Trainers of a sweep attach thousands of times;
+  // the table stays as large as the ranks.
+  for (auto it = attachments_.begin(); it != attachments_.end();) {
+    if (it->second.job_id == job_id && it->second.rank == rank) {
+      attachments_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
   Attachment a;
   a.attach_id = RandomHex(16);
   a.pipeline = pipeline;
