@@ -173,7 +173,15 @@ struct AnnotatedCondition {
   const absl::Condition* condition;
   absl::Mutex* mu;
 
-  static bool Eval(AnnotatedCondition* self) {
+  // The evaluating thread may be another one than the waiter that built this (on its
+  // stack) and the Condition it points to: Publish() orders those writes before Eval's reads.
+  void Publish() { __tsan_release(this); }
+
+  // Takes void*: abseil's own (uninstrumented) trampoline reads the Condition that points
+  // here, so the first instrumented access is after the acquire below.
+  static bool Eval(void* arg) {
+    auto* self = static_cast<AnnotatedCondition*>(arg);
+    __tsan_acquire(self);
     __tsan_acquire(self->mu);
     bool result = self->condition->Eval();
     __tsan_release(self->mu);
@@ -190,7 +198,8 @@ auto WhileReleased(const void* caller, absl::Mutex* mu, const absl::Condition* c
   if (!annotating) return wait(condition);
   unsigned flags = ModeFlags(mu);
   AnnotatedCondition annotated{condition, mu};
-  absl::Condition checked(&AnnotatedCondition::Eval, &annotated);
+  absl::Condition checked(&AnnotatedCondition::Eval, static_cast<void*>(&annotated));
+  annotated.Publish();
   AnnotateUnlocked(mu, flags);
   auto result = wait(condition != nullptr ? &checked : nullptr);
   AnnotateLocked(mu, flags);
@@ -204,7 +213,8 @@ auto Locking(const void* caller, absl::Mutex* mu, unsigned flags,
   Annotating annotating(caller);
   if (!annotating) return lock(condition);
   AnnotatedCondition annotated{condition, mu};
-  absl::Condition checked(&AnnotatedCondition::Eval, &annotated);
+  absl::Condition checked(&AnnotatedCondition::Eval, static_cast<void*>(&annotated));
+  annotated.Publish();
   __tsan_mutex_pre_lock(mu, flags);
   auto result = lock(condition != nullptr ? &checked : nullptr);
   __tsan_mutex_post_lock(mu, flags, 0);
