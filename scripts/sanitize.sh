@@ -6,9 +6,7 @@
 #   bash scripts/sanitize.sh            FERRY_FUZZ_SECONDS=20 by default
 # TSan: Debian's abseil and gRPC are not built with it. testing/tsan/ annotates abseil's locks
 # for TSan; the two tests that run a gRPC server in the test process (label grpc-server) are
-# left out, because gRPC's callback machinery is ordered by its uninstrumented core; so is
-# pipeline_test (label tsan-known-race) until the teardown race TSan's timing shows in it is
-# fixed.
+# left out, because gRPC's callback machinery is ordered by its uninstrumented core.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)

@@ -643,7 +643,16 @@ class FakeDeviceStage final : public DeviceStage {
         threads.swap(threads_);
       }
       if (threads.empty()) return;
-      for (std::thread& t : threads) t.join();
+      for (std::thread& t : threads) {
+        // A test that ends without Shutdown may leave a report thread holding the last
+        // reference to the pipeline, whose destructor then runs here; the thread touches
+        // only its own copies after that (as CudaStage's event watcher does).
+        if (t.get_id() == std::this_thread::get_id()) {
+          t.detach();
+        } else {
+          t.join();
+        }
+      }
     }
   }
   int num_device_slots() const override { return static_cast<int>(device_.size()); }
@@ -653,6 +662,8 @@ class FakeDeviceStage final : public DeviceStage {
   void SetCallbacks(Callbacks callbacks) override { callbacks_ = std::move(callbacks); }
   absl::Status StartCopy(int host_slot, int device_slot, uint32_t num_samples, bool gather,
                          uint64_t token) override {
+    EXPECT_FALSE(copies_forbidden.load()) << "asked for a copy after the pipeline's Shutdown";
+    if (on_start_copy) on_start_copy();
     EXPECT_TRUE(!gather || gathered == 0) << "asked to gather with no gathered field";
     {
       absl::MutexLock lock(&mutex_);
@@ -765,6 +776,8 @@ class FakeDeviceStage final : public DeviceStage {
   bool every_batch = true;    // likewise
   std::atomic<bool> ready{true};  // the gather can start (a registration is done)
   size_t index_offset = 0;    // of field 1, with gathered == 0
+  std::function<void()> on_start_copy;  // set before the pipeline is created
+  std::atomic<bool> copies_forbidden{false};
   std::atomic<int> host_rows_written{0};
   std::vector<std::vector<uint8_t>> device_;
   Callbacks callbacks_;
@@ -963,6 +976,50 @@ void PipelineTest::ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(int 
   p->Unbind(&c);
   p->Shutdown(absl::CancelledError("test over"));
   stage->JoinReports();
+}
+
+// Shutdown waits for a copy that another thread is starting, and once it has returned the
+// stage is asked for no more, not even for batches whose copy was ordered before it: the
+// stage (and the memory it copies from) may be torn down right after.
+TEST_F(PipelineTest, NoCopyStartsAfterShutdownReturns) {
+  ferry::v1::JobSpec spec;
+  spec.set_batch_size(4);
+  spec.set_seed(3);
+  job_ = *Job::Create(JobIdentity{"jstop", "gpu", 1000, 91}, spec,
+                      std::make_unique<FakeSource>(64, absl::flat_hash_set<int64_t>{}));
+  absl::Notification entered, gate;
+  std::atomic<int> calls{0};
+  FakeDeviceStage* stage = nullptr;
+  auto created = CreateWithFakeStage(
+      job_, /*host_slots=*/4, /*device_slots=*/4, pool_.get(), &budget_, &stage, -1,
+      [&](FakeDeviceStage& s) {
+        s.on_start_copy = [&] {
+          if (calls.fetch_add(1) != 0) return;
+          entered.Notify();
+          gate.WaitForNotification();  // the first copy is slow to start
+        };
+      });
+  ASSERT_TRUE(created.ok()) << created.status();
+  auto p = *created;
+  RecordingConsumer c;
+  ASSERT_TRUE(p->Bind(&c, 1, {"a", "b", "c", "d"}).ok());
+  ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
+  entered.WaitForNotification();
+  absl::SleepFor(absl::Milliseconds(50));  // the other three batches fill and are ordered
+  std::atomic<bool> returned{false};
+  std::thread shutdown([&] {
+    p->Shutdown(absl::CancelledError("test over"));
+    returned = true;
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(returned.load()) << "Shutdown returned while a copy was being started";
+  gate.Notify();
+  shutdown.join();
+  stage->copies_forbidden = true;
+  stage->JoinReports();
+  absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ(stage->copies.load(), 1);
+  p->Unbind(&c);
 }
 
 // A stage whose gather is not ready yet (its dataset mapping still registering): the

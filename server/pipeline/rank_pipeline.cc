@@ -199,6 +199,12 @@ void RankPipeline::Shutdown(const absl::Status& reason) {
     shutdown_reason_ = reason;
     ++generation_;
     live_generation_.store(generation_, std::memory_order_relaxed);
+    // A copy ordered before now may be being started by another thread: wait for it, so
+    // that the stage is never asked for a copy once Shutdown has returned.
+    copy_orders_.clear();
+    copies_stopped_.store(true, std::memory_order_relaxed);
+    mutex_.Await(absl::Condition(
+        +[](bool* enqueuing) { return !*enqueuing; }, &enqueuing_));
   }
   Deliver({});
 }
@@ -560,6 +566,7 @@ void RankPipeline::EnqueueCopies() {
   std::vector<CopyOrder> orders;
   {
     absl::MutexLock lock(&mutex_);
+    if (shutting_down_) copy_orders_.clear();  // nobody will receive the batch
     if (enqueuing_ || copy_orders_.empty()) return;  // the enqueuing thread takes ours too
     enqueuing_ = true;
     orders.swap(copy_orders_);
@@ -567,6 +574,7 @@ void RankPipeline::EnqueueCopies() {
   for (;;) {
     absl::Status failed;
     for (const CopyOrder& o : orders) {
+      if (copies_stopped_.load(std::memory_order_relaxed)) break;
       failed = stage_->StartCopy(o.host_slot, o.device_slot, o.num_samples, o.gather, o.token);
       if (!failed.ok()) break;
     }
@@ -585,6 +593,7 @@ void RankPipeline::EnqueueCopies() {
       enqueuing_ = false;
       break;
     }
+    if (shutting_down_) copy_orders_.clear();
     if (copy_orders_.empty()) {
       enqueuing_ = false;
       return;

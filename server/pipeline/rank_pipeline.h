@@ -86,7 +86,8 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   void Unbind(BatchConsumer* consumer);
   // Stops filling and delivering (queued rows are skipped); the bound consumer is told
   // `reason` through OnShutdown as soon as it has released every batch it holds. Called
-  // when the job is deleted or ferryd drains. Idempotent.
+  // when the job is deleted or ferryd drains. Idempotent. Once it returns, the device
+  // stage is asked for no more copies (one already being started is waited for).
   void Shutdown(const absl::Status& reason);
   bool bound() const;
 
@@ -256,6 +257,9 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   absl::Time starved_since_ ABSL_GUARDED_BY(mutex_) = absl::InfiniteFuture();
   // Mirror of generation_ that workers read without the lock to skip stale rows early.
   std::atomic<uint64_t> live_generation_{1};
+  // Mirror of shutting_down_, read by the enqueuing thread before each StartCopy of the
+  // orders it took before a Shutdown.
+  std::atomic<bool> copies_stopped_{false};
 };
 
 }  // namespace ferry
