@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs everything ferry needs to build, test and run on Debian 12, from Debian's own
 # packages. Used by the README's Quick start, by .ci/run and by the Dockerfile.
-#   deploy/install-deps.sh            build + test + runtime dependencies, and clang with
-#                                     its sanitizer and libFuzzer runtimes (scripts/sanitize.sh)
+#   deploy/install-deps.sh            build + test + runtime dependencies, clang with its
+#                                     sanitizer and libFuzzer runtimes (scripts/sanitize.sh),
+#                                     and what the install tests use (venv, pip, setuptools,
+#                                     wheel; dpkg-dev for CPack's dependency scan)
 set -euo pipefail
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; fi
@@ -13,4 +15,5 @@ $SUDO apt-get install -y -qq --no-install-recommends \
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev \
   libnuma-dev libjpeg62-turbo-dev libsystemd-dev libarchive-dev \
   libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev \
-  python3 python3-numpy python3-torch python3-pil python3-pytest
+  python3 python3-numpy python3-torch python3-pil python3-pytest \
+  python3-venv python3-pip python3-setuptools python3-wheel dpkg-dev

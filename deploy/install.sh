@@ -30,38 +30,26 @@ if [[ ! -f $build_dir/CMakeCache.txt ]]; then
   exit 1
 fi
 
-cmake --install "$build_dir" --prefix "$prefix"
-ldconfig  # libferry.so.1 for ferryctl and C/C++ users
+# The unit's ExecStart and the libdir follow the configured prefix: configure it first.
+cmake -DCMAKE_INSTALL_PREFIX="$prefix" "$build_dir" >/dev/null
+# Binaries, libraries, headers, the Python package, the systemd unit, sysusers and tmpfiles
+# entries, docs; /etc/ferry/ferryd.conf only when there is none (see deploy/CMakeLists.txt).
+cmake --install "$build_dir"
+ldconfig  # libferry.so.1 and libferry_client.so.0 for C/C++ users and the Python package
 if [[ $prefix != /usr ]]; then
   echo "note: the Python package went to $prefix/lib/python3/dist-packages, which Debian's" \
        "python3 does not search; add it to PYTHONPATH or install with --prefix /usr"
 fi
-
-unit_dir=/usr/lib/systemd/system
-install -d "$unit_dir" /usr/lib/tmpfiles.d /usr/lib/sysusers.d /etc/ferry
-# The unit names /usr/sbin/ferryd; follow the prefix when it is another one.
-sed "s|/usr/sbin/ferryd|$prefix/sbin/ferryd|" deploy/systemd/ferryd.service \
-  >"$unit_dir/ferryd.service"
-chmod 0644 "$unit_dir/ferryd.service"
-install -m 0644 deploy/systemd/ferry.tmpfiles.conf /usr/lib/tmpfiles.d/ferry.conf
-install -m 0644 deploy/systemd/ferry.sysusers.conf /usr/lib/sysusers.d/ferry.conf
-install -d "$prefix/share/doc/ferry"
-install -m 0644 docs/*.md deploy/ferryd.conf.example "$prefix/share/doc/ferry/"
-if [[ -e /etc/ferry/ferryd.conf ]]; then
-  echo "kept existing /etc/ferry/ferryd.conf (the new example is in" \
-       "$prefix/share/doc/ferry/ferryd.conf.example)"
-else
-  install -m 0644 deploy/ferryd.conf.example /etc/ferry/ferryd.conf
-  echo "installed /etc/ferry/ferryd.conf from deploy/ferryd.conf.example; review" \
-       "dataset_roots"
-fi
+sysconf=/etc
+[[ $prefix == /usr ]] || sysconf=$prefix/etc
 
 # systemd is PID 1 on a booted machine; not in most containers or chroots.
 if [[ -d /run/systemd/system ]]; then
-  systemd-sysusers /usr/lib/sysusers.d/ferry.conf
-  systemd-tmpfiles --create /usr/lib/tmpfiles.d/ferry.conf
+  systemd-sysusers ferry.conf
+  systemd-tmpfiles --create ferry.conf
   systemctl daemon-reload
-  echo "installed. Start it:  systemctl enable --now ferryd"
+  echo "installed. Review dataset_roots in $sysconf/ferry/ferryd.conf, then start it:"
+  echo "                      systemctl enable --now ferryd"
   echo "let a user train:     usermod -aG ferry <user>   (then log in again)"
   echo "check it:             ferryctl --address /run/ferry/ferryd.sock status"
 else

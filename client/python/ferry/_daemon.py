@@ -26,7 +26,8 @@ _PR_SET_PDEATHSIG = 1
 
 
 def find_binary(environ=None, package_dir=_PACKAGE_DIR):
-    """Path of ferryd: $FERRY_DAEMON, then PATH (and /usr/sbin), then a build tree (the one
+    """Path of ferryd: $FERRY_DAEMON, then the one bundled in this package (ferry/_bin/, by
+    a pip install from a ferry build), then PATH (and /usr/sbin), then a build tree (the one
     this package was copied into, or <repo>/build*/ of the source checkout). Raises
     FerryError(NOT_FOUND) saying where it looked."""
     environ = os.environ if environ is None else environ
@@ -38,6 +39,10 @@ def find_binary(environ=None, package_dir=_PACKAGE_DIR):
         raise FerryError("NOT_FOUND", "$FERRY_DAEMON is '%s', which is not an executable file"
                          % explicit)
     looked.append("$FERRY_DAEMON (unset)")
+    bundled = os.path.join(package_dir, "_bin", "ferryd")
+    if os.access(bundled, os.X_OK):
+        return bundled
+    looked.append("the package (%s)" % bundled)
     found = shutil.which("ferryd", path=environ.get("PATH", os.defpath) + ":/usr/sbin")
     if found:
         return found
