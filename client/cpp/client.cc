@@ -897,6 +897,16 @@ absl::Status Client::DeleteJob(std::string_view job_id) {
                             impl_->Context("DeleteJob"));
 }
 
+absl::StatusOr<uint32_t> Client::Drain() {
+  grpc::ClientContext context;
+  impl_->Prepare(&context, /*quick=*/true);
+  v1::DrainRequest request;
+  v1::DrainResponse response;
+  FERRY_RETURN_IF_ERROR(internal::FromGrpc(impl_->stub().Drain(&context, request, &response),
+                                           impl_->Context("Drain")));
+  return response.consumers();
+}
+
 absl::StatusOr<StatusReport> Client::GetStatus() {
   FERRY_ASSIGN_OR_RETURN(v1::GetStatusResponse response, CallGetStatus(*impl_));
   return internal::FromProto(response);

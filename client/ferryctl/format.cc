@@ -126,20 +126,33 @@ int AttachedRanks(const JobStatus& job) {
 
 }  // namespace
 
+std::string FormatJobState(const JobStatus& job) {
+  if (!job.failure.empty()) return "failed";
+  if (AttachedRanks(job) > 0) return job.paused.empty() ? "active" : "paused";
+  std::string state = absl::StrCat("idle ", FormatUptime(job.idle_seconds));
+  if (job.deleted_in_seconds > 0) {
+    absl::StrAppend(&state, ", deleted in ", FormatUptime(job.deleted_in_seconds));
+  }
+  return state;
+}
+
 std::string RenderJobs(const StatusReport& report) {
   if (report.jobs.empty()) return "no jobs\n";
   Table table({{"ID"}, {"NAME"}, {"OWNER", true}, {"DATASET"}, {"BATCH", true},
-               {"RANKS", true}, {"BATCHES/S", true}, {"SAMPLES/S", true}, {"ERRORS", true}});
+               {"RANKS", true}, {"STATE"}, {"BATCHES/S", true}, {"SAMPLES/S", true},
+               {"ERRORS", true}});
   for (const JobStatus& j : report.jobs) {
     double batches = 0, samples = 0;
     for (const RankStatus& r : j.ranks) {
       batches += r.batches_per_second;
       samples += r.samples_per_second;
     }
+    const bool active = AttachedRanks(j) > 0;
     table.AddRow({j.job.id, j.job.name, absl::StrCat(j.job.owner_uid),
                   FormatDataset(j.job.spec), absl::StrCat(j.job.spec.batch_size),
                   absl::StrCat(AttachedRanks(j), "/", j.job.spec.world_size),
-                  FormatRate(batches), FormatRate(samples), absl::StrCat(j.errors)});
+                  FormatJobState(j), active ? FormatRate(batches) : "-",
+                  active ? FormatRate(samples) : "-", absl::StrCat(j.errors)});
   }
   return table.Render();
 }
@@ -162,6 +175,13 @@ std::string RenderStatus(const StatusReport& report) {
   info.AddRow({"config", d.config_path.empty() ? "(built-in defaults)" : d.config_path});
   info.AddRow({"dataset roots",
                d.dataset_roots.empty() ? "(none configured)" : absl::StrJoin(d.dataset_roots, ", ")});
+  info.AddRow({"idle jobs", d.job_idle_timeout_seconds == 0
+                                ? std::string("kept until deleted")
+                                : absl::StrCat("deleted after ",
+                                               FormatUptime(d.job_idle_timeout_seconds))});
+  info.AddRow({"consumers", absl::StrCat(d.consumers, " attached",
+                                         d.draining ? "; draining: exits when none is left"
+                                                    : "")});
   out += info.Render();
   out += "\n";
   Table numa({{"NUMA NODE", true}, {"CPUS"}, {"WORKERS", true}});
@@ -203,6 +223,7 @@ std::string RenderJob(const JobStatus& status) {
   Table info({{"job"}, {j.id}});
   info.AddRow({"name", j.name});
   info.AddRow({"owner uid", absl::StrCat(j.owner_uid)});
+  info.AddRow({"state", FormatJobState(status)});
   info.AddRow({"dataset", absl::StrCat(FormatDataset(s), " (", j.num_samples, " samples)")});
   info.AddRow({"transform", FormatTransform(s)});
   info.AddRow({"sampling", absl::StrJoin(sampling, ", ")});

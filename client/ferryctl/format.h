@@ -45,6 +45,8 @@ std::string FormatTransform(const JobOptions& spec);
 std::string FormatField(const FieldInfo& field);
 // Unix milliseconds -> "2026-11-22 05:04:20 UTC".
 std::string FormatTime(int64_t unix_ms);
+// "active", "paused", "failed", or "idle 3m 10s, deleted in 6m 50s".
+std::string FormatJobState(const JobStatus& job);
 
 std::string RenderStatus(const StatusReport& report);
 std::string RenderJobs(const StatusReport& report);

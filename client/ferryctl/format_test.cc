@@ -74,7 +74,22 @@ TEST(RenderTest, JobsTableSumsRatesAndCountsAttachedRanks) {
   EXPECT_THAT(out, HasSubstr("imagefolder /data/train"));
   EXPECT_THAT(out, HasSubstr("1/2"));
   EXPECT_THAT(out, HasSubstr("2560"));
+  EXPECT_THAT(out, HasSubstr("active"));
   EXPECT_EQ(RenderJobs(StatusReport()), "no jobs\n");
+}
+
+TEST(RenderTest, IdleJobsShowHowLongAndNoRates) {
+  StatusReport report;
+  JobStatus idle = SampleJob();
+  for (RankStatus& r : idle.ranks) r.attached = false;
+  idle.idle_seconds = 190;
+  idle.deleted_in_seconds = 410;
+  report.jobs.push_back(idle);
+  const std::string out = RenderJobs(report);
+  EXPECT_THAT(out, HasSubstr("idle 3m 10s, deleted in 6m 50s"));
+  EXPECT_THAT(out, Not(HasSubstr("2560")));  // the last consumer's rate is not shown
+  idle.deleted_in_seconds = 0;  // job_idle_timeout_seconds 0: kept
+  EXPECT_EQ(FormatJobState(idle), "idle 3m 10s");
 }
 
 TEST(RenderTest, JobShowsRanksAndRecentErrors) {

@@ -140,6 +140,7 @@ absl::Status RankPipeline::Bind(BatchConsumer* consumer, int pid,
         "released_events sent to a host-transport attach; they belong to GPU attaches only");
   }
   consumer_ = consumer;
+  recent_deliveries_.clear();  // rates are of this consumer
   consumer_pid_ = pid;
   consumer_started_ = false;
   consumer_via_channel_ = consumer->via_channel();
@@ -735,7 +736,8 @@ void RankPipeline::FillStatus(ferry::v1::RankStatus* status) const {
   status->set_batch_channel(consumer_via_channel_);
   status->set_batches_delivered(batches_delivered_);
   status->set_samples_delivered(samples_delivered_);
-  if (recent_deliveries_.size() >= 2) {
+  // Rates are of the consumer attached now: none without one (not its predecessor's).
+  if (consumer_ != nullptr && recent_deliveries_.size() >= 2) {
     const double seconds =
         absl::ToDoubleSeconds(absl::Now() - recent_deliveries_.front().first);
     uint64_t samples = 0;

@@ -46,6 +46,7 @@ void ApplyDefaults(ferry::v1::DaemonConfig* c) {
   if (c->gather_thread_blocks() == 0) c->set_gather_thread_blocks(16);
   if (c->gather_streams() == 0) c->set_gather_streams(4);
   if (c->gather_registration_wait_ms() == 0) c->set_gather_registration_wait_ms(1000);
+  if (!c->has_job_idle_timeout_seconds()) c->set_job_idle_timeout_seconds(600);
 }
 
 absl::StatusOr<LoadedConfig> LoadConfig(const std::string& path) {

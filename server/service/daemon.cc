@@ -1,5 +1,6 @@
 #include "server/service/daemon.h"
 
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -91,6 +92,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   job_options.widen_tokens_on_host = config.widen_tokens_on_host();
   job_options.default_prefetch_depth = config.default_prefetch_depth();
   job_options.default_prefetch_bytes = config.default_prefetch_bytes();
+  job_options.job_idle_timeout = absl::Seconds(config.job_idle_timeout_seconds());
   d->pinned_budget_ = std::make_unique<MemoryBudget>("pinned memory budget",
                                                      "pinned_memory_budget_bytes",
                                                      config.pinned_memory_budget_bytes(),
@@ -144,7 +146,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   Daemon* raw = d.get();
   d->service_ = std::make_unique<FerryService>(
       d->jobs_.get(), d->sessions_.get(), d->channels_.get(),
-      [raw](ferry::v1::DaemonStatus* status) { raw->FillDaemonStatus(status); });
+      [raw](ferry::v1::DaemonStatus* status) { raw->FillDaemonStatus(status); },
+      [raw](const Caller& caller) { return raw->BeginGracefulDrain(caller); });
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -196,20 +199,62 @@ Daemon::~Daemon() {
   Drain();
 }
 
+absl::StatusOr<uint32_t> Daemon::BeginGracefulDrain(const Caller& caller) {
+  if (!caller.is_root() && caller.uid != geteuid()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "only root or uid ", geteuid(), " (ferryd's user) may drain this ferryd; you are uid ",
+        caller.uid));
+  }
+  jobs_->StopTakingWork(
+      "ferryd is draining (ferryctl drain): it takes no new jobs or attaches and exits once "
+      "the trainers attached now are done; start this one when ferryd is back");
+  const int consumers = jobs_->Consumers();
+  if (!drain_requested_.exchange(true)) {
+    FERRY_LOG(INFO) << "drain requested by uid " << caller.uid << " (pid " << caller.pid
+                    << "): " << consumers << " consumer(s) attached; exiting once none is";
+  }
+  return static_cast<uint32_t>(consumers);
+}
+
 void Daemon::NotifyLoop() {
   NameThisThread("ferry-notify");
   uint64_t watchdog_usec = 0;
   const bool watchdog = sd_watchdog_enabled(0, &watchdog_usec) > 0;
-  const absl::Duration period =
-      watchdog ? absl::Microseconds(static_cast<int64_t>(watchdog_usec / 2)) : absl::Seconds(10);
+  // Housekeeping every second (idle jobs, drain, exit when idle); systemd hears from us at
+  // least every half watchdog period.
+  absl::Duration period = absl::Seconds(1);
+  if (watchdog) {
+    period = std::min(period, absl::Microseconds(static_cast<int64_t>(watchdog_usec / 2)));
+  }
+  const absl::Duration exit_when_idle = absl::Seconds(config_.config.exit_when_idle_seconds());
+  absl::Time idle_since = absl::Now();
+  bool exiting = false;
   while (!stop_notify_.WaitForNotificationWithTimeout(period)) {
+    const absl::Time now = absl::Now();
+    jobs_->DeleteIdleJobs(now);
+    const int consumers = jobs_->Consumers();
+    if (consumers > 0 || sessions_->live_sessions() > 0) idle_since = now;
+    if (!exiting && drain_requested_.load() && consumers == 0) {
+      FERRY_LOG(INFO) << "drained: no consumer left; stopping";
+      exiting = true;
+    } else if (!exiting && exit_when_idle > absl::ZeroDuration() &&
+               now - idle_since >= exit_when_idle) {
+      FERRY_LOG(INFO) << "no client for " << absl::FormatDuration(exit_when_idle)
+                      << " (exit_when_idle_seconds); stopping";
+      exiting = true;
+    }
+    if (exiting) {
+      // The main thread waits for this signal (ferryd_main.cc) and stops as on SIGTERM.
+      kill(getpid(), SIGTERM);
+      period = absl::Seconds(1);
+    }
     ferry::v1::DaemonStatus status;
     FillDaemonStatus(&status);
-    const std::string line =
-        absl::StrCat("STATUS=", jobs_->ListJobs(Caller{0, 0}).size(), " job(s), ",
-                     status.host_memory_in_use_bytes() >> 20, " MiB of ",
-                     status.host_memory_budget_bytes() >> 20, " MiB host memory in use",
-                     watchdog ? "\nWATCHDOG=1" : "");
+    const std::string line = absl::StrCat(
+        "STATUS=", jobs_->ListJobs(Caller{0, 0}).size(), " job(s), ", consumers,
+        " consumer(s), ", status.host_memory_in_use_bytes() >> 20, " MiB of ",
+        status.host_memory_budget_bytes() >> 20, " MiB host memory in use",
+        status.draining() ? ", draining" : "", watchdog ? "\nWATCHDOG=1" : "");
     sd_notify(0, line.c_str());
   }
 }
@@ -251,6 +296,9 @@ void Daemon::FillDaemonStatus(ferry::v1::DaemonStatus* status) {
   if (gpus_ != nullptr) gpus_->FillStatus(status);
   status->set_config_path(config_.from_file ? config_.path : "");
   for (const auto& root : config_.config.dataset_roots()) status->add_dataset_roots(root);
+  status->set_draining(drain_requested_.load());
+  status->set_job_idle_timeout_seconds(config_.config.job_idle_timeout_seconds());
+  status->set_consumers(static_cast<uint32_t>(jobs_->Consumers()));
 }
 
 }  // namespace ferry

@@ -7,6 +7,7 @@
 #ifndef FERRY_SERVER_SERVICE_DAEMON_H_
 #define FERRY_SERVER_SERVICE_DAEMON_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
@@ -50,6 +51,8 @@ class Daemon final {
  private:
   Daemon() = default;
   void FillDaemonStatus(ferry::v1::DaemonStatus* status);
+  // The Drain RPC: root or ferryd's own uid only.
+  absl::StatusOr<uint32_t> BeginGracefulDrain(const Caller& caller);
   void NotifyLoop();
 
   LoadedConfig config_;
@@ -65,6 +68,7 @@ class Daemon final {
   std::unique_ptr<FerryService> service_;
   std::unique_ptr<grpc::Server> server_;
   absl::Notification stop_notify_;
+  std::atomic<bool> drain_requested_{false};
   std::thread notify_thread_;
 };
 

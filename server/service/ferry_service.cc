@@ -300,11 +300,12 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 }
 
 FerryService::FerryService(JobManager* jobs, SessionServer* sessions, ChannelPoller* channels,
-                           DaemonStatusFiller daemon_status)
+                           DaemonStatusFiller daemon_status, Drainer drainer)
     : jobs_(jobs),
       sessions_(sessions),
       channels_(channels),
-      daemon_status_(std::move(daemon_status)) {}
+      daemon_status_(std::move(daemon_status)),
+      drainer_(std::move(drainer)) {}
 
 std::string FerryService::SessionToken(grpc::CallbackServerContext* context) {
   const auto& metadata = context->client_metadata();
@@ -403,6 +404,16 @@ grpc::ServerUnaryReactor* FerryService::GetStatus(grpc::CallbackServerContext* c
     for (const auto& job : jobs_->ListJobs(*caller)) jobs_->FillJobStatus(*job, response->add_jobs());
   }
   return FinishWith(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* FerryService::Drain(grpc::CallbackServerContext* context,
+                                              const ferry::v1::DrainRequest* request,
+                                              ferry::v1::DrainResponse* response) {
+  auto caller = Authenticate(context);
+  if (!caller.ok()) return FinishWith(context, caller.status());
+  absl::StatusOr<uint32_t> consumers = drainer_(*caller);
+  if (consumers.ok()) response->set_consumers(*consumers);
+  return FinishWith(context, consumers.status());
 }
 
 }  // namespace ferry

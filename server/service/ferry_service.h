@@ -23,9 +23,11 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 class FerryService final : public ferry::v1::Ferry::CallbackService {
  public:
   using DaemonStatusFiller = std::function<void(ferry::v1::DaemonStatus*)>;
+  // Starts a drain for `caller` (Daemon checks who may): the consumers attached, or an error.
+  using Drainer = std::function<absl::StatusOr<uint32_t>(const Caller& caller)>;
 
   FerryService(JobManager* jobs, SessionServer* sessions, ChannelPoller* channels,
-               DaemonStatusFiller daemon_status);
+               DaemonStatusFiller daemon_status, Drainer drainer);
 
   grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* context,
                                       const ferry::v1::CreateJobRequest* request,
@@ -47,6 +49,9 @@ class FerryService final : public ferry::v1::Ferry::CallbackService {
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
                                       const ferry::v1::GetStatusRequest* request,
                                       ferry::v1::GetStatusResponse* response) override;
+  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
+                                  const ferry::v1::DrainRequest* request,
+                                  ferry::v1::DrainResponse* response) override;
 
  private:
   // The caller's session token (ferry-session metadata); empty without one.
@@ -58,6 +63,7 @@ class FerryService final : public ferry::v1::Ferry::CallbackService {
   SessionServer* const sessions_;
   ChannelPoller* const channels_;
   const DaemonStatusFiller daemon_status_;
+  const Drainer drainer_;
 };
 
 }  // namespace ferry

@@ -191,7 +191,7 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
   std::map<int, std::shared_ptr<RankPipeline>> dropped;  // released after the lock
   {
     absl::MutexLock lock(&mutex_);
-    if (draining_) return absl::UnavailableError("ferryd is shutting down");
+    if (!refusing_.empty()) return absl::UnavailableError(refusing_);
     if (auto it = id_by_key_.find(key); it != id_by_key_.end()) {
       JobEntry& existing = jobs_.at(it->second);
       if (!existing.job->failed()) return Created{existing.job, false};
@@ -231,22 +231,27 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
                          Job::Create(identity, spec, dataset_fs_, options_.decode_limits));
   job->set_transient_retry_limit(options_.transient_retry_limit);
   if (cuda) FERRY_RETURN_IF_ERROR(gpus_->CheckJob(*job));
-  // Refuse now a job whose rank slab can never fit, rather than at every rank's attach.
-  const uint32_t slots = SlotsPerRank(*job);
+  // Refuse now a job whose rank slab can never fit, rather than at every rank's attach: one
+  // with its own prefetch_depth needs that many slots, one without at least kMinSlots.
+  const uint32_t slots =
+      spec.prefetch_depth() != 0 ? SlotsPerRank(*job) : std::min(SlotsPerRank(*job), kMinSlots);
   const uint64_t rank_bytes = job->layout().slot_bytes * slots;
-  if (rank_bytes > host_budget_->limit() - std::min(host_budget_->limit(), host_budget_->in_use())) {
+  const uint64_t free_bytes =
+      host_budget_->limit() - std::min(host_budget_->limit(), host_budget_->in_use());
+  absl::MutexLock lock(&mutex_);
+  if (rank_bytes > free_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "job '", job_name, "' needs ", rank_bytes, " bytes per rank (", slots,
         " slots of ", job->layout().slot_bytes, " bytes) but the host memory budget has ",
-        host_budget_->limit() - std::min(host_budget_->limit(), host_budget_->in_use()), " of ",
-        host_budget_->limit(), " bytes free; lower batch_size or prefetch_depth, delete idle "
-        "jobs, or raise host_memory_budget_bytes in ", options_.config_path));
+        free_bytes, " of ", host_budget_->limit(), " bytes free",
+        DescribeMemoryHoldersLocked(caller, absl::Now()),
+        ". Lower batch_size or prefetch_depth, delete jobs that are done (ferryctl delete "
+        "JOB), or raise host_memory_budget_bytes in ", options_.config_path));
   }
-  absl::MutexLock lock(&mutex_);
   if (auto it = id_by_key_.find(key); it != id_by_key_.end()) {
     return Created{jobs_.at(it->second).job, false};  // another rank won the race
   }
-  jobs_[identity.id] = JobEntry{job, key, {}};
+  jobs_[identity.id] = JobEntry{job, key, {}, absl::Now()};
   id_by_key_[key] = identity.id;
   FERRY_LOG(INFO) << "created job " << identity.id << " '" << job_name << "' for uid "
                   << caller.uid << ": " << job->source().size() << " samples, "
@@ -285,36 +290,121 @@ std::vector<std::shared_ptr<Job>> JobManager::ListJobs(const Caller& caller) {
   return out;
 }
 
+std::map<int, std::shared_ptr<RankPipeline>> JobManager::EraseLocked(const std::string& id) {
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return {};
+  std::map<int, std::shared_ptr<RankPipeline>> ranks = std::move(it->second.ranks);
+  id_by_key_.erase(it->second.key);
+  jobs_.erase(it);
+  for (auto a = attachments_.begin(); a != attachments_.end();) {
+    if (a->second.job_id == id) {
+      attachments_.erase(a++);
+    } else {
+      ++a;
+    }
+  }
+  return ranks;
+}
+
 absl::Status JobManager::DeleteJob(const Caller& caller, const std::string& id) {
   std::map<int, std::shared_ptr<RankPipeline>> ranks;
   {
     absl::MutexLock lock(&mutex_);
-    FERRY_ASSIGN_OR_RETURN(JobEntry * entry, FindOwnedLocked(caller, id));
-    ranks = std::move(entry->ranks);
-    id_by_key_.erase(entry->key);
-    jobs_.erase(id);
-    for (auto it = attachments_.begin(); it != attachments_.end();) {
-      if (it->second.job_id == id) {
-        attachments_.erase(it++);
-      } else {
-        ++it;
-      }
-    }
+    FERRY_RETURN_IF_ERROR(FindOwnedLocked(caller, id).status());
+    ranks = EraseLocked(id);
   }
   for (auto& [rank, pipeline] : ranks) {
     pipeline->Shutdown(absl::UnavailableError(absl::StrCat(
         "job ", id, " was deleted; create it again to go on")));
   }
-  FERRY_LOG(INFO) << "deleted job " << id;
+  FERRY_LOG(INFO) << "deleted job " << id << " (uid " << caller.uid << ")";
   return absl::OkStatus();
+}
+
+bool JobManager::InUse(const JobEntry& entry) {
+  for (const auto& [rank, pipeline] : entry.ranks) {
+    if (pipeline->bound()) return true;
+  }
+  return false;
+}
+
+std::vector<std::string> JobManager::DeleteIdleJobs(absl::Time now) {
+  std::vector<std::string> deleted;
+  std::vector<std::shared_ptr<RankPipeline>> stopped;
+  {
+    absl::MutexLock lock(&mutex_);
+    for (auto& [id, entry] : jobs_) {
+      if (InUse(entry)) {
+        entry.active_at = now;
+        continue;
+      }
+      if (options_.job_idle_timeout > absl::ZeroDuration() &&
+          now - entry.active_at >= options_.job_idle_timeout) {
+        deleted.push_back(id);
+      }
+    }
+    for (const std::string& id : deleted) {
+      for (auto& [rank, pipeline] : EraseLocked(id)) stopped.push_back(std::move(pipeline));
+    }
+  }
+  for (auto& pipeline : stopped) {
+    pipeline->Shutdown(absl::UnavailableError(
+        "the job was deleted after job_idle_timeout_seconds without a consumer; create it "
+        "again to go on"));
+  }
+  for (const std::string& id : deleted) {
+    FERRY_LOG(INFO) << "deleted job " << id << ": no consumer for "
+                    << absl::FormatDuration(options_.job_idle_timeout)
+                    << " (job_idle_timeout_seconds)";
+  }
+  return deleted;
+}
+
+std::string JobManager::DescribeMemoryHoldersLocked(const Caller& caller, absl::Time now) {
+  struct Holder {
+    uint64_t bytes = 0;
+    std::string text;
+  };
+  std::vector<Holder> holders;
+  for (auto& [id, entry] : jobs_) {
+    uint64_t bytes = 0;
+    for (const auto& [rank, pipeline] : entry.ranks) bytes += pipeline->slab().size();
+    if (bytes == 0) continue;
+    const JobIdentity& who = entry.job->identity();
+    std::string text = caller.is_root() || who.owner_uid == caller.uid
+                           ? absl::StrCat("job ", id, " '", who.name, "'")
+                           : absl::StrCat("a job of uid ", who.owner_uid);
+    absl::StrAppend(&text, " (", entry.ranks.size(), entry.ranks.size() == 1 ? " rank, " : " ranks, ",
+                    bytes >> 20, " MiB, ");
+    if (InUse(entry)) {
+      absl::StrAppend(&text, "in use)");
+    } else {
+      absl::StrAppend(&text, "idle ", absl::FormatDuration(absl::Trunc(now - entry.active_at,
+                                                                     absl::Seconds(1))),
+                      ")");
+    }
+    holders.push_back({bytes, std::move(text)});
+  }
+  if (holders.empty()) return "";
+  std::sort(holders.begin(), holders.end(),
+            [](const Holder& a, const Holder& b) { return a.bytes > b.bytes; });
+  std::string out = "; it is held by ";
+  constexpr size_t kNamed = 5;
+  for (size_t i = 0; i < holders.size() && i < kNamed; ++i) {
+    absl::StrAppend(&out, i == 0 ? "" : ", ", holders[i].text);
+  }
+  if (holders.size() > kNamed) absl::StrAppend(&out, " and ", holders.size() - kNamed, " more");
+  return out;
 }
 
 absl::StatusOr<JobManager::Attachment> JobManager::Attach(const Caller& caller,
                                                           const std::string& job_id,
                                                           uint32_t requested_rank) {
   absl::MutexLock lock(&mutex_);
-  if (draining_) return absl::UnavailableError("ferryd is shutting down");
+  if (!refusing_.empty()) return absl::UnavailableError(refusing_);
   FERRY_ASSIGN_OR_RETURN(JobEntry * entry, FindOwnedLocked(caller, job_id));
+  const absl::Time now = absl::Now();
+  entry->active_at = now;
   if (entry->job->failed()) return entry->job->failure();
   const ferry::v1::JobSpec& spec = entry->job->spec();
   if (requested_rank >= spec.world_size()) {
@@ -325,8 +415,24 @@ absl::StatusOr<JobManager::Attachment> JobManager::Attach(const Caller& caller,
   const int rank = static_cast<int>(requested_rank);  // < world_size <= kMaxWorldSize
   std::shared_ptr<RankPipeline>& pipeline = entry->ranks[rank];
   if (pipeline == nullptr) {
-    // The slab is allocated once here and reused by every later attach of this rank.
-    const int slots = static_cast<int>(SlotsPerRank(*entry->job));
+    // The slab is allocated once here and reused by every later attach of this rank. A job
+    // with the default prefetch takes fewer slots when the budget is short (not fewer than
+    // kMinSlots: Create then refuses it below, naming who holds the memory).
+    uint32_t wanted = SlotsPerRank(*entry->job);
+    if (spec.prefetch_depth() == 0) {
+      const uint64_t slot_bytes = std::max<uint64_t>(1, entry->job->layout().slot_bytes);
+      const uint64_t free_bytes =
+          host_budget_->limit() - std::min(host_budget_->limit(), host_budget_->in_use());
+      const uint64_t fit = free_bytes / slot_bytes;
+      if (fit < wanted) {
+        const uint32_t fewer = static_cast<uint32_t>(std::max<uint64_t>(fit, kMinSlots));
+        FERRY_LOG(INFO) << "job " << job_id << " rank " << rank << ": " << fewer
+                        << " slots instead of " << wanted
+                        << " (the host memory budget has " << free_bytes << " bytes free)";
+        wanted = fewer;
+      }
+    }
+    const int slots = static_cast<int>(wanted);
     absl::StatusOr<std::shared_ptr<RankPipeline>> created;
     if (spec.device().rfind("cuda:", 0) == 0 && gpus_ != nullptr) {
       FERRY_ASSIGN_OR_RETURN(const int ordinal, gpus_->Resolve(spec.device()));
@@ -344,6 +450,10 @@ absl::StatusOr<JobManager::Attachment> JobManager::Attach(const Caller& caller,
     }
     if (!created.ok()) {
       entry->ranks.erase(rank);
+      if (absl::IsResourceExhausted(created.status())) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            created.status().message(), DescribeMemoryHoldersLocked(caller, now)));
+      }
       return created.status();
     }
     pipeline = *std::move(created);
@@ -401,6 +511,18 @@ void JobManager::FillJobStatus(const Job& job, ferry::v1::JobStatus* status) {
   if (job.failed()) status->set_failure(job.failure().ToString());
   status->set_paused(job.paused_reason());
   status->set_transient_errors(job.transient_error_count());
+  absl::MutexLock lock(&mutex_);
+  auto it = jobs_.find(job.identity().id);
+  if (it == jobs_.end()) return;  // deleted meanwhile
+  const absl::Time now = absl::Now();
+  if (!InUse(it->second)) {
+    const absl::Duration idle = std::max(absl::ZeroDuration(), now - it->second.active_at);
+    status->set_idle_seconds(absl::ToDoubleSeconds(idle));
+    if (options_.job_idle_timeout > absl::ZeroDuration()) {
+      status->set_deleted_in_seconds(
+          absl::ToDoubleSeconds(std::max(absl::ZeroDuration(), options_.job_idle_timeout - idle)));
+    }
+  }
 }
 
 void JobManager::BeginDrain() {
@@ -410,7 +532,7 @@ void JobManager::BeginDrain() {
   std::vector<std::shared_ptr<RankPipeline>> all;
   {
     absl::MutexLock lock(&mutex_);
-    draining_ = true;
+    refusing_ = "ferryd is shutting down";
     for (auto& [id, entry] : jobs_) {
       for (auto& [rank, p] : entry.ranks) all.push_back(p);
     }
@@ -419,6 +541,25 @@ void JobManager::BeginDrain() {
     p->Shutdown(absl::UnavailableError(
         "ferryd is shutting down (SIGTERM); attach again once it is back"));
   }
+}
+
+void JobManager::StopTakingWork(const std::string& why) {
+  absl::MutexLock lock(&mutex_);
+  if (refusing_.empty()) refusing_ = why;
+}
+
+bool JobManager::taking_work() {
+  absl::MutexLock lock(&mutex_);
+  return refusing_.empty();
+}
+
+int JobManager::Consumers() {
+  absl::MutexLock lock(&mutex_);
+  int consumers = 0;
+  for (auto& [id, entry] : jobs_) {
+    for (const auto& [rank, pipeline] : entry.ranks) consumers += pipeline->bound() ? 1 : 0;
+  }
+  return consumers;
 }
 
 int JobManager::LeasedSlots() {

@@ -56,6 +56,9 @@ class JobManager final {
     absl::Duration transient_retry_limit = absl::Minutes(5);
     // DaemonConfig.widen_tokens_on_host: sets TokensDataset.widen_on_host of GPU jobs.
     bool widen_tokens_on_host = false;
+    // DaemonConfig.job_idle_timeout_seconds: DeleteIdleJobs deletes a job that had no
+    // consumer for this long. Zero keeps jobs until deleted.
+    absl::Duration job_idle_timeout = absl::Minutes(10);
   };
 
   // `gpus` serves "cuda:N" devices; null when ferryd was built without CUDA.
@@ -91,6 +94,9 @@ class JobManager final {
   // delivered; 4 slots of 1 MiB then keep the GPU's copy engine busy half the time.)
   uint32_t SlotsPerRank(const Job& job) const;
   static constexpr uint64_t kMaxDefaultPrefetch = 32;
+  // A job without its own prefetch_depth whose SlotsPerRank do not fit the host budget's
+  // free bytes gets as many as fit, down to this (one filling while one is consumed).
+  static constexpr uint32_t kMinSlots = 2;
   // The pipeline of an attach_id, for the Consume stream and the memfd handoff.
   absl::StatusOr<std::shared_ptr<RankPipeline>> FindAttachment(const Caller& caller,
                                                                const std::string& attach_id);
@@ -99,14 +105,29 @@ class JobManager final {
 
   // Refuses new jobs and attaches from now on (UNAVAILABLE) and stops every pipeline.
   void BeginDrain();
+  // Refuses new jobs and attaches from now on (UNAVAILABLE, naming `who` asked), leaving
+  // the pipelines of the consumers attached now running. Idempotent.
+  void StopTakingWork(const std::string& why);
+  bool taking_work();
   // Slots currently leased to consumers, over all jobs.
   int LeasedSlots();
+  // Ranks with a consumer bound, over all jobs and users.
+  int Consumers();
+
+  // Deletes the jobs that have had no consumer for job_idle_timeout (none when it is zero),
+  // as DeleteJob would; returns their ids. Called every second or so: a job's idle time is
+  // measured from the last call that saw a consumer bound to one of its ranks (or from its
+  // creation, or its last attach).
+  std::vector<std::string> DeleteIdleJobs(absl::Time now = absl::Now());
 
  private:
   struct JobEntry {
     std::shared_ptr<Job> job;
     std::string key;  // uid + name + spec
     std::map<int, std::shared_ptr<RankPipeline>> ranks;
+    // When a consumer was last seen bound to one of the ranks (DeleteIdleJobs), or the job
+    // was created or attached to.
+    absl::Time active_at;
   };
   struct AttachEntry {
     std::string job_id;
@@ -117,6 +138,15 @@ class JobManager final {
   absl::Status CheckDataset(const ferry::v1::JobSpec& spec) const;
   absl::Status CheckDatasetPath(const std::string& path) const;
   absl::StatusOr<JobEntry*> FindOwnedLocked(const Caller& caller, const std::string& id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Removes a job from the tables; its pipelines are returned to be shut down after the lock.
+  std::map<int, std::shared_ptr<RankPipeline>> EraseLocked(const std::string& id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Whether a consumer is bound to one of the job's ranks.
+  static bool InUse(const JobEntry& entry);
+  // "memory is held by job j1 'name' (2 ranks, 128 MiB, idle 3m), ..." for a refusal, the
+  // largest holders first; other users' jobs are named by uid only.
+  std::string DescribeMemoryHoldersLocked(const Caller& caller, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const Options options_;
@@ -136,7 +166,8 @@ class JobManager final {
   absl::flat_hash_map<std::string, std::string> id_by_key_ ABSL_GUARDED_BY(mutex_);
   absl::flat_hash_map<std::string, AttachEntry> attachments_ ABSL_GUARDED_BY(mutex_);
   uint64_t next_serial_ ABSL_GUARDED_BY(mutex_) = 1;
-  bool draining_ ABSL_GUARDED_BY(mutex_) = false;
+  // Why new jobs and attaches are refused (BeginDrain, StopTakingWork); empty while taken.
+  std::string refusing_ ABSL_GUARDED_BY(mutex_);
 };
 
 // 128 random bits as 32 hex characters (getrandom), for tokens and ids.

@@ -15,6 +15,7 @@ namespace ferry {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class JobManagerTest : public ::testing::Test {
  protected:
@@ -33,13 +34,15 @@ class JobManagerTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   std::unique_ptr<JobManager> Manager(std::vector<std::string> roots, bool allow_any,
-                                      uint64_t budget = 1 << 30) {
+                                      uint64_t budget = 1 << 30,
+                                      absl::Duration idle_timeout = absl::Minutes(10)) {
     budget_ = std::make_unique<MemoryBudget>("host memory budget", "host_memory_budget_bytes",
                                              budget, "/etc/ferry/ferryd.conf");
     JobManager::Options o;
     o.dataset_roots = std::move(roots);
     o.allow_any_dataset = allow_any;
     o.config_path = "/etc/ferry/ferryd.conf";
+    o.job_idle_timeout = idle_timeout;
     return std::make_unique<JobManager>(o, pool_.get(), budget_.get());
   }
 
@@ -269,6 +272,137 @@ TEST_F(JobManagerTest, JobOverTheBudgetIsResourceExhausted) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(r.status().message(), HasSubstr("host_memory_budget_bytes"));
   EXPECT_THAT(r.status().message(), HasSubstr("114688 bytes"));
+}
+
+// A consumer that takes nothing: binding it is what makes a job "in use".
+class IdleConsumer final : public BatchConsumer {
+ public:
+  void OnBatchReady(const ferry::v1::BatchReady&) override {}
+  void OnEpochEnd(int64_t) override {}
+  void OnShutdown(const absl::Status&) override {}
+};
+
+TEST_F(JobManagerTest, IdleJobsAreDeletedAndTheirMemoryReturned) {
+  const absl::Duration timeout = absl::Seconds(60);
+  auto m = Manager({}, true, 1 << 30, timeout);
+  auto job = m->CreateJob(kAlice, "run1", TokensSpec(tokens_));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string id = job->job->identity().id;
+  auto a0 = m->Attach(kAlice, id, 0);
+  auto a1 = m->Attach(kAlice, id, 1);
+  ASSERT_TRUE(a0.ok() && a1.ok());
+  EXPECT_GT(budget_->in_use(), 0u);
+  ferry::v1::JobStatus status;
+  m->FillJobStatus(*job->job, &status);  // attached, but no consumer yet: idle
+  EXPECT_GT(status.deleted_in_seconds(), 0);
+  EXPECT_LE(status.deleted_in_seconds(), absl::ToDoubleSeconds(timeout));
+  IdleConsumer consumer;
+  ASSERT_TRUE(a0->pipeline->Bind(&consumer, 1).ok());
+
+  // In use: never deleted, however long.
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(m->DeleteIdleJobs(start + 10 * timeout).empty());
+  status.Clear();
+  m->FillJobStatus(*job->job, &status);
+  EXPECT_EQ(status.idle_seconds(), 0);
+  EXPECT_EQ(status.deleted_in_seconds(), 0);
+
+  // Its consumer goes: idle from the last time one was seen, deleted after the timeout.
+  a0->pipeline->Unbind(&consumer);
+  const absl::Time last_seen = start + 10 * timeout;
+  EXPECT_TRUE(m->DeleteIdleJobs(last_seen + timeout / 2).empty());
+  EXPECT_EQ(m->DeleteIdleJobs(last_seen + timeout), std::vector<std::string>{id});
+  EXPECT_EQ(m->GetJob(kAlice, id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(m->ListJobs(kRoot).empty());
+  // The slabs go with the last reference (the test's attachments here, a stream's in ferryd).
+  a0 = absl::InternalError("dropped");
+  a1 = absl::InternalError("dropped");
+  EXPECT_EQ(budget_->in_use(), 0u);
+
+  // A timeout of zero keeps idle jobs.
+  auto keep = Manager({}, true, 1 << 30, absl::ZeroDuration());
+  auto kept = keep->CreateJob(kAlice, "kept", TokensSpec(tokens_));
+  ASSERT_TRUE(kept.ok());
+  EXPECT_TRUE(keep->DeleteIdleJobs(absl::Now() + absl::Hours(24 * 365)).empty());
+}
+
+TEST_F(JobManagerTest, DeleteFreesTheBudget) {
+  auto m = Manager({}, true);
+  auto job = m->CreateJob(kAlice, "done", TokensSpec(tokens_));
+  ASSERT_TRUE(job.ok());
+  const std::string id = job->job->identity().id;
+  {
+    auto a = m->Attach(kAlice, id, 0);
+    ASSERT_TRUE(a.ok());
+    EXPECT_GT(budget_->in_use(), 0u);
+  }
+  ASSERT_TRUE(m->DeleteJob(kAlice, id).ok());
+  EXPECT_EQ(budget_->in_use(), 0u);
+  EXPECT_EQ(m->DeleteJob(kAlice, id).code(), absl::StatusCode::kNotFound);
+}
+
+// A refusal for memory says who holds it: the caller's own jobs by id and name, other
+// users' by uid only.
+TEST_F(JobManagerTest, ABudgetRefusalNamesTheJobsHoldingMemory) {
+  auto spec = TokensSpec(tokens_, 100);
+  spec.set_batch_size(32);  // 28672 bytes per slot
+  spec.set_prefetch_depth(4);
+  auto m = Manager({}, true, /*budget=*/200 * 1024);
+  auto mine = m->CreateJob(kAlice, "alices-run", spec);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  auto bobs = m->CreateJob(kBob, "bobs-run", spec);
+  ASSERT_TRUE(bobs.ok());
+  auto held = m->Attach(kAlice, mine->job->identity().id, 0);  // 112 KiB of 200
+  ASSERT_TRUE(held.ok()) << held.status();
+  auto refused = m->Attach(kBob, bobs->job->identity().id, 0);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(), HasSubstr("a job of uid 1000 (1 rank"));
+  EXPECT_THAT(refused.status().message(), Not(HasSubstr("alices-run")));
+  auto again = m->CreateJob(kAlice, "alices-second", spec);
+  ASSERT_EQ(again.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(again.status().message(),
+              HasSubstr(absl::StrCat("job ", mine->job->identity().id, " 'alices-run' (1 rank")));
+  EXPECT_THAT(again.status().message(), HasSubstr("ferryctl delete"));
+}
+
+// A job on the default prefetch takes the slots that fit instead of being refused, down to
+// kMinSlots.
+TEST_F(JobManagerTest, ASmallBudgetGivesDefaultJobsFewerSlots) {
+  auto spec = TokensSpec(tokens_, 100);
+  spec.set_batch_size(32);  // 28672 bytes per slot; the default would be 4 or more
+  auto m = Manager({}, true, /*budget=*/3 * 28672 + 100);
+  auto job = m->CreateJob(kAlice, "small-budget", spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_GT(m->SlotsPerRank(*job->job), 3u);
+  auto r0 = m->Attach(kAlice, job->job->identity().id, 0);
+  ASSERT_TRUE(r0.ok()) << r0.status();
+  EXPECT_EQ(r0->pipeline->num_slots(), 3);
+  // One slot left: below the minimum, refused with the reason.
+  auto r1 = m->Attach(kAlice, job->job->identity().id, 1);
+  EXPECT_EQ(r1.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(r1.status().message(), HasSubstr("'small-budget'"));
+}
+
+TEST_F(JobManagerTest, StopTakingWorkRefusesNewJobsAndAttachesButKeepsConsumers) {
+  auto m = Manager({}, true);
+  auto job = m->CreateJob(kAlice, "draining", TokensSpec(tokens_));
+  ASSERT_TRUE(job.ok());
+  auto a = m->Attach(kAlice, job->job->identity().id, 0);
+  ASSERT_TRUE(a.ok());
+  IdleConsumer consumer;
+  ASSERT_TRUE(a->pipeline->Bind(&consumer, 1).ok());
+  EXPECT_EQ(m->Consumers(), 1);
+  m->StopTakingWork("ferryd is draining (test)");
+  EXPECT_FALSE(m->taking_work());
+  auto refused = m->CreateJob(kAlice, "new", TokensSpec(tokens_));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(refused.status().message(), HasSubstr("draining"));
+  EXPECT_EQ(m->Attach(kAlice, job->job->identity().id, 1).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(a->pipeline->bound());  // the attached consumer goes on
+  EXPECT_TRUE(a->pipeline->StartEpoch(&consumer, 0, 0).ok());
+  a->pipeline->Unbind(&consumer);
+  EXPECT_EQ(m->Consumers(), 0);
 }
 
 TEST_F(JobManagerTest, DefaultPrefetchGrowsForSmallBatchesOnly) {

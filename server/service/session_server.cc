@@ -52,6 +52,11 @@ SessionServer::~SessionServer() {
   unlink(path_.c_str());
 }
 
+size_t SessionServer::live_sessions() const {
+  absl::MutexLock lock(&mutex_);
+  return by_token_.size();
+}
+
 std::optional<PeerCredentials> SessionServer::Lookup(const std::string& token) const {
   absl::MutexLock lock(&mutex_);
   auto it = by_token_.find(token);

@@ -64,6 +64,8 @@ class SessionServer final {
   static constexpr size_t kMaxWaitingChannelsPerSession = 8;
   static constexpr size_t kMaxWaitingChannelsPerUid = 256;
   const std::string& path() const { return path_; }
+  // Sessions open now (clients connected to the session socket).
+  size_t live_sessions() const;
 
  private:
   SessionServer(std::string path, UniqueFd listener, UniqueFd wake, FdProvider provider,

@@ -277,6 +277,8 @@ JobStatus FromProto(const v1::JobStatus& status) {
   out.failure = status.failure();
   out.paused = status.paused();
   out.transient_errors = status.transient_errors();
+  out.idle_seconds = status.idle_seconds();
+  out.deleted_in_seconds = status.deleted_in_seconds();
   return out;
 }
 
@@ -297,6 +299,9 @@ StatusReport FromProto(const v1::GetStatusResponse& response) {
   report.daemon.dataset_roots.assign(d.dataset_roots().begin(), d.dataset_roots().end());
   report.daemon.pinned_memory_in_use_bytes = d.pinned_memory_in_use_bytes();
   report.daemon.pinned_memory_budget_bytes = d.pinned_memory_budget_bytes();
+  report.daemon.draining = d.draining();
+  report.daemon.job_idle_timeout_seconds = d.job_idle_timeout_seconds();
+  report.daemon.consumers = d.consumers();
   for (const v1::GpuStatus& g : d.gpus()) {
     GpuStatus gpu;
     gpu.ordinal = g.ordinal();

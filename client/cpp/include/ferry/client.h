@@ -243,6 +243,10 @@ struct JobStatus {
   // Non-empty while reads wait on the machine (out of descriptors, ...): the latest error.
   std::string paused;
   int64_t transient_errors = 0;  // reads that failed so, each try counted
+  // Seconds since a consumer was last attached (0 while one is), and until ferryd deletes
+  // the idle job (job_idle_timeout_seconds; 0 when not idle or idle jobs are kept).
+  double idle_seconds = 0;
+  double deleted_in_seconds = 0;
 };
 
 struct NumaNodeStatus {
@@ -280,6 +284,9 @@ struct DaemonStatus {
   uint64_t pinned_memory_in_use_bytes = 0;
   uint64_t pinned_memory_budget_bytes = 0;
   std::vector<GpuStatus> gpus;
+  bool draining = false;  // Client::Drain was called: ferryd exits when no consumer is left
+  uint32_t job_idle_timeout_seconds = 0;  // 0: idle jobs are kept
+  uint32_t consumers = 0;                 // attached, over all jobs of every user
 };
 
 struct StatusReport {
@@ -451,6 +458,9 @@ class Client final {
   absl::StatusOr<JobStatus> GetJob(std::string_view job_id);
   absl::StatusOr<std::vector<JobInfo>> ListJobs();
   absl::Status DeleteJob(std::string_view job_id);
+  // Asks ferryd to take no new jobs or attaches and to exit once the consumers attached now
+  // are done (root or ferryd's own uid only). Returns how many consumers were attached.
+  absl::StatusOr<uint32_t> Drain();
   absl::StatusOr<StatusReport> GetStatus();
 
   // The same answers as the proto3 JSON mapping (proto field names, every field printed),
