@@ -1,6 +1,8 @@
 #include "server/service/daemon.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -8,11 +10,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
+#include "common/unique_fd.h"
 #include "common/thread_name.h"
 #include "common/session_protocol.h"
 #include "common/status_macros.h"
@@ -274,10 +280,23 @@ void Daemon::Drain() {
   sessions_.reset();
   channels_.reset();  // after the server: a stream's end unregisters its channel
   unlink(config_.config.unix_socket().c_str());
+  if (config_.config.remove_socket_directory()) RemoveSocketDirectory();
   jobs_.reset();
   gpus_.reset();
   pool_.reset();
   FERRY_LOG(INFO) << "ferryd stopped";
+}
+
+void Daemon::RemoveSocketDirectory() {
+  const std::string dir = std::filesystem::path(config_.config.unix_socket()).parent_path();
+  if (dir.empty()) return;
+  UniqueFd fd(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.valid()) return;
+  // A client holding the lock is starting the next daemon here: leave the directory to it.
+  if (flock(fd.get(), LOCK_EX | LOCK_NB) != 0) return;
+  if (rmdir(dir.c_str()) != 0 && errno != ENOTEMPTY && errno != EEXIST) {
+    FERRY_LOG(WARNING) << "could not remove socket directory " << dir << ": " << strerror(errno);
+  }
 }
 
 void Daemon::FillDaemonStatus(ferry::v1::DaemonStatus* status) {

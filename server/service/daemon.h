@@ -53,6 +53,8 @@ class Daemon final {
   void FillDaemonStatus(ferry::v1::DaemonStatus* status);
   // The Drain RPC: root or ferryd's own uid only.
   absl::StatusOr<uint32_t> BeginGracefulDrain(const Caller& caller);
+  // remove_socket_directory: rmdir of the sockets' directory, unless a client holds its lock.
+  void RemoveSocketDirectory();
   void NotifyLoop();
 
   LoadedConfig config_;

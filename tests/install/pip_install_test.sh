@@ -21,12 +21,14 @@ site=$("$work/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()
 for f in ferry/__init__.py ferry/_lib/libferry.so ferry/_bin/ferryd; do
   [[ -e $site/$f ]] || { echo "pip install left out $f (looked in $site)"; exit 1; }
 done
-"$work/venv/bin/pip" show ferry | grep -q '^Version: 0.1.0$'
+version=$("$work/venv/bin/pip" show ferry | sed -n "s/^Version: //p")
+[[ $version == 0.1.0 ]] || { echo "pip show ferry: version $version, expected 0.1.0"; exit 1; }
 
 # Outside the source tree, with no ferry on PATH and no daemon at the default address.
 cd "$work"
 env -u PYTHONPATH -u FERRY_DAEMON -u FERRY_LIBRARY -u FERRY_ADDRESS \
-  PATH=/usr/bin:/bin XDG_RUNTIME_DIR="$work/run" \
+  PATH=/usr/bin:/bin XDG_RUNTIME_DIR="$work/run" XDG_CACHE_HOME="$work/cache" \
+  FERRY_DAEMON_IDLE_SECONDS=2 \
   "$work/venv/bin/python" "$src/tests/install/check_loader.py" \
   --expect-under "$site" --daemon-under "$site"
 

@@ -1,28 +1,29 @@
-"""A private ferryd for a process that found no daemon running.
+"""This user's on-demand ferryd, for processes that found no daemon running.
 
-One per Python process, shared by all Loaders of that process (reference counted). It
-listens on a socket in a fresh 0700 temporary directory, so only this user can reach it,
-and it is stopped (SIGTERM, then wait) when the last Loader using it closes, at interpreter
-exit, and by the kernel when this process dies (PR_SET_PDEATHSIG). The death signal is tied
-to the thread that started the daemon: create the first Loader from a thread that lives as
-long as the training does (normally the main thread).
+When no ferryd answers at the default socket ($XDG_RUNTIME_DIR/ferry/ferryd.sock, else
+/tmp/ferry-<uid>/ferryd.sock), the Loader starts one there, so that every process of the user
+on this machine (the 8 ranks of a torchrun job, a notebook, a second run) shares it. Starting
+is serialised by flock(2) on the socket's directory: the first process starts ferryd and the
+others, blocked on the lock, find it answering. The daemon belongs to no process: it exits by
+itself once no client has been connected and no consumer attached for a grace period
+(FERRY_DAEMON_IDLE_SECONDS, default 30; DaemonConfig.exit_when_idle_seconds) and then
+removes its sockets and the directory (remove_socket_directory), so nothing is left behind
+whichever process exits first, and however (SIGKILL included). Its log is
+$XDG_CACHE_HOME/ferry/ferryd-<host>.log (~/.cache/...), outside /tmp.
 """
 
-import atexit
-import ctypes
+import errno
+import fcntl
 import glob
 import os
 import shutil
-import signal
+import socket
 import subprocess
-import tempfile
-import threading
 import time
 
 from ferry.errors import FerryError
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-_PR_SET_PDEATHSIG = 1
 
 
 def find_binary(environ=None, package_dir=_PACKAGE_DIR):
@@ -58,8 +59,49 @@ def find_binary(environ=None, package_dir=_PACKAGE_DIR):
         if os.access(path, os.X_OK):
             return path
     looked.append("build trees (%s)" % ", ".join(tree))
-    raise FerryError("NOT_FOUND", "no ferryd binary to start a private daemon; looked in "
+    raise FerryError("NOT_FOUND", "no ferryd binary to start a daemon; looked in "
                      + "; ".join(looked) + ". Install ferry or set FERRY_DAEMON")
+
+
+def idle_seconds(environ=None):
+    """How long an on-demand ferryd outlives its last client."""
+    environ = os.environ if environ is None else environ
+    value = environ.get("FERRY_DAEMON_IDLE_SECONDS", "30")
+    try:
+        seconds = int(value)
+    except ValueError:
+        seconds = -1
+    if seconds < 1:
+        raise FerryError("INVALID_ARGUMENT", "FERRY_DAEMON_IDLE_SECONDS must be a whole number "
+                         "of seconds >= 1 (got %r)" % value)
+    return seconds
+
+
+def log_path(environ=None):
+    """Where an on-demand ferryd writes its log: one file per host (home may be shared)."""
+    environ = os.environ if environ is None else environ
+    cache = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "ferry", "ferryd-%s.log" % socket.gethostname())
+
+
+def on_demand_address(environ=None):
+    """Where this user's on-demand ferryd listens: $XDG_RUNTIME_DIR/ferry/ferryd.sock, else
+    /tmp/ferry-<uid>/ferryd.sock (the default socket of a user other than root; root's
+    default is the system daemon's, which an on-demand daemon must not pose as)."""
+    environ = os.environ if environ is None else environ
+    runtime = environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return os.path.join(runtime, "ferry", "ferryd.sock")
+    return "/tmp/ferry-%d/ferryd.sock" % os.geteuid()
+
+
+def running(pid):
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _tail(path, limit=2000):
@@ -73,124 +115,150 @@ def _tail(path, limit=2000):
         return ""
 
 
-class PrivateDaemon:
-    """A ferryd child process. Use acquire()/release() (module functions)."""
+def _answers(address):
+    """The daemon's pid when a ferryd answers GetStatus at `address`, else None. Other
+    errors (another user's daemon, a squatted directory) are raised."""
+    from ferry.client import Client  # late: needs libferry
+    try:
+        with Client(address) as client:
+            client.status()  # the session socket opens first: wait for the gRPC server too
+            return client.daemon_pid
+    except FerryError as e:
+        # CANCELLED: a daemon that is stopping (its server cancels calls in flight).
+        if e.code in ("NOT_FOUND", "UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"):
+            return None
+        raise
 
-    def __init__(self, binary, timeout):
-        base = tempfile.gettempdir()
-        if len(base) > 60:  # Unix socket paths are limited to 107 bytes
-            base = "/tmp"
-        self.dir = tempfile.mkdtemp(prefix="ferry-", dir=base)
-        self.address = os.path.join(self.dir, "ferryd.sock")
-        self.log_path = os.path.join(self.dir, "ferryd.log")
-        config = os.path.join(self.dir, "ferryd.conf")
-        with open(config, "w") as f:
-            # Only this user can reach it. ferryd lets a daemon on a non-system socket read
-            # any dataset path (it reads only what its user could read anyway).
-            f.write("unix_socket_mode: 384  # 0600\n")
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-        parent = os.getpid()
 
-        def die_with_parent():  # runs in the child between fork and exec
-            prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-            if os.getppid() != parent:  # the parent died before prctl took effect
-                os._exit(1)
+class _DirectoryLock:
+    """flock(2) on the socket directory, held while a process checks for and starts the
+    daemon. The directory may be removed by an exiting daemon (which takes the lock first,
+    without waiting) and made again: the lock is good only while the path still names the
+    directory locked, which acquire() checks, retrying otherwise."""
 
-        self.binary = binary
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                [binary, "--config", config, "--listen", self.address],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True,
-                start_new_session=True,  # a terminal's Ctrl-C is for the trainer, not ferryd
-                preexec_fn=die_with_parent)
-        self.users = 0
-        try:
-            self._wait_ready(timeout)
-        except BaseException:
-            self.stop()
-            raise
+    def __init__(self, directory, timeout):
+        self.directory = directory
+        self.timeout = timeout
+        self.fd = None
 
-    def _wait_ready(self, timeout):
-        from ferry.client import Client  # late: needs libferry
-        deadline = time.monotonic() + timeout
-        last = None
+    def __enter__(self):
+        deadline = time.monotonic() + self.timeout
         while True:
-            code = self.process.poll()
-            if code is not None:
-                raise FerryError("UNAVAILABLE", "private ferryd (%s) exited with code %d before "
-                                 "answering; its output ends with:\n%s"
-                                 % (self.binary, code, _tail(self.log_path)))
             try:
-                # GetStatus, not just the session socket: ferryd opens that one first.
-                with Client(self.address) as client:
-                    client.status()
-                return
-            except FerryError as e:
-                last = e
+                os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            except OSError as e:
+                raise FerryError("PERMISSION_DENIED", "cannot create ferryd's socket directory "
+                                 "%s: %s; set FERRY_ADDRESS or XDG_RUNTIME_DIR"
+                                 % (self.directory, e.strerror))
+            try:
+                fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue  # removed between the two calls
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as e:
+                    if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                        os.close(fd)
+                        raise
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    raise FerryError("DEADLINE_EXCEEDED", "another process held the lock on %s "
+                                     "for %.0f s while starting ferryd" % (self.directory,
+                                                                           self.timeout))
+                time.sleep(0.02)
+            try:
+                same = os.stat(self.directory).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self.fd = fd
+                return self
+            os.close(fd)  # locked a directory that is gone: lock the new one
+
+    def __exit__(self, *exc):
+        os.close(self.fd)  # releases the lock
+
+
+def _start(binary, address, idle, timeout):
+    """Starts ferryd on `address` (the lock is held) and waits until it answers."""
+    directory = os.path.dirname(address)
+    config = os.path.join(directory, "ferryd.conf")
+    with open(config, "w") as f:
+        # Only this user can reach it. A daemon not on the system socket may read any
+        # dataset path its user can (it reads nothing the user could not read anyway).
+        f.write("unix_socket_mode: 384  # 0600\n"
+                "exit_when_idle_seconds: %d\n"
+                "remove_socket_directory: true\n" % idle)
+    log = log_path()
+    try:
+        os.makedirs(os.path.dirname(log), mode=0o700, exist_ok=True)
+        open(log, "ab").close()
+    except OSError:
+        log = None
+    # Started through sh in the background, so that it is nobody's child (no zombie in a
+    # trainer that outlives it) and in a session of its own (a trainer's Ctrl-C or kill is
+    # not for it).
+    launched = subprocess.run(
+        ["/bin/sh", "-c", 'log=$1; shift; "$@" </dev/null >>"$log" 2>&1 & echo $!', "sh",
+         log or os.devnull, binary, "--config", config, "--listen", address],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, start_new_session=True)
+    try:
+        child = int(launched.stdout.strip())
+    except ValueError:
+        raise FerryError("UNAVAILABLE", "could not start ferryd (%s): %s"
+                         % (binary, launched.stderr.strip()))
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            pid = _answers(address)
+            if pid is not None:
+                return pid
+            if not running(child):
+                raise FerryError("UNAVAILABLE", "ferryd (%s, pid %d) exited before answering "
+                                 "on %s; its log (%s) ends with:\n%s"
+                                 % (binary, child, address, log, _tail(log) if log else ""))
             if time.monotonic() > deadline:
-                raise FerryError("DEADLINE_EXCEEDED",
-                                 "private ferryd (%s) did not answer on %s within %.0f s (%s); "
-                                 "its output ends with:\n%s"
-                                 % (self.binary, self.address, timeout, last,
-                                    _tail(self.log_path)))
+                os.kill(child, 9)
+                raise FerryError("DEADLINE_EXCEEDED", "ferryd (%s) did not answer on %s within "
+                                 "%.0f s; its log (%s) ends with:\n%s"
+                                 % (binary, address, timeout, log, _tail(log) if log else ""))
             time.sleep(0.05)
+    finally:
+        try:
+            os.unlink(config)  # read at start; ferryd.conf must not outlive the daemon
+        except FileNotFoundError:
+            pass
+
+
+class OnDemandDaemon:
+    """The user's shared ferryd a Loader uses: where it listens, its pid, its log."""
+
+    def __init__(self, address, pid, started):
+        self.address = address
+        self.pid = pid
+        self.started = started  # this process started it
+        self.log_path = log_path()
 
     def describe_exit(self):
-        """'' while running, else how it ended and the tail of its output."""
-        try:
-            # Its sockets close before the kernel reports it dead: give that a moment.
-            code = self.process.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:
+        """'' while it runs, else that it is gone and where its log is."""
+        if running(self.pid):
             return ""
-        return "private ferryd exited with code %d; its output ends with:\n%s" % (
-            code, _tail(self.log_path))
-
-    def stop(self, timeout=15.0):
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        return "the on-demand ferryd (pid %d) is gone; its log: %s" % (self.pid, self.log_path)
 
 
-_lock = threading.Lock()
-_daemon = None
-
-
-def acquire(timeout=None):
-    """The process's private daemon, started if needed; pair with release()."""
-    global _daemon
+def ensure(address, timeout=None):
+    """The on-demand ferryd at `address` (the default socket), started if none answers."""
     if timeout is None:
         timeout = float(os.environ.get("FERRY_DAEMON_TIMEOUT", "60"))
-    with _lock:
-        if _daemon is not None and _daemon.process.poll() is not None:
-            _daemon.stop()
-            _daemon = None
-        if _daemon is None:
-            _daemon = PrivateDaemon(find_binary(), timeout)
-        _daemon.users += 1
-        return _daemon
-
-
-def release(daemon):
-    global _daemon
-    with _lock:
-        daemon.users -= 1
-        if daemon.users > 0:
-            return
-        if _daemon is daemon:
-            _daemon = None
-    daemon.stop()
-
-
-@atexit.register
-def _stop_at_exit():
-    global _daemon
-    with _lock:
-        daemon, _daemon = _daemon, None
-    if daemon is not None:
-        daemon.stop()
+    pid = _answers(address)
+    if pid is not None:
+        return OnDemandDaemon(address, pid, started=False)
+    binary = find_binary()
+    idle = idle_seconds()
+    with _DirectoryLock(os.path.dirname(address), timeout):
+        pid = _answers(address)  # another process may have started it meanwhile
+        if pid is not None:
+            return OnDemandDaemon(address, pid, started=False)
+        return OnDemandDaemon(address, _start(binary, address, idle, timeout), started=True)

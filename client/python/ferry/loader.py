@@ -428,8 +428,9 @@ class Loader:
       mean, std: 3 per-channel numbers for the normalized dtypes; None = torchvision's
         ImageNet values.
       address: ferryd's socket. None: $FERRY_ADDRESS if set, else the default socket, and
-        when no ferryd answers there, a private ferryd started for this process (see
-        ferry._daemon); it stops when the last Loader using it closes.
+        when no ferryd answers there, this user's on-demand ferryd, started there by the
+        first process that needs it and shared by all (see ferry._daemon); it stops by
+        itself once no process has used it for FERRY_DAEMON_IDLE_SECONDS (default 30).
       prefetch: slots (batches in flight) for this rank; 0 (default) = the daemon's
         default: 4, more for small batches (up to 32, about 64 MiB of slots), which keeps
         the GPU's copy engine busy at thousands of batches per second.
@@ -554,21 +555,27 @@ class Loader:
         except FerryError as e:
             if e.code not in ("NOT_FOUND", "UNAVAILABLE"):
                 raise
-        self._daemon = _daemon.acquire()
-        self._client = Client(self._daemon.address)
+        self._client = self._on_demand_client()
+
+    def _on_demand_client(self):
+        """A client of this user's on-demand ferryd at the default socket, started if no
+        daemon answers there (see ferry._daemon)."""
+        from ferry.client import Client
+        self._daemon = _daemon.ensure(_daemon.on_demand_address())
+        return Client(self._daemon.address)
 
     @staticmethod
     def _cleanup(consumer, client, daemon):
+        # The on-demand daemon (`daemon`) stops by itself once no client is left.
         if consumer is not None:
             consumer.close()
         if client is not None:
             client.close()
-        if daemon is not None:
-            _daemon.release(daemon)
 
     @property
     def address(self):
-        """The ferryd socket in use (a temporary one for a private daemon)."""
+        """The socket of the on-demand ferryd this Loader started or joined; None when it
+        uses an address it was given or a daemon that was already running."""
         return self._daemon.address if self._daemon else None
 
     def __len__(self):
@@ -601,7 +608,7 @@ class Loader:
         try:
             self._wrap(self._consumer.start_epoch, self._epoch, first)
         except FerryError as e:
-            if e.code != "UNAVAILABLE" or self._daemon is not None:
+            if e.code != "UNAVAILABLE":
                 raise
             self._reattach(e)  # starts the epoch at `first` on the new daemon
         return self._iterate(self._generation)
@@ -748,7 +755,7 @@ class Loader:
             try:
                 return self._wrap(self._consumer.next, _POLL_MS)
             except FerryError as e:
-                if e.code == "UNAVAILABLE" and self._daemon is None:
+                if e.code == "UNAVAILABLE":
                     self._reattach(e)  # ferryd restarted: continue where this epoch was
                     continue
                 if e.code != "DEADLINE_EXCEEDED" or "no batch from ferryd" not in e.message:
@@ -763,8 +770,8 @@ class Loader:
         """The daemon this Loader uses went away (restarted by systemd, upgraded): connects
         again, creates the same job and goes on with this epoch after the batches already
         delivered. The epoch's order is a function of (seed, epoch), so no sample is lost or
-        repeated. A private daemon's death is not retried (it died with its reason, which
-        _wrap reports). Gives up after _REATTACH_SECONDS, raising `error`."""
+        repeated. An on-demand daemon (see ferry._daemon) is started again. Gives up after
+        _REATTACH_SECONDS, raising `error`."""
         print("ferry: lost ferryd (%s); reattaching job %r rank %d at epoch %d batch %d"
               % (error.message, self._job_name or self.job.get("name"), self.rank, self._epoch,
                  self._batches_done), file=sys.stderr)
@@ -777,7 +784,10 @@ class Loader:
         from ferry.client import Client
         while True:
             try:
-                self._client = Client(self._address)
+                if self._daemon is not None:  # ours is on demand: start it again if it died
+                    self._client = self._on_demand_client()
+                else:
+                    self._client = Client(self._address)
                 self.job = self._client.create_job(self._spec, name=self._job_name)
                 self._consumer = self._client.attach(self.job["id"], self.rank)
                 self._consumer.start_epoch(self._epoch, self._batches_done)
@@ -805,7 +815,7 @@ class Loader:
                     pass
 
     def _wrap(self, fn, *args):
-        """Calls fn; adds the private daemon's fate to errors, since its death is the
+        """Calls fn; adds the on-demand daemon's fate to errors, since its death is the
         likeliest cause of a broken stream."""
         try:
             return fn(*args)
@@ -817,8 +827,9 @@ class Loader:
             raise
 
     def close(self):
-        """Detaches (ferryd reclaims this rank's slots) and stops a private daemon once no
-        Loader uses it. Idempotent; also done at garbage collection and interpreter exit."""
+        """Detaches (ferryd reclaims this rank's slots). An on-demand daemon stops by itself
+        once no process uses it. Idempotent; also done at garbage collection and interpreter
+        exit."""
         self._closed = True
         getattr(self, "_view_cache", {}).clear()  # views of slots about to be unmapped
         finalizer = getattr(self, "_finalizer", None)

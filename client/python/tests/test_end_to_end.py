@@ -1,5 +1,5 @@
-"""End to end against a real ferryd: a private daemon started by the Loader (FERRY_DAEMON or
-the build tree). Skipped when no ferryd binary can be found."""
+"""End to end against a real ferryd: the on-demand daemon a Loader starts (FERRY_DAEMON or the
+build tree) in a temporary XDG_RUNTIME_DIR. Skipped when no ferryd binary can be found."""
 
 import json
 import os
@@ -22,6 +22,7 @@ except ferry.FerryError:
     HAVE_FERRYD = False
 
 SEQ = 8
+IDLE = 3  # FERRY_DAEMON_IDLE_SECONDS for the on-demand daemon of these tests
 
 
 def ferryctl_binary():
@@ -41,12 +42,22 @@ class EndToEndTest(unittest.TestCase):
         cls.token_path = os.path.join(cls.tmp.name, "tokens.bin")
         cls.tokens.tofile(cls.token_path)
         os.environ.pop("FERRY_ADDRESS", None)
-        # Make sure the Loaders below start a private daemon rather than find a real one.
+        # Make sure the Loaders below start an on-demand daemon rather than find a real one.
         os.environ["XDG_RUNTIME_DIR"] = cls.tmp.name
+        os.environ["XDG_CACHE_HOME"] = os.path.join(cls.tmp.name, "cache")  # its log
+        os.environ["FERRY_DAEMON_IDLE_SECONDS"] = str(IDLE)
 
     @classmethod
     def tearDownClass(cls):
+        # The on-demand daemon stops by itself and takes its directory with it.
+        runtime = os.path.join(cls.tmp.name, "ferry")
+        deadline = time.monotonic() + IDLE + 15
+        while os.path.exists(runtime) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        leftover = os.listdir(runtime) if os.path.exists(runtime) else None
         cls.tmp.cleanup()
+        if leftover is not None:
+            raise AssertionError("the on-demand ferryd left %s behind: %s" % (runtime, leftover))
 
     def loader(self, **kwargs):
         args = dict(dataset=ferry.Tokens(self.token_path, seq_len=SEQ), batch_size=4,
@@ -252,48 +263,48 @@ class EndToEndTest(unittest.TestCase):
         self.assertNotEqual(missing.returncode, 0)
         self.assertIn("no-such-job", missing.stderr)
 
-    def test_private_daemon_dies_with_its_parent(self):
+    def test_on_demand_daemon_outlives_the_process_that_started_it(self):
+        # A process starts the daemon and is killed; the daemon serves this one, which joins
+        # it rather than starting another.
         code = ("import os, sys, ferry\n"
                 "l = ferry.Loader(ferry.Tokens(sys.argv[1], seq_len=8), batch_size=4)\n"
-                "print(l._daemon.process.pid, flush=True)\n"
+                "print(l._daemon.pid, l._daemon.started, flush=True)\n"
                 "os.kill(os.getpid(), 9)\n")
         env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(ferry.__file__)))
         proc = subprocess.run([sys.executable, "-c", code, self.token_path], env=env,
                               capture_output=True, text=True, timeout=60)
         self.assertEqual(proc.returncode, -9, proc.stderr)
         pid = int(proc.stdout.split()[0])
+        self.assertTrue(_daemon.running(pid), "the daemon died with the process that started it")
+        loader = self.loader(job_name="joined")
+        self.assertEqual(loader._daemon.pid, pid)
+        self.assertFalse(loader._daemon.started)
+        self.assertEqual(len(self.indices(loader)), 64)
+
+    def test_zy_sigterm_of_the_daemon_is_survived_by_reattaching(self):
+        # A stopped on-demand daemon is started again and the epoch goes on where it was.
+        loader = self.loader(job_name="sigterm", shuffle=True, seed=5)
+        it = iter(loader)
+        seen = [int(i) for i in next(it)["index"]]
+        old = loader._daemon.pid
+        os.kill(old, signal.SIGTERM)
+        seen += [int(i) for b in it for i in b["index"]]
+        self.assertEqual(sorted(seen), list(range(64)))
+        self.assertNotEqual(loader._daemon.pid, old)
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return
+        while _daemon.running(old) and time.monotonic() < deadline:
             time.sleep(0.1)
-        self.fail("private ferryd %d outlived its parent" % pid)
+        self.assertFalse(_daemon.running(old))
 
-    def test_zy_sigterm_drains_and_ends_the_stream_with_an_error(self):
-        loader = self.loader(job_name="sigterm")
+    def test_zz_daemon_death_is_survived_by_reattaching(self):
+        loader = self.loader(job_name="death", shuffle=True, seed=6)
         it = iter(loader)
-        next(it)
-        os.kill(loader._daemon.process.pid, signal.SIGTERM)
+        seen = [int(i) for i in next(it)["index"]]
+        os.kill(loader._daemon.pid, signal.SIGKILL)
         start = time.monotonic()
-        with self.assertRaises(ferry.FerryError):
-            for _ in it:  # safe mode releases every slot, so the drain need not wait
-                pass
-        self.assertLess(time.monotonic() - start, 15)
-        self.assertEqual(loader._daemon.process.wait(15), 0)
-
-    def test_zz_daemon_death_is_an_error_not_a_hang(self):
-        loader = self.loader(job_name="death")
-        it = iter(loader)
-        next(it)
-        os.kill(loader._daemon.process.pid, signal.SIGKILL)
-        start = time.monotonic()
-        with self.assertRaises(ferry.FerryError) as cm:
-            for _ in it:
-                pass
-        self.assertLess(time.monotonic() - start, 10)
-        self.assertIn("private ferryd exited", cm.exception.message)
+        seen += [int(i) for b in it for i in b["index"]]
+        self.assertLess(time.monotonic() - start, 30)
+        self.assertEqual(sorted(seen), list(range(64)))
 
 
 if __name__ == "__main__":

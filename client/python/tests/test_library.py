@@ -67,8 +67,8 @@ class MissingDaemonTest(unittest.TestCase):
             address = os.path.join(d, "ferryd.sock")
             with self.assertRaises(ferry.FerryError) as cm:
                 ferry.Loader(ferry.Tokens("/t.bin", seq_len=4), batch_size=2, address=address)
+            self.assertEqual(os.listdir(d), [])  # no daemon was started there
         self.assertEqual(cm.exception.code, "NOT_FOUND")
-        self.assertIsNone(_daemon._daemon)
 
     def test_default_address_follows_xdg_runtime_dir(self):
         code = "import ferry; print(ferry.default_address())"
