@@ -183,6 +183,21 @@ int ferry_client_delete_job(ferry_client_t* client, const char* job_id) {
   });
 }
 
+int ferry_client_quarantine(ferry_client_t* client, const char* job_id, const int64_t* indices,
+                            size_t count, uint32_t* added) {
+  const char* fn = __func__;
+  return Guard(fn, [&]() -> int {
+    if (client == nullptr) return NullArgument(fn, "client");
+    if (job_id == nullptr) return NullArgument(fn, "job_id");
+    if (indices == nullptr && count > 0) return NullArgument(fn, "indices");
+    absl::StatusOr<uint32_t> result = client->client->Quarantine(
+        job_id, std::vector<int64_t>(indices, indices + count));
+    if (!result.ok()) return Report(result.status());
+    if (added != nullptr) *added = *result;
+    return 0;
+  });
+}
+
 int ferry_client_get_status(ferry_client_t* client, char** json) {
   const char* fn = __func__;
   return Guard(fn, [&]() -> int {

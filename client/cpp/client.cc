@@ -897,6 +897,19 @@ absl::Status Client::DeleteJob(std::string_view job_id) {
                             impl_->Context("DeleteJob"));
 }
 
+absl::StatusOr<uint32_t> Client::Quarantine(std::string_view job_id,
+                                            const std::vector<int64_t>& indices) {
+  grpc::ClientContext context;
+  impl_->Prepare(&context, /*quick=*/true);
+  v1::QuarantineRequest request;
+  request.set_job_id(std::string(job_id));
+  request.mutable_indices()->Add(indices.begin(), indices.end());
+  v1::QuarantineResponse response;
+  FERRY_RETURN_IF_ERROR(internal::FromGrpc(
+      impl_->stub().Quarantine(&context, request, &response), impl_->Context("Quarantine")));
+  return response.added();
+}
+
 absl::StatusOr<uint32_t> Client::Drain() {
   grpc::ClientContext context;
   impl_->Prepare(&context, /*quick=*/true);

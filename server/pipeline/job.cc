@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "common/logging.h"
@@ -141,6 +142,24 @@ bool Job::IsQuarantined(int64_t index) const {
 }
 
 int64_t Job::quarantined_count() const { return quarantined_.load(std::memory_order_acquire); }
+
+int Job::AddToQuarantine(const std::vector<int64_t>& indices) {
+  absl::MutexLock lock(&errors_mutex_);
+  int added = 0;
+  for (int64_t index : indices) added += quarantine_.insert(index).second ? 1 : 0;
+  quarantined_.store(static_cast<int64_t>(quarantine_.size()), std::memory_order_release);
+  return added;
+}
+
+std::vector<int64_t> Job::quarantined_indices() const {
+  std::vector<int64_t> out;
+  {
+    absl::MutexLock lock(&errors_mutex_);
+    out.assign(quarantine_.begin(), quarantine_.end());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 void Job::NoteTransientError(const std::string& path, const absl::Status& status) {
   transient_errors_.fetch_add(1, std::memory_order_relaxed);

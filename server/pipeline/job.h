@@ -80,6 +80,11 @@ class Job final {
   // Records a sample that could not be read or decoded: counted once, logged with its path,
   // kept among the recent errors and quarantined (IsQuarantined is true from now on).
   void RecordSampleError(int64_t index, const std::string& path, const std::string& message);
+  // Quarantines samples known bad elsewhere (an earlier ferryd, through a client's resume
+  // state) without counting them as errors here. Returns how many were new.
+  int AddToQuarantine(const std::vector<int64_t>& indices);
+  // Every quarantined sample, ascending.
+  std::vector<int64_t> quarantined_indices() const;
   // True for a sample already known to be bad: callers go straight to its substitute.
   // Lock-free while no sample has gone bad.
   bool IsQuarantined(int64_t index) const;

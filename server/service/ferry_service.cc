@@ -348,7 +348,19 @@ grpc::ServerUnaryReactor* FerryService::GetJob(grpc::CallbackServerContext* cont
   auto job = jobs_->GetJob(*caller, request->job_id());
   if (!job.ok()) return FinishWith(context, job.status());
   jobs_->FillJobStatus(**job, response);
+  for (int64_t index : (*job)->quarantined_indices()) response->add_quarantined_indices(index);
   return FinishWith(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* FerryService::Quarantine(grpc::CallbackServerContext* context,
+                                                   const ferry::v1::QuarantineRequest* request,
+                                                   ferry::v1::QuarantineResponse* response) {
+  auto caller = Authenticate(context);
+  if (!caller.ok()) return FinishWith(context, caller.status());
+  auto added = jobs_->Quarantine(*caller, request->job_id(),
+                                 {request->indices().begin(), request->indices().end()});
+  if (added.ok()) response->set_added(static_cast<uint32_t>(*added));
+  return FinishWith(context, added.status());
 }
 
 grpc::ServerUnaryReactor* FerryService::ListJobs(grpc::CallbackServerContext* context,

@@ -49,6 +49,9 @@ class FerryService final : public ferry::v1::Ferry::CallbackService {
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
                                       const ferry::v1::GetStatusRequest* request,
                                       ferry::v1::GetStatusResponse* response) override;
+  grpc::ServerUnaryReactor* Quarantine(grpc::CallbackServerContext* context,
+                                       const ferry::v1::QuarantineRequest* request,
+                                       ferry::v1::QuarantineResponse* response) override;
   grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
                                   const ferry::v1::DrainRequest* request,
                                   ferry::v1::DrainResponse* response) override;

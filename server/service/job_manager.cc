@@ -321,6 +321,30 @@ absl::Status JobManager::DeleteJob(const Caller& caller, const std::string& id) 
   return absl::OkStatus();
 }
 
+absl::StatusOr<int> JobManager::Quarantine(const Caller& caller, const std::string& id,
+                                           const std::vector<int64_t>& indices) {
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mutex_);
+    FERRY_ASSIGN_OR_RETURN(JobEntry * entry, FindOwnedLocked(caller, id));
+    job = entry->job;
+  }
+  const int64_t n = job->source().size();
+  for (int64_t index : indices) {
+    if (index < 0 || index >= n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "quarantined sample ", index, " is outside job ", id, "'s samples [0, ", n,
+          "): the resume state is of another dataset or spec"));
+    }
+  }
+  const int added = job->AddToQuarantine(indices);
+  if (added > 0) {
+    FERRY_LOG(INFO) << "job " << id << ": " << added
+                    << " sample(s) quarantined from a client's resume state";
+  }
+  return added;
+}
+
 bool JobManager::InUse(const JobEntry& entry) {
   for (const auto& [rank, pipeline] : entry.ranks) {
     if (pipeline->bound()) return true;

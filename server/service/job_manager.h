@@ -78,6 +78,10 @@ class JobManager final {
   absl::StatusOr<std::shared_ptr<Job>> GetJob(const Caller& caller, const std::string& id);
   std::vector<std::shared_ptr<Job>> ListJobs(const Caller& caller);
   absl::Status DeleteJob(const Caller& caller, const std::string& id);
+  // Job::AddToQuarantine for the caller's job; INVALID_ARGUMENT naming an index outside
+  // [0, num_samples). Returns how many were new.
+  absl::StatusOr<int> Quarantine(const Caller& caller, const std::string& id,
+                                 const std::vector<int64_t>& indices);
 
   struct Attachment {
     std::string attach_id;

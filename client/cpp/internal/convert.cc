@@ -279,6 +279,8 @@ JobStatus FromProto(const v1::JobStatus& status) {
   out.transient_errors = status.transient_errors();
   out.idle_seconds = status.idle_seconds();
   out.deleted_in_seconds = status.deleted_in_seconds();
+  out.quarantined_indices.assign(status.quarantined_indices().begin(),
+                                 status.quarantined_indices().end());
   return out;
 }
 

@@ -83,6 +83,20 @@ class Client:
     def status(self):
         return self._json(self._lib.ferry_client_get_status)
 
+    def quarantine(self, job_id, indices):
+        """Quarantines samples known to be bad (from a resume state taken on an earlier
+        ferryd); returns how many were new."""
+        fn = getattr(self._lib, "ferry_client_quarantine", None)
+        if fn is None:
+            raise FerryError("UNIMPLEMENTED", "%s predates ferry_client_quarantine (C ABI "
+                             "1.2); install a libferry.so matching this ferry package"
+                             % _lib.path())
+        indices = [int(i) for i in indices]
+        array = (ctypes.c_int64 * len(indices))(*indices)
+        added = ctypes.c_uint32()
+        _lib.check(fn(self._h(), _encode(job_id), array, len(indices), ctypes.byref(added)))
+        return added.value
+
     def attach(self, job_id, rank):
         handle = ctypes.c_void_p()
         _lib.check(self._lib.ferry_client_attach(self._h(), _encode(job_id), int(rank),

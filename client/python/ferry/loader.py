@@ -304,15 +304,41 @@ _IMAGE_DTYPES = {"uint8": "UINT8", "float32": "FLOAT32", "float16": "FLOAT16",
                  "bfloat16": "BFLOAT16"}
 
 
+def _current_cuda_ordinal(device):
+    """torch.cuda.current_device(), for device='cuda' with no index (as torch reads it)."""
+    try:
+        import torch
+    except ImportError:
+        raise FerryError("FAILED_PRECONDITION", "device=%r yields torch CUDA tensors: install "
+                         "PyTorch with CUDA, or use device='cpu'" % (device,)) from None
+    if not torch.cuda.is_available():
+        raise FerryError("FAILED_PRECONDITION", "device=%r: torch.cuda.is_available() is False "
+                         "in this process (no GPU visible, or a CPU-only PyTorch); use "
+                         "device='cpu'" % (device,))
+    return torch.cuda.current_device()
+
+
 def _parse_device(device):
-    """'cpu' -> None; 'cuda:N' -> N (the trainer's ordinal). TypeError/ValueError otherwise."""
+    """'cpu' -> None; 'cuda:N' -> N (the trainer's ordinal); 'cuda' -> the current CUDA
+    device, as in torch. torch.device objects are read the same way. TypeError/ValueError
+    otherwise."""
+    if type(device).__name__ == "device" and type(device).__module__ == "torch":
+        kind, index = device.type, device.index
+        if kind == "cpu":
+            return None
+        if kind == "cuda":
+            return _current_cuda_ordinal(device) if index is None else int(index)
+        raise ValueError("device must be 'cpu' or 'cuda[:N]', got %r" % (device,))
     if not isinstance(device, str):
-        raise TypeError("device must be a str ('cpu' or 'cuda:N'), got %r" % (device,))
+        raise TypeError("device must be a str ('cpu', 'cuda' or 'cuda:N') or a torch.device, "
+                        "got %r" % (device,))
     if device == "cpu":
         return None
+    if device == "cuda":
+        return _current_cuda_ordinal(device)
     if device.startswith("cuda:") and device[5:].isdigit():
         return int(device[5:])
-    raise ValueError("device must be 'cpu' or 'cuda:N', got %r" % device)
+    raise ValueError("device must be 'cpu' or 'cuda[:N]', got %r" % device)
 
 
 def _check_channels(name, value):
@@ -523,6 +549,8 @@ class Loader:
             self._spec["device"] = "cuda:" + _lib.cuda_pci_bus_id(cuda_ordinal)
         self._epoch = 0
         self._resume_batch = 0
+        self._known_bad = []  # quarantined samples named by a loaded state
+        self._last_quarantined = []  # what ferryd said last (see _quarantined)
         self._batches_done = 0
         self._generation = 0
         self._daemon = None
@@ -582,20 +610,49 @@ class Loader:
         return self._len
 
     def set_epoch(self, epoch):
-        """Selects the epoch the next iteration delivers (shuffle order depends on it)."""
-        self._epoch = _check_int("epoch", epoch, 0)
-        self._resume_batch = 0
+        """Selects the epoch the next iteration delivers (shuffle order depends on it). After
+        load_state_dict, setting the state's epoch keeps its position (the usual
+        `loader.set_epoch(epoch)` at the top of a resumed loop goes on where the state was,
+        as torchdata's StatefulDataLoader does); another epoch starts at its first batch."""
+        epoch = _check_int("epoch", epoch, 0)
+        if epoch != self._epoch:
+            self._resume_batch = 0
+        self._epoch = epoch
 
     def state_dict(self):
-        """Position for an exact resume: the epoch and how many of its batches were taken."""
-        return {"epoch": self._epoch, "batches_done": self._batches_done}
+        """Position for an exact resume: the epoch and how many of its batches were taken,
+        and the samples ferryd has quarantined so far (a ferryd started later reads none of
+        them either, so the batches stay those of an uninterrupted run)."""
+        state = {"epoch": self._epoch, "batches_done": self._batches_done}
+        state["quarantined"] = self._quarantined()
+        return state
 
     def load_state_dict(self, state):
         """Makes the next iteration resume after state["batches_done"] batches of
-        state["epoch"]."""
+        state["epoch"]; a state taken after the last batch of an epoch resumes at the first
+        batch of the next. Passes the state's quarantined samples on to ferryd."""
         epoch = _check_int("state['epoch']", state["epoch"], 0)
         done = _check_int("state['batches_done']", state["batches_done"], 0, self._len)
+        if done == self._len:
+            epoch, done = epoch + 1, 0
+        quarantined = [_check_int("state['quarantined'] entries", i, 0)
+                       for i in state.get("quarantined", ())]
         self._epoch, self._resume_batch, self._batches_done = epoch, done, done
+        self._known_bad = sorted(set(self._known_bad) | set(quarantined))
+        if self._known_bad:
+            self._client.quarantine(self.job["id"], self._known_bad)
+
+    def _quarantined(self):
+        """Indices ferryd has quarantined in this job (and those a loaded state named). A
+        state is often saved because something failed: with ferryd unreachable this is what
+        it said last."""
+        if self._client is not None:
+            try:
+                status = self._client.get_job(self.job["id"])
+                self._last_quarantined = [int(i) for i in status.get("quarantined_indices", ())]
+            except FerryError:
+                pass
+        return sorted(set(self._last_quarantined) | set(self._known_bad))
 
     def __iter__(self):
         if self._closed:
@@ -621,7 +678,7 @@ class Loader:
         try:
             self._release(held)
         except FerryError as e:
-            if e.code != "UNAVAILABLE" or self._daemon is not None:
+            if e.code != "UNAVAILABLE":
                 raise  # else _next_batch meets the same break and reattaches
 
     def _iterate(self, generation):
@@ -789,6 +846,8 @@ class Loader:
                 else:
                     self._client = Client(self._address)
                 self.job = self._client.create_job(self._spec, name=self._job_name)
+                if self._known_bad:
+                    self._client.quarantine(self.job["id"], self._known_bad)
                 self._consumer = self._client.attach(self.job["id"], self.rank)
                 self._consumer.start_epoch(self._epoch, self._batches_done)
                 break

@@ -121,10 +121,45 @@ class EndToEndTest(unittest.TestCase):
         for _ in range(3):
             next(it)
         state = loader.state_dict()
-        self.assertEqual(state, {"epoch": 2, "batches_done": 3})
+        self.assertEqual(state, {"epoch": 2, "batches_done": 3, "quarantined": []})
         del it
         loader.load_state_dict(state)
         self.assertEqual(self.indices(loader), full[3 * 4:])
+
+    def test_resume_keeps_dataloader_habits(self):
+        # The loop a DataLoader user writes: load the state, then set_epoch at the top of
+        # each epoch. Setting the state's epoch keeps the saved position (torchdata's
+        # StatefulDataLoader); another epoch starts at its first batch.
+        loader = self.loader(shuffle=True, seed=7, job_name="habits")
+        loader.set_epoch(1)
+        epoch1 = self.indices(loader)
+        loader.set_epoch(2)
+        epoch2 = self.indices(loader)
+        loader.set_epoch(1)
+        it = iter(loader)
+        for _ in range(5):
+            next(it)
+        mid = loader.state_dict()
+        del it
+
+        resumed = self.loader(shuffle=True, seed=7, job_name="habits-resumed")
+        resumed.load_state_dict(mid)
+        resumed.set_epoch(1)
+        self.assertEqual(self.indices(resumed), epoch1[5 * 4:])
+        resumed.load_state_dict(mid)
+        resumed.set_epoch(2)  # another epoch: from its start
+        self.assertEqual(self.indices(resumed), epoch2)
+
+        # A state saved after the last batch of an epoch resumes at the next one.
+        loader.set_epoch(1)
+        self.assertEqual(self.indices(loader), epoch1)
+        end = loader.state_dict()
+        self.assertEqual((end["epoch"], end["batches_done"]), (1, len(loader)))
+        resumed.load_state_dict(end)
+        self.assertEqual(self.indices(resumed), epoch2)  # no set_epoch: the next epoch
+        resumed.load_state_dict(end)
+        resumed.set_epoch(2)  # the loop's own set_epoch for that next epoch
+        self.assertEqual(self.indices(resumed), epoch2)
 
     def test_a_loader_made_again_right_after_close_takes_the_rank(self):
         # close() ends the consumer's stream; ferryd sees the end a moment later. A Loader made

@@ -23,6 +23,13 @@ def make(**kwargs):
     return ferry.Loader(**args)
 
 
+try:
+    import torch  # noqa: F401
+    HAVE_TORCH = True
+except ImportError:
+    HAVE_TORCH = False
+
+
 def torch_cuda_usable():
     try:
         import torch
@@ -35,11 +42,25 @@ class DeviceArgsTest(unittest.TestCase):
     def test_device_forms(self):
         self.assertIsNone(loader._parse_device("cpu"))
         self.assertEqual(loader._parse_device("cuda:3"), 3)
-        for bad in ("cuda", "cuda:", "cuda:-1", "gpu:0", "cuda:0000:3b:00.0", "CPU"):
-            with self.assertRaisesRegex(ValueError, "'cpu' or 'cuda:N'"):
+        for bad in ("cuda:", "cuda:-1", "gpu:0", "cuda:0000:3b:00.0", "CPU"):
+            with self.assertRaisesRegex(ValueError, "'cpu' or 'cuda\\[:N\\]'"):
                 make(device=bad)
         with self.assertRaises(TypeError):
             make(device=0)
+        # "cuda" is the current device, as torch has it.
+        with mock.patch.object(loader, "_current_cuda_ordinal", lambda d: 2):
+            self.assertEqual(loader._parse_device("cuda"), 2)
+
+    @unittest.skipUnless(HAVE_TORCH, "needs torch")
+    def test_torch_device_objects(self):
+        import torch
+        self.assertIsNone(loader._parse_device(torch.device("cpu")))
+        self.assertEqual(loader._parse_device(torch.device("cuda", 1)), 1)
+        self.assertEqual(loader._parse_device(torch.device("cuda:3")), 3)
+        with mock.patch.object(loader, "_current_cuda_ordinal", lambda d: 5):
+            self.assertEqual(loader._parse_device(torch.device("cuda")), 5)
+        with self.assertRaisesRegex(ValueError, "'cpu' or 'cuda\\[:N\\]'"):
+            loader._parse_device(torch.device("meta"))
 
     def test_image_dtype(self):
         with self.assertRaisesRegex(ValueError, "image_dtype must be one of"):

@@ -95,7 +95,7 @@ class LoaderArgsTest(unittest.TestCase):
             make(seed=2**64)
         with self.assertRaisesRegex(TypeError, "shuffle must be a bool"):
             make(shuffle="yes")
-        with self.assertRaisesRegex(ValueError, "device must be 'cpu' or 'cuda:N'"):
+        with self.assertRaisesRegex(ValueError, "device must be 'cpu' or 'cuda\\[:N\\]'"):
             make(device="gpu")
         with self.assertRaisesRegex(ValueError, "prefetch must be <= 64"):
             make(prefetch=65)

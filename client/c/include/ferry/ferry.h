@@ -51,8 +51,9 @@ extern "C" {
 /* Bumped when functions or trailing struct members are added compatibly; compare with
  * ferry_abi_minor() (a library without that function is minor 0).
  *   1.1: the GPU transport: ferry_field_t.device, ferry_batch_field_sized,
- *        ferry_batch_wait, ferry_batch_release_on, ferry_cuda_pci_bus_id. */
-#define FERRY_ABI_MINOR 1
+ *        ferry_batch_wait, ferry_batch_release_on, ferry_cuda_pci_bus_id.
+ *   1.2: ferry_client_quarantine. */
+#define FERRY_ABI_MINOR 2
 
 /* Status codes (absl::StatusCode / grpc::StatusCode values). */
 enum {
@@ -153,6 +154,11 @@ FERRY_API int ferry_client_get_job(ferry_client_t* client, const char* job_id, c
 /* *json receives a ferry.v1.ListJobsResponse. */
 FERRY_API int ferry_client_list_jobs(ferry_client_t* client, char** json);
 FERRY_API int ferry_client_delete_job(ferry_client_t* client, const char* job_id);
+/* ABI 1.2. Quarantines `count` samples of job `job_id` known to be bad (from a resume state
+ * taken on an earlier ferryd; ferry.v1.QuarantineRequest says why). *added (may be NULL)
+ * receives how many were not quarantined yet. */
+FERRY_API int ferry_client_quarantine(ferry_client_t* client, const char* job_id,
+                                      const int64_t* indices, size_t count, uint32_t* added);
 /* *json receives a ferry.v1.GetStatusResponse. */
 FERRY_API int ferry_client_get_status(ferry_client_t* client, char** json);
 

@@ -247,6 +247,8 @@ struct JobStatus {
   // the idle job (job_idle_timeout_seconds; 0 when not idle or idle jobs are kept).
   double idle_seconds = 0;
   double deleted_in_seconds = 0;
+  // GetJob only: every quarantined sample, ascending.
+  std::vector<int64_t> quarantined_indices;
 };
 
 struct NumaNodeStatus {
@@ -461,6 +463,11 @@ class Client final {
   // Asks ferryd to take no new jobs or attaches and to exit once the consumers attached now
   // are done (root or ferryd's own uid only). Returns how many consumers were attached.
   absl::StatusOr<uint32_t> Drain();
+  // Quarantines samples of a job known to be bad elsewhere (a resume state taken on an
+  // earlier ferryd): never read, substituted as its own bad samples are. Returns how many
+  // were new. INVALID_ARGUMENT for an index outside the job's samples.
+  absl::StatusOr<uint32_t> Quarantine(std::string_view job_id,
+                                      const std::vector<int64_t>& indices);
   absl::StatusOr<StatusReport> GetStatus();
 
   // The same answers as the proto3 JSON mapping (proto field names, every field printed),
