@@ -88,8 +88,9 @@ class Job final {
   // True for a sample already known to be bad: callers go straight to its substitute.
   // Lock-free while no sample has gone bad.
   bool IsQuarantined(int64_t index) const;
-  // A substitute was delivered in place of a bad sample.
-  void CountSubstitute() { substituted_.fetch_add(1, std::memory_order_relaxed); }
+  // Substitutes were delivered to a trainer in place of bad samples (counted at delivery,
+  // so batches prefetched and never delivered count nothing).
+  void CountSubstitutes(int n) { substituted_.fetch_add(n, std::memory_order_relaxed); }
   int64_t error_count() const;
   int64_t quarantined_count() const;
   int64_t substituted_count() const { return substituted_.load(std::memory_order_relaxed); }

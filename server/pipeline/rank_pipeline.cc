@@ -344,6 +344,7 @@ void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
     if (copy_rows > per_task) per_task = copy_rows;
     const size_t num_tasks = (n + per_task - 1) / per_task;
     slot.rows_left.store(static_cast<int>(num_tasks), std::memory_order_relaxed);
+    slot.substitutes.store(0, std::memory_order_relaxed);
     pending_.push_back(Pending{static_cast<int>(s), -1, slot.epoch, slot.batch, slot.num_samples});
     ++next_batch_;
     std::shared_ptr<RankPipeline> self = shared_from_this();
@@ -444,7 +445,9 @@ void RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index
                                                       static_cast<uint64_t>(source.size())) %
           static_cast<uint64_t>(source.size()));
     }
-    if (filled && candidate != index) job_->CountSubstitute();
+    if (filled && candidate != index) {
+      slots_[slot].substitutes.fetch_add(1, std::memory_order_relaxed);
+    }
     if (!filled) {
       // Zeros, and index -1: no sample. A gathering stage reads index -1 as "write zeros"
       // (LaunchGatherRows), so the row is the same whichever path carries the batch.
@@ -517,6 +520,12 @@ void RankPipeline::OnSlotFilled(int slot, uint64_t generation) {
       ScheduleLocked(&tasks);
     } else {
       s.state = SlotState::kQueued;
+      for (Pending& p : pending_) {
+        if (p.slot == slot && p.device_slot < 0) {
+          p.substitutes = s.substitutes.load(std::memory_order_relaxed);
+          break;
+        }
+      }
       const absl::Time now = absl::Now();
       fill_time_ += now - s.since;
       ++batches_filled_;
@@ -685,6 +694,7 @@ void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
         slots_[p.slot].since = now;
       }
       pending_.pop_front();
+      if (p.substitutes > 0) job_->CountSubstitutes(p.substitutes);
       ++deliver_batch_;
       ++batches_delivered_;
       samples_delivered_ += p.num_samples;

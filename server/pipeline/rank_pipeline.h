@@ -121,6 +121,9 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
     int64_t seq = -1;  // while leased
     bool gather = false;  // the stage reads the gathered field's rows (not written here)
     std::atomic<int> rows_left{0};  // tasks still filling rows
+    // Rows of the current fill holding a substitute for a bad sample; counted for the job
+    // (Job::CountSubstitutes) only when the batch is delivered, not for a fill abandoned.
+    std::atomic<int> substitutes{0};
     absl::Time since;  // of the current state, for the time totals in status
   };
   struct DeviceSlot {
@@ -150,6 +153,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
     int64_t epoch;
     int64_t batch;
     uint32_t num_samples;
+    int substitutes = 0;   // rows holding a substitute, known once the slot is filled
   };
 
   RankPipeline(std::shared_ptr<Job> job, int rank, SharedSlab slab,

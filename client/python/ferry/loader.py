@@ -1,5 +1,6 @@
 """ferry.Loader: a DataLoader-like iterable over batches that ferryd prepares."""
 
+import gc
 import math
 import numbers
 import os
@@ -20,6 +21,13 @@ _POLL_MS = 200
 # again before it gives up with the error that broke its stream; FERRY_REATTACH_SECONDS
 # overrides it (0: give up at once).
 _REATTACH_SECONDS = 60.0
+# How long a Loader waits for ferryd to see the stream of a closed or collected Loader of the
+# same rank end before it reports the rank as taken.
+_TAKEOVER_SECONDS = 5.0
+
+# Every open Loader of this process, to tell "your own earlier Loader still holds this rank"
+# from "another process holds it".
+_OPEN_LOADERS = weakref.WeakSet()
 
 
 def _reattach_seconds():
@@ -561,13 +569,67 @@ class Loader:
         try:
             self._connect(address)
             self.job = self._client.create_job(self._spec, name=job_name)
-            self._consumer = self._client.attach(self.job["id"], rank)
+            self._consumer = self._attach_rank()
             self._len = self._consumer.batches_per_epoch
         except BaseException:
             self.close()
             raise
         self._finalizer = weakref.finalize(self, Loader._cleanup, self._consumer, self._client,
                                            self._daemon)
+        _OPEN_LOADERS.add(self)
+
+    def _rank_holder(self):
+        """An open Loader of this process consuming this rank of this job, or None."""
+        for other in list(_OPEN_LOADERS):
+            if (other is not self and not other._closed and other._consumer is not None and
+                    other.job.get("id") == self.job.get("id") and other.rank == self.rank):
+                return other
+        return None
+
+    def _attach_rank(self):
+        """Attaches as this Loader's rank. A rank whose earlier Loader in this process was
+        closed or is garbage is taken over (ferryd sees that Loader's stream end a moment
+        later: wait for it); one held by an open Loader of this process, or by another
+        process, is refused with what to do."""
+        deadline = time.monotonic() + _TAKEOVER_SECONDS
+        collected = False
+        while True:
+            try:
+                return self._client.attach(self.job["id"], self.rank)
+            except FerryError as e:
+                if e.code != "FAILED_PRECONDITION" or "live consumer" not in e.message:
+                    raise
+                refusal = e
+            if not collected:
+                gc.collect()  # a Loader that is garbage but not collected yet closes now
+                collected = True
+            name = self._job_name or self.job.get("name")
+            if self._rank_holder() is not None:
+                raise FerryError("FAILED_PRECONDITION", "rank %d of job %r (%s) is held by "
+                                 "another ferry.Loader of this process, which is still open: "
+                                 "close it (loader.close()) or delete it, then create this one "
+                                 "(a notebook cell run again: call close() on the old Loader "
+                                 "first)" % (self.rank, name, self.job.get("id")),
+                                 refusal.code_value)
+            if time.monotonic() > deadline:
+                pid = self._consumer_pid()
+                raise FerryError("FAILED_PRECONDITION", "rank %d of job %r (%s) is being "
+                                 "consumed by %s; a rank has one consumer at a time: stop that "
+                                 "process, or use another rank or job_name"
+                                 % (self.rank, name, self.job.get("id"),
+                                    "process %d" % pid if pid else "another process"),
+                                 refusal.code_value)
+            time.sleep(0.05)
+
+    def _consumer_pid(self):
+        """The pid ferryd reports for this rank's consumer (0 if unknown)."""
+        try:
+            for r in self._client.get_job(self.job["id"]).get("ranks", ()):
+                if int(r.get("rank", 0)) == self.rank and r.get("attached"):
+                    return int(r.get("consumer_pid", 0))
+        except FerryError:
+            pass
+        return 0
 
     def _connect(self, address):
         from ferry.client import Client

@@ -9,6 +9,7 @@ import sys
 import tempfile
 import time
 import unittest
+from unittest import mock
 
 import numpy as np
 
@@ -170,6 +171,43 @@ class EndToEndTest(unittest.TestCase):
                                   prefetch=2, as_numpy=True, timeout=30, job_name="reopen")
             self.check_batch(next(iter(loader)))
             loader.close()
+
+    def test_a_rank_whose_earlier_loader_is_garbage_is_taken_over(self):
+        old = ferry.Loader(ferry.Tokens(self.token_path, seq_len=SEQ), batch_size=4,
+                           prefetch=2, as_numpy=True, timeout=30, job_name="takeover")
+        next(iter(old))
+        old.cycle = old  # unreachable after `del`, but only the cycle collector frees it
+        del old
+        new = self.loader(job_name="takeover")
+        self.assertEqual(len(self.indices(new)), 64)
+
+    def test_a_rank_held_by_an_open_loader_says_what_to_do(self):
+        old = self.loader(job_name="held")
+        next(iter(old))
+        with self.assertRaises(ferry.FerryError) as cm:
+            self.loader(job_name="held")
+        self.assertEqual(cm.exception.code, "FAILED_PRECONDITION")
+        self.assertIn("another ferry.Loader of this process, which is still open", str(cm.exception))
+        self.assertIn("loader.close()", str(cm.exception))
+        old.close()
+        self.assertEqual(len(self.indices(self.loader(job_name="held"))), 64)
+
+    def test_a_rank_held_by_another_process_names_it(self):
+        code = ("import sys, time, ferry\n"
+                "l = ferry.Loader(ferry.Tokens(sys.argv[1], seq_len=8), batch_size=4, "
+                "prefetch=2, job_name='other-process')\n"
+                "next(iter(l))\n"
+                "print('ready', flush=True)\n"
+                "time.sleep(60)\n")
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(ferry.__file__)))
+        proc = subprocess.Popen([sys.executable, "-c", code, self.token_path], env=env,
+                                stdout=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: (proc.kill(), proc.wait()))
+        self.assertEqual(proc.stdout.readline().strip(), "ready")
+        with mock.patch.object(ferry.loader, "_TAKEOVER_SECONDS", 0.5):
+            with self.assertRaises(ferry.FerryError) as cm:
+                self.loader(job_name="other-process")
+        self.assertIn("being consumed by process %d" % proc.pid, str(cm.exception))
 
     def test_zero_copy_views_are_read_only_and_correct(self):
         loader = self.loader(zero_copy=True)
