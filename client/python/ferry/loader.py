@@ -456,7 +456,8 @@ class Loader:
       device: "cpu" (host transport: batches in host memory) or "cuda:N" (GPU transport:
         batches are torch CUDA tensors on this process's device N, as torch numbers it;
         ferryd is told that GPU's PCI bus id, so CUDA_VISIBLE_DEVICES may differ between
-        the trainer and ferryd). Needs PyTorch with CUDA.
+        the trainer and ferryd). "cuda" is torch's current device; a torch.device is read
+        the same way. Needs PyTorch with CUDA.
       image_dtype: "uint8" (default: HWC as decoded), or with device "cuda:N" "float32",
         "float16" or "bfloat16": CHW, normalized on the GPU as (x / 255 - mean) / std.
       mean, std: 3 per-channel numbers for the normalized dtypes; None = torchvision's
