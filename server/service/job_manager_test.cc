@@ -58,8 +58,10 @@ class JobManagerTest : public ::testing::Test {
 
   std::filesystem::path dir_;
   std::string tokens_;
-  std::unique_ptr<WorkerPool> pool_;
+  // The budget outlives the pool: a worker may drop a pipeline's last reference (and with it
+  // its reservation) until the pool has joined it.
   std::unique_ptr<MemoryBudget> budget_;
+  std::unique_ptr<WorkerPool> pool_;
 };
 
 const Caller kAlice{1000, 11};
