@@ -424,24 +424,42 @@ std::string JobManager::DescribeMemoryHoldersLocked(const Caller& caller, absl::
 absl::StatusOr<JobManager::Attachment> JobManager::Attach(const Caller& caller,
                                                           const std::string& job_id,
                                                           uint32_t requested_rank) {
-  absl::MutexLock lock(&mutex_);
-  if (!refusing_.empty()) return absl::UnavailableError(refusing_);
-  FERRY_ASSIGN_OR_RETURN(JobEntry * entry, FindOwnedLocked(caller, job_id));
-  const absl::Time now = absl::Now();
-  entry->active_at = now;
-  if (entry->job->failed()) return entry->job->failure();
-  const ferry::v1::JobSpec& spec = entry->job->spec();
-  if (requested_rank >= spec.world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("rank must be in [0, ", spec.world_size(),
-                                                   ") for job ", job_id, " (got ",
-                                                   requested_rank, ")"));
-  }
-  const int rank = static_cast<int>(requested_rank);  // < world_size <= kMaxWorldSize
-  std::shared_ptr<RankPipeline>& pipeline = entry->ranks[rank];
-  if (pipeline == nullptr) {
-    // The slab is allocated once here and reused by every later attach of this rank. A job
-    // with the default prefetch takes fewer slots when the budget is short (not fewer than
-    // kMinSlots: Create then refuses it below, naming who holds the memory).
+  std::shared_ptr<Job> job;
+  int rank = 0;
+  int slots = 0;
+  absl::Time now;
+  {
+    absl::MutexLock lock(&mutex_);
+    if (!refusing_.empty()) return absl::UnavailableError(refusing_);
+    FERRY_ASSIGN_OR_RETURN(JobEntry * entry, FindOwnedLocked(caller, job_id));
+    now = absl::Now();
+    entry->active_at = now;
+    if (entry->job->failed()) return entry->job->failure();
+    const ferry::v1::JobSpec& spec = entry->job->spec();
+    if (requested_rank >= spec.world_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("rank must be in [0, ", spec.world_size(),
+                                                     ") for job ", job_id, " (got ",
+                                                     requested_rank, ")"));
+    }
+    rank = static_cast<int>(requested_rank);  // < world_size <= kMaxWorldSize
+    // Another attach of this rank may be creating its pipeline (outside the lock): wait.
+    const std::pair<std::string, int> key(job_id, rank);
+    auto settled = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+      return !creating_.contains(key);
+    };
+    mutex_.Await(absl::Condition(&settled));
+    FERRY_ASSIGN_OR_RETURN(entry, FindOwnedLocked(caller, job_id));  // it may be gone
+    if (auto it = entry->ranks.find(rank); it != entry->ranks.end()) {
+      if (it->second->bound()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "rank ", rank, " of job ", job_id, " already has a live consumer; each rank is "
+            "consumed by one process at a time"));
+      }
+      return NewAttachmentLocked(caller, job_id, rank, it->second);
+    }
+    // The slab is allocated once, by this first attach, and reused by every later attach of
+    // this rank. A job with the default prefetch takes fewer slots when the budget is short
+    // (not fewer than kMinSlots: Create then refuses it, naming who holds the memory).
     uint32_t wanted = SlotsPerRank(*entry->job);
     if (spec.prefetch_depth() == 0) {
       const uint64_t slot_bytes = std::max<uint64_t>(1, entry->job->layout().slot_bytes);
@@ -456,39 +474,63 @@ absl::StatusOr<JobManager::Attachment> JobManager::Attach(const Caller& caller,
         wanted = fewer;
       }
     }
-    const int slots = static_cast<int>(wanted);
-    absl::StatusOr<std::shared_ptr<RankPipeline>> created;
-    if (spec.device().rfind("cuda:", 0) == 0 && gpus_ != nullptr) {
-      FERRY_ASSIGN_OR_RETURN(const int ordinal, gpus_->Resolve(spec.device()));
-      // The slab sits on the GPU's NUMA node and its workers run there.
-      const Job& job = *entry->job;
-      GpuProvider* gpus = gpus_;
-      created = RankPipeline::Create(
-          entry->job, rank, slots, gpus_->NumaNode(ordinal), pool_, host_budget_,
-          [gpus, &job, ordinal, slots](const SharedSlab& slab) {
-            return gpus->MakeStage(job, ordinal, slab, slots);
-          });
-    } else {
-      created = RankPipeline::Create(entry->job, rank, slots, /*numa_node=*/-1, pool_,
-                                     host_budget_);
-    }
-    if (!created.ok()) {
-      entry->ranks.erase(rank);
-      if (absl::IsResourceExhausted(created.status())) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            created.status().message(), DescribeMemoryHoldersLocked(caller, now)));
-      }
-      return created.status();
-    }
-    pipeline = *std::move(created);
-  } else if (pipeline->bound()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", rank, " of job ", job_id, " already has a live consumer; each rank is consumed "
-        "by one process at a time"));
+    slots = static_cast<int>(wanted);
+    job = entry->job;
+    creating_.insert(key);
   }
+
+  // Allocating the slab and, for a GPU job, registering it and making the device ring take
+  // milliseconds to seconds: the daemon-wide lock is not held meanwhile.
+  absl::StatusOr<std::shared_ptr<RankPipeline>> created;
+  const ferry::v1::JobSpec& spec = job->spec();
+  if (spec.device().rfind("cuda:", 0) == 0 && gpus_ != nullptr) {
+    absl::StatusOr<int> ordinal = gpus_->Resolve(spec.device());
+    if (!ordinal.ok()) {
+      created = ordinal.status();
+    } else {
+      // The slab sits on the GPU's NUMA node and its workers run there.
+      GpuProvider* gpus = gpus_;
+      const Job& job_ref = *job;
+      const int gpu = *ordinal;
+      created = RankPipeline::Create(
+          job, rank, slots, gpus_->NumaNode(gpu), pool_, host_budget_,
+          [gpus, &job_ref, gpu, slots](const SharedSlab& slab) {
+            return gpus->MakeStage(job_ref, gpu, slab, slots);
+          });
+    }
+  } else {
+    created = RankPipeline::Create(job, rank, slots, /*numa_node=*/-1, pool_, host_budget_);
+  }
+
+  std::shared_ptr<RankPipeline> unused;  // released after the lock, if the job went away
+  absl::MutexLock lock(&mutex_);
+  creating_.erase({job_id, rank});
+  if (!created.ok()) {
+    if (absl::IsResourceExhausted(created.status())) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          created.status().message(), DescribeMemoryHoldersLocked(caller, now)));
+    }
+    return created.status();
+  }
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || it->second.job != job || !refusing_.empty()) {
+    unused = *std::move(created);
+    unused->Shutdown(absl::UnavailableError("the job was deleted"));
+    if (!refusing_.empty()) return absl::UnavailableError(refusing_);
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " was deleted while rank ", rank,
+                                            " attached; create it again"));
+  }
+  std::shared_ptr<RankPipeline>& pipeline = it->second.ranks[rank];
+  pipeline = *std::move(created);
+  return NewAttachmentLocked(caller, job_id, rank, pipeline);
+}
+
+JobManager::Attachment JobManager::NewAttachmentLocked(
+    const Caller& caller, const std::string& job_id, int rank,
+    const std::shared_ptr<RankPipeline>& pipeline) {
   // One attach_id per rank: a new one supersedes the last, whose consumer is gone or never
-  // opened (a bound rank was refused above). Trainers of a sweep attach thousands of times;
-  // the table stays as large as the ranks.
+  // opened (a bound rank was refused). Trainers of a sweep attach thousands of times; the
+  // table stays as large as the ranks.
   for (auto it = attachments_.begin(); it != attachments_.end();) {
     if (it->second.job_id == job_id && it->second.rank == rank) {
       attachments_.erase(it++);

@@ -15,6 +15,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "ferry/v1/config.pb.h"
@@ -87,8 +88,10 @@ class JobManager final {
     std::string attach_id;
     std::shared_ptr<RankPipeline> pipeline;
   };
-  // Creates the rank's pipeline (slab) on first attach. FAILED_PRECONDITION if the rank has a
-  // live consumer; INVALID_ARGUMENT for a rank outside [0, world_size).
+  // Creates the rank's pipeline (slab) on first attach, without holding the daemon-wide lock
+  // (other calls go on meanwhile; a concurrent attach of the same rank waits for it).
+  // FAILED_PRECONDITION if the rank has a live consumer; INVALID_ARGUMENT for a rank outside
+  // [0, world_size); NOT_FOUND when the job was deleted meanwhile.
   absl::StatusOr<Attachment> Attach(const Caller& caller, const std::string& job_id,
                                     uint32_t rank);
 
@@ -146,6 +149,10 @@ class JobManager final {
   // Removes a job from the tables; its pipelines are returned to be shut down after the lock.
   std::map<int, std::shared_ptr<RankPipeline>> EraseLocked(const std::string& id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Records a new attach_id for the rank, superseding the rank's last one.
+  Attachment NewAttachmentLocked(const Caller& caller, const std::string& job_id, int rank,
+                                 const std::shared_ptr<RankPipeline>& pipeline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Whether a consumer is bound to one of the job's ranks.
   static bool InUse(const JobEntry& entry);
   // "memory is held by job j1 'name' (2 ranks, 128 MiB, idle 3m), ..." for a refusal, the
@@ -169,6 +176,9 @@ class JobManager final {
   std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mutex_);  // by id
   absl::flat_hash_map<std::string, std::string> id_by_key_ ABSL_GUARDED_BY(mutex_);
   absl::flat_hash_map<std::string, AttachEntry> attachments_ ABSL_GUARDED_BY(mutex_);
+  // (job id, rank) whose pipeline an Attach is creating, without the lock; a concurrent
+  // Attach of the same rank waits for it.
+  absl::flat_hash_set<std::pair<std::string, int>> creating_ ABSL_GUARDED_BY(mutex_);
   uint64_t next_serial_ ABSL_GUARDED_BY(mutex_) = 1;
   // Why new jobs and attaches are refused (BeginDrain, StopTakingWork); empty while taken.
   std::string refusing_ ABSL_GUARDED_BY(mutex_);

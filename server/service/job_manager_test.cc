@@ -4,9 +4,12 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/transport/gpu_provider.h"
@@ -405,6 +408,67 @@ TEST_F(JobManagerTest, StopTakingWorkRefusesNewJobsAndAttachesButKeepsConsumers)
   EXPECT_TRUE(a->pipeline->StartEpoch(&consumer, 0, 0).ok());
   a->pipeline->Unbind(&consumer);
   EXPECT_EQ(m->Consumers(), 0);
+}
+
+// A GPU transport whose device ring takes as long as the test wants to make (registering a
+// large slab with the driver does take long), then fails.
+class SlowGpus final : public GpuProvider {
+ public:
+  absl::StatusOr<int> Resolve(const std::string& device) const override { return 0; }
+  absl::Status CheckJob(const Job&) const override { return absl::OkStatus(); }
+  int NumaNode(int) const override { return -1; }
+  absl::StatusOr<std::unique_ptr<DeviceStage>> MakeStage(const Job&, int, const SharedSlab&,
+                                                         int) override {
+    if (calls.fetch_add(1) == 0) entered.Notify();  // one MakeStage at a time per rank
+    release.WaitForNotification();
+    return absl::UnavailableError("slow fake GPU");
+  }
+  void FillStatus(ferry::v1::DaemonStatus*) const override {}
+  std::atomic<int> calls{0};
+  absl::Notification entered, release;
+};
+
+TEST_F(JobManagerTest, NoDaemonWideLockIsHeldWhileARankIsCreated) {
+  budget_ = std::make_unique<MemoryBudget>("host memory budget", "host_memory_budget_bytes",
+                                           1 << 30, "/etc/ferry/ferryd.conf");
+  JobManager::Options o;
+  o.allow_any_dataset = true;
+  SlowGpus gpus;
+  JobManager m(o, pool_.get(), budget_.get(), &gpus);
+  auto spec = TokensSpec(tokens_);
+  spec.set_device("cuda:0");
+  auto job = m.CreateJob(kAlice, "gpu-job", spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string id = job->job->identity().id;
+  absl::StatusOr<JobManager::Attachment> first, second;
+  std::thread attaching([&] { first = m.Attach(kAlice, id, 0); });
+  gpus.entered.WaitForNotification();
+  // The slab is being registered: everything else is answered meanwhile (with the lock held
+  // across it, these calls would wait for the release below, which comes after 5 s).
+  absl::Notification answered;
+  std::thread others([&] {
+    EXPECT_EQ(m.ListJobs(kAlice).size(), 1u);
+    EXPECT_TRUE(m.GetJob(kAlice, id).ok());
+    EXPECT_TRUE(m.CreateJob(kAlice, "other", TokensSpec(tokens_)).ok());
+    EXPECT_EQ(m.Consumers(), 0);
+    EXPECT_TRUE(m.DeleteIdleJobs().empty());
+    answered.Notify();
+  });
+  EXPECT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(5)))
+      << "calls waited for a rank's slab registration";
+  // A second attach of the same rank waits for the first instead of making a second ring.
+  std::thread waiting([&] { second = m.Attach(kAlice, id, 0); });
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(gpus.calls.load(), 1);
+  gpus.release.Notify();
+  attaching.join();
+  others.join();
+  waiting.join();
+  EXPECT_EQ(first.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(first.status().message(), HasSubstr("slow fake GPU"));
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(gpus.calls.load(), 2);  // the second tried after the first failed
+  EXPECT_EQ(budget_->in_use(), 0u);  // the failed slabs went back
 }
 
 TEST_F(JobManagerTest, DefaultPrefetchGrowsForSmallBatchesOnly) {
