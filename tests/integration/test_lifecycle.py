@@ -4,7 +4,7 @@ jobs as idle, and `ferryctl drain` stops new work, lets attached trainers finish
 exits 0."""
 
 import os
-import threading
+import subprocess
 import unittest
 
 import numpy as np
@@ -89,11 +89,13 @@ class LifecycleTest(unittest.TestCase):
                          job_name="new-run", timeout=10)
         self.assertEqual(refused.exception.code, "UNAVAILABLE")
         self.assertIn("draining", str(refused.exception))
-        # `ferryctl drain` (waiting) follows it to the end.
-        waiter = {}
-        thread = threading.Thread(target=lambda: waiter.update(
-            proc=ferry_it.run_ferryctl(daemon.address, "drain", timeout=60)))
-        thread.start()
+        # `ferryctl drain` (waiting) follows it to the end: started, and its drain begun,
+        # before the trainer goes on.
+        waiter = subprocess.Popen([ferry_it.ferryctl_binary(), "--address", daemon.address,
+                                   "drain"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+        self.addCleanup(lambda: waiter.poll() is None and (waiter.kill(), waiter.wait()))
+        self.assertIn("is draining", waiter.stdout.readline())
         # The attached trainer goes on to the end of its epoch, and another one.
         seen = len(first["data"]) + sum(len(b["data"]) for b in it)
         self.assertEqual(seen, 256)
@@ -102,9 +104,9 @@ class LifecycleTest(unittest.TestCase):
         self.assertIsNone(daemon.process.poll(), "ferryd left while a trainer was attached")
         loader.close()
         self.assertEqual(daemon.process.wait(30), 0)
-        thread.join(60)
-        self.assertEqual(waiter["proc"].returncode, 0, waiter["proc"].stderr)
-        self.assertIn("ferryd stopped", waiter["proc"].stdout)
+        out, err = waiter.communicate(timeout=60)
+        self.assertEqual(waiter.returncode, 0, err)
+        self.assertIn("ferryd stopped", out)
 
 
 if __name__ == "__main__":
