@@ -1,12 +1,12 @@
 // The batch channel: the Consume stream's data plane in shared memory.
 //
 // Why: a trainer that takes 1 MiB batches needs tens of thousands of BatchReady / Release
-// pairs a second per rank. Over gRPC each of them crossed two threads and an HTTP/2 frame
-// on each side, and a slot spent 560-830 us between "sent" and "released" while the
-// trainer waited (docs/benchmarks.md). Here a message is a 40-byte descriptor written into a
-// ring in a memfd both processes map, and the reader is woken (one byte on a wake socket)
-// only when it said it is going to sleep, so a busy pair exchanges messages without a
-// system call.
+// pairs a second per rank. Over gRPC each of them crosses two threads and an HTTP/2 frame
+// on each side, which holds every slot hundreds of microseconds longer than the trainer
+// needs it (docs/benchmarks.md, "The batch channel"). Here a message is a 40-byte
+// descriptor written into a ring in a memfd both processes map, and the reader is woken
+// (one byte on a wake socket) only when it said it is going to sleep, so a busy pair
+// exchanges messages without a system call.
 //
 // Shape: two single-producer single-consumer rings in one memfd, one per direction, each
 // with a Unix socket pair to wake its consumer. ferryd creates the channel (Create) and

@@ -6,12 +6,8 @@
 // Why: ferryd's workers copy sample rows into a pinned slot that the copy engine reads by
 // DMA soon after. Rows written with ordinary stores are still dirty in the writing cores'
 // caches when the DMA reads them, and each such line must be fetched from a core instead
-// of memory. bench/h2d_bench measures it on the H100 box: 1 MiB copies from slots being
-// rewritten with memcpy ran at 0.42-0.46x of copies from untouched memory, with streaming
-// stores at 0.79-0.84x (the bench rewrites the slots during the copies, harsher than
-// ferryd, which writes a slot once before copying it). In ferryd's sustained raw-record
-// rows the gain was within the lent box's noise at 1 MiB and 0.46-0.50x vs 0.38-0.46x at
-// 4 MiB (docs/benchmarks.md).
+// of memory; streaming stores leave them in memory. bench/h2d_bench measures both, and
+// docs/benchmarks.md has the figures.
 //
 // Contract: on return the bytes are ordered like ordinary stores of this thread, so a
 // release that publishes the buffer afterwards (a mutex, an atomic with release order)

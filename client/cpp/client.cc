@@ -83,7 +83,7 @@ class ClientImpl {
 // One Consume stream. A reader thread moves every message into a queue, so the consumer can
 // wait with a timeout and a dead daemon shows up as an error, never as a hang. A writer
 // thread sends the requests in the order they were given: Release costs its caller a queue
-// push instead of a write round trip through gRPC (about 13 us), and Write, which waits for
+// push instead of a write round trip through gRPC, and Write, which waits for
 // its request to be sent, still follows every Release posted before it.
 //
 // With a batch channel (common/batch_channel.h) the batches, StartEpoch and the releases

@@ -3,14 +3,13 @@
 // into the host slot and moved by a slot copy (the copy engine).
 //
 // Why it matters: without MPS the GPU runs one CUDA context at a time. A slot copy runs on
-// the copy engine beside the trainer's kernels and costs its step 0-3%. A gather kernel
+// the copy engine beside the trainer's kernels and costs its step little. A gather kernel
 // must wait for ferryd's context to get the GPU, and a trainer whose host runs ahead of its
-// GPU keeps the GPU busy for milliseconds on end: measured on an H100, a Python trainer of
-// 0.65 ms steps ran its host 2-20 ms ahead, and gathers enqueued while it computed (and
-// every copy queued behind them on their stream) waited until its GPU ran dry, up to
-// 40 ms, so it ran dry on every pass through the ring: 1.20x its step time. Gathering pays
-// only while the trainer waits for batches, where it moves 1 MiB batches at 1.0x of the
-// pinned copy peak (the workers' copy: 0.76x).
+// GPU keeps the GPU busy for milliseconds on end: gathers enqueued while it computes (and
+// every copy queued behind them on their stream) wait until its GPU runs dry, so it runs
+// dry on every pass through the ring. Gathering pays only while the trainer waits for
+// batches, where it is faster than the workers' copy. docs/benchmarks.md ("Raw records:
+// gathered from the page cache", "What feeding a step costs the step") has the figures.
 //
 // So the policy gathers only while the trainer waits, or soon will, and reads two signs
 // that it will not:

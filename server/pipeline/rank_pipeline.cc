@@ -113,12 +113,14 @@ RankPipeline::RankPipeline(std::shared_ptr<Job> job, int rank, SharedSlab slab,
       index_field_(IndexField(*job_)),
       copy_rows_per_task_gathered_(CopyRowsPerTask(*job_, gathered_field)),
       copy_rows_per_task_(CopyRowsPerTask(*job_, -1)),
-      slots_(num_slots) {}
+      num_host_slots_(num_slots),
+      fill_counters_(new FillCounters[static_cast<size_t>(num_slots)]),
+      slots_(static_cast<size_t>(num_slots)) {}
 
 RankPipeline::~RankPipeline() = default;
 
 int RankPipeline::num_slots() const {
-  return stage_ != nullptr ? stage_->num_device_slots() : static_cast<int>(slots_.size());
+  return stage_ != nullptr ? stage_->num_device_slots() : num_host_slots_;
 }
 
 absl::Status RankPipeline::Bind(BatchConsumer* consumer, int pid,
@@ -343,8 +345,8 @@ void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
     const size_t copy_rows = slot.gather ? copy_rows_per_task_gathered_ : copy_rows_per_task_;
     if (copy_rows > per_task) per_task = copy_rows;
     const size_t num_tasks = (n + per_task - 1) / per_task;
-    slot.rows_left.store(static_cast<int>(num_tasks), std::memory_order_relaxed);
-    slot.substitutes.store(0, std::memory_order_relaxed);
+    fill_counters_[s].rows_left.store(static_cast<int>(num_tasks), std::memory_order_relaxed);
+    fill_counters_[s].substitutes.store(0, std::memory_order_relaxed);
     pending_.push_back(Pending{static_cast<int>(s), -1, slot.epoch, slot.batch, slot.num_samples});
     ++next_batch_;
     std::shared_ptr<RankPipeline> self = shared_from_this();
@@ -446,7 +448,7 @@ void RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index
           static_cast<uint64_t>(source.size()));
     }
     if (filled && candidate != index) {
-      slots_[slot].substitutes.fetch_add(1, std::memory_order_relaxed);
+      fill_counters_[slot].substitutes.fetch_add(1, std::memory_order_relaxed);
     }
     if (!filled) {
       // Zeros, and index -1: no sample. A gathering stage reads index -1 as "write zeros"
@@ -499,7 +501,7 @@ absl::Status RankPipeline::RetryTransient(const SampleSource& source, int64_t in
 }
 
 void RankPipeline::OnTaskDone(int slot, uint64_t generation) {
-  if (slots_[slot].rows_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+  if (fill_counters_[slot].rows_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
     OnSlotFilled(slot, generation);
   }
 }
@@ -522,7 +524,7 @@ void RankPipeline::OnSlotFilled(int slot, uint64_t generation) {
       s.state = SlotState::kQueued;
       for (Pending& p : pending_) {
         if (p.slot == slot && p.device_slot < 0) {
-          p.substitutes = s.substitutes.load(std::memory_order_relaxed);
+          p.substitutes = fill_counters_[slot].substitutes.load(std::memory_order_relaxed);
           break;
         }
       }

@@ -120,11 +120,14 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
     uint32_t num_samples = 0;
     int64_t seq = -1;  // while leased
     bool gather = false;  // the stage reads the gathered field's rows (not written here)
-    std::atomic<int> rows_left{0};  // tasks still filling rows
+    absl::Time since;  // of the current state, for the time totals in status
+  };
+  // What the workers filling a host slot count without the pipeline's lock.
+  struct FillCounters {
+    std::atomic<int> rows_left{0};  // tasks still filling rows; the last one takes the lock
     // Rows of the current fill holding a substitute for a bad sample; counted for the job
     // (Job::CountSubstitutes) only when the batch is delivered, not for a fill abandoned.
     std::atomic<int> substitutes{0};
-    absl::Time since;  // of the current state, for the time totals in status
   };
   struct DeviceSlot {
     // kFree -> kCopying (copy enqueued) -> kQueued (ready) -> kLeased -> kReleasing -> kFree
@@ -165,8 +168,8 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   // after the lock is let go.
   void StartCopiesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Hands the queued copies to the stage in order, without the pipeline's lock (enqueuing
-  // a copy costs 10-30 us of CUDA calls, which would otherwise hold up every other thread
-  // of the rank). One thread at a time enqueues; others leave their orders to it.
+  // a copy takes CUDA calls, which would otherwise hold up every other thread of the
+  // rank). One thread at a time enqueues; others leave their orders to it.
   void EnqueueCopies() ABSL_LOCKS_EXCLUDED(mutex_);
   void OnHostSlotCopied(int slot);
   void OnDeviceSlotReady(int device_slot, uint64_t token);
@@ -216,10 +219,12 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   const size_t copy_rows_per_task_gathered_;
   const size_t copy_rows_per_task_;
 
-  // State below is protected by mutex_ (slot rows_left is atomic: workers count down
-  // without the lock and only the last one takes it).
+  const int num_host_slots_;
+  // One per host slot, touched by workers without the lock (atomics).
+  const std::unique_ptr<FillCounters[]> fill_counters_;
+
   mutable absl::Mutex mutex_;
-  std::vector<Slot> slots_;
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mutex_);  // num_host_slots_ of them
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mutex_);
   std::vector<DeviceSlot> device_slots_ ABSL_GUARDED_BY(mutex_);
   GatherPolicy gather_policy_ ABSL_GUARDED_BY(mutex_);

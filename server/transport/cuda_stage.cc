@@ -463,8 +463,7 @@ class CudaStage final : public DeviceStage {
     FERRY_RETURN_IF_ERROR(scope.status());
     // Gathers take the copy stream and the extra gather streams in turn, so that a batch's
     // kernel starts while the ones before drain (on one stream, each kernel's ramp and
-    // tail idle PCIe: 0.84x of the copy engine at 1 MiB batches, 1.07x on four streams of
-    // 16 blocks, in bench/h2d_bench). The watcher only reports a batch after those before
+    // tail idle PCIe; GatherOptions). The watcher only reports a batch after those before
     // it: the order seen by the pipeline stays the order of these calls.
     const int turn =
         gather ? static_cast<int>(gathers_enqueued_++ % (1 + more_gather_streams_.size())) : 0;
@@ -669,6 +668,8 @@ class CudaStage final : public DeviceStage {
     gather_ready();
   }
 
+  // Set in Create, before any other thread can see the stage, and only read after: no lock
+  // guards them (the annotated state is below).
   int device_ = 0;
   std::string pci_bus_id_;
   const SlotLayout* host_ = nullptr;  // owned by the Job, which outlives the pipeline
@@ -682,7 +683,8 @@ class CudaStage final : public DeviceStage {
   std::vector<CudaEvent> ready_;
   std::vector<MemIpcHandle> mem_handles_;
   std::vector<EventIpcHandle> ready_handles_;
-  // Per device slot, exported: every consumer of the rank records them (CudaSlot).
+  // Per device slot, exported: every consumer of the rank records them (CudaSlot). Made in
+  // Create, read-only after (WatchReleased, ReleasedSignalPending, Describe).
   std::vector<CudaEvent> released_;
   std::vector<EventIpcHandle> released_handles_;
   std::vector<CudaEvent> copy_done_;  // per host slot

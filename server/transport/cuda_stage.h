@@ -62,8 +62,8 @@ struct DeviceSlotLayout {
 // `thread_blocks` blocks gathers the rows.
 // Batches take `streams` streams in turn, so up to that many kernels run at once. Several
 // small kernels keep PCIe busier than one or two large ones (each kernel's ramp and tail
-// overlap the others'), and take fewer SMs: on an H100, 4 x 16 blocks reached 0.9-1.05x of
-// the copy engine's peak where 2 x 64 reached 0.87-0.91x (docs/benchmarks.md).
+// overlap the others'), and take fewer SMs (scripts/gpu-gather-sweep.sh compares settings;
+// docs/benchmarks.md has the figures).
 // Unless `every_batch`, only batches made while the trainer waits for ferry are gathered
 // (DeviceStage::gathers_every_batch says why). Registering the mapping reads the whole
 // file in: an attach waits for it up to `registration_wait`, and past that the rank starts
