@@ -19,6 +19,7 @@
 #include "server/memory/memory_budget.h"
 #include "server/pipeline/device_stage.h"
 #include "server/topology/topology.h"
+#include "server/transport/gather_options.h"
 #include "server/transport/gpu_provider.h"
 
 namespace ferry {
@@ -51,30 +52,6 @@ struct DeviceSlotLayout {
   static absl::StatusOr<DeviceSlotLayout> Make(
       const SlotLayout& host, const ferry::v1::ImageOutput& output,
       ferry::v1::DType tokens_output = ferry::v1::DTYPE_UNSPECIFIED);
-};
-
-// Reading fixed-size records straight from the dataset's page cache (DaemonConfig's
-// gather_* settings and disable_page_cache_gather; CopyPath in ferry.proto). A job whose
-// source has direct_rows() and needs no conversion gets it when enabled and its file fits
-// the pinned budget: the file's mapping is registered read-only once (shared by every rank
-// reading it, since a range can be registered only once per process), and for each batch
-// the pipeline picks to gather, workers write only each row's index and a kernel of
-// `thread_blocks` blocks gathers the rows.
-// Batches take `streams` streams in turn, so up to that many kernels run at once. Several
-// small kernels keep PCIe busier than one or two large ones (each kernel's ramp and tail
-// overlap the others'), and take fewer SMs (scripts/gpu-gather-sweep.sh compares settings;
-// docs/benchmarks.md has the figures).
-// Unless `every_batch`, only batches made while the trainer waits for ferry are gathered
-// (DeviceStage::gathers_every_batch says why). Registering the mapping reads the whole
-// file in: an attach waits for it up to `registration_wait`, and past that the rank starts
-// with the workers' copy and gathers once the registration is done (DeviceStage::
-// gather_ready).
-struct GatherOptions {
-  bool enabled = true;
-  bool every_batch = false;
-  int thread_blocks = 16;
-  int streams = 4;
-  absl::Duration registration_wait = absl::Seconds(1);
 };
 
 // Creates the CUDA GpuProvider: lists the GPUs (CUDA ordinals with their PCI bus ids and
