@@ -31,8 +31,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "cuda/cuda_resources.h"
 #include "ferry/client.h"
-#include "server/cuda/cuda_resources.h"
 
 namespace ferry {
 namespace {

@@ -50,8 +50,8 @@
 #include "common/random.h"
 #include "common/streaming_copy.h"
 #include "common/unique_fd.h"
-#include "server/cuda/cuda_resources.h"
-#include "server/cuda/normalize.h"
+#include "cuda/cuda_resources.h"
+#include "server/kernels/normalize.h"
 #include "server/memory/shared_slab.h"
 #include "server/topology/topology.h"
 

@@ -7,8 +7,10 @@ nvidia-smi --query-gpu=name,pci.bus_id,driver_version --format=csv,noheader | te
 rc=0
 # Argument: "tests" (tests only), "bench" (benchmarks only), nothing (both).
 if [[ ${1:-} != bench ]]; then
-  cuda_test > "$OUT/cuda_test.txt" 2>&1 || rc=1
-  grep -E "FAILED|Failure|PASSED" -A3 "$OUT/cuda_test.txt" | tail -20
+  for t in cuda_test kernels_test; do
+    $t > "$OUT/$t.txt" 2>&1 || rc=1
+    grep -E "FAILED|Failure|PASSED" -A3 "$OUT/$t.txt" | tail -20
+  done
   (cd tests/gpu && python3 -m unittest -v test_gpu_transport) > "$OUT/gpu_transport.txt" 2>&1 || rc=1
   tail -25 "$OUT/gpu_transport.txt"
 fi

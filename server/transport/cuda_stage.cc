@@ -23,9 +23,9 @@
 #include "common/logging.h"
 #include "common/thread_name.h"
 #include "common/status_macros.h"
-#include "server/cuda/cuda_resources.h"
-#include "server/cuda/internal/scoped_device.h"
-#include "server/cuda/normalize.h"
+#include "cuda/cuda_resources.h"
+#include "cuda/scoped_device.h"
+#include "server/kernels/normalize.h"
 
 namespace ferry {
 namespace {

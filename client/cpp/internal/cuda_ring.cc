@@ -1,5 +1,5 @@
-// CudaRing over the CUDA runtime, built from server/cuda's owners (DeviceBuffer::OpenIpc,
-// CudaEvent::OpenIpc).
+// CudaRing over the CUDA runtime, built from the owners of cuda/ (DeviceBuffer::OpenIpc,
+// CudaEvent::OpenIpc), the library ferryd's GPU transport is built on too.
 #include "client/cpp/internal/cuda_ring.h"
 
 #include <cuda_runtime_api.h>
@@ -14,9 +14,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
-#include "server/cuda/cuda_resources.h"
-#include "server/cuda/cuda_status.h"
-#include "server/cuda/internal/scoped_device.h"
+#include "cuda/cuda_resources.h"
+#include "cuda/cuda_status.h"
+#include "cuda/scoped_device.h"
 
 namespace ferry {
 namespace internal {
@@ -141,7 +141,7 @@ class CudaRingImpl final : public CudaRing {
                    absl::StrCat("ready event of slot ", slot));
     }
     // The legacy default stream is the current device's: enter the ring's device.
-    cuda_internal::ScopedDevice scope(device_);
+    ScopedDevice scope(device_);
     FERRY_RETURN_IF_ERROR(scope.status());
     return Check(cudaStreamWaitEvent(s, ready_[slot].get(), 0), "cudaStreamWaitEvent",
                  absl::StrCat("ready event of slot ", slot, ", legacy default stream"));
@@ -149,7 +149,7 @@ class CudaRingImpl final : public CudaRing {
 
   absl::StatusOr<bool> SignalReleased(uint32_t slot, void* stream) const override {
     auto* s = static_cast<cudaStream_t>(stream);
-    std::optional<cuda_internal::ScopedDevice> scope;
+    std::optional<ScopedDevice> scope;
     if (s == nullptr) {
       // The legacy default stream is the current device's: enter the ring's device.
       scope.emplace(device_);

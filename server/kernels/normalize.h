@@ -15,9 +15,11 @@
 //                                               224, 224, ImageNetMean().data(),
 //                                               ImageNetStd().data(), copy_stream.get()));
 //
-// This header includes no CUDA header: ferry_cuda's users build with the host compiler.
-#ifndef FERRY_SERVER_CUDA_NORMALIZE_H_
-#define FERRY_SERVER_CUDA_NORMALIZE_H_
+// ferryd's alone (library ferry_kernels, over cuda/'s owners): the client libraries never
+// link it, so they carry no device code. This header includes no CUDA header: its users
+// build with the host compiler.
+#ifndef FERRY_SERVER_KERNELS_NORMALIZE_H_
+#define FERRY_SERVER_KERNELS_NORMALIZE_H_
 
 #include <array>
 #include <cstddef>
@@ -94,4 +96,4 @@ absl::Status LaunchGatherRowsIndexedFromHost(const GatherSource& source,
 
 }  // namespace ferry
 
-#endif  // FERRY_SERVER_CUDA_NORMALIZE_H_
+#endif  // FERRY_SERVER_KERNELS_NORMALIZE_H_

@@ -2,8 +2,8 @@
 // enters the stream's device and turns the launch's cudaError_t into a status. Kept apart
 // so that the .cu file holds only kernels and their launch arithmetic, and nvcc never sees
 // abseil.
-#ifndef FERRY_SERVER_CUDA_INTERNAL_KERNELS_H_
-#define FERRY_SERVER_CUDA_INTERNAL_KERNELS_H_
+#ifndef FERRY_SERVER_KERNELS_INTERNAL_KERNELS_H_
+#define FERRY_SERVER_KERNELS_INTERNAL_KERNELS_H_
 
 #include <cuda_runtime_api.h>
 
@@ -50,4 +50,4 @@ cudaError_t EnqueueGatherRowsIndexedFromHost(const uint8_t* records, int64_t num
 }  // namespace cuda_internal
 }  // namespace ferry
 
-#endif  // FERRY_SERVER_CUDA_INTERNAL_KERNELS_H_
+#endif  // FERRY_SERVER_KERNELS_INTERNAL_KERNELS_H_

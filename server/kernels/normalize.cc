@@ -1,6 +1,6 @@
 // The launchers of normalize.h: argument checks, the stream's device, and statuses. The
 // kernels are in normalize.cu.
-#include "server/cuda/normalize.h"
+#include "server/kernels/normalize.h"
 
 #include <cuda_runtime_api.h>
 
@@ -9,14 +9,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "server/cuda/cuda_status.h"
-#include "server/cuda/internal/kernels.h"
-#include "server/cuda/internal/scoped_device.h"
+#include "cuda/cuda_status.h"
+#include "cuda/scoped_device.h"
+#include "server/kernels/internal/kernels.h"
 
 namespace ferry {
 namespace {
-
-using cuda_internal::ScopedDevice;
 
 // Kernels launch on the current device, which must be the stream's: enter it, so a copy
 // thread serving several GPUs need not track which device it touched last.

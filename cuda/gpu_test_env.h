@@ -6,14 +6,14 @@
 //     FERRY_SKIP_WITHOUT_GPU();
 //     ...
 //   }
-#ifndef FERRY_SERVER_CUDA_GPU_TEST_ENV_H_
-#define FERRY_SERVER_CUDA_GPU_TEST_ENV_H_
+#ifndef FERRY_CUDA_GPU_TEST_ENV_H_
+#define FERRY_CUDA_GPU_TEST_ENV_H_
 
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "server/cuda/cuda_resources.h"
+#include "cuda/cuda_resources.h"
 
 namespace ferry {
 
@@ -34,4 +34,4 @@ inline std::string GpuSkipReason(const absl::StatusOr<int>& device_count) {
     if (!ferry_skip_reason_.empty()) GTEST_SKIP() << ferry_skip_reason_;      \
   } while (0)
 
-#endif  // FERRY_SERVER_CUDA_GPU_TEST_ENV_H_
+#endif  // FERRY_CUDA_GPU_TEST_ENV_H_

@@ -3,12 +3,13 @@
 //
 //   cudaMalloc(1099511627776 bytes on device 0): cudaErrorMemoryAllocation (out of memory)
 //
-// Internal to ferry_cuda and its tests: this header includes the CUDA runtime's, which the
-// library's public headers (cuda_resources.h, normalize.h) keep away from their users.
+// For code that calls the CUDA runtime itself (ferry_cuda, ferryd's kernel launchers in
+// server/kernels/, the client's CUDA ring): this header includes the CUDA runtime's, which
+// cuda_resources.h keeps away from its users.
 //
 //   return CudaStatus(cudaMalloc(&p, n), "cudaMalloc", absl::StrCat(n, " bytes"));
-#ifndef FERRY_SERVER_CUDA_CUDA_STATUS_H_
-#define FERRY_SERVER_CUDA_CUDA_STATUS_H_
+#ifndef FERRY_CUDA_CUDA_STATUS_H_
+#define FERRY_CUDA_CUDA_STATUS_H_
 
 #include <cuda_runtime_api.h>
 
@@ -33,4 +34,4 @@ absl::StatusCode CudaErrorCode(cudaError_t error);
 
 }  // namespace ferry
 
-#endif  // FERRY_SERVER_CUDA_CUDA_STATUS_H_
+#endif  // FERRY_CUDA_CUDA_STATUS_H_

@@ -24,8 +24,8 @@
 // Thread safety: the owners are not synchronised; using one owner from several threads
 // needs external locking. Distinct owners may be used concurrently (the CUDA runtime is
 // thread safe).
-#ifndef FERRY_SERVER_CUDA_CUDA_RESOURCES_H_
-#define FERRY_SERVER_CUDA_CUDA_RESOURCES_H_
+#ifndef FERRY_CUDA_CUDA_RESOURCES_H_
+#define FERRY_CUDA_CUDA_RESOURCES_H_
 
 #include <array>
 #include <cstddef>
@@ -230,4 +230,4 @@ class HostRegistration final {
 
 }  // namespace ferry
 
-#endif  // FERRY_SERVER_CUDA_CUDA_RESOURCES_H_
+#endif  // FERRY_CUDA_CUDA_RESOURCES_H_

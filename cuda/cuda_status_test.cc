@@ -1,14 +1,14 @@
-// What of ferry_cuda needs no device: the CUDA error -> Status mapping, argument checks
-// that fail before any CUDA call, and the GPU tests' skip decision. Runs in CI.
+// What of ferry_cuda needs no device: the CUDA error -> Status mapping, the owners'
+// argument checks that fail before any CUDA call, and the GPU tests' skip decision. Runs in
+// CI.
 #include <cuda_runtime_api.h>
 
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/cuda/cuda_resources.h"
-#include "server/cuda/cuda_status.h"
-#include "server/cuda/gpu_test_env.h"
-#include "server/cuda/normalize.h"
+#include "cuda/cuda_resources.h"
+#include "cuda/cuda_status.h"
+#include "cuda/gpu_test_env.h"
 
 namespace ferry {
 namespace {
@@ -70,44 +70,10 @@ TEST(DeviceCount, CountsOrExplains) {
             << (GpuSkipReason(count).empty() ? "run" : "skip: " + GpuSkipReason(count)) << "\n";
 }
 
-TEST(Launchers, RejectBadArgumentsBeforeTouchingCuda) {
-  const auto mean = ImageNetMean();
-  const auto std = ImageNetStd();
-  const float zero_std[3] = {0.2f, 0.0f, 0.2f};
-  uint8_t byte = 0;
-  EXPECT_EQ(LaunchNormalizeImages(&byte, &byte, OutputDType::kFloat32, -1, 2, 2, mean.data(),
-                                  std.data(), nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  const absl::Status bad_std = LaunchNormalizeImages(&byte, &byte, OutputDType::kFloat16, 1, 2, 2,
-                                                     mean.data(), zero_std, nullptr);
-  EXPECT_EQ(bad_std.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(bad_std.message(), HasSubstr("channel 1"));
-  EXPECT_EQ(LaunchNormalizeImages(nullptr, &byte, OutputDType::kBFloat16, 1, 2, 2, mean.data(),
-                                  std.data(), nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  // An empty batch enqueues nothing, so needs no stream.
-  EXPECT_TRUE(LaunchNormalizeImages(nullptr, nullptr, OutputDType::kFloat32, 0, 224, 224,
-                                    mean.data(), std.data(), nullptr)
-                  .ok());
-  EXPECT_EQ(LaunchWidenTokens(&byte, TokenInput::kUint16, &byte, TokenOutput::kInt64, -3, nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(
-      LaunchWidenTokens(nullptr, TokenInput::kUint32, nullptr, TokenOutput::kInt32, 0, nullptr).ok());
-}
-
 TEST(Owners, RejectEmptyRequestsBeforeTouchingCuda) {
   EXPECT_EQ(DeviceBuffer::Create(0, 0).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(HostRegistration::Create(nullptr, 4096).status().code(),
             absl::StatusCode::kInvalidArgument);
-}
-
-TEST(OutputDType, Sizes) {
-  EXPECT_EQ(OutputDTypeSize(OutputDType::kFloat32), 4u);
-  EXPECT_EQ(OutputDTypeSize(OutputDType::kFloat16), 2u);
-  EXPECT_EQ(OutputDTypeSize(OutputDType::kBFloat16), 2u);
 }
 
 }  // namespace

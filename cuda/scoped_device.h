@@ -1,21 +1,23 @@
 // Makes a device current for the calling thread for one scope and restores the previous
 // one. The CUDA runtime's current device is per thread; ferry's owners remember their
 // device and enter it around every call that allocates, creates or launches, so callers
-// never have to think about which device a thread last touched.
+// never have to think about which device a thread last touched. Used by ferry_cuda's owners,
+// ferryd's kernel launchers and the client's CUDA ring.
+//
+// Thread safety: belongs to the thread that made it (the current device is per thread).
 //
 //   ScopedDevice scope(device);
 //   FERRY_RETURN_IF_ERROR(scope.status());
-#ifndef FERRY_SERVER_CUDA_INTERNAL_SCOPED_DEVICE_H_
-#define FERRY_SERVER_CUDA_INTERNAL_SCOPED_DEVICE_H_
+#ifndef FERRY_CUDA_SCOPED_DEVICE_H_
+#define FERRY_CUDA_SCOPED_DEVICE_H_
 
 #include <cuda_runtime_api.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "server/cuda/cuda_status.h"
+#include "cuda/cuda_status.h"
 
 namespace ferry {
-namespace cuda_internal {
 
 class ScopedDevice final {
  public:
@@ -51,7 +53,12 @@ class ScopedDevice final {
   absl::Status status_;
 };
 
+// The former name (from when this header was private to server/cuda/), kept for
+// server/transport/cuda_stage.cc until that file names ferry::ScopedDevice.
+namespace cuda_internal {
+using ScopedDevice = ::ferry::ScopedDevice;
 }  // namespace cuda_internal
+
 }  // namespace ferry
 
-#endif  // FERRY_SERVER_CUDA_INTERNAL_SCOPED_DEVICE_H_
+#endif  // FERRY_CUDA_SCOPED_DEVICE_H_

@@ -1,4 +1,4 @@
-#include "server/cuda/cuda_status.h"
+#include "cuda/cuda_status.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -1,4 +1,4 @@
-#include "server/cuda/cuda_resources.h"
+#include "cuda/cuda_resources.h"
 
 #include <cuda_runtime_api.h>
 
@@ -9,13 +9,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "server/cuda/cuda_status.h"
-#include "server/cuda/internal/scoped_device.h"
+#include "cuda/cuda_status.h"
+#include "cuda/scoped_device.h"
 
 namespace ferry {
 namespace {
-
-using cuda_internal::ScopedDevice;
 
 static_assert(sizeof(cudaIpcMemHandle_t) == kCudaIpcHandleSize);
 static_assert(sizeof(cudaIpcEventHandle_t) == kCudaIpcHandleSize);
@@ -312,7 +310,7 @@ absl::StatusOr<HostRegistration> HostRegistration::Create(void* data, size_t byt
 }
 
 absl::StatusOr<const void*> HostRegistration::DeviceData(int device) const {
-  cuda_internal::ScopedDevice scope(device);
+  ScopedDevice scope(device);
   FERRY_RETURN_IF_ERROR(scope.status());
   void* mapped = nullptr;
   FERRY_RETURN_IF_ERROR(Check(cudaHostGetDevicePointer(&mapped, data_, 0),

@@ -16,7 +16,7 @@
 #include <mutex>
 #include <utility>
 
-#include "server/cuda/internal/kernels.h"
+#include "server/kernels/internal/kernels.h"
 
 namespace ferry {
 namespace cuda_internal {
