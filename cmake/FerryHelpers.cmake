@@ -2,6 +2,49 @@
 # explicit source lists, warnings on for project code only.
 
 set(FERRY_COMMON_WARNINGS -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers)
+set(FERRY_CHECK_INCLUDES_SCRIPT ${CMAKE_CURRENT_LIST_DIR}/FerryCheckIncludes.cmake)
+
+# Include boundaries (FerryCheckIncludes.cmake: X/internal/ is private to X/, client/ never
+# includes server/), checked before <target> compiles: a breach fails the build, naming the
+# file, the header and the rule. The check reruns when one of <srcs> changes and, with
+# FOLDER_HEADERS, one of the folder's headers (a header added since configure is found by the
+# script itself, which globs the folder again).
+#   ferry_check_includes(<target> [FOLDER_HEADERS] SRCS ...)
+set(FERRY_HEADER_GLOBS *.h *.hh *.hpp *.cuh *.inc)
+function(ferry_check_includes target)
+  cmake_parse_arguments(C "FOLDER_HEADERS" "" "SRCS" ${ARGN})
+  set(files)
+  foreach(src ${C_SRCS})
+    if(src MATCHES "^\\$<")  # $<TARGET_OBJECTS:...> and other generator expressions
+      continue()
+    endif()
+    get_filename_component(src "${src}" ABSOLUTE BASE_DIR ${CMAKE_CURRENT_SOURCE_DIR})
+    if(src MATCHES "\\.(c|cc|cpp|cu|h|hh|hpp|cuh|inc)$" AND EXISTS "${src}")
+      list(APPEND files "${src}")
+    endif()
+  endforeach()
+  set(headers)
+  if(C_FOLDER_HEADERS)
+    set(dir ${CMAKE_CURRENT_SOURCE_DIR})
+    list(TRANSFORM FERRY_HEADER_GLOBS PREPEND ${dir}/ OUTPUT_VARIABLE here)
+    list(TRANSFORM FERRY_HEADER_GLOBS PREPEND ${dir}/internal/ OUTPUT_VARIABLE internal)
+    list(TRANSFORM FERRY_HEADER_GLOBS PREPEND ${dir}/include/ OUTPUT_VARIABLE include)
+    file(GLOB headers ${here})
+    file(GLOB_RECURSE nested ${internal} ${include})
+    list(APPEND headers ${nested})
+  endif()
+  set(stamp ${CMAKE_CURRENT_BINARY_DIR}/${target}.includes.stamp)
+  add_custom_command(
+    OUTPUT ${stamp}
+    COMMAND ${CMAKE_COMMAND} -DROOT=${PROJECT_SOURCE_DIR} -DFOLDER=${CMAKE_CURRENT_SOURCE_DIR}
+            -DFOLDER_HEADERS=${C_FOLDER_HEADERS} -DTARGET=${target} -DSTAMP=${stamp}
+            -P ${FERRY_CHECK_INCLUDES_SCRIPT} ${files}
+    DEPENDS ${files} ${headers} ${FERRY_CHECK_INCLUDES_SCRIPT}
+    COMMENT "Checking the include boundaries of ${target}"
+    VERBATIM)
+  add_custom_target(${target}_includes DEPENDS ${stamp})
+  add_dependencies(${target} ${target}_includes)
+endfunction()
 
 # ferry_cc_library(NAME <target> SRCS ... DEPS ... [PUBLIC_INCLUDE <dir>])
 function(ferry_cc_library)
@@ -12,6 +55,7 @@ function(ferry_cc_library)
   target_compile_options(${F_NAME} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${FERRY_COMMON_WARNINGS}>)
   target_compile_definitions(${F_NAME} PUBLIC ${F_DEFINES})
   set_target_properties(${F_NAME} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  ferry_check_includes(${F_NAME} FOLDER_HEADERS SRCS ${F_SRCS})
 endfunction()
 
 # ferry_cc_test(NAME <target> SRCS ... DEPS ... [LABELS ...])
@@ -20,6 +64,7 @@ function(ferry_cc_test)
   add_executable(${F_NAME} ${F_SRCS})
   target_link_libraries(${F_NAME} PRIVATE ${F_DEPS} GTest::gtest GTest::gtest_main)
   target_compile_options(${F_NAME} PRIVATE ${FERRY_COMMON_WARNINGS})
+  ferry_check_includes(${F_NAME} SRCS ${F_SRCS})
   add_test(NAME ${F_NAME} COMMAND ${F_NAME})
   set_tests_properties(${F_NAME} PROPERTIES TIMEOUT 300)
   if(F_LABELS)

@@ -1,0 +1,3 @@
+#include "lib/lib.h"
+
+int ClientValue() { return LibValue() + 2; }

@@ -1,0 +1,3 @@
+#pragma once
+
+inline int Secret() { return 42; }

@@ -1,0 +1,5 @@
+#include "other/other.h"
+
+#include "lib/lib.h"
+
+int OtherValue() { return LibValue() + 1; }

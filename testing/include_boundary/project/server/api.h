@@ -1,0 +1,3 @@
+#pragma once
+
+inline int ServerValue() { return 3; }
