@@ -5,6 +5,7 @@
 #include "server/dataset/image_folder_source.h"
 #include "server/dataset/npy_source.h"
 #include "server/dataset/record_source.h"
+#include "server/dataset/shard_pattern.h"
 #include "server/dataset/token_source.h"
 #include "server/dataset/webdataset_source.h"
 
@@ -29,56 +30,124 @@ size_t DTypeSize(ferry::v1::DType dtype) {
   }
 }
 
+namespace {
+
+using ferry::v1::DatasetSpec;
+using Opened = absl::StatusOr<std::unique_ptr<SampleSource>>;
+
+// One entry per dataset kind: the paths its spec names and how it opens. The one place that
+// knows the kinds (MakeSampleSource and DatasetPaths both read it).
+struct DatasetKind {
+  DatasetSpec::KindCase kind;
+  // Every path the spec names, shard patterns expanded; empty ones included (the caller
+  // refuses them).
+  absl::StatusOr<std::vector<std::string>> (*paths)(const DatasetSpec& dataset);
+  Opened (*open)(const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
+                 const SourceOptions& options);
+};
+
+using Paths = absl::StatusOr<std::vector<std::string>>;
+
+constexpr DatasetKind kDatasetKinds[] = {
+    {DatasetSpec::kImageFolder,
+     [](const DatasetSpec& d) -> Paths { return std::vector<std::string>{d.image_folder().root()}; },
+     [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
+        const SourceOptions& options) -> Opened {
+       const ferry::v1::DatasetSpec& dataset = spec.dataset();
+       if (dataset.image_folder().root().empty()) {
+         return absl::InvalidArgumentError(
+             "dataset.image_folder.root must be set to a directory of <class>/<file>.jpg");
+       }
+       // Validate the transform before touching the filesystem: it is cheaper and the
+       // listing of a large dataset takes a while.
+       FERRY_ASSIGN_OR_RETURN(ImageTransform transform, ImageTransformFromSpec(spec.transform()));
+       FERRY_ASSIGN_OR_RETURN(auto source,
+                              ImageFolderSource::Create(dataset.image_folder().root(), transform,
+                                                        options.limits, std::move(fs)));
+       return std::unique_ptr<SampleSource>(std::move(source));
+     }},
+    {DatasetSpec::kTokens,
+     [](const DatasetSpec& d) -> Paths { return std::vector<std::string>{d.tokens().path()}; },
+     [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
+        const SourceOptions& options) -> Opened {
+       const ferry::v1::TokensDataset& tokens = spec.dataset().tokens();
+       // Raw tokens where the device widens them (SourceOptions::device_widens_tokens says
+       // when not).
+       const bool narrowing = tokens.token_dtype() == ferry::v1::UINT32 &&
+                              tokens.output_dtype() == ferry::v1::INT32;
+       const bool raw = options.device_widens_tokens && !narrowing && !tokens.widen_on_host();
+       FERRY_ASSIGN_OR_RETURN(auto source, TokenSource::Create(tokens, raw, *fs));
+       return std::unique_ptr<SampleSource>(std::move(source));
+     }},
+    {DatasetSpec::kWebdataset,
+     [](const DatasetSpec& d) -> Paths {
+       if (d.webdataset().shards().empty()) {
+         return absl::InvalidArgumentError(
+             "dataset.webdataset.shards must list at least one .tar path or pattern");
+       }
+       return ExpandShardPatterns({d.webdataset().shards().begin(), d.webdataset().shards().end()});
+     },
+     [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
+        const SourceOptions& options) -> Opened {
+       // The transform first: indexing many shards takes a while.
+       FERRY_ASSIGN_OR_RETURN(ImageTransform transform, ImageTransformFromSpec(spec.transform()));
+       FERRY_ASSIGN_OR_RETURN(auto source,
+                              WebDatasetSource::Create(spec.dataset().webdataset(), transform,
+                                                       options.limits, std::move(fs)));
+       return std::unique_ptr<SampleSource>(std::move(source));
+     }},
+    {DatasetSpec::kRecords,
+     [](const DatasetSpec& d) -> Paths { return std::vector<std::string>{d.records().path()}; },
+     [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
+        const SourceOptions& options) -> Opened {
+       FERRY_ASSIGN_OR_RETURN(auto source,
+                              RecordSource::Create(spec.dataset().records(), options.row_stores, *fs));
+       return std::unique_ptr<SampleSource>(std::move(source));
+     }},
+    {DatasetSpec::kNpy,
+     [](const DatasetSpec& d) -> Paths { return std::vector<std::string>{d.npy().path()}; },
+     [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
+        const SourceOptions& options) -> Opened {
+       return OpenNpySource(spec.dataset().npy(), options.row_stores, *fs);
+     }},
+};
+
+const DatasetKind* FindKind(DatasetSpec::KindCase kind) {
+  for (const DatasetKind& k : kDatasetKinds) {
+    if (k.kind == kind) return &k;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(const ferry::v1::JobSpec& spec,
                                                                std::shared_ptr<const DatasetFs> fs,
-                                                               const DecodeLimits& limits) {
-  const ferry::v1::DatasetSpec& dataset = spec.dataset();
-  const bool to_gpu = spec.device().rfind("cuda:", 0) == 0;
-  const RowStores stores = to_gpu ? RowStores::kStreaming : RowStores::kOrdinary;
-  switch (dataset.kind_case()) {
-    case ferry::v1::DatasetSpec::kImageFolder: {
-      if (dataset.image_folder().root().empty()) {
-        return absl::InvalidArgumentError(
-            "dataset.image_folder.root must be set to a directory of <class>/<file>.jpg");
-      }
-      // Validate the transform before touching the filesystem: it is cheaper and the
-      // listing of a large dataset takes a while.
-      FERRY_ASSIGN_OR_RETURN(ImageTransform transform, ImageTransformFromSpec(spec.transform()));
-      FERRY_ASSIGN_OR_RETURN(auto source,
-                             ImageFolderSource::Create(dataset.image_folder().root(), transform,
-                                                       limits, std::move(fs)));
-      return std::unique_ptr<SampleSource>(std::move(source));
-    }
-    case ferry::v1::DatasetSpec::kTokens: {
-      // A GPU job widens tokens on its device (see TokenSource::Create), except UINT32 ->
-      // INT32, whose range check runs here, and where the job asks for them widened here
-      // (widen_on_host, for compute-bound trainers: docs/operations.md).
-      const bool narrowing = dataset.tokens().token_dtype() == ferry::v1::UINT32 &&
-                             dataset.tokens().output_dtype() == ferry::v1::INT32;
-      const bool raw = to_gpu && !narrowing && !dataset.tokens().widen_on_host();
-      FERRY_ASSIGN_OR_RETURN(auto source, TokenSource::Create(dataset.tokens(), raw, *fs));
-      return std::unique_ptr<SampleSource>(std::move(source));
-    }
-    case ferry::v1::DatasetSpec::kWebdataset: {
-      // The transform first: indexing many shards takes a while.
-      FERRY_ASSIGN_OR_RETURN(ImageTransform transform, ImageTransformFromSpec(spec.transform()));
-      FERRY_ASSIGN_OR_RETURN(auto source,
-                             WebDatasetSource::Create(dataset.webdataset(), transform, limits,
-                                                      std::move(fs)));
-      return std::unique_ptr<SampleSource>(std::move(source));
-    }
-    case ferry::v1::DatasetSpec::kRecords: {
-      FERRY_ASSIGN_OR_RETURN(auto source, RecordSource::Create(dataset.records(), stores, *fs));
-      return std::unique_ptr<SampleSource>(std::move(source));
-    }
-    case ferry::v1::DatasetSpec::kNpy:
-      return OpenNpySource(dataset.npy(), stores, *fs);
-    case ferry::v1::DatasetSpec::KIND_NOT_SET:
-      break;
+                                                               const SourceOptions& options) {
+  const DatasetKind* kind = FindKind(spec.dataset().kind_case());
+  if (kind == nullptr) {
+    return absl::InvalidArgumentError(
+        "dataset must be set: choose dataset.webdataset, dataset.records, dataset.npy, "
+        "dataset.image_folder or dataset.tokens");
   }
-  return absl::InvalidArgumentError(
-      "dataset must be set: choose dataset.webdataset, dataset.records, dataset.npy, "
-      "dataset.image_folder or dataset.tokens");
+  return kind->open(spec, std::move(fs), options);
+}
+
+absl::StatusOr<std::vector<std::string>> DatasetPaths(const ferry::v1::DatasetSpec& dataset) {
+  const DatasetKind* kind = FindKind(dataset.kind_case());
+  if (kind == nullptr) {
+    return absl::InvalidArgumentError(
+        "dataset is not set: choose image_folder, tokens, webdataset, records or npy");
+  }
+  FERRY_ASSIGN_OR_RETURN(std::vector<std::string> paths, kind->paths(dataset));
+  for (const std::string& p : paths) {
+    if (p.empty()) {
+      return absl::InvalidArgumentError(
+          "dataset path is empty: give dataset.image_folder.root, dataset.tokens.path, "
+          "dataset.records.path, dataset.npy.path or dataset.webdataset.shards");
+    }
+  }
+  return paths;
 }
 
 }  // namespace ferry

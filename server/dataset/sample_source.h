@@ -112,15 +112,36 @@ class SampleSource {
                            std::vector<int64_t>* order) const {}
 };
 
+// How the job wants its dataset read. The job fills it (from its device and the daemon's
+// settings); sources never look at JobSpec.device themselves.
+struct SourceOptions {
+  // How copy-only sources (records, npy) write rows: kStreaming for a GPU job.
+  // Default: RowStores::kOrdinary.
+  RowStores row_stores = RowStores::kOrdinary;
+  // The rows go to a device that widens token ids itself (the GPU transport): a tokens
+  // dataset then delivers the file's own dtype (TokenSource's `raw`), so only 2 or 4 bytes
+  // per token cross PCIe. Not where the job asks for tokens widened on the host
+  // (TokensDataset.widen_on_host) or the output narrows (UINT32 -> INT32, whose range
+  // check runs on the host). Default: false.
+  bool device_widens_tokens = false;
+  // Guards for the decoders of image datasets (DaemonConfig.decode_limits).
+  // Default: DecodeLimits()'s.
+  DecodeLimits limits;
+};
+
 // Validates `spec` (dataset + transform) and opens the dataset. Errors:
 //   INVALID_ARGUMENT naming the field (crop size 0, seq_len 0, unknown token dtype, ...);
 //   NOT_FOUND naming the path when it does not exist;
 //   FAILED_PRECONDITION when the dataset is empty (says what was expected).
-// Every file is opened through `fs` (dataset_roots: DatasetFs). `limits` guard the decoders
-// of image datasets (DaemonConfig.decode_limits).
+// Every file is opened through `fs` (dataset_roots: DatasetFs).
 absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(
     const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
-    const DecodeLimits& limits = DecodeLimits());
+    const SourceOptions& options = SourceOptions());
+
+// Every file or directory `dataset` names (shard patterns expanded), so that a caller can
+// check them against dataset_roots (DatasetFs::CheckPath) before touching the disk.
+// INVALID_ARGUMENT when no dataset kind is set, a path is empty or a pattern is malformed.
+absl::StatusOr<std::vector<std::string>> DatasetPaths(const ferry::v1::DatasetSpec& dataset);
 
 }  // namespace ferry
 

@@ -574,29 +574,40 @@ TEST(TokensTest, Uint32TokenTooLargeForInt32IsDataLoss) {
   EXPECT_EQ(ReadRow<int64_t>(rows64.buffers[0])[5], int64_t{0xFFFFFFF0u});
 }
 
-// A GPU job gets the file's own token dtype, for ferryd's kernel to widen on the device,
-// unless the job asks for them widened on the host (widen_on_host; the daemon's
-// widen_tokens_on_host sets it: JobManagerTest) or the output narrows (UINT32 -> INT32,
-// checked here); a host job's are always widened here.
+// A GPU job (SourceOptions::device_widens_tokens, set by the job manager) gets the file's
+// own token dtype, for ferryd's kernel to widen on the device, unless the job asks for them
+// widened on the host (widen_on_host; the daemon's widen_tokens_on_host sets it:
+// JobManagerTest) or the output narrows (UINT32 -> INT32, checked here); a host job's are
+// always widened here. The device string itself is not read here.
 TEST(TokensTest, GpuJobsGetRawTokensUnlessWidenedOnTheHost) {
   TempDir dir;
   const std::string path = dir.path() + "/t.bin";
   WriteTokens(path, std::vector<uint16_t>{1, 2, 3, 4, 5, 6, 7, 8, 9});
-  ferry::v1::JobSpec gpu = TokenSpec(path, ferry::v1::UINT16, 4);
-  gpu.set_device("cuda:0");
-  ferry::v1::JobSpec widened = gpu;
+  WriteTokens(path + "32", std::vector<uint32_t>{1, 2, 3, 4, 5, 6, 7, 8, 9});
+  const ferry::v1::JobSpec plain = TokenSpec(path, ferry::v1::UINT16, 4);
+  ferry::v1::JobSpec widened = plain;
   widened.mutable_dataset()->mutable_tokens()->set_widen_on_host(true);
-  auto tokens_dtype = [](const ferry::v1::JobSpec& spec) {
-    absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(spec, UnconfinedDatasetFs());
+  SourceOptions gpu;
+  gpu.device_widens_tokens = true;
+  auto tokens_dtype = [](const ferry::v1::JobSpec& spec, const SourceOptions& options) {
+    absl::StatusOr<std::unique_ptr<SampleSource>> source =
+        MakeSampleSource(spec, UnconfinedDatasetFs(), options);
     EXPECT_TRUE(source.ok()) << source.status();
     return source.ok() ? (*source)->fields()[0].dtype : ferry::v1::DTYPE_UNSPECIFIED;
   };
-  EXPECT_EQ(tokens_dtype(gpu), ferry::v1::UINT16);
-  EXPECT_EQ(tokens_dtype(widened), ferry::v1::INT64);
-  EXPECT_EQ(tokens_dtype(TokenSpec(path, ferry::v1::UINT16, 4)), ferry::v1::INT64);
+  EXPECT_EQ(tokens_dtype(plain, gpu), ferry::v1::UINT16);
+  EXPECT_EQ(tokens_dtype(widened, gpu), ferry::v1::INT64);
+  EXPECT_EQ(tokens_dtype(plain, SourceOptions()), ferry::v1::INT64);
+  // A device string alone changes nothing: the options decide.
+  ferry::v1::JobSpec named_gpu = plain;
+  named_gpu.set_device("cuda:0");
+  EXPECT_EQ(tokens_dtype(named_gpu, SourceOptions()), ferry::v1::INT64);
+  EXPECT_EQ(tokens_dtype(TokenSpec(path + "32", ferry::v1::UINT32, 4, ferry::v1::INT32), gpu),
+            ferry::v1::INT32);
 
   // Widened on the host for a GPU job: the rows hold the int64 values.
-  absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(widened, UnconfinedDatasetFs());
+  absl::StatusOr<std::unique_ptr<SampleSource>> source =
+      MakeSampleSource(widened, UnconfinedDatasetFs(), gpu);
   ASSERT_TRUE(source.ok()) << source.status();
   ASSERT_EQ((*source)->fields()[0].row_bytes, 5u * 8u);
   std::vector<uint8_t> row(5 * 8);

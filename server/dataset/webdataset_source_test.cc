@@ -111,7 +111,10 @@ class WebDatasetSourceTest : public ::testing::Test {
 
   std::unique_ptr<SampleSource> Make(const ferry::v1::JobSpec& spec,
                                      const DecodeLimits& limits = DecodeLimits()) {
-    absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(spec, UnconfinedDatasetFs(), limits);
+    SourceOptions options;
+    options.limits = limits;
+    absl::StatusOr<std::unique_ptr<SampleSource>> source =
+        MakeSampleSource(spec, UnconfinedDatasetFs(), options);
     EXPECT_TRUE(source.ok()) << source.status();
     return source.ok() ? *std::move(source) : nullptr;
   }

@@ -50,13 +50,13 @@ absl::StatusOr<SlotLayout> SlotLayout::Make(const std::vector<FieldLayout>& fiel
 absl::StatusOr<std::shared_ptr<Job>> Job::Create(JobIdentity identity,
                                                  const ferry::v1::JobSpec& spec,
                                                  std::shared_ptr<const DatasetFs> fs,
-                                                 const DecodeLimits& limits) {
+                                                 const SourceOptions& options) {
   if (spec.batch_size() < 1 || spec.batch_size() > kMaxBatchSize) {
     return absl::InvalidArgumentError(absl::StrCat("batch_size must be in [1, ", kMaxBatchSize,
                                                    "] (got ", spec.batch_size(), ")"));
   }
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<SampleSource> source,
-                         MakeSampleSource(spec, std::move(fs), limits));
+                         MakeSampleSource(spec, std::move(fs), options));
   return Create(std::move(identity), spec, std::move(source));
 }
 

@@ -53,11 +53,12 @@ struct JobIdentity {
 
 class Job final {
  public:
-  // Opens the dataset through `fs` and checks the spec. Errors name the offending field.
+  // Opens the dataset through `fs` with `options` (MakeSampleSource) and checks the spec.
+  // Errors name the offending field.
   static absl::StatusOr<std::shared_ptr<Job>> Create(JobIdentity identity,
                                                      const ferry::v1::JobSpec& spec,
                                                      std::shared_ptr<const DatasetFs> fs,
-                                                     const DecodeLimits& limits = DecodeLimits());
+                                                     const SourceOptions& options = SourceOptions());
   // Same, over an already opened source (tests feed fakes through this).
   static absl::StatusOr<std::shared_ptr<Job>> Create(JobIdentity identity,
                                                      const ferry::v1::JobSpec& spec,

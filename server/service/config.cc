@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/session_protocol.h"
+#include "server/service/job_manager.h"
+#include "server/transport/gather_options.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 
@@ -37,16 +39,30 @@ void ApplyDefaults(ferry::v1::DaemonConfig* c) {
     c->set_pinned_memory_budget_bytes(c->host_memory_budget_bytes());
   }
   if (c->sysfs_root().empty()) c->set_sysfs_root("/sys");
-  if (c->default_prefetch_depth() == 0) c->set_default_prefetch_depth(4);
-  if (c->default_prefetch_bytes() == 0) c->set_default_prefetch_bytes(uint64_t{64} << 20);
+  // Settings that configure a struct of their own take that struct's defaults.
+  const JobManager::Options jobs;
+  const GatherOptions gather;
+  if (c->default_prefetch_depth() == 0) c->set_default_prefetch_depth(jobs.default_prefetch_depth);
+  if (c->default_prefetch_bytes() == 0) c->set_default_prefetch_bytes(jobs.default_prefetch_bytes);
   if (c->drain_timeout_seconds() == 0) c->set_drain_timeout_seconds(5);
-  if (c->read_retry_seconds() == 0) c->set_read_retry_seconds(300);
+  if (c->read_retry_seconds() == 0) {
+    c->set_read_retry_seconds(
+        static_cast<uint32_t>(absl::ToInt64Seconds(jobs.transient_retry_limit)));
+  }
   if (c->max_sessions() == 0) c->set_max_sessions(4096);
   if (c->max_sessions_per_uid() == 0) c->set_max_sessions_per_uid(1024);
-  if (c->gather_thread_blocks() == 0) c->set_gather_thread_blocks(16);
-  if (c->gather_streams() == 0) c->set_gather_streams(4);
-  if (c->gather_registration_wait_ms() == 0) c->set_gather_registration_wait_ms(1000);
-  if (!c->has_job_idle_timeout_seconds()) c->set_job_idle_timeout_seconds(600);
+  if (c->gather_thread_blocks() == 0) {
+    c->set_gather_thread_blocks(static_cast<uint32_t>(gather.thread_blocks));
+  }
+  if (c->gather_streams() == 0) c->set_gather_streams(static_cast<uint32_t>(gather.streams));
+  if (c->gather_registration_wait_ms() == 0) {
+    c->set_gather_registration_wait_ms(
+        static_cast<int32_t>(absl::ToInt64Milliseconds(gather.registration_wait)));
+  }
+  if (!c->has_job_idle_timeout_seconds()) {
+    c->set_job_idle_timeout_seconds(
+        static_cast<uint32_t>(absl::ToInt64Seconds(jobs.job_idle_timeout)));
+  }
 }
 
 absl::StatusOr<LoadedConfig> LoadConfig(const std::string& path) {
@@ -75,7 +91,7 @@ absl::StatusOr<LoadedConfig> LoadConfig(const std::string& path) {
   if (loaded.config.gather_streams() > kMaxGatherStreams) {
     return absl::InvalidArgumentError(absl::StrCat(
         "config file '", loaded.path, "': gather_streams is ", loaded.config.gather_streams(),
-        "; use 1 to ", kMaxGatherStreams, " (0 = the default, 4)"));
+        "; use 1 to ", kMaxGatherStreams, " (0 = the default, ", GatherOptions{}.streams, ")"));
   }
   for (const std::string& root : loaded.config.dataset_roots()) {
     if (root.empty() || root[0] != '/') {

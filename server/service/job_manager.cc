@@ -15,52 +15,19 @@
 #include "common/quote.h"
 #include "common/random.h"
 #include "common/status_macros.h"
-#include "server/dataset/shard_pattern.h"
+#include "server/transport/device_ring.h"
 
 namespace ferry {
 namespace {
 
-// Every file or directory the job's dataset names (shard patterns expanded).
-absl::StatusOr<std::vector<std::string>> DatasetPaths(const ferry::v1::JobSpec& spec) {
-  const ferry::v1::DatasetSpec& d = spec.dataset();
-  std::vector<std::string> paths;
-  switch (d.kind_case()) {
-    case ferry::v1::DatasetSpec::kImageFolder:
-      paths.push_back(d.image_folder().root());
-      break;
-    case ferry::v1::DatasetSpec::kTokens:
-      paths.push_back(d.tokens().path());
-      break;
-    case ferry::v1::DatasetSpec::kRecords:
-      paths.push_back(d.records().path());
-      break;
-    case ferry::v1::DatasetSpec::kNpy:
-      paths.push_back(d.npy().path());
-      break;
-    case ferry::v1::DatasetSpec::kWebdataset: {
-      if (d.webdataset().shards().empty()) {
-        return absl::InvalidArgumentError(
-            "dataset.webdataset.shards must list at least one .tar path or pattern");
-      }
-      FERRY_ASSIGN_OR_RETURN(paths, ExpandShardPatterns({d.webdataset().shards().begin(),
-                                                         d.webdataset().shards().end()}));
-      break;
-    }
-    case ferry::v1::DatasetSpec::KIND_NOT_SET:
-      break;
-  }
-  for (const std::string& p : paths) {
-    if (p.empty()) {
-      return absl::InvalidArgumentError(
-          "dataset path is empty: give dataset.image_folder.root, dataset.tokens.path, "
-          "dataset.records.path, dataset.npy.path or dataset.webdataset.shards");
-    }
-  }
-  if (paths.empty()) {
-    return absl::InvalidArgumentError(
-        "dataset is not set: choose image_folder, tokens, webdataset, records or npy");
-  }
-  return paths;
+// Where a job's batches go, from JobSpec.device: the one function that reads the device
+// string (the GpuProvider resolves "cuda:N" to its GPU).
+enum class DeviceKind { kCpu, kCuda, kUnknown };
+
+DeviceKind ParseDevice(const std::string& device) {
+  if (device == "cpu") return DeviceKind::kCpu;
+  if (device.rfind("cuda:", 0) == 0) return DeviceKind::kCuda;
+  return DeviceKind::kUnknown;
 }
 
 std::string SpecKey(uint32_t uid, const std::string& name, const ferry::v1::JobSpec& spec) {
@@ -108,7 +75,7 @@ JobManager::JobManager(Options options, WorkerPool* pool, MemoryBudget* host_bud
 JobManager::~JobManager() { BeginDrain(); }
 
 absl::Status JobManager::CheckDataset(const ferry::v1::JobSpec& spec) const {
-  FERRY_ASSIGN_OR_RETURN(std::vector<std::string> paths, DatasetPaths(spec));
+  FERRY_ASSIGN_OR_RETURN(std::vector<std::string> paths, DatasetPaths(spec.dataset()));
   for (const std::string& path : paths) FERRY_RETURN_IF_ERROR(CheckDatasetPath(path));
   return absl::OkStatus();
 }
@@ -154,7 +121,8 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
   if (spec.batch_size() == 0) {
     return absl::InvalidArgumentError("batch_size must be at least 1 (got 0)");
   }
-  const bool cuda = spec.device().rfind("cuda:", 0) == 0;
+  const DeviceKind device = ParseDevice(spec.device());
+  const bool cuda = device == DeviceKind::kCuda;
   if (cuda) {
     if (gpus_ == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -162,7 +130,7 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
           "without CUDA; use device=\"cpu\" (host transport) or a ferryd built with CUDA"));
     }
     FERRY_RETURN_IF_ERROR(gpus_->Resolve(spec.device()).status());
-  } else if (spec.device() != "cpu") {
+  } else if (device != DeviceKind::kCpu) {
     return absl::InvalidArgumentError(absl::StrCat(
         "device must be \"cpu\" or \"cuda:N\" (got '", spec.device(), "')"));
   }
@@ -227,8 +195,14 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
     absl::MutexLock lock(&mutex_);
     identity.serial = next_serial_++;
   }
+  // How the dataset is read follows from where its batches go: a GPU's copy engine reads
+  // the slots (streaming stores) and its kernel widens tokens.
+  SourceOptions source_options;
+  source_options.row_stores = cuda ? RowStores::kStreaming : RowStores::kOrdinary;
+  source_options.device_widens_tokens = cuda;
+  source_options.limits = options_.decode_limits;
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Job> job,
-                         Job::Create(identity, spec, dataset_fs_, options_.decode_limits));
+                         Job::Create(identity, spec, dataset_fs_, source_options));
   job->set_transient_retry_limit(options_.transient_retry_limit);
   if (cuda) FERRY_RETURN_IF_ERROR(gpus_->CheckJob(*job));
   // Refuse now a job whose rank slab can never fit, rather than at every rank's attach: one
@@ -483,7 +457,7 @@ absl::StatusOr<JobManager::Attachment> JobManager::Attach(const Caller& caller,
   // milliseconds to seconds: the daemon-wide lock is not held meanwhile.
   absl::StatusOr<std::shared_ptr<RankPipeline>> created;
   const ferry::v1::JobSpec& spec = job->spec();
-  if (spec.device().rfind("cuda:", 0) == 0 && gpus_ != nullptr) {
+  if (ParseDevice(spec.device()) == DeviceKind::kCuda && gpus_ != nullptr) {
     absl::StatusOr<int> ordinal = gpus_->Resolve(spec.device());
     if (!ordinal.ok()) {
       created = ordinal.status();
@@ -494,8 +468,11 @@ absl::StatusOr<JobManager::Attachment> JobManager::Attach(const Caller& caller,
       const int gpu = *ordinal;
       created = RankPipeline::Create(
           job, rank, slots, gpus_->NumaNode(gpu), pool_, host_budget_,
-          [gpus, &job_ref, gpu, slots](const SharedSlab& slab) {
-            return gpus->MakeStage(job_ref, gpu, slab, slots);
+          [gpus, &job_ref, gpu, slots](
+              const SharedSlab& slab) -> absl::StatusOr<std::unique_ptr<DeliveryRing>> {
+            FERRY_ASSIGN_OR_RETURN(std::unique_ptr<DeviceStage> stage,
+                                   gpus->MakeStage(job_ref, gpu, slab, slots));
+            return std::make_unique<DeviceRing>(std::move(stage));
           });
     }
   } else {

@@ -42,6 +42,8 @@ inline constexpr uint32_t kMaxWorldSize = 1u << 20;
 
 class JobManager final {
  public:
+  // The daemon's settings for jobs. The defaults here are DaemonConfig's too: ApplyDefaults
+  // (config.cc) takes them from Options{}.
   struct Options {
     std::vector<std::string> dataset_roots;  // empty: see allow_any_dataset
     bool allow_any_dataset = false;          // per-user daemon with no roots configured
@@ -49,16 +51,20 @@ class JobManager final {
     std::string config_path;                 // for error messages
     // Slots per rank of a job that asks for none: default_prefetch_depth, or more for small
     // batches, until default_prefetch_bytes of slots are in flight (see SlotsPerRank).
+    // Default: 4.
     uint32_t default_prefetch_depth = 4;
+    // Default: 64 MiB.
     uint64_t default_prefetch_bytes = uint64_t{64} << 20;
     DecodeLimits decode_limits;              // DaemonConfig.decode_limits, defaults filled
     // DaemonConfig.read_retry_seconds: how long a job's reads may fail for a reason of the
     // machine (out of descriptors, ...) before the job fails (Job::transient_retry_limit).
+    // Default: 5 minutes.
     absl::Duration transient_retry_limit = absl::Minutes(5);
     // DaemonConfig.widen_tokens_on_host: sets TokensDataset.widen_on_host of GPU jobs.
+    // Default: false.
     bool widen_tokens_on_host = false;
     // DaemonConfig.job_idle_timeout_seconds: DeleteIdleJobs deletes a job that had no
-    // consumer for this long. Zero keeps jobs until deleted.
+    // consumer for this long. Zero keeps jobs until deleted. Default: 10 minutes.
     absl::Duration job_idle_timeout = absl::Minutes(10);
   };
 

@@ -24,11 +24,18 @@ namespace ferry {
 // file in: an attach waits for it up to `registration_wait`, and past that the rank starts
 // with the workers' copy and gathers once the registration is done (DeviceStage::
 // gather_ready).
+// The defaults here are DaemonConfig's too: ApplyDefaults (server/service/config.cc) takes
+// them from GatherOptions{}.
 struct GatherOptions {
+  // DaemonConfig.disable_page_cache_gather, inverted. Default: true.
   bool enabled = true;
+  // DaemonConfig.gather_every_batch. Default: false.
   bool every_batch = false;
+  // DaemonConfig.gather_thread_blocks. Default: 16.
   int thread_blocks = 16;
+  // DaemonConfig.gather_streams. Default: 4.
   int streams = 4;
+  // DaemonConfig.gather_registration_wait_ms. Default: 1 second.
   absl::Duration registration_wait = absl::Seconds(1);
 };
 
