@@ -8,6 +8,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -16,6 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/unique_fd.h"
+#include "server/dataset/mapped_file.h"
 
 namespace ferry {
 namespace {
@@ -77,6 +80,32 @@ std::optional<std::string> ResolvedPath(int fd) {
   return target;
 }
 
+FileIdentity IdentityOf(const struct stat& st) {
+  return FileIdentity{.device = static_cast<uint64_t>(st.st_dev),
+                      .inode = static_cast<uint64_t>(st.st_ino),
+                      .size = static_cast<uint64_t>(st.st_size),
+                      .mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 +
+                                  static_cast<int64_t>(st.st_mtim.tv_nsec)};
+}
+
+// A file read with pread on its own descriptor.
+class RealFile final : public RandomAccessFile {
+ public:
+  RealFile(std::string path, const FileIdentity& identity, UniqueFd fd)
+      : RandomAccessFile(std::move(path), identity), fd_(std::move(fd)) {}
+
+  absl::StatusOr<size_t> ReadAt(uint64_t offset, absl::Span<uint8_t> out) const override {
+    for (;;) {
+      const ssize_t n = ::pread(fd_.get(), out.data(), out.size(), static_cast<off_t>(offset));
+      if (n >= 0) return static_cast<size_t>(n);
+      if (errno != EINTR) return FileErrnoStatus(errno, "cannot read", path());
+    }
+  }
+
+ private:
+  const UniqueFd fd_;
+};
+
 class RealDatasetFs final : public DatasetFs {
  public:
   struct Root {
@@ -98,15 +127,20 @@ class RealDatasetFs final : public DatasetFs {
     return FindRoot(NormalPath(path)).status();
   }
 
-  absl::StatusOr<UniqueFd> OpenFile(const std::string& path) const override {
-    absl::StatusOr<UniqueFd> fd = Open(path, O_RDONLY);
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFile(
+      const std::string& path) const override {
+    FileIdentity identity;
+    absl::StatusOr<UniqueFd> fd = OpenRegular(path, &identity);
     if (!fd.ok()) return fd.status();
-    struct stat st;
-    if (::fstat(fd->get(), &st) != 0) return FileErrnoStatus(errno, "cannot stat", path);
-    if (!S_ISREG(st.st_mode)) {
-      return absl::InvalidArgumentError(absl::StrCat(Quoted(path), " is not a regular file"));
-    }
-    return fd;
+    return std::make_unique<RealFile>(path, identity, *std::move(fd));
+  }
+
+  absl::StatusOr<std::shared_ptr<const MappedFile>> MapFile(
+      const std::string& path) const override {
+    FileIdentity identity;
+    absl::StatusOr<UniqueFd> fd = OpenRegular(path, &identity);
+    if (!fd.ok()) return fd.status();
+    return mappings_.Map(path, fd->get(), identity);
   }
 
   absl::StatusOr<std::vector<Entry>> ListDirectory(const std::string& path) const override {
@@ -241,6 +275,19 @@ class RealDatasetFs final : public DatasetFs {
     return fd;
   }
 
+  // Opens the regular file `path` read-only and says which file it is.
+  absl::StatusOr<UniqueFd> OpenRegular(const std::string& path, FileIdentity* identity) const {
+    absl::StatusOr<UniqueFd> fd = Open(path, O_RDONLY);
+    if (!fd.ok()) return fd.status();
+    struct stat st;
+    if (::fstat(fd->get(), &st) != 0) return FileErrnoStatus(errno, "cannot stat", path);
+    if (!S_ISREG(st.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat(Quoted(path), " is not a regular file"));
+    }
+    *identity = IdentityOf(st);
+    return fd;
+  }
+
   absl::Status OpenError(int err, const std::string& path) const {
     if (err == ENOENT) {
       return absl::NotFoundError(absl::StrCat("dataset path ", Quoted(path), " does not exist"));
@@ -262,9 +309,12 @@ class RealDatasetFs final : public DatasetFs {
                                  : EntryType::kOther;
   }
 
+  // Constant after construction.
   const std::vector<Root> roots_;
   const bool follow_symlinks_;
   const std::string config_path_;
+  // MapFile's live mappings (thread-safe itself).
+  mutable MappingRegistry mappings_;
 };
 
 }  // namespace
@@ -292,6 +342,18 @@ std::shared_ptr<const DatasetFs> UnconfinedDatasetFs() {
   static const std::shared_ptr<const DatasetFs> unconfined =
       std::make_shared<RealDatasetFs>(std::vector<RealDatasetFs::Root>{}, true, "");
   return unconfined;
+}
+
+absl::StatusOr<size_t> ReadUpTo(const RandomAccessFile& file, uint64_t offset,
+                                absl::Span<uint8_t> out) {
+  size_t done = 0;
+  while (done < out.size()) {
+    absl::StatusOr<size_t> n = file.ReadAt(offset + done, out.subspan(done));
+    if (!n.ok()) return n.status();
+    if (*n == 0) break;  // the end of the file
+    done += std::min(*n, out.size() - done);
+  }
+  return done;
 }
 
 bool IsTransientReadError(const absl::Status& status) {
@@ -339,8 +401,13 @@ class StoppableFs final : public DatasetFs {
       : fs_(std::move(fs)), stopping_(std::move(stopping)) {}
 
   absl::Status CheckPath(const std::string& path) const override { return fs_->CheckPath(path); }
-  absl::StatusOr<UniqueFd> OpenFile(const std::string& path) const override {
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFile(
+      const std::string& path) const override {
     return fs_->OpenFile(path);
+  }
+  absl::StatusOr<std::shared_ptr<const MappedFile>> MapFile(
+      const std::string& path) const override {
+    return fs_->MapFile(path);
   }
   absl::StatusOr<std::vector<Entry>> ListDirectory(const std::string& path) const override {
     return fs_->ListDirectory(path);

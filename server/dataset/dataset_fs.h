@@ -10,7 +10,14 @@
 //   DatasetAccess access;
 //   access.roots = {"/data"};
 //   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const DatasetFs> fs, MakeDatasetFs(access));
-//   FERRY_ASSIGN_OR_RETURN(UniqueFd fd, fs->OpenFile("/data/imagenet/train/n01/x.JPEG"));
+//   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file,
+//                          fs->OpenFile("/data/imagenet/train/n01/x.JPEG"));
+//   FERRY_ASSIGN_OR_RETURN(size_t n, ReadUpTo(*file, 0, absl::MakeSpan(buffer)));
+//   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> tokens,
+//                          fs->MapFile("/data/tokens.bin"));
+//
+// Readers read only through what OpenFile and MapFile return, so a test's DatasetFs
+// (FaultInjectingFs) can fail reads with EIO, shorten them, or shrink a file.
 //
 // Errors name the path, never a file's contents, and carry a canonical code:
 //   NOT_FOUND "dataset path '<path>' does not exist";
@@ -23,15 +30,71 @@
 #define FERRY_SERVER_DATASET_DATASET_FS_H_
 
 #include <atomic>
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/unique_fd.h"
+#include "absl/types/span.h"
 
 namespace ferry {
+
+// What makes two opens the same unchanged file, by any path: the inode, and its size and
+// modification time when opened. A file replaced (a new inode) or rewritten in place (a new
+// size or mtime) since has another identity.
+struct FileIdentity {
+  uint64_t device = 0;
+  uint64_t inode = 0;
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+
+  bool operator==(const FileIdentity&) const = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const FileIdentity& id) {
+    return H::combine(std::move(h), id.device, id.inode, id.size, id.mtime_ns);
+  }
+};
+
+// A regular file opened through a DatasetFs, read at any offset. It stays the file that was
+// opened (a file renamed over its path later is another file). Thread-safe: ReadAt may be
+// called from many threads at once.
+class RandomAccessFile {
+ public:
+  RandomAccessFile(std::string path, const FileIdentity& identity)
+      : path_(std::move(path)), identity_(identity) {}
+  RandomAccessFile(const RandomAccessFile&) = delete;
+  RandomAccessFile& operator=(const RandomAccessFile&) = delete;
+  virtual ~RandomAccessFile() = default;
+
+  // The path it was opened by; errors name it.
+  const std::string& path() const { return path_; }
+  // The file when it was opened.
+  const FileIdentity& identity() const { return identity_; }
+  uint64_t size() const { return identity_.size; }
+
+  // Reads up to out.size() bytes at `offset` into `out` and returns how many it read: 0 at
+  // or past the end of the file, and possibly fewer than asked anywhere (as pread may), so
+  // callers loop (ReadUpTo does). Errors: FileErrnoStatus(err, "cannot read", path()), so
+  // that EIO is UNAVAILABLE (IsTransientReadError).
+  virtual absl::StatusOr<size_t> ReadAt(uint64_t offset, absl::Span<uint8_t> out) const = 0;
+
+ private:
+  // Constant after construction.
+  const std::string path_;
+  const FileIdentity identity_;
+};
+
+// Reads `out.size()` bytes at `offset`, looping over short reads, and returns how many it
+// read: fewer only where the file ends first (the caller says what that means for its
+// format). ReadAt's errors.
+absl::StatusOr<size_t> ReadUpTo(const RandomAccessFile& file, uint64_t offset,
+                                absl::Span<uint8_t> out);
+
+class MappedFile;
 
 class DatasetFs {
  public:
@@ -53,9 +116,20 @@ class DatasetFs {
   // touching the disk.
   virtual absl::Status CheckPath(const std::string& path) const = 0;
 
-  // Opens a regular file read-only (close-on-exec). INVALID_ARGUMENT when it is not a
-  // regular file.
-  virtual absl::StatusOr<UniqueFd> OpenFile(const std::string& path) const = 0;
+  // Opens a regular file read-only. INVALID_ARGUMENT when it is not a regular file.
+  virtual absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFile(
+      const std::string& path) const = 0;
+
+  // Maps a regular file read-only, or returns the live mapping of the same unchanged file
+  // (FileIdentity) that this DatasetFs made earlier: jobs over one dataset then share its
+  // address range, and with it the GPU transport's one registration of those pages
+  // (cudaHostRegister pins by address range; two mappings of one file would pin its page
+  // cache twice). A file replaced or rewritten since gets a mapping of its own; an empty
+  // file an empty one. The mapping keeps the file alive: a job keeps reading the file it
+  // mapped even after another is renamed over its path. Errors as OpenFile's, and mmap's
+  // naming the path.
+  virtual absl::StatusOr<std::shared_ptr<const MappedFile>> MapFile(
+      const std::string& path) const = 0;
 
   // Lists directory `path`: every entry but "." and "..", in the order the directory gives.
   virtual absl::StatusOr<std::vector<Entry>> ListDirectory(const std::string& path) const = 0;
@@ -86,11 +160,14 @@ struct DatasetAccess {
   std::string config_path;
 };
 
-// The real filesystem under `access`. INVALID_ARGUMENT for a relative root. A root that does
-// not exist yet is allowed (it may be mounted later); opens under it fail until it does.
+// The real filesystem under `access` (openat2 with RESOLVE_BENEATH, pread, mmap). It owns
+// the registry of its live mappings (MapFile): the daemon makes one for all its jobs.
+// INVALID_ARGUMENT for a relative root. A root that does not exist yet is allowed (it may
+// be mounted later); opens under it fail until it does.
 absl::StatusOr<std::shared_ptr<const DatasetFs>> MakeDatasetFs(const DatasetAccess& access);
 
-// The real filesystem with no roots: every path the process can read.
+// The real filesystem with no roots: every path the process can read. One instance for the
+// process (its callers share mappings).
 std::shared_ptr<const DatasetFs> UnconfinedDatasetFs();
 
 // True for a read that failed because of the machine, not the data: out of file descriptors

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 
+#include "common/unique_fd.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -50,12 +51,13 @@ class DatasetFsTest : public ::testing::Test {
   }
 
   static std::string Read(const DatasetFs& fs, const std::string& path) {
-    absl::StatusOr<UniqueFd> fd = fs.OpenFile(path);
-    EXPECT_TRUE(fd.ok()) << fd.status();
-    if (!fd.ok()) return "";
-    char buf[64];
-    const ssize_t n = ::read(fd->get(), buf, sizeof(buf));
-    return std::string(buf, n > 0 ? static_cast<size_t>(n) : 0);
+    absl::StatusOr<std::unique_ptr<RandomAccessFile>> file = fs.OpenFile(path);
+    EXPECT_TRUE(file.ok()) << file.status();
+    if (!file.ok()) return "";
+    uint8_t buf[64];
+    absl::StatusOr<size_t> n = ReadUpTo(**file, 0, absl::MakeSpan(buf));
+    EXPECT_TRUE(n.ok()) << n.status();
+    return std::string(reinterpret_cast<const char*>(buf), n.ok() ? *n : 0);
   }
 
   fs::path dir_;
@@ -72,7 +74,7 @@ TEST_F(DatasetFsTest, PathsOutsideTheRootsAreDeniedNamingTheRootsAndTheConfig) {
   auto strict = Confined(false);
   for (const std::string& path : {P("other/secret/key"), P("root/../other/secret/key"),
                                   P("roots/x"), P("roo")}) {
-    absl::StatusOr<UniqueFd> fd = strict->OpenFile(path);
+    absl::StatusOr<std::unique_ptr<RandomAccessFile>> fd = strict->OpenFile(path);
     EXPECT_EQ(fd.status().code(), absl::StatusCode::kPermissionDenied) << path;
     EXPECT_THAT(fd.status().message(), HasSubstr("not under any configured dataset_roots"));
     EXPECT_THAT(fd.status().message(), HasSubstr(P("root")));
@@ -89,7 +91,7 @@ TEST_F(DatasetFsTest, SymlinksBelowARootAreRefusedByDefault) {
   auto strict = Confined(false);
   for (const std::string& path : {P("root/train/cat/b.jpg"), P("root/train/dog/key"),
                                   P("root/train/cat/inside.jpg")}) {
-    absl::StatusOr<UniqueFd> fd = strict->OpenFile(path);
+    absl::StatusOr<std::unique_ptr<RandomAccessFile>> fd = strict->OpenFile(path);
     EXPECT_EQ(fd.status().code(), absl::StatusCode::kPermissionDenied) << path;
     EXPECT_THAT(fd.status().message(), HasSubstr("symbolic link"));
     EXPECT_THAT(fd.status().message(), HasSubstr("follow_symlinks_within_roots"));
@@ -106,7 +108,7 @@ TEST_F(DatasetFsTest, FollowedLinksMayStayWithinTheRootsButNeverLeaveThem) {
   EXPECT_EQ(Read(*follow, P("root/train/cat/inside.jpg")), "inside");
   EXPECT_EQ(Read(*follow, P("root/train/cat/shared.jpg")), "second root");  // another root
   for (const std::string& path : {P("root/train/cat/b.jpg"), P("root/train/dog/key")}) {
-    absl::StatusOr<UniqueFd> fd = follow->OpenFile(path);
+    absl::StatusOr<std::unique_ptr<RandomAccessFile>> fd = follow->OpenFile(path);
     EXPECT_EQ(fd.status().code(), absl::StatusCode::kPermissionDenied) << path;
     EXPECT_THAT(fd.status().message(), HasSubstr("leads outside dataset_roots"));
   }
@@ -138,7 +140,7 @@ TEST_F(DatasetFsTest, ListingsReportLinksAsLinksUnlessFollowed) {
 
 TEST_F(DatasetFsTest, ErrorsNameThePathWithTheirClass) {
   auto strict = Confined(false);
-  absl::StatusOr<UniqueFd> missing = strict->OpenFile(P("root/nope.jpg"));
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> missing = strict->OpenFile(P("root/nope.jpg"));
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(missing.status().message(),
               HasSubstr("dataset path '" + P("root/nope.jpg") + "' does not exist"));
@@ -146,7 +148,7 @@ TEST_F(DatasetFsTest, ErrorsNameThePathWithTheirClass) {
             absl::StatusCode::kInvalidArgument);
   // A request may name a path of any length; the message quotes a bounded part of it.
   const std::string long_path = P("root/") + std::string(5000, 'a');
-  absl::StatusOr<UniqueFd> too_long = strict->OpenFile(long_path);
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> too_long = strict->OpenFile(long_path);
   EXPECT_FALSE(too_long.ok());
   EXPECT_LT(too_long.status().message().size(), 1200u);
   EXPECT_THAT(too_long.status().message(), HasSubstr("5"));
@@ -166,7 +168,7 @@ TEST_F(DatasetFsTest, RunningOutOfDescriptorsIsATransientResourceError) {
     hog.push_back(std::move(fd));
   }
   for (const auto& fs : {Confined(false), UnconfinedDatasetFs()}) {
-    absl::StatusOr<UniqueFd> fd = fs->OpenFile(P("root/train/cat/a.jpg"));
+    absl::StatusOr<std::unique_ptr<RandomAccessFile>> fd = fs->OpenFile(P("root/train/cat/a.jpg"));
     EXPECT_EQ(fd.status().code(), absl::StatusCode::kResourceExhausted) << fd.status();
     EXPECT_TRUE(IsTransientReadError(fd.status()));
   }

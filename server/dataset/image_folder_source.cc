@@ -1,10 +1,5 @@
 #include "server/dataset/image_folder_source.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -16,7 +11,6 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/random.h"
-#include "common/unique_fd.h"
 
 namespace ferry {
 namespace {
@@ -74,32 +68,28 @@ absl::Status ResolveRange(float lo_in, float hi_in, double lo_default, double hi
 }
 
 // Reads the whole file at `path` (opened through `fs`) into the front of *buffer, growing it
-// only when the file is larger than any before; returns the file's length.
+// only when the file is larger than any before; returns the file's length. A file that
+// ends before the size it had when opened is being rewritten: UNAVAILABLE, so the read is
+// tried again (and then sees the file as it is), never a decode of part of it.
 absl::StatusOr<size_t> ReadWholeFile(const DatasetFs& fs, const std::string& path,
                                      uint64_t max_bytes, std::vector<uint8_t>* buffer) {
-  absl::StatusOr<UniqueFd> fd = fs.OpenFile(path);
-  if (!fd.ok()) return fd.status();
-  struct stat st;
-  if (::fstat(fd->get(), &st) != 0) return FileErrnoStatus(errno, "cannot stat", path);
-  const size_t size = static_cast<size_t>(st.st_size);
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> file = fs.OpenFile(path);
+  if (!file.ok()) return file.status();
+  const size_t size = static_cast<size_t>((*file)->size());
   if (max_bytes > 0 && size > max_bytes) {
     return absl::DataLossError(absl::StrCat("refused '", path, "': ", size,
                                             " bytes, over decode_limits.max_sample_bytes (",
                                             max_bytes, ")"));
   }
   if (buffer->size() < size) buffer->resize(size);
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::pread(fd->get(), buffer->data() + done, size - done,
-                              static_cast<off_t>(done));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return FileErrnoStatus(errno, "cannot read", path);
-    }
-    if (n == 0) break;  // the file shrank since fstat: decode what there is
-    done += static_cast<size_t>(n);
+  absl::StatusOr<size_t> read = ReadUpTo(**file, 0, absl::MakeSpan(buffer->data(), size));
+  if (!read.ok()) return read.status();
+  if (*read < size) {
+    return absl::UnavailableError(absl::StrCat(
+        "'", path, "' shrank from ", size, " to ", *read,
+        " bytes while ferryd read it (it is being rewritten); the read is tried again"));
   }
-  return done;
+  return size;
 }
 
 // A link `fs` refused to follow, found while listing: the job is refused (serving the tree

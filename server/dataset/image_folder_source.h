@@ -44,7 +44,10 @@ class ImageFolderSource final : public SampleSource {
   const std::vector<FieldLayout>& fields() const override { return fields_; }
   std::unique_ptr<Scratch> NewScratch() const override;
   // Errors name the file: the open/read errno as its canonical code (NOT_FOUND,
-  // PERMISSION_DENIED, ...), DATA_LOSS for an empty file or content that does not decode.
+  // PERMISSION_DENIED, EIO as UNAVAILABLE, ...), UNAVAILABLE for a file that shrank while
+  // it was read (being rewritten: read again later), DATA_LOSS for an empty file or content
+  // that does not decode. Each Fill opens the file anew: a file replaced meanwhile is read
+  // whole, as it is now.
   absl::Status Fill(int64_t index, uint64_t sample_seed, absl::Span<uint8_t* const> rows,
                     Scratch* scratch) const override;
   std::string Describe(int64_t index) const override;

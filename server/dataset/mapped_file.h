@@ -1,19 +1,11 @@
-// Shared owner of a read-only memory mapping of a whole file.
+// A read-only view of a whole file's bytes, shared by its owners: what DatasetFs::MapFile
+// returns (the real filesystem maps the file; a test's may hand out memory, or fewer bytes).
 //
 //   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file,
-//                          MappedFile::Open("/data/tokens.bin"));
+//                          fs->MapFile("/data/tokens.bin"));
 //   absl::Span<const uint8_t> bytes = file->bytes();
 //
-// One mapping per file per process: opening a file that is already mapped -- the same
-// inode, unchanged since (size and modification time), by any path -- returns the existing
-// mapping. Jobs over the same dataset then share its address range, and with it the GPU
-// transport's one registration of those pages and one charge to the pinned budget
-// (cudaHostRegister pins by address range: two mappings of one file would pin its page
-// cache twice). A file replaced or rewritten since gets a mapping of its own.
-//
-// The file descriptor is closed as soon as the mapping exists (the mapping keeps the file
-// alive); the last owner removes the mapping. bytes() may be read from any thread, and
-// Open may be called from any thread.
+// bytes() may be read from any thread; they stay valid while the MappedFile lives.
 #ifndef FERRY_SERVER_DATASET_MAPPED_FILE_H_
 #define FERRY_SERVER_DATASET_MAPPED_FILE_H_
 
@@ -22,7 +14,10 @@
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "server/dataset/dataset_fs.h"
 
@@ -30,29 +25,49 @@ namespace ferry {
 
 class MappedFile final {
  public:
-  // Maps `path` read-only, opened through `fs`, or returns the mapping of the same unchanged
-  // file if one is alive. Errors as DatasetFs::OpenFile's (NOT_FOUND, PERMISSION_DENIED,
-  // INVALID_ARGUMENT when it is not a regular file) and mmap's, naming the path. An empty
-  // file gives an empty mapping (bytes() is empty, nothing is mapped).
-  static absl::StatusOr<std::shared_ptr<const MappedFile>> Open(
-      const std::string& path, const DatasetFs& fs = *UnconfinedDatasetFs());
-
+  // `bytes` (the file's, from its first byte) stay valid while `owner` lives: the mapping
+  // that unmaps itself when destroyed, or a fake's memory. `owner` may be null for empty
+  // bytes.
+  MappedFile(std::string path, const FileIdentity& identity, absl::Span<const uint8_t> bytes,
+             std::shared_ptr<const void> owner)
+      : path_(std::move(path)), identity_(identity), bytes_(bytes), owner_(std::move(owner)) {}
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
-  ~MappedFile();
 
-  absl::Span<const uint8_t> bytes() const { return {data_, size_}; }
-  // The path the file was first opened by (another opener may have named it by another
+  absl::Span<const uint8_t> bytes() const { return bytes_; }
+  // The path the file was first mapped by (another opener may have named it by another
   // link: the file is the same).
   const std::string& path() const { return path_; }
+  const FileIdentity& identity() const { return identity_; }
 
  private:
-  MappedFile(std::string path, const uint8_t* data, size_t size)
-      : path_(std::move(path)), data_(data), size_(size) {}
-
+  // Constant after construction.
   const std::string path_;
-  const uint8_t* const data_;
-  const size_t size_;
+  const FileIdentity identity_;
+  const absl::Span<const uint8_t> bytes_;
+  const std::shared_ptr<const void> owner_;
+};
+
+// The live mappings of one DatasetFs, by FileIdentity (DatasetFs::MapFile's sharing). Entries
+// whose mapping is gone are swept on each Map (few datasets are open at once). Thread-safe.
+class MappingRegistry final {
+ public:
+  MappingRegistry() = default;
+  MappingRegistry(const MappingRegistry&) = delete;
+  MappingRegistry& operator=(const MappingRegistry&) = delete;
+
+  // The live mapping of the file with `identity`, else a new mapping of `fd` (an open
+  // descriptor of that file, `path` naming it; the caller closes it: the mapping keeps the
+  // file alive). An empty file gets empty bytes and nothing mapped. mmap's errors as
+  // FileErrnoStatus, naming the path.
+  absl::StatusOr<std::shared_ptr<const MappedFile>> Map(const std::string& path, int fd,
+                                                        const FileIdentity& identity);
+
+ private:
+  absl::Mutex mutex_;
+  // Held across the mmap, so that two jobs opening one file at once map it once.
+  absl::flat_hash_map<FileIdentity, std::weak_ptr<const MappedFile>> files_
+      ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace ferry

@@ -384,7 +384,7 @@ absl::StatusOr<std::unique_ptr<SampleSource>> OpenNpySource(const ferry::v1::Npy
   if (spec.path().empty()) {
     return absl::InvalidArgumentError("dataset.npy.path must be set to a .npy file");
   }
-  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, MappedFile::Open(spec.path(), fs));
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, fs.MapFile(spec.path()));
   FERRY_ASSIGN_OR_RETURN(NpyHeader header, ParseNpyHeader(file->bytes(), spec.path()));
   if (header.shape[0] == 0) {
     return absl::FailedPreconditionError(

@@ -42,7 +42,7 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(absl::Span<const uint8_t> file, absl::s
 
 // Errors: INVALID_ARGUMENT when dataset.npy.path is empty; NOT_FOUND naming the path;
 // FAILED_PRECONDITION from ParseNpyHeader, or when the array has no rows or empty rows.
-// `stores`: see RowStores (sample_source.h). The file is opened through `fs`.
+// `stores`: see RowStores (sample_source.h). The file is mapped through `fs` (MapFile).
 absl::StatusOr<std::unique_ptr<SampleSource>> OpenNpySource(
     const ferry::v1::NpyDataset& spec, RowStores stores = RowStores::kOrdinary,
     const DatasetFs& fs = *UnconfinedDatasetFs());

@@ -68,7 +68,7 @@ absl::StatusOr<std::unique_ptr<RecordSource>> RecordSource::Create(
         "dataset.records.shape [", absl::StrJoin(layout.shape, ", "), "] of dataset.records.dtype ",
         DTypeLabel(spec.dtype()), " makes a record larger than any file; is the shape right?"));
   }
-  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, MappedFile::Open(spec.path(), fs));
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, fs.MapFile(spec.path()));
   const size_t bytes = file->bytes().size();
   const uint64_t header = spec.header_bytes();
   const std::string record = RecordLabel(layout.dtype, layout.shape);

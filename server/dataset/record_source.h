@@ -42,8 +42,8 @@ class RecordSource final : public SampleSource {
   // NOT_FOUND naming the path; FAILED_PRECONDITION when the file is shorter than
   // header_bytes, holds no full record, or its size minus header_bytes is not a multiple of
   // the record size (the message gives the sizes).
-  // `stores`: how Fill writes the rows (RowStores, sample_source.h). The file is opened
-  // through `fs`.
+  // `stores`: how Fill writes the rows (RowStores, sample_source.h). The file is mapped
+  // through `fs` (DatasetFs::MapFile: shared with other jobs over the same file).
   static absl::StatusOr<std::unique_ptr<RecordSource>> Create(
       const ferry::v1::RecordsDataset& spec, RowStores stores = RowStores::kOrdinary,
       const DatasetFs& fs = *UnconfinedDatasetFs());

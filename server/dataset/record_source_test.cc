@@ -298,7 +298,7 @@ TEST(RecordsTest, FromLayoutRefusesALayoutPastTheFile) {
   TempDir dir;
   const std::string path = dir.File("r.bin");
   Put(path, Pattern(40));
-  auto open = [&] { return std::move(MappedFile::Open(path)).value(); };
+  auto open = [&] { return std::move(UnconfinedDatasetFs()->MapFile(path)).value(); };
   RecordLayout layout{.data_offset = 8, .dtype = ferry::v1::INT64, .shape = {2}, .num_records = 2};
   EXPECT_TRUE(RecordSource::FromLayout(open(), layout, "row").ok());
   layout.num_records = 3;
@@ -319,10 +319,10 @@ TEST(MappedFileTest, AFileOpenedTwiceByAnyLinkSharesOneMapping) {
   Put(path, Pattern(4096));
   fs::create_hard_link(path, dir.File("hard.bin"));
   fs::create_symlink(path, dir.File("soft.bin"));
-  auto first = MappedFile::Open(path);
+  auto first = UnconfinedDatasetFs()->MapFile(path);
   ASSERT_TRUE(first.ok()) << first.status();
   for (const std::string& other : {path, dir.File("hard.bin"), dir.File("soft.bin")}) {
-    auto again = MappedFile::Open(other);
+    auto again = UnconfinedDatasetFs()->MapFile(other);
     ASSERT_TRUE(again.ok()) << again.status();
     EXPECT_EQ(again->get(), first->get()) << other;
     EXPECT_EQ((*again)->bytes().data(), (*first)->bytes().data()) << other;
@@ -337,7 +337,7 @@ TEST(MappedFileTest, AFileOpenedFromManyThreadsAtOnceIsMappedOnce) {
   std::vector<std::shared_ptr<const MappedFile>> files(8);
   std::vector<std::thread> threads;
   for (auto& file : files) {
-    threads.emplace_back([&path, &file] { file = MappedFile::Open(path).value(); });
+    threads.emplace_back([&path, &file] { file = UnconfinedDatasetFs()->MapFile(path).value(); });
   }
   for (std::thread& t : threads) t.join();
   for (const auto& file : files) EXPECT_EQ(file.get(), files[0].get());
@@ -347,11 +347,11 @@ TEST(MappedFileTest, AReplacedOrRewrittenFileGetsAMappingOfItsOwn) {
   TempDir dir;
   const std::string path = dir.File("r.bin");
   Put(path, Pattern(4096));
-  auto old = MappedFile::Open(path).value();
+  auto old = UnconfinedDatasetFs()->MapFile(path).value();
   // Replaced (a new inode under the same name): the old mapping keeps the old bytes.
   Put(dir.File("new.bin"), std::string(4096, 'x'));
   fs::rename(dir.File("new.bin"), path);
-  auto replaced = MappedFile::Open(path).value();
+  auto replaced = UnconfinedDatasetFs()->MapFile(path).value();
   EXPECT_NE(replaced.get(), old.get());
   EXPECT_EQ(replaced->bytes()[0], 'x');
   EXPECT_EQ(old->bytes()[1], 1);
@@ -360,7 +360,7 @@ TEST(MappedFileTest, AReplacedOrRewrittenFileGetsAMappingOfItsOwn) {
     std::ofstream out(path, std::ios::binary | std::ios::app);
     out << "more";
   }
-  auto grown = MappedFile::Open(path).value();
+  auto grown = UnconfinedDatasetFs()->MapFile(path).value();
   EXPECT_NE(grown.get(), replaced.get());
   EXPECT_EQ(grown->bytes().size(), 4100u);
   EXPECT_EQ(replaced->bytes().size(), 4096u);
@@ -370,11 +370,11 @@ TEST(MappedFileTest, AFileMappedAgainAfterItsLastOwnerWentReadsTheSame) {
   TempDir dir;
   const std::string path = dir.File("r.bin");
   Put(path, Pattern(4096));
-  MappedFile::Open(path).value().reset();
-  auto file = MappedFile::Open(path).value();
+  UnconfinedDatasetFs()->MapFile(path).value().reset();
+  auto file = UnconfinedDatasetFs()->MapFile(path).value();
   ASSERT_EQ(file->bytes().size(), 4096u);
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(file->bytes().data()), 4096), Pattern(4096));
-  EXPECT_EQ(MappedFile::Open(dir.File("missing.bin")).status().code(),
+  EXPECT_EQ(UnconfinedDatasetFs()->MapFile(dir.File("missing.bin")).status().code(),
             absl::StatusCode::kNotFound);
 }
 

@@ -1,10 +1,5 @@
 #include "server/dataset/tar_index.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -14,7 +9,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "common/unique_fd.h"
 
 namespace ferry {
 namespace {
@@ -184,31 +178,21 @@ class MemoryTarReader final : public TarReader {
 
 class FileTarReader final : public TarReader {
  public:
-  FileTarReader(UniqueFd fd, uint64_t size) : fd_(std::move(fd)), size_(size) {}
-  uint64_t size() const override { return size_; }
+  explicit FileTarReader(const RandomAccessFile& file) : file_(file) {}
+  uint64_t size() const override { return file_.size(); }
   absl::Status ReadAt(uint64_t offset, absl::Span<uint8_t> out) const override {
-    size_t done = 0;
-    while (done < out.size()) {
-      const ssize_t n = ::pread(fd_.get(), out.data() + done, out.size() - done,
-                                static_cast<off_t>(offset + done));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        const int err = errno;
-        return absl::Status(absl::ErrnoToStatusCode(err), std::strerror(err));
-      }
-      if (n == 0) {
-        return absl::DataLossError(absl::StrCat(
-            "the file is shorter than the ", size_, " bytes it had when opened (it changed "
-            "while being indexed)"));
-      }
-      done += static_cast<size_t>(n);
+    absl::StatusOr<size_t> n = ReadUpTo(file_, offset, out);
+    if (!n.ok()) return n.status();
+    if (*n < out.size()) {
+      return absl::DataLossError(absl::StrCat(
+          "the file is shorter than the ", file_.size(), " bytes it had when opened (it changed "
+          "while being indexed)"));
     }
     return absl::OkStatus();
   }
 
  private:
-  const UniqueFd fd_;
-  const uint64_t size_;
+  const RandomAccessFile& file_;
 };
 
 // One pass over the headers of an archive.
@@ -399,17 +383,17 @@ absl::StatusOr<TarIndex> IndexTarBytes(const std::string& shard,
 }
 
 absl::StatusOr<TarIndex> IndexTarFile(const std::string& path, const DatasetFs& fs) {
-  absl::StatusOr<UniqueFd> fd = fs.OpenFile(path);
-  if (!fd.ok()) {
-    if (fd.status().code() == absl::StatusCode::kInvalidArgument) {
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> file = fs.OpenFile(path);
+  if (!file.ok()) {
+    if (file.status().code() == absl::StatusCode::kInvalidArgument) {
       return absl::InvalidArgumentError(
           absl::StrCat("tar shard '", path, "' is not a regular file"));
     }
-    return fd.status();
+    return file.status();
   }
-  struct stat st;
-  if (::fstat(fd->get(), &st) != 0) return FileErrnoStatus(errno, "cannot stat", path);
-  return IndexTar(path, FileTarReader(*std::move(fd), static_cast<uint64_t>(st.st_size)));
+  absl::StatusOr<TarIndex> index = IndexTar(path, FileTarReader(**file));
+  if (index.ok()) index->identity = (*file)->identity();
+  return index;
 }
 
 }  // namespace ferry

@@ -2,8 +2,8 @@
 // offset of its data in the file and its size, so that any member can later be read in place
 // with one pread.
 //
-//   FERRY_ASSIGN_OR_RETURN(TarIndex index, IndexTarFile("/data/train-000042.tar"));
-//   for (const TarMember& m : index.members) { ... pread(fd, buf, m.size, m.data_offset) ... }
+//   FERRY_ASSIGN_OR_RETURN(TarIndex index, IndexTarFile("/data/train-000042.tar", *fs));
+//   for (const TarMember& m : index.members) { ... file->ReadAt(m.data_offset, ...) ... }
 //
 // Why not libarchive: ferry reads samples in place, in any order (exact resume at any batch,
 // each rank starting in the middle of the epoch's order), so it needs each member's byte
@@ -74,6 +74,9 @@ struct TarIndex {
   bool truncated = false;
   uint64_t truncated_at = 0;
   std::string truncated_member;  // its name, when its headers were complete
+  // The file indexed (IndexTarFile; zero for IndexTarBytes): a reader of the members later
+  // checks that it still reads this file, not another renamed over its path.
+  FileIdentity identity;
 };
 
 // Indexes the archive behind `reader`; `shard` names it in error messages. DATA_LOSS
@@ -81,7 +84,7 @@ struct TarIndex {
 // reader's error, with the shard and offset added, when a read fails.
 absl::StatusOr<TarIndex> IndexTar(const std::string& shard, const TarReader& reader);
 
-// Indexes the tar file at `path` with pread. NOT_FOUND "dataset path '<path>' does not
+// Indexes the tar file at `path`, opened and read through `fs`. NOT_FOUND "dataset path '<path>' does not
 // exist", PERMISSION_DENIED and other open errors name the path; INVALID_ARGUMENT when it is
 // not a regular file.
 absl::StatusOr<TarIndex> IndexTarFile(const std::string& path,

@@ -77,7 +77,7 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Create(
         absl::StrCat("dataset.tokens.output_dtype must be INT64 (the default) or INT32 (got ",
                      ferry::v1::DType_Name(output), ")"));
   }
-  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, MappedFile::Open(spec.path(), fs));
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, fs.MapFile(spec.path()));
   const size_t bytes = file->bytes().size();
   if (bytes % token_bytes != 0) {
     return absl::InvalidArgumentError(absl::StrCat(

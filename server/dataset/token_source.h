@@ -25,7 +25,7 @@ class TokenSource final : public SampleSource {
   // as is, and a GPU transport widens it on the device, so only 2 or 4 bytes per token
   // cross PCIe and the workers only copy. Refused (INVALID_ARGUMENT) for UINT32 -> INT32,
   // whose overflow check needs the host.
-  // The file is opened through `fs`.
+  // The file is mapped through `fs` (DatasetFs::MapFile).
   static absl::StatusOr<std::unique_ptr<TokenSource>> Create(
       const ferry::v1::TokensDataset& spec, bool raw = false,
       const DatasetFs& fs = *UnconfinedDatasetFs());

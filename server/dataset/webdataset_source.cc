@@ -1,9 +1,5 @@
 #include "server/dataset/webdataset_source.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -20,7 +16,6 @@
 #include "common/logging.h"
 #include "common/random.h"
 #include "common/status_macros.h"
-#include "common/unique_fd.h"
 #include "server/dataset/shard_pattern.h"
 #include "server/dataset/tar_index.h"
 
@@ -48,7 +43,7 @@ class WebDatasetScratch final : public SampleSource::Scratch {
   // The shard last read: a rank reads a contiguous run of the order, so consecutive samples
   // mostly share a shard.
   int64_t shard = -1;
-  UniqueFd fd;
+  std::unique_ptr<RandomAccessFile> file;
 };
 
 // "dir/n01_0001.seg.PNG" -> basename "dir/n01_0001", extension "seg.png"; false when the
@@ -79,21 +74,14 @@ bool MatchesKey(absl::string_view lower_extension, const std::string& key) {
 
 // Reads `bytes` bytes at `offset`. The error says what went wrong, not where: the caller
 // names the member.
-absl::Status ReadExactly(int fd, uint64_t offset, uint8_t* out, uint64_t bytes) {
-  uint64_t done = 0;
-  while (done < bytes) {
-    const ssize_t n = ::pread(fd, out + done, bytes - done, static_cast<off_t>(offset + done));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      return absl::Status(absl::ErrnoToStatusCode(err), std::strerror(err));
-    }
-    if (n == 0) {
-      return absl::DataLossError(absl::StrCat(
-          "the shard ends at byte ", offset + done,
-          ", before the member does; it changed after the job indexed it"));
-    }
-    done += static_cast<uint64_t>(n);
+absl::Status ReadExactly(const RandomAccessFile& file, uint64_t offset, uint8_t* out,
+                         uint64_t bytes) {
+  absl::StatusOr<size_t> n = ReadUpTo(file, offset, absl::MakeSpan(out, bytes));
+  if (!n.ok()) return n.status();
+  if (*n < bytes) {
+    return absl::DataLossError(absl::StrCat(
+        "the shard ends at byte ", offset + *n,
+        ", before the member does; it changed after the job indexed it"));
   }
   return absl::OkStatus();
 }
@@ -286,6 +274,7 @@ absl::StatusOr<std::unique_ptr<WebDatasetSource>> WebDatasetSource::Create(
                                                : static_cast<uint16_t>(it - table.begin()));
     }
     size_t name_begin = 0;
+    source->shard_identities_.push_back(r.tar.identity);
     for (size_t i = 0; i < r.samples.size(); ++i) {
       Sample sample = r.samples[i];
       sample.shard = static_cast<uint32_t>(s);
@@ -395,14 +384,26 @@ absl::Status WebDatasetSource::Fill(int64_t index, uint64_t sample_seed,
   }
 
   if (s->shard != static_cast<int64_t>(sample.shard)) {
-    absl::StatusOr<UniqueFd> opened = fs_->OpenFile(shard);
-    s->fd = opened.ok() ? *std::move(opened) : UniqueFd();
-    s->shard = s->fd.valid() ? static_cast<int64_t>(sample.shard) : -1;
+    s->file.reset();
+    s->shard = -1;
+    absl::StatusOr<std::unique_ptr<RandomAccessFile>> opened = fs_->OpenFile(shard);
     if (!opened.ok()) {
       return absl::Status(opened.status().code(),
                           absl::StrCat("cannot read '", Describe(index),
                                        "': ", opened.status().message()));
     }
+    // The members' offsets are the indexed file's: another file renamed over the shard's
+    // path (or the shard rewritten in place) would give other bytes at them.
+    const FileIdentity& indexed = shard_identities_[sample.shard];
+    if (!((*opened)->identity() == indexed)) {
+      return absl::DataLossError(absl::StrCat(
+          "cannot read '", Describe(index), "': webdataset shard '", shard,
+          "' was replaced or rewritten after the job indexed it (", indexed.size,
+          " bytes then, ", (*opened)->size(), " bytes now); delete the job and create it "
+          "again to index the shard anew"));
+    }
+    s->file = *std::move(opened);
+    s->shard = static_cast<int64_t>(sample.shard);
   }
   // One read when the label lies next to the image (either side), two otherwise.
   uint64_t begin = sample.image_offset;
@@ -417,7 +418,7 @@ absl::Status WebDatasetSource::Fill(int64_t index, uint64_t sample_seed,
   }
   const uint64_t span = end - begin + (has_label && !together ? sample.label_size : 0);
   if (s->buffer.size() < span) s->buffer.resize(span);
-  absl::Status read = ReadExactly(s->fd.get(), begin, s->buffer.data(), end - begin);
+  absl::Status read = ReadExactly(*s->file, begin, s->buffer.data(), end - begin);
   if (!read.ok()) return ReadError(read, Describe(index));
   const uint8_t* image = s->buffer.data() + (sample.image_offset - begin);
   const uint8_t* label_bytes = nullptr;
@@ -426,7 +427,7 @@ absl::Status WebDatasetSource::Fill(int64_t index, uint64_t sample_seed,
       label_bytes = s->buffer.data() + (sample.label_offset - begin);
     } else {
       uint8_t* tail = s->buffer.data() + (end - begin);
-      read = ReadExactly(s->fd.get(), sample.label_offset, tail, sample.label_size);
+      read = ReadExactly(*s->file, sample.label_offset, tail, sample.label_size);
       if (!read.ok()) return ReadError(read, absl::StrCat(shard, ":", LabelName(index)));
       label_bytes = tail;
     }

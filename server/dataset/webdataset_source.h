@@ -66,9 +66,11 @@ class WebDatasetSource final : public SampleSource {
   int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
   const std::vector<FieldLayout>& fields() const override { return fields_; }
   std::unique_ptr<Scratch> NewScratch() const override;
-  // Errors name "<shard>:<member>": the open/read errno as its canonical code; DATA_LOSS for
-  // an image member that is empty, over limits.max_sample_bytes or does not decode, a label
-  // that is not a decimal integer, or a shard now shorter than when it was indexed.
+  // Errors name "<shard>:<member>": the open/read errno as its canonical code (EIO is
+  // UNAVAILABLE: IsTransientReadError); DATA_LOSS for an image member that is empty, over
+  // limits.max_sample_bytes or does not decode, a label that is not a decimal integer, a
+  // shard now shorter than when it was indexed, or a shard replaced or rewritten since (a
+  // Scratch that has the shard open keeps reading the file it opened).
   absl::Status Fill(int64_t index, uint64_t sample_seed, absl::Span<uint8_t* const> rows,
                     Scratch* scratch) const override;
   // "<shard path>:<image member name>".
@@ -121,6 +123,8 @@ class WebDatasetSource final : public SampleSource {
   const uint32_t shuffle_buffer_;
   const std::shared_ptr<const DatasetFs> fs_;
   std::vector<std::string> shards_;
+  // Per shard: the file indexed. Fill reads a shard only while its path opens this file.
+  std::vector<FileIdentity> shard_identities_;
   std::vector<int64_t> shard_begin_;  // per shard + 1
   std::vector<Sample> samples_;
   std::vector<uint64_t> name_offsets_;  // per sample + 1: names_[off[i], off[i+1])

@@ -22,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/dataset/dataset_fs.h"
+#include "server/dataset/mapped_file.h"
 #include "server/dataset/image_folder_source.h"
 #include "server/dataset/sample_source.h"
 #include "server/dataset/tar_index.h"
@@ -223,9 +224,14 @@ class StopsAfterTenOpens final : public DatasetFs {
   absl::Status CheckPath(const std::string& path) const override {
     return fs_->CheckPath(path);
   }
-  absl::StatusOr<UniqueFd> OpenFile(const std::string& path) const override {
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFile(
+      const std::string& path) const override {
     if (opens_.fetch_add(1) + 1 >= 10) stopping_->store(true);
     return fs_->OpenFile(path);
+  }
+  absl::StatusOr<std::shared_ptr<const MappedFile>> MapFile(
+      const std::string& path) const override {
+    return fs_->MapFile(path);
   }
   absl::StatusOr<std::vector<Entry>> ListDirectory(const std::string& path) const override {
     return fs_->ListDirectory(path);
