@@ -21,9 +21,10 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/pipeline/gather_policy.h"
 #include "server/pipeline/job.h"
 #include "server/pipeline/rank_pipeline.h"
+#include "server/transport/device_ring.h"
+#include "server/transport/device_stage.h"
 #include "server/pipeline/worker_pool.h"
 #include "testing/jpeg_writer.h"
 
@@ -815,13 +816,13 @@ absl::StatusOr<std::shared_ptr<RankPipeline>> CreateWithFakeStage(
   const size_t index_offset = job->layout().offsets.back();
   return RankPipeline::Create(
       std::move(job), 0, host_slots, -1, pool, budget,
-      [=](const SharedSlab& slab) -> absl::StatusOr<std::unique_ptr<DeviceStage>> {
+      [=](const SharedSlab& slab) -> absl::StatusOr<std::unique_ptr<DeliveryRing>> {
         auto s = std::make_unique<FakeDeviceStage>(slab, slot_bytes, device_slots);
         s->gathered = gathered_field;
         s->index_offset = index_offset;
         if (configure) configure(*s);
         *stage = s.get();
-        return s;
+        return std::make_unique<DeviceRing>(std::move(s));
       });
 }
 
@@ -1069,40 +1070,6 @@ TEST_F(PipelineTest, SlotsReleasedButStillInUseOnTheTrainersGpuCountAsHeld) {
 TEST_F(PipelineTest, SmallRingsAlsoCopyWhileTheConsumerHoldsTheOtherSlots) {
   ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(/*slots=*/2, /*gpu_lags=*/false);
   ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(/*slots=*/3, /*gpu_lags=*/true);
-}
-
-TEST(GatherPolicyTest, GathersWhileTheTrainerHoldsFewSlots) {
-  GatherPolicy policy(32);
-  EXPECT_TRUE(policy.GatherNext(/*leased=*/0, /*pending=*/0));
-  EXPECT_TRUE(policy.GatherNext(3, 1));   // one pending: the batch its GPU is on
-  EXPECT_TRUE(policy.GatherNext(23, 0));  // 23 < 3/4 of 31
-  EXPECT_FALSE(policy.GatherNext(24, 0));
-  EXPECT_FALSE(policy.GatherNext(23, 1));  // pending ones count as held
-  EXPECT_TRUE(policy.GatherNext(0, 0));    // held slots alone leave nothing behind
-}
-
-TEST(GatherPolicyTest, SmallRingsCopyWhileTheTrainerHoldsTheOtherSlots) {
-  GatherPolicy one(1);
-  EXPECT_FALSE(one.GatherNext(0, 0));
-  GatherPolicy two(2);
-  EXPECT_TRUE(two.GatherNext(0, 0));
-  EXPECT_FALSE(two.GatherNext(1, 0));
-  GatherPolicy three(3);
-  EXPECT_TRUE(three.GatherNext(1, 0));
-  EXPECT_FALSE(three.GatherNext(2, 0));
-}
-
-// Two pending released signals: the trainer's GPU is behind its host. That batch and the
-// next ring's worth are copied even when the trainer then holds nothing (it ran dry, and
-// resumes computing as soon as a batch arrives); a new sign starts the count again.
-TEST(GatherPolicyTest, CopiesARingsWorthOfBatchesAfterTheTrainersGpuWasBehind) {
-  GatherPolicy policy(8);
-  EXPECT_FALSE(policy.GatherNext(0, GatherPolicy::kGpuBehind));
-  for (int i = 0; i < 5; ++i) EXPECT_FALSE(policy.GatherNext(0, 0)) << i;
-  EXPECT_FALSE(policy.GatherNext(1, 3));
-  for (int i = 0; i < 8; ++i) EXPECT_FALSE(policy.GatherNext(0, 0)) << i;
-  EXPECT_TRUE(policy.GatherNext(0, 0));
-  EXPECT_TRUE(policy.GatherNext(0, 1));
 }
 
 // A trainer whose GPU runs behind its host: it takes every batch as soon as it comes and

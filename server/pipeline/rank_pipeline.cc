@@ -6,10 +6,12 @@
 #include <array>
 #include <utility>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/random.h"
 #include "common/status_macros.h"
+#include "server/transport/host_ring.h"
 
 namespace ferry {
 namespace {
@@ -52,13 +54,7 @@ constexpr size_t kRateWindow = 64;
 
 absl::StatusOr<std::shared_ptr<RankPipeline>> RankPipeline::Create(
     std::shared_ptr<Job> job, int rank, int num_slots, int numa_node, WorkerPool* pool,
-    MemoryBudget* budget) {
-  return Create(std::move(job), rank, num_slots, numa_node, pool, budget, nullptr);
-}
-
-absl::StatusOr<std::shared_ptr<RankPipeline>> RankPipeline::Create(
-    std::shared_ptr<Job> job, int rank, int num_slots, int numa_node, WorkerPool* pool,
-    MemoryBudget* budget, const StageFactory& stage_factory) {
+    MemoryBudget* budget, const RingFactory& ring_factory) {
   if (num_slots < 1) return absl::InvalidArgumentError("prefetch_depth must be at least 1");
   const size_t bytes = job->layout().slot_bytes * static_cast<size_t>(num_slots);
   const std::string what =
@@ -68,60 +64,47 @@ absl::StatusOr<std::shared_ptr<RankPipeline>> RankPipeline::Create(
   FERRY_ASSIGN_OR_RETURN(
       SharedSlab slab,
       SharedSlab::Create(absl::StrCat(job->identity().id, "-rank", rank), bytes, numa_node));
-  std::unique_ptr<DeviceStage> stage;
-  if (stage_factory) {
-    FERRY_ASSIGN_OR_RETURN(stage, stage_factory(slab));
+  std::unique_ptr<DeliveryRing> ring;
+  if (ring_factory) {
+    FERRY_ASSIGN_OR_RETURN(ring, ring_factory(slab));
+  } else {
+    ring = std::make_unique<HostRing>(num_slots, slab.size());
   }
   const int group = pool->GroupForNode(numa_node);
-  const int gathered_field = stage != nullptr ? stage->gathered_field() : -1;
   std::shared_ptr<RankPipeline> pipeline(new RankPipeline(std::move(job), rank, std::move(slab),
                                                           std::move(reservation), num_slots,
-                                                          pool, group, gathered_field));
-  if (stage != nullptr) {
-    std::weak_ptr<RankPipeline> weak = pipeline;
-    DeviceStage::Callbacks callbacks;
-    callbacks.host_slot_free = [weak](int host_slot) {
-      if (auto p = weak.lock()) p->OnHostSlotCopied(host_slot);
-    };
-    callbacks.device_slot_ready = [weak](int device_slot, uint64_t token) {
-      if (auto p = weak.lock()) p->OnDeviceSlotReady(device_slot, token);
-    };
-    callbacks.device_slot_released = [weak](int device_slot, uint64_t token) {
-      if (auto p = weak.lock()) p->OnDeviceSlotReleased(device_slot, token);
-    };
-    stage->SetCallbacks(std::move(callbacks));
-    absl::MutexLock lock(&pipeline->mutex_);
-    pipeline->device_slots_.resize(static_cast<size_t>(stage->num_device_slots()));
-    pipeline->gather_policy_ = GatherPolicy(stage->num_device_slots());
-    for (DeviceSlot& d : pipeline->device_slots_) d.Free(absl::Now());
-    pipeline->stage_ = std::move(stage);
-  }
+                                                          pool, group, std::move(ring)));
+  std::weak_ptr<RankPipeline> weak = pipeline;
+  DeliveryRing::Listener listener;
+  listener.host_slot_free = [weak](int host_slot) {
+    if (auto p = weak.lock()) p->OnHostSlotFree(host_slot);
+  };
+  listener.progress = [weak] {
+    if (auto p = weak.lock()) p->Deliver({});
+  };
+  pipeline->ring_->SetListener(std::move(listener));
   return pipeline;
 }
 
 RankPipeline::RankPipeline(std::shared_ptr<Job> job, int rank, SharedSlab slab,
                            MemoryBudget::Reservation reservation, int num_slots,
-                           WorkerPool* pool, int group, int gathered_field)
+                           WorkerPool* pool, int group, std::unique_ptr<DeliveryRing> ring)
     : job_(std::move(job)),
       rank_(rank),
       slab_(std::move(slab)),
       reservation_(std::move(reservation)),
       pool_(pool),
       group_(group),
+      ring_(std::move(ring)),
       batches_per_epoch_(job_->sampler().batches_per_epoch()),
-      gathered_field_(gathered_field),
+      gathered_field_(ring_->gathered_field()),
       index_field_(IndexField(*job_)),
-      copy_rows_per_task_gathered_(CopyRowsPerTask(*job_, gathered_field)),
+      copy_rows_per_task_gathered_(CopyRowsPerTask(*job_, gathered_field_)),
       copy_rows_per_task_(CopyRowsPerTask(*job_, -1)),
-      num_host_slots_(num_slots),
       fill_counters_(new FillCounters[static_cast<size_t>(num_slots)]),
       slots_(static_cast<size_t>(num_slots)) {}
 
 RankPipeline::~RankPipeline() = default;
-
-int RankPipeline::num_slots() const {
-  return stage_ != nullptr ? stage_->num_device_slots() : num_host_slots_;
-}
 
 absl::Status RankPipeline::Bind(BatchConsumer* consumer, int pid,
                                 const std::vector<std::string>& released_events) {
@@ -135,12 +118,7 @@ absl::Status RankPipeline::Bind(BatchConsumer* consumer, int pid,
         "rank ", rank_, " of job ", job_->identity().id, " already has a consumer (pid ",
         consumer_pid_, "); each rank is consumed by one process at a time"));
   }
-  if (stage_ != nullptr) {
-    FERRY_RETURN_IF_ERROR(stage_->OpenConsumer(released_events));
-  } else if (!released_events.empty()) {
-    return absl::InvalidArgumentError(
-        "released_events sent to a host-transport attach; they belong to GPU attaches only");
-  }
+  FERRY_RETURN_IF_ERROR(ring_->OpenConsumer(released_events));
   consumer_ = consumer;
   recent_deliveries_.clear();  // rates are of this consumer
   consumer_pid_ = pid;
@@ -166,32 +144,24 @@ void RankPipeline::Unbind(BatchConsumer* consumer) {
         +[](bool* delivering) { return !*delivering; }, &delivering_));
     consumer_ = nullptr;
     consumer_pid_ = 0;
-    if (stage_ != nullptr) {
-      stage_->CloseConsumer();
-      // What the policy learned was about this consumer's GPU.
-      gather_policy_ = GatherPolicy(static_cast<int>(device_slots_.size()));
-      for (DeviceSlot& d : device_slots_) {
-        // A dead consumer's work on its slots is gone with its context.
-        if (d.state == SlotState::kLeased || d.state == SlotState::kReleasing) {
-          d.Free(absl::Now());
-          d.seq = -1;
-        }
-      }
-      StartCopiesLocked();
-    } else {
-      for (Slot& s : slots_) {
-        if (s.state == SlotState::kLeased) {
-          s.state = SlotState::kFree;
-          s.seq = -1;
-        }
-      }
-    }
+    std::vector<int> freed;
+    ring_->CloseConsumer(&freed);
+    FreeHostSlotsLocked(freed);
     NoteStarvationLocked();
     starved_since_ = absl::InfiniteFuture();
     ScheduleLocked(&tasks);
   }
   pool_->Submit(group_, job_->identity().serial, std::move(tasks));
-  EnqueueCopies();
+  absl::Status flushed = ring_->Flush();
+  if (!flushed.ok()) {
+    // Nobody is bound to be told: the next consumer hears it when it binds and starts.
+    absl::MutexLock lock(&mutex_);
+    FERRY_LOG(ERROR) << "job " << job_->identity().id << " rank " << rank_ << ": " << flushed;
+    if (!shutting_down_) {
+      shutting_down_ = true;
+      shutdown_reason_ = flushed;
+    }
+  }
 }
 
 void RankPipeline::Shutdown(const absl::Status& reason) {
@@ -202,12 +172,9 @@ void RankPipeline::Shutdown(const absl::Status& reason) {
     shutdown_reason_ = reason;
     ++generation_;
     live_generation_.store(generation_, std::memory_order_relaxed);
-    // A copy ordered before now may be being started by another thread: wait for it, so
-    // that the stage is never asked for a copy once Shutdown has returned.
-    copy_orders_.clear();
-    copies_stopped_.store(true, std::memory_order_relaxed);
-    mutex_.Await(absl::Condition(
-        +[](bool* enqueuing) { return !*enqueuing; }, &enqueuing_));
+    // Device work ordered before now may be being started by another thread: the ring
+    // waits for it, so that none starts once Shutdown has returned.
+    ring_->StopDeviceWork();
   }
   Deliver({});
 }
@@ -238,16 +205,10 @@ absl::Status RankPipeline::StartEpoch(BatchConsumer* consumer, int64_t epoch,
     if (!matches) {
       ++generation_;
       live_generation_.store(generation_, std::memory_order_relaxed);
-      for (const Pending& p : pending_) {
-        if (p.device_slot >= 0) {
-          // Copied (or being copied) already: the device slot is simply reused; the host
-          // slot comes back through OnHostSlotCopied.
-          device_slots_[p.device_slot].Free(absl::Now());
-        } else if (slots_[p.slot].state == SlotState::kQueued) {
-          slots_[p.slot].state = SlotState::kFree;
-        }
-        // Filling slots are freed by OnSlotFilled when their generation turns out stale.
-      }
+      // Filling slots are freed by OnSlotFilled when their generation turns out stale.
+      std::vector<int> freed;
+      ring_->DropQueued(&freed);
+      FreeHostSlotsLocked(freed);
       pending_.clear();
       next_epoch_ = epoch;
       next_batch_ = first_batch;
@@ -269,50 +230,17 @@ absl::Status RankPipeline::Release(BatchConsumer* consumer, uint32_t slot, int64
   {
     absl::MutexLock lock(&mutex_);
     if (consumer_ != consumer) return absl::FailedPreconditionError("consumer is not bound");
-    SlotState* state;
-    int64_t* leased_seq;
-    if (stage_ != nullptr) {
-      if (slot >= device_slots_.size()) state = nullptr;
-      else {
-        state = &device_slots_[slot].state;
-        leased_seq = &device_slots_[slot].seq;
-      }
-    } else {
-      if (slot >= slots_.size()) state = nullptr;
-      else {
-        state = &slots_[slot].state;
-        leased_seq = &slots_[slot].seq;
-      }
-    }
-    if (state == nullptr || *state != SlotState::kLeased || *leased_seq != seq) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "release of slot ", slot, " seq ", seq, ", which is not leased to this consumer"));
-    }
-    *leased_seq = -1;
-    const absl::Time now = absl::Now();
-    if (stage_ != nullptr) {
-      // Written again only once the consumer's last use of it is over on the GPU.
-      DeviceSlot& dev = device_slots_[slot];
-      lease_time_ += now - dev.since;
-      dev.since = now;
-      dev.token = ++device_tokens_;
-      ++releases_;
-      if (complete) {
-        dev.state = SlotState::kFree;
-        ++releases_complete_;
-        StartCopiesLocked();
-      } else {
-        dev.state = SlotState::kReleasing;
-        stage_->WatchReleased(static_cast<int>(slot), dev.token);
-      }
-    } else {
-      lease_time_ += now - slots_[slot].since;
-      *state = SlotState::kFree;
-    }
+    std::vector<int> freed;
+    FERRY_RETURN_IF_ERROR(ring_->Release(slot, seq, complete, &freed));
+    FreeHostSlotsLocked(freed);
     ScheduleLocked(&tasks);
   }
   Deliver(std::move(tasks));
   return absl::OkStatus();
+}
+
+void RankPipeline::FreeHostSlotsLocked(const std::vector<int>& freed) {
+  for (const int slot : freed) slots_[slot].state = SlotState::kFree;
 }
 
 void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
@@ -330,7 +258,7 @@ void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
     }
     job_->sampler().BatchIndices(next_epoch_, rank_, next_batch_, &indices);
     Slot& slot = slots_[s];
-    slot.gather = GatherNextBatchLocked();
+    slot.gather = ring_->PlanBatch();
     slot.state = SlotState::kFilling;
     slot.since = absl::Now();
     slot.generation = generation_;
@@ -347,7 +275,11 @@ void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
     const size_t num_tasks = (n + per_task - 1) / per_task;
     fill_counters_[s].rows_left.store(static_cast<int>(num_tasks), std::memory_order_relaxed);
     fill_counters_[s].substitutes.store(0, std::memory_order_relaxed);
-    pending_.push_back(Pending{static_cast<int>(s), -1, slot.epoch, slot.batch, slot.num_samples});
+    const uint64_t ticket = next_ticket_++;
+    pending_.push_back(Pending{ticket, static_cast<int>(s), slot.epoch, slot.batch,
+                               slot.num_samples});
+    ring_->Enqueue(DeliveryRing::Batch{ticket, static_cast<int>(s), slot.num_samples,
+                                       slot.gather});
     ++next_batch_;
     std::shared_ptr<RankPipeline> self = shared_from_this();
     for (size_t begin = 0; begin < n; begin += per_task) {
@@ -365,44 +297,16 @@ void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
   }
 }
 
-bool RankPipeline::GatherNextBatchLocked() {
-  if (gathered_field_ < 0 || !stage_->gather_ready()) return false;
-  if (stage_->gathers_every_batch()) return true;
-  int leased = 0;
-  // The latest releases (their tokens grow with each Release), newest first.
-  std::array<int, GatherPolicy::kGpuBehind> latest;
-  latest.fill(-1);
-  for (size_t i = 0; i < device_slots_.size(); ++i) {
-    const DeviceSlot& d = device_slots_[i];
-    leased += d.state == SlotState::kLeased;
-    if (d.state != SlotState::kReleasing) continue;
-    int slot = static_cast<int>(i);
-    for (int& l : latest) {
-      if (l < 0 || device_slots_[l].token < device_slots_[slot].token) std::swap(l, slot);
-      if (slot < 0) break;
-    }
-  }
-  // Whether their released signals are pending is asked now, not taken from the stage's
-  // reports (CudaStage's event watcher reports completions up to 100 us late, longer than
-  // a 1 MiB batch lasts). Only the latest few are asked, newest first, and only until one
-  // is complete: a trainer's stream completes its releases in order, so the ones before
-  // a complete one are complete too. At most kGpuBehind queries under the lock.
-  int pending = 0;
-  for (const int slot : latest) {
-    if (slot < 0 || !stage_->ReleasedSignalPending(slot)) break;
-    ++pending;
-  }
-  return gather_policy_.GatherNext(leased, pending);
-}
-
 void RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index, int64_t epoch,
                            bool gather, WorkerContext& context) {
   if (live_generation_.load(std::memory_order_relaxed) == generation) {
     const SlotLayout& layout = job_->layout();
     const SampleSource& source = job_->source();
     uint8_t* base = slab_.data() + static_cast<size_t>(slot) * layout.slot_bytes;
-    uint8_t* rows[16];
-    const size_t nfields = std::min<size_t>(layout.fields.size(), 16);
+    // Every field (no fixed cap: a layout of more fields than the inline size spills to
+    // the heap instead of losing fields).
+    absl::InlinedVector<uint8_t*, 8> rows(layout.fields.size());
+    const size_t nfields = rows.size();
     for (size_t f = 0; f < nfields; ++f) {
       rows[f] = gather && static_cast<int>(f) == gathered_field_
                     ? nullptr  // the stage reads these rows from the dataset itself
@@ -421,9 +325,9 @@ void RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index
       if (!job_->IsQuarantined(candidate)) {
         absl::Status s = source.Fill(candidate, MixSeed(seed, static_cast<uint64_t>(epoch),
                                                         static_cast<uint64_t>(candidate)),
-                                     absl::MakeConstSpan(rows, nfields), scratch);
+                                     absl::MakeConstSpan(rows), scratch);
         if (IsTransientReadError(s)) {
-          s = RetryTransient(source, candidate, epoch, absl::MakeConstSpan(rows, nfields),
+          s = RetryTransient(source, candidate, epoch, absl::MakeConstSpan(rows),
                              scratch, generation, s);
           if (IsTransientReadError(s)) return;  // the job failed, or the row is stale
         }
@@ -521,102 +425,23 @@ void RankPipeline::OnSlotFilled(int slot, uint64_t generation) {
       s.state = SlotState::kFree;  // stale: its pending entry was already dropped
       ScheduleLocked(&tasks);
     } else {
-      s.state = SlotState::kQueued;
+      s.state = SlotState::kInRing;
       for (Pending& p : pending_) {
-        if (p.slot == slot && p.device_slot < 0) {
+        if (p.slot == slot && !p.filled) {
+          p.filled = true;
           p.substitutes = fill_counters_[slot].substitutes.load(std::memory_order_relaxed);
+          ring_->Filled(p.ticket);
           break;
         }
       }
-      const absl::Time now = absl::Now();
-      fill_time_ += now - s.since;
+      fill_time_ += absl::Now() - s.since;
       ++batches_filled_;
-      s.since = now;
-      if (stage_ != nullptr) StartCopiesLocked();
     }
   }
   Deliver(std::move(tasks));
 }
 
-void RankPipeline::StartCopiesLocked() {
-  if (shutting_down_) return;
-  int free_slots = 0;
-  for (const DeviceSlot& dev : device_slots_) free_slots += dev.state == SlotState::kFree;
-  // A filled batch is copied even while an earlier one still fills (a straggling task
-  // must not hold the copy engine and every batch behind it), as long as enough free
-  // device slots stay for the earlier batches still without one: were later batches to
-  // take them all, an earlier one could never be copied and none behind it delivered.
-  int earlier_without_slot = 0;
-  int d = 0;
-  for (Pending& p : pending_) {
-    if (p.device_slot >= 0) continue;
-    if (free_slots <= earlier_without_slot) return;
-    if (slots_[p.slot].state != SlotState::kQueued) {
-      ++earlier_without_slot;
-      continue;
-    }
-    while (device_slots_[d].state != SlotState::kFree) ++d;  // free_slots > 0: one exists
-    --free_slots;
-    const uint64_t token = ++device_tokens_;
-    copy_orders_.push_back(CopyOrder{p.slot, d, p.num_samples, slots_[p.slot].gather, token});
-    const absl::Time now = absl::Now();
-    slots_[p.slot].state = SlotState::kCopying;
-    copy_wait_time_ += now - slots_[p.slot].since;
-    DeviceSlot& dev = device_slots_[d];
-    device_idle_time_ += now - dev.since;
-    dev.state = SlotState::kCopying;  // kQueued once the stage reports it ready
-    dev.token = token;
-    dev.epoch = p.epoch;
-    dev.batch = p.batch;
-    dev.num_samples = p.num_samples;
-    p.device_slot = d;
-  }
-}
-
-void RankPipeline::EnqueueCopies() {
-  if (stage_ == nullptr) return;
-  std::vector<CopyOrder> orders;
-  {
-    absl::MutexLock lock(&mutex_);
-    if (shutting_down_) copy_orders_.clear();  // nobody will receive the batch
-    if (enqueuing_ || copy_orders_.empty()) return;  // the enqueuing thread takes ours too
-    enqueuing_ = true;
-    orders.swap(copy_orders_);
-  }
-  for (;;) {
-    absl::Status failed;
-    for (const CopyOrder& o : orders) {
-      if (copies_stopped_.load(std::memory_order_relaxed)) break;
-      failed = stage_->StartCopy(o.host_slot, o.device_slot, o.num_samples, o.gather, o.token);
-      if (!failed.ok()) break;
-    }
-    absl::MutexLock lock(&mutex_);
-    if (!failed.ok()) {
-      // A device that fails a copy will fail the next one too: stop this rank with the
-      // reason instead of handing out slots that were never written.
-      FERRY_LOG(ERROR) << "job " << job_->identity().id << " rank " << rank_
-                       << ": copy to the GPU failed: " << failed;
-      if (!shutting_down_) {
-        shutting_down_ = true;
-        shutdown_reason_ = absl::Status(
-            failed.code(), absl::StrCat("copy to the GPU failed: ", failed.message()));
-      }
-      copy_orders_.clear();
-      enqueuing_ = false;
-      break;
-    }
-    if (shutting_down_) copy_orders_.clear();
-    if (copy_orders_.empty()) {
-      enqueuing_ = false;
-      return;
-    }
-    orders.clear();
-    orders.swap(copy_orders_);
-  }
-  Deliver({});  // tells the consumer why the stream ends
-}
-
-void RankPipeline::OnHostSlotCopied(int slot) {
+void RankPipeline::OnHostSlotFree(int slot) {
   std::vector<WorkerPool::Task> tasks;
   {
     absl::MutexLock lock(&mutex_);
@@ -626,29 +451,6 @@ void RankPipeline::OnHostSlotCopied(int slot) {
   Deliver(std::move(tasks));
 }
 
-void RankPipeline::OnDeviceSlotReady(int device_slot, uint64_t token) {
-  {
-    absl::MutexLock lock(&mutex_);
-    DeviceSlot& dev = device_slots_[device_slot];
-    // A copy abandoned by StartEpoch (the slot was freed, maybe reused) is not delivered.
-    if (dev.state != SlotState::kCopying || dev.token != token) return;
-    dev.state = SlotState::kQueued;
-  }
-  Deliver({});
-}
-
-void RankPipeline::OnDeviceSlotReleased(int device_slot, uint64_t token) {
-  {
-    absl::MutexLock lock(&mutex_);
-    DeviceSlot& dev = device_slots_[device_slot];
-    // After an Unbind the slot was reclaimed already.
-    if (dev.state != SlotState::kReleasing || dev.token != token) return;
-    dev.Free(absl::Now());
-    StartCopiesLocked();
-  }
-  Deliver({});
-}
-
 void RankPipeline::NoteStarvationLocked() {
   if (starved_since_ != absl::InfiniteFuture()) {
     consumer_wait_ += absl::Now() - starved_since_;
@@ -656,19 +458,23 @@ void RankPipeline::NoteStarvationLocked() {
   }
 }
 
-bool RankPipeline::HeadDeliverableLocked() const {
-  if (pending_.empty()) return false;
+std::optional<uint32_t> RankPipeline::TakeHeadLocked() {
+  if (pending_.empty()) return std::nullopt;
   const Pending& p = pending_.front();
-  if (p.epoch != deliver_epoch_) return false;
-  if (stage_ != nullptr) {
-    return p.device_slot >= 0 && device_slots_[p.device_slot].state == SlotState::kQueued;
-  }
-  return slots_[p.slot].state == SlotState::kQueued;
+  if (p.epoch != deliver_epoch_ || !p.filled) return std::nullopt;
+  return ring_->TakeReady(p.ticket, next_seq_);
 }
 
 void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
   if (!tasks.empty()) pool_->Submit(group_, job_->identity().serial, std::move(tasks));
-  EnqueueCopies();
+  if (absl::Status flushed = ring_->Flush(); !flushed.ok()) {
+    absl::MutexLock lock(&mutex_);
+    FERRY_LOG(ERROR) << "job " << job_->identity().id << " rank " << rank_ << ": " << flushed;
+    if (!shutting_down_) {
+      shutting_down_ = true;
+      shutdown_reason_ = flushed;
+    }
+  }
   absl::MutexLock lock(&mutex_);
   if (delivering_) return;  // the thread delivering now will see our changes
   delivering_ = true;
@@ -676,25 +482,16 @@ void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
     std::vector<ferry::v1::BatchReady> ready;
     bool send_end = false;
     const bool producing = active_ && consumer_started_ && !shutting_down_;
-    while (producing && HeadDeliverableLocked()) {
+    std::optional<uint32_t> slot;
+    while (producing && (slot = TakeHeadLocked()).has_value()) {
       const Pending p = pending_.front();
       ferry::v1::BatchReady b;
       b.set_seq(next_seq_++);
       b.set_epoch(p.epoch);
       b.set_batch(p.batch);
       b.set_num_samples(p.num_samples);
+      b.set_slot(*slot);
       const absl::Time now = absl::Now();
-      if (stage_ != nullptr) {
-        b.set_slot(static_cast<uint32_t>(p.device_slot));
-        device_slots_[p.device_slot].state = SlotState::kLeased;
-        device_slots_[p.device_slot].seq = b.seq();
-        device_slots_[p.device_slot].since = now;
-      } else {
-        b.set_slot(static_cast<uint32_t>(p.slot));
-        slots_[p.slot].state = SlotState::kLeased;
-        slots_[p.slot].seq = b.seq();
-        slots_[p.slot].since = now;
-      }
       pending_.pop_front();
       if (p.substitutes > 0) job_->CountSubstitutes(p.substitutes);
       ++deliver_batch_;
@@ -708,12 +505,7 @@ void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
       send_end = true;
       epoch_end_sent_ = true;
     }
-    int leased = 0;
-    if (stage_ != nullptr) {
-      for (const DeviceSlot& d : device_slots_) leased += d.state == SlotState::kLeased;
-    } else {
-      for (const Slot& s : slots_) leased += s.state == SlotState::kLeased;
-    }
+    const int leased = ring_->leased();
     // A stopping pipeline ends the stream once the consumer has given back every batch it
     // holds, so no batch in use is cut off.
     const bool send_shutdown = shutting_down_ && leased == 0 && !shutdown_sent_;
@@ -759,32 +551,13 @@ void RankPipeline::FillStatus(ferry::v1::RankStatus* status) const {
       status->set_samples_per_second(samples / seconds);
     }
   }
-  uint32_t queued = 0, leased = 0;
-  if (stage_ != nullptr) {
-    for (const DeviceSlot& d : device_slots_) {
-      queued += d.state == SlotState::kQueued;
-      leased += d.state == SlotState::kLeased;
-    }
-    stage_->FillStatus(status);
-    status->set_releases(releases_);
-    status->set_releases_complete(releases_complete_);
-  } else {
-    for (const Slot& s : slots_) {
-      queued += s.state == SlotState::kQueued;
-      leased += s.state == SlotState::kLeased;
-    }
-  }
-  status->set_queue_depth(queued);
-  status->set_slots_leased(leased);
+  ring_->FillStatus(status);
   status->set_slots(static_cast<uint32_t>(slots_.size()));
   absl::Duration wait = consumer_wait_;
   if (starved_since_ != absl::InfiniteFuture()) wait += absl::Now() - starved_since_;
   status->set_consumer_wait_seconds(absl::ToDoubleSeconds(wait));
   status->set_batches_filled(batches_filled_);
   status->set_fill_seconds(absl::ToDoubleSeconds(fill_time_));
-  status->set_copy_wait_seconds(absl::ToDoubleSeconds(copy_wait_time_));
-  status->set_lease_seconds(absl::ToDoubleSeconds(lease_time_));
-  status->set_device_slot_idle_seconds(absl::ToDoubleSeconds(device_idle_time_));
   status->set_epoch(deliver_epoch_);
   status->set_next_batch(deliver_batch_);
 }

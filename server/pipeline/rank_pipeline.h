@@ -1,16 +1,13 @@
-// The producer side of one (job, rank): a ring of slots in one shared-memory slab, filled
-// by the worker pool in batch order and handed to at most one bound consumer.
+// The producer side of one (job, rank): a ring of host slots in one shared-memory slab,
+// filled by the worker pool in batch order, and delivered in that order through a
+// DeliveryRing (server/transport/delivery_ring.h) to at most one bound consumer.
 //
-// Host slot life cycle:  FREE -> FILLING (workers write rows) -> QUEUED (complete, waiting
-// to be sent, in sequence order) -> LEASED (sent to the consumer) -> FREE (released, or the
-// consumer went away). Only FREE slots are filled, so the prefetch depth is the slot count
-// and nothing upstream can queue without bound.
-//
-// With a DeviceStage (GPU transport) a QUEUED host slot is copied into a free device slot
-// (COPYING until the stage says the copy is done, then FREE), and the consumer leases device
-// slots instead: device FREE -> COPYING (copy enqueued) -> QUEUED (copied) -> LEASED -> FREE.
-// Copies need not wait for earlier batches still filling (StartCopiesLocked keeps enough
-// device slots for them); delivery is always in order.
+// Host slot life cycle: FREE -> FILLING (workers write rows) -> RING (complete, handed to
+// the delivery ring) -> FREE (the ring gives it back: once the consumer released it, for
+// the host ring; once its bytes are on the device, for a device ring). Only FREE slots are
+// filled, so the prefetch depth is the slot count and nothing upstream queues without
+// bound. Batches are delivered in order; the ring may let a filled batch overtake earlier
+// ones still filling on its way to the consumer's slot, never at delivery.
 //
 // Position: the consumer asks for (epoch, first_batch) with StartEpoch; the pipeline fills
 // that epoch in order and, once it has scheduled the epoch's last batch, goes on into the
@@ -21,14 +18,17 @@
 // Thread-safety: all methods are thread-safe. Consumer callbacks are made from worker threads
 // or from the thread calling StartEpoch/Release, never concurrently with each other and
 // never with the pipeline's lock held; after Unbind returns no callback is running or will
-// run for that consumer.
+// run for that consumer. The ring is called under the pipeline's lock (lock order: the
+// pipeline's, then the ring's), but for DeliveryRing::Flush.
 #ifndef FERRY_SERVER_PIPELINE_RANK_PIPELINE_H_
 #define FERRY_SERVER_PIPELINE_RANK_PIPELINE_H_
 
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -38,10 +38,9 @@
 #include "ferry/v1/ferry.pb.h"
 #include "server/memory/memory_budget.h"
 #include "server/memory/shared_slab.h"
-#include "server/pipeline/device_stage.h"
-#include "server/pipeline/gather_policy.h"
 #include "server/pipeline/job.h"
 #include "server/pipeline/worker_pool.h"
+#include "server/transport/delivery_ring.h"
 
 namespace ferry {
 
@@ -59,68 +58,59 @@ class BatchConsumer {
 
 class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
  public:
-  // Reserves slots x slot_bytes from `budget` and allocates the slab on `numa_node`.
-  static absl::StatusOr<std::shared_ptr<RankPipeline>> Create(std::shared_ptr<Job> job,
-                                                              int rank, int num_slots,
-                                                              int numa_node, WorkerPool* pool,
-                                                              MemoryBudget* budget);
-  // Makes the device stage for a slab, once the slab exists (it registers it). The slab's
-  // memory stays put for the pipeline's life, but the SharedSlab object itself is moved:
-  // keep slab.data(), not the reference.
-  using StageFactory =
-      std::function<absl::StatusOr<std::unique_ptr<DeviceStage>>(const SharedSlab& slab)>;
-  // Same, for the GPU transport: consumers lease the stage's device slots.
+  // Makes the delivery ring for a slab, once the slab exists (a device ring registers it).
+  // The slab's memory stays put for the pipeline's life, but the SharedSlab object itself
+  // is moved: keep slab.data(), not the reference.
+  using RingFactory =
+      std::function<absl::StatusOr<std::unique_ptr<DeliveryRing>>(const SharedSlab& slab)>;
+  // Reserves slots x slot_bytes from `budget`, allocates the slab on `numa_node` and makes
+  // its ring: `ring` (a device ring), or a HostRing when null.
   static absl::StatusOr<std::shared_ptr<RankPipeline>> Create(std::shared_ptr<Job> job,
                                                               int rank, int num_slots,
                                                               int numa_node, WorkerPool* pool,
                                                               MemoryBudget* budget,
-                                                              const StageFactory& stage);
+                                                              const RingFactory& ring = nullptr);
   ~RankPipeline();
 
   // FAILED_PRECONDITION when another consumer is bound (a rank has one consumer at a time).
-  // `released_events`: the GPU transport's per-slot signals from the consumer (empty for
-  // the host transport).
+  // `released_events`: the consumer's per-slot signals, for its ring (OpenConsumer).
   absl::Status Bind(BatchConsumer* consumer, int pid,
                     const std::vector<std::string>& released_events = {});
   // Unbinds `consumer` (no-op if not bound): every slot it leased is reclaimed.
   void Unbind(BatchConsumer* consumer);
   // Stops filling and delivering (queued rows are skipped); the bound consumer is told
   // `reason` through OnShutdown as soon as it has released every batch it holds. Called
-  // when the job is deleted or ferryd drains. Idempotent. Once it returns, the device
-  // stage is asked for no more copies (one already being started is waited for).
+  // when the job is deleted or ferryd drains. Idempotent. Once it returns, the ring starts
+  // no more device work (DeliveryRing::StopDeviceWork).
   void Shutdown(const absl::Status& reason);
   bool bound() const;
 
   // INVALID_ARGUMENT for an epoch < 0 or first_batch outside [0, batches_per_epoch].
   absl::Status StartEpoch(BatchConsumer* consumer, int64_t epoch, int64_t first_batch);
-  // INVALID_ARGUMENT unless `slot` is leased to the consumer under `seq`. `complete`
-  // (GPU transport): the consumer's last use of the device slot is already over, so it is
-  // free at once instead of after its "released" signal is seen complete.
+  // INVALID_ARGUMENT unless `slot` is leased to the consumer under `seq`. `complete`: see
+  // DeliveryRing::Release.
   absl::Status Release(BatchConsumer* consumer, uint32_t slot, int64_t seq,
                        bool complete = false);
 
   const SharedSlab& slab() const { return slab_; }
-  // Slots the consumer leases: device slots with a stage, host slots without.
-  int num_slots() const;
-  const DeviceStage* stage() const { return stage_.get(); }
+  // Slots the consumer leases (the ring's).
+  int num_slots() const { return ring_->num_slots(); }
+  const DeliveryRing& ring() const { return *ring_; }
   const Job& job() const { return *job_; }
   int rank() const { return rank_; }
 
   void FillStatus(ferry::v1::RankStatus* status) const;
 
  private:
-  // kReleasing: a device slot the consumer released whose "released" signal has not been
-  // seen complete yet (see device_stage.h for why the host, not the GPU, waits for it).
-  enum class SlotState { kFree, kFilling, kQueued, kLeased, kCopying, kReleasing };
+  enum class SlotState { kFree, kFilling, kInRing };
   struct Slot {
     SlotState state = SlotState::kFree;
     uint64_t generation = 0;
     int64_t epoch = 0;
     int64_t batch = 0;
     uint32_t num_samples = 0;
-    int64_t seq = -1;  // while leased
-    bool gather = false;  // the stage reads the gathered field's rows (not written here)
-    absl::Time since;  // of the current state, for the time totals in status
+    bool gather = false;  // the ring reads the gathered field's rows (not written here)
+    absl::Time since;     // of the fill, for fill_seconds
   };
   // What the workers filling a host slot count without the pipeline's lock.
   struct FillCounters {
@@ -129,59 +119,27 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
     // (Job::CountSubstitutes) only when the batch is delivered, not for a fill abandoned.
     std::atomic<int> substitutes{0};
   };
-  struct DeviceSlot {
-    // kFree -> kCopying (copy enqueued) -> kQueued (ready) -> kLeased -> kReleasing -> kFree
-    SlotState state = SlotState::kFree;
-    int64_t epoch = 0;
-    int64_t batch = 0;
-    uint32_t num_samples = 0;
-    int64_t seq = -1;
-    uint64_t token = 0;  // names the copy or release in progress; stale reports differ
-    absl::Time since;    // of kFree or kLeased, for the time totals in status
-    void Free(absl::Time now) {
-      state = SlotState::kFree;
-      since = now;
-    }
-  };
-  struct CopyOrder {  // a copy decided under the lock, enqueued after it
-    int host_slot;
-    int device_slot;
-    uint32_t num_samples;
-    bool gather;
-    uint64_t token;
-  };
   struct Pending {  // one scheduled batch, in delivery order
-    int slot;              // host slot (recycled once copied, with a stage)
-    int device_slot;       // with a stage: assigned when the copy is enqueued, else -1
+    uint64_t ticket;  // names it to the ring
+    int slot;         // host slot (the ring may give it back before delivery)
     int64_t epoch;
     int64_t batch;
     uint32_t num_samples;
-    int substitutes = 0;   // rows holding a substitute, known once the slot is filled
+    bool filled = false;
+    int substitutes = 0;  // rows holding a substitute, known once the slot is filled
   };
 
   RankPipeline(std::shared_ptr<Job> job, int rank, SharedSlab slab,
                MemoryBudget::Reservation reservation, int num_slots, WorkerPool* pool,
-               int group, int gathered_field);
-  // Assigns free device slots to filled host slots (in delivery order, except that a filled
-  // batch goes before earlier ones still filling while a free slot stays for each of
-  // them) and queues the copies in copy_orders_; EnqueueCopies hands them to the stage
-  // after the lock is let go.
-  void StartCopiesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Hands the queued copies to the stage in order, without the pipeline's lock (enqueuing
-  // a copy takes CUDA calls, which would otherwise hold up every other thread of the
-  // rank). One thread at a time enqueues; others leave their orders to it.
-  void EnqueueCopies() ABSL_LOCKS_EXCLUDED(mutex_);
-  void OnHostSlotCopied(int slot);
-  void OnDeviceSlotReady(int device_slot, uint64_t token);
-  void OnDeviceSlotReleased(int device_slot, uint64_t token);
-  // True when the head of pending_ can be sent.
-  bool HeadDeliverableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+               int group, std::unique_ptr<DeliveryRing> ring);
+  // The ring gave host slot `slot` back.
+  void OnHostSlotFree(int slot);
+  void FreeHostSlotsLocked(const std::vector<int>& freed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The head of pending_'s consumer slot, leased under the next seq, when it can be sent.
+  std::optional<uint32_t> TakeHeadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   // Takes free slots and hands their rows to the pool. Requires mutex_.
   void ScheduleLocked(std::vector<WorkerPool::Task>* tasks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Whether the batch about to be scheduled has its gathered field read by the stage
-  // (DeviceStage::gathers_every_batch and GatherPolicy say when).
-  bool GatherNextBatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void FillRow(int slot, uint64_t generation, int row, int64_t index, int64_t epoch,
                bool gather, WorkerContext& context);
   // Reads sample `index` again while it fails for a reason of the machine
@@ -195,7 +153,8 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   // Counts a finished task of `slot`; the last one completes the slot.
   void OnTaskDone(int slot, uint64_t generation);
   void OnSlotFilled(int slot, uint64_t generation);
-  // Sends what can be sent to the bound consumer; see the class comment for the guarantees.
+  // Flushes the ring's device work, then sends what can be sent to the bound consumer; see
+  // the class comment for the guarantees.
   void Deliver(std::vector<WorkerPool::Task> tasks) ABSL_LOCKS_EXCLUDED(mutex_);
   void NoteStarvationLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
@@ -206,28 +165,26 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   const MemoryBudget::Reservation reservation_;
   WorkerPool* const pool_;
   const int group_;
-  std::unique_ptr<DeviceStage> stage_;  // set once in Create, before any use
+  const std::unique_ptr<DeliveryRing> ring_;
   const int64_t batches_per_epoch_;
-  // The field the stage can read from the dataset itself (DeviceStage::gathered_field):
+  // The field the ring may read from the dataset itself (DeliveryRing::gathered_field):
   // its rows are not written here for the batches it gathers. -1 when none.
   const int gathered_field_;
   // The int64 "index" field every source writes (sample_source.h), or -1: a row with no
   // readable substitute gets -1 there, so the trainer can tell it holds no sample.
   const int index_field_;
-  // Rows a task fills: 1 unless the source only copies rows; for batches the stage
+  // Rows a task fills: 1 unless the source only copies rows; for batches the ring
   // gathers, and for the others.
   const size_t copy_rows_per_task_gathered_;
   const size_t copy_rows_per_task_;
-
-  const int num_host_slots_;
   // One per host slot, touched by workers without the lock (atomics).
   const std::unique_ptr<FillCounters[]> fill_counters_;
 
+  // State below is protected by mutex_.
   mutable absl::Mutex mutex_;
-  std::vector<Slot> slots_ ABSL_GUARDED_BY(mutex_);  // num_host_slots_ of them
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mutex_);  // one per host slot
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mutex_);
-  std::vector<DeviceSlot> device_slots_ ABSL_GUARDED_BY(mutex_);
-  GatherPolicy gather_policy_ ABSL_GUARDED_BY(mutex_);
+  uint64_t next_ticket_ ABSL_GUARDED_BY(mutex_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(mutex_) = 1;
   bool active_ ABSL_GUARDED_BY(mutex_) = false;  // a StartEpoch was received
   // The bound consumer sent its StartEpoch: until then nothing is delivered to it (the
@@ -242,33 +199,23 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   int consumer_pid_ ABSL_GUARDED_BY(mutex_) = 0;
   bool consumer_via_channel_ ABSL_GUARDED_BY(mutex_) = false;  // of the last consumer
   bool delivering_ ABSL_GUARDED_BY(mutex_) = false;
-  std::vector<CopyOrder> copy_orders_ ABSL_GUARDED_BY(mutex_);  // in the order decided
-  bool enqueuing_ ABSL_GUARDED_BY(mutex_) = false;  // a thread is in EnqueueCopies
   int64_t next_seq_ ABSL_GUARDED_BY(mutex_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mutex_) = false;
-  uint64_t device_tokens_ ABSL_GUARDED_BY(mutex_) = 0;
   absl::Status shutdown_reason_ ABSL_GUARDED_BY(mutex_);
   bool shutdown_sent_ ABSL_GUARDED_BY(mutex_) = false;
 
   // Metrics.
   int64_t batches_delivered_ ABSL_GUARDED_BY(mutex_) = 0;
   int64_t samples_delivered_ ABSL_GUARDED_BY(mutex_) = 0;
-  uint64_t releases_ ABSL_GUARDED_BY(mutex_) = 0;           // of device slots
-  uint64_t releases_complete_ ABSL_GUARDED_BY(mutex_) = 0;  // of those, with `complete`
   std::deque<std::pair<absl::Time, uint32_t>> recent_deliveries_ ABSL_GUARDED_BY(mutex_);
   absl::Duration consumer_wait_ ABSL_GUARDED_BY(mutex_);
-  // Where a batch's time goes (totals; see RankStatus.fill_seconds and the fields after it).
+  // Where a batch's time goes (totals; see RankStatus.fill_seconds and the fields after it;
+  // the ring adds its own).
   absl::Duration fill_time_ ABSL_GUARDED_BY(mutex_);
-  absl::Duration copy_wait_time_ ABSL_GUARDED_BY(mutex_);
-  absl::Duration lease_time_ ABSL_GUARDED_BY(mutex_);
-  absl::Duration device_idle_time_ ABSL_GUARDED_BY(mutex_);
   uint64_t batches_filled_ ABSL_GUARDED_BY(mutex_) = 0;
   absl::Time starved_since_ ABSL_GUARDED_BY(mutex_) = absl::InfiniteFuture();
   // Mirror of generation_ that workers read without the lock to skip stale rows early.
   std::atomic<uint64_t> live_generation_{1};
-  // Mirror of shutting_down_, read by the enqueuing thread before each StartCopy of the
-  // orders it took before a Shutdown.
-  std::atomic<bool> copies_stopped_{false};
 };
 
 }  // namespace ferry

@@ -391,12 +391,7 @@ grpc::ServerUnaryReactor* FerryService::Attach(grpc::CallbackServerContext* cont
   attached->pipeline->job().ToProto(response->mutable_job());
   response->set_num_slots(static_cast<uint32_t>(attached->pipeline->num_slots()));
   response->set_slot_bytes(attached->pipeline->job().layout().slot_bytes);
-  if (const DeviceStage* stage = attached->pipeline->stage(); stage != nullptr) {
-    stage->Describe(response);
-    response->set_slot_bytes(response->cuda().slot_bytes());
-  } else {
-    response->mutable_host()->set_slab_bytes(attached->pipeline->slab().size());
-  }
+  attached->pipeline->ring().Describe(response);  // the transport, and its slot_bytes
   return FinishWith(context, absl::OkStatus());
 }
 

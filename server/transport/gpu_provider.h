@@ -9,7 +9,7 @@
 #include "absl/status/statusor.h"
 #include "ferry/v1/ferry.pb.h"
 #include "server/memory/shared_slab.h"
-#include "server/pipeline/device_stage.h"
+#include "server/transport/device_stage.h"
 #include "server/pipeline/job.h"
 
 namespace ferry {

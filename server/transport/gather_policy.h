@@ -26,14 +26,14 @@
 //    predecessor's copy completes, so that copy's device slot is not held yet (with 2 or 3
 //    slots, 3/4 of them all could never be reached; a ring of 1 is never gathered).
 //
-// For each batch it schedules, the pipeline counts the consumer's leased slots and asks
-// the stage about its latest releases (RankPipeline::GatherNextBatchLocked):
+// For each batch the pipeline schedules, the device ring counts the consumer's leased
+// slots and asks its stage about its latest releases (DeviceRing::PlanBatch):
 //   GatherPolicy policy(num_device_slots);
 //   slot.gather = policy.GatherNext(leased, pending);
-// Not thread-safe: the pipeline calls it under its lock, and starts a new one for each
+// Not thread-safe: the ring calls it under its lock, and starts a new one for each
 // consumer (what it learned was about that consumer's GPU).
-#ifndef FERRY_SERVER_PIPELINE_GATHER_POLICY_H_
-#define FERRY_SERVER_PIPELINE_GATHER_POLICY_H_
+#ifndef FERRY_SERVER_TRANSPORT_GATHER_POLICY_H_
+#define FERRY_SERVER_TRANSPORT_GATHER_POLICY_H_
 
 namespace ferry {
 
@@ -57,4 +57,4 @@ class GatherPolicy final {
 
 }  // namespace ferry
 
-#endif  // FERRY_SERVER_PIPELINE_GATHER_POLICY_H_
+#endif  // FERRY_SERVER_TRANSPORT_GATHER_POLICY_H_

@@ -1,29 +1,27 @@
-// The seam between the producer and a device transport. A RankPipeline fills host slots;
-// with a DeviceStage it then hands each filled host slot to the stage, which copies it into
-// one of its own device slots (and converts it there), and the consumer is given device
-// slots instead of host slots. The host transport has no stage: consumers read host slots.
+// The device side of a DeviceRing (device_ring.h): the copies and signals of one rank's
+// device slots. The ring decides which host slot goes to which device slot and when; the
+// stage does the device work and reports when it is done. CudaStage (transport/cuda/) is the
+// CUDA one; tests use fakes.
 //
 // Contract: WatchReleased, ReleasedSignalPending (at most two calls per batch scheduled),
-// OpenConsumer and CloseConsumer are called with the pipeline's lock held; StartCopy is
-// called without it, from one thread at a time, in the order the pipeline decided the
-// copies under its lock (not necessarily delivery order: a filled batch may go before an
-// earlier one still filling), after letting go of the lock, so the CUDA calls do not hold
-// up the rank's other threads. The stage relies only on that order
-// being the order of its own calls (CudaStage watches its events in stream order). None
-// of them blocks on the device: they enqueue work and return. FillStatus may run
-// concurrently with StartCopy. The stage reports progress through Callbacks, from a
-// thread of its own, holding no lock of its own. Everything the stage needs (device
-// memory, events, streams, pinned registration) is allocated when it is created; nothing
-// after.
+// gather_ready, OpenConsumer and CloseConsumer are called with the ring's lock held;
+// StartCopy is called without it, from one thread at a time, in the order the ring decided
+// the copies under its lock (not necessarily delivery order: a filled batch may go before
+// an earlier one still filling). The stage relies only on that order being the order of
+// its own calls (CudaStage watches its events in stream order). None of them blocks on the
+// device: they enqueue work and return. FillStatus may run concurrently with StartCopy.
+// The stage reports progress through Callbacks, from a thread of its own, holding no lock
+// of its own. Everything the stage needs (device memory, events, streams, pinned
+// registration) is allocated when it is created; nothing after.
 //
-// Why the pipeline, not the GPU, waits for the consumer's "released" signal: ferryd and the
+// Why the ring, not the GPU, waits for the consumer's "released" signal: ferryd and the
 // trainer are two CUDA contexts on one GPU. A stream of one context waiting for an event of
 // the other that has not completed yet holds the GPU until the context time slice ends
 // (milliseconds on an H100), once per batch. So a device slot is reused only after its
 // released signal has been seen complete on the host, and a batch is delivered only after
 // its ready signal has: neither process ever queues a wait on the other's unfinished work.
-#ifndef FERRY_SERVER_PIPELINE_DEVICE_STAGE_H_
-#define FERRY_SERVER_PIPELINE_DEVICE_STAGE_H_
+#ifndef FERRY_SERVER_TRANSPORT_DEVICE_STAGE_H_
+#define FERRY_SERVER_TRANSPORT_DEVICE_STAGE_H_
 
 #include <cstdint>
 #include <functional>
@@ -42,13 +40,13 @@ class DeviceStage {
   virtual int num_device_slots() const = 0;
 
   // The field whose rows the stage can read from the dataset itself rather than from the
-  // host slot (SampleSource::direct_rows): for a batch the pipeline asks it to gather
+  // host slot (SampleSource::direct_rows): for a batch the ring asks it to gather
   // (StartCopy's `gather`), workers leave those rows unwritten. -1 when the stage copies
   // every field from the host slot. Constant after creation.
   virtual int gathered_field() const { return -1; }
   // With a gathered_field: true to gather every batch; false to gather only the batches
-  // the pipeline starts while the consumer waits for batches, or soon will
-  // (server/pipeline/gather_policy.h says how it tells), workers writing the rows of
+  // the ring schedules while the consumer waits for batches, or soon will
+  // (server/transport/gather_policy.h says how it tells), workers writing the rows of
   // the others. A gather runs kernels in ferryd's CUDA context, which the GPU time-slices
   // with the trainer's; a slot copy runs on the copy engine beside the trainer's kernels.
   // So gathering pays while the trainer waits for batches, and costs its step time while
@@ -56,11 +54,11 @@ class DeviceStage {
   virtual bool gathers_every_batch() const { return true; }
   // With a gathered_field: false until the stage can gather (its dataset mapping is still
   // being registered, or that failed); until then every batch's rows are written by the
-  // workers. Once true, stays true. Called under the pipeline's lock.
+  // workers. Once true, stays true. Called under the ring's lock.
   virtual bool gather_ready() const { return true; }
 
   // How a stage reports progress. `token` is the value passed to the call that started the
-  // work; the pipeline uses it to ignore reports about work it has since abandoned.
+  // work; the ring uses it to ignore reports about work it has since abandoned.
   struct Callbacks {
     // The host slot's bytes are on the device: the host slot may be refilled.
     std::function<void(int host_slot)> host_slot_free;
@@ -87,10 +85,11 @@ class DeviceStage {
   // Whether the "released" signal of `device_slot`, watched since WatchReleased, has not
   // completed yet, asked now: the consumer's GPU still has work on the slot queued. The
   // report of a completed one may come later (CudaStage polls its events every 5-100 us).
-  // Called under the pipeline's lock; must not block. A stage that cannot tell says true.
+  // Called under the ring's lock; must not block. A stage that cannot tell says true.
   virtual bool ReleasedSignalPending(int device_slot) const { return true; }
 
-  // What a consumer needs to map the device slots (filled into AttachResponse).
+  // What a consumer needs to map the device slots: AttachResponse's transport and its
+  // slot_bytes (a device slot's).
   virtual void Describe(ferry::v1::AttachResponse* response) const = 0;
 
   // A consumer binds: `released_events` are per-slot "released" signals it sent, if the
@@ -106,4 +105,4 @@ class DeviceStage {
 
 }  // namespace ferry
 
-#endif  // FERRY_SERVER_PIPELINE_DEVICE_STAGE_H_
+#endif  // FERRY_SERVER_TRANSPORT_DEVICE_STAGE_H_

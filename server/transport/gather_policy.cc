@@ -1,4 +1,4 @@
-#include "server/pipeline/gather_policy.h"
+#include "server/transport/gather_policy.h"
 
 namespace ferry {
 

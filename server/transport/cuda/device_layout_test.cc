@@ -2,7 +2,7 @@
 // no GPU (pure layout arithmetic), so it runs in CI.
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/transport/cuda_stage.h"
+#include "server/transport/cuda/device_slot_layout.h"
 
 namespace ferry {
 namespace {

@@ -1,0 +1,99 @@
+#include "server/transport/cuda/device_slot_layout.h"
+
+#include "absl/strings/str_cat.h"
+#include "server/kernels/normalize.h"
+
+namespace ferry {
+namespace {
+
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// Device slots are separate cudaMalloc allocations; 2 MiB keeps each one on its own large
+// pages and its IPC mapping aligned.
+constexpr size_t kDeviceSlotAlignment = 2 << 20;
+
+}  // namespace
+
+absl::StatusOr<DeviceSlotLayout> DeviceSlotLayout::Make(const SlotLayout& host,
+                                                        const ferry::v1::ImageOutput& output,
+                                                        ferry::v1::DType tokens_output) {
+  DeviceSlotLayout layout;
+  layout.fields = host.fields;
+  const ferry::v1::DType dtype =
+      output.dtype() == ferry::v1::DTYPE_UNSPECIFIED ? ferry::v1::UINT8 : output.dtype();
+  if (dtype != ferry::v1::UINT8 && dtype != ferry::v1::FLOAT32 && dtype != ferry::v1::FLOAT16 &&
+      dtype != ferry::v1::BFLOAT16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "image_output.dtype must be UINT8, FLOAT32, FLOAT16 or BFLOAT16 (got ",
+        ferry::v1::DType_Name(dtype), ")"));
+  }
+  if ((output.mean_size() != 0 && output.mean_size() != 3) ||
+      (output.std_size() != 0 && output.std_size() != 3)) {
+    return absl::InvalidArgumentError("image_output.mean and image_output.std take 3 values (RGB)");
+  }
+  const auto mean = ImageNetMean();
+  const auto std = ImageNetStd();
+  for (int c = 0; c < 3; ++c) {
+    layout.mean[c] = output.mean_size() == 3 ? output.mean(c) : mean[c];
+    layout.std[c] = output.std_size() == 3 ? output.std(c) : std[c];
+    if (!(layout.std[c] > 0)) {
+      return absl::InvalidArgumentError("image_output.std values must be positive");
+    }
+  }
+  if (dtype != ferry::v1::UINT8) {
+    for (size_t f = 0; f < host.fields.size(); ++f) {
+      if (host.fields[f].name == "image") layout.image_field = static_cast<int>(f);
+    }
+    if (layout.image_field < 0) {
+      return absl::InvalidArgumentError("image_output is set but the dataset has no image field");
+    }
+    layout.image_dtype = dtype;
+    FieldLayout& image = layout.fields[layout.image_field];
+    const int64_t h = image.shape[0], w = image.shape[1], c = image.shape[2];
+    image.dtype = dtype;
+    image.shape = {c, h, w};
+    image.row_bytes = static_cast<size_t>(c * h * w) * (dtype == ferry::v1::FLOAT32 ? 4 : 2);
+  }
+  for (size_t f = 0; f < host.fields.size(); ++f) {
+    const FieldLayout& field = host.fields[f];
+    if (field.name != "tokens" ||
+        (field.dtype != ferry::v1::UINT16 && field.dtype != ferry::v1::UINT32)) {
+      continue;
+    }
+    const ferry::v1::DType out =
+        tokens_output == ferry::v1::DTYPE_UNSPECIFIED ? ferry::v1::INT64 : tokens_output;
+    if (out != ferry::v1::INT64 && out != ferry::v1::INT32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dataset.tokens.output_dtype must be INT64 or INT32 (got ", ferry::v1::DType_Name(out),
+          ")"));
+    }
+    layout.token_field = static_cast<int>(f);
+    layout.token_dtype = out;
+    FieldLayout& tokens = layout.fields[f];
+    tokens.dtype = out;
+    tokens.row_bytes = field.row_bytes / DTypeSize(field.dtype) * DTypeSize(out);
+  }
+  size_t offset = 0;
+  if (layout.converts()) {
+    // The converted field first, then the staging area: a copy of the whole host slot, in
+    // which the other fields are read where they land. One copy moves a batch.
+    const int converted = layout.image_field >= 0 ? layout.image_field : layout.token_field;
+    layout.staging_offset =
+        RoundUp(layout.fields[converted].row_bytes * static_cast<size_t>(host.batch_size), 256);
+    layout.convert_input_offset = layout.staging_offset + host.offsets[converted];
+    for (size_t f = 0; f < host.fields.size(); ++f) {
+      layout.offsets.push_back(static_cast<int>(f) == converted
+                                   ? 0
+                                   : layout.staging_offset + host.offsets[f]);
+    }
+    offset = layout.staging_offset + host.slot_bytes;
+  } else {
+    // Unconverted: identical to the host layout, so one copy moves a whole batch.
+    layout.offsets = host.offsets;
+    offset = host.slot_bytes;
+  }
+  layout.slot_bytes = RoundUp(offset, kDeviceSlotAlignment);
+  return layout;
+}
+
+}  // namespace ferry

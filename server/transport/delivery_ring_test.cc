@@ -1,0 +1,248 @@
+// HostRing and DeviceRing alone, against a fake DeviceStage that records what it is asked
+// and reports only when the test says so. RankPipeline's use of them is tested in
+// server/pipeline/pipeline_test.cc.
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/transport/device_ring.h"
+#include "server/transport/device_stage.h"
+#include "server/transport/host_ring.h"
+
+namespace ferry {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+TEST(HostRingTest, AFilledBatchIsLeasedInItsHostSlotAndFreedByItsRelease) {
+  HostRing ring(/*num_host_slots=*/3, /*slab_bytes=*/3000);
+  EXPECT_EQ(ring.num_slots(), 3);
+  ring.Enqueue({.ticket = 0, .host_slot = 2, .num_samples = 4});
+  EXPECT_EQ(ring.TakeReady(0, /*seq=*/0), std::nullopt);  // still filling
+  ring.Filled(0);
+  EXPECT_EQ(ring.TakeReady(0, 0), std::optional<uint32_t>(2));
+  EXPECT_EQ(ring.leased(), 1);
+  std::vector<int> freed;
+  EXPECT_EQ(ring.Release(2, /*seq=*/1, false, &freed).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(freed, IsEmpty());
+  EXPECT_TRUE(ring.Release(2, 0, false, &freed).ok());
+  EXPECT_THAT(freed, ElementsAre(2));
+  EXPECT_EQ(ring.leased(), 0);
+  ferry::v1::AttachResponse response;
+  ring.Describe(&response);
+  EXPECT_EQ(response.host().slab_bytes(), 3000u);
+}
+
+TEST(HostRingTest, ASeekFreesFilledBatchesAndAClosedConsumerItsLeases) {
+  HostRing ring(3, 3000);
+  ring.Enqueue({.ticket = 0, .host_slot = 0});
+  ring.Enqueue({.ticket = 1, .host_slot = 1});
+  ring.Enqueue({.ticket = 2, .host_slot = 2});
+  ring.Filled(0);
+  ring.Filled(2);
+  ASSERT_TRUE(ring.TakeReady(0, 0).has_value());
+  std::vector<int> freed;
+  ring.DropQueued(&freed);  // slot 1 is still being filled: the pipeline's to free
+  EXPECT_THAT(freed, ElementsAre(2));
+  freed.clear();
+  ring.CloseConsumer(&freed);
+  EXPECT_THAT(freed, ElementsAre(0));
+  EXPECT_EQ(ring.OpenConsumer({"event"}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Copies are recorded, not run; reports come when the test calls Complete / Released.
+class RecordingStage final : public DeviceStage {
+ public:
+  struct Copy {
+    int host_slot, device_slot;
+    uint64_t token;
+  };
+  explicit RecordingStage(int slots) : slots_(slots) {}
+  int num_device_slots() const override { return slots_; }
+  void SetCallbacks(Callbacks callbacks) override { callbacks_ = std::move(callbacks); }
+  absl::Status StartCopy(int host_slot, int device_slot, uint32_t, bool, uint64_t token) override {
+    if (on_start_copy) on_start_copy();
+    if (!fail.ok()) return fail;
+    copies.push_back({host_slot, device_slot, token});
+    return absl::OkStatus();
+  }
+  void WatchReleased(int device_slot, uint64_t token) override {
+    watched.emplace_back(device_slot, token);
+  }
+  void Describe(ferry::v1::AttachResponse* response) const override {
+    response->set_slot_bytes(4096);
+  }
+  absl::Status OpenConsumer(const std::vector<std::string>&) override { return absl::OkStatus(); }
+  void CloseConsumer() override { watched.clear(); }
+
+  // The copy of copies[i] is done: the host slot first, then the device slot.
+  void Complete(size_t i) {
+    callbacks_.host_slot_free(copies[i].host_slot);
+    callbacks_.device_slot_ready(copies[i].device_slot, copies[i].token);
+  }
+  void Released(size_t i) {
+    callbacks_.device_slot_released(watched[i].first, watched[i].second);
+  }
+
+  const int slots_;
+  Callbacks callbacks_;
+  std::vector<Copy> copies;
+  std::vector<std::pair<int, uint64_t>> watched;
+  absl::Status fail;
+  std::function<void()> on_start_copy;
+};
+
+class DeviceRingTest : public ::testing::Test {
+ protected:
+  void Make(int device_slots) {
+    auto stage = std::make_unique<RecordingStage>(device_slots);
+    stage_ = stage.get();
+    ring_ = std::make_unique<DeviceRing>(std::move(stage));
+    DeliveryRing::Listener listener;
+    listener.host_slot_free = [this](int slot) { host_slots_freed_.push_back(slot); };
+    listener.progress = [this] { ++progress_; };
+    ring_->SetListener(std::move(listener));
+  }
+
+  RecordingStage* stage_ = nullptr;
+  std::unique_ptr<DeviceRing> ring_;
+  std::vector<int> host_slots_freed_;
+  int progress_ = 0;
+};
+
+TEST_F(DeviceRingTest, ABatchIsDeliveredFromItsDeviceSlotOnceTheCopyIsDone) {
+  Make(2);
+  ring_->Enqueue({.ticket = 7, .host_slot = 3, .num_samples = 4});
+  ring_->Filled(7);
+  ASSERT_TRUE(ring_->Flush().ok());
+  ASSERT_EQ(stage_->copies.size(), 1u);
+  EXPECT_EQ(stage_->copies[0].host_slot, 3);
+  EXPECT_EQ(ring_->TakeReady(7, 0), std::nullopt);  // copy still running
+  stage_->Complete(0);
+  EXPECT_THAT(host_slots_freed_, ElementsAre(3));
+  EXPECT_EQ(progress_, 1);
+  const std::optional<uint32_t> slot = ring_->TakeReady(7, 0);
+  ASSERT_TRUE(slot.has_value());
+  EXPECT_EQ(*slot, static_cast<uint32_t>(stage_->copies[0].device_slot));
+  ferry::v1::AttachResponse response;
+  ring_->Describe(&response);
+  EXPECT_EQ(response.slot_bytes(), 4096u);
+}
+
+// A released device slot is written again only once its released signal is reported.
+TEST_F(DeviceRingTest, AReleasedSlotIsReusedOnlyAfterItsSignal) {
+  Make(1);
+  ring_->Enqueue({.ticket = 0, .host_slot = 0});
+  ring_->Enqueue({.ticket = 1, .host_slot = 1});
+  ring_->Filled(0);
+  ring_->Filled(1);
+  ASSERT_TRUE(ring_->Flush().ok());
+  stage_->Complete(0);
+  ASSERT_TRUE(ring_->TakeReady(0, 0).has_value());
+  std::vector<int> freed;
+  EXPECT_EQ(ring_->Release(0, /*seq=*/5, false, &freed).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(ring_->Release(0, 0, false, &freed).ok());
+  EXPECT_THAT(freed, IsEmpty());
+  ASSERT_TRUE(ring_->Flush().ok());
+  EXPECT_EQ(stage_->copies.size(), 1u);  // slot 0 is releasing
+  stage_->Released(0);
+  ASSERT_TRUE(ring_->Flush().ok());
+  ASSERT_EQ(stage_->copies.size(), 2u);
+  EXPECT_EQ(stage_->copies[1].host_slot, 1);
+}
+
+// A filled batch overtakes an earlier one still filling only while a free device slot
+// stays for the earlier one.
+TEST_F(DeviceRingTest, AFilledBatchOvertakesAStragglerOnlyWhileASlotStaysForIt) {
+  Make(2);
+  for (uint64_t t = 0; t < 3; ++t) ring_->Enqueue({.ticket = t, .host_slot = int(t)});
+  ring_->Filled(1);
+  ring_->Filled(2);
+  ASSERT_TRUE(ring_->Flush().ok());
+  ASSERT_EQ(stage_->copies.size(), 1u);  // batch 1; batch 2 would take batch 0's slot
+  EXPECT_EQ(stage_->copies[0].host_slot, 1);
+  ring_->Filled(0);
+  ASSERT_TRUE(ring_->Flush().ok());
+  ASSERT_EQ(stage_->copies.size(), 2u);
+  EXPECT_EQ(stage_->copies[1].host_slot, 0);
+}
+
+TEST_F(DeviceRingTest, ASeekFreesDeviceSlotsAndIgnoresTheAbandonedCopysReport) {
+  Make(2);
+  ring_->Enqueue({.ticket = 0, .host_slot = 0});
+  ring_->Enqueue({.ticket = 1, .host_slot = 1});
+  ring_->Enqueue({.ticket = 2, .host_slot = 2});
+  ring_->Filled(0);
+  ring_->Filled(1);
+  ring_->Filled(2);  // no device slot left for it
+  ASSERT_TRUE(ring_->Flush().ok());
+  ASSERT_EQ(stage_->copies.size(), 2u);
+  std::vector<int> freed;
+  ring_->DropQueued(&freed);
+  EXPECT_THAT(freed, ElementsAre(2));  // the copied ones come back through host_slot_free
+  stage_->Complete(0);                 // the abandoned copy's report
+  EXPECT_THAT(host_slots_freed_, ElementsAre(0));
+  ring_->Enqueue({.ticket = 3, .host_slot = 2});
+  ring_->Filled(3);
+  ASSERT_TRUE(ring_->Flush().ok());
+  ASSERT_EQ(stage_->copies.size(), 3u);
+  EXPECT_EQ(ring_->TakeReady(3, 0), std::nullopt);  // the old report made nothing ready
+  stage_->Complete(2);
+  EXPECT_TRUE(ring_->TakeReady(3, 0).has_value());
+}
+
+TEST_F(DeviceRingTest, AFailedCopyStopsTheRingWithTheReason) {
+  Make(2);
+  stage_->fail = absl::InternalError("cudaMemcpyAsync: an illegal memory access");
+  ring_->Enqueue({.ticket = 0, .host_slot = 0});
+  ring_->Filled(0);
+  const absl::Status s = ring_->Flush();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(s.message(), HasSubstr("copy to the GPU failed: cudaMemcpyAsync"));
+  stage_->fail = absl::OkStatus();
+  ring_->Enqueue({.ticket = 1, .host_slot = 1});
+  ring_->Filled(1);
+  EXPECT_TRUE(ring_->Flush().ok());
+  EXPECT_THAT(stage_->copies, IsEmpty());  // stopped: nothing more starts
+}
+
+// StopDeviceWork waits for a copy another thread is starting; nothing starts after it.
+TEST_F(DeviceRingTest, StopDeviceWorkWaitsForACopyBeingStarted) {
+  Make(2);
+  absl::Notification entered, go;
+  stage_->on_start_copy = [&] {
+    entered.Notify();
+    go.WaitForNotification();
+  };
+  ring_->Enqueue({.ticket = 0, .host_slot = 0});
+  ring_->Filled(0);
+  std::thread flusher([&] { EXPECT_TRUE(ring_->Flush().ok()); });
+  entered.WaitForNotification();
+  absl::Notification stopped;
+  std::thread stopper([&] {
+    ring_->StopDeviceWork();
+    stopped.Notify();
+  });
+  EXPECT_FALSE(stopped.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+  go.Notify();
+  stopper.join();
+  flusher.join();
+  EXPECT_TRUE(stopped.HasBeenNotified());
+  stage_->on_start_copy = nullptr;
+  ring_->Enqueue({.ticket = 1, .host_slot = 1});
+  ring_->Filled(1);
+  EXPECT_TRUE(ring_->Flush().ok());
+  EXPECT_EQ(stage_->copies.size(), 1u);  // the one being started; none after
+}
+
+}  // namespace
+}  // namespace ferry
