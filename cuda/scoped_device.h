@@ -53,12 +53,6 @@ class ScopedDevice final {
   absl::Status status_;
 };
 
-// The former name (from when this header was private to server/cuda/), kept for
-// server/transport/cuda_stage.cc until that file names ferry::ScopedDevice.
-namespace cuda_internal {
-using ScopedDevice = ::ferry::ScopedDevice;
-}  // namespace cuda_internal
-
 }  // namespace ferry
 
 #endif  // FERRY_CUDA_SCOPED_DEVICE_H_
