@@ -91,13 +91,20 @@ int main(int argc, char** argv) {
   int workers = static_cast<int>(std::thread::hardware_concurrency());
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--batches") batches = atoll(argv[i + 1]);
-    else if (a == "--rounds") rounds = atoi(argv[i + 1]);
-    else if (a == "--batch") batch = atoi(argv[i + 1]);
-    else if (a == "--seq-len") seq_len = atoi(argv[i + 1]);
-    else if (a == "--prefetch") prefetch = atoi(argv[i + 1]);
-    else if (a == "--workers") workers = atoi(argv[i + 1]);
-    else Die("unknown argument " + a);
+    if (a == "--batches")
+      batches = atoll(argv[i + 1]);
+    else if (a == "--rounds")
+      rounds = atoi(argv[i + 1]);
+    else if (a == "--batch")
+      batch = atoi(argv[i + 1]);
+    else if (a == "--seq-len")
+      seq_len = atoi(argv[i + 1]);
+    else if (a == "--prefetch")
+      prefetch = atoi(argv[i + 1]);
+    else if (a == "--workers")
+      workers = atoi(argv[i + 1]);
+    else
+      Die("unknown argument " + a);
   }
   const std::string dir = absl::StrCat("/tmp/ferry-rate-", getpid());
   std::filesystem::create_directories(dir);
@@ -136,19 +143,18 @@ int main(int argc, char** argv) {
   const int64_t per_epoch = channel_job->batches_per_epoch;
   const uint64_t batch_bytes = static_cast<uint64_t>(batch) * (seq_len + 1) * 8;
 
-  printf("batch_rate_bench: tokens, batch %d x %d int64 (%llu bytes), %lld batches per row, "
-         "%d workers, prefetch %s, %u cores\n",
-         batch, seq_len + 1, static_cast<unsigned long long>(batch_bytes),
-         static_cast<long long>(batches), workers,
-         prefetch == 0 ? "daemon default" : std::to_string(prefetch).c_str(),
-         std::thread::hardware_concurrency());
-  printf("%-6s %-34s %12s %12s %8s\n", "round", "data plane", "batches/s", "us in Next",
-         "ratio");
+  printf(
+      "batch_rate_bench: tokens, batch %d x %d int64 (%llu bytes), %lld batches per row, "
+      "%d workers, prefetch %s, %u cores\n",
+      batch, seq_len + 1, static_cast<unsigned long long>(batch_bytes),
+      static_cast<long long>(batches), workers,
+      prefetch == 0 ? "daemon default" : std::to_string(prefetch).c_str(),
+      std::thread::hardware_concurrency());
+  printf("%-6s %-34s %12s %12s %8s\n", "round", "data plane", "batches/s", "us in Next", "ratio");
   int64_t channel_epoch = 0, grpc_epoch = 0;
   for (int round = 1; round <= rounds; ++round) {
     const Rate grpc = Measure(**client, grpc_job->id, false, batches, per_epoch, &grpc_epoch);
-    const Rate shm =
-        Measure(**client, channel_job->id, true, batches, per_epoch, &channel_epoch);
+    const Rate shm = Measure(**client, channel_job->id, true, batches, per_epoch, &channel_epoch);
     printf("%-6d %-34s %12.0f %12.1f %8s\n", round, "gRPC stream (baseline)",
            grpc.batches_per_second, grpc.next_us, "1.00");
     printf("%-6d %-34s %12.0f %12.1f %8.2f\n", round, "shared-memory batch channel",

@@ -170,20 +170,30 @@ int Main(int argc, char** argv) {
   bool tokens = true, records = true;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
-    if (a == "--address") address = v;
-    else if (a == "--path") path = v;
-    else if (a == "--seq-len") seq_len = std::atoi(v.c_str());
-    else if (a == "--batches") batches = IntList(v);
-    else if (a == "--prefetch") prefetches = IntList(v);
-    else if (a == "--epochs") epochs = std::atoi(v.c_str());
-    else if (a == "--min-seconds") min_seconds = std::atof(v.c_str());
-    else if (a == "--rounds") rounds = std::atoi(v.c_str());
-    else if (a == "--device") device = std::atoi(v.c_str());
+    if (a == "--address")
+      address = v;
+    else if (a == "--path")
+      path = v;
+    else if (a == "--seq-len")
+      seq_len = std::atoi(v.c_str());
+    else if (a == "--batches")
+      batches = IntList(v);
+    else if (a == "--prefetch")
+      prefetches = IntList(v);
+    else if (a == "--epochs")
+      epochs = std::atoi(v.c_str());
+    else if (a == "--min-seconds")
+      min_seconds = std::atof(v.c_str());
+    else if (a == "--rounds")
+      rounds = std::atoi(v.c_str());
+    else if (a == "--device")
+      device = std::atoi(v.c_str());
     else if (a == "--kinds") {
       tokens = absl::StrContains(v, "tokens");
       records = absl::StrContains(v, "records");
-    }
-    else Die("unknown argument " + a, absl::InvalidArgumentError("see the header of gpu_consume_bench.cc"));
+    } else
+      Die("unknown argument " + a,
+          absl::InvalidArgumentError("see the header of gpu_consume_bench.cc"));
   }
   if (address.empty() || path.empty() || seq_len < 1 || epochs < 1 || rounds < 1) {
     std::fprintf(stderr,
@@ -194,16 +204,17 @@ int Main(int argc, char** argv) {
   }
   const absl::StatusOr<int> count = DeviceCount();
   if (!count.ok() || *count == 0) {
-    std::fprintf(stderr, "gpu_consume_bench: no GPU: %s\n",
-                 count.ok() ? "cudaGetDeviceCount found 0 devices"
-                            : count.status().ToString().c_str());
+    std::fprintf(
+        stderr, "gpu_consume_bench: no GPU: %s\n",
+        count.ok() ? "cudaGetDeviceCount found 0 devices" : count.status().ToString().c_str());
     return 2;
   }
   std::unique_ptr<Client> client = Take(Client::Connect(address), "Connect");
-  std::printf("C++ trainer (Next, WaitOn, ReleaseOn; touches nothing); %d round(s), %d epochs "
-              "each or more to fill %.1f s; ratio to the same round's pinned peak; next = share "
-              "of the trainer's time inside Next (waiting for ferryd)\n",
-              rounds, epochs, min_seconds);
+  std::printf(
+      "C++ trainer (Next, WaitOn, ReleaseOn; touches nothing); %d round(s), %d epochs "
+      "each or more to fill %.1f s; ratio to the same round's pinned peak; next = share "
+      "of the trainer's time inside Next (waiting for ferryd)\n",
+      rounds, epochs, min_seconds);
   std::printf("%-58s %8s %8s %13s %6s\n", "c++ trainer", "GB/s", "vs peak", "(min-max)", "next");
   for (const int batch : batches) {
     const size_t chunk = static_cast<size_t>(batch) * (seq_len + 1) * 8;
@@ -215,8 +226,8 @@ int Main(int argc, char** argv) {
       for (const int prefetch : prefetches) {
         for (const bool raw : {false, true}) {
           if (raw ? !records : !tokens) continue;
-          const Run r = Consume(*client, path, seq_len, batch, prefetch, raw, device, epochs,
-                                min_seconds);
+          const Run r =
+              Consume(*client, path, seq_len, batch, prefetch, raw, device, epochs, min_seconds);
           runs[{raw ? 1 : 0, prefetch}].emplace_back(r.gbps, r.gbps / peak, r.next_share);
         }
       }

@@ -33,10 +33,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cerrno>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -115,8 +115,9 @@ int Main(int argc, char** argv) {
   const int device = argc > 1 ? std::atoi(argv[1]) : 0;
   const absl::StatusOr<int> count = DeviceCount();
   if (!count.ok() || *count == 0) {
-    std::fprintf(stderr, "h2d_bench: no GPU to measure: %s\n",
-                 count.ok() ? "cudaGetDeviceCount found 0 devices" : count.status().ToString().c_str());
+    std::fprintf(
+        stderr, "h2d_bench: no GPU to measure: %s\n",
+        count.ok() ? "cudaGetDeviceCount found 0 devices" : count.status().ToString().c_str());
     return 2;
   }
   const DeviceInfo info = Take(GetDeviceInfo(device), "device");
@@ -124,10 +125,11 @@ int Main(int argc, char** argv) {
   if (absl::StatusOr<Topology> topo = Topology::Read("/sys"); topo.ok()) {
     numa_node = topo->NumaNodeOfPciDevice(info.pci_bus_id);
   }
-  std::printf("h2d_bench: %s (%s, %d SMs, NUMA node %d); median of %d reps after %d warm-ups, "
-              "timed with CUDA events; GB/s = 1e9 B/s\n\n",
-              info.name.c_str(), info.pci_bus_id.c_str(), info.multiprocessor_count, numa_node,
-              kReps, kWarmup);
+  std::printf(
+      "h2d_bench: %s (%s, %d SMs, NUMA node %d); median of %d reps after %d warm-ups, "
+      "timed with CUDA events; GB/s = 1e9 B/s\n\n",
+      info.name.c_str(), info.pci_bus_id.c_str(), info.multiprocessor_count, numa_node, kReps,
+      kWarmup);
 
   CudaStream stream = Take(CudaStream::Create(device), "stream");
   Timer timer(stream);
@@ -161,22 +163,23 @@ int Main(int argc, char** argv) {
 
   std::printf("H2D cudaMemcpyAsync (cudaHostRegister of the %zu MiB memfd slab took %.1f ms)\n",
               max_chunk / kMiB, register_ms);
-  std::printf("%-8s %12s %15s %10s %17s %17s\n", "chunk", "hostalloc", "memfd+register",
-              "pageable", "register/hostalloc", "pageable/hostalloc");
+  std::printf("%-8s %12s %15s %10s %17s %17s\n", "chunk", "hostalloc", "memfd+register", "pageable",
+              "register/hostalloc", "pageable/hostalloc");
   double h2d_64 = 0;
   for (size_t chunk : {1 * kMiB, 4 * kMiB, 16 * kMiB, 64 * kMiB}) {
     auto h2d = [&](const void* src) {
       return timer.MedianMs([&](int rep) {
-        Check(stream.CopyAsync(static_cast<uint8_t*>(dev.data()) + (rep % 2) * max_chunk, src, chunk),
-              "H2D");
+        Check(
+            stream.CopyAsync(static_cast<uint8_t*>(dev.data()) + (rep % 2) * max_chunk, src, chunk),
+            "H2D");
       });
     };
     const double a = GBps(chunk, h2d(host_alloc));
     const double r = GBps(chunk, h2d(slab.data()));
     const double p = GBps(chunk, h2d(pageable.data()));
     if (chunk == 64 * kMiB) h2d_64 = r;
-    std::printf("%3zu MiB  %10.1f   %13.1f   %8.1f   %15.2f   %17.2f\n", chunk / kMiB, a, r, p, r / a,
-                p / a);
+    std::printf("%3zu MiB  %10.1f   %13.1f   %8.1f   %15.2f   %17.2f\n", chunk / kMiB, a, r, p,
+                r / a, p / a);
   }
 
   // Batches as ferryd issues them: back-to-back copies of distinct slots, each followed by
@@ -192,9 +195,10 @@ int Main(int argc, char** argv) {
     CudaStream second = Take(CudaStream::Create(device), "stream");
     CudaEvent fork = Take(CudaEvent::Create(device, CudaEvent::kSync), "event");
     CudaEvent join = Take(CudaEvent::Create(device, CudaEvent::kSync), "event");
-    std::printf("\nBatches back to back: %d copies of distinct 1 or 4 MiB slots per rep, from the "
-                "registered slab; GB/s and ratio to plain copies on one stream\n",
-                kSlots);
+    std::printf(
+        "\nBatches back to back: %d copies of distinct 1 or 4 MiB slots per rep, from the "
+        "registered slab; GB/s and ratio to plain copies on one stream\n",
+        kSlots);
     std::printf("%-8s %8s %22s %22s %26s\n", "chunk", "plain", "+ event record (sync)",
                 "+ record (interprocess)", "two streams, interprocess");
     for (size_t chunk : {1 * kMiB, 4 * kMiB}) {
@@ -247,9 +251,10 @@ int Main(int argc, char** argv) {
     for (int i = 0; i < kSlots; ++i) {
       ipc_events.push_back(Take(CudaEvent::Create(device, CudaEvent::kInterprocess), "event"));
     }
-    std::printf("\nBatches back to back (copy + interprocess event) while %d threads copy 16 KiB "
-                "rows from random places of 1 GiB; H2D GB/s (ratio to no fill), fill GB/s\n",
-                threads);
+    std::printf(
+        "\nBatches back to back (copy + interprocess event) while %d threads copy 16 KiB "
+        "rows from random places of 1 GiB; H2D GB/s (ratio to no fill), fill GB/s\n",
+        threads);
     std::printf("%-8s %8s %24s %24s %24s\n", "chunk", "no fill", "memcpy, own memory",
                 "memcpy, into the slots", "streaming, into slots");
     enum Fill { kNone, kOwnMemcpy, kSlotsMemcpy, kSlotsStreaming };
@@ -263,8 +268,8 @@ int Main(int argc, char** argv) {
           workers.emplace_back([&, t] {
             // Into the slots: thread t writes its share of the slab bytes the copies read.
             const size_t share = std::max(kRow, batch_bytes / threads / kRow * kRow);
-            uint8_t* base = fill == kOwnMemcpy ? own[t].data()
-                                                : slab.data() + (t * share) % batch_bytes;
+            uint8_t* base =
+                fill == kOwnMemcpy ? own[t].data() : slab.data() + (t * share) % batch_bytes;
             const size_t span = fill == kOwnMemcpy ? kOwnBytes : share;
             Rng rng(100 + t);
             uint64_t rows = 0;
@@ -322,31 +327,34 @@ int Main(int argc, char** argv) {
       ::unlink(path.c_str());  // the open fd and the mapping keep it
       const std::vector<uint8_t> block(64 * kMiB, 0x3c);
       for (size_t done = 0; written && done < kFileBytes; done += block.size()) {
-        written = ::write(fd.get(), block.data(), block.size()) ==
-                  static_cast<ssize_t>(block.size());
+        written =
+            ::write(fd.get(), block.data(), block.size()) == static_cast<ssize_t>(block.size());
       }
     }
-    void* map = written ? ::mmap(nullptr, kFileBytes, PROT_READ, MAP_SHARED, fd.get(), 0)
-                        : MAP_FAILED;
+    void* map =
+        written ? ::mmap(nullptr, kFileBytes, PROT_READ, MAP_SHARED, fd.get(), 0) : MAP_FAILED;
     if (map == MAP_FAILED) {
       std::printf("\nGather from the page cache: cannot write and map %zu MiB at %s: %s\n",
                   kFileBytes / kMiB, path.c_str(), std::strerror(errno));
     } else {
       const auto t0 = std::chrono::steady_clock::now();
-      const cudaError_t reg = cudaHostRegister(
-          map, kFileBytes, cudaHostRegisterPortable | cudaHostRegisterReadOnly);
+      const cudaError_t reg =
+          cudaHostRegister(map, kFileBytes, cudaHostRegisterPortable | cudaHostRegisterReadOnly);
       const double reg_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       constexpr int kBatches = 16;
       if (reg != cudaSuccess) {
-        std::printf("\nGather from the page cache: cudaHostRegister of a read-only file mapping "
-                    "failed: %s\n", cudaGetErrorName(reg));
+        std::printf(
+            "\nGather from the page cache: cudaHostRegister of a read-only file mapping "
+            "failed: %s\n",
+            cudaGetErrorName(reg));
         cudaGetLastError();
       } else {
-        std::printf("\nGather from the page cache (cudaHostRegister ReadOnly of a %zu MiB file "
-                    "mapping: %.1f ms); %d batches of random 16 KiB rows per rep, each followed "
-                    "by an interprocess event; GB/s and ratio to one contiguous copy per batch\n",
-                    kFileBytes / kMiB, reg_ms, kBatches);
+        std::printf(
+            "\nGather from the page cache (cudaHostRegister ReadOnly of a %zu MiB file "
+            "mapping: %.1f ms); %d batches of random 16 KiB rows per rep, each followed "
+            "by an interprocess event; GB/s and ratio to one contiguous copy per batch\n",
+            kFileBytes / kMiB, reg_ms, kBatches);
         std::printf("%-8s %12s %24s %24s\n", "batch", "contiguous", "cudaMemcpyBatchAsync",
                     "cudaMemcpyAsync per row");
         std::vector<CudaEvent> events;
@@ -379,8 +387,8 @@ int Main(int argc, char** argv) {
                   Check(stream.CopyAsync(dsts[b][0], file + (b * chunk) % kFileBytes, chunk),
                         "H2D");
                 } else if (mode == kBatchApi) {
-                  CheckCuda(cudaMemcpyBatchAsync(dsts[b].data(), srcs[b].data(), sizes.data(),
-                                                 rows, &attrs, &attrs_index, 1, stream.get()),
+                  CheckCuda(cudaMemcpyBatchAsync(dsts[b].data(), srcs[b].data(), sizes.data(), rows,
+                                                 &attrs, &attrs_index, 1, stream.get()),
                             "cudaMemcpyBatchAsync");
                 } else {
                   for (size_t r = 0; r < rows; ++r) {
@@ -405,19 +413,20 @@ int Main(int argc, char** argv) {
         // More batches per rep than above, so that the streams reach their steady state.
         constexpr int kKernelBatches = 64;
         const int sms = info.multiprocessor_count;
-        std::printf("\nGather kernel from the page cache (same mapping, %d batches per rep, each "
-                    "followed by an interprocess event): GB/s (ratio to one contiguous copy "
-                    "per batch); indices in device memory (dev) or in the launch's parameters "
-                    "(param), blocks per launch, streams taken in turn\n", kKernelBatches);
+        std::printf(
+            "\nGather kernel from the page cache (same mapping, %d batches per rep, each "
+            "followed by an interprocess event): GB/s (ratio to one contiguous copy "
+            "per batch); indices in device memory (dev) or in the launch's parameters "
+            "(param), blocks per launch, streams taken in turn\n",
+            kKernelBatches);
         struct Column {
           bool param;
           int blocks;
           int streams;
         };
-        const std::vector<Column> columns = {{false, 16, 1}, {false, 64, 1}, {false, sms, 1},
-                                             {true, 64, 1},  {true, 64, 2},  {true, 64, 3},
-                                             {true, 16, 4},  {true, 32, 4},  {true, 8, 8},
-                                             {true, 16, 8}};
+        const std::vector<Column> columns = {
+            {false, 16, 1}, {false, 64, 1}, {false, sms, 1}, {true, 64, 1}, {true, 64, 2},
+            {true, 64, 3},  {true, 16, 4},  {true, 32, 4},   {true, 8, 8},  {true, 16, 8}};
         std::printf("%-8s %-6s %10s", "row", "batch", "contiguous");
         for (const Column& c : columns) {
           std::printf(" %13s", absl::StrCat(c.param ? "param " : "dev ", c.blocks, "b",
@@ -438,9 +447,11 @@ int Main(int argc, char** argv) {
           kernel_events.push_back(
               Take(CudaEvent::Create(device, CudaEvent::kInterprocess), "event"));
         }
-        for (auto [row, chunk] : std::vector<std::pair<size_t, size_t>>{
-                 {16 * 1024, 1 * kMiB}, {16 * 1024, 4 * kMiB}, {4096, 4 * kMiB},
-                 {1024, 4 * kMiB}, {256, 4 * kMiB}}) {
+        for (auto [row, chunk] : std::vector<std::pair<size_t, size_t>>{{16 * 1024, 1 * kMiB},
+                                                                        {16 * 1024, 4 * kMiB},
+                                                                        {4096, 4 * kMiB},
+                                                                        {1024, 4 * kMiB},
+                                                                        {256, 4 * kMiB}}) {
           const size_t rows = chunk / row;
           const GatherSource source{.records = static_cast<const uint8_t*>(map),
                                     .num_records = static_cast<int64_t>(kFileBytes / row),
@@ -485,8 +496,8 @@ int Main(int argc, char** argv) {
                             slot(b), nullptr, c.blocks, on.get()),
                         "gather");
                 } else {
-                  Check(LaunchGatherRows(source, index_base + b * rows,
-                                         static_cast<int64_t>(rows), slot(b), c.blocks, on.get()),
+                  Check(LaunchGatherRows(source, index_base + b * rows, static_cast<int64_t>(rows),
+                                         slot(b), c.blocks, on.get()),
                         "gather");
                 }
                 Check(on.Record(kernel_events[b]), "record");
@@ -521,8 +532,9 @@ int Main(int argc, char** argv) {
     }
   });
   const double d2d_rw = GBps(2.0 * d2d_bytes, d2d_ms);
-  std::printf("\nD2D cudaMemcpyAsync of %zu MiB: %.3f ms = %.1f GB/s read+write (%.1f GB/s copied)\n",
-              d2d_bytes / kMiB, d2d_ms, d2d_rw, d2d_rw / 2);
+  std::printf(
+      "\nD2D cudaMemcpyAsync of %zu MiB: %.3f ms = %.1f GB/s read+write (%.1f GB/s copied)\n",
+      d2d_bytes / kMiB, d2d_ms, d2d_rw, d2d_rw / 2);
 
   // Normalize: two input/output sets alternate, 115 MB or more per pass against 50 MB of L2.
   const int batch = 256, h = 224, w = 224;
@@ -537,8 +549,10 @@ int Main(int argc, char** argv) {
   Check(stream.Synchronize(), "fill");
   const auto mean = ImageNetMean();
   const auto std_dev = ImageNetStd();
-  std::printf("\nNormalize uint8 HWC -> CHW, batch %dx%dx%dx3 (floor: read %zu B + write 3*%d*%d*%d*sizeof)\n",
-              batch, h, w, in_bytes, batch, h, w);
+  std::printf(
+      "\nNormalize uint8 HWC -> CHW, batch %dx%dx%dx3 (floor: read %zu B + write "
+      "3*%d*%d*%d*sizeof)\n",
+      batch, h, w, in_bytes, batch, h, w);
   std::printf("%-6s %9s %14s %10s\n", "dtype", "ms", "GB/s (r+w)", "vs D2D");
   double bf16_ms = 0;
   for (OutputDType dtype : {OutputDType::kBFloat16, OutputDType::kFloat16, OutputDType::kFloat32}) {
@@ -551,7 +565,9 @@ int Main(int argc, char** argv) {
     const double bytes = in_bytes + double(in_bytes) * OutputDTypeSize(dtype);
     if (dtype == OutputDType::kBFloat16) bf16_ms = ms;
     std::printf("%-6s %9.3f %14.1f %9.0f%%\n",
-                dtype == OutputDType::kBFloat16 ? "bf16" : dtype == OutputDType::kFloat16 ? "fp16" : "fp32",
+                dtype == OutputDType::kBFloat16  ? "bf16"
+                : dtype == OutputDType::kFloat16 ? "fp16"
+                                                 : "fp32",
                 ms, GBps(bytes, ms), 100 * GBps(bytes, ms) / d2d_rw);
   }
 
@@ -564,11 +580,12 @@ int Main(int argc, char** argv) {
                                 mean.data(), std_dev.data(), stream.get()),
           "normalize");
   });
-  std::printf("\nBatch on the copy stream: H2D %.1f MB uint8 from the registered slab + normalize "
-              "-> bf16: %.3f ms (%.0f images/s); normalize is %.0f%% of it; shipping bf16 "
-              "instead would take about %.3f ms of H2D at the 64 MiB rate\n",
-              in_bytes / 1e6, batch_ms, batch / (batch_ms / 1e3), 100 * bf16_ms / batch_ms,
-              2.0 * in_bytes / (h2d_64 * 1e6));
+  std::printf(
+      "\nBatch on the copy stream: H2D %.1f MB uint8 from the registered slab + normalize "
+      "-> bf16: %.3f ms (%.0f images/s); normalize is %.0f%% of it; shipping bf16 "
+      "instead would take about %.3f ms of H2D at the 64 MiB rate\n",
+      in_bytes / 1e6, batch_ms, batch / (batch_ms / 1e3), 100 * bf16_ms / batch_ms,
+      2.0 * in_bytes / (h2d_64 * 1e6));
 
   CheckCuda(cudaFreeHost(host_alloc), "cudaFreeHost");
   return 0;

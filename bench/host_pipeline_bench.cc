@@ -64,14 +64,22 @@ int main(int argc, char** argv) {
   int workers = static_cast<int>(std::thread::hardware_concurrency());
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--data") data = argv[i + 1];
-    else if (a == "--batch") batch = atoi(argv[i + 1]);
-    else if (a == "--size") size = atoi(argv[i + 1]);
-    else if (a == "--epochs") epochs = atoi(argv[i + 1]);
-    else if (a == "--workers") workers = atoi(argv[i + 1]);
-    else Die("unknown argument " + a);
+    if (a == "--data")
+      data = argv[i + 1];
+    else if (a == "--batch")
+      batch = atoi(argv[i + 1]);
+    else if (a == "--size")
+      size = atoi(argv[i + 1]);
+    else if (a == "--epochs")
+      epochs = atoi(argv[i + 1]);
+    else if (a == "--workers")
+      workers = atoi(argv[i + 1]);
+    else
+      Die("unknown argument " + a);
   }
-  if (data.empty()) Die("usage: host_pipeline_bench --data DIR [--batch 64] [--size 224] [--epochs 3] [--workers N]");
+  if (data.empty())
+    Die("usage: host_pipeline_bench --data DIR [--batch 64] [--size 224] [--epochs 3] [--workers "
+        "N]");
   data = std::filesystem::absolute(data).string();
 
   const auto files = ReadAll(data);
@@ -149,10 +157,13 @@ int main(int argc, char** argv) {
   client->reset();
   (*daemon)->Drain();
 
-  printf("host_pipeline_bench: %zu JPEGs (%.1f KiB mean) in %s, batch %d, RandomResizedCrop(%d)+flip\n",
-         files.size(), total_bytes / 1024.0 / files.size(), data.c_str(), batch, size);
+  printf(
+      "host_pipeline_bench: %zu JPEGs (%.1f KiB mean) in %s, batch %d, "
+      "RandomResizedCrop(%d)+flip\n",
+      files.size(), total_bytes / 1024.0 / files.size(), data.c_str(), batch, size);
   printf("%-58s %12s %8s\n", "measurement", "images/s", "ratio");
-  printf("%-58s %12.0f %8s\n", "libjpeg-turbo full decode, 1 thread (baseline)", full_decode, "1.00");
+  printf("%-58s %12.0f %8s\n", "libjpeg-turbo full decode, 1 thread (baseline)", full_decode,
+         "1.00");
   printf("%-58s %12.0f %8.2f\n", "decode + RandomResizedCrop + flip, 1 thread", crop_decode,
          crop_decode / full_decode);
   printf("%-58s %12.0f %8.2f\n",

@@ -74,8 +74,8 @@ struct BatchChannel::Ring {
   uint8_t* entries;
 };
 
-BatchChannel::BatchChannel(bool daemon_side, UniqueFd wake_in, UniqueFd wake_out,
-                           uint8_t* base, size_t bytes, uint32_t capacity)
+BatchChannel::BatchChannel(bool daemon_side, UniqueFd wake_in, UniqueFd wake_out, uint8_t* base,
+                           size_t bytes, uint32_t capacity)
     : daemon_side_(daemon_side),
       wake_in_(std::move(wake_in)),
       wake_out_(std::move(wake_out)),
@@ -149,8 +149,7 @@ absl::StatusOr<std::unique_ptr<BatchChannel>> BatchChannel::Attach(UniqueFd memf
   memcpy(&header, base, sizeof(header));
   const uint32_t capacity = header.capacity;
   if (header.magic != kMagic || header.version != kVersion || capacity == 0 ||
-      capacity > kMaxCapacity || (capacity & (capacity - 1)) != 0 ||
-      BytesFor(capacity) != size) {
+      capacity > kMaxCapacity || (capacity & (capacity - 1)) != 0 || BytesFor(capacity) != size) {
     ::munmap(p, size);
     return absl::InternalError(absl::StrCat(
         "the batch channel from ferryd has an unknown layout (version ", header.version,
@@ -163,8 +162,8 @@ absl::StatusOr<std::unique_ptr<BatchChannel>> BatchChannel::Attach(UniqueFd memf
   }
   // The mapping keeps the memory; the memfd itself is not needed any more.
   std::unique_ptr<BatchChannel> channel(new BatchChannel(
-      /*daemon_side=*/false, std::move(trainer_wake_in), std::move(trainer_wake_out), base,
-      size, capacity));
+      /*daemon_side=*/false, std::move(trainer_wake_in), std::move(trainer_wake_out), base, size,
+      capacity));
   channel->self_wake_ = std::move(self_wake);
   return channel;
 }
@@ -194,9 +193,9 @@ absl::Status BatchChannel::Send(const ChannelMessage& message) {
   const uint64_t tail = ring.indices->tail.load(std::memory_order_acquire);
   const uint64_t used = send_head_ - tail;
   if (used > capacity_) {
-    return absl::DataLossError(absl::StrCat(
-        "the batch channel's read index is impossible (", tail, " read, ", send_head_,
-        " written, ring of ", capacity_, "): ", peer(), " wrote over the channel"));
+    return absl::DataLossError(absl::StrCat("the batch channel's read index is impossible (", tail,
+                                            " read, ", send_head_, " written, ring of ", capacity_,
+                                            "): ", peer(), " wrote over the channel"));
   }
   if (used == capacity_) {
     return absl::ResourceExhaustedError(absl::StrCat("the batch channel is full (", capacity_,
@@ -221,9 +220,9 @@ absl::StatusOr<bool> BatchChannel::Receive(ChannelMessage* message) {
   const uint64_t head = ring.indices->head.load(std::memory_order_acquire);
   if (head == receive_tail_) return false;
   if (head - receive_tail_ > capacity_) {
-    return absl::DataLossError(absl::StrCat(
-        "the batch channel's write index is impossible (", head, " written, ", receive_tail_,
-        " read, ring of ", capacity_, "): ", peer(), " wrote over the channel"));
+    return absl::DataLossError(absl::StrCat("the batch channel's write index is impossible (", head,
+                                            " written, ", receive_tail_, " read, ring of ",
+                                            capacity_, "): ", peer(), " wrote over the channel"));
   }
 
   memcpy(message, ring.entries + (receive_tail_ & (capacity_ - 1)) * sizeof(ChannelMessage),
@@ -266,8 +265,7 @@ void BatchChannel::WakeSelf() {
   (void)unused;
 }
 
-absl::StatusOr<bool> BatchChannel::ReceiveOrWait(ChannelMessage* message,
-                                                 absl::Duration timeout) {
+absl::StatusOr<bool> BatchChannel::ReceiveOrWait(ChannelMessage* message, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   for (;;) {
     absl::StatusOr<bool> got = Receive(message);

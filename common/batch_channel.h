@@ -13,8 +13,9 @@
 // hands the memfd and the trainer's ends of both socket pairs over the session socket; the
 // trainer maps them (Attach). Socket pairs, not eventfds, because each side then has its
 // own open file: a trainer cannot make ferryd's end blocking (O_NONBLOCK lives in the open
-// file, which SCM_RIGHTS shares) and so cannot stall ferryd's threads in read or write. The gRPC Consume stream stays: it opens the channel (Open.channel), carries the
-// final status (errors, shutdown) and its end is either side's death.
+// file, which SCM_RIGHTS shares) and so cannot stall ferryd's threads in read or write. The gRPC
+// Consume stream stays: it opens the channel (Open.channel), carries the final status (errors,
+// shutdown) and its end is either side's death.
 //
 //   daemon -> trainer: kBatchReady, kEpochEnd
 //   trainer -> daemon: kStartEpoch, kRelease
@@ -121,8 +122,8 @@ class BatchChannel final {
 
  private:
   struct Ring;
-  BatchChannel(bool daemon_side, UniqueFd wake_in, UniqueFd wake_out, uint8_t* base,
-               size_t bytes, uint32_t capacity);
+  BatchChannel(bool daemon_side, UniqueFd wake_in, UniqueFd wake_out, uint8_t* base, size_t bytes,
+               uint32_t capacity);
   Ring outgoing() const;
   Ring incoming() const;
   // "ferryd" or "the trainer", for error messages.

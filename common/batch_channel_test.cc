@@ -29,8 +29,8 @@ Pair MakePair(uint32_t capacity) {
   auto daemon = BatchChannel::Create(capacity);
   EXPECT_TRUE(daemon.ok()) << daemon.status();
   const std::vector<int> fds = (*daemon)->HandoverFds();
-  auto trainer = BatchChannel::Attach(UniqueFd(dup(fds[0])), UniqueFd(dup(fds[1])),
-                                      UniqueFd(dup(fds[2])));
+  auto trainer =
+      BatchChannel::Attach(UniqueFd(dup(fds[0])), UniqueFd(dup(fds[1])), UniqueFd(dup(fds[2])));
   EXPECT_TRUE(trainer.ok()) << trainer.status();
   return Pair{*std::move(daemon), *std::move(trainer)};
 }
@@ -150,7 +150,6 @@ TEST(BatchChannelTest, AFloodOfWakeupsIsReadABoundedAmountAtATime) {
 }
 
 TEST(BatchChannelTest, APeerThatClosedItsEndStopsTheWaitAtOnce) {
-
   Pair p = MakePair(8);
   p.daemon->DropHandoverFds();
   p.trainer.reset();  // the trainer exits
@@ -186,8 +185,7 @@ TEST(BatchChannelTest, AttachRefusesAFileThatIsNoChannel) {
   ASSERT_EQ(ftruncate(fd.get(), 1 << 16), 0);
   auto other = BatchChannel::Create(4);
   ASSERT_TRUE(other.ok());
-  auto attached = BatchChannel::Attach(std::move(fd),
-                                       UniqueFd(dup((*other)->HandoverFds()[1])),
+  auto attached = BatchChannel::Attach(std::move(fd), UniqueFd(dup((*other)->HandoverFds()[1])),
                                        UniqueFd(dup((*other)->HandoverFds()[2])));
   EXPECT_EQ(attached.status().code(), absl::StatusCode::kInternal);
   EXPECT_NE(attached.status().message().find("another version"), std::string::npos)
@@ -285,8 +283,7 @@ TEST(BatchChannelTest, TwoProcessesPingPongWithoutLosingAWakeup) {
     ChannelMessage m;
     auto got = p.daemon->ReceiveOrWait(&m, absl::Seconds(10));
     ASSERT_TRUE(got.ok()) << got.status();
-    ASSERT_TRUE(*got) << "no release within 10 s after seq " << released
-                      << ": a wakeup was lost";
+    ASSERT_TRUE(*got) << "no release within 10 s after seq " << released << ": a wakeup was lost";
     ASSERT_EQ(m.seq, released);
     ++released;
   }

@@ -42,10 +42,10 @@ bool ShouldLogAgain(std::atomic<int64_t>* last, int seconds);
   ::ferry::logging_internal::LogMessage(FERRY_LOG_SEVERITY_##severity, __FILE__, __LINE__).stream()
 
 // Logs at most once every `seconds` from this line: a flood of one event is one line.
-#define FERRY_LOG_EVERY_N_SEC(severity, seconds)                               \
+#define FERRY_LOG_EVERY_N_SEC(severity, seconds)                              \
   if (static std::atomic<int64_t> ferry_log_last{0};                          \
       !::ferry::logging_internal::ShouldLogAgain(&ferry_log_last, seconds)) { \
-  } else                                                                       \
+  } else                                                                      \
     FERRY_LOG(severity)
 
 #endif  // FERRY_COMMON_LOGGING_H_

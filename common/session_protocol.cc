@@ -53,8 +53,7 @@ std::string DefaultSocketPath() {
 
 std::string SessionSocketPath(const std::string& grpc_socket_path) {
   if (absl::EndsWith(grpc_socket_path, ".sock")) {
-    return absl::StrCat(grpc_socket_path.substr(0, grpc_socket_path.size() - 5),
-                        ".session.sock");
+    return absl::StrCat(grpc_socket_path.substr(0, grpc_socket_path.size() - 5), ".session.sock");
   }
   return absl::StrCat(grpc_socket_path, ".session");
 }
@@ -83,17 +82,17 @@ absl::Status CheckSocketDirectory(const std::string& socket_path) {
   }
   if (!IsTrustedDaemonUid(st.st_uid)) {
     return absl::PermissionDeniedError(absl::StrCat(
-        "socket directory '", dir, "' belongs to uid ", st.st_uid, ", not to you (uid ",
-        geteuid(), "), root or the ferry user: another user may have made it to receive your "
+        "socket directory '", dir, "' belongs to uid ", st.st_uid, ", not to you (uid ", geteuid(),
+        "), root or the ferry user: another user may have made it to receive your "
         "jobs. Remove it (as root, or its owner) or use another socket path (--listen, "
         "FERRY_ADDRESS)"));
   }
   if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (st.st_mode & S_ISVTX) == 0) {
     char mode[8];
     snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
-    return absl::PermissionDeniedError(absl::StrCat(
-        "socket directory '", dir, "' is writable by others (mode ", mode,
-        "): another user could replace ferryd's socket. Run chmod go-w '", dir, "'"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("socket directory '", dir, "' is writable by others (mode ", mode,
+                     "): another user could replace ferryd's socket. Run chmod go-w '", dir, "'"));
   }
   return absl::OkStatus();
 }
@@ -119,8 +118,7 @@ absl::StatusOr<UniqueFd> ListenUnix(const std::string& path, int type, unsigned 
       partial /= part;
       if (::mkdir(partial.c_str(), 0700) != 0 && errno != EEXIST) {
         return absl::PermissionDeniedError(absl::StrCat("cannot create socket directory '",
-                                                        partial.string(), "': ",
-                                                        strerror(errno)));
+                                                        partial.string(), "': ", strerror(errno)));
       }
     }
   }
@@ -134,9 +132,9 @@ absl::StatusOr<UniqueFd> ListenUnix(const std::string& path, int type, unsigned 
   if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
     UniqueFd probe(::socket(AF_UNIX, type | SOCK_CLOEXEC, 0));
     if (::connect(probe.get(), reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) == 0) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "another ferryd is already listening on '", path,
-          "'; stop it (systemctl stop ferryd) or pass --listen with another path"));
+      return absl::AlreadyExistsError(
+          absl::StrCat("another ferryd is already listening on '", path,
+                       "'; stop it (systemctl stop ferryd) or pass --listen with another path"));
     }
     ::unlink(path.c_str());
   }
@@ -168,9 +166,8 @@ absl::Status SendPacket(int sock, const std::string& message, int fd_to_pass) {
 
 absl::Status SendPacket(int sock, const std::string& message, absl::Span<const int> fds) {
   if (fds.size() > kMaxPassedFds) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot pass ", fds.size(), " fds in one packet (at most ", kMaxPassedFds,
-                     ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot pass ", fds.size(), " fds in one packet (at most ", kMaxPassedFds, ")"));
   }
   iovec iov{const_cast<char*>(message.data()), message.size()};
   msghdr msg{};

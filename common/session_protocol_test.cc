@@ -4,8 +4,8 @@
 #include "common/session_protocol.h"
 
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 

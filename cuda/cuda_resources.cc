@@ -50,15 +50,16 @@ absl::StatusOr<int> DeviceCount() {
 absl::StatusOr<DeviceInfo> GetDeviceInfo(int device) {
   FERRY_ASSIGN_OR_RETURN(int count, DeviceCount());
   if (device < 0 || device >= count) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CUDA device ", device, " does not exist; this machine has ", count,
-                     count == 1 ? " device (index 0)" : " devices"));
+    return absl::InvalidArgumentError(absl::StrCat("CUDA device ", device,
+                                                   " does not exist; this machine has ", count,
+                                                   count == 1 ? " device (index 0)" : " devices"));
   }
   const std::string what = absl::StrCat("device ", device);
   DeviceInfo info;
   info.index = device;
   cudaDeviceProp prop;
-  FERRY_RETURN_IF_ERROR(Check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties", what));
+  FERRY_RETURN_IF_ERROR(
+      Check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties", what));
   info.name = prop.name;
   info.total_memory = prop.totalGlobalMem;
   info.compute_capability = prop.major * 10 + prop.minor;
@@ -67,7 +68,8 @@ absl::StatusOr<DeviceInfo> GetDeviceInfo(int device) {
   FERRY_RETURN_IF_ERROR(
       Check(cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device), "cudaDeviceGetPCIBusId", what));
   info.pci_bus_id = bus_id;
-  for (char& c : info.pci_bus_id) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (char& c : info.pci_bus_id)
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return info;
 }
 
@@ -113,9 +115,8 @@ absl::Status CudaStream::CopyAsync(void* dst, const void* src, size_t bytes) con
 
 absl::Status CudaStream::Record(const CudaEvent& event) const {
   if (event.device() != device_) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot record an event of device ",
-                                                   event.device(), " on a stream of device ",
-                                                   device_));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot record an event of device ", event.device(), " on a stream of device ", device_));
   }
   const cudaError_t error = cudaEventRecord(event.get(), stream_);
   if (error == cudaSuccess) return absl::OkStatus();
@@ -217,8 +218,8 @@ absl::StatusOr<float> ElapsedMillis(const CudaEvent& start, const CudaEvent& end
     return absl::FailedPreconditionError("ElapsedMillis needs two CudaEvent::kTiming events");
   }
   float ms = 0;
-  FERRY_RETURN_IF_ERROR(Check(cudaEventElapsedTime(&ms, start.get(), end.get()),
-                              "cudaEventElapsedTime"));
+  FERRY_RETURN_IF_ERROR(
+      Check(cudaEventElapsedTime(&ms, start.get(), end.get()), "cudaEventElapsedTime"));
   return ms;
 }
 
@@ -296,16 +297,15 @@ absl::StatusOr<MemIpcHandle> DeviceBuffer::IpcHandle() const {
 
 // ---------------------------------------------------------------------------- registration
 
-absl::StatusOr<HostRegistration> HostRegistration::Create(void* data, size_t bytes,
-                                                          Access access) {
+absl::StatusOr<HostRegistration> HostRegistration::Create(void* data, size_t bytes, Access access) {
   if (data == nullptr || bytes == 0) {
     return absl::InvalidArgumentError("cannot page-lock an empty host range");
   }
   unsigned flags = cudaHostRegisterPortable;
   if (access == Access::kReadOnly) flags |= cudaHostRegisterMapped | cudaHostRegisterReadOnly;
-  FERRY_RETURN_IF_ERROR(Check(cudaHostRegister(data, bytes, flags), "cudaHostRegister",
-                              absl::StrCat(bytes, " bytes",
-                                           access == Access::kReadOnly ? ", read-only" : "")));
+  FERRY_RETURN_IF_ERROR(
+      Check(cudaHostRegister(data, bytes, flags), "cudaHostRegister",
+            absl::StrCat(bytes, " bytes", access == Access::kReadOnly ? ", read-only" : "")));
   return HostRegistration(data, bytes);
 }
 

@@ -61,10 +61,10 @@ absl::StatusOr<int> DeviceCount();
 
 struct DeviceInfo {
   int index = 0;
-  std::string name;             // "NVIDIA H100 80GB HBM3"
-  std::string pci_bus_id;       // "0000:3b:00.0", lower case as in /sys/bus/pci/devices
-  size_t total_memory = 0;      // bytes
-  int compute_capability = 0;   // major * 10 + minor: 90 for Hopper
+  std::string name;            // "NVIDIA H100 80GB HBM3"
+  std::string pci_bus_id;      // "0000:3b:00.0", lower case as in /sys/bus/pci/devices
+  size_t total_memory = 0;     // bytes
+  int compute_capability = 0;  // major * 10 + minor: 90 for Hopper
   int multiprocessor_count = 0;
 };
 
@@ -162,8 +162,7 @@ class DeviceBuffer final {
   static absl::StatusOr<DeviceBuffer> Create(int device, size_t bytes);
   // Maps another process's allocation on `device`. `bytes` is what the exporter said the
   // allocation holds; CUDA does not check it. A handle of this same process is rejected.
-  static absl::StatusOr<DeviceBuffer> OpenIpc(int device, const MemIpcHandle& handle,
-                                              size_t bytes);
+  static absl::StatusOr<DeviceBuffer> OpenIpc(int device, const MemIpcHandle& handle, size_t bytes);
 
   DeviceBuffer(DeviceBuffer&& other) noexcept;
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;

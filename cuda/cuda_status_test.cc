@@ -1,14 +1,15 @@
 // What of ferry_cuda needs no device: the CUDA error -> Status mapping, the owners'
 // argument checks that fail before any CUDA call, and the GPU tests' skip decision. Runs in
 // CI.
+#include "cuda/cuda_status.h"
+
 #include <cuda_runtime_api.h>
 
 #include "absl/status/status.h"
+#include "cuda/cuda_resources.h"
+#include "cuda/gpu_test_env.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "cuda/cuda_resources.h"
-#include "cuda/cuda_status.h"
-#include "cuda/gpu_test_env.h"
 
 namespace ferry {
 namespace {
@@ -18,7 +19,8 @@ using ::testing::HasSubstr;
 TEST(CudaStatus, SuccessIsOk) { EXPECT_TRUE(CudaStatus(cudaSuccess, "cudaMalloc").ok()); }
 
 TEST(CudaStatus, NamesTheCallTheDetailAndTheError) {
-  const absl::Status status = CudaStatus(cudaErrorMemoryAllocation, "cudaMalloc", "1024 bytes on device 0");
+  const absl::Status status =
+      CudaStatus(cudaErrorMemoryAllocation, "cudaMalloc", "1024 bytes on device 0");
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(status.message(),
             "cudaMalloc(1024 bytes on device 0): cudaErrorMemoryAllocation (out of memory)");
@@ -51,7 +53,8 @@ TEST(CudaStatus, UnknownCodeStillReadable) {
 TEST(GpuSkipReason, SaysWhy) {
   EXPECT_EQ(GpuSkipReason(2), "");
   EXPECT_THAT(GpuSkipReason(0), HasSubstr("no CUDA device"));
-  const std::string reason = GpuSkipReason(CudaStatus(cudaErrorInsufficientDriver, "cudaGetDeviceCount"));
+  const std::string reason =
+      GpuSkipReason(CudaStatus(cudaErrorInsufficientDriver, "cudaGetDeviceCount"));
   EXPECT_THAT(reason, HasSubstr("no usable CUDA driver"));
   EXPECT_THAT(reason, HasSubstr("cudaGetDeviceCount: cudaErrorInsufficientDriver"));
 }

@@ -37,10 +37,10 @@ namespace {
 using ::testing::HasSubstr;
 
 #define ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
-#define ASSERT_OK(expr)                            \
-  do {                                             \
-    const absl::Status ferry_s_ = (expr);          \
-    ASSERT_TRUE(ferry_s_.ok()) << ferry_s_;        \
+#define ASSERT_OK(expr)                     \
+  do {                                      \
+    const absl::Status ferry_s_ = (expr);   \
+    ASSERT_TRUE(ferry_s_.ok()) << ferry_s_; \
   } while (0)
 
 template <typename T>
@@ -68,7 +68,8 @@ TEST_F(CudaTest, DeviceInfo) {
               << info.multiprocessor_count << " SMs\n";
     EXPECT_EQ(info.index, d);
     EXPECT_FALSE(info.name.empty());
-    EXPECT_THAT(info.pci_bus_id, ::testing::MatchesRegex("[0-9a-f]+:[0-9a-f]+:[0-9a-f]+\\.[0-9a-f]"));
+    EXPECT_THAT(info.pci_bus_id,
+                ::testing::MatchesRegex("[0-9a-f]+:[0-9a-f]+:[0-9a-f]+\\.[0-9a-f]"));
     EXPECT_GT(info.total_memory, 0u);
     EXPECT_GT(info.multiprocessor_count, 0);
   }
@@ -165,7 +166,9 @@ constexpr char kIpcChildEnv[] = "FERRY_CUDA_IPC_CHILD";
 
 uint8_t Pattern(int which, size_t i) { return static_cast<uint8_t>(i * (2 * which + 5) + which); }
 
-void SleepOnStream(void* ms) { std::this_thread::sleep_for(std::chrono::milliseconds(reinterpret_cast<intptr_t>(ms))); }
+void SleepOnStream(void* ms) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(reinterpret_cast<intptr_t>(ms)));
+}
 
 // The consumer: what a trainer does with a slot. Opens the buffer and both events, waits
 // for the producer's "ready" record, checks the producer's data, writes its own, records
@@ -204,7 +207,8 @@ int RunIpcChild(const char* spec) {
   for (size_t i = 0; i < kIpcBytes; ++i) {
     if (host[i] != Pattern(1, i)) {
       std::fprintf(stderr, "ipc child: byte %zu is %d, want %d (pattern %s)\n", i, host[i],
-                   Pattern(1, i), host[i] == Pattern(0, i) ? "before the producer's write" : "unknown");
+                   Pattern(1, i),
+                   host[i] == Pattern(0, i) ? "before the producer's write" : "unknown");
       return 14;
     }
   }
@@ -234,7 +238,8 @@ TEST_F(CudaTest, IpcAcrossProcesses) {
   ASSERT_EQ(pipe(down), 0);
   ASSERT_EQ(pipe(up), 0);
   auto hex = [](const auto& h) {
-    return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(h.bytes.data()), h.bytes.size()));
+    return absl::BytesToHexString(
+        absl::string_view(reinterpret_cast<const char*>(h.bytes.data()), h.bytes.size()));
   };
   const std::string spec = absl::StrCat(hex(mem), ":", hex(ready_handle), ":", hex(released_handle),
                                         ":", down[0], ":", up[1]);
@@ -261,12 +266,14 @@ TEST_F(CudaTest, IpcAcrossProcesses) {
   // Producer: a write that lands only after 300 ms, then "ready". A consumer that did not
   // wait on the event would read pattern 0.
   // The copy's source must be page-locked, or CopyAsync would wait for the sleep itself.
-  void* region = mmap(nullptr, kIpcBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* region =
+      mmap(nullptr, kIpcBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   ASSERT_NE(region, MAP_FAILED);
   uint8_t* next = static_cast<uint8_t*>(region);
   for (size_t i = 0; i < kIpcBytes; ++i) next[i] = Pattern(1, i);
   std::optional<HostRegistration> pinned(ValueOrDie(HostRegistration::Create(next, kIpcBytes)));
-  ASSERT_CUDA(cudaLaunchHostFunc(stream.get(), SleepOnStream, reinterpret_cast<void*>(intptr_t{300})));
+  ASSERT_CUDA(
+      cudaLaunchHostFunc(stream.get(), SleepOnStream, reinterpret_cast<void*>(intptr_t{300})));
   ASSERT_OK(stream.CopyAsync(buf.data(), next, kIpcBytes));
   ASSERT_OK(stream.Record(ready));
   EXPECT_EQ(write(down[1], "g", 1), 1);

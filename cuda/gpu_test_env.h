@@ -28,10 +28,10 @@ inline std::string GpuSkipReason(const absl::StatusOr<int>& device_count) {
 
 }  // namespace ferry
 
-#define FERRY_SKIP_WITHOUT_GPU()                                              \
-  do {                                                                        \
+#define FERRY_SKIP_WITHOUT_GPU()                                                           \
+  do {                                                                                     \
     const std::string ferry_skip_reason_ = ::ferry::GpuSkipReason(::ferry::DeviceCount()); \
-    if (!ferry_skip_reason_.empty()) GTEST_SKIP() << ferry_skip_reason_;      \
+    if (!ferry_skip_reason_.empty()) GTEST_SKIP() << ferry_skip_reason_;                   \
   } while (0)
 
 #endif  // FERRY_CUDA_GPU_TEST_ENV_H_

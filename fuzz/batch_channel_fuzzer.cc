@@ -32,9 +32,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto daemon = ferry::BatchChannel::Create(4);
   if (!daemon.ok()) return 0;
   std::vector<int> fds = (*daemon)->HandoverFds();
-  auto trainer = ferry::BatchChannel::Attach(ferry::UniqueFd(dup(fds[0])),
-                                             ferry::UniqueFd(dup(fds[1])),
-                                             ferry::UniqueFd(dup(fds[2])));
+  auto trainer = ferry::BatchChannel::Attach(
+      ferry::UniqueFd(dup(fds[0])), ferry::UniqueFd(dup(fds[1])), ferry::UniqueFd(dup(fds[2])));
   if (!trainer.ok()) return 0;
   const size_t bytes = (*daemon)->bytes();
   void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);

@@ -27,8 +27,8 @@ ferry::SessionServer* Server() {
     if (mkdtemp(dir.data()) == nullptr) abort();
     auto started = ferry::SessionServer::Start(
         dir + "/ferryd.session.sock", 0600,
-        [](const ferry::PeerCredentials&, const std::string& attach_id)
-            -> absl::StatusOr<std::pair<int, uint64_t>> {
+        [](const ferry::PeerCredentials&,
+           const std::string& attach_id) -> absl::StatusOr<std::pair<int, uint64_t>> {
           if (attach_id == "ok") return std::make_pair(STDERR_FILENO, uint64_t{4096});
           return absl::NotFoundError(absl::StrCat("no attachment '", attach_id, "'"));
         },

@@ -37,8 +37,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::vector<int64_t> order;
     (*source)->StreamOrder(7, 0, true, &order);
     for (int64_t i = 0; i < std::min<int64_t>((*source)->size(), 4); ++i) {
-      (void)(*source)->Fill(i, ferry::MixSeed(7, 0, static_cast<uint64_t>(i)), rows,
-                            scratch.get());
+      (void)(*source)->Fill(i, ferry::MixSeed(7, 0, static_cast<uint64_t>(i)), rows, scratch.get());
       (void)(*source)->Describe(i);
     }
   }

@@ -100,8 +100,8 @@ class Compressor {
 void CheckArgs(const uint8_t* pixels, int width, int height, int quality) {
   if (pixels == nullptr || width <= 0 || height <= 0 || width > JPEG_MAX_DIMENSION ||
       height > JPEG_MAX_DIMENSION || quality < 1 || quality > 100) {
-    Die(absl::StrCat("invalid JPEG encode arguments: ", width, "x", height, " quality ",
-                     quality, (pixels == nullptr ? " (null pixels)" : "")));
+    Die(absl::StrCat("invalid JPEG encode arguments: ", width, "x", height, " quality ", quality,
+                     (pixels == nullptr ? " (null pixels)" : "")));
   }
 }
 
@@ -148,9 +148,8 @@ std::vector<uint8_t> EncodeJpeg(const uint8_t* rgb, int width, int height,
 std::vector<uint8_t> EncodeGrayJpeg(const uint8_t* gray, int width, int height, int quality) {
   CheckArgs(gray, width, height, quality);
   Compressor compressor;
-  return compressor.Run(gray, width, height, 1, JCS_GRAYSCALE, [&](j_compress_ptr cinfo) {
-    jpeg_set_quality(cinfo, quality, TRUE);
-  });
+  return compressor.Run(gray, width, height, 1, JCS_GRAYSCALE,
+                        [&](j_compress_ptr cinfo) { jpeg_set_quality(cinfo, quality, TRUE); });
 }
 
 std::vector<uint8_t> EncodeCmykJpeg(const uint8_t* cmyk, int width, int height, int quality) {

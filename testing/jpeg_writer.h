@@ -28,9 +28,9 @@ enum class ChromaSubsampling {
 };
 
 struct JpegEncodeOptions {
-  int quality = 90;  // 1..100. Default: 90
+  int quality = 90;                                         // 1..100. Default: 90
   ChromaSubsampling subsampling = ChromaSubsampling::k420;  // Default: 4:2:0
-  bool progressive = false;  // Default: baseline (sequential)
+  bool progressive = false;                                 // Default: baseline (sequential)
   int restart_interval = 0;  // In MCUs; 0 = no restart markers. Default: 0
   // Progressive with one scan per AC coefficient and component (1 + 63 * 3 = 190 scans): a
   // valid file with far more scans than any real encoder writes (a scan-count bomb).

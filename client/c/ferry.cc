@@ -90,11 +90,23 @@ const char* ferry_version(void) { return FERRY_VERSION_STRING; }
 const char* ferry_last_error(void) { return last_error.c_str(); }
 
 const char* ferry_status_name(int code) {
-  static const char* const kNames[] = {
-      "OK",       "CANCELLED",         "UNKNOWN",        "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-      "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+  static const char* const kNames[] = {"OK",
+                                       "CANCELLED",
+                                       "UNKNOWN",
+                                       "INVALID_ARGUMENT",
+                                       "DEADLINE_EXCEEDED",
+                                       "NOT_FOUND",
+                                       "ALREADY_EXISTS",
+                                       "PERMISSION_DENIED",
+                                       "RESOURCE_EXHAUSTED",
+                                       "FAILED_PRECONDITION",
+                                       "ABORTED",
+                                       "OUT_OF_RANGE",
+                                       "UNIMPLEMENTED",
+                                       "INTERNAL",
+                                       "UNAVAILABLE",
+                                       "DATA_LOSS",
+                                       "UNAUTHENTICATED"};
   if (code < 0 || code >= static_cast<int>(sizeof(kNames) / sizeof(kNames[0]))) {
     return "UNKNOWN";
   }
@@ -190,8 +202,8 @@ int ferry_client_quarantine(ferry_client_t* client, const char* job_id, const in
     if (client == nullptr) return NullArgument(fn, "client");
     if (job_id == nullptr) return NullArgument(fn, "job_id");
     if (indices == nullptr && count > 0) return NullArgument(fn, "indices");
-    absl::StatusOr<uint32_t> result = client->client->Quarantine(
-        job_id, std::vector<int64_t>(indices, indices + count));
+    absl::StatusOr<uint32_t> result =
+        client->client->Quarantine(job_id, std::vector<int64_t>(indices, indices + count));
     if (!result.ok()) return Report(result.status());
     if (added != nullptr) *added = *result;
     return 0;
@@ -239,8 +251,7 @@ int ferry_consumer_num_slots(const ferry_consumer_t* consumer, uint32_t* out) {
   return FERRY_OK;
 }
 
-int ferry_consumer_start_epoch(ferry_consumer_t* consumer, int64_t epoch,
-                               int64_t first_batch) {
+int ferry_consumer_start_epoch(ferry_consumer_t* consumer, int64_t epoch, int64_t first_batch) {
   const char* fn = __func__;
   return Guard(fn, [&]() -> int {
     if (consumer == nullptr) return NullArgument(fn, "consumer");
@@ -279,9 +290,9 @@ int ferry_batch_field_sized(const ferry_batch_t* batch, uint32_t i, ferry_field_
   if (batch == nullptr) return NullArgument(__func__, "batch");
   if (out == nullptr) return NullArgument(__func__, "out");
   if (out_size < kFieldV10Size) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "ferry_batch_field_sized: out_size ", out_size, " is smaller than ABI 1.0's ",
-        "ferry_field_t (", kFieldV10Size, " bytes); pass sizeof(ferry_field_t)")));
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("ferry_batch_field_sized: out_size ", out_size, " is smaller than ABI 1.0's ",
+                     "ferry_field_t (", kFieldV10Size, " bytes); pass sizeof(ferry_field_t)")));
   }
   const auto& fields = batch->batch.fields();
   if (i >= fields.size()) {

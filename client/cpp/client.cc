@@ -18,8 +18,8 @@
 #include "client/cpp/internal/session.h"
 #include "common/batch_channel.h"
 #include "common/session_protocol.h"
-#include "common/thread_name.h"
 #include "common/status_macros.h"
+#include "common/thread_name.h"
 #include "ferry/v1/ferry.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 
@@ -97,9 +97,9 @@ class ClientImpl {
 class StreamState {
  public:
   // `channel`: null to keep batches on the stream.
-  static absl::StatusOr<std::shared_ptr<StreamState>> Open(
-      const ClientImpl& client, const std::string& attach_id,
-      std::unique_ptr<BatchChannel> channel) {
+  static absl::StatusOr<std::shared_ptr<StreamState>> Open(const ClientImpl& client,
+                                                           const std::string& attach_id,
+                                                           std::unique_ptr<BatchChannel> channel) {
     auto state = std::shared_ptr<StreamState>(new StreamState(client.Context("Consume")));
     state->channel_ = std::move(channel);
     client.Prepare(&state->context_, /*quick=*/false);
@@ -140,8 +140,7 @@ class StreamState {
     absl::MutexLock lock(&mu_);
     auto ended = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return end_.has_value(); };
     if (mu_.AwaitWithTimeout(absl::Condition(&ended), absl::Seconds(1))) return *end_;
-    return absl::UnavailableError(
-        absl::StrCat("the batch stream (", context_text_, ") is closed"));
+    return absl::UnavailableError(absl::StrCat("the batch stream (", context_text_, ") is closed"));
   }
 
   // Sends `request` after everything posted before it, without waiting. A request that
@@ -224,8 +223,8 @@ class StreamState {
         }
       }
       context_.TryCancel();  // the reader thread records the end
-      return absl::UnavailableError(absl::StrCat("the batch channel of ", context_text_,
-                                                 " failed: ", sent.message()));
+      return absl::UnavailableError(
+          absl::StrCat("the batch channel of ", context_text_, " failed: ", sent.message()));
     }
   }
 
@@ -368,11 +367,10 @@ class StreamState {
       closed_ = true;
       status = stream_->Finish();
     }
-    absl::Status end =
-        status.ok() ? absl::UnavailableError(absl::StrCat(
-                          "ferryd ended the batch stream without an error (", context_text_,
-                          "); the daemon is probably shutting down"))
-                    : FromGrpc(status, context_text_);
+    absl::Status end = status.ok() ? absl::UnavailableError(absl::StrCat(
+                                         "ferryd ended the batch stream without an error (",
+                                         context_text_, "); the daemon is probably shutting down"))
+                                   : FromGrpc(status, context_text_);
     {
       absl::MutexLock lock(&mu_);
       end_ = std::move(end);
@@ -389,7 +387,7 @@ class StreamState {
   std::thread reader_;
   std::thread writer_;
   std::unique_ptr<BatchChannel> channel_;  // set before the threads start; null: none
-  absl::Mutex send_mu_;  // one writer into the channel at a time (SendToDaemon)
+  absl::Mutex send_mu_;                    // one writer into the channel at a time (SendToDaemon)
 
   absl::Mutex write_mu_;  // held by the writer thread while it writes, by the reader to Finish
   bool closed_ ABSL_GUARDED_BY(write_mu_) = false;
@@ -423,8 +421,8 @@ class BatchLease {
   absl::Status WaitOn(void* stream) {
     if (ring_ == nullptr) return absl::OkStatus();
     if (released_.load()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "WaitOn: batch seq ", seq_, " (slot ", slot_, ") was already released"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("WaitOn: batch seq ", seq_, " (slot ", slot_, ") was already released"));
     }
     FERRY_RETURN_IF_ERROR(ring_->WaitReady(slot_, stream));
     wait_stream_ = stream;
@@ -512,9 +510,9 @@ class ConsumerImpl {
         FERRY_ASSIGN_OR_RETURN(Session::Slab slab,
                                client_->session().FetchSlab(response.attach_id()));
         if (slab.bytes != response.host().slab_bytes()) {
-          return absl::InternalError(absl::StrCat(
-              "ferryd announced a slab of ", response.host().slab_bytes(),
-              " bytes in Attach but handed over ", slab.bytes));
+          return absl::InternalError(absl::StrCat("ferryd announced a slab of ",
+                                                  response.host().slab_bytes(),
+                                                  " bytes in Attach but handed over ", slab.bytes));
         }
         FERRY_RETURN_IF_ERROR(
             ValidateLayout(job, response.num_slots(), response.slot_bytes(), slab.bytes));
@@ -530,13 +528,12 @@ class ConsumerImpl {
         for (const v1::Field& f : cuda.fields()) device_job.fields.push_back(FromProto(f));
         if (cuda.slot_bytes() != response.slot_bytes() ||
             static_cast<uint32_t>(cuda.slots_size()) != response.num_slots()) {
-          return absl::InternalError(absl::StrCat(
-              "ferryd announced ", response.num_slots(), " slots of ", response.slot_bytes(),
-              " bytes but its CUDA transport has ", cuda.slots_size(), " slots of ",
-              cuda.slot_bytes(), " bytes"));
+          return absl::InternalError(
+              absl::StrCat("ferryd announced ", response.num_slots(), " slots of ",
+                           response.slot_bytes(), " bytes but its CUDA transport has ",
+                           cuda.slots_size(), " slots of ", cuda.slot_bytes(), " bytes"));
         }
-        FERRY_RETURN_IF_ERROR(ValidateLayout(device_job, response.num_slots(),
-                                             cuda.slot_bytes(),
+        FERRY_RETURN_IF_ERROR(ValidateLayout(device_job, response.num_slots(), cuda.slot_bytes(),
                                              uint64_t{response.num_slots()} * cuda.slot_bytes()));
         CudaRingSpec spec;
         spec.daemon_device = cuda.device();
@@ -553,8 +550,8 @@ class ConsumerImpl {
           absl::StatusOr<std::shared_ptr<const CudaRing>> ring = CudaRing::Open(spec);
           if (!ring.ok()) {
             return absl::Status(ring.status().code(),
-                                absl::StrCat("attaching to job '", job_id_, "' rank ", rank_,
-                                             ": ", ring.status().message()));
+                                absl::StrCat("attaching to job '", job_id_, "' rank ", rank_, ": ",
+                                             ring.status().message()));
           }
           ring_ = *std::move(ring);
         }
@@ -577,8 +574,8 @@ class ConsumerImpl {
         return fetched.status();
       }
     }
-    FERRY_ASSIGN_OR_RETURN(
-        stream_, StreamState::Open(*client_, response.attach_id(), std::move(channel)));
+    FERRY_ASSIGN_OR_RETURN(stream_,
+                           StreamState::Open(*client_, response.attach_id(), std::move(channel)));
     layout_ = std::move(layout);
     job_ = std::move(job);
     attach_id_ = response.attach_id();
@@ -630,16 +627,16 @@ class ConsumerImpl {
 
     if (!message.ok()) return Break(message.status());
     if (!message->has_value()) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "no batch from ferryd within ", absl::FormatDuration(timeout), " (epoch ", epoch_,
-          ", batch ", next_batch_, ")"));
+      return absl::DeadlineExceededError(absl::StrCat("no batch from ferryd within ",
+                                                      absl::FormatDuration(timeout), " (epoch ",
+                                                      epoch_, ", batch ", next_batch_, ")"));
     }
     const ChannelMessage& ready = **message;
     if (ready.kind == ChannelMessage::kEpochEnd) {
       if (ready.epoch != epoch_ || next_batch_ != job_.batches_per_epoch) {
         return Break(absl::InternalError(absl::StrCat(
-            "ferryd ended epoch ", ready.epoch, " while this consumer was in ",
-            "epoch ", epoch_, " at batch ", next_batch_, " of ", job_.batches_per_epoch)));
+            "ferryd ended epoch ", ready.epoch, " while this consumer was in ", "epoch ", epoch_,
+            " at batch ", next_batch_, " of ", job_.batches_per_epoch)));
       }
       state_ = State::kEpochDone;
       return std::optional<Batch>();
@@ -653,21 +650,21 @@ class ConsumerImpl {
     // (the stream may not have noticed yet; the session socket has).
     if (ring_ != nullptr && client_->session().DaemonGone()) {
       return Break(absl::UnavailableError(absl::StrCat(
-          "ferryd (pid ", client_->session().daemon_pid(), ") is gone: its session socket "
+          "ferryd (pid ", client_->session().daemon_pid(),
+          ") is gone: its session socket "
           "closed. The GPU batches it sent that this trainer had not taken are dropped, since "
           "their device memory went with it. Start ferryd again and attach again; epoch ",
-          epoch_, " resumes at batch ", next_batch_, " with StartEpoch(", epoch_, ", ",
-          next_batch_, ")")));
+          epoch_, " resumes at batch ", next_batch_, " with StartEpoch(", epoch_, ", ", next_batch_,
+          ")")));
     }
     if (ready.seq != next_seq_ || ready.epoch != epoch_ || ready.batch != next_batch_ ||
         ready.slot >= num_slots_ || ready.num_samples == 0 ||
         ready.num_samples > job_.spec.batch_size) {
       return Break(absl::InternalError(absl::StrCat(
           "ferryd sent BatchReady{seq=", ready.seq, ", epoch=", ready.epoch,
-          ", batch=", ready.batch, ", slot=", ready.slot, ", num_samples=",
-          ready.num_samples, "} but expected seq ", next_seq_, ", epoch ", epoch_,
-          ", batch ", next_batch_, ", slot < ", num_slots_, ", 1..", job_.spec.batch_size,
-          " samples")));
+          ", batch=", ready.batch, ", slot=", ready.slot, ", num_samples=", ready.num_samples,
+          "} but expected seq ", next_seq_, ", epoch ", epoch_, ", batch ", next_batch_,
+          ", slot < ", num_slots_, ", 1..", job_.spec.batch_size, " samples")));
     }
     ++next_seq_;
     ++next_batch_;
@@ -678,8 +675,8 @@ class ConsumerImpl {
     batch.slot_ = ready.slot;
     batch.num_samples_ = ready.num_samples;
     const int device = ring_ ? ring_->device() : -1;
-    const uint8_t* slot_base = ring_ ? ring_->slot_data(ready.slot)
-                                     : slab_->data() + uint64_t{ready.slot} * slot_bytes_;
+    const uint8_t* slot_base =
+        ring_ ? ring_->slot_data(ready.slot) : slab_->data() + uint64_t{ready.slot} * slot_bytes_;
     batch.device_ = device;
     batch.fields_.reserve(layout_.size());
     for (const FieldInfo& f : layout_) {
@@ -694,8 +691,7 @@ class ConsumerImpl {
       field.device = device;
       batch.fields_.push_back(std::move(field));
     }
-    batch.lease_ =
-        std::make_unique<BatchLease>(stream_, slab_, ring_, ready.slot, ready.seq);
+    batch.lease_ = std::make_unique<BatchLease>(stream_, slab_, ring_, ready.slot, ready.seq);
     return std::optional<Batch>(std::move(batch));
   }
 
@@ -721,7 +717,7 @@ class ConsumerImpl {
   std::string attach_id_;
   uint32_t num_slots_ = 0;
   uint64_t slot_bytes_ = 0;
-  std::vector<FieldInfo> layout_;  // of the fields in a slot, as delivered
+  std::vector<FieldInfo> layout_;            // of the fields in a slot, as delivered
   std::shared_ptr<const SlabMapping> slab_;  // host transport
   std::shared_ptr<const CudaRing> ring_;     // GPU transport
   std::shared_ptr<StreamState> stream_;
@@ -905,8 +901,8 @@ absl::StatusOr<uint32_t> Client::Quarantine(std::string_view job_id,
   request.set_job_id(std::string(job_id));
   request.mutable_indices()->Add(indices.begin(), indices.end());
   v1::QuarantineResponse response;
-  FERRY_RETURN_IF_ERROR(internal::FromGrpc(
-      impl_->stub().Quarantine(&context, request, &response), impl_->Context("Quarantine")));
+  FERRY_RETURN_IF_ERROR(internal::FromGrpc(impl_->stub().Quarantine(&context, request, &response),
+                                           impl_->Context("Quarantine")));
   return response.added();
 }
 
@@ -930,15 +926,12 @@ absl::StatusOr<std::string> Client::GetStatusJson() {
   return internal::ToJson(response);
 }
 
-absl::StatusOr<std::unique_ptr<Consumer>> Client::Attach(std::string_view job_id,
-                                                         uint32_t rank) {
+absl::StatusOr<std::unique_ptr<Consumer>> Client::Attach(std::string_view job_id, uint32_t rank) {
   auto impl = std::make_unique<internal::ConsumerImpl>(impl_, std::string(job_id), rank);
   FERRY_RETURN_IF_ERROR(impl->Attach(/*retry=*/false));
   return std::unique_ptr<Consumer>(new Consumer(std::move(impl)));
 }
 
-absl::StatusOr<std::string> CudaPciBusId(int ordinal) {
-  return internal::CudaPciBusId(ordinal);
-}
+absl::StatusOr<std::string> CudaPciBusId(int ordinal) { return internal::CudaPciBusId(ordinal); }
 
 }  // namespace ferry

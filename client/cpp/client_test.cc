@@ -1,5 +1,7 @@
 // Client library tests that need no ferryd: spec <-> JSON conversion, layout validation,
 // slab mapping, and the session socket against a scripted fake daemon.
+#include "ferry/client.h"
+
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -15,7 +17,6 @@
 #include "client/cpp/internal/convert.h"
 #include "client/cpp/internal/session.h"
 #include "common/session_protocol.h"
-#include "ferry/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -213,7 +214,6 @@ TEST(SessionTest, ALateAnswerIsNotTakenForTheNextRequestsAnswer) {
 }
 
 TEST(SessionTest, DaemonGoneOnceTheSessionSocketCloses) {
-
   TempDir dir;
   const std::string address = dir.path() + "/ferryd.sock";
   absl::Notification checked_alive, closed;

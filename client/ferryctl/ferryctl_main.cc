@@ -57,7 +57,7 @@ int Drain(ferry::Client& client, bool wait) {
     absl::SleepFor(absl::Milliseconds(500));
     auto status = client.GetStatus();
     if (!status.ok()) {
-      if (absl::IsUnavailable(status.status())) break;  // the daemon is gone
+      if (absl::IsUnavailable(status.status())) break;   // the daemon is gone
       if (absl::IsCancelled(status.status())) continue;  // it is stopping its server
       return Fail(status.status());
     }

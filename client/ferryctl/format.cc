@@ -138,8 +138,15 @@ std::string FormatJobState(const JobStatus& job) {
 
 std::string RenderJobs(const StatusReport& report) {
   if (report.jobs.empty()) return "no jobs\n";
-  Table table({{"ID"}, {"NAME"}, {"OWNER", true}, {"DATASET"}, {"BATCH", true},
-               {"RANKS", true}, {"STATE"}, {"BATCHES/S", true}, {"SAMPLES/S", true},
+  Table table({{"ID"},
+               {"NAME"},
+               {"OWNER", true},
+               {"DATASET"},
+               {"BATCH", true},
+               {"RANKS", true},
+               {"STATE"},
+               {"BATCHES/S", true},
+               {"SAMPLES/S", true},
                {"ERRORS", true}});
   for (const JobStatus& j : report.jobs) {
     double batches = 0, samples = 0;
@@ -148,11 +155,11 @@ std::string RenderJobs(const StatusReport& report) {
       samples += r.samples_per_second;
     }
     const bool active = AttachedRanks(j) > 0;
-    table.AddRow({j.job.id, j.job.name, absl::StrCat(j.job.owner_uid),
-                  FormatDataset(j.job.spec), absl::StrCat(j.job.spec.batch_size),
-                  absl::StrCat(AttachedRanks(j), "/", j.job.spec.world_size),
-                  FormatJobState(j), active ? FormatRate(batches) : "-",
-                  active ? FormatRate(samples) : "-", absl::StrCat(j.errors)});
+    table.AddRow({j.job.id, j.job.name, absl::StrCat(j.job.owner_uid), FormatDataset(j.job.spec),
+                  absl::StrCat(j.job.spec.batch_size),
+                  absl::StrCat(AttachedRanks(j), "/", j.job.spec.world_size), FormatJobState(j),
+                  active ? FormatRate(batches) : "-", active ? FormatRate(samples) : "-",
+                  absl::StrCat(j.errors)});
   }
   return table.Render();
 }
@@ -165,7 +172,7 @@ std::string RenderStatus(const StatusReport& report) {
                                     FormatBytes(budget), " budget");
   if (budget > 0) {
     absl::StrAppend(&memory, absl::StrFormat(" (%.1f%%)", 100.0 * d.host_memory_in_use_bytes /
-                                                               static_cast<double>(budget)));
+                                                              static_cast<double>(budget)));
   }
   Table info({{"ferryd"}, {d.version}});
   info.AddRow({"pid", absl::StrCat(d.pid)});
@@ -173,15 +180,14 @@ std::string RenderStatus(const StatusReport& report) {
   info.AddRow({"host memory", memory});
   info.AddRow({"cuda", d.cuda_available ? "yes" : "no"});
   info.AddRow({"config", d.config_path.empty() ? "(built-in defaults)" : d.config_path});
-  info.AddRow({"dataset roots",
-               d.dataset_roots.empty() ? "(none configured)" : absl::StrJoin(d.dataset_roots, ", ")});
-  info.AddRow({"idle jobs", d.job_idle_timeout_seconds == 0
-                                ? std::string("kept until deleted")
-                                : absl::StrCat("deleted after ",
-                                               FormatUptime(d.job_idle_timeout_seconds))});
+  info.AddRow({"dataset roots", d.dataset_roots.empty() ? "(none configured)"
+                                                        : absl::StrJoin(d.dataset_roots, ", ")});
+  info.AddRow({"idle jobs",
+               d.job_idle_timeout_seconds == 0
+                   ? std::string("kept until deleted")
+                   : absl::StrCat("deleted after ", FormatUptime(d.job_idle_timeout_seconds))});
   info.AddRow({"consumers", absl::StrCat(d.consumers, " attached",
-                                         d.draining ? "; draining: exits when none is left"
-                                                    : "")});
+                                         d.draining ? "; draining: exits when none is left" : "")});
   out += info.Render();
   out += "\n";
   Table numa({{"NUMA NODE", true}, {"CPUS"}, {"WORKERS", true}});
@@ -191,8 +197,15 @@ std::string RenderStatus(const StatusReport& report) {
   out += numa.Render();
   out += "\n";
   if (!d.gpus.empty()) {
-    Table gpus({{"GPU", true}, {"NAME"}, {"PCI"}, {"NODE", true}, {"WORKER CPUS"},
-                {"PINNED", true}, {"DEVICE MEM", true}, {"H2D/S", true}, {"IN FLIGHT", true},
+    Table gpus({{"GPU", true},
+                {"NAME"},
+                {"PCI"},
+                {"NODE", true},
+                {"WORKER CPUS"},
+                {"PINNED", true},
+                {"DEVICE MEM", true},
+                {"H2D/S", true},
+                {"IN FLIGHT", true},
                 {"RANKS", true}});
     for (const GpuStatus& g : d.gpus) {
       gpus.AddRow({absl::StrCat(g.ordinal), g.name, g.pci_bus_id,
@@ -234,11 +247,11 @@ std::string RenderJob(const JobStatus& status) {
   info.AddRow({"fields", absl::StrJoin(fields, "; ")});
   info.AddRow({"slot", FormatBytes(j.slot_bytes)});
   if (j.create_time_unix_ms > 0) info.AddRow({"created", FormatTime(j.create_time_unix_ms)});
-  info.AddRow({"bad samples",
-               absl::StrCat(status.errors, " (", status.quarantined, " quarantined, ",
-                            status.substituted, " substitutes served; policy ",
-                            s.on_corrupt_sample == CorruptSamplePolicy::kFail ? "fail" : "skip",
-                            ")")});
+  info.AddRow(
+      {"bad samples",
+       absl::StrCat(status.errors, " (", status.quarantined, " quarantined, ", status.substituted,
+                    " substitutes served; policy ",
+                    s.on_corrupt_sample == CorruptSamplePolicy::kFail ? "fail" : "skip", ")")});
   // GPU jobs: how each rank's batches reach the device (ranks of a job usually agree).
   std::vector<std::string> paths;
   for (const RankStatus& r : status.ranks) {
@@ -272,19 +285,25 @@ std::string RenderJob(const JobStatus& status) {
   std::string out = info.Render();
   out += "\n";
 
-  Table ranks({{"RANK", true}, {"ATTACHED"}, {"EPOCH", true}, {"NEXT", true},
-               {"BATCHES", true}, {"SAMPLES", true}, {"BATCHES/S", true},
-               {"SAMPLES/S", true}, {"QUEUE", true}, {"LEASED", true}, {"SLOTS", true},
+  Table ranks({{"RANK", true},
+               {"ATTACHED"},
+               {"EPOCH", true},
+               {"NEXT", true},
+               {"BATCHES", true},
+               {"SAMPLES", true},
+               {"BATCHES/S", true},
+               {"SAMPLES/S", true},
+               {"QUEUE", true},
+               {"LEASED", true},
+               {"SLOTS", true},
                {"WAIT S", true}});
   for (const RankStatus& r : status.ranks) {
     // How the consumer's batches travel: shared-memory channel or the gRPC stream.
-    const std::string attached =
-        r.attached ? (r.batch_channel ? "yes, shm" : "yes, grpc") : "no";
-    ranks.AddRow({absl::StrCat(r.rank), attached, absl::StrCat(r.epoch),
-                  absl::StrCat(r.next_batch), absl::StrCat(r.batches_delivered),
-                  absl::StrCat(r.samples_delivered), FormatRate(r.batches_per_second),
-                  FormatRate(r.samples_per_second), absl::StrCat(r.queue_depth),
-                  absl::StrCat(r.slots_leased), absl::StrCat(r.slots),
+    const std::string attached = r.attached ? (r.batch_channel ? "yes, shm" : "yes, grpc") : "no";
+    ranks.AddRow({absl::StrCat(r.rank), attached, absl::StrCat(r.epoch), absl::StrCat(r.next_batch),
+                  absl::StrCat(r.batches_delivered), absl::StrCat(r.samples_delivered),
+                  FormatRate(r.batches_per_second), FormatRate(r.samples_per_second),
+                  absl::StrCat(r.queue_depth), absl::StrCat(r.slots_leased), absl::StrCat(r.slots),
                   absl::StrFormat("%.1f", r.consumer_wait_seconds)});
   }
   out += status.ranks.empty() ? "no ranks attached yet\n" : ranks.Render();

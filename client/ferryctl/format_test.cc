@@ -88,7 +88,7 @@ TEST(RenderTest, IdleJobsShowHowLongAndNoRates) {
   const std::string out = RenderJobs(report);
   EXPECT_THAT(out, HasSubstr("idle 3m 10s, deleted in 6m 50s"));
   EXPECT_THAT(out, Not(HasSubstr("2560")));  // the last consumer's rate is not shown
-  idle.deleted_in_seconds = 0;  // job_idle_timeout_seconds 0: kept
+  idle.deleted_in_seconds = 0;               // job_idle_timeout_seconds 0: kept
   EXPECT_EQ(FormatJobState(idle), "idle 3m 10s");
 }
 
@@ -99,7 +99,7 @@ TEST(RenderTest, JobShowsRanksAndRecentErrors) {
   EXPECT_THAT(out, HasSubstr("WAIT S"));
   EXPECT_THAT(out, HasSubstr("1.2"));  // consumer wait seconds
   EXPECT_THAT(out, HasSubstr("SLOTS"));
-  EXPECT_THAT(out, HasSubstr(" 17 "));  // rank 0's ring
+  EXPECT_THAT(out, HasSubstr(" 17 "));      // rank 0's ring
   EXPECT_THAT(out, HasSubstr("yes, shm"));  // rank 0 takes batches through the channel
   EXPECT_THAT(out, HasSubstr("/data/train/a/bad.jpg  not a JPEG file"));
   EXPECT_THAT(out, Not(HasSubstr("copy path")));  // host transport
@@ -116,7 +116,8 @@ TEST(RenderTest, JobShowsEachDistinctCopyPath) {
   s.ranks[1].batches_copied = 50;
   s.ranks[1].batches_gathered = 5;
   std::string out = RenderJob(s);
-  EXPECT_THAT(out, HasSubstr("copy path      page-cache gather (512.0 MiB of the dataset pinned)\n"));
+  EXPECT_THAT(out,
+              HasSubstr("copy path      page-cache gather (512.0 MiB of the dataset pinned)\n"));
   EXPECT_THAT(out, HasSubstr("gathered       65 of 150 batches (the others copied by workers)\n"));
   // The default: gathered while the trainer waits, as the note says.
   for (RankStatus& r : s.ranks) {

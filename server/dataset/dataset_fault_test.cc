@@ -83,8 +83,8 @@ std::string Tar(const std::string& dir, const Members& members) {
 
 // A .npy (format 1.0) of `rows` x `cols` little-endian float32 values.
 std::string Npy(const std::vector<float>& values, int rows, int cols) {
-  std::string header = absl::StrCat("{'descr': '<f4', 'fortran_order': False, 'shape': (", rows,
-                                    ", ", cols, "), }");
+  std::string header =
+      absl::StrCat("{'descr': '<f4', 'fortran_order': False, 'shape': (", rows, ", ", cols, "), }");
   while ((10 + header.size() + 1) % 64 != 0) header.push_back(' ');
   header.push_back('\n');
   std::string out = "\x93NUMPY";
@@ -127,8 +127,8 @@ class DatasetFaultTest : public ::testing::Test {
     return source.ok() ? *std::move(source) : nullptr;
   }
   // Sample `index`'s rows, or the Fill error.
-  absl::StatusOr<std::vector<std::vector<uint8_t>>> Read(
-      const SampleSource& source, int64_t index, SampleSource::Scratch* scratch = nullptr) {
+  absl::StatusOr<std::vector<std::vector<uint8_t>>> Read(const SampleSource& source, int64_t index,
+                                                         SampleSource::Scratch* scratch = nullptr) {
     std::unique_ptr<SampleSource::Scratch> own;
     if (scratch == nullptr) {
       own = source.NewScratch();

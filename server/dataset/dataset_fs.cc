@@ -120,8 +120,8 @@ class RealDatasetFs final : public DatasetFs {
 
   absl::Status CheckPath(const std::string& path) const override {
     if (path.empty() || path[0] != '/') {
-      return absl::InvalidArgumentError(
-          absl::StrCat("dataset path ", Quoted(path), " is relative; ferryd needs an absolute path"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dataset path ", Quoted(path), " is relative; ferryd needs an absolute path"));
     }
     if (roots_.empty()) return absl::OkStatus();
     return FindRoot(NormalPath(path)).status();
@@ -223,7 +223,8 @@ class RealDatasetFs final : public DatasetFs {
     return absl::PermissionDeniedError(absl::StrCat(
         "dataset path ", Quoted(path),
         " leads outside dataset_roots through a symbolic link or '..'; ferryd reads only files "
-        "under the roots configured in ", config_path_));
+        "under the roots configured in ",
+        config_path_));
   }
 
   // Opens `path` with `flags` (O_RDONLY, maybe O_DIRECTORY) under the policy. ENOTDIR for
@@ -304,7 +305,7 @@ class RealDatasetFs final : public DatasetFs {
     absl::StatusOr<UniqueFd> fd = Open(path, O_PATH);
     struct stat st;
     if (!fd.ok() || ::fstat(fd->get(), &st) != 0) return EntryType::kSymlink;
-    return S_ISREG(st.st_mode) ? EntryType::kFile
+    return S_ISREG(st.st_mode)   ? EntryType::kFile
            : S_ISDIR(st.st_mode) ? EntryType::kDirectory
                                  : EntryType::kOther;
   }
@@ -323,9 +324,9 @@ absl::StatusOr<std::shared_ptr<const DatasetFs>> MakeDatasetFs(const DatasetAcce
   std::vector<RealDatasetFs::Root> roots;
   for (const std::string& root : access.roots) {
     if (root.empty() || root[0] != '/') {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dataset_roots entry ", Quoted(root), " is not an absolute path; fix it in ",
-          access.config_path));
+      return absl::InvalidArgumentError(absl::StrCat("dataset_roots entry ", Quoted(root),
+                                                     " is not an absolute path; fix it in ",
+                                                     access.config_path));
     }
     RealDatasetFs::Root r;
     r.configured = NormalPath(root);
@@ -397,7 +398,8 @@ namespace {
 
 class StoppableFs final : public DatasetFs {
  public:
-  StoppableFs(std::shared_ptr<const DatasetFs> fs, std::shared_ptr<const std::atomic<bool>> stopping)
+  StoppableFs(std::shared_ptr<const DatasetFs> fs,
+              std::shared_ptr<const std::atomic<bool>> stopping)
       : fs_(std::move(fs)), stopping_(std::move(stopping)) {}
 
   absl::Status CheckPath(const std::string& path) const override { return fs_->CheckPath(path); }

@@ -37,9 +37,7 @@ class DatasetFsTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  static void Write(const fs::path& path, const std::string& text) {
-    std::ofstream(path) << text;
-  }
+  static void Write(const fs::path& path, const std::string& text) { std::ofstream(path) << text; }
   std::string P(const std::string& rel) const { return (dir_ / rel).string(); }
 
   std::shared_ptr<const DatasetFs> Confined(bool follow) {
@@ -72,8 +70,8 @@ TEST_F(DatasetFsTest, FilesUnderARootAreRead) {
 
 TEST_F(DatasetFsTest, PathsOutsideTheRootsAreDeniedNamingTheRootsAndTheConfig) {
   auto strict = Confined(false);
-  for (const std::string& path : {P("other/secret/key"), P("root/../other/secret/key"),
-                                  P("roots/x"), P("roo")}) {
+  for (const std::string& path :
+       {P("other/secret/key"), P("root/../other/secret/key"), P("roots/x"), P("roo")}) {
     absl::StatusOr<std::unique_ptr<RandomAccessFile>> fd = strict->OpenFile(path);
     EXPECT_EQ(fd.status().code(), absl::StatusCode::kPermissionDenied) << path;
     EXPECT_THAT(fd.status().message(), HasSubstr("not under any configured dataset_roots"));
@@ -89,8 +87,8 @@ TEST_F(DatasetFsTest, SymlinksBelowARootAreRefusedByDefault) {
   fs::create_directory_symlink(P("other/secret"), P("root/train/dog"));
   fs::create_symlink(P("root/train/cat/a.jpg"), P("root/train/cat/inside.jpg"));
   auto strict = Confined(false);
-  for (const std::string& path : {P("root/train/cat/b.jpg"), P("root/train/dog/key"),
-                                  P("root/train/cat/inside.jpg")}) {
+  for (const std::string& path :
+       {P("root/train/cat/b.jpg"), P("root/train/dog/key"), P("root/train/cat/inside.jpg")}) {
     absl::StatusOr<std::unique_ptr<RandomAccessFile>> fd = strict->OpenFile(path);
     EXPECT_EQ(fd.status().code(), absl::StatusCode::kPermissionDenied) << path;
     EXPECT_THAT(fd.status().message(), HasSubstr("symbolic link"));
@@ -125,15 +123,15 @@ TEST_F(DatasetFsTest, ListingsReportLinksAsLinksUnlessFollowed) {
     return out;
   };
   using T = DatasetFs::EntryType;
-  EXPECT_EQ(types(*Confined(false)), (std::map<std::string, T>{
-                                         {"cat", T::kDirectory}, {"dog", T::kSymlink},
-                                         {"kitten", T::kSymlink}}));
-  EXPECT_EQ(types(*Confined(true)), (std::map<std::string, T>{
-                                        {"cat", T::kDirectory}, {"dog", T::kSymlink},
-                                        {"kitten", T::kDirectory}}));
-  EXPECT_EQ(types(*UnconfinedDatasetFs()), (std::map<std::string, T>{
-                                               {"cat", T::kDirectory}, {"dog", T::kDirectory},
-                                               {"kitten", T::kDirectory}}));
+  EXPECT_EQ(types(*Confined(false)),
+            (std::map<std::string, T>{
+                {"cat", T::kDirectory}, {"dog", T::kSymlink}, {"kitten", T::kSymlink}}));
+  EXPECT_EQ(types(*Confined(true)),
+            (std::map<std::string, T>{
+                {"cat", T::kDirectory}, {"dog", T::kSymlink}, {"kitten", T::kDirectory}}));
+  EXPECT_EQ(types(*UnconfinedDatasetFs()),
+            (std::map<std::string, T>{
+                {"cat", T::kDirectory}, {"dog", T::kDirectory}, {"kitten", T::kDirectory}}));
   EXPECT_EQ(Confined(false)->ListDirectory(P("root/train/cat/a.jpg")).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
@@ -144,8 +142,7 @@ TEST_F(DatasetFsTest, ErrorsNameThePathWithTheirClass) {
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(missing.status().message(),
               HasSubstr("dataset path '" + P("root/nope.jpg") + "' does not exist"));
-  EXPECT_EQ(strict->OpenFile(P("root/train")).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(strict->OpenFile(P("root/train")).status().code(), absl::StatusCode::kInvalidArgument);
   // A request may name a path of any length; the message quotes a bounded part of it.
   const std::string long_path = P("root/") + std::string(5000, 'a');
   absl::StatusOr<std::unique_ptr<RandomAccessFile>> too_long = strict->OpenFile(long_path);

@@ -59,8 +59,7 @@ int FaultInjectingFs::faulty_reads() const {
   return faulty_reads_;
 }
 
-std::optional<FaultInjectingFs::Faults> FaultInjectingFs::FaultsFor(
-    const std::string& path) const {
+std::optional<FaultInjectingFs::Faults> FaultInjectingFs::FaultsFor(const std::string& path) const {
   absl::MutexLock lock(&mutex_);
   for (const auto& [suffix, faults] : faults_) {
     if (absl::EndsWith(path, suffix)) return faults;

@@ -55,13 +55,10 @@ class FaultInjectingFs final : public DatasetFs {
   // ReadAt calls on files with faults, so far.
   int faulty_reads() const;
 
-  absl::Status CheckPath(const std::string& path) const override {
-    return base_->CheckPath(path);
-  }
+  absl::Status CheckPath(const std::string& path) const override { return base_->CheckPath(path); }
   absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFile(
       const std::string& path) const override;
-  absl::StatusOr<std::shared_ptr<const MappedFile>> MapFile(
-      const std::string& path) const override;
+  absl::StatusOr<std::shared_ptr<const MappedFile>> MapFile(const std::string& path) const override;
   absl::StatusOr<std::vector<Entry>> ListDirectory(const std::string& path) const override {
     return base_->ListDirectory(path);
   }

@@ -164,8 +164,7 @@ absl::StatusOr<std::unique_ptr<ImageFolderSource>> ImageFolderSource::Create(
     return top.status();
   }
   const fs::path root_path(root);
-  std::unique_ptr<ImageFolderSource> source(
-      new ImageFolderSource(root, transform, limits, fs));
+  std::unique_ptr<ImageFolderSource> source(new ImageFolderSource(root, transform, limits, fs));
   for (const DatasetFs::Entry& e : *top) {
     if (e.type == DatasetFs::EntryType::kDirectory) source->classes_.push_back(e.name);
     if (e.type == DatasetFs::EntryType::kSymlink) {
@@ -241,8 +240,8 @@ void ImageFolderSource::AppendPath(int64_t index, std::string* out) const {
 absl::Status ImageFolderSource::Fill(int64_t index, uint64_t sample_seed,
                                      absl::Span<uint8_t* const> rows, Scratch* scratch) const {
   if (index < 0 || index >= size()) {
-    return absl::OutOfRangeError(absl::StrCat("sample index ", index, " is outside [0, ", size(),
-                                              ") of '", root_, "'"));
+    return absl::OutOfRangeError(
+        absl::StrCat("sample index ", index, " is outside [0, ", size(), ") of '", root_, "'"));
   }
   if (rows.size() != fields_.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -250,8 +249,7 @@ absl::Status ImageFolderSource::Fill(int64_t index, uint64_t sample_seed,
   }
   auto* s = dynamic_cast<ImageScratch*>(scratch);
   if (s == nullptr) {
-    return absl::InvalidArgumentError(
-        "Fill needs a Scratch from this source's NewScratch()");
+    return absl::InvalidArgumentError("Fill needs a Scratch from this source's NewScratch()");
   }
   s->path.clear();  // keeps its capacity: no allocation once the longest path was seen
   AppendPath(index, &s->path);
@@ -262,8 +260,8 @@ absl::Status ImageFolderSource::Fill(int64_t index, uint64_t sample_seed,
   }
   Rng rng(sample_seed);
   absl::Status decoded =
-      DecodeAndTransform(s->decoder, absl::MakeConstSpan(s->file.data(), *length), transform_,
-                         rng, absl::MakeSpan(rows[0], fields_[0].row_bytes));
+      DecodeAndTransform(s->decoder, absl::MakeConstSpan(s->file.data(), *length), transform_, rng,
+                         absl::MakeSpan(rows[0], fields_[0].row_bytes));
   if (!decoded.ok()) {
     // The transform and the row size were validated, so what is left is the file's content.
     const absl::StatusCode code = decoded.code() == absl::StatusCode::kInvalidArgument

@@ -38,7 +38,8 @@ class ImageFolderSource final : public SampleSource {
   // follow; FAILED_PRECONDITION when it holds no JPEG in any class directory.
   static absl::StatusOr<std::unique_ptr<ImageFolderSource>> Create(
       const std::string& root, const ImageTransform& transform,
-      const DecodeLimits& limits = DecodeLimits(), std::shared_ptr<const DatasetFs> fs = UnconfinedDatasetFs());
+      const DecodeLimits& limits = DecodeLimits(),
+      std::shared_ptr<const DatasetFs> fs = UnconfinedDatasetFs());
 
   int64_t size() const override { return static_cast<int64_t>(labels_.size()); }
   const std::vector<FieldLayout>& fields() const override { return fields_; }
@@ -56,8 +57,8 @@ class ImageFolderSource final : public SampleSource {
   const ImageTransform& transform() const { return transform_; }
 
  private:
-  ImageFolderSource(std::string root, const ImageTransform& transform,
-                    const DecodeLimits& limits, std::shared_ptr<const DatasetFs> fs);
+  ImageFolderSource(std::string root, const ImageTransform& transform, const DecodeLimits& limits,
+                    std::shared_ptr<const DatasetFs> fs);
   void AppendPath(int64_t index, std::string* out) const;
 
   // Constant after construction.
@@ -66,9 +67,9 @@ class ImageFolderSource final : public SampleSource {
   const DecodeLimits limits_;
   const std::shared_ptr<const DatasetFs> fs_;
   std::vector<std::string> classes_;
-  std::vector<int32_t> labels_;        // per sample
+  std::vector<int32_t> labels_;         // per sample
   std::vector<uint64_t> name_offsets_;  // per sample + 1: names_[off[i], off[i+1])
-  std::string names_;                  // file names, concatenated
+  std::string names_;                   // file names, concatenated
   std::vector<FieldLayout> fields_;
 };
 

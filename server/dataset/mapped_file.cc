@@ -39,8 +39,7 @@ absl::StatusOr<std::shared_ptr<const MappedFile>> MappingRegistry::Map(
     const std::string& path, int fd, const FileIdentity& identity) {
   const size_t size = static_cast<size_t>(identity.size);
   if (size == 0) {
-    return std::make_shared<const MappedFile>(path, identity, absl::Span<const uint8_t>(),
-                                              nullptr);
+    return std::make_shared<const MappedFile>(path, identity, absl::Span<const uint8_t>(), nullptr);
   }
   absl::MutexLock lock(&mutex_);
   absl::erase_if(files_, [](const auto& entry) { return entry.second.expired(); });

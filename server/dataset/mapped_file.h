@@ -66,8 +66,7 @@ class MappingRegistry final {
  private:
   absl::Mutex mutex_;
   // Held across the mmap, so that two jobs opening one file at once map it once.
-  absl::flat_hash_map<FileIdentity, std::weak_ptr<const MappedFile>> files_
-      ABSL_GUARDED_BY(mutex_);
+  absl::flat_hash_map<FileIdentity, std::weak_ptr<const MappedFile>> files_ ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace ferry

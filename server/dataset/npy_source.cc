@@ -305,9 +305,11 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(absl::Span<const uint8_t> file, absl::s
     } else if (key.kind == Literal::Kind::kString && key.text == "shape") {
       shape = value;
     } else {
-      return fail(absl::StrCat("has a header key other than 'descr', 'fortran_order' and "
-                               "'shape' (key ", i / 2 + 1, " of ", parsed->items.size() / 2,
-                               "; numpy.load refuses others too): save it again with np.save"));
+      return fail(
+          absl::StrCat("has a header key other than 'descr', 'fortran_order' and "
+                       "'shape' (key ",
+                       i / 2 + 1, " of ", parsed->items.size() / 2,
+                       "; numpy.load refuses others too): save it again with np.save"));
     }
   }
   for (const auto& [value, name] :
@@ -379,8 +381,7 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(absl::Span<const uint8_t> file, absl::s
 }
 
 absl::StatusOr<std::unique_ptr<SampleSource>> OpenNpySource(const ferry::v1::NpyDataset& spec,
-                                                            RowStores stores,
-                                                            const DatasetFs& fs) {
+                                                            RowStores stores, const DatasetFs& fs) {
   if (spec.path().empty()) {
     return absl::InvalidArgumentError("dataset.npy.path must be set to a .npy file");
   }

@@ -509,9 +509,9 @@ TEST(NpyHeaderTest, MalformedFilesAreErrors) {
   // Missing keys, unknown keys, bad values; none of the header's text is quoted back.
   ExpectRefused(Npy("{'SECRET': 1, 'descr': '<f4'", Pattern(48)), "malformed header");
   ExpectRefused(Npy("['SECRET', '<f4']", Pattern(48)), "not a dict");
-  ExpectRefused(Npy("{'SECRET': 1, 'descr': '<f4', 'fortran_order': False, 'shape': (4, 3)}",
-                    Pattern(48)),
-                "header key other than");
+  ExpectRefused(
+      Npy("{'SECRET': 1, 'descr': '<f4', 'fortran_order': False, 'shape': (4, 3)}", Pattern(48)),
+      "header key other than");
   ExpectRefused(Npy("{'descr': '<f4', 'fortran_order': 'SECRET', 'shape': (4, 3)}", Pattern(48)),
                 "'fortran_order' that is not True or False");
   ExpectRefused(Npy("{'fortran_order': False, 'shape': (4, 3), }", Pattern(48)), "'descr'");

@@ -50,7 +50,9 @@ using Paths = absl::StatusOr<std::vector<std::string>>;
 
 constexpr DatasetKind kDatasetKinds[] = {
     {DatasetSpec::kImageFolder,
-     [](const DatasetSpec& d) -> Paths { return std::vector<std::string>{d.image_folder().root()}; },
+     [](const DatasetSpec& d) -> Paths {
+       return std::vector<std::string>{d.image_folder().root()};
+     },
      [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
         const SourceOptions& options) -> Opened {
        const ferry::v1::DatasetSpec& dataset = spec.dataset();
@@ -73,8 +75,8 @@ constexpr DatasetKind kDatasetKinds[] = {
        const ferry::v1::TokensDataset& tokens = spec.dataset().tokens();
        // Raw tokens where the device widens them (SourceOptions::device_widens_tokens says
        // when not).
-       const bool narrowing = tokens.token_dtype() == ferry::v1::UINT32 &&
-                              tokens.output_dtype() == ferry::v1::INT32;
+       const bool narrowing =
+           tokens.token_dtype() == ferry::v1::UINT32 && tokens.output_dtype() == ferry::v1::INT32;
        const bool raw = options.device_widens_tokens && !narrowing && !tokens.widen_on_host();
        FERRY_ASSIGN_OR_RETURN(auto source, TokenSource::Create(tokens, raw, *fs));
        return std::unique_ptr<SampleSource>(std::move(source));
@@ -100,8 +102,8 @@ constexpr DatasetKind kDatasetKinds[] = {
      [](const DatasetSpec& d) -> Paths { return std::vector<std::string>{d.records().path()}; },
      [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
         const SourceOptions& options) -> Opened {
-       FERRY_ASSIGN_OR_RETURN(auto source,
-                              RecordSource::Create(spec.dataset().records(), options.row_stores, *fs));
+       FERRY_ASSIGN_OR_RETURN(
+           auto source, RecordSource::Create(spec.dataset().records(), options.row_stores, *fs));
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
     {DatasetSpec::kNpy,

@@ -86,7 +86,8 @@ struct Rows {
 };
 
 std::unique_ptr<SampleSource> MustMake(const ferry::v1::JobSpec& spec) {
-  absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(spec, UnconfinedDatasetFs());
+  absl::StatusOr<std::unique_ptr<SampleSource>> source =
+      MakeSampleSource(spec, UnconfinedDatasetFs());
   EXPECT_TRUE(source.ok()) << source.status();
   return source.ok() ? *std::move(source) : nullptr;
 }
@@ -105,7 +106,7 @@ class ImageFolderTest : public ::testing::Test {
     Put(Root("Apple/x.jpg"), TestJpeg(96, 80, 5));
     PutText(Root("cat/notes.txt"), "not an image");
     Put(Root("cat/image.png"), TestJpeg(20, 20, 6));  // JPEG bytes, but not a .jpg name
-    fs::create_directories(Root("cat/folder.jpg"));     // a directory, not a file
+    fs::create_directories(Root("cat/folder.jpg"));   // a directory, not a file
     fs::create_directories(Root("empty_class"));
     Put(Root("stray.jpg"), TestJpeg(20, 20, 7));  // not inside a class
   }
@@ -250,12 +251,10 @@ TEST_F(ImageFolderTest, BadCallsAreRejected) {
   ASSERT_NE(source, nullptr);
   std::unique_ptr<SampleSource::Scratch> scratch = source->NewScratch();
   Rows rows(*source);
-  EXPECT_EQ(source->Fill(5, 1, rows.pointers, scratch.get()).code(),
-            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(source->Fill(5, 1, rows.pointers, scratch.get()).code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(source->Fill(-1, 1, rows.pointers, scratch.get()).code(),
             absl::StatusCode::kOutOfRange);
-  EXPECT_EQ(source->Fill(0, 1, absl::MakeConstSpan(rows.pointers.data(), 2), scratch.get())
-                .code(),
+  EXPECT_EQ(source->Fill(0, 1, absl::MakeConstSpan(rows.pointers.data(), 2), scratch.get()).code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -292,7 +291,8 @@ TEST_F(ImageFolderTest, ConcurrentFillsMatchSerial) {
 TEST(ImageFolderErrorsTest, MissingRootIsNotFound) {
   TempDir dir;
   const std::string missing = dir.path() + "/nope";
-  absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(ImageSpec(missing), UnconfinedDatasetFs());
+  absl::StatusOr<std::unique_ptr<SampleSource>> source =
+      MakeSampleSource(ImageSpec(missing), UnconfinedDatasetFs());
   EXPECT_EQ(source.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(source.status().message(), "dataset path '" + missing + "' does not exist");
 }
@@ -308,24 +308,28 @@ TEST(ImageFolderErrorsTest, RootThatIsAFileIsInvalid) {
 
 TEST(ImageFolderErrorsTest, EmptyDatasetIsFailedPrecondition) {
   TempDir dir;
-  absl::StatusOr<std::unique_ptr<SampleSource>> none = MakeSampleSource(ImageSpec(dir.path()), UnconfinedDatasetFs());
+  absl::StatusOr<std::unique_ptr<SampleSource>> none =
+      MakeSampleSource(ImageSpec(dir.path()), UnconfinedDatasetFs());
   EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(none.status().message(), HasSubstr(dir.path()));
 
   PutText(dir.path() + "/cat/readme.txt", "no images here");
   fs::create_directories(dir.path() + "/dog");
-  absl::StatusOr<std::unique_ptr<SampleSource>> no_jpeg = MakeSampleSource(ImageSpec(dir.path()), UnconfinedDatasetFs());
+  absl::StatusOr<std::unique_ptr<SampleSource>> no_jpeg =
+      MakeSampleSource(ImageSpec(dir.path()), UnconfinedDatasetFs());
   EXPECT_EQ(no_jpeg.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(no_jpeg.status().message(), HasSubstr("2 class directories"));
   EXPECT_THAT(no_jpeg.status().message(), HasSubstr(".jpg"));
 }
 
 TEST(ImageFolderErrorsTest, UnsetRootOrKindIsInvalid) {
-  absl::StatusOr<std::unique_ptr<SampleSource>> no_root = MakeSampleSource(ImageSpec(""), UnconfinedDatasetFs());
+  absl::StatusOr<std::unique_ptr<SampleSource>> no_root =
+      MakeSampleSource(ImageSpec(""), UnconfinedDatasetFs());
   EXPECT_EQ(no_root.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(no_root.status().message(), HasSubstr("dataset.image_folder.root"));
 
-  absl::StatusOr<std::unique_ptr<SampleSource>> no_kind = MakeSampleSource(ferry::v1::JobSpec(), UnconfinedDatasetFs());
+  absl::StatusOr<std::unique_ptr<SampleSource>> no_kind =
+      MakeSampleSource(ferry::v1::JobSpec(), UnconfinedDatasetFs());
   EXPECT_EQ(no_kind.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(no_kind.status().message(), HasSubstr("dataset.image_folder or dataset.tokens"));
 }
@@ -384,7 +388,8 @@ TEST(TransformSpecTest, InvalidSpecsNameTheField) {
     return s;
   };
   cases.push_back({"no kind", ferry::v1::TransformSpec(), {"transform must be set"}});
-  cases.push_back({"rrc size 0", rrc(0), {"transform.random_resized_crop.size must be at least 1"}});
+  cases.push_back(
+      {"rrc size 0", rrc(0), {"transform.random_resized_crop.size must be at least 1"}});
   cases.push_back({"rrc size huge", rrc(100000), {"transform.random_resized_crop.size", "100000"}});
   {
     ferry::v1::TransformSpec s;
@@ -401,13 +406,14 @@ TEST(TransformSpecTest, InvalidSpecsNameTheField) {
     ferry::v1::TransformSpec s = rrc(224);
     s.mutable_random_resized_crop()->set_scale_min(0.9f);
     s.mutable_random_resized_crop()->set_scale_max(0.5f);
-    cases.push_back({"scale inverted", s,
-                     {"transform.random_resized_crop.scale_min (0.9", "scale_max (0.5"}});
+    cases.push_back(
+        {"scale inverted", s, {"transform.random_resized_crop.scale_min (0.9", "scale_max (0.5"}});
   }
   {
     ferry::v1::TransformSpec s = rrc(224);
     s.mutable_random_resized_crop()->set_scale_max(0.05f);  // below the default scale_min
-    cases.push_back({"scale inverted by default", s,
+    cases.push_back({"scale inverted by default",
+                     s,
                      {"transform.random_resized_crop.scale_min (0.08", "scale_max (0.05"}});
   }
   {
@@ -438,7 +444,8 @@ TEST(TransformSpecTest, InvalidSpecsNameTheField) {
     ferry::v1::JobSpec job;
     job.mutable_dataset()->mutable_image_folder()->set_root(dir.path());
     *job.mutable_transform() = c.spec;
-    absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(job, UnconfinedDatasetFs());
+    absl::StatusOr<std::unique_ptr<SampleSource>> source =
+        MakeSampleSource(job, UnconfinedDatasetFs());
     EXPECT_EQ(source.status().code(), absl::StatusCode::kInvalidArgument) << c.what;
     EXPECT_EQ(source.status().message(), t.status().message()) << c.what;
   }
@@ -534,8 +541,7 @@ TEST(TokensTest, SampleCountAtTheEdges) {
     uint32_t seq_len;
     int64_t samples;
   };
-  for (Case c : {Case{11, 10, 1}, Case{20, 10, 1}, Case{21, 10, 2}, Case{2, 1, 1},
-                 Case{5, 1, 4}}) {
+  for (Case c : {Case{11, 10, 1}, Case{20, 10, 1}, Case{21, 10, 2}, Case{2, 1, 1}, Case{5, 1, 4}}) {
     std::vector<uint16_t> tokens(c.tokens);
     for (int k = 0; k < c.tokens; ++k) tokens[k] = static_cast<uint16_t>(k);
     WriteTokens(path, tokens);
@@ -643,41 +649,65 @@ TEST(TokensTest, InvalidSpecsNameTheField) {
     std::vector<std::string> substrings;
   };
   std::vector<Case> cases = {
-      {"seq_len 0", TokenSpec(path, ferry::v1::UINT16, 0), absl::StatusCode::kInvalidArgument,
+      {"seq_len 0",
+       TokenSpec(path, ferry::v1::UINT16, 0),
+       absl::StatusCode::kInvalidArgument,
        {"dataset.tokens.seq_len must be at least 1"}},
-      {"token dtype unset", TokenSpec(path, ferry::v1::DTYPE_UNSPECIFIED, 4),
+      {"token dtype unset",
+       TokenSpec(path, ferry::v1::DTYPE_UNSPECIFIED, 4),
        absl::StatusCode::kInvalidArgument,
        {"dataset.tokens.token_dtype", "UINT16 or UINT32", "DTYPE_UNSPECIFIED"}},
-      {"token dtype int64", TokenSpec(path, ferry::v1::INT64, 4),
-       absl::StatusCode::kInvalidArgument, {"dataset.tokens.token_dtype", "INT64"}},
-      {"token dtype uint8", TokenSpec(path, ferry::v1::UINT8, 4),
-       absl::StatusCode::kInvalidArgument, {"dataset.tokens.token_dtype"}},
-      {"output float32", TokenSpec(path, ferry::v1::UINT16, 4, ferry::v1::FLOAT32),
-       absl::StatusCode::kInvalidArgument, {"dataset.tokens.output_dtype", "INT64", "INT32",
-                                            "FLOAT32"}},
-      {"output uint16", TokenSpec(path, ferry::v1::UINT16, 4, ferry::v1::UINT16),
-       absl::StatusCode::kInvalidArgument, {"dataset.tokens.output_dtype"}},
-      {"size not multiple of 4", TokenSpec(path + "x", ferry::v1::UINT32, 4),
-       absl::StatusCode::kInvalidArgument, {"not a multiple of 4", "token_dtype"}},
-      {"too short", TokenSpec(path, ferry::v1::UINT16, 100),
-       absl::StatusCode::kFailedPrecondition, {path, "100 tokens", "seq_len"}},
-      {"missing", TokenSpec(dir.path() + "/missing.bin", ferry::v1::UINT16, 4),
+      {"token dtype int64",
+       TokenSpec(path, ferry::v1::INT64, 4),
+       absl::StatusCode::kInvalidArgument,
+       {"dataset.tokens.token_dtype", "INT64"}},
+      {"token dtype uint8",
+       TokenSpec(path, ferry::v1::UINT8, 4),
+       absl::StatusCode::kInvalidArgument,
+       {"dataset.tokens.token_dtype"}},
+      {"output float32",
+       TokenSpec(path, ferry::v1::UINT16, 4, ferry::v1::FLOAT32),
+       absl::StatusCode::kInvalidArgument,
+       {"dataset.tokens.output_dtype", "INT64", "INT32", "FLOAT32"}},
+      {"output uint16",
+       TokenSpec(path, ferry::v1::UINT16, 4, ferry::v1::UINT16),
+       absl::StatusCode::kInvalidArgument,
+       {"dataset.tokens.output_dtype"}},
+      {"size not multiple of 4",
+       TokenSpec(path + "x", ferry::v1::UINT32, 4),
+       absl::StatusCode::kInvalidArgument,
+       {"not a multiple of 4", "token_dtype"}},
+      {"too short",
+       TokenSpec(path, ferry::v1::UINT16, 100),
+       absl::StatusCode::kFailedPrecondition,
+       {path, "100 tokens", "seq_len"}},
+      {"missing",
+       TokenSpec(dir.path() + "/missing.bin", ferry::v1::UINT16, 4),
        absl::StatusCode::kNotFound,
        {"dataset path '" + dir.path() + "/missing.bin' does not exist"}},
-      {"directory", TokenSpec(dir.path(), ferry::v1::UINT16, 4),
-       absl::StatusCode::kInvalidArgument, {"not a regular file"}},
-      {"empty file", TokenSpec(dir.path() + "/empty.bin", ferry::v1::UINT16, 4),
-       absl::StatusCode::kFailedPrecondition, {"holds 0 tokens"}},
-      {"odd size", TokenSpec(dir.path() + "/odd.bin", ferry::v1::UINT16, 4),
-       absl::StatusCode::kInvalidArgument, {"is 201 bytes", "not a multiple of 2"}},
-      {"no path", TokenSpec("", ferry::v1::UINT16, 4), absl::StatusCode::kInvalidArgument,
+      {"directory",
+       TokenSpec(dir.path(), ferry::v1::UINT16, 4),
+       absl::StatusCode::kInvalidArgument,
+       {"not a regular file"}},
+      {"empty file",
+       TokenSpec(dir.path() + "/empty.bin", ferry::v1::UINT16, 4),
+       absl::StatusCode::kFailedPrecondition,
+       {"holds 0 tokens"}},
+      {"odd size",
+       TokenSpec(dir.path() + "/odd.bin", ferry::v1::UINT16, 4),
+       absl::StatusCode::kInvalidArgument,
+       {"is 201 bytes", "not a multiple of 2"}},
+      {"no path",
+       TokenSpec("", ferry::v1::UINT16, 4),
+       absl::StatusCode::kInvalidArgument,
        {"dataset.tokens.path"}},
   };
   WriteTokens(path + "x", std::vector<uint16_t>(51, 1));  // 102 bytes
   PutText(dir.path() + "/empty.bin", "");
   PutText(dir.path() + "/odd.bin", std::string(201, 'x'));
   for (const Case& c : cases) {
-    absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(c.spec, UnconfinedDatasetFs());
+    absl::StatusOr<std::unique_ptr<SampleSource>> source =
+        MakeSampleSource(c.spec, UnconfinedDatasetFs());
     EXPECT_EQ(source.status().code(), c.code) << c.what << ": " << source.status();
     for (const std::string& sub : c.substrings) {
       EXPECT_THAT(source.status().message(), HasSubstr(sub)) << c.what;

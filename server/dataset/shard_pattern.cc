@@ -14,16 +14,15 @@ namespace {
 constexpr size_t kMaxQuoted = 200;
 
 absl::Status Bad(const std::string& pattern, const std::string& why) {
-  const std::string quoted = pattern.size() <= kMaxQuoted
-                                 ? pattern
-                                 : absl::StrCat(pattern.substr(0, kMaxQuoted), "...");
+  const std::string quoted =
+      pattern.size() <= kMaxQuoted ? pattern : absl::StrCat(pattern.substr(0, kMaxQuoted), "...");
   return absl::InvalidArgumentError(absl::StrCat("shard pattern '", quoted, "': ", why));
 }
 
 absl::Status TooMany(const std::string& pattern) {
-  return Bad(pattern, absl::StrCat("the shard list expands to more than ", kMaxShardNames,
-                                   " names or ", kMaxShardNameBytes >> 20,
-                                   " MiB of names; list fewer, larger shards"));
+  return Bad(pattern,
+             absl::StrCat("the shard list expands to more than ", kMaxShardNames, " names or ",
+                          kMaxShardNameBytes >> 20, " MiB of names; list fewer, larger shards"));
 }
 
 // Alternatives of one brace group's body: "000..146" or "a,b,c".
@@ -67,11 +66,10 @@ absl::StatusOr<std::vector<std::string>> ExpandShardPattern(const std::string& p
     if (close_before != std::string::npos && (open == std::string::npos || close_before < open)) {
       return Bad(pattern, "'}' without '{'");
     }
-    const std::string literal = pattern.substr(pos, open == std::string::npos ? std::string::npos
-                                                                               : open - pos);
-    if (literal.size() > 0 &&
-        (names.size() > max_bytes / literal.size() ||
-         bytes + names.size() * literal.size() > max_bytes)) {
+    const std::string literal =
+        pattern.substr(pos, open == std::string::npos ? std::string::npos : open - pos);
+    if (literal.size() > 0 && (names.size() > max_bytes / literal.size() ||
+                               bytes + names.size() * literal.size() > max_bytes)) {
       return TooMany(pattern);
     }
     bytes += names.size() * literal.size();
@@ -87,8 +85,7 @@ absl::StatusOr<std::vector<std::string>> ExpandShardPattern(const std::string& p
     // Every name is copied once per alternative, and each alternative once per name.
     size_t alternative_bytes = 0;
     for (const std::string& a : *alternatives) alternative_bytes += a.size();
-    if (bytes > max_bytes / alternatives->size() ||
-        alternative_bytes > max_bytes / names.size() ||
+    if (bytes > max_bytes / alternatives->size() || alternative_bytes > max_bytes / names.size() ||
         bytes * alternatives->size() + alternative_bytes * names.size() > max_bytes) {
       return TooMany(pattern);
     }

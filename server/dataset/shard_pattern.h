@@ -23,9 +23,9 @@ inline constexpr size_t kMaxShardNameBytes = size_t{64} << 20;
 // INVALID_ARGUMENT naming the pattern (its first 200 bytes) for an unbalanced or empty group,
 // a reversed range, or an expansion past `max_names` names or `max_bytes` bytes (checked
 // before the names are made).
-absl::StatusOr<std::vector<std::string>> ExpandShardPattern(
-    const std::string& pattern, size_t max_names = kMaxShardNames,
-    size_t max_bytes = kMaxShardNameBytes);
+absl::StatusOr<std::vector<std::string>> ExpandShardPattern(const std::string& pattern,
+                                                            size_t max_names = kMaxShardNames,
+                                                            size_t max_bytes = kMaxShardNameBytes);
 
 // All patterns expanded, in order, within kMaxShardNames and kMaxShardNameBytes together.
 absl::StatusOr<std::vector<std::string>> ExpandShardPatterns(

@@ -28,8 +28,8 @@ TEST(ShardPatternTest, ListsAndSeveralGroupsExpandLeftToRight) {
 }
 
 TEST(ShardPatternTest, MalformedPatternsNameThePattern) {
-  for (const char* bad : {"a{0..2", "a}0", "a{}", "a{3..1}", "a{x..y}", "a{{0..1}}",
-                          "a{0..99999999999}"}) {
+  for (const char* bad :
+       {"a{0..2", "a}0", "a{}", "a{3..1}", "a{x..y}", "a{{0..1}}", "a{0..99999999999}"}) {
     auto r = ExpandShardPattern(bad);
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
@@ -42,7 +42,7 @@ TEST(ShardPatternTest, MalformedPatternsNameThePattern) {
 TEST(ShardPatternTest, ExpansionsAreBoundedInNamesAndBytesBeforeAnyIsMade) {
   const absl::Time start = absl::Now();
   for (const std::vector<std::string>& too_many : std::vector<std::vector<std::string>>{
-           {"/d/{0..9999999}.tar"},                               // one range
+           {"/d/{0..9999999}.tar"},                              // one range
            {"/d/{0..999}-{0..999}-{0..9}.tar"},                  // groups multiplying
            {"/d/{0..999999}.tar", "/d/x.tar"},                   // several patterns together
            {"/d/" + std::string(4000, 'p') + "{0..99999}.tar"},  // 400 MB of names

@@ -184,9 +184,9 @@ class FileTarReader final : public TarReader {
     absl::StatusOr<size_t> n = ReadUpTo(file_, offset, out);
     if (!n.ok()) return n.status();
     if (*n < out.size()) {
-      return absl::DataLossError(absl::StrCat(
-          "the file is shorter than the ", file_.size(), " bytes it had when opened (it changed "
-          "while being indexed)"));
+      return absl::DataLossError(absl::StrCat("the file is shorter than the ", file_.size(),
+                                              " bytes it had when opened (it changed "
+                                              "while being indexed)"));
     }
     return absl::OkStatus();
   }
@@ -252,8 +252,7 @@ absl::StatusOr<TarIndex> Scanner::Run() {
     if (!ChecksumMatches(block, &why)) return Corrupt(offset, why);
     const std::optional<uint64_t> header_size = ParseNumber(&block[kSizeOffset], kSizeSize);
     if (!header_size.has_value()) {
-      return Corrupt(offset, absl::StrCat("size field '",
-                                          FieldText(&block[kSizeOffset], kSizeSize),
+      return Corrupt(offset, absl::StrCat("size field '", FieldText(&block[kSizeOffset], kSizeSize),
                                           "' is not an octal or base-256 number"));
     }
     if (member_start == kNoMember) member_start = offset;
@@ -263,9 +262,9 @@ absl::StatusOr<TarIndex> Scanner::Run() {
     // Headers that describe the next member.
     if (type == 'x' || type == 'X' || type == 'L') {
       if (*header_size > kMaxMetaBytes) {
-        return Corrupt(offset, absl::StrCat(type == 'L' ? "GNU long name" : "pax header",
-                                            " of ", *header_size, " bytes (more than ",
-                                            kMaxMetaBytes, ")"));
+        return Corrupt(
+            offset, absl::StrCat(type == 'L' ? "GNU long name" : "pax header", " of ", *header_size,
+                                 " bytes (more than ", kMaxMetaBytes, ")"));
       }
       if (!Fits(data_offset, *header_size)) {
         Truncate(member_start, "");
@@ -362,9 +361,10 @@ absl::StatusOr<TarIndex> Scanner::Run() {
       break;
     }
     if (regular) {
-      index_.members.push_back(TarMember{
-          .name = std::move(name), .header_offset = start, .data_offset = data_begin,
-          .size = size});
+      index_.members.push_back(TarMember{.name = std::move(name),
+                                         .header_offset = start,
+                                         .data_offset = data_begin,
+                                         .size = size});
     }
     offset = data_begin + RoundUpToBlock(size);
   }
@@ -377,8 +377,7 @@ absl::StatusOr<TarIndex> IndexTar(const std::string& shard, const TarReader& rea
   return Scanner(shard, reader).Run();
 }
 
-absl::StatusOr<TarIndex> IndexTarBytes(const std::string& shard,
-                                       absl::Span<const uint8_t> bytes) {
+absl::StatusOr<TarIndex> IndexTarBytes(const std::string& shard, absl::Span<const uint8_t> bytes) {
   return IndexTar(shard, MemoryTarReader(bytes));
 }
 

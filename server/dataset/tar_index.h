@@ -60,7 +60,7 @@ class TarReader {
 };
 
 struct TarMember {
-  std::string name;           // pax path, else GNU long name, else prefix/name
+  std::string name;            // pax path, else GNU long name, else prefix/name
   uint64_t header_offset = 0;  // first header block of the member (pax/long-name included)
   uint64_t data_offset = 0;    // data_offset + size <= file size, always
   uint64_t size = 0;
@@ -84,15 +84,14 @@ struct TarIndex {
 // reader's error, with the shard and offset added, when a read fails.
 absl::StatusOr<TarIndex> IndexTar(const std::string& shard, const TarReader& reader);
 
-// Indexes the tar file at `path`, opened and read through `fs`. NOT_FOUND "dataset path '<path>' does not
-// exist", PERMISSION_DENIED and other open errors name the path; INVALID_ARGUMENT when it is
-// not a regular file.
+// Indexes the tar file at `path`, opened and read through `fs`. NOT_FOUND "dataset path '<path>'
+// does not exist", PERMISSION_DENIED and other open errors name the path; INVALID_ARGUMENT when it
+// is not a regular file.
 absl::StatusOr<TarIndex> IndexTarFile(const std::string& path,
                                       const DatasetFs& fs = *UnconfinedDatasetFs());
 
 // Indexes an archive held in memory (tests, tools).
-absl::StatusOr<TarIndex> IndexTarBytes(const std::string& shard,
-                                       absl::Span<const uint8_t> bytes);
+absl::StatusOr<TarIndex> IndexTarBytes(const std::string& shard, absl::Span<const uint8_t> bytes);
 
 }  // namespace ferry
 

@@ -65,7 +65,10 @@ class TarBuilder {
     std::memcpy(block + 136, "14672535164", 12);  // mtime
     block[156] = static_cast<uint8_t>(h.type);
     if (h.magic == Magic::kPosix) {
-      std::memcpy(block + 257, "ustar\0" "00", 8);
+      std::memcpy(block + 257,
+                  "ustar\0"
+                  "00",
+                  8);
       std::memcpy(block + 345, h.prefix.data(), std::min<size_t>(h.prefix.size(), 155));
     } else if (h.magic == Magic::kGnu) {
       std::memcpy(block + 257, "ustar  \0", 8);
@@ -101,8 +104,8 @@ class TarBuilder {
 
   // A GNU long-name header for the next member.
   size_t AddLongName(const std::string& name) {
-    const size_t at = AddHeader({.name = "././@LongLink", .size = name.size() + 1, .type = 'L',
-                                 .magic = Magic::kGnu});
+    const size_t at = AddHeader(
+        {.name = "././@LongLink", .size = name.size() + 1, .type = 'L', .magic = Magic::kGnu});
     AddData(name + std::string(1, '\0'));
     return at;
   }
@@ -141,9 +144,7 @@ std::string ContentOf(const std::vector<uint8_t>& tar, const TarMember& m) {
 struct NameAndContent {
   std::string name;
   std::string content;
-  bool operator==(const NameAndContent& o) const {
-    return name == o.name && content == o.content;
-  }
+  bool operator==(const NameAndContent& o) const { return name == o.name && content == o.content; }
 };
 
 std::vector<NameAndContent> Listing(const std::vector<uint8_t>& tar, const TarIndex& index) {
@@ -216,9 +217,9 @@ TEST(TarIndexTest, GnuLongNamesAndGlobalHeaders) {
   tar.AddFile("short.jpg", "j", TarBuilder::Magic::kGnu);
   tar.End();
   const TarIndex index = IndexOk(tar.bytes());
-  EXPECT_THAT(Listing(tar.bytes(), index),
-              ::testing::ElementsAre(NameAndContent{long_name, "7"},
-                                     NameAndContent{"short.jpg", "j"}));
+  EXPECT_THAT(
+      Listing(tar.bytes(), index),
+      ::testing::ElementsAre(NameAndContent{long_name, "7"}, NameAndContent{"short.jpg", "j"}));
 }
 
 TEST(TarIndexTest, SkipsDirectoriesLinksAndOtherTypes) {
@@ -231,7 +232,10 @@ TEST(TarIndexTest, SkipsDirectoriesLinksAndOtherTypes) {
   tar.AddHeader({.name = "dumpdir", .size = 5, .type = 'D', .magic = TarBuilder::Magic::kGnu});
   tar.AddData("abcde");
   // Old GNU sparse with one extension block before its data.
-  tar.AddHeader({.name = "sparse", .size = 3, .type = 'S', .magic = TarBuilder::Magic::kGnu,
+  tar.AddHeader({.name = "sparse",
+                 .size = 3,
+                 .type = 'S',
+                 .magic = TarBuilder::Magic::kGnu,
                  .extended_sparse = true});
   tar.AddData(std::string(kBlock, '\0'));  // the extension block, isextended = 0
   tar.AddData("xyz");
@@ -326,11 +330,14 @@ TEST(TarIndexTest, CorruptHeadersNameShardAndOffset) {
   };
   const Case cases[] = {
       {"checksum", {.name = "x.jpg", .size = 1, .bad_checksum = true}, "checksum mismatch"},
-      {"octal size", {.name = "x.jpg", .size_text = "00000000x12"},
+      {"octal size",
+       {.name = "x.jpg", .size_text = "00000000x12"},
        "size field '00000000x12' is not an octal or base-256 number"},
-      {"negative base-256", {.name = "x.jpg", .size_text = "\xff\xff\xff\xff\xff\xff"},
+      {"negative base-256",
+       {.name = "x.jpg", .size_text = "\xff\xff\xff\xff\xff\xff"},
        "is not an octal or base-256 number"},
-      {"huge long name", {.name = "L", .size = 5u << 20, .type = 'L'},
+      {"huge long name",
+       {.name = "L", .size = 5u << 20, .type = 'L'},
        "GNU long name of 5242880 bytes"},
   };
   for (const Case& c : cases) {
@@ -358,8 +365,8 @@ TEST(TarIndexTest, MalformedPaxRecordsAreCorrupt) {
   const std::vector<std::string> payloads = {
       "garbage without length\n",
       "99 path=too-long-a-length\n",
-      "12 path=abc.",    // no newline
-      "9 nokey\n\n",     // no '='
+      "12 path=abc.",      // no newline
+      "9 nokey\n\n",       // no '='
       "15 size=12x456\n",  // not a number
       "3 \n",
   };
@@ -378,8 +385,7 @@ TEST(TarIndexTest, MalformedPaxRecordsAreCorrupt) {
 class TempFile {
  public:
   explicit TempFile(const std::vector<uint8_t>& bytes) {
-    std::string tmpl =
-        (std::filesystem::temp_directory_path() / "ferry_tar_XXXXXX").string();
+    std::string tmpl = (std::filesystem::temp_directory_path() / "ferry_tar_XXXXXX").string();
     const int fd = ::mkstemp(tmpl.data());
     EXPECT_GE(fd, 0);
     path_ = tmpl;
@@ -402,13 +408,11 @@ TEST(TarIndexTest, IndexTarFileReadsFilesAndNamesErrors) {
   absl::StatusOr<TarIndex> index = IndexTarFile(file.path());
   ASSERT_TRUE(index.ok()) << index.status();
   EXPECT_THAT(Listing(tar.bytes(), *index),
-              ::testing::ElementsAre(NameAndContent{"a.jpg", "aaa"},
-                                     NameAndContent{"a.cls", "1"}));
+              ::testing::ElementsAre(NameAndContent{"a.jpg", "aaa"}, NameAndContent{"a.cls", "1"}));
 
   index = IndexTarFile("/nonexistent/shard-000.tar");
   EXPECT_EQ(index.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(index.status().message(),
-            "dataset path '/nonexistent/shard-000.tar' does not exist");
+  EXPECT_EQ(index.status().message(), "dataset path '/nonexistent/shard-000.tar' does not exist");
   index = IndexTarFile(std::filesystem::temp_directory_path().string());
   EXPECT_EQ(index.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(index.status().message(), HasSubstr("is not a regular file"));
@@ -438,8 +442,8 @@ std::vector<uint8_t> WriteWithLibarchive(int format, const std::vector<OracleEnt
     archive_entry_set_perm(entry, 0644);
     archive_entry_set_mtime(entry, 1700000000, 0);
     if (e.type == AE_IFLNK) archive_entry_set_symlink(entry, "target.jpg");
-    archive_entry_set_size(entry, e.type == AE_IFREG ? static_cast<la_int64_t>(e.content.size())
-                                                    : 0);
+    archive_entry_set_size(entry,
+                           e.type == AE_IFREG ? static_cast<la_int64_t>(e.content.size()) : 0);
     EXPECT_EQ(archive_write_header(a, entry), ARCHIVE_OK)
         << e.name << ": " << archive_error_string(a);
     if (e.type == AE_IFREG && !e.content.empty()) {
@@ -552,7 +556,10 @@ std::vector<uint8_t> FuzzSeedArchive() {
   tar.AddData(std::string(33, 's'));
   tar.AddHeader({.name = "3.jpg", .size = 513, .base256_size = true});
   tar.AddData(std::string(513, 'b'));
-  tar.AddHeader({.name = "sparse", .size = 10, .type = 'S', .magic = TarBuilder::Magic::kGnu,
+  tar.AddHeader({.name = "sparse",
+                 .size = 10,
+                 .type = 'S',
+                 .magic = TarBuilder::Magic::kGnu,
                  .extended_sparse = true});
   tar.AddData(std::string(kBlock, '\0'));
   tar.AddData(std::string(10, 'x'));

@@ -80,10 +80,10 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Create(
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, fs.MapFile(spec.path()));
   const size_t bytes = file->bytes().size();
   if (bytes % token_bytes != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "token file '", spec.path(), "' is ", bytes, " bytes, not a multiple of ", token_bytes,
-        " (the size of dataset.tokens.token_dtype ", ferry::v1::DType_Name(spec.token_dtype()),
-        "); is token_dtype right?"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("token file '", spec.path(), "' is ", bytes, " bytes, not a multiple of ",
+                     token_bytes, " (the size of dataset.tokens.token_dtype ",
+                     ferry::v1::DType_Name(spec.token_dtype()), "); is token_dtype right?"));
   }
   const int64_t num_tokens = static_cast<int64_t>(bytes / token_bytes);
   const int64_t seq_len = spec.seq_len();
@@ -112,11 +112,11 @@ TokenSource::TokenSource(std::shared_ptr<const MappedFile> file, size_t token_by
       raw_(raw) {
   const DType row_dtype =
       raw ? (token_bytes == 2 ? ferry::v1::UINT16 : ferry::v1::UINT32) : output_dtype;
-  fields_.push_back(FieldLayout{.name = "tokens",
-                                .dtype = row_dtype,
-                                .shape = {seq_len + 1},
-                                .row_bytes = static_cast<size_t>(seq_len + 1) *
-                                             DTypeSize(row_dtype)});
+  fields_.push_back(
+      FieldLayout{.name = "tokens",
+                  .dtype = row_dtype,
+                  .shape = {seq_len + 1},
+                  .row_bytes = static_cast<size_t>(seq_len + 1) * DTypeSize(row_dtype)});
   fields_.push_back(
       FieldLayout{.name = "index", .dtype = ferry::v1::INT64, .shape = {}, .row_bytes = 8});
 }
@@ -125,8 +125,8 @@ std::unique_ptr<SampleSource::Scratch> TokenSource::NewScratch() const {
   return std::make_unique<NoScratch>();
 }
 
-absl::Status TokenSource::Fill(int64_t index, uint64_t sample_seed,
-                               absl::Span<uint8_t* const> rows, Scratch* scratch) const {
+absl::Status TokenSource::Fill(int64_t index, uint64_t sample_seed, absl::Span<uint8_t* const> rows,
+                               Scratch* scratch) const {
   if (index < 0 || index >= num_samples_) {
     return absl::OutOfRangeError(absl::StrCat("sample index ", index, " is outside [0, ",
                                               num_samples_, ") of '", file_->path(), "'"));
@@ -150,10 +150,10 @@ absl::Status TokenSource::Fill(int64_t index, uint64_t sample_seed,
   }
   if (overflow >= 0) {
     const int64_t token = index * seq_len_ + overflow;
-    return absl::DataLossError(absl::StrCat(
-        "token ", token, " of '", file_->path(), "' (value ",
-        LoadLittleEndian<uint32_t>(src + overflow * token_bytes_),
-        ") does not fit dataset.tokens.output_dtype INT32; use INT64"));
+    return absl::DataLossError(
+        absl::StrCat("token ", token, " of '", file_->path(), "' (value ",
+                     LoadLittleEndian<uint32_t>(src + overflow * token_bytes_),
+                     ") does not fit dataset.tokens.output_dtype INT32; use INT64"));
   }
   std::memcpy(rows[1], &index, sizeof(index));
   return absl::OkStatus();

@@ -46,8 +46,8 @@ class TokenSource final : public SampleSource {
 
   // Constant after construction.
   const std::shared_ptr<const MappedFile> file_;  // shared with other jobs over the file
-  const size_t token_bytes_;  // 2 or 4
-  const ferry::v1::DType output_dtype_;  // INT64 or INT32
+  const size_t token_bytes_;                      // 2 or 4
+  const ferry::v1::DType output_dtype_;           // INT64 or INT32
   const int64_t seq_len_;
   const int64_t num_samples_;
   const bool raw_;

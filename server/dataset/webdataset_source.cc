@@ -68,8 +68,7 @@ std::string NormalizeKey(const std::string& key, const char* fallback) {
 bool MatchesKey(absl::string_view lower_extension, const std::string& key) {
   if (lower_extension == key) return true;
   // "jpg" and "jpeg" name the same thing.
-  return (key == "jpg" && lower_extension == "jpeg") ||
-         (key == "jpeg" && lower_extension == "jpg");
+  return (key == "jpg" && lower_extension == "jpeg") || (key == "jpeg" && lower_extension == "jpg");
 }
 
 // Reads `bytes` bytes at `offset`. The error says what went wrong, not where: the caller
@@ -79,9 +78,9 @@ absl::Status ReadExactly(const RandomAccessFile& file, uint64_t offset, uint8_t*
   absl::StatusOr<size_t> n = ReadUpTo(file, offset, absl::MakeSpan(out, bytes));
   if (!n.ok()) return n.status();
   if (*n < bytes) {
-    return absl::DataLossError(absl::StrCat(
-        "the shard ends at byte ", offset + *n,
-        ", before the member does; it changed after the job indexed it"));
+    return absl::DataLossError(
+        absl::StrCat("the shard ends at byte ", offset + *n,
+                     ", before the member does; it changed after the job indexed it"));
   }
   return absl::OkStatus();
 }
@@ -94,7 +93,7 @@ absl::Status ReadError(const absl::Status& status, const std::string& member) {
 }  // namespace
 
 struct WebDatasetSource::ShardResult {
-  std::vector<Sample> samples;  // label_spelling indexes label_spellings below
+  std::vector<Sample> samples;         // label_spelling indexes label_spellings below
   std::vector<uint64_t> name_lengths;  // per sample
   std::string names;
   std::vector<std::string> label_spellings;
@@ -137,8 +136,7 @@ absl::StatusOr<WebDatasetSource::ShardResult> WebDatasetSource::IndexShard(
       auto it = std::find(spellings.begin(), spellings.end(), label_spelling);
       if (it == spellings.end()) {
         // Past 65535 distinct spellings (absurd), messages name the first one.
-        it = spellings.size() < kNoLabel ? spellings.insert(it, label_spelling)
-                                         : spellings.begin();
+        it = spellings.size() < kNoLabel ? spellings.insert(it, label_spelling) : spellings.begin();
       }
       sample.label_spelling = static_cast<uint16_t>(it - spellings.begin());
     }
@@ -173,9 +171,9 @@ absl::StatusOr<WebDatasetSource::ShardResult> WebDatasetSource::IndexShard(
     // The member cut off may belong to the last sample (its label, say): drop that sample
     // rather than serve it with a missing field.
     absl::string_view cut_base, cut_extension;
-    const bool maybe_same = tar->truncated_member.empty() ||
-                            (SplitMemberName(tar->truncated_member, &cut_base, &cut_extension) &&
-                             cut_base == basename);
+    const bool maybe_same =
+        tar->truncated_member.empty() ||
+        (SplitMemberName(tar->truncated_member, &cut_base, &cut_extension) && cut_base == basename);
     if (maybe_same && !basename.empty()) {
       ++result.stats.truncated_samples;
       basename.clear();
@@ -189,8 +187,8 @@ absl::StatusOr<WebDatasetSource::ShardResult> WebDatasetSource::IndexShard(
 }
 
 absl::StatusOr<std::unique_ptr<WebDatasetSource>> WebDatasetSource::Create(
-    const ferry::v1::WebDataset& spec, const ImageTransform& transform,
-    const DecodeLimits& limits, std::shared_ptr<const DatasetFs> fs) {
+    const ferry::v1::WebDataset& spec, const ImageTransform& transform, const DecodeLimits& limits,
+    std::shared_ptr<const DatasetFs> fs) {
   if (spec.shards().empty()) {
     return absl::InvalidArgumentError(
         "dataset.webdataset.shards must list at least one .tar path or pattern, e.g. "
@@ -199,22 +197,20 @@ absl::StatusOr<std::unique_ptr<WebDatasetSource>> WebDatasetSource::Create(
   const std::string image_key = NormalizeKey(spec.image_key(), "jpg");
   const std::string label_key = NormalizeKey(spec.label_key(), "cls");
   if (image_key.empty() || label_key.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dataset.webdataset.", image_key.empty() ? "image_key" : "label_key",
-        " must be a member extension such as \"jpg\" or \"cls\" (got \".\")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset.webdataset.", image_key.empty() ? "image_key" : "label_key",
+                     " must be a member extension such as \"jpg\" or \"cls\" (got \".\")"));
   }
   if (MatchesKey(label_key, image_key)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "dataset.webdataset.image_key and label_key must differ (both are \"", image_key,
-        "\")"));
+        "dataset.webdataset.image_key and label_key must differ (both are \"", image_key, "\")"));
   }
-  FERRY_ASSIGN_OR_RETURN(
-      std::vector<std::string> shards,
-      ExpandShardPatterns({spec.shards().begin(), spec.shards().end()}));
+  FERRY_ASSIGN_OR_RETURN(std::vector<std::string> shards,
+                         ExpandShardPatterns({spec.shards().begin(), spec.shards().end()}));
   if (shards.size() >= UINT32_MAX) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dataset.webdataset.shards expands to ", shards.size(), " shards; at most ",
-        UINT32_MAX - 1, " are supported"));
+    return absl::InvalidArgumentError(absl::StrCat("dataset.webdataset.shards expands to ",
+                                                   shards.size(), " shards; at most ",
+                                                   UINT32_MAX - 1, " are supported"));
   }
 
   // Index the shards on a few threads; results are merged in shard order, so the numbering
@@ -224,8 +220,7 @@ absl::StatusOr<std::unique_ptr<WebDatasetSource>> WebDatasetSource::Create(
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   auto work = [&] {
-    for (size_t s = next.fetch_add(1); s < shards.size() && !failed.load();
-         s = next.fetch_add(1)) {
+    for (size_t s = next.fetch_add(1); s < shards.size() && !failed.load(); s = next.fetch_add(1)) {
       results[s] = fs->Stopping() ? absl::StatusOr<ShardResult>(StoppingError())
                                   : IndexShard(shards[s], image_key, label_key, *fs);
       if (!results[s]->ok()) failed.store(true);
@@ -270,8 +265,7 @@ absl::StatusOr<std::unique_ptr<WebDatasetSource>> WebDatasetSource::Create(
       auto it = std::find(table.begin(), table.end(), spelling);
       if (it == table.end() && table.size() < kNoLabel) it = table.insert(table.end(), spelling);
       // Past 65535 distinct spellings (absurd) messages fall back to the lowercase key.
-      spelling_map.push_back(it == table.end() ? 0
-                                               : static_cast<uint16_t>(it - table.begin()));
+      spelling_map.push_back(it == table.end() ? 0 : static_cast<uint16_t>(it - table.begin()));
     }
     size_t name_begin = 0;
     source->shard_identities_.push_back(r.tar.identity);
@@ -299,9 +293,8 @@ absl::StatusOr<std::unique_ptr<WebDatasetSource>> WebDatasetSource::Create(
         "'; check dataset.webdataset.image_key and that the shards are WebDataset tars"));
   }
   if (stats.samples_without_image > 0 || stats.members_ignored > 0) {
-    FERRY_LOG(WARNING) << "webdataset: " << stats.samples_without_image
-                       << " samples without a '" << image_key << "' member skipped, "
-                       << stats.members_ignored
+    FERRY_LOG(WARNING) << "webdataset: " << stats.samples_without_image << " samples without a '"
+                       << image_key << "' member skipped, " << stats.members_ignored
                        << " files ignored (no extension, or a repeated one within a sample)";
   }
   source->samples_.shrink_to_fit();
@@ -354,8 +347,8 @@ std::string WebDatasetSource::Describe(int64_t index) const {
 absl::Status WebDatasetSource::Fill(int64_t index, uint64_t sample_seed,
                                     absl::Span<uint8_t* const> rows, Scratch* scratch) const {
   if (index < 0 || index >= size()) {
-    return absl::OutOfRangeError(absl::StrCat("sample index ", index, " is outside [0, ",
-                                              size(), ") of the webdataset"));
+    return absl::OutOfRangeError(
+        absl::StrCat("sample index ", index, " is outside [0, ", size(), ") of the webdataset"));
   }
   if (rows.size() != fields_.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -372,14 +365,14 @@ absl::Status WebDatasetSource::Fill(int64_t index, uint64_t sample_seed,
     return absl::DataLossError(absl::StrCat("'", Describe(index), "' is empty"));
   }
   if (limits_.max_sample_bytes > 0 && sample.image_size > limits_.max_sample_bytes) {
-    return absl::DataLossError(absl::StrCat("refused '", Describe(index), "': ",
-                                            sample.image_size,
+    return absl::DataLossError(absl::StrCat("refused '", Describe(index), "': ", sample.image_size,
                                             " bytes, over decode_limits.max_sample_bytes (",
                                             limits_.max_sample_bytes, ")"));
   }
   if (has_label && sample.label_size > kMaxLabelBytes) {
     return absl::DataLossError(absl::StrCat("'", shard, ":", LabelName(index), "' is ",
-                                            sample.label_size, " bytes; a label is the decimal "
+                                            sample.label_size,
+                                            " bytes; a label is the decimal "
                                             "text of a class number"));
   }
 
@@ -388,19 +381,19 @@ absl::Status WebDatasetSource::Fill(int64_t index, uint64_t sample_seed,
     s->shard = -1;
     absl::StatusOr<std::unique_ptr<RandomAccessFile>> opened = fs_->OpenFile(shard);
     if (!opened.ok()) {
-      return absl::Status(opened.status().code(),
-                          absl::StrCat("cannot read '", Describe(index),
-                                       "': ", opened.status().message()));
+      return absl::Status(opened.status().code(), absl::StrCat("cannot read '", Describe(index),
+                                                               "': ", opened.status().message()));
     }
     // The members' offsets are the indexed file's: another file renamed over the shard's
     // path (or the shard rewritten in place) would give other bytes at them.
     const FileIdentity& indexed = shard_identities_[sample.shard];
     if (!((*opened)->identity() == indexed)) {
-      return absl::DataLossError(absl::StrCat(
-          "cannot read '", Describe(index), "': webdataset shard '", shard,
-          "' was replaced or rewritten after the job indexed it (", indexed.size,
-          " bytes then, ", (*opened)->size(), " bytes now); delete the job and create it "
-          "again to index the shard anew"));
+      return absl::DataLossError(
+          absl::StrCat("cannot read '", Describe(index), "': webdataset shard '", shard,
+                       "' was replaced or rewritten after the job indexed it (", indexed.size,
+                       " bytes then, ", (*opened)->size(),
+                       " bytes now); delete the job and create it "
+                       "again to index the shard anew"));
     }
     s->file = *std::move(opened);
     s->shard = static_cast<int64_t>(sample.shard);
@@ -437,15 +430,15 @@ absl::Status WebDatasetSource::Fill(int64_t index, uint64_t sample_seed,
   if (has_label) {
     const absl::string_view text(reinterpret_cast<const char*>(label_bytes), sample.label_size);
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &label)) {
-      return absl::DataLossError(absl::StrCat(
-          "'", shard, ":", LabelName(index), "' is not a decimal integer label: \"",
-          absl::CEscape(text.substr(0, 32)), "\""));
+      return absl::DataLossError(absl::StrCat("'", shard, ":", LabelName(index),
+                                              "' is not a decimal integer label: \"",
+                                              absl::CEscape(text.substr(0, 32)), "\""));
     }
   }
   Rng rng(sample_seed);
-  absl::Status decoded = DecodeAndTransform(
-      s->decoder, absl::MakeConstSpan(image, sample.image_size), transform_, rng,
-      absl::MakeSpan(rows[0], fields_[0].row_bytes));
+  absl::Status decoded =
+      DecodeAndTransform(s->decoder, absl::MakeConstSpan(image, sample.image_size), transform_, rng,
+                         absl::MakeSpan(rows[0], fields_[0].row_bytes));
   if (!decoded.ok()) {
     // The transform and the row size were validated, so what is left is the member's content.
     const absl::StatusCode code = decoded.code() == absl::StatusCode::kInvalidArgument

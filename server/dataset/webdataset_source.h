@@ -45,11 +45,11 @@ class WebDatasetSource final : public SampleSource {
   // What indexing found besides the samples; logged by Create.
   struct Stats {
     int64_t shards = 0;
-    int64_t members = 0;               // regular files in all shards
+    int64_t members = 0;                // regular files in all shards
     int64_t samples_without_image = 0;  // skipped
-    int64_t members_ignored = 0;       // no extension, or a repeated one within a sample
-    int64_t truncated_shards = 0;      // cut short: their last member(s) dropped
-    int64_t truncated_samples = 0;     // the sample at a cut (maybe incomplete): dropped
+    int64_t members_ignored = 0;        // no extension, or a repeated one within a sample
+    int64_t truncated_shards = 0;       // cut short: their last member(s) dropped
+    int64_t truncated_samples = 0;      // the sample at a cut (maybe incomplete): dropped
   };
 
   // Expands and indexes spec.shards (indexing runs on a few threads). Errors:
@@ -61,7 +61,8 @@ class WebDatasetSource final : public SampleSource {
   // Shards are opened through `fs`, now and by Fill.
   static absl::StatusOr<std::unique_ptr<WebDatasetSource>> Create(
       const ferry::v1::WebDataset& spec, const ImageTransform& transform,
-      const DecodeLimits& limits = DecodeLimits(), std::shared_ptr<const DatasetFs> fs = UnconfinedDatasetFs());
+      const DecodeLimits& limits = DecodeLimits(),
+      std::shared_ptr<const DatasetFs> fs = UnconfinedDatasetFs());
 
   int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
   const std::vector<FieldLayout>& fields() const override { return fields_; }
@@ -112,8 +113,7 @@ class WebDatasetSource final : public SampleSource {
                    uint32_t shuffle_buffer, std::shared_ptr<const DatasetFs> fs);
   static absl::StatusOr<ShardResult> IndexShard(const std::string& path,
                                                 const std::string& image_key,
-                                                const std::string& label_key,
-                                                const DatasetFs& fs);
+                                                const std::string& label_key, const DatasetFs& fs);
   absl::string_view ImageName(int64_t index) const;
   std::string LabelName(int64_t index) const;
 

@@ -22,8 +22,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/dataset/dataset_fs.h"
-#include "server/dataset/mapped_file.h"
 #include "server/dataset/image_folder_source.h"
+#include "server/dataset/mapped_file.h"
 #include "server/dataset/sample_source.h"
 #include "server/dataset/tar_index.h"
 #include "server/decode/image_transform.h"
@@ -142,10 +142,9 @@ TEST_F(WebDatasetSourceTest, GroupsMembersIntoSamples) {
   ASSERT_NE(source, nullptr);
   std::vector<std::string> described;
   for (int64_t i = 0; i < source->size(); ++i) described.push_back(source->Describe(i));
-  EXPECT_THAT(described, ElementsAre(Path("a.tar") + ":s/n01_0001.jpg",
-                                     Path("a.tar") + ":s/n01_0002.jpeg",
-                                     Path("a.tar") + ":n01_0004.JPG",
-                                     Path("a.tar") + ":n01_0001.jpg"));
+  EXPECT_THAT(described,
+              ElementsAre(Path("a.tar") + ":s/n01_0001.jpg", Path("a.tar") + ":s/n01_0002.jpeg",
+                          Path("a.tar") + ":n01_0004.JPG", Path("a.tar") + ":n01_0001.jpg"));
   const WebDatasetSource::Stats& stats = AsWds(source)->stats();
   EXPECT_EQ(stats.shards, 1);
   EXPECT_EQ(stats.members, 12);
@@ -166,8 +165,10 @@ TEST_F(WebDatasetSourceTest, GroupsMembersIntoSamples) {
 
 TEST_F(WebDatasetSourceTest, FillDecodesExactlyAsImageFolderDoes) {
   const std::string jpegs[] = {Jpeg(96, 80, 11), Jpeg(50, 70, 12), Jpeg(64, 64, 13)};
-  WriteTar(Path("s.tar"), {{"0.jpg", jpegs[0]}, {"0.cls", "0"},
-                           {"1.jpg", jpegs[1]}, {"1.cls", "1"},
+  WriteTar(Path("s.tar"), {{"0.jpg", jpegs[0]},
+                           {"0.cls", "0"},
+                           {"1.jpg", jpegs[1]},
+                           {"1.cls", "1"},
                            {"2.jpg", jpegs[2]}});
   ferry::v1::JobSpec spec = Spec({Path("s.tar")}, 32);
   spec.mutable_transform()->mutable_random_resized_crop()->set_flip(true);
@@ -221,9 +222,7 @@ TEST_F(WebDatasetSourceTest, ShardsNumberedInPatternOrderAndReadInAnyOrder) {
 // The real filesystem, counting opens; the daemon "stops" at the tenth.
 class StopsAfterTenOpens final : public DatasetFs {
  public:
-  absl::Status CheckPath(const std::string& path) const override {
-    return fs_->CheckPath(path);
-  }
+  absl::Status CheckPath(const std::string& path) const override { return fs_->CheckPath(path); }
   absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFile(
       const std::string& path) const override {
     if (opens_.fetch_add(1) + 1 >= 10) stopping_->store(true);
@@ -253,8 +252,8 @@ TEST_F(WebDatasetSourceTest, IndexingGivesUpWhenTheDaemonStops) {
   }
   auto counting = std::make_shared<StopsAfterTenOpens>();
   std::shared_ptr<const DatasetFs> fs = StoppableDatasetFs(counting, counting->stopping());
-  absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(
-      Spec({Path(absl::StrCat("stop-{0..", kShards - 1, "}.tar"))}), fs);
+  absl::StatusOr<std::unique_ptr<SampleSource>> source =
+      MakeSampleSource(Spec({Path(absl::StrCat("stop-{0..", kShards - 1, "}.tar"))}), fs);
   ASSERT_FALSE(source.ok());
   EXPECT_EQ(source.status().code(), absl::StatusCode::kUnavailable) << source.status();
   EXPECT_THAT(source.status().message(), HasSubstr("ferryd is stopping"));
@@ -264,17 +263,16 @@ TEST_F(WebDatasetSourceTest, IndexingGivesUpWhenTheDaemonStops) {
 
 TEST_F(WebDatasetSourceTest, BadSamplesAreDataLossNamingShardAndMember) {
   const std::string good = Jpeg(40, 40, 1);
-  WriteTar(Path("bad.tar"),
-           {{"ok.jpg", good},
-            {"ok.cls", "1"},
-            {"corrupt.jpg", good.substr(0, 20) + std::string(200, '\x55')},
-            {"text.jpg", "this is not a JPEG at all"},
-            {"empty.jpg", ""},
-            {"word.jpg", good},
-            {"word.Cls", "cat"},
-            {"big.jpg", good},
-            {"biglabel.jpg", good},
-            {"biglabel.cls", std::string(100, '1')}});
+  WriteTar(Path("bad.tar"), {{"ok.jpg", good},
+                             {"ok.cls", "1"},
+                             {"corrupt.jpg", good.substr(0, 20) + std::string(200, '\x55')},
+                             {"text.jpg", "this is not a JPEG at all"},
+                             {"empty.jpg", ""},
+                             {"word.jpg", good},
+                             {"word.Cls", "cat"},
+                             {"big.jpg", good},
+                             {"biglabel.jpg", good},
+                             {"biglabel.cls", std::string(100, '1')}});
   DecodeLimits limits;
   limits.max_sample_bytes = good.size();
   std::unique_ptr<SampleSource> source = Make(Spec({Path("bad.tar")}), limits);
@@ -338,8 +336,10 @@ TEST_F(WebDatasetSourceTest, TruncatedShardKeepsItsCompleteSamples) {
 
   // Cut inside a sample's label: the image before it is whole, but the sample is dropped
   // rather than served with label -1.
-  WriteTar(Path("label-cut.tar"), {{"a.jpg", Jpeg(16, 16, 1)}, {"a.cls", "1"},
-                                   {"b.jpg", Jpeg(16, 16, 2)}, {"b.cls", std::string(40, '2')}});
+  WriteTar(Path("label-cut.tar"), {{"a.jpg", Jpeg(16, 16, 1)},
+                                   {"a.cls", "1"},
+                                   {"b.jpg", Jpeg(16, 16, 2)},
+                                   {"b.cls", std::string(40, '2')}});
   absl::StatusOr<TarIndex> index = IndexTarFile(Path("label-cut.tar"));
   ASSERT_TRUE(index.ok());
   ASSERT_EQ(index->members.size(), 4u);
@@ -384,23 +384,26 @@ TEST_F(WebDatasetSourceTest, CreateErrorsNameTheProblem) {
        "dataset path '" + Path("missing-0.tar") + "' does not exist"},
       {Spec({Path("bad-{1..0}.tar")}), absl::StatusCode::kInvalidArgument, "bad-{1..0}.tar"},
       {Spec({Path("good.tar"), Path("damaged.tar")}), absl::StatusCode::kFailedPrecondition,
-       absl::StrCat("webdataset shard '", Path("damaged.tar"), "' is damaged: corrupt tar "
-                    "header in '", Path("damaged.tar"), "' at byte ", header)},
+       absl::StrCat("webdataset shard '", Path("damaged.tar"),
+                    "' is damaged: corrupt tar "
+                    "header in '",
+                    Path("damaged.tar"), "' at byte ", header)},
       {Spec({Path("labels.tar")}), absl::StatusCode::kFailedPrecondition,
        "(1 shards, 2 files) hold no sample with an image member '<basename>.jpg'"},
       {same_keys, absl::StatusCode::kInvalidArgument, "image_key and label_key must differ"},
       {no_transform, absl::StatusCode::kInvalidArgument, "transform must be set"},
   };
   for (const Case& c : cases) {
-    absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(c.spec, UnconfinedDatasetFs());
+    absl::StatusOr<std::unique_ptr<SampleSource>> source =
+        MakeSampleSource(c.spec, UnconfinedDatasetFs());
     EXPECT_EQ(source.status().code(), c.code) << c.message << ": " << source.status();
     EXPECT_THAT(source.status().message(), HasSubstr(c.message));
   }
 }
 
 TEST_F(WebDatasetSourceTest, CustomKeys) {
-  WriteTar(Path("k.tar"), {{"a.input.jpg", Jpeg(16, 16, 1)}, {"a.target", "4"},
-                           {"a.jpg", "unused"}});
+  WriteTar(Path("k.tar"),
+           {{"a.input.jpg", Jpeg(16, 16, 1)}, {"a.target", "4"}, {"a.jpg", "unused"}});
   ferry::v1::JobSpec spec = Spec({Path("k.tar")});
   spec.mutable_dataset()->mutable_webdataset()->set_image_key(".input.jpg");
   spec.mutable_dataset()->mutable_webdataset()->set_label_key("TARGET");
@@ -427,7 +430,8 @@ class StreamOrderTest : public WebDatasetSourceTest {
     for (int s = 0; s < kShards; ++s) {
       if (fs::exists(Path(absl::StrCat("o-", s, ".tar")))) continue;
       Members members;
-      for (int i = 0; i < kPerShard; ++i) members.push_back({absl::StrCat(s, "_", i, ".jpg"), jpeg});
+      for (int i = 0; i < kPerShard; ++i)
+        members.push_back({absl::StrCat(s, "_", i, ".jpg"), jpeg});
       WriteTar(Path(absl::StrCat("o-", s, ".tar")), members);
     }
     ferry::v1::JobSpec spec = Spec({Path(absl::StrCat("o-{0..", kShards - 1, "}.tar"))});

@@ -8,8 +8,8 @@
 #include <utility>
 
 // jpeglib.h needs FILE and size_t declared first.
-#include <jpeglib.h>
 #include <jerror.h>
+#include <jpeglib.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -135,9 +135,9 @@ struct JpegDecoder::Impl {
   absl::Status Fail() {
     std::string message = err.message;
     if (err.pub.msg_code == JERR_NO_BACKING_STORE) {
-      message = absl::StrCat("JPEG of ", cinfo.image_width, "x", cinfo.image_height,
-                             " needs more than ", kMaxDecoderMemory >> 20,
-                             " MiB of decoder memory (", message, ")");
+      message =
+          absl::StrCat("JPEG of ", cinfo.image_width, "x", cinfo.image_height, " needs more than ",
+                       kMaxDecoderMemory >> 20, " MiB of decoder memory (", message, ")");
     }
     jpeg_abort_decompress(&cinfo);
     return absl::InvalidArgumentError(absl::StrCat("cannot decode JPEG: ", message));
@@ -147,8 +147,8 @@ struct JpegDecoder::Impl {
   // with an in-memory source, which never suspends).
   absl::Status FailShort(const char* what) {
     jpeg_abort_decompress(&cinfo);
-    return absl::InternalError(absl::StrCat("cannot decode JPEG: ", what,
-                                            " returned early without an error"));
+    return absl::InternalError(
+        absl::StrCat("cannot decode JPEG: ", what, " returned early without an error"));
   }
 
   // Reads the header of `jpeg` and picks the output colour space. On error the
@@ -177,8 +177,8 @@ struct JpegDecoder::Impl {
       const std::string size = absl::StrCat(cinfo.image_width, "x", cinfo.image_height);
       jpeg_abort_decompress(&cinfo);
       return absl::InvalidArgumentError(absl::StrCat(
-          "refused: declares ", size, " = ", pixels, " pixels, over decode_limits.max_image_pixels (",
-          limits.max_image_pixels, ")"));
+          "refused: declares ", size, " = ", pixels,
+          " pixels, over decode_limits.max_image_pixels (", limits.max_image_pixels, ")"));
     }
     cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
     // libjpeg converts YCCK to CMYK; CMYK to RGB is ours (CmykToRgb).
@@ -294,29 +294,29 @@ ImageTransform ImageTransform::ResizeCenterCrop(int size, int resize) {
 
 absl::Status ValidateTransform(const ImageTransform& t) {
   if (t.size < 1 || t.size > kMaxOutputSize) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "image transform size ", t.size, " is out of range; use 1..", kMaxOutputSize));
+    return absl::InvalidArgumentError(
+        absl::StrCat("image transform size ", t.size, " is out of range; use 1..", kMaxOutputSize));
   }
   switch (t.kind) {
     case ImageTransform::Kind::kRandomResizedCrop:
       if (!(std::isfinite(t.scale_min) && std::isfinite(t.scale_max) && t.scale_min > 0 &&
             t.scale_min <= t.scale_max)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "RandomResizedCrop scale (", t.scale_min, ", ", t.scale_max,
-            ") is invalid; need 0 < min <= max, e.g. (0.08, 1.0)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("RandomResizedCrop scale (", t.scale_min, ", ", t.scale_max,
+                         ") is invalid; need 0 < min <= max, e.g. (0.08, 1.0)"));
       }
       if (!(std::isfinite(t.ratio_min) && std::isfinite(t.ratio_max) && t.ratio_min > 0 &&
             t.ratio_min <= t.ratio_max)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "RandomResizedCrop ratio (", t.ratio_min, ", ", t.ratio_max,
-            ") is invalid; need 0 < min <= max, e.g. (0.75, 1.3333)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("RandomResizedCrop ratio (", t.ratio_min, ", ", t.ratio_max,
+                         ") is invalid; need 0 < min <= max, e.g. (0.75, 1.3333)"));
       }
       return absl::OkStatus();
     case ImageTransform::Kind::kResizeCenterCrop:
       if (t.resize < t.size || t.resize > kMaxOutputSize) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "Resize ", t.resize, " + CenterCrop ", t.size,
-            " is invalid; resize must be in [size, ", kMaxOutputSize, "]"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("Resize ", t.resize, " + CenterCrop ", t.size,
+                         " is invalid; resize must be in [size, ", kMaxOutputSize, "]"));
       }
       return absl::OkStatus();
   }
@@ -409,9 +409,9 @@ absl::Status DecodeAndTransform(JpegDecoder& decoder, absl::Span<const uint8_t> 
   FERRY_RETURN_IF_ERROR(ValidateTransform(t));
   const size_t out_row_bytes = static_cast<size_t>(t.size) * 3;
   if (out.size() != out_row_bytes * t.size) {
-    return absl::InvalidArgumentError(absl::StrCat("output buffer holds ", out.size(),
-                                                   " bytes; a ", t.size, "x", t.size,
-                                                   " RGB image needs ", out_row_bytes * t.size));
+    return absl::InvalidArgumentError(absl::StrCat("output buffer holds ", out.size(), " bytes; a ",
+                                                   t.size, "x", t.size, " RGB image needs ",
+                                                   out_row_bytes * t.size));
   }
   if (decoder.impl_ == nullptr) decoder.impl_ = std::make_unique<JpegDecoder::Impl>();
   JpegDecoder::Impl& d = *decoder.impl_;
@@ -485,9 +485,8 @@ absl::Status DecodeAndTransform(JpegDecoder& decoder, absl::Span<const uint8_t> 
   }
   if (fy.begin > 0) {
     JDIMENSION skipped = 0;
-    if (!d.Guarded([&] {
-          skipped = jpeg_skip_scanlines(&d.cinfo, static_cast<JDIMENSION>(fy.begin));
-        })) {
+    if (!d.Guarded(
+            [&] { skipped = jpeg_skip_scanlines(&d.cinfo, static_cast<JDIMENSION>(fy.begin)); })) {
       return d.Fail();
     }
     if (skipped != static_cast<JDIMENSION>(fy.begin)) return d.FailShort("jpeg_skip_scanlines");

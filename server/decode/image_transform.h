@@ -31,13 +31,13 @@ namespace ferry {
 struct ImageTransform {
   enum class Kind { kRandomResizedCrop, kResizeCenterCrop };
   Kind kind = Kind::kRandomResizedCrop;
-  int size = 224;          // output is size x size x 3
+  int size = 224;  // output is size x size x 3
   double scale_min = 0.08;
   double scale_max = 1.0;
   double ratio_min = 3.0 / 4.0;
   double ratio_max = 4.0 / 3.0;
-  bool flip = false;       // RandomHorizontalFlip(p=0.5)
-  int resize = 256;        // kResizeCenterCrop: shorter side before the crop
+  bool flip = false;  // RandomHorizontalFlip(p=0.5)
+  int resize = 256;   // kResizeCenterCrop: shorter side before the crop
 
   static ImageTransform RandomResizedCrop(int size, bool flip);
   static ImageTransform ResizeCenterCrop(int size, int resize);
@@ -73,8 +73,8 @@ CropBox SampleRandomResizedCrop(int width, int height, const ImageTransform& t, 
 // config field), and callers treat the refusal like any corrupt sample.
 struct DecodeLimits {
   uint64_t max_image_pixels = 89478485;  // width x height as declared; PIL's default
-  int max_progressive_scans = 100;        // scans of a (progressive) JPEG
-  uint64_t max_sample_bytes = 64 << 20;   // encoded bytes of one sample
+  int max_progressive_scans = 100;       // scans of a (progressive) JPEG
+  uint64_t max_sample_bytes = 64 << 20;  // encoded bytes of one sample
 };
 
 // One decoder per thread: owns a libjpeg-turbo decompressor and scratch buffers and reuses

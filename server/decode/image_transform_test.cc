@@ -74,7 +74,7 @@ Image Mirror(const Image& img, int width, int height) {
 // Independent reference for PIL's BILINEAR resampling, in double with no intermediate
 // rounding: interval [in0, in1) onto n samples, reading only source samples in [lo, hi).
 std::vector<std::vector<std::pair<int, double>>> ReferenceWeights(double in0, double in1, int lo,
-                                                                   int hi, int n) {
+                                                                  int hi, int n) {
   const double scale = (in1 - in0) / n;
   const double support = std::max(scale, 1.0);
   std::vector<std::vector<std::pair<int, double>>> all(n);
@@ -211,10 +211,9 @@ TEST(JpegDecoderTest, AdobeCmykDecodesToRgb) {
   JpegDecoder decoder;
   Rng rng(1);
   Image out(32 * 32 * 3);
-  ASSERT_TRUE(
-      DecodeAndTransform(decoder, jpeg, ImageTransform::ResizeCenterCrop(32, 40), rng,
-                         absl::MakeSpan(out))
-          .ok());
+  ASSERT_TRUE(DecodeAndTransform(decoder, jpeg, ImageTransform::ResizeCenterCrop(32, 40), rng,
+                                 absl::MakeSpan(out))
+                  .ok());
   double mean = 0;
   for (uint8_t v : out) mean += v;
   EXPECT_GT(mean / out.size(), 40);  // not black, not inverted-to-garbage
@@ -554,8 +553,8 @@ TEST(ResizeTest, HalvingIsTheOneThreeThreeOneFilter) {
         for (auto [y, a] : taps(j, h)) {
           for (auto [x, b] : taps(i, w)) v += a * b * img[(y * w + x) * 3 + c];
         }
-        max_err = std::max(max_err, std::abs(out[(j * 20 + i) * 3 + c] - static_cast<int>(
-                                                                               std::lround(v))));
+        max_err = std::max(max_err,
+                           std::abs(out[(j * 20 + i) * 3 + c] - static_cast<int>(std::lround(v))));
       }
     }
   }
@@ -638,8 +637,8 @@ TEST(DecodeAndTransformTest, UnscaledIdentityCropEqualsFullDecodeExactly) {
 
 // Compares DecodeAndTransform (scaled, cropped decode) with full decode + the same crop +
 // ResizeBilinearAntialias over many random boxes.
-void CheckScaledMatchesFull(const Image& jpeg, const ImageTransform& t, int seeds,
-                            double max_mean, int max_max) {
+void CheckScaledMatchesFull(const Image& jpeg, const ImageTransform& t, int seeds, double max_mean,
+                            int max_max) {
   const Decoded full = FullDecode(jpeg);
   JpegDecoder decoder;
   double worst_mean = 0;
@@ -657,9 +656,9 @@ void CheckScaledMatchesFull(const Image& jpeg, const ImageTransform& t, int seed
       const ResizeCenterCropGeometry g = ComputeResizeCenterCrop(full.width, full.height, t);
       const double sx = static_cast<double>(full.width) / g.resized_width;
       const double sy = static_cast<double>(full.height) / g.resized_height;
-      ref = ReferenceResize(full.rgb, full.width, g.left * sx, (g.left + t.size) * sx,
-                            g.top * sy, (g.top + t.size) * sy,
-                            CropBox{0, 0, full.width, full.height}, t.size, t.size);
+      ref = ReferenceResize(full.rgb, full.width, g.left * sx, (g.left + t.size) * sx, g.top * sy,
+                            (g.top + t.size) * sy, CropBox{0, 0, full.width, full.height}, t.size,
+                            t.size);
     }
     const Diff d = Compare(out, ref);
     worst_mean = std::max(worst_mean, d.mean);
@@ -667,8 +666,8 @@ void CheckScaledMatchesFull(const Image& jpeg, const ImageTransform& t, int seed
   }
   EXPECT_LE(worst_mean, max_mean);
   EXPECT_LE(worst_max, max_max);
-  std::printf("    %dx%d size %d: worst mean %.3f, worst max %d\n", full.width, full.height,
-              t.size, worst_mean, worst_max);
+  std::printf("    %dx%d size %d: worst mean %.3f, worst max %d\n", full.width, full.height, t.size,
+              worst_mean, worst_max);
 }
 
 TEST(DecodeAndTransformTest, ScaledCroppedDecodeMatchesFullDecode) {
@@ -693,8 +692,8 @@ TEST(DecodeAndTransformTest, ScaledCroppedDecodeMatchesFullDecode) {
     whole.scale_min = whole.scale_max = 1.0;
     whole.ratio_min = whole.ratio_max = static_cast<double>(c.w) / c.h;
     CheckScaledMatchesFull(jpeg, whole, 1, 1.5, 16);
-    CheckScaledMatchesFull(jpeg, ImageTransform::ResizeCenterCrop(c.size, c.size + c.size / 7),
-                           1, 1.5, 16);
+    CheckScaledMatchesFull(jpeg, ImageTransform::ResizeCenterCrop(c.size, c.size + c.size / 7), 1,
+                           1.5, 16);
   }
 }
 

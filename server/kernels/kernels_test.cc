@@ -28,10 +28,10 @@ namespace {
 using ::testing::HasSubstr;
 
 #define ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
-#define ASSERT_OK(expr)                            \
-  do {                                             \
-    const absl::Status ferry_s_ = (expr);          \
-    ASSERT_TRUE(ferry_s_.ok()) << ferry_s_;        \
+#define ASSERT_OK(expr)                     \
+  do {                                      \
+    const absl::Status ferry_s_ = (expr);   \
+    ASSERT_TRUE(ferry_s_.ok()) << ferry_s_; \
   } while (0)
 
 template <typename T>
@@ -72,7 +72,9 @@ double BFloat16ToDouble(uint16_t b) {
 
 // Spacing of the output type's values around `r`.
 double Ulp(OutputDType dtype, double r) {
-  const int mantissa_bits = dtype == OutputDType::kFloat32 ? 23 : dtype == OutputDType::kFloat16 ? 10 : 7;
+  const int mantissa_bits = dtype == OutputDType::kFloat32   ? 23
+                            : dtype == OutputDType::kFloat16 ? 10
+                                                             : 7;
   const int min_exponent = dtype == OutputDType::kFloat16 ? -14 : -126;
   int e = r == 0 ? min_exponent : std::ilogb(r);
   if (e < min_exponent) e = min_exponent;
@@ -104,8 +106,8 @@ struct NormalizeCase {
 };
 
 void CheckNormalize(const NormalizeCase& tc, OutputDType dtype, uint64_t seed) {
-  SCOPED_TRACE(absl::StrCat(Name(dtype), " ", tc.batch, "x", tc.height, "x", tc.width,
-                            " src+", tc.src_offset, " dst+", tc.dst_offset,
+  SCOPED_TRACE(absl::StrCat(Name(dtype), " ", tc.batch, "x", tc.height, "x", tc.width, " src+",
+                            tc.src_offset, " dst+", tc.dst_offset,
                             tc.imagenet ? " imagenet" : " random mean/std"));
   Rng rng(seed);
   const size_t pixels = static_cast<size_t>(tc.height) * tc.width;
@@ -138,7 +140,8 @@ void CheckNormalize(const NormalizeCase& tc, OutputDType dtype, uint64_t seed) {
   ASSERT_OK(stream.Synchronize());
   std::vector<uint8_t> all(dst_bytes);
   ASSERT_CUDA(cudaMemcpy(all.data(), dst.data(), dst_bytes, cudaMemcpyDeviceToHost));
-  for (size_t i = 0; i < tc.dst_offset * elem; ++i) ASSERT_EQ(all[i], 0xff) << "wrote before the output";
+  for (size_t i = 0; i < tc.dst_offset * elem; ++i)
+    ASSERT_EQ(all[i], 0xff) << "wrote before the output";
   for (size_t i = (tc.dst_offset + out_elems) * elem; i < dst_bytes; ++i) {
     ASSERT_EQ(all[i], 0xff) << "wrote past the output";
   }
@@ -157,7 +160,9 @@ void CheckNormalize(const NormalizeCase& tc, OutputDType dtype, uint64_t seed) {
         const double got = ReadOutput(out, dtype, o);
         // One unit in the last place of the output type, plus float32 arithmetic (scale
         // and bias rounded to float32, one fused multiply-add) with a safety factor 2.
-        const double bound = Ulp(dtype, ref) + 2 * 0x1p-24 * (x * std::fabs(scale) + std::fabs(bias) + std::fabs(ref));
+        const double bound =
+            Ulp(dtype, ref) +
+            2 * 0x1p-24 * (x * std::fabs(scale) + std::fabs(bias) + std::fabs(ref));
         if (!(std::fabs(got - ref) <= bound)) {  // NaN (never written) fails too
           if (++bad <= 5) {
             ADD_FAILURE() << "image " << b << " channel " << c << " pixel " << i << ": got " << got
@@ -171,20 +176,22 @@ void CheckNormalize(const NormalizeCase& tc, OutputDType dtype, uint64_t seed) {
   }
   EXPECT_EQ(bad, 0u);
   const double relative = std::sqrt(err2 / ref2);
-  const double limit = dtype == OutputDType::kFloat32 ? 1e-6 : dtype == OutputDType::kFloat16 ? 1e-3 : 8e-3;
+  const double limit = dtype == OutputDType::kFloat32   ? 1e-6
+                       : dtype == OutputDType::kFloat16 ? 1e-3
+                                                        : 8e-3;
   EXPECT_LT(relative, limit) << "||out - ref|| / ||ref||";
 }
 
 TEST_F(KernelTest, NormalizeMatchesFloat64Reference) {
   const NormalizeCase cases[] = {
-      {1, 3, 5},                     // 15 pixels: scalar path
-      {7, 224, 224},                 // vector path, ImageNet size
-      {7, 224, 224, 0, 0, true},     // with the preset
-      {3, 37, 41},                   // odd everything
-      {2, 4, 4},                     // one 16-pixel group per image
-      {5, 16, 24},                   // vector path, several groups
-      {3, 224, 224, 1, 0},           // unaligned source: scalar path
-      {3, 224, 224, 0, 3},           // unaligned destination: scalar path
+      {1, 3, 5},                  // 15 pixels: scalar path
+      {7, 224, 224},              // vector path, ImageNet size
+      {7, 224, 224, 0, 0, true},  // with the preset
+      {3, 37, 41},                // odd everything
+      {2, 4, 4},                  // one 16-pixel group per image
+      {5, 16, 24},                // vector path, several groups
+      {3, 224, 224, 1, 0},        // unaligned source: scalar path
+      {3, 224, 224, 0, 3},        // unaligned destination: scalar path
   };
   uint64_t seed = 0x5eed;
   for (OutputDType dtype : {OutputDType::kFloat32, OutputDType::kFloat16, OutputDType::kBFloat16}) {
@@ -265,10 +272,14 @@ TEST_F(KernelTest, WidenTokens) {
   uint64_t seed = 1;
   for (int64_t count : {1, 7, 1000, 4099, 1 << 20}) {
     for (size_t off : {0, 1}) {
-      CheckWiden<uint16_t, int32_t>(TokenInput::kUint16, TokenOutput::kInt32, count, off, 0, ++seed);
-      CheckWiden<uint16_t, int64_t>(TokenInput::kUint16, TokenOutput::kInt64, count, 0, off, ++seed);
-      CheckWiden<uint32_t, int32_t>(TokenInput::kUint32, TokenOutput::kInt32, count, off, off, ++seed);
-      CheckWiden<uint32_t, int64_t>(TokenInput::kUint32, TokenOutput::kInt64, count, off, 0, ++seed);
+      CheckWiden<uint16_t, int32_t>(TokenInput::kUint16, TokenOutput::kInt32, count, off, 0,
+                                    ++seed);
+      CheckWiden<uint16_t, int64_t>(TokenInput::kUint16, TokenOutput::kInt64, count, 0, off,
+                                    ++seed);
+      CheckWiden<uint32_t, int32_t>(TokenInput::kUint32, TokenOutput::kInt32, count, off, off,
+                                    ++seed);
+      CheckWiden<uint32_t, int64_t>(TokenInput::kUint32, TokenOutput::kInt64, count, off, 0,
+                                    ++seed);
     }
   }
 }
@@ -298,8 +309,8 @@ void CheckGather(size_t row_bytes, size_t header, int64_t count, int blocks, boo
   ::close(fd);
   ASSERT_NE(map, MAP_FAILED);
   {
-    HostRegistration registration = ValueOrDie(HostRegistration::Create(
-        map, file_bytes.size(), HostRegistration::Access::kReadOnly));
+    HostRegistration registration = ValueOrDie(
+        HostRegistration::Create(map, file_bytes.size(), HostRegistration::Access::kReadOnly));
     const auto* records = static_cast<const uint8_t*>(ValueOrDie(registration.DeviceData(0)));
     std::vector<int64_t> indices(count);
     for (auto& i : indices) i = static_cast<int64_t>(rng.Next() % num_records);
@@ -317,16 +328,14 @@ void CheckGather(size_t row_bytes, size_t header, int64_t count, int blocks, boo
                            cudaMemcpyHostToDevice));
     ASSERT_CUDA(cudaMemset(dst.data(), 0xa5, dst_bytes));
     ASSERT_CUDA(cudaDeviceSynchronize());
-    const GatherSource source{.records = records + header,
-                              .num_records = num_records,
-                              .row_bytes = row_bytes};
+    const GatherSource source{
+        .records = records + header, .num_records = num_records, .row_bytes = row_bytes};
     if (host_indices) {
       ASSERT_CUDA(cudaMemset(index_buffer.data(), 0xa5, count * sizeof(int64_t)));
       ASSERT_CUDA(cudaDeviceSynchronize());
-      ASSERT_OK(LaunchGatherRowsIndexedFromHost(source, indices,
-                                                static_cast<uint8_t*>(dst.data()) + guard,
-                                                static_cast<int64_t*>(index_buffer.data()),
-                                                blocks, stream.get()));
+      ASSERT_OK(LaunchGatherRowsIndexedFromHost(
+          source, indices, static_cast<uint8_t*>(dst.data()) + guard,
+          static_cast<int64_t*>(index_buffer.data()), blocks, stream.get()));
       indices_copy = indices;
       std::fill(indices.begin(), indices.end(), -7);  // the launch took its own copy
     } else {
@@ -350,7 +359,8 @@ void CheckGather(size_t row_bytes, size_t header, int64_t count, int blocks, boo
         continue;
       }
       const uint8_t* want = file_bytes.data() + header + indices[r] * row_bytes;
-      ASSERT_EQ(std::memcmp(got, want, row_bytes), 0) << "row " << r << " (record " << indices[r] << ")";
+      ASSERT_EQ(std::memcmp(got, want, row_bytes), 0)
+          << "row " << r << " (record " << indices[r] << ")";
     }
     for (size_t i = 0; i < guard; ++i) {
       ASSERT_EQ(out[guard + count * row_bytes + i], 0xa5) << "after the batch, byte " << i;
@@ -394,8 +404,7 @@ TEST_F(KernelTest, GatherRowsRejectsBadArguments) {
   EXPECT_THAT(LaunchGatherRows(huge, indices, 2, buffer.data(), 4, stream.get()).message(),
               HasSubstr("4 GiB"));
   const std::vector<int64_t> too_many(kMaxGatherRowsPerLaunch + 1, 0);
-  EXPECT_THAT(LaunchGatherRowsIndexedFromHost(ok, too_many, buffer.data(), nullptr, 4,
-                                              stream.get())
+  EXPECT_THAT(LaunchGatherRowsIndexedFromHost(ok, too_many, buffer.data(), nullptr, 4, stream.get())
                   .message(),
               HasSubstr("at most 4000"));
 }
@@ -406,8 +415,9 @@ TEST_F(KernelTest, LaunchAfterAFailedAllocationSucceeds) {
   ASSERT_FALSE(DeviceBuffer::Create(0, size_t{1} << 50).ok());
   CudaStream stream = ValueOrDie(CudaStream::Create(0));
   DeviceBuffer buf = ValueOrDie(DeviceBuffer::Create(0, 1024));
-  ASSERT_OK(LaunchWidenTokens(buf.data(), TokenInput::kUint16, static_cast<uint8_t*>(buf.data()) + 512,
-                              TokenOutput::kInt32, 64, stream.get()));
+  ASSERT_OK(LaunchWidenTokens(buf.data(), TokenInput::kUint16,
+                              static_cast<uint8_t*>(buf.data()) + 512, TokenOutput::kInt32, 64,
+                              stream.get()));
   ASSERT_OK(stream.Synchronize());
 }
 

@@ -33,11 +33,12 @@ TEST(Launchers, RejectBadArgumentsBeforeTouchingCuda) {
   EXPECT_TRUE(LaunchNormalizeImages(nullptr, nullptr, OutputDType::kFloat32, 0, 224, 224,
                                     mean.data(), std.data(), nullptr)
                   .ok());
-  EXPECT_EQ(LaunchWidenTokens(&byte, TokenInput::kUint16, &byte, TokenOutput::kInt64, -3, nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      LaunchWidenTokens(&byte, TokenInput::kUint16, &byte, TokenOutput::kInt64, -3, nullptr).code(),
+      absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(
-      LaunchWidenTokens(nullptr, TokenInput::kUint32, nullptr, TokenOutput::kInt32, 0, nullptr).ok());
+      LaunchWidenTokens(nullptr, TokenInput::kUint32, nullptr, TokenOutput::kInt32, 0, nullptr)
+          .ok());
 }
 
 TEST(OutputDType, Sizes) {

@@ -34,19 +34,20 @@ absl::Status LaunchNormalizeImages(const uint8_t* src_hwc, void* dst_chw, Output
                                    int batch, int height, int width, const float mean[3],
                                    const float std[3], void* stream) {
   if (batch < 0 || height < 0 || width < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot normalise a batch of ", batch,
-                                                   " images of ", height, "x", width));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot normalise a batch of ", batch, " images of ", height, "x", width));
   }
   if (batch == 0 || height == 0 || width == 0) return absl::OkStatus();
   if (src_hwc == nullptr || dst_chw == nullptr || mean == nullptr || std == nullptr) {
-    return absl::InvalidArgumentError("LaunchNormalizeImages: null source, destination, mean or std");
+    return absl::InvalidArgumentError(
+        "LaunchNormalizeImages: null source, destination, mean or std");
   }
   cuda_internal::NormalizeParams params;
   for (int c = 0; c < 3; ++c) {
     if (!std::isfinite(mean[c]) || !std::isfinite(std[c]) || std[c] == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "normalisation channel ", c, " has mean ", mean[c], " and std ", std[c],
-          "; both must be finite and std non-zero"));
+      return absl::InvalidArgumentError(absl::StrCat("normalisation channel ", c, " has mean ",
+                                                     mean[c], " and std ", std[c],
+                                                     "; both must be finite and std non-zero"));
     }
     // Folded in double, rounded once: y = x * scale + bias.
     params.scale[c] = static_cast<float>(1.0 / (255.0 * static_cast<double>(std[c])));
@@ -54,9 +55,15 @@ absl::Status LaunchNormalizeImages(const uint8_t* src_hwc, void* dst_chw, Output
   }
   cuda_internal::NormalizeOut out = cuda_internal::NormalizeOut::kFloat32;
   switch (dtype) {
-    case OutputDType::kFloat32: out = cuda_internal::NormalizeOut::kFloat32; break;
-    case OutputDType::kFloat16: out = cuda_internal::NormalizeOut::kFloat16; break;
-    case OutputDType::kBFloat16: out = cuda_internal::NormalizeOut::kBFloat16; break;
+    case OutputDType::kFloat32:
+      out = cuda_internal::NormalizeOut::kFloat32;
+      break;
+    case OutputDType::kFloat16:
+      out = cuda_internal::NormalizeOut::kFloat16;
+      break;
+    case OutputDType::kBFloat16:
+      out = cuda_internal::NormalizeOut::kBFloat16;
+      break;
   }
   FERRY_ASSIGN_OR_RETURN(const int device, StreamDevice(stream));
   ScopedDevice scope(device);
@@ -79,8 +86,9 @@ absl::Status LaunchWidenTokens(const void* src, TokenInput src_dtype, void* dst,
   const bool wide_in = src_dtype == TokenInput::kUint32;
   const bool wide_out = dst_dtype == TokenOutput::kInt64;
   const cuda_internal::WidenKind kind =
-      wide_in ? (wide_out ? cuda_internal::WidenKind::kU32ToI64 : cuda_internal::WidenKind::kU32ToI32)
-              : (wide_out ? cuda_internal::WidenKind::kU16ToI64 : cuda_internal::WidenKind::kU16ToI32);
+      wide_in
+          ? (wide_out ? cuda_internal::WidenKind::kU32ToI64 : cuda_internal::WidenKind::kU32ToI32)
+          : (wide_out ? cuda_internal::WidenKind::kU16ToI64 : cuda_internal::WidenKind::kU16ToI32);
   FERRY_ASSIGN_OR_RETURN(const int device, StreamDevice(stream));
   ScopedDevice scope(device);
   FERRY_RETURN_IF_ERROR(scope.status());
@@ -106,8 +114,8 @@ absl::Status CheckGather(const GatherSource& source, const void* indices, int64_
   }
   if (source.row_bytes >= (uint64_t{1} << 32) ||
       static_cast<uint64_t>(count) * source.row_bytes >= (uint64_t{1} << 32)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gather: ", count, " rows of ", source.row_bytes, " bytes make a batch of 4 GiB or more"));
+    return absl::InvalidArgumentError(absl::StrCat("gather: ", count, " rows of ", source.row_bytes,
+                                                   " bytes make a batch of 4 GiB or more"));
   }
   return absl::OkStatus();
 }
@@ -125,8 +133,9 @@ absl::Status LaunchGatherRows(const GatherSource& source, const int64_t* indices
       source.records, source.num_records, source.row_bytes, indices, count, dst, blocks,
       static_cast<cudaStream_t>(stream));
   if (error == cudaSuccess) return absl::OkStatus();
-  return CudaStatus(error, "gather-rows kernel launch",
-                    absl::StrCat(count, " rows of ", source.row_bytes, " bytes on device ", device));
+  return CudaStatus(
+      error, "gather-rows kernel launch",
+      absl::StrCat(count, " rows of ", source.row_bytes, " bytes on device ", device));
 }
 
 absl::Status LaunchGatherRowsIndexedFromHost(const GatherSource& source,
@@ -145,11 +154,12 @@ absl::Status LaunchGatherRowsIndexedFromHost(const GatherSource& source,
   ScopedDevice scope(device);
   FERRY_RETURN_IF_ERROR(scope.status());
   const cudaError_t error = cuda_internal::EnqueueGatherRowsIndexedFromHost(
-      source.records, source.num_records, source.row_bytes, indices.data(), count, dst,
-      index_out, blocks, static_cast<cudaStream_t>(stream));
+      source.records, source.num_records, source.row_bytes, indices.data(), count, dst, index_out,
+      blocks, static_cast<cudaStream_t>(stream));
   if (error == cudaSuccess) return absl::OkStatus();
-  return CudaStatus(error, "gather-rows kernel launch",
-                    absl::StrCat(count, " rows of ", source.row_bytes, " bytes on device ", device));
+  return CudaStatus(
+      error, "gather-rows kernel launch",
+      absl::StrCat(count, " rows of ", source.row_bytes, " bytes on device ", device));
 }
 
 }  // namespace ferry

@@ -81,8 +81,8 @@ __device__ __forceinline__ void Store16(float* dst, const float (&v)[4]) {
 template <typename Half>
 __device__ __forceinline__ void Store16(Half* dst, const float (&v)[8]) {
   __stcg(reinterpret_cast<uint4*>(dst),
-         make_uint4(Pack2(Half(), v[0], v[1]), Pack2(Half(), v[2], v[3]),
-                    Pack2(Half(), v[4], v[5]), Pack2(Half(), v[6], v[7])));
+         make_uint4(Pack2(Half(), v[0], v[1]), Pack2(Half(), v[2], v[3]), Pack2(Half(), v[4], v[5]),
+                    Pack2(Half(), v[6], v[7])));
 }
 
 // Channel c of the kUnit pixels held in w (3 * kUnit bytes, HWC).
@@ -234,8 +234,7 @@ cudaError_t GridSize(Kernel kernel, int64_t work_items, int* blocks) {
 }
 
 template <typename Kernel, typename... Args>
-cudaError_t LaunchPersistent(Kernel kernel, int64_t work_items, cudaStream_t stream,
-                             Args... args) {
+cudaError_t LaunchPersistent(Kernel kernel, int64_t work_items, cudaStream_t stream, Args... args) {
   int blocks = 0;
   const cudaError_t error = GridSize(kernel, work_items, &blocks);
   if (error != cudaSuccess) return error;
@@ -249,17 +248,15 @@ template <typename Out, typename Index>
 cudaError_t NormalizeAs(const uint8_t* src, void* dst, int64_t batch, int64_t pixels,
                         const NormalizeParams& params, cudaStream_t stream) {
   Out* out = static_cast<Out*>(dst);
-  const bool aligned = reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  const bool aligned =
+      reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
   if (aligned && pixels % 16 == 0) {
     const int64_t tiles = (batch * pixels + kTilePixels - 1) / kTilePixels;
     return LaunchPersistent(NormalizeTiles<Out, Index>, tiles * kThreads, stream, src, out,
-                            static_cast<Index>(pixels), static_cast<Index>(batch * pixels),
-                            params);
+                            static_cast<Index>(pixels), static_cast<Index>(batch * pixels), params);
   }
   return LaunchPersistent(NormalizePixels<Out, Index>, batch * pixels, stream, src, out,
-                          static_cast<Index>(pixels), static_cast<Index>(batch * pixels),
-                          params);
+                          static_cast<Index>(pixels), static_cast<Index>(batch * pixels), params);
 }
 
 template <typename Out>
@@ -274,13 +271,12 @@ cudaError_t NormalizeAs(const uint8_t* src, void* dst, int64_t batch, int64_t pi
 
 template <typename In, typename Out>
 cudaError_t WidenAs(const void* src, void* dst, int64_t count, cudaStream_t stream) {
-  const bool vector = reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
-                      reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  const bool vector =
+      reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
   const int64_t items = vector ? (count + 16 / sizeof(In) - 1) / (16 / sizeof(In)) : count;
   return LaunchPersistent(WidenTokens<In, Out>, items, stream, static_cast<const In*>(src),
                           static_cast<Out*>(dst), count, vector);
 }
-
 
 // Gather: row r of the batch is record indices[r] of a mapping in host memory, read by the
 // SMs across PCIe (the mapping is registered: device-readable). The batch is one flat run
@@ -328,7 +324,8 @@ __global__ void __launch_bounds__(kThreads)
         const uint32_t row = unit / units_per_row;
         const int64_t index = indices[row];
         if (index >= 0 && index < num_records) {
-          const V* src = reinterpret_cast<const V*>(records + static_cast<size_t>(index) * row_bytes);
+          const V* src =
+              reinterpret_cast<const V*>(records + static_cast<size_t>(index) * row_bytes);
           v[u] = __ldcs(src + (unit - row * units_per_row));
         }
       }
@@ -360,8 +357,8 @@ template <typename Indices>
 cudaError_t GatherAny(const uint8_t* records, int64_t num_records, size_t row_bytes,
                       const Indices& indices, int64_t count, void* dst, int64_t* index_out,
                       int blocks, cudaStream_t stream) {
-  const uintptr_t bits = reinterpret_cast<uintptr_t>(records) |
-                         reinterpret_cast<uintptr_t>(dst) | static_cast<uintptr_t>(row_bytes);
+  const uintptr_t bits = reinterpret_cast<uintptr_t>(records) | reinterpret_cast<uintptr_t>(dst) |
+                         static_cast<uintptr_t>(row_bytes);
   if (bits % 16 == 0) {
     return GatherAs<uint4, 4>(records, num_records, row_bytes, indices, count, dst, index_out,
                               blocks, stream);
@@ -371,8 +368,8 @@ cudaError_t GatherAny(const uint8_t* records, int64_t num_records, size_t row_by
                               blocks, stream);
   }
   if (bits % 4 == 0) {
-    return GatherAs<uint32_t, 8>(records, num_records, row_bytes, indices, count, dst,
-                                 index_out, blocks, stream);
+    return GatherAs<uint32_t, 8>(records, num_records, row_bytes, indices, count, dst, index_out,
+                                 blocks, stream);
   }
   return GatherAs<uint8_t, 8>(records, num_records, row_bytes, indices, count, dst, index_out,
                               blocks, stream);
@@ -385,17 +382,15 @@ cudaError_t GatherWithParams(const uint8_t* records, int64_t num_records, size_t
                              int64_t* index_out, int blocks, cudaStream_t stream) {
   ParamIndices<kRows> params;
   memcpy(params.at, host_indices, static_cast<size_t>(count) * sizeof(int64_t));
-  return GatherAny(records, num_records, row_bytes, params, count, dst, index_out, blocks,
-                   stream);
+  return GatherAny(records, num_records, row_bytes, params, count, dst, index_out, blocks, stream);
 }
 
 // The first of `kRows, kLarger...` that holds `count` rows; cudaErrorInvalidValue past
 // the last.
 template <int64_t kRows, int64_t... kLarger>
-cudaError_t GatherWithSmallestParams(const uint8_t* records, int64_t num_records,
-                                     size_t row_bytes, const int64_t* host_indices,
-                                     int64_t count, void* dst, int64_t* index_out, int blocks,
-                                     cudaStream_t stream) {
+cudaError_t GatherWithSmallestParams(const uint8_t* records, int64_t num_records, size_t row_bytes,
+                                     const int64_t* host_indices, int64_t count, void* dst,
+                                     int64_t* index_out, int blocks, cudaStream_t stream) {
   if (count <= kRows) {
     return GatherWithParams<kRows>(records, num_records, row_bytes, host_indices, count, dst,
                                    index_out, blocks, stream);
@@ -410,8 +405,8 @@ cudaError_t GatherWithSmallestParams(const uint8_t* records, int64_t num_records
 
 }  // namespace
 
-cudaError_t EnqueueNormalizeImages(const uint8_t* src, void* dst, NormalizeOut out,
-                                   int64_t batch, int64_t pixels, const NormalizeParams& params,
+cudaError_t EnqueueNormalizeImages(const uint8_t* src, void* dst, NormalizeOut out, int64_t batch,
+                                   int64_t pixels, const NormalizeParams& params,
                                    cudaStream_t stream) {
   switch (out) {
     case NormalizeOut::kFloat32:
@@ -442,8 +437,8 @@ cudaError_t EnqueueWidenTokens(const void* src, void* dst, WidenKind kind, int64
 cudaError_t EnqueueGatherRows(const uint8_t* records, int64_t num_records, size_t row_bytes,
                               const int64_t* indices, int64_t count, void* dst, int blocks,
                               cudaStream_t stream) {
-  return GatherAny(records, num_records, row_bytes, DeviceIndices{indices}, count, dst,
-                   nullptr, blocks, stream);
+  return GatherAny(records, num_records, row_bytes, DeviceIndices{indices}, count, dst, nullptr,
+                   blocks, stream);
 }
 
 cudaError_t EnqueueGatherRowsIndexedFromHost(const uint8_t* records, int64_t num_records,

@@ -34,9 +34,10 @@ absl::StatusOr<MemoryBudget::Reservation> MemoryBudget::Reserve(uint64_t bytes,
   absl::MutexLock lock(&mutex_);
   if (bytes > limit_ || in_use_ > limit_ - bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        what, " needs ", bytes, " bytes but the ", name_, " has ", limit_ - in_use_,
-        " of ", limit_, " bytes free; lower batch_size or prefetch_depth, delete idle jobs "
-        "(ferryctl jobs), or raise ", setting_, " in ", config_path_));
+        what, " needs ", bytes, " bytes but the ", name_, " has ", limit_ - in_use_, " of ", limit_,
+        " bytes free; lower batch_size or prefetch_depth, delete idle jobs "
+        "(ferryctl jobs), or raise ",
+        setting_, " in ", config_path_));
   }
   in_use_ += bytes;
   return Reservation(this, bytes);

@@ -36,7 +36,8 @@ class MemoryBudget final {
   };
 
   // `name` and `setting` appear in errors: "host memory budget", "host_memory_budget_bytes".
-  MemoryBudget(std::string name, std::string setting, uint64_t limit_bytes, std::string config_path);
+  MemoryBudget(std::string name, std::string setting, uint64_t limit_bytes,
+               std::string config_path);
   MemoryBudget(const MemoryBudget&) = delete;
   MemoryBudget& operator=(const MemoryBudget&) = delete;
 

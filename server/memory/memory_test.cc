@@ -56,8 +56,7 @@ TEST(SharedSlabTest, MoveKeepsOneOwner) {
 }
 
 TEST(SharedSlabTest, ZeroBytesIsAnError) {
-  EXPECT_EQ(SharedSlab::Create("test", 0, -1).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SharedSlab::Create("test", 0, -1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(MemoryBudgetTest, ReservationsAddUpAndComeBack) {

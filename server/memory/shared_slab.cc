@@ -24,8 +24,8 @@ absl::StatusOr<SharedSlab> SharedSlab::Create(const std::string& name, size_t by
     return absl::InternalError(absl::StrCat("memfd_create for slab ", name, ": ", strerror(errno)));
   }
   if (ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
-    return absl::ResourceExhaustedError(absl::StrCat("cannot size slab ", name, " to ", bytes,
-                                                     " bytes: ", strerror(errno)));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot size slab ", name, " to ", bytes, " bytes: ", strerror(errno)));
   }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) {

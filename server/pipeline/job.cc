@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <utility>
 
-#include "common/logging.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace ferry {
@@ -20,8 +20,8 @@ constexpr size_t kMaxRecentErrors = 32;
 absl::StatusOr<SlotLayout> SlotLayout::Make(const std::vector<FieldLayout>& fields,
                                             int64_t batch_size) {
   if (batch_size < 1 || batch_size > kMaxBatchSize) {
-    return absl::InvalidArgumentError(absl::StrCat("batch_size must be in [1, ", kMaxBatchSize,
-                                                   "] (got ", batch_size, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch_size must be in [1, ", kMaxBatchSize, "] (got ", batch_size, ")"));
   }
   SlotLayout layout;
   layout.fields = fields;
@@ -36,10 +36,10 @@ absl::StatusOr<SlotLayout> SlotLayout::Make(const std::vector<FieldLayout>& fiel
     if (__builtin_mul_overflow(static_cast<uint64_t>(f.row_bytes),
                                static_cast<uint64_t>(batch_size), &block) ||
         block > kMaxSlotBytes || offset + block > kMaxSlotBytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "a batch of ", batch_size, " rows of field '", f.name, "' (", f.row_bytes,
-          " bytes a row) exceeds the largest batch ferryd holds (", kMaxSlotBytes,
-          " bytes for all fields); lower batch_size"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("a batch of ", batch_size, " rows of field '", f.name, "' (", f.row_bytes,
+                       " bytes a row) exceeds the largest batch ferryd holds (", kMaxSlotBytes,
+                       " bytes for all fields); lower batch_size"));
     }
     offset += block;
   }
@@ -85,8 +85,8 @@ absl::StatusOr<std::shared_ptr<Job>> Job::Create(JobIdentity identity,
   }
   FERRY_ASSIGN_OR_RETURN(SlotLayout layout, SlotLayout::Make(source->fields(), options.batch_size));
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Sampler> sampler, Sampler::Create(options));
-  return std::shared_ptr<Job>(new Job(std::move(identity), spec, std::move(source),
-                                      std::move(sampler), std::move(layout)));
+  return std::shared_ptr<Job>(
+      new Job(std::move(identity), spec, std::move(source), std::move(sampler), std::move(layout)));
 }
 
 Job::Job(JobIdentity identity, ferry::v1::JobSpec spec, std::unique_ptr<SampleSource> source,

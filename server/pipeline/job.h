@@ -55,10 +55,9 @@ class Job final {
  public:
   // Opens the dataset through `fs` with `options` (MakeSampleSource) and checks the spec.
   // Errors name the offending field.
-  static absl::StatusOr<std::shared_ptr<Job>> Create(JobIdentity identity,
-                                                     const ferry::v1::JobSpec& spec,
-                                                     std::shared_ptr<const DatasetFs> fs,
-                                                     const SourceOptions& options = SourceOptions());
+  static absl::StatusOr<std::shared_ptr<Job>> Create(
+      JobIdentity identity, const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
+      const SourceOptions& options = SourceOptions());
   // Same, over an already opened source (tests feed fakes through this).
   static absl::StatusOr<std::shared_ptr<Job>> Create(JobIdentity identity,
                                                      const ferry::v1::JobSpec& spec,
@@ -75,9 +74,7 @@ class Job final {
   void ToProto(ferry::v1::Job* job) const;
 
   // ---- Bad samples (JobSpec.on_corrupt_sample).
-  bool fail_on_corrupt_sample() const {
-    return spec_.on_corrupt_sample() == ferry::v1::FAIL;
-  }
+  bool fail_on_corrupt_sample() const { return spec_.on_corrupt_sample() == ferry::v1::FAIL; }
   // Records a sample that could not be read or decoded: counted once, logged with its path,
   // kept among the recent errors and quarantined (IsQuarantined is true from now on).
   void RecordSampleError(int64_t index, const std::string& path, const std::string& message);

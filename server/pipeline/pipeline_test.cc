@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <filesystem>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <set>
@@ -23,9 +23,9 @@
 #include "gtest/gtest.h"
 #include "server/pipeline/job.h"
 #include "server/pipeline/rank_pipeline.h"
+#include "server/pipeline/worker_pool.h"
 #include "server/transport/device_ring.h"
 #include "server/transport/device_stage.h"
-#include "server/pipeline/worker_pool.h"
 #include "testing/jpeg_writer.h"
 
 namespace ferry {
@@ -36,7 +36,8 @@ using ::testing::HasSubstr;
 // Sample i has fields value = i * 10 and index = i. Samples in `corrupt` fail to read.
 class FakeSource final : public SampleSource {
  public:
-  FakeSource(int64_t n, absl::flat_hash_set<int64_t> corrupt) : n_(n), corrupt_(std::move(corrupt)) {
+  FakeSource(int64_t n, absl::flat_hash_set<int64_t> corrupt)
+      : n_(n), corrupt_(std::move(corrupt)) {
     fields_.push_back(FieldLayout{"value", ferry::v1::INT64, {}, 8});
     fields_.push_back(FieldLayout{"index", ferry::v1::INT64, {}, 8});
   }
@@ -157,8 +158,7 @@ class PipelineTest : public ::testing::Test {
   }
   // Batch `i` of epoch 0 in its device slot: the right indices, and value = 10 * index
   // (gathered by the stage or written by the workers).
-  void ExpectDeviceBatch(const FakeDeviceStage& stage, const ferry::v1::BatchReady& b,
-                         int64_t i);
+  void ExpectDeviceBatch(const FakeDeviceStage& stage, const ferry::v1::BatchReady& b, int64_t i);
 
   std::vector<int64_t> Expected(int64_t epoch, int rank, int64_t batch) {
     std::vector<int64_t> ids;
@@ -438,8 +438,8 @@ TEST_F(PipelineTest, AnImageJobOutOfDescriptorsPausesAndRecovers) {
   spec.mutable_dataset()->mutable_image_folder()->set_root(dir.string());
   spec.mutable_transform()->mutable_center_crop()->set_size(16);
   spec.set_batch_size(4);
-  job_ = *Job::Create(JobIdentity{"jimg", "img", 1000, next_serial_++}, spec,
-                      UnconfinedDatasetFs());
+  job_ =
+      *Job::Create(JobIdentity{"jimg", "img", 1000, next_serial_++}, spec, UnconfinedDatasetFs());
   auto p = *RankPipeline::Create(job_, 0, 3, -1, pool_.get(), &budget_);
   RecordingConsumer c;
   ASSERT_TRUE(p->Bind(&c, 1).ok());
@@ -633,7 +633,9 @@ TEST_F(PipelineTest, ShutdownEndsTheStreamOnceHeldBatchesAreBack) {
 class FakeDeviceStage final : public DeviceStage {
  public:
   FakeDeviceStage(const SharedSlab& slab, size_t slot_bytes, int slots)
-      : slab_(slab.data()), slot_bytes_(slot_bytes), device_(slots, std::vector<uint8_t>(slot_bytes)) {}
+      : slab_(slab.data()),
+        slot_bytes_(slot_bytes),
+        device_(slots, std::vector<uint8_t>(slot_bytes)) {}
   ~FakeDeviceStage() override { JoinReports(); }
   // Call after the pipeline's Shutdown and before dropping the test's reference, so that
   // no report thread ends up destroying the pipeline. A report thread may still start a
@@ -776,10 +778,10 @@ class FakeDeviceStage final : public DeviceStage {
 
   uint8_t* slab_;  // the mapping outlives the SharedSlab object, which is moved
   const size_t slot_bytes_;
-  int gathered = -1;          // set before the pipeline is created
-  bool every_batch = true;    // likewise
-  std::atomic<bool> ready{true};  // the gather can start (a registration is done)
-  size_t index_offset = 0;    // of field 1, with gathered == 0
+  int gathered = -1;                    // set before the pipeline is created
+  bool every_batch = true;              // likewise
+  std::atomic<bool> ready{true};        // the gather can start (a registration is done)
+  size_t index_offset = 0;              // of field 1, with gathered == 0
   std::function<void()> on_start_copy;  // set before the pipeline is created
   std::atomic<bool> copies_forbidden{false};
   std::atomic<int> host_rows_written{0};
@@ -796,8 +798,8 @@ class FakeDeviceStage final : public DeviceStage {
   absl::flat_hash_map<std::vector<int64_t>, bool> gathered_by_indices_ ABSL_GUARDED_BY(mutex_);
 };
 
-void PipelineTest::ExpectDeviceBatch(const FakeDeviceStage& stage,
-                                     const ferry::v1::BatchReady& b, int64_t i) {
+void PipelineTest::ExpectDeviceBatch(const FakeDeviceStage& stage, const ferry::v1::BatchReady& b,
+                                     int64_t i) {
   EXPECT_EQ(b.batch(), i);
   std::vector<int64_t> values(4), indices(4);
   memcpy(values.data(), stage.device_[b.slot()].data(), 32);
@@ -835,8 +837,8 @@ TEST_F(PipelineTest, DeviceStageSlotsAreLeasedAndHostSlotsRecycled) {
   job_ = *Job::Create(JobIdentity{"jgpu", "gpu", 1000, 77}, spec,
                       std::make_unique<FakeSource>(64, absl::flat_hash_set<int64_t>{}));
   FakeDeviceStage* stage = nullptr;
-  auto created = CreateWithFakeStage(job_, /*host_slots=*/2, /*device_slots=*/3,
-                                     pool_.get(), &budget_, &stage);
+  auto created = CreateWithFakeStage(job_, /*host_slots=*/2, /*device_slots=*/3, pool_.get(),
+                                     &budget_, &stage);
   ASSERT_TRUE(created.ok()) << created.status();
   auto p = *created;
   EXPECT_EQ(p->num_slots(), 3);
@@ -935,7 +937,7 @@ TEST_F(PipelineTest, FieldGatheredByTheStageIsNeverWrittenByWorkers) {
 // holds slots by keeping them leased, or (gpu_lags) by releasing each at once while its
 // GPU, still busy with earlier work, signals the releases only later, oldest first.
 void PipelineTest::ExpectBatchesMadeWhileTheConsumerHoldsMostSlotsAreCopied(int slots,
-                                                                          bool gpu_lags) {
+                                                                            bool gpu_lags) {
   SCOPED_TRACE(absl::StrCat(slots, " slots", gpu_lags ? ", GPU lags" : ""));
   job_ = GatherJob("jgather2", /*seed=*/3, /*serial=*/80);
   FakeDeviceStage* stage = nullptr;
@@ -994,15 +996,15 @@ TEST_F(PipelineTest, NoCopyStartsAfterShutdownReturns) {
   absl::Notification entered, gate;
   std::atomic<int> calls{0};
   FakeDeviceStage* stage = nullptr;
-  auto created = CreateWithFakeStage(
-      job_, /*host_slots=*/4, /*device_slots=*/4, pool_.get(), &budget_, &stage, -1,
-      [&](FakeDeviceStage& s) {
-        s.on_start_copy = [&] {
-          if (calls.fetch_add(1) != 0) return;
-          entered.Notify();
-          gate.WaitForNotification();  // the first copy is slow to start
-        };
-      });
+  auto created =
+      CreateWithFakeStage(job_, /*host_slots=*/4, /*device_slots=*/4, pool_.get(), &budget_, &stage,
+                          -1, [&](FakeDeviceStage& s) {
+                            s.on_start_copy = [&] {
+                              if (calls.fetch_add(1) != 0) return;
+                              entered.Notify();
+                              gate.WaitForNotification();  // the first copy is slow to start
+                            };
+                          });
   ASSERT_TRUE(created.ok()) << created.status();
   auto p = *created;
   RecordingConsumer c;
@@ -1033,8 +1035,8 @@ TEST_F(PipelineTest, BatchesAreCopiedUntilTheGatherIsReady) {
   job_ = GatherJob("jgather3", /*seed=*/5, /*serial=*/81);
   FakeDeviceStage* stage = nullptr;
   auto created =
-      CreateWithFakeStage(job_, /*host_slots=*/4, /*device_slots=*/4, pool_.get(), &budget_,
-                          &stage, /*gathered_field=*/0, [](FakeDeviceStage& s) { s.ready = false; });
+      CreateWithFakeStage(job_, /*host_slots=*/4, /*device_slots=*/4, pool_.get(), &budget_, &stage,
+                          /*gathered_field=*/0, [](FakeDeviceStage& s) { s.ready = false; });
   ASSERT_TRUE(created.ok()) << created.status();
   auto p = *created;
   RecordingConsumer c;
@@ -1080,10 +1082,9 @@ TEST_F(PipelineTest, BatchesMadeWhileTheTrainersGpuIsBehindItsHostAreCopied) {
   job_ = GatherJob("jgather5", /*seed=*/11, /*serial=*/83,
                    std::make_unique<FakeSource>(256, absl::flat_hash_set<int64_t>{}));
   FakeDeviceStage* stage = nullptr;
-  auto created =
-      CreateWithFakeStage(job_, /*host_slots=*/4, /*device_slots=*/16, pool_.get(), &budget_,
-                          &stage, /*gathered_field=*/0,
-                          [](FakeDeviceStage& s) { s.every_batch = false; });
+  auto created = CreateWithFakeStage(job_, /*host_slots=*/4, /*device_slots=*/16, pool_.get(),
+                                     &budget_, &stage, /*gathered_field=*/0,
+                                     [](FakeDeviceStage& s) { s.every_batch = false; });
   ASSERT_TRUE(created.ok()) << created.status();
   auto p = *created;
   RecordingConsumer c;
@@ -1127,9 +1128,8 @@ TEST_F(PipelineTest, ReleasesCompletedButNotYetReportedDoNotCountAsHeld) {
   job_ = GatherJob("jgather6", /*seed=*/13, /*serial=*/84);
   FakeDeviceStage* stage = nullptr;
   auto created =
-      CreateWithFakeStage(job_, /*host_slots=*/4, /*device_slots=*/4, pool_.get(), &budget_,
-                          &stage, /*gathered_field=*/0,
-                          [](FakeDeviceStage& s) { s.every_batch = false; });
+      CreateWithFakeStage(job_, /*host_slots=*/4, /*device_slots=*/4, pool_.get(), &budget_, &stage,
+                          /*gathered_field=*/0, [](FakeDeviceStage& s) { s.every_batch = false; });
   ASSERT_TRUE(created.ok()) << created.status();
   auto p = *created;
   RecordingConsumer c;
@@ -1193,8 +1193,8 @@ TEST_F(PipelineTest, FilledBatchesAreCopiedPastAStragglerThatKeepsADeviceSlot) {
   job_ = *Job::Create(JobIdentity{"jgpu3", "gpu3", 1000, 79}, spec,
                       std::make_unique<GatedSource>(64, /*gated=*/0, &gate));  // in batch 0
   FakeDeviceStage* stage = nullptr;
-  auto p = *CreateWithFakeStage(job_, /*host_slots=*/4, /*device_slots=*/4,
-                                 pool_.get(), &budget_, &stage);
+  auto p = *CreateWithFakeStage(job_, /*host_slots=*/4, /*device_slots=*/4, pool_.get(), &budget_,
+                                &stage);
   RecordingConsumer c;
   ASSERT_TRUE(p->Bind(&c, 1, {"a", "b", "c", "d"}).ok());
   ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
@@ -1240,8 +1240,8 @@ TEST_F(PipelineTest, CompleteReleaseFreesTheDeviceSlotWithoutASignal) {
   job_ = *Job::Create(JobIdentity{"jgpu2", "gpu2", 1000, 78}, spec,
                       std::make_unique<FakeSource>(64, absl::flat_hash_set<int64_t>{}));
   FakeDeviceStage* stage = nullptr;
-  auto p = *CreateWithFakeStage(job_, /*host_slots=*/2, /*device_slots=*/2,
-                                 pool_.get(), &budget_, &stage);
+  auto p = *CreateWithFakeStage(job_, /*host_slots=*/2, /*device_slots=*/2, pool_.get(), &budget_,
+                                &stage);
   RecordingConsumer c;
   ASSERT_TRUE(p->Bind(&c, 1, {"a", "b"}).ok());
   ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
@@ -1285,7 +1285,8 @@ TEST_F(PipelineTest, BadRequestsAreRefused) {
 }
 
 TEST_F(PipelineTest, SlabCountsAgainstTheBudget) {
-  MemoryBudget tiny("host memory budget", "host_memory_budget_bytes", 4096, "/etc/ferry/ferryd.conf");
+  MemoryBudget tiny("host memory budget", "host_memory_budget_bytes", 4096,
+                    "/etc/ferry/ferryd.conf");
   ferry::v1::JobSpec spec;
   spec.set_batch_size(1000);
   auto job = *Job::Create(JobIdentity{"jbig", "big", 1000, 99}, spec,

@@ -57,9 +57,8 @@ absl::StatusOr<std::shared_ptr<RankPipeline>> RankPipeline::Create(
     MemoryBudget* budget, const RingFactory& ring_factory) {
   if (num_slots < 1) return absl::InvalidArgumentError("prefetch_depth must be at least 1");
   const size_t bytes = job->layout().slot_bytes * static_cast<size_t>(num_slots);
-  const std::string what =
-      absl::StrCat("job ", job->identity().id, " rank ", rank, " (", num_slots, " slots of ",
-                   job->layout().slot_bytes, " bytes)");
+  const std::string what = absl::StrCat("job ", job->identity().id, " rank ", rank, " (", num_slots,
+                                        " slots of ", job->layout().slot_bytes, " bytes)");
   FERRY_ASSIGN_OR_RETURN(MemoryBudget::Reservation reservation, budget->Reserve(bytes, what));
   FERRY_ASSIGN_OR_RETURN(
       SharedSlab slab,
@@ -72,8 +71,8 @@ absl::StatusOr<std::shared_ptr<RankPipeline>> RankPipeline::Create(
   }
   const int group = pool->GroupForNode(numa_node);
   std::shared_ptr<RankPipeline> pipeline(new RankPipeline(std::move(job), rank, std::move(slab),
-                                                          std::move(reservation), num_slots,
-                                                          pool, group, std::move(ring)));
+                                                          std::move(reservation), num_slots, pool,
+                                                          group, std::move(ring)));
   std::weak_ptr<RankPipeline> weak = pipeline;
   DeliveryRing::Listener listener;
   listener.host_slot_free = [weak](int host_slot) {
@@ -87,8 +86,8 @@ absl::StatusOr<std::shared_ptr<RankPipeline>> RankPipeline::Create(
 }
 
 RankPipeline::RankPipeline(std::shared_ptr<Job> job, int rank, SharedSlab slab,
-                           MemoryBudget::Reservation reservation, int num_slots,
-                           WorkerPool* pool, int group, std::unique_ptr<DeliveryRing> ring)
+                           MemoryBudget::Reservation reservation, int num_slots, WorkerPool* pool,
+                           int group, std::unique_ptr<DeliveryRing> ring)
     : job_(std::move(job)),
       rank_(rank),
       slab_(std::move(slab)),
@@ -179,13 +178,12 @@ void RankPipeline::Shutdown(const absl::Status& reason) {
   Deliver({});
 }
 
-absl::Status RankPipeline::StartEpoch(BatchConsumer* consumer, int64_t epoch,
-                                      int64_t first_batch) {
-  if (epoch < 0) return absl::InvalidArgumentError(absl::StrCat("epoch must be >= 0 (got ", epoch, ")"));
+absl::Status RankPipeline::StartEpoch(BatchConsumer* consumer, int64_t epoch, int64_t first_batch) {
+  if (epoch < 0)
+    return absl::InvalidArgumentError(absl::StrCat("epoch must be >= 0 (got ", epoch, ")"));
   if (first_batch < 0 || first_batch > batches_per_epoch_) {
-    return absl::InvalidArgumentError(absl::StrCat("first_batch must be in [0, ",
-                                                   batches_per_epoch_, "] (got ", first_batch,
-                                                   ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "first_batch must be in [0, ", batches_per_epoch_, "] (got ", first_batch, ")"));
   }
   if (job_->failed()) {
     Shutdown(job_->failure());
@@ -276,23 +274,23 @@ void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
     fill_counters_[s].rows_left.store(static_cast<int>(num_tasks), std::memory_order_relaxed);
     fill_counters_[s].substitutes.store(0, std::memory_order_relaxed);
     const uint64_t ticket = next_ticket_++;
-    pending_.push_back(Pending{ticket, static_cast<int>(s), slot.epoch, slot.batch,
-                               slot.num_samples});
-    ring_->Enqueue(DeliveryRing::Batch{ticket, static_cast<int>(s), slot.num_samples,
-                                       slot.gather});
+    pending_.push_back(
+        Pending{ticket, static_cast<int>(s), slot.epoch, slot.batch, slot.num_samples});
+    ring_->Enqueue(DeliveryRing::Batch{ticket, static_cast<int>(s), slot.num_samples, slot.gather});
     ++next_batch_;
     std::shared_ptr<RankPipeline> self = shared_from_this();
     for (size_t begin = 0; begin < n; begin += per_task) {
       const size_t end = std::min(n, begin + per_task);
-      tasks->push_back([self, s = static_cast<int>(s), gen = generation_, begin, epoch = slot.epoch,
-                        gather = slot.gather,
-                        rows = std::vector<int64_t>(indices.begin() + begin, indices.begin() + end)](
-                           WorkerContext& context) {
-        for (size_t i = 0; i < rows.size(); ++i) {
-          self->FillRow(s, gen, static_cast<int>(begin + i), rows[i], epoch, gather, context);
-        }
-        self->OnTaskDone(s, gen);
-      });
+      tasks->push_back(
+          [self, s = static_cast<int>(s), gen = generation_, begin, epoch = slot.epoch,
+           gather = slot.gather,
+           rows = std::vector<int64_t>(indices.begin() + begin, indices.begin() + end)](
+              WorkerContext& context) {
+            for (size_t i = 0; i < rows.size(); ++i) {
+              self->FillRow(s, gen, static_cast<int>(begin + i), rows[i], epoch, gather, context);
+            }
+            self->OnTaskDone(s, gen);
+          });
     }
   }
 }
@@ -308,9 +306,10 @@ void RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index
     absl::InlinedVector<uint8_t*, 8> rows(layout.fields.size());
     const size_t nfields = rows.size();
     for (size_t f = 0; f < nfields; ++f) {
-      rows[f] = gather && static_cast<int>(f) == gathered_field_
-                    ? nullptr  // the stage reads these rows from the dataset itself
-                    : base + layout.offsets[f] + static_cast<size_t>(row) * layout.fields[f].row_bytes;
+      rows[f] =
+          gather && static_cast<int>(f) == gathered_field_
+              ? nullptr  // the stage reads these rows from the dataset itself
+              : base + layout.offsets[f] + static_cast<size_t>(row) * layout.fields[f].row_bytes;
     }
     SampleSource::Scratch* scratch = context.ScratchFor(job_->identity().serial, source);
     const uint64_t seed = job_->spec().seed();
@@ -323,12 +322,13 @@ void RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index
     // without reading it, and still land on the same substitute.
     for (int attempt = 0; attempt < kSubstituteAttempts && !filled; ++attempt) {
       if (!job_->IsQuarantined(candidate)) {
-        absl::Status s = source.Fill(candidate, MixSeed(seed, static_cast<uint64_t>(epoch),
-                                                        static_cast<uint64_t>(candidate)),
-                                     absl::MakeConstSpan(rows), scratch);
+        absl::Status s = source.Fill(
+            candidate,
+            MixSeed(seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(candidate)),
+            absl::MakeConstSpan(rows), scratch);
         if (IsTransientReadError(s)) {
-          s = RetryTransient(source, candidate, epoch, absl::MakeConstSpan(rows),
-                             scratch, generation, s);
+          s = RetryTransient(source, candidate, epoch, absl::MakeConstSpan(rows), scratch,
+                             generation, s);
           if (IsTransientReadError(s)) return;  // the job failed, or the row is stale
         }
         if (s.ok()) {
@@ -340,15 +340,17 @@ void RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index
         job_->RecordSampleError(candidate, path, std::string(s.message()));
         if (job_->fail_on_corrupt_sample()) {
           job_->Fail(absl::DataLossError(absl::StrCat(
-              "job ", job_->identity().id, " stopped at a bad sample (on_corrupt_sample=FAIL): "
-              "sample ", candidate, " '", path, "': ", s.message(),
+              "job ", job_->identity().id,
+              " stopped at a bad sample (on_corrupt_sample=FAIL): "
+              "sample ",
+              candidate, " '", path, "': ", s.message(),
               ". Fix or remove the file, or create the job with on_corrupt_sample=SKIP")));
           return;
         }
       }
       candidate = static_cast<int64_t>(
-          (static_cast<uint64_t>(candidate) + 1 + Mix64(static_cast<uint64_t>(candidate) ^ seed) %
-                                                      static_cast<uint64_t>(source.size())) %
+          (static_cast<uint64_t>(candidate) + 1 +
+           Mix64(static_cast<uint64_t>(candidate) ^ seed) % static_cast<uint64_t>(source.size())) %
           static_cast<uint64_t>(source.size()));
     }
     if (filled && candidate != index) {
@@ -371,8 +373,8 @@ void RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index
   }
 }
 
-absl::Status RankPipeline::RetryTransient(const SampleSource& source, int64_t index,
-                                          int64_t epoch, absl::Span<uint8_t* const> rows,
+absl::Status RankPipeline::RetryTransient(const SampleSource& source, int64_t index, int64_t epoch,
+                                          absl::Span<uint8_t* const> rows,
                                           SampleSource::Scratch* scratch, uint64_t generation,
                                           absl::Status status) {
   const std::string path = source.Describe(index);
@@ -383,8 +385,8 @@ absl::Status RankPipeline::RetryTransient(const SampleSource& source, int64_t in
     if (absl::Now() >= give_up) {
       job_->Fail(absl::Status(
           status.code(),
-          absl::StrCat("job ", job_->identity().id, " stopped: reading sample ", index, " '",
-                       path, "' failed for ", absl::FormatDuration(job_->transient_retry_limit()),
+          absl::StrCat("job ", job_->identity().id, " stopped: reading sample ", index, " '", path,
+                       "' failed for ", absl::FormatDuration(job_->transient_retry_limit()),
                        " for a reason of this machine, not of the data: ", status.message(),
                        ". Free the resource (raise ferryd's LimitNOFILE, free memory, check the "
                        "disk) and create the job again")));
@@ -397,9 +399,10 @@ absl::Status RankPipeline::RetryTransient(const SampleSource& source, int64_t in
       absl::SleepFor(std::min(absl::Milliseconds(20), wake - absl::Now()));
     }
     backoff = std::min(backoff * 2, kLastRetryWait);
-    status = source.Fill(index, MixSeed(job_->spec().seed(), static_cast<uint64_t>(epoch),
-                                        static_cast<uint64_t>(index)),
-                         rows, scratch);
+    status = source.Fill(
+        index,
+        MixSeed(job_->spec().seed(), static_cast<uint64_t>(epoch), static_cast<uint64_t>(index)),
+        rows, scratch);
   }
   return status;
 }
@@ -542,8 +545,7 @@ void RankPipeline::FillStatus(ferry::v1::RankStatus* status) const {
   status->set_samples_delivered(samples_delivered_);
   // Rates are of the consumer attached now: none without one (not its predecessor's).
   if (consumer_ != nullptr && recent_deliveries_.size() >= 2) {
-    const double seconds =
-        absl::ToDoubleSeconds(absl::Now() - recent_deliveries_.front().first);
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - recent_deliveries_.front().first);
     uint64_t samples = 0;
     for (size_t i = 1; i < recent_deliveries_.size(); ++i) samples += recent_deliveries_[i].second;
     if (seconds > 0) {

@@ -65,9 +65,9 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
       std::function<absl::StatusOr<std::unique_ptr<DeliveryRing>>(const SharedSlab& slab)>;
   // Reserves slots x slot_bytes from `budget`, allocates the slab on `numa_node` and makes
   // its ring: `ring` (a device ring), or a HostRing when null.
-  static absl::StatusOr<std::shared_ptr<RankPipeline>> Create(std::shared_ptr<Job> job,
-                                                              int rank, int num_slots,
-                                                              int numa_node, WorkerPool* pool,
+  static absl::StatusOr<std::shared_ptr<RankPipeline>> Create(std::shared_ptr<Job> job, int rank,
+                                                              int num_slots, int numa_node,
+                                                              WorkerPool* pool,
                                                               MemoryBudget* budget,
                                                               const RingFactory& ring = nullptr);
   ~RankPipeline();
@@ -89,8 +89,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   absl::Status StartEpoch(BatchConsumer* consumer, int64_t epoch, int64_t first_batch);
   // INVALID_ARGUMENT unless `slot` is leased to the consumer under `seq`. `complete`: see
   // DeliveryRing::Release.
-  absl::Status Release(BatchConsumer* consumer, uint32_t slot, int64_t seq,
-                       bool complete = false);
+  absl::Status Release(BatchConsumer* consumer, uint32_t slot, int64_t seq, bool complete = false);
 
   const SharedSlab& slab() const { return slab_; }
   // Slots the consumer leases (the ring's).
@@ -119,7 +118,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
     // (Job::CountSubstitutes) only when the batch is delivered, not for a fill abandoned.
     std::atomic<int> substitutes{0};
   };
-  struct Pending {  // one scheduled batch, in delivery order
+  struct Pending {    // one scheduled batch, in delivery order
     uint64_t ticket;  // names it to the ring
     int slot;         // host slot (the ring may give it back before delivery)
     int64_t epoch;
@@ -130,8 +129,8 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   };
 
   RankPipeline(std::shared_ptr<Job> job, int rank, SharedSlab slab,
-               MemoryBudget::Reservation reservation, int num_slots, WorkerPool* pool,
-               int group, std::unique_ptr<DeliveryRing> ring);
+               MemoryBudget::Reservation reservation, int num_slots, WorkerPool* pool, int group,
+               std::unique_ptr<DeliveryRing> ring);
   // The ring gave host slot `slot` back.
   void OnHostSlotFree(int slot);
   void FreeHostSlotsLocked(const std::vector<int>& freed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
@@ -140,8 +139,8 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
 
   // Takes free slots and hands their rows to the pool. Requires mutex_.
   void ScheduleLocked(std::vector<WorkerPool::Task>* tasks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  void FillRow(int slot, uint64_t generation, int row, int64_t index, int64_t epoch,
-               bool gather, WorkerContext& context);
+  void FillRow(int slot, uint64_t generation, int row, int64_t index, int64_t epoch, bool gather,
+               WorkerContext& context);
   // Reads sample `index` again while it fails for a reason of the machine
   // (IsTransientReadError), waiting longer each time, and returns the first other status.
   // Gives up, returning the transient status, when the row goes stale (a seek or shutdown)

@@ -95,7 +95,7 @@ void WorkerPool::Run(int group) {
   NameThisThread(absl::StrCat("ferry-worker-n", groups_[group].numa_node));
   if (absl::Status s = PinCurrentThreadToCpus(groups_[group].cpus); !s.ok()) {
     FERRY_LOG(WARNING) << "worker of NUMA node " << groups_[group].numa_node
-                 << " runs unpinned: " << s;
+                       << " runs unpinned: " << s;
   }
   WorkerContext context(group);
   auto has_work = [this, group]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {

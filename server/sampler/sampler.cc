@@ -38,11 +38,11 @@ absl::StatusOr<std::unique_ptr<Sampler>> Sampler::Create(const SamplerOptions& o
   std::unique_ptr<Sampler> sampler(new Sampler(options));
   if (sampler->batches_per_epoch() == 0) {
     // Only reachable with drop_last: without it every rank gets at least one (short) batch.
-    return absl::FailedPreconditionError(absl::StrCat(
-        "dataset of ", options.num_samples, " samples over ", options.world_size,
-        " ranks with batch_size ", options.batch_size, " and drop_last gives no batch per rank (",
-        sampler->samples_per_rank(),
-        " samples per rank); lower batch_size or world_size, or turn off drop_last"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("dataset of ", options.num_samples, " samples over ", options.world_size,
+                     " ranks with batch_size ", options.batch_size,
+                     " and drop_last gives no batch per rank (", sampler->samples_per_rank(),
+                     " samples per rank); lower batch_size or world_size, or turn off drop_last"));
   }
   return sampler;
 }
@@ -58,8 +58,7 @@ int64_t Sampler::batches_per_epoch() const {
   return options_.drop_last || !partial ? full : full + 1;
 }
 
-void Sampler::BatchIndices(int64_t epoch, int64_t rank, int64_t batch,
-                           std::vector<int64_t>* out) {
+void Sampler::BatchIndices(int64_t epoch, int64_t rank, int64_t batch, std::vector<int64_t>* out) {
   if (rank < 0 || rank >= options_.world_size || batch < 0 || batch >= batches_per_epoch()) {
     // A caller bug (requests are validated at the service edge); continuing would hand out
     // indices of another rank or past the dataset.
@@ -132,10 +131,9 @@ void Sampler::CheckEpochOrder(int64_t epoch) {
     }
   }
   if (problem == nullptr) return;
-  std::fprintf(stderr,
-               "ferry: Sampler epoch_order for epoch %lld %s (%zu entries, num_samples=%lld)\n",
-               static_cast<long long>(epoch), problem, permutation_.size(),
-               static_cast<long long>(n));
+  std::fprintf(
+      stderr, "ferry: Sampler epoch_order for epoch %lld %s (%zu entries, num_samples=%lld)\n",
+      static_cast<long long>(epoch), problem, permutation_.size(), static_cast<long long>(n));
   std::abort();
 }
 

@@ -50,11 +50,16 @@ TEST(SamplerTest, RejectsOutOfRangeFieldsNamingThem) {
     std::string message;
   };
   const Case cases[] = {
-      {{.num_samples = 0, .batch_size = 1, .world_size = 1}, "num_samples must be at least 1 (got 0)"},
-      {{.num_samples = -5, .batch_size = 1, .world_size = 1}, "num_samples must be at least 1 (got -5)"},
-      {{.num_samples = 10, .batch_size = 0, .world_size = 1}, "batch_size must be at least 1 (got 0)"},
-      {{.num_samples = 10, .batch_size = -1, .world_size = 1}, "batch_size must be at least 1 (got -1)"},
-      {{.num_samples = 10, .batch_size = 1, .world_size = 0}, "world_size must be at least 1 (got 0)"},
+      {{.num_samples = 0, .batch_size = 1, .world_size = 1},
+       "num_samples must be at least 1 (got 0)"},
+      {{.num_samples = -5, .batch_size = 1, .world_size = 1},
+       "num_samples must be at least 1 (got -5)"},
+      {{.num_samples = 10, .batch_size = 0, .world_size = 1},
+       "batch_size must be at least 1 (got 0)"},
+      {{.num_samples = 10, .batch_size = -1, .world_size = 1},
+       "batch_size must be at least 1 (got -1)"},
+      {{.num_samples = 10, .batch_size = 1, .world_size = 0},
+       "world_size must be at least 1 (got 0)"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<std::unique_ptr<Sampler>> sampler = Sampler::Create(c.options);
@@ -65,8 +70,8 @@ TEST(SamplerTest, RejectsOutOfRangeFieldsNamingThem) {
 
 TEST(SamplerTest, RankWithoutBatchIsFailedPrecondition) {
   // 10 samples over 8 ranks with drop_last: 1 sample per rank, less than one batch of 4.
-  absl::StatusOr<std::unique_ptr<Sampler>> sampler = Sampler::Create(
-      {.num_samples = 10, .batch_size = 4, .world_size = 8, .drop_last = true});
+  absl::StatusOr<std::unique_ptr<Sampler>> sampler =
+      Sampler::Create({.num_samples = 10, .batch_size = 4, .world_size = 8, .drop_last = true});
   EXPECT_EQ(sampler.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(sampler.status().message(), HasSubstr("dataset of 10 samples over 8 ranks"));
   EXPECT_THAT(sampler.status().message(), HasSubstr("batch_size 4"));
@@ -75,8 +80,7 @@ TEST(SamplerTest, RankWithoutBatchIsFailedPrecondition) {
               HasSubstr("lower batch_size or world_size, or turn off drop_last"));
 
   // Fewer samples than ranks with drop_last: nothing at all per rank.
-  EXPECT_EQ(Sampler::Create({.num_samples = 5, .batch_size = 1, .world_size = 8,
-                             .drop_last = true})
+  EXPECT_EQ(Sampler::Create({.num_samples = 5, .batch_size = 1, .world_size = 8, .drop_last = true})
                 .status()
                 .code(),
             absl::StatusCode::kFailedPrecondition);
@@ -158,12 +162,15 @@ TEST(SamplerTest, ShardingContractHoldsForManyShapes) {
       for (int64_t w : {1, 2, 3, 4, 8}) {
         for (bool drop_last : {false, true}) {
           for (bool shuffle : {false, true}) {
-            SamplerOptions o = {.num_samples = n, .batch_size = b, .world_size = w,
-                                .shuffle = shuffle, .drop_last = drop_last, .seed = 1234};
-            const std::string label = "N=" + std::to_string(n) + " B=" + std::to_string(b) +
-                                      " W=" + std::to_string(w) +
-                                      " drop_last=" + std::to_string(drop_last) +
-                                      " shuffle=" + std::to_string(shuffle);
+            SamplerOptions o = {.num_samples = n,
+                                .batch_size = b,
+                                .world_size = w,
+                                .shuffle = shuffle,
+                                .drop_last = drop_last,
+                                .seed = 1234};
+            const std::string label =
+                "N=" + std::to_string(n) + " B=" + std::to_string(b) + " W=" + std::to_string(w) +
+                " drop_last=" + std::to_string(drop_last) + " shuffle=" + std::to_string(shuffle);
             const int64_t total = drop_last ? n / w * w : (n + w - 1) / w * w;
             const int64_t per_rank = total / w;
             const int64_t batches = drop_last ? per_rank / b : (per_rank + b - 1) / b;
@@ -236,8 +243,8 @@ TEST(SamplerTest, MoreRanksThanSamplesWrapsThePadding) {
 }
 
 TEST(SamplerTest, ConcurrentCallsMatchSerialResults) {
-  const SamplerOptions options = {.num_samples = 5003, .batch_size = 64, .world_size = 4,
-                                  .shuffle = true, .seed = 99};
+  const SamplerOptions options = {
+      .num_samples = 5003, .batch_size = 64, .world_size = 4, .shuffle = true, .seed = 99};
   constexpr int kEpochs = 6;
   std::unique_ptr<Sampler> serial = MakeSampler(options);
   ASSERT_NE(serial, nullptr);
@@ -285,9 +292,8 @@ TEST(SamplerTest, ContiguousDealsRunsWithTheSameCounts) {
   EXPECT_THAT(epoch[2], ElementsAre(ElementsAre(8, 9), ElementsAre(0, 1)));
 
   // Cut: per_rank = floor(10 / 3) = 3; sample 9 is dropped, as in strided mode.
-  std::unique_ptr<Sampler> cut = MakeSampler({.num_samples = 10, .batch_size = 2,
-                                              .world_size = 3, .drop_last = true,
-                                              .contiguous = true});
+  std::unique_ptr<Sampler> cut = MakeSampler(
+      {.num_samples = 10, .batch_size = 2, .world_size = 3, .drop_last = true, .contiguous = true});
   ASSERT_NE(cut, nullptr);
   EXPECT_EQ(cut->batches_per_epoch(), 1);  // 3 per rank: one full batch, the rest dropped
   auto cut_epoch = WholeEpoch(*cut, 0);
@@ -312,8 +318,8 @@ TEST(SamplerTest, EpochOrderReplacesThePermutationAndIsCachedPerEpoch) {
   for (bool shuffle : {false, true}) {
     calls = 0;
     epochs_asked.clear();
-    SamplerOptions o = {.num_samples = kN, .batch_size = 4, .world_size = 1, .shuffle = shuffle,
-                        .seed = 9};
+    SamplerOptions o = {
+        .num_samples = kN, .batch_size = 4, .world_size = 1, .shuffle = shuffle, .seed = 9};
     o.epoch_order = [&](int64_t epoch, std::vector<int64_t>* order) {
       ++calls;
       epochs_asked.push_back(epoch);
@@ -345,8 +351,12 @@ TEST(SamplerTest, ContiguousContractHoldsForManyShapes) {
     for (int64_t b : {1, 3, 16, 64}) {
       for (int64_t w : {1, 2, 3, 8}) {
         for (bool drop_last : {false, true}) {
-          SamplerOptions o = {.num_samples = n, .batch_size = b, .world_size = w,
-                              .shuffle = true, .drop_last = drop_last, .seed = 77};
+          SamplerOptions o = {.num_samples = n,
+                              .batch_size = b,
+                              .world_size = w,
+                              .shuffle = true,
+                              .drop_last = drop_last,
+                              .seed = 77};
           o.epoch_order = [n](int64_t epoch, std::vector<int64_t>* order) {
             RotatedReversed(n, epoch, order);
           };

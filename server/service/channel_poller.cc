@@ -41,15 +41,15 @@ ChannelPoller::~ChannelPoller() {
   if (thread_.joinable()) thread_.join();
 }
 
-absl::StatusOr<uint64_t> ChannelPoller::Add(int fd,
-                                             std::function<void(uint64_t id)> on_readable) {
+absl::StatusOr<uint64_t> ChannelPoller::Add(int fd, std::function<void(uint64_t id)> on_readable) {
   absl::MutexLock lock(&mutex_);
   const uint64_t id = next_id_++;
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = id;
   if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
-    return absl::InternalError(absl::StrCat("epoll_ctl(ADD) of a batch channel: ", strerror(errno)));
+    return absl::InternalError(
+        absl::StrCat("epoll_ctl(ADD) of a batch channel: ", strerror(errno)));
   }
   entries_[id] = std::make_shared<Entry>(Entry{fd, std::move(on_readable)});
   return id;
@@ -68,7 +68,6 @@ void ChannelPoller::Remove(uint64_t id) {
   auto idle = [this, id]() ABSL_SHARED_LOCKS_REQUIRED(mutex_) { return running_ != id; };
   mutex_.Await(absl::Condition(&idle));
 }
-
 
 void ChannelPoller::RunAgain(uint64_t id) {
   if (id == 0) return;  // 0 is the stop signal, never a registration

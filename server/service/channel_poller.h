@@ -63,7 +63,7 @@ class ChannelPoller final {
   absl::Mutex mutex_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mutex_);
   uint64_t next_id_ ABSL_GUARDED_BY(mutex_) = 1;
-  uint64_t running_ ABSL_GUARDED_BY(mutex_) = 0;  // id of the handler running now, or 0
+  uint64_t running_ ABSL_GUARDED_BY(mutex_) = 0;         // id of the handler running now, or 0
   std::vector<uint64_t> again_ ABSL_GUARDED_BY(mutex_);  // RunAgain's ids, in order
 };
 

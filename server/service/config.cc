@@ -7,10 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/session_protocol.h"
-#include "server/service/job_manager.h"
-#include "server/transport/gather_options.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "server/service/job_manager.h"
+#include "server/transport/gather_options.h"
 
 namespace ferry {
 namespace {
@@ -18,7 +18,8 @@ namespace {
 class ErrorCollector final : public google::protobuf::io::ErrorCollector {
  public:
   void AddError(int line, int column, const std::string& message) override {
-    if (first_.empty()) first_ = absl::StrCat("line ", line + 1, ", column ", column + 1, ": ", message);
+    if (first_.empty())
+      first_ = absl::StrCat("line ", line + 1, ", column ", column + 1, ": ", message);
   }
   const std::string& first() const { return first_; }
 
@@ -27,14 +28,16 @@ class ErrorCollector final : public google::protobuf::io::ErrorCollector {
 };
 
 uint64_t PhysicalMemoryBytes() {
-  return static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  return static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+         static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
 }
 
 }  // namespace
 
 void ApplyDefaults(ferry::v1::DaemonConfig* c) {
   if (c->unix_socket().empty()) c->set_unix_socket(DefaultSocketPath());
-  if (c->host_memory_budget_bytes() == 0) c->set_host_memory_budget_bytes(PhysicalMemoryBytes() / 2);
+  if (c->host_memory_budget_bytes() == 0)
+    c->set_host_memory_budget_bytes(PhysicalMemoryBytes() / 2);
   if (c->pinned_memory_budget_bytes() == 0) {
     c->set_pinned_memory_budget_bytes(c->host_memory_budget_bytes());
   }
@@ -82,9 +85,8 @@ absl::StatusOr<LoadedConfig> LoadConfig(const std::string& path) {
     ErrorCollector errors;
     parser.RecordErrorsTo(&errors);
     if (!parser.ParseFromString(text.str(), &loaded.config)) {
-      return absl::InvalidArgumentError(absl::StrCat("config file '", loaded.path, "', ",
-                                                     errors.first(),
-                                                     "; see deploy/ferryd.conf.example"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config file '", loaded.path, "', ", errors.first(), "; see deploy/ferryd.conf.example"));
     }
     loaded.from_file = true;
   }
@@ -95,9 +97,9 @@ absl::StatusOr<LoadedConfig> LoadConfig(const std::string& path) {
   }
   for (const std::string& root : loaded.config.dataset_roots()) {
     if (root.empty() || root[0] != '/') {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "config file '", loaded.path, "': dataset_roots entry '", root.substr(0, 512),
-          "' is not an absolute path; write it from /"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("config file '", loaded.path, "': dataset_roots entry '",
+                       root.substr(0, 512), "' is not an absolute path; write it from /"));
     }
   }
   ApplyDefaults(&loaded.config);

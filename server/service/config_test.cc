@@ -76,9 +76,11 @@ TEST_F(ConfigTest, GatherStreamsOverTheLimitIsRefusedWithTheRange) {
   Write(absl::StrCat("gather_streams: ", over, "\n"));
   absl::StatusOr<LoadedConfig> loaded = LoadConfig(path());
   ASSERT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(loaded.status().message(), absl::StrCat("gather_streams is ", over)))
+  EXPECT_TRUE(
+      absl::StrContains(loaded.status().message(), absl::StrCat("gather_streams is ", over)))
       << loaded.status();
-  EXPECT_TRUE(absl::StrContains(loaded.status().message(), absl::StrCat("1 to ", kMaxGatherStreams)));
+  EXPECT_TRUE(
+      absl::StrContains(loaded.status().message(), absl::StrCat("1 to ", kMaxGatherStreams)));
   Write(absl::StrCat("gather_streams: ", kMaxGatherStreams, "\n"));
   EXPECT_TRUE(LoadConfig(path()).ok());
 }

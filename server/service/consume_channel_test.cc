@@ -73,9 +73,7 @@ class ConsumeChannelTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
   }
 
-  void Prepare(grpc::ClientContext* context) {
-    context->AddMetadata(kSessionMetadataKey, token_);
-  }
+  void Prepare(grpc::ClientContext* context) { context->AddMetadata(kSessionMetadataKey, token_); }
 
   // Attaches rank 0, waiting up to 5 s for ferryd to let go of a previous stream's rank.
   std::string Attach() {
@@ -253,8 +251,7 @@ TEST_F(ConsumeChannelTest, AChannelTheTrainerWroteOverEndsItsStreamAndTheRankAtt
   auto& stream = c.stream;
   // Claim 1000 unread messages in the trainer -> daemon ring (its head: bytes 256..264).
   ASSERT_TRUE(memfd_.valid());
-  void* raw = mmap(nullptr, channel->bytes(), PROT_READ | PROT_WRITE, MAP_SHARED,
-                   memfd_.get(), 0);
+  void* raw = mmap(nullptr, channel->bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, memfd_.get(), 0);
   ASSERT_NE(raw, MAP_FAILED);
   const uint64_t bogus = 1000;
   memcpy(static_cast<uint8_t*>(raw) + 256, &bogus, sizeof(bogus));

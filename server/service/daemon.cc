@@ -18,10 +18,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
-#include "common/unique_fd.h"
-#include "common/thread_name.h"
 #include "common/session_protocol.h"
 #include "common/status_macros.h"
+#include "common/thread_name.h"
+#include "common/unique_fd.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
 #if FERRY_HAVE_CUDA
@@ -68,12 +68,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
 
   FERRY_ASSIGN_OR_RETURN(d->topology_, Topology::Read(config.sysfs_root()));
-  FERRY_ASSIGN_OR_RETURN(d->pool_, WorkerPool::Create(d->topology_,
-                                                      static_cast<int>(config.workers_per_node())));
-  d->host_budget_ = std::make_unique<MemoryBudget>("host memory budget",
-                                                   "host_memory_budget_bytes",
-                                                   config.host_memory_budget_bytes(),
-                                                   d->config_.path);
+  FERRY_ASSIGN_OR_RETURN(
+      d->pool_, WorkerPool::Create(d->topology_, static_cast<int>(config.workers_per_node())));
+  d->host_budget_ =
+      std::make_unique<MemoryBudget>("host memory budget", "host_memory_budget_bytes",
+                                     config.host_memory_budget_bytes(), d->config_.path);
   JobManager::Options job_options;
   job_options.dataset_roots.assign(config.dataset_roots().begin(), config.dataset_roots().end());
   // A per-user or private daemon reads only what its user can read anyway; the system daemon
@@ -99,10 +98,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   job_options.default_prefetch_depth = config.default_prefetch_depth();
   job_options.default_prefetch_bytes = config.default_prefetch_bytes();
   job_options.job_idle_timeout = absl::Seconds(config.job_idle_timeout_seconds());
-  d->pinned_budget_ = std::make_unique<MemoryBudget>("pinned memory budget",
-                                                     "pinned_memory_budget_bytes",
-                                                     config.pinned_memory_budget_bytes(),
-                                                     d->config_.path);
+  d->pinned_budget_ =
+      std::make_unique<MemoryBudget>("pinned memory budget", "pinned_memory_budget_bytes",
+                                     config.pinned_memory_budget_bytes(), d->config_.path);
 #if FERRY_HAVE_CUDA
   GatherOptions gather;  // ApplyDefaults filled in every unset setting
   gather.enabled = !config.disable_page_cache_gather();
@@ -110,8 +108,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   gather.thread_blocks =
       static_cast<int>(std::min<uint32_t>(config.gather_thread_blocks(), 1 << 16));
   gather.streams = static_cast<int>(config.gather_streams());  // LoadConfig checked it
-  gather.registration_wait =
-      absl::Milliseconds(std::max(0, config.gather_registration_wait_ms()));
+  gather.registration_wait = absl::Milliseconds(std::max(0, config.gather_registration_wait_ms()));
   d->gpus_ = MakeCudaGpuProvider(d->topology_, d->pinned_budget_.get(),
                                  config.device_memory_budget_bytes(), d->config_.path, gather);
 #endif
@@ -128,26 +125,24 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   JobManager* jobs = d->jobs_.get();
   FERRY_ASSIGN_OR_RETURN(
       d->sessions_,
-      SessionServer::Start(SessionSocketPath(config.unix_socket()), config.unix_socket_mode(),
-                           [jobs](const PeerCredentials& peer, const std::string& attach_id)
-                               -> absl::StatusOr<std::pair<int, uint64_t>> {
-                             FERRY_ASSIGN_OR_RETURN(
-                                 auto pipeline,
-                                 jobs->FindAttachment(Caller{peer.uid, peer.pid}, attach_id));
-                             return std::make_pair(pipeline->slab().fd(),
-                                                   static_cast<uint64_t>(pipeline->slab().size()));
-                           },
-                           [jobs](const PeerCredentials& peer, const std::string& attach_id)
-                               -> absl::StatusOr<std::unique_ptr<BatchChannel>> {
-                             FERRY_ASSIGN_OR_RETURN(
-                                 auto pipeline,
-                                 jobs->FindAttachment(Caller{peer.uid, peer.pid}, attach_id));
-                             // Never full: at most one BatchReady per slot and an EpochEnd
-                             // are unread at a time, and one Release per slot comes back.
-                             return BatchChannel::Create(
-                                 2 * static_cast<uint32_t>(pipeline->num_slots()) + 8);
-                           },
-                           session_limits));
+      SessionServer::Start(
+          SessionSocketPath(config.unix_socket()), config.unix_socket_mode(),
+          [jobs](const PeerCredentials& peer,
+                 const std::string& attach_id) -> absl::StatusOr<std::pair<int, uint64_t>> {
+            FERRY_ASSIGN_OR_RETURN(auto pipeline,
+                                   jobs->FindAttachment(Caller{peer.uid, peer.pid}, attach_id));
+            return std::make_pair(pipeline->slab().fd(),
+                                  static_cast<uint64_t>(pipeline->slab().size()));
+          },
+          [jobs](const PeerCredentials& peer,
+                 const std::string& attach_id) -> absl::StatusOr<std::unique_ptr<BatchChannel>> {
+            FERRY_ASSIGN_OR_RETURN(auto pipeline,
+                                   jobs->FindAttachment(Caller{peer.uid, peer.pid}, attach_id));
+            // Never full: at most one BatchReady per slot and an EpochEnd
+            // are unread at a time, and one Release per slot comes back.
+            return BatchChannel::Create(2 * static_cast<uint32_t>(pipeline->num_slots()) + 8);
+          },
+          session_limits));
   FERRY_ASSIGN_OR_RETURN(d->channels_, ChannelPoller::Start());
   Daemon* raw = d.get();
   d->service_ = std::make_unique<FerryService>(
@@ -160,8 +155,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   // Bind the Unix socket ourselves first: it replaces a stale socket file, refuses to steal
   // a live daemon's socket and sets the mode; gRPC then binds the same path again.
   {
-    FERRY_ASSIGN_OR_RETURN(UniqueFd probe, ListenUnix(config.unix_socket(), SOCK_STREAM,
-                                                      config.unix_socket_mode()));
+    FERRY_ASSIGN_OR_RETURN(
+        UniqueFd probe, ListenUnix(config.unix_socket(), SOCK_STREAM, config.unix_socket_mode()));
     probe.Reset();
     unlink(config.unix_socket().c_str());
   }
@@ -201,15 +196,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   return d;
 }
 
-Daemon::~Daemon() {
-  Drain();
-}
+Daemon::~Daemon() { Drain(); }
 
 absl::StatusOr<uint32_t> Daemon::BeginGracefulDrain(const Caller& caller) {
   if (!caller.is_root() && caller.uid != geteuid()) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "only root or uid ", geteuid(), " (ferryd's user) may drain this ferryd; you are uid ",
-        caller.uid));
+    return absl::PermissionDeniedError(
+        absl::StrCat("only root or uid ", geteuid(),
+                     " (ferryd's user) may drain this ferryd; you are uid ", caller.uid));
   }
   jobs_->StopTakingWork(
       "ferryd is draining (ferryctl drain): it takes no new jobs or attaches and exits once "
@@ -256,11 +249,11 @@ void Daemon::NotifyLoop() {
     }
     ferry::v1::DaemonStatus status;
     FillDaemonStatus(&status);
-    const std::string line = absl::StrCat(
-        "STATUS=", jobs_->ListJobs(Caller{0, 0}).size(), " job(s), ", consumers,
-        " consumer(s), ", status.host_memory_in_use_bytes() >> 20, " MiB of ",
-        status.host_memory_budget_bytes() >> 20, " MiB host memory in use",
-        status.draining() ? ", draining" : "", watchdog ? "\nWATCHDOG=1" : "");
+    const std::string line =
+        absl::StrCat("STATUS=", jobs_->ListJobs(Caller{0, 0}).size(), " job(s), ", consumers,
+                     " consumer(s), ", status.host_memory_in_use_bytes() >> 20, " MiB of ",
+                     status.host_memory_budget_bytes() >> 20, " MiB host memory in use",
+                     status.draining() ? ", draining" : "", watchdog ? "\nWATCHDOG=1" : "");
     sd_notify(0, line.c_str());
   }
 }
@@ -269,8 +262,7 @@ void Daemon::Drain() {
   if (server_ == nullptr) return;
   sd_notify(0, "STOPPING=1\nSTATUS=draining");
   jobs_->BeginDrain();
-  const absl::Time deadline =
-      absl::Now() + absl::Seconds(config_.config.drain_timeout_seconds());
+  const absl::Time deadline = absl::Now() + absl::Seconds(config_.config.drain_timeout_seconds());
   while (jobs_->LeasedSlots() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
   server_->Wait();

@@ -19,13 +19,13 @@
 #include "grpcpp/grpcpp.h"
 #include "server/memory/memory_budget.h"
 #include "server/pipeline/worker_pool.h"
+#include "server/service/channel_poller.h"
 #include "server/service/config.h"
 #include "server/service/ferry_service.h"
 #include "server/service/job_manager.h"
 #include "server/service/session_server.h"
-#include "server/service/channel_poller.h"
-#include "server/transport/gpu_provider.h"
 #include "server/topology/topology.h"
+#include "server/transport/gpu_provider.h"
 
 namespace ferry {
 

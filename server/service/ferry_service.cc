@@ -199,8 +199,8 @@ class ConsumeReactor final
       if (status.ok()) {
         status = HandleChannelMessage(m);
       } else {
-        status = absl::Status(status.code(), absl::StrCat("reading the trainer's batch channel: ",
-                                                          status.message()));
+        status = absl::Status(
+            status.code(), absl::StrCat("reading the trainer's batch channel: ", status.message()));
       }
     }
     channel_failed_.store(true);
@@ -208,7 +208,6 @@ class ConsumeReactor final
     // OnDone may follow on gRPC's thread at once; its Remove waits for this handler to
     // return before the reactor is deleted.
     FinishOnce(status);
-
   }
 
   absl::Status HandleChannelMessage(const ChannelMessage& m) {
@@ -219,9 +218,9 @@ class ConsumeReactor final
         return pipeline_->Release(this, m.slot, m.seq,
                                   (m.flags & ChannelMessage::kReleaseComplete) != 0);
       default:
-        return absl::InvalidArgumentError(absl::StrCat(
-            "the trainer sent a batch channel message of kind ", m.kind,
-            "; a trainer sends StartEpoch (3) and Release (4) only"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("the trainer sent a batch channel message of kind ", m.kind,
+                         "; a trainer sends StartEpoch (3) and Release (4) only"));
     }
   }
 
@@ -234,8 +233,8 @@ class ConsumeReactor final
     absl::Status sent = channel_->Send(m);
     if (sent.ok()) return;
     channel_failed_.store(true);
-    FinishLocked(absl::Status(sent.code(), absl::StrCat("sending to the trainer's batch channel: ",
-                                                        sent.message())));
+    FinishLocked(absl::Status(
+        sent.code(), absl::StrCat("sending to the trainer's batch channel: ", sent.message())));
   }
 
   void Enqueue(ferry::v1::ConsumeResponse response) {
@@ -408,7 +407,8 @@ grpc::ServerUnaryReactor* FerryService::GetStatus(grpc::CallbackServerContext* c
   // Without a session (TCP, grpcurl) only the daemon's own status is shown.
   auto caller = Authenticate(context);
   if (caller.ok()) {
-    for (const auto& job : jobs_->ListJobs(*caller)) jobs_->FillJobStatus(*job, response->add_jobs());
+    for (const auto& job : jobs_->ListJobs(*caller))
+      jobs_->FillJobStatus(*job, response->add_jobs());
   }
   return FinishWith(context, absl::OkStatus());
 }

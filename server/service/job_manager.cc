@@ -7,14 +7,14 @@
 #include <utility>
 
 #include "absl/strings/escaping.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/quote.h"
 #include "common/random.h"
 #include "common/status_macros.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "server/transport/device_ring.h"
 
 namespace ferry {
@@ -83,9 +83,11 @@ absl::Status JobManager::CheckDataset(const ferry::v1::JobSpec& spec) const {
 absl::Status JobManager::CheckDatasetPath(const std::string& path) const {
   if (dataset_fs_ == nullptr) {
     if (!dataset_fs_error_.ok()) return dataset_fs_error_;
-    return absl::PermissionDeniedError(absl::StrCat(
-        "dataset path '", path.substr(0, 512), "' is not under any configured dataset_roots "
-        "(none configured); add its directory to dataset_roots in ", options_.config_path));
+    return absl::PermissionDeniedError(
+        absl::StrCat("dataset path '", path.substr(0, 512),
+                     "' is not under any configured dataset_roots "
+                     "(none configured); add its directory to dataset_roots in ",
+                     options_.config_path));
   }
   // The name's check, before any disk access; each open is checked again as it happens.
   return dataset_fs_->CheckPath(path);
@@ -104,9 +106,9 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
                                                           ferry::v1::JobSpec spec) {
   if (name.size() > kMaxJobNameBytes ||
       !std::all_of(name.begin(), name.end(), [](char c) { return c >= 0x20 && c < 0x7f; })) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job name ", QuoteForMessage(name, 64), " must be at most ", kMaxJobNameBytes,
-        " printable ASCII characters"));
+    return absl::InvalidArgumentError(absl::StrCat("job name ", QuoteForMessage(name, 64),
+                                                   " must be at most ", kMaxJobNameBytes,
+                                                   " printable ASCII characters"));
   }
   if (spec.world_size() > kMaxWorldSize) {
     return absl::InvalidArgumentError(absl::StrCat("world_size must be at most ", kMaxWorldSize,
@@ -126,13 +128,14 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
   if (cuda) {
     if (gpus_ == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "device '", spec.device(), "' needs the GPU transport, but this ferryd was built "
+          "device '", spec.device(),
+          "' needs the GPU transport, but this ferryd was built "
           "without CUDA; use device=\"cpu\" (host transport) or a ferryd built with CUDA"));
     }
     FERRY_RETURN_IF_ERROR(gpus_->Resolve(spec.device()).status());
   } else if (device != DeviceKind::kCpu) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "device must be \"cpu\" or \"cuda:N\" (got '", spec.device(), "')"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("device must be \"cpu\" or \"cuda:N\" (got '", spec.device(), "')"));
   }
   // The daemon's widen_tokens_on_host is the job's own widen_on_host for every GPU job
   // (before the key: a job that asks for it and one that does not are then the same).
@@ -145,16 +148,17 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
         "image_output converts images on the GPU; it needs device=\"cuda:N\"");
   }
   if (spec.prefetch_depth() > 64) {
-    return absl::InvalidArgumentError(absl::StrCat("prefetch_depth must be at most 64 (got ",
-                                                   spec.prefetch_depth(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefetch_depth must be at most 64 (got ", spec.prefetch_depth(), ")"));
   }
   FERRY_RETURN_IF_ERROR(CheckDataset(spec));
   // Without a name, identical specs share a job: the default name is a digest of the spec.
   const std::string job_name =
-      name.empty() ? absl::StrCat("job-", absl::Hex(Mix64(std::hash<std::string>{}(
-                                              SpecKey(0, "", spec))) & 0xffffffffu,
-                                          absl::kZeroPad8))
-                   : name;
+      name.empty()
+          ? absl::StrCat("job-", absl::Hex(Mix64(std::hash<std::string>{}(SpecKey(0, "", spec))) &
+                                               0xffffffffu,
+                                           absl::kZeroPad8))
+          : name;
   const std::string key = SpecKey(caller.uid, job_name, spec);
   std::map<int, std::shared_ptr<RankPipeline>> dropped;  // released after the lock
   {
@@ -180,9 +184,9 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
     }
     for (const auto& [id, entry] : jobs_) {
       if (entry.job->identity().owner_uid == caller.uid && entry.job->identity().name == job_name) {
-        return absl::AlreadyExistsError(absl::StrCat(
-            "a job named '", job_name, "' already exists (", id,
-            ") with a different spec; choose another name or delete that job"));
+        return absl::AlreadyExistsError(
+            absl::StrCat("a job named '", job_name, "' already exists (", id,
+                         ") with a different spec; choose another name or delete that job"));
       }
     }
   }
@@ -215,20 +219,20 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
   absl::MutexLock lock(&mutex_);
   if (rank_bytes > free_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "job '", job_name, "' needs ", rank_bytes, " bytes per rank (", slots,
-        " slots of ", job->layout().slot_bytes, " bytes) but the host memory budget has ",
-        free_bytes, " of ", host_budget_->limit(), " bytes free",
-        DescribeMemoryHoldersLocked(caller, absl::Now()),
+        "job '", job_name, "' needs ", rank_bytes, " bytes per rank (", slots, " slots of ",
+        job->layout().slot_bytes, " bytes) but the host memory budget has ", free_bytes, " of ",
+        host_budget_->limit(), " bytes free", DescribeMemoryHoldersLocked(caller, absl::Now()),
         ". Lower batch_size or prefetch_depth, delete jobs that are done (ferryctl delete "
-        "JOB), or raise host_memory_budget_bytes in ", options_.config_path));
+        "JOB), or raise host_memory_budget_bytes in ",
+        options_.config_path));
   }
   if (auto it = id_by_key_.find(key); it != id_by_key_.end()) {
     return Created{jobs_.at(it->second).job, false};  // another rank won the race
   }
   jobs_[identity.id] = JobEntry{job, key, {}, absl::Now()};
   id_by_key_[key] = identity.id;
-  FERRY_LOG(INFO) << "created job " << identity.id << " '" << job_name << "' for uid "
-                  << caller.uid << ": " << job->source().size() << " samples, "
+  FERRY_LOG(INFO) << "created job " << identity.id << " '" << job_name << "' for uid " << caller.uid
+                  << ": " << job->source().size() << " samples, "
                   << job->sampler().batches_per_epoch() << " batches per epoch and rank";
   return Created{job, true};
 }
@@ -241,9 +245,9 @@ absl::StatusOr<JobManager::JobEntry*> JobManager::FindOwnedLocked(const Caller& 
         absl::StrCat("no job ", QuoteForMessage(id, 64), "; list jobs with 'ferryctl jobs'"));
   }
   if (!caller.is_root() && it->second.job->identity().owner_uid != caller.uid) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "job '", id, "' belongs to uid ", it->second.job->identity().owner_uid,
-        ", not to uid ", caller.uid, "; create your own job"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("job '", id, "' belongs to uid ", it->second.job->identity().owner_uid,
+                     ", not to uid ", caller.uid, "; create your own job"));
   }
   return &it->second;
 }
@@ -288,8 +292,8 @@ absl::Status JobManager::DeleteJob(const Caller& caller, const std::string& id) 
     ranks = EraseLocked(id);
   }
   for (auto& [rank, pipeline] : ranks) {
-    pipeline->Shutdown(absl::UnavailableError(absl::StrCat(
-        "job ", id, " was deleted; create it again to go on")));
+    pipeline->Shutdown(
+        absl::UnavailableError(absl::StrCat("job ", id, " was deleted; create it again to go on")));
   }
   FERRY_LOG(INFO) << "deleted job " << id << " (uid " << caller.uid << ")";
   return absl::OkStatus();
@@ -306,9 +310,9 @@ absl::StatusOr<int> JobManager::Quarantine(const Caller& caller, const std::stri
   const int64_t n = job->source().size();
   for (int64_t index : indices) {
     if (index < 0 || index >= n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "quarantined sample ", index, " is outside job ", id, "'s samples [0, ", n,
-          "): the resume state is of another dataset or spec"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("quarantined sample ", index, " is outside job ", id, "'s samples [0, ", n,
+                       "): the resume state is of another dataset or spec"));
     }
   }
   const int added = job->AddToQuarantine(indices);
@@ -372,13 +376,13 @@ std::string JobManager::DescribeMemoryHoldersLocked(const Caller& caller, absl::
     std::string text = caller.is_root() || who.owner_uid == caller.uid
                            ? absl::StrCat("job ", id, " '", who.name, "'")
                            : absl::StrCat("a job of uid ", who.owner_uid);
-    absl::StrAppend(&text, " (", entry.ranks.size(), entry.ranks.size() == 1 ? " rank, " : " ranks, ",
-                    bytes >> 20, " MiB, ");
+    absl::StrAppend(&text, " (", entry.ranks.size(),
+                    entry.ranks.size() == 1 ? " rank, " : " ranks, ", bytes >> 20, " MiB, ");
     if (InUse(entry)) {
       absl::StrAppend(&text, "in use)");
     } else {
-      absl::StrAppend(&text, "idle ", absl::FormatDuration(absl::Trunc(now - entry.active_at,
-                                                                     absl::Seconds(1))),
+      absl::StrAppend(&text, "idle ",
+                      absl::FormatDuration(absl::Trunc(now - entry.active_at, absl::Seconds(1))),
                       ")");
     }
     holders.push_back({bytes, std::move(text)});
@@ -412,22 +416,22 @@ absl::StatusOr<JobManager::Attachment> JobManager::Attach(const Caller& caller,
     const ferry::v1::JobSpec& spec = entry->job->spec();
     if (requested_rank >= spec.world_size()) {
       return absl::InvalidArgumentError(absl::StrCat("rank must be in [0, ", spec.world_size(),
-                                                     ") for job ", job_id, " (got ",
-                                                     requested_rank, ")"));
+                                                     ") for job ", job_id, " (got ", requested_rank,
+                                                     ")"));
     }
     rank = static_cast<int>(requested_rank);  // < world_size <= kMaxWorldSize
     // Another attach of this rank may be creating its pipeline (outside the lock): wait.
     const std::pair<std::string, int> key(job_id, rank);
-    auto settled = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-      return !creating_.contains(key);
-    };
+    auto settled = [this, &key]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return !creating_.contains(key); };
     mutex_.Await(absl::Condition(&settled));
     FERRY_ASSIGN_OR_RETURN(entry, FindOwnedLocked(caller, job_id));  // it may be gone
     if (auto it = entry->ranks.find(rank); it != entry->ranks.end()) {
       if (it->second->bound()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "rank ", rank, " of job ", job_id, " already has a live consumer; each rank is "
-            "consumed by one process at a time"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("rank ", rank, " of job ", job_id,
+                         " already has a live consumer; each rank is "
+                         "consumed by one process at a time"));
       }
       return NewAttachmentLocked(caller, job_id, rank, it->second);
     }
@@ -443,8 +447,8 @@ absl::StatusOr<JobManager::Attachment> JobManager::Attach(const Caller& caller,
       if (fit < wanted) {
         const uint32_t fewer = static_cast<uint32_t>(std::max<uint64_t>(fit, kMinSlots));
         FERRY_LOG(INFO) << "job " << job_id << " rank " << rank << ": " << fewer
-                        << " slots instead of " << wanted
-                        << " (the host memory budget has " << free_bytes << " bytes free)";
+                        << " slots instead of " << wanted << " (the host memory budget has "
+                        << free_bytes << " bytes free)";
         wanted = fewer;
       }
     }
@@ -468,8 +472,8 @@ absl::StatusOr<JobManager::Attachment> JobManager::Attach(const Caller& caller,
       const int gpu = *ordinal;
       created = RankPipeline::Create(
           job, rank, slots, gpus_->NumaNode(gpu), pool_, host_budget_,
-          [gpus, &job_ref, gpu, slots](
-              const SharedSlab& slab) -> absl::StatusOr<std::unique_ptr<DeliveryRing>> {
+          [gpus, &job_ref, gpu,
+           slots](const SharedSlab& slab) -> absl::StatusOr<std::unique_ptr<DeliveryRing>> {
             FERRY_ASSIGN_OR_RETURN(std::unique_ptr<DeviceStage> stage,
                                    gpus->MakeStage(job_ref, gpu, slab, slots));
             return std::make_unique<DeviceRing>(std::move(stage));
@@ -484,8 +488,8 @@ absl::StatusOr<JobManager::Attachment> JobManager::Attach(const Caller& caller,
   creating_.erase({job_id, rank});
   if (!created.ok()) {
     if (absl::IsResourceExhausted(created.status())) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          created.status().message(), DescribeMemoryHoldersLocked(caller, now)));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(created.status().message(), DescribeMemoryHoldersLocked(caller, now)));
     }
     return created.status();
   }
@@ -527,7 +531,8 @@ absl::StatusOr<std::shared_ptr<RankPipeline>> JobManager::FindAttachment(
   absl::MutexLock lock(&mutex_);
   auto it = attachments_.find(attach_id);
   if (it == attachments_.end()) {
-    return absl::NotFoundError("unknown attach_id; the job was deleted or ferryd restarted: attach again");
+    return absl::NotFoundError(
+        "unknown attach_id; the job was deleted or ferryd restarted: attach again");
   }
   if (!caller.is_root() && it->second.uid != caller.uid) {
     return absl::PermissionDeniedError("attach_id belongs to another uid");
@@ -581,8 +586,8 @@ void JobManager::BeginDrain() {
     }
   }
   for (auto& p : all) {
-    p->Shutdown(absl::UnavailableError(
-        "ferryd is shutting down (SIGTERM); attach again once it is back"));
+    p->Shutdown(
+        absl::UnavailableError("ferryd is shutting down (SIGTERM); attach again once it is back"));
   }
 }
 

@@ -45,17 +45,17 @@ class JobManager final {
   // The daemon's settings for jobs. The defaults here are DaemonConfig's too: ApplyDefaults
   // (config.cc) takes them from Options{}.
   struct Options {
-    std::vector<std::string> dataset_roots;  // empty: see allow_any_dataset
-    bool allow_any_dataset = false;          // per-user daemon with no roots configured
+    std::vector<std::string> dataset_roots;     // empty: see allow_any_dataset
+    bool allow_any_dataset = false;             // per-user daemon with no roots configured
     bool follow_symlinks_within_roots = false;  // DaemonConfig's (DatasetAccess)
-    std::string config_path;                 // for error messages
+    std::string config_path;                    // for error messages
     // Slots per rank of a job that asks for none: default_prefetch_depth, or more for small
     // batches, until default_prefetch_bytes of slots are in flight (see SlotsPerRank).
     // Default: 4.
     uint32_t default_prefetch_depth = 4;
     // Default: 64 MiB.
     uint64_t default_prefetch_bytes = uint64_t{64} << 20;
-    DecodeLimits decode_limits;              // DaemonConfig.decode_limits, defaults filled
+    DecodeLimits decode_limits;  // DaemonConfig.decode_limits, defaults filled
     // DaemonConfig.read_retry_seconds: how long a job's reads may fail for a reason of the
     // machine (out of descriptors, ...) before the job fails (Job::transient_retry_limit).
     // Default: 5 minutes.
@@ -98,8 +98,7 @@ class JobManager final {
   // (other calls go on meanwhile; a concurrent attach of the same rank waits for it).
   // FAILED_PRECONDITION if the rank has a live consumer; INVALID_ARGUMENT for a rank outside
   // [0, world_size); NOT_FOUND when the job was deleted meanwhile.
-  absl::StatusOr<Attachment> Attach(const Caller& caller, const std::string& job_id,
-                                    uint32_t rank);
+  absl::StatusOr<Attachment> Attach(const Caller& caller, const std::string& job_id, uint32_t rank);
 
   // Slots of each rank's ring: the job's prefetch_depth; without one, the default depth,
   // raised for small batches until default_prefetch_bytes are in flight, up to

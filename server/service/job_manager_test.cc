@@ -125,9 +125,7 @@ TEST_F(JobManagerTest, BatchesWhoseSizeOverflowsAreRefusedNamingTheField) {
 #endif
 #endif
   const std::string huge = (dir_ / "data" / "one_record.bin").string();
-  {
-    std::ofstream create(huge, std::ios::binary);
-  }
+  { std::ofstream create(huge, std::ios::binary); }
   if (truncate(huge.c_str(), off_t{1} << 40) != 0) {
     GTEST_SKIP() << "this filesystem cannot hold a sparse 1 TiB file";
   }
@@ -217,8 +215,7 @@ TEST_F(JobManagerTest, InvalidFieldsAreNamed) {
   spec.set_device("tpu:0");
   EXPECT_EQ(m->CreateJob(kAlice, "", spec).status().code(), absl::StatusCode::kInvalidArgument);
   spec.set_device("cuda:0");
-  EXPECT_EQ(m->CreateJob(kAlice, "", spec).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(m->CreateJob(kAlice, "", spec).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 // Accepts "cuda:0" and checks nothing: enough to create GPU jobs (no rank attaches).
@@ -467,7 +464,7 @@ TEST_F(JobManagerTest, NoDaemonWideLockIsHeldWhileARankIsCreated) {
   EXPECT_EQ(first.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(first.status().message(), HasSubstr("slow fake GPU"));
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(gpus.calls.load(), 2);  // the second tried after the first failed
+  EXPECT_EQ(gpus.calls.load(), 2);   // the second tried after the first failed
   EXPECT_EQ(budget_->in_use(), 0u);  // the failed slabs went back
 }
 

@@ -12,8 +12,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
-#include "common/thread_name.h"
 #include "common/status_macros.h"
+#include "common/thread_name.h"
 #include "server/service/job_manager.h"
 
 namespace ferry {
@@ -26,16 +26,16 @@ absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(const std::s
   FERRY_ASSIGN_OR_RETURN(UniqueFd listener, ListenUnix(path, SOCK_SEQPACKET, mode));
   UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return absl::InternalError("eventfd failed");
-  std::unique_ptr<SessionServer> server(
-      new SessionServer(path, std::move(listener), std::move(wake),
-                                           std::move(fd_provider), std::move(channel_factory),
-                                           limits));
+  std::unique_ptr<SessionServer> server(new SessionServer(path, std::move(listener),
+                                                          std::move(wake), std::move(fd_provider),
+                                                          std::move(channel_factory), limits));
   server->thread_ = std::thread([s = server.get()] { s->Run(); });
   return server;
 }
 
 SessionServer::SessionServer(std::string path, UniqueFd listener, UniqueFd wake,
-                             FdProvider provider, ChannelFactory channel_factory, SessionLimits limits)
+                             FdProvider provider, ChannelFactory channel_factory,
+                             SessionLimits limits)
     : path_(std::move(path)),
       listener_(std::move(listener)),
       wake_(std::move(wake)),
@@ -113,8 +113,9 @@ void SessionServer::Run() {
     fds.push_back({listener_.get(), static_cast<short>(resting ? 0 : POLLIN), 0});
     for (const auto& [fd, session] : sessions_) fds.push_back({fd, POLLIN, 0});
     const int timeout_ms =
-        resting ? static_cast<int>(absl::ToInt64Milliseconds(listener_rests_until - absl::Now())) + 1
-                : -1;
+        resting
+            ? static_cast<int>(absl::ToInt64Milliseconds(listener_rests_until - absl::Now())) + 1
+            : -1;
     if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       FERRY_LOG(ERROR) << "session socket poll failed: " << strerror(errno);
@@ -238,17 +239,16 @@ bool SessionServer::ServeChannel(int fd, const std::string& attach_id) {
     const bool refetch = mine > 0 && it->second.contains(attach_id);  // replaces, adds none
     const auto uid_count = waiting_per_uid_.find(session.peer.uid);
     const size_t users = uid_count == waiting_per_uid_.end() ? 0 : uid_count->second;
-    if (!refetch && (mine >= kMaxWaitingChannelsPerSession ||
-                     users >= kMaxWaitingChannelsPerUid)) {
+    if (!refetch && (mine >= kMaxWaitingChannelsPerSession || users >= kMaxWaitingChannelsPerUid)) {
       const std::string holder =
           mine >= kMaxWaitingChannelsPerSession
               ? absl::StrCat("this session holds ", kMaxWaitingChannelsPerSession)
               : absl::StrCat("the sessions of uid ", session.peer.uid, " hold ",
                              kMaxWaitingChannelsPerUid);
-      return Sent(fd, SendPacket(fd, absl::StrCat(
-                                         "ERR ", holder,
-                                         " batch channels that no Consume stream opened; open "
-                                         "a stream (Open.channel) before fetching more")));
+      return Sent(fd,
+                  SendPacket(fd, absl::StrCat("ERR ", holder,
+                                              " batch channels that no Consume stream opened; open "
+                                              "a stream (Open.channel) before fetching more")));
     }
   }
   absl::StatusOr<std::unique_ptr<BatchChannel>> made = channel_factory_(session.peer, attach_id);

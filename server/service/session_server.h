@@ -43,11 +43,9 @@ class SessionServer final {
   using ChannelFactory = std::function<absl::StatusOr<std::unique_ptr<BatchChannel>>(
       const PeerCredentials& peer, const std::string& attach_id)>;
 
-  static absl::StatusOr<std::unique_ptr<SessionServer>> Start(const std::string& path,
-                                                              unsigned mode,
-                                                              FdProvider fd_provider,
-                                                              ChannelFactory channel_factory,
-                                                              SessionLimits limits = SessionLimits());
+  static absl::StatusOr<std::unique_ptr<SessionServer>> Start(
+      const std::string& path, unsigned mode, FdProvider fd_provider,
+      ChannelFactory channel_factory, SessionLimits limits = SessionLimits());
   ~SessionServer();  // stops the thread, closes every session, removes the socket file
   SessionServer(const SessionServer&) = delete;
   SessionServer& operator=(const SessionServer&) = delete;
@@ -56,8 +54,7 @@ class SessionServer final {
   std::optional<PeerCredentials> Lookup(const std::string& token) const;
   // The channel session `token` fetched for `attach_id` ("CHANNEL <attach_id>"), handed over
   // once: null when there is none (never fetched, already taken, or the session closed).
-  std::shared_ptr<BatchChannel> TakeChannel(const std::string& token,
-                                            const std::string& attach_id);
+  std::shared_ptr<BatchChannel> TakeChannel(const std::string& token, const std::string& attach_id);
   // Channels fetched and not yet opened by a stream, per session and per uid: a client
   // fetches one and opens it at once, so more is a misbehaving client (each holds fds).
   // Per uid, not in all: one user's runaway sessions must not lock other users out.
@@ -107,8 +104,7 @@ class SessionServer final {
   mutable absl::Mutex mutex_;
   absl::flat_hash_map<std::string, PeerCredentials> by_token_ ABSL_GUARDED_BY(mutex_);
   // token -> attach_id -> channel fetched but not yet opened by a stream
-  absl::flat_hash_map<std::string,
-                      absl::flat_hash_map<std::string, std::shared_ptr<BatchChannel>>>
+  absl::flat_hash_map<std::string, absl::flat_hash_map<std::string, std::shared_ptr<BatchChannel>>>
       waiting_channels_ ABSL_GUARDED_BY(mutex_);
   // uid -> how many of waiting_channels_ its sessions hold (no zero entries)
   absl::flat_hash_map<unsigned, size_t> waiting_per_uid_ ABSL_GUARDED_BY(mutex_);

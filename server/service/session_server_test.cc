@@ -7,12 +7,11 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <sys/resource.h>
 
 #include <filesystem>
 #include <fstream>
@@ -44,12 +43,11 @@ class SessionServerTest : public ::testing::Test {
   void StartServer(SessionLimits limits = SessionLimits()) {
     auto server = SessionServer::Start(
         dir_ + "/ferryd.session.sock", 0666,
-        [](const PeerCredentials&, const std::string& attach_id)
-            -> absl::StatusOr<std::pair<int, uint64_t>> {
+        [](const PeerCredentials&,
+           const std::string& attach_id) -> absl::StatusOr<std::pair<int, uint64_t>> {
           return absl::NotFoundError(absl::StrCat("no attachment '", attach_id, "'"));
         },
-        [](const PeerCredentials&, const std::string&) { return BatchChannel::Create(8); },
-        limits);
+        [](const PeerCredentials&, const std::string&) { return BatchChannel::Create(8); }, limits);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
   }
@@ -160,7 +158,8 @@ TEST_F(SessionServerTest, SessionsAreBoundedPerUidSoOneUserCannotLockOutAnother)
     mine.push_back(Connect());
     ASSERT_TRUE(mine.back().valid()) << i;
   }
-  EXPECT_EQ(Greeting(), absl::StrCat("ERR uid ", geteuid(), " has 4 sessions open, the most "
+  EXPECT_EQ(Greeting(), absl::StrCat("ERR uid ", geteuid(),
+                                     " has 4 sessions open, the most "
                                      "ferryd allows one user (max_sessions_per_uid); close idle "
                                      "clients"));
   // A session that closes gives its place back.
@@ -225,8 +224,9 @@ TEST_F(SessionServerTest, OutOfDescriptorsNewClientsAreRefusedWithTheReasonAndNo
   hog.clear();
   ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
   for (const std::string& g : greetings) {
-    EXPECT_EQ(g, "ERR ferryd is out of file descriptors; try again later, and ask the "
-                 "administrator to raise its LimitNOFILE");
+    EXPECT_EQ(g,
+              "ERR ferryd is out of file descriptors; try again later, and ask the "
+              "administrator to raise its LimitNOFILE");
   }
   EXPECT_LT(cpu, 0.5 * absl::ToDoubleSeconds(wall)) << "the session thread spun";
   EXPECT_EQ(answer, "ERR NOT_FOUND: no attachment 'y'");
@@ -242,8 +242,8 @@ TEST_F(SessionServerTest, WaitingChannelsAreCappedPerUidSoOneUserCannotLockOutAn
     mine.push_back(Connect());
     ASSERT_TRUE(mine.back().valid());
     for (size_t c = 0; c < per_session; ++c) {
-      ASSERT_TRUE(absl::StartsWith(Ask(mine.back().get(), absl::StrCat("CHANNEL a", s, "-", c)),
-                                   "OK "));
+      ASSERT_TRUE(
+          absl::StartsWith(Ask(mine.back().get(), absl::StrCat("CHANNEL a", s, "-", c)), "OK "));
     }
   }
   UniqueFd one_more = Connect();

@@ -140,10 +140,9 @@ absl::Status ReadGpus(const std::string& sysfs_root, std::vector<PciGpu>* gpus) 
     absl::StatusOr<std::string> numa_text = ReadSmallFile(numa_path);
     if (numa_text.ok()) {
       if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*numa_text), &gpu.numa_node)) {
-        return absl::InvalidArgumentError(absl::StrCat("cannot parse '", numa_path,
-                                                       "': expected a node number or -1, got '",
-                                                       absl::StripAsciiWhitespace(*numa_text),
-                                                       "'"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("cannot parse '", numa_path, "': expected a node number or -1, got '",
+                         absl::StripAsciiWhitespace(*numa_text), "'"));
       }
       if (gpu.numa_node < 0) gpu.numa_node = -1;
     } else if (!absl::IsNotFound(numa_text.status())) {
@@ -184,8 +183,7 @@ absl::StatusOr<std::vector<int>> ParseCpuList(const std::string& text) {
     }
     if (*cpu > kMaxCpu) {
       return absl::InvalidArgumentError(absl::StrCat("invalid CPU list '", all, "': CPU ", *cpu,
-                                                     " is beyond the supported maximum ",
-                                                     kMaxCpu));
+                                                     " is beyond the supported maximum ", kMaxCpu));
     }
     return absl::OkStatus();
   };
@@ -293,9 +291,9 @@ absl::Status BindMemoryToNode(void* addr, size_t bytes, int node) {
   if (numa_available() < 0) return absl::OkStatus();
   const long page = ::sysconf(_SC_PAGESIZE);
   if (reinterpret_cast<uintptr_t>(addr) % static_cast<uintptr_t>(page) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "BindMemoryToNode: address ", absl::Hex(reinterpret_cast<uintptr_t>(addr)),
-        " is not aligned to the page size ", page));
+    return absl::InvalidArgumentError(absl::StrCat("BindMemoryToNode: address ",
+                                                   absl::Hex(reinterpret_cast<uintptr_t>(addr)),
+                                                   " is not aligned to the page size ", page));
   }
   if (node > numa_max_node()) {
     return absl::InvalidArgumentError(absl::StrCat("BindMemoryToNode: NUMA node ", node,

@@ -28,8 +28,8 @@ struct NumaNode {
 };
 
 struct PciGpu {
-  std::string bus_id;     // "0000:3b:00.0", lower case
-  int numa_node = -1;     // -1: no preference
+  std::string bus_id;           // "0000:3b:00.0", lower case
+  int numa_node = -1;           // -1: no preference
   std::vector<int> local_cpus;  // sorted: local_cpulist, else its node's CPUs, else all
 };
 
@@ -41,7 +41,7 @@ class Topology final {
 
   const std::vector<NumaNode>& nodes() const { return nodes_; }
   const std::vector<PciGpu>& gpus() const { return gpus_; }  // sorted by bus id
-  std::vector<int> AllCpus() const;  // sorted
+  std::vector<int> AllCpus() const;                          // sorted
 
   // NUMA node of a PCI device, -1 when unknown or no preference. `bus_id` is matched case-
   // insensitively and with or without the "0000:" domain.

@@ -199,7 +199,8 @@ TEST(TopologyTest, MalformedNodeCpulistNamesTheFile) {
   sys.Node(1, "16-x");
   absl::StatusOr<Topology> topo = Topology::Read(sys.root());
   EXPECT_EQ(topo.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(topo.status().message(), HasSubstr(sys.root() + "/devices/system/node/node1/cpulist"));
+  EXPECT_THAT(topo.status().message(),
+              HasSubstr(sys.root() + "/devices/system/node/node1/cpulist"));
   EXPECT_THAT(topo.status().message(), HasSubstr("16-x"));
 }
 
@@ -249,8 +250,8 @@ TEST(ParseCpuListTest, AcceptsKernelFormats) {
 }
 
 TEST(ParseCpuListTest, RejectsMalformedInput) {
-  for (const char* bad : {"a", "1-", "-1", "3-1", "1,,2", "1-2-3", "0x1", "+1", "1 2",
-                          "99999999", "0-99999999", ","}) {
+  for (const char* bad : {"a", "1-", "-1", "3-1", "1,,2", "1-2-3", "0x1", "+1", "1 2", "99999999",
+                          "0-99999999", ","}) {
     absl::StatusOr<std::vector<int>> cpus = ParseCpuList(bad);
     EXPECT_EQ(cpus.status().code(), absl::StatusCode::kInvalidArgument) << "'" << bad << "'";
   }
@@ -338,8 +339,8 @@ TEST(BindMemoryTest, BindsToNode) {
 
   int mode = -1;
   std::vector<unsigned long> mask(16, 0);
-  ASSERT_EQ(get_mempolicy(&mode, mask.data(), mask.size() * 8 * sizeof(unsigned long),
-                          pages.get(), MPOL_F_ADDR),
+  ASSERT_EQ(get_mempolicy(&mode, mask.data(), mask.size() * 8 * sizeof(unsigned long), pages.get(),
+                          MPOL_F_ADDR),
             0);
   EXPECT_EQ(mode, MPOL_BIND);
   EXPECT_EQ(mask[0] & 1ul, 1ul);  // node 0

@@ -88,9 +88,7 @@ class RecordingStage final : public DeviceStage {
     callbacks_.host_slot_free(copies[i].host_slot);
     callbacks_.device_slot_ready(copies[i].device_slot, copies[i].token);
   }
-  void Released(size_t i) {
-    callbacks_.device_slot_released(watched[i].first, watched[i].second);
-  }
+  void Released(size_t i) { callbacks_.device_slot_released(watched[i].first, watched[i].second); }
 
   const int slots_;
   Callbacks callbacks_;
@@ -148,8 +146,7 @@ TEST_F(DeviceRingTest, AReleasedSlotIsReusedOnlyAfterItsSignal) {
   stage_->Complete(0);
   ASSERT_TRUE(ring_->TakeReady(0, 0).has_value());
   std::vector<int> freed;
-  EXPECT_EQ(ring_->Release(0, /*seq=*/5, false, &freed).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ring_->Release(0, /*seq=*/5, false, &freed).code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(ring_->Release(0, 0, false, &freed).ok());
   EXPECT_THAT(freed, IsEmpty());
   ASSERT_TRUE(ring_->Flush().ok());

@@ -149,10 +149,9 @@ void DeviceRing::DropQueued(std::vector<int>* freed) {
 absl::Status DeviceRing::Release(uint32_t slot, int64_t seq, bool complete,
                                  std::vector<int>* freed) {
   absl::MutexLock lock(&mutex_);
-  if (slot >= slots_.size() || slots_[slot].state != State::kLeased ||
-      slots_[slot].seq != seq) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "release of slot ", slot, " seq ", seq, ", which is not leased to this consumer"));
+  if (slot >= slots_.size() || slots_[slot].state != State::kLeased || slots_[slot].seq != seq) {
+    return absl::InvalidArgumentError(absl::StrCat("release of slot ", slot, " seq ", seq,
+                                                   ", which is not leased to this consumer"));
   }
   // Written again only once the consumer's last use of it is over on the GPU.
   DeviceSlot& dev = slots_[slot];
@@ -239,7 +238,8 @@ void DeviceRing::StopDeviceWork() {
   stopped_ = true;
   copy_orders_.clear();
   copies_stopped_.store(true, std::memory_order_relaxed);
-  mutex_.Await(absl::Condition(+[](bool* flushing) { return !*flushing; }, &flushing_));
+  mutex_.Await(absl::Condition(
+      +[](bool* flushing) { return !*flushing; }, &flushing_));
 }
 
 void DeviceRing::OnDeviceSlotReady(int device_slot, uint64_t token) {
@@ -271,9 +271,7 @@ void DeviceRing::Progress() {
   progress();
 }
 
-void DeviceRing::Describe(ferry::v1::AttachResponse* response) const {
-  stage_->Describe(response);
-}
+void DeviceRing::Describe(ferry::v1::AttachResponse* response) const { stage_->Describe(response); }
 
 void DeviceRing::FillStatus(ferry::v1::RankStatus* status) const {
   absl::MutexLock lock(&mutex_);

@@ -53,8 +53,8 @@ class DeviceRing final : public DeliveryRing {
   std::optional<uint32_t> TakeReady(uint64_t ticket, int64_t seq) override
       ABSL_LOCKS_EXCLUDED(mutex_);
   void DropQueued(std::vector<int>* freed) override ABSL_LOCKS_EXCLUDED(mutex_);
-  absl::Status Release(uint32_t slot, int64_t seq, bool complete,
-                       std::vector<int>* freed) override ABSL_LOCKS_EXCLUDED(mutex_);
+  absl::Status Release(uint32_t slot, int64_t seq, bool complete, std::vector<int>* freed) override
+      ABSL_LOCKS_EXCLUDED(mutex_);
   int leased() const override ABSL_LOCKS_EXCLUDED(mutex_);
   absl::Status OpenConsumer(const std::vector<std::string>& released_events) override
       ABSL_LOCKS_EXCLUDED(mutex_);

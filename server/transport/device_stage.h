@@ -76,8 +76,8 @@ class DeviceStage {
   // device slot must be free: never leased, or its released signal reported. `gather`: the
   // host slot lacks the rows of gathered_field(), which the stage reads from the dataset
   // at the indices of the source's index field (only with a gathered_field).
-  virtual absl::Status StartCopy(int host_slot, int device_slot, uint32_t num_samples,
-                                 bool gather, uint64_t token) = 0;
+  virtual absl::Status StartCopy(int host_slot, int device_slot, uint32_t num_samples, bool gather,
+                                 uint64_t token) = 0;
 
   // The consumer released `device_slot`: reports device_slot_released(device_slot, token)
   // once its "released" signal has completed. Dropped by CloseConsumer.

@@ -9,8 +9,8 @@
 #include "absl/status/statusor.h"
 #include "ferry/v1/ferry.pb.h"
 #include "server/memory/shared_slab.h"
-#include "server/transport/device_stage.h"
 #include "server/pipeline/job.h"
+#include "server/transport/device_stage.h"
 
 namespace ferry {
 

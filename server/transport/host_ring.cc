@@ -40,11 +40,10 @@ void HostRing::DropQueued(std::vector<int>* freed) {
   queued_.clear();
 }
 
-absl::Status HostRing::Release(uint32_t slot, int64_t seq, bool complete,
-                               std::vector<int>* freed) {
+absl::Status HostRing::Release(uint32_t slot, int64_t seq, bool complete, std::vector<int>* freed) {
   if (slot >= slots_.size() || !slots_[slot].leased || slots_[slot].seq != seq) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "release of slot ", slot, " seq ", seq, ", which is not leased to this consumer"));
+    return absl::InvalidArgumentError(absl::StrCat("release of slot ", slot, " seq ", seq,
+                                                   ", which is not leased to this consumer"));
   }
   Slot& s = slots_[slot];
   lease_time_ += absl::Now() - s.since;

@@ -29,8 +29,7 @@ class HostRing final : public DeliveryRing {
   void Filled(uint64_t ticket) override;
   std::optional<uint32_t> TakeReady(uint64_t ticket, int64_t seq) override;
   void DropQueued(std::vector<int>* freed) override;
-  absl::Status Release(uint32_t slot, int64_t seq, bool complete,
-                       std::vector<int>* freed) override;
+  absl::Status Release(uint32_t slot, int64_t seq, bool complete, std::vector<int>* freed) override;
   int leased() const override;
   absl::Status OpenConsumer(const std::vector<std::string>& released_events) override;
   void CloseConsumer(std::vector<int>* freed) override;
@@ -45,8 +44,8 @@ class HostRing final : public DeliveryRing {
   };
   struct Slot {
     bool leased = false;
-    int64_t seq = -1;   // while leased
-    absl::Time since;   // of the lease, for lease_seconds
+    int64_t seq = -1;  // while leased
+    absl::Time since;  // of the lease, for lease_seconds
   };
 
   const uint64_t slab_bytes_;

@@ -20,8 +20,8 @@
 #include <link.h>
 #include <sanitizer/tsan_interface.h>
 
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -208,8 +208,8 @@ auto WhileReleased(const void* caller, absl::Mutex* mu, const absl::Condition* c
 
 // Runs `lock(condition)`, which returns holding `mu` (Lock, LockWhen*, ReaderLock*).
 template <typename Lock>
-auto Locking(const void* caller, absl::Mutex* mu, unsigned flags,
-             const absl::Condition* condition, Lock lock) {
+auto Locking(const void* caller, absl::Mutex* mu, unsigned flags, const absl::Condition* condition,
+             Lock lock) {
   Annotating annotating(caller);
   if (!annotating) return lock(condition);
   AnnotatedCondition annotated{condition, mu};
@@ -295,20 +295,24 @@ void Mutex::ReaderUnlock() {
 }
 
 void Mutex::LockWhen(const Condition& cond) {
-  static auto next = Next<void (*)(Mutex*, ConditionArg)>(false, "5Mutex8LockWhenERKNS0_9ConditionE");
-  Locking(FERRY_TSAN_CALLER, this, 0, &cond, [&](const Condition* c) { return (next(this, *c), 0); });
+  static auto next =
+      Next<void (*)(Mutex*, ConditionArg)>(false, "5Mutex8LockWhenERKNS0_9ConditionE");
+  Locking(FERRY_TSAN_CALLER, this, 0, &cond,
+          [&](const Condition* c) { return (next(this, *c), 0); });
 }
 
 bool Mutex::LockWhenWithTimeout(const Condition& cond, Duration timeout) {
   static auto next = Next<bool (*)(Mutex*, ConditionArg, Duration)>(
       false, "5Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  return Locking(FERRY_TSAN_CALLER, this, 0, &cond, [&](const Condition* c) { return next(this, *c, timeout); });
+  return Locking(FERRY_TSAN_CALLER, this, 0, &cond,
+                 [&](const Condition* c) { return next(this, *c, timeout); });
 }
 
 bool Mutex::LockWhenWithDeadline(const Condition& cond, Time deadline) {
   static auto next = Next<bool (*)(Mutex*, ConditionArg, Time)>(
       false, "5Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-  return Locking(FERRY_TSAN_CALLER, this, 0, &cond, [&](const Condition* c) { return next(this, *c, deadline); });
+  return Locking(FERRY_TSAN_CALLER, this, 0, &cond,
+                 [&](const Condition* c) { return next(this, *c, deadline); });
 }
 
 void Mutex::ReaderLockWhen(const Condition& cond) {
@@ -333,15 +337,16 @@ bool Mutex::ReaderLockWhenWithDeadline(const Condition& cond, Time deadline) {
 }
 
 void Mutex::Await(const Condition& cond) {
-  static auto next =
-      Next<void (*)(Mutex*, ConditionArg)>(false, "5Mutex5AwaitERKNS0_9ConditionE");
-  WhileReleased(FERRY_TSAN_CALLER, this, &cond, [&](const Condition* c) { return (next(this, *c), 0); });
+  static auto next = Next<void (*)(Mutex*, ConditionArg)>(false, "5Mutex5AwaitERKNS0_9ConditionE");
+  WhileReleased(FERRY_TSAN_CALLER, this, &cond,
+                [&](const Condition* c) { return (next(this, *c), 0); });
 }
 
 bool Mutex::AwaitWithTimeout(const Condition& cond, Duration timeout) {
   static auto next = Next<bool (*)(Mutex*, ConditionArg, Duration)>(
       false, "5Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  return WhileReleased(FERRY_TSAN_CALLER, this, &cond, [&](const Condition* c) { return next(this, *c, timeout); });
+  return WhileReleased(FERRY_TSAN_CALLER, this, &cond,
+                       [&](const Condition* c) { return next(this, *c, timeout); });
 }
 
 bool Mutex::AwaitWithDeadline(const Condition& cond, Time deadline) {
@@ -353,19 +358,22 @@ bool Mutex::AwaitWithDeadline(const Condition& cond, Time deadline) {
 
 void CondVar::Wait(Mutex* mu) {
   static auto next = Next<void (*)(CondVar*, Mutex*)>(false, "7CondVar4WaitEPNS0_5MutexE");
-  WhileReleased(FERRY_TSAN_CALLER, mu, nullptr, [&](const Condition*) { return (next(this, mu), 0); });
+  WhileReleased(FERRY_TSAN_CALLER, mu, nullptr,
+                [&](const Condition*) { return (next(this, mu), 0); });
 }
 
 bool CondVar::WaitWithTimeout(Mutex* mu, Duration timeout) {
   static auto next = Next<bool (*)(CondVar*, Mutex*, Duration)>(
       false, "7CondVar15WaitWithTimeoutEPNS0_5MutexENS0_8DurationE");
-  return WhileReleased(FERRY_TSAN_CALLER, mu, nullptr, [&](const Condition*) { return next(this, mu, timeout); });
+  return WhileReleased(FERRY_TSAN_CALLER, mu, nullptr,
+                       [&](const Condition*) { return next(this, mu, timeout); });
 }
 
 bool CondVar::WaitWithDeadline(Mutex* mu, Time deadline) {
   static auto next = Next<bool (*)(CondVar*, Mutex*, Time)>(
       false, "7CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE");
-  return WhileReleased(FERRY_TSAN_CALLER, mu, nullptr, [&](const Condition*) { return next(this, mu, deadline); });
+  return WhileReleased(FERRY_TSAN_CALLER, mu, nullptr,
+                       [&](const Condition*) { return next(this, mu, deadline); });
 }
 
 void Notification::Notify() {

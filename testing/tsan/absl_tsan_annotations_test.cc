@@ -39,7 +39,8 @@ TEST(AbslTsanAnnotationsTest, HandoffsThroughAwaitLockWhenCondVarAndNotification
   int payload = 0;  // written before each handoff, read after it, never under mu
   absl::Notification done;
   std::thread worker([&] {
-    mu.LockWhen(absl::Condition(+[](int* s) { return *s == 1; }, &stage));
+    mu.LockWhen(absl::Condition(
+        +[](int* s) { return *s == 1; }, &stage));
     payload += 10;
     stage = 2;
     mu.Unlock();
@@ -53,7 +54,8 @@ TEST(AbslTsanAnnotationsTest, HandoffsThroughAwaitLockWhenCondVarAndNotification
   {
     absl::MutexLock lock(&mu);
     stage = 1;
-    mu.Await(absl::Condition(+[](int* s) { return *s == 2; }, &stage));
+    mu.Await(absl::Condition(
+        +[](int* s) { return *s == 2; }, &stage));
   }
   EXPECT_EQ(payload, 11);
   {

@@ -186,9 +186,8 @@ JobOptions FromProto(const v1::JobSpec& spec) {
       break;
     }
     case v1::TransformSpec::kCenterCrop:
-      options.transform =
-          CenterCropOptions{spec.transform().center_crop().size(),
-                            spec.transform().center_crop().resize()};
+      options.transform = CenterCropOptions{spec.transform().center_crop().size(),
+                                            spec.transform().center_crop().resize()};
       break;
     default:
       break;
@@ -341,10 +340,11 @@ absl::Status FromJson(std::string_view json, std::string_view what,
   auto status = google::protobuf::util::JsonStringToMessage(
       google::protobuf::StringPiece(json.data(), json.size()), message, options);
   if (!status.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot parse ", std::string(what), " from JSON: ", std::string(status.message()), "; input: ",
-        json.size() > 200 ? absl::StrCat(std::string(json.substr(0, 200)), "...")
-                          : std::string(json)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot parse ", std::string(what),
+                     " from JSON: ", std::string(status.message()), "; input: ",
+                     json.size() > 200 ? absl::StrCat(std::string(json.substr(0, 200)), "...")
+                                       : std::string(json)));
   }
   return absl::OkStatus();
 }
@@ -389,8 +389,8 @@ absl::Status ValidateLayout(const JobInfo& job, uint64_t num_slots, uint64_t slo
     }
     if (f.offset > slot_bytes || batch_size * f.row_bytes > slot_bytes - f.offset) {
       return bad(absl::StrCat("field '", f.name, "' (offset ", f.offset, ", ", batch_size,
-                              " rows of ", f.row_bytes, " bytes) overruns the slot of ",
-                              slot_bytes, " bytes"));
+                              " rows of ", f.row_bytes, " bytes) overruns the slot of ", slot_bytes,
+                              " bytes"));
     }
   }
   return absl::OkStatus();

@@ -57,12 +57,13 @@ absl::StatusOr<int> LocalDevice(const CudaRingSpec& spec) {
   error = cudaDeviceGetByPCIBusId(&device, spec.pci_bus_id.c_str());
   if (error != cudaSuccess) {
     (void)cudaGetLastError();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "ferryd serves this job on GPU ", spec.pci_bus_id, " (its cuda:", spec.daemon_device,
-        "), which this process cannot see (", CudaStatus(error, "cudaDeviceGetByPCIBusId",
-                                                         spec.pci_bus_id).message(),
-        "; ", VisibleDevicesNote(), "); make that GPU visible to the trainer or create the "
-        "job on one it can see"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("ferryd serves this job on GPU ", spec.pci_bus_id,
+                     " (its cuda:", spec.daemon_device, "), which this process cannot see (",
+                     CudaStatus(error, "cudaDeviceGetByPCIBusId", spec.pci_bus_id).message(), "; ",
+                     VisibleDevicesNote(),
+                     "); make that GPU visible to the trainer or create the "
+                     "job on one it can see"));
   }
   return device;
 }
@@ -88,10 +89,10 @@ class CudaRingImpl final : public CudaRing {
       if (spec.mem_handles[i].size() != kCudaIpcHandleSize ||
           spec.ready_events[i].size() != kCudaIpcHandleSize ||
           spec.released_events[i].size() != kCudaIpcHandleSize) {
-        return absl::InternalError(absl::StrCat(
-            "ferryd sent IPC handles of ", spec.mem_handles[i].size(), ", ",
-            spec.ready_events[i].size(), " and ", spec.released_events[i].size(),
-            " bytes for slot ", i, "; expected ", kCudaIpcHandleSize));
+        return absl::InternalError(
+            absl::StrCat("ferryd sent IPC handles of ", spec.mem_handles[i].size(), ", ",
+                         spec.ready_events[i].size(), " and ", spec.released_events[i].size(),
+                         " bytes for slot ", i, "; expected ", kCudaIpcHandleSize));
       }
       MemIpcHandle mem;
       std::memcpy(mem.bytes.data(), spec.mem_handles[i].data(), kCudaIpcHandleSize);
@@ -158,8 +159,7 @@ class CudaRingImpl final : public CudaRing {
     const cudaError_t query = cudaStreamQuery(s);
     if (query == cudaSuccess) return false;  // idle: every read of the slot is done
     if (query != cudaErrorNotReady) {
-      return Check(query, "cudaStreamQuery",
-                   absl::StrCat("stream releasing slot ", slot));
+      return Check(query, "cudaStreamQuery", absl::StrCat("stream releasing slot ", slot));
     }
     (void)cudaGetLastError();
     FERRY_RETURN_IF_ERROR(Check(cudaEventRecord(released_[slot].get(), s), "cudaEventRecord",
@@ -175,8 +175,8 @@ class CudaRingImpl final : public CudaRing {
                                const absl::Status& status) {
     return absl::Status(
         absl::IsResourceExhausted(status) ? status.code() : absl::StatusCode::kFailedPrecondition,
-        absl::StrCat("cannot open ferryd's ", what, " of slot ", slot, " on GPU ",
-                     spec.pci_bus_id, " over CUDA IPC: ", status.message(),
+        absl::StrCat("cannot open ferryd's ", what, " of slot ", slot, " on GPU ", spec.pci_bus_id,
+                     " over CUDA IPC: ", status.message(),
                      "; the trainer and ferryd must run on the same host in the same IPC "
                      "namespace (containers: --ipc=host or a shared IPC namespace)"));
   }
@@ -205,9 +205,8 @@ absl::StatusOr<std::string> CudaPciBusId(int ordinal) {
         CudaStatus(error, "cudaGetDeviceCount").message(), "; ", VisibleDevicesNote(), ")"));
   }
   if (ordinal < 0 || ordinal >= count) {
-    return absl::InvalidArgumentError(absl::StrCat("cuda:", ordinal, ": this process sees ",
-                                                   count, " CUDA device(s) (",
-                                                   VisibleDevicesNote(), ")"));
+    return absl::InvalidArgumentError(absl::StrCat("cuda:", ordinal, ": this process sees ", count,
+                                                   " CUDA device(s) (", VisibleDevicesNote(), ")"));
   }
   char bus_id[32] = {};
   FERRY_RETURN_IF_ERROR(Check(cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), ordinal),

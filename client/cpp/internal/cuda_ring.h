@@ -37,8 +37,8 @@ struct CudaRingSpec {
   int daemon_device = 0;   // ferryd's ordinal, for messages only
   std::string pci_bus_id;  // selects the local device
   uint64_t slot_bytes = 0;
-  std::vector<std::string> mem_handles;    // 64 bytes each, one per slot
-  std::vector<std::string> ready_events;   // 64 bytes each, one per slot
+  std::vector<std::string> mem_handles;      // 64 bytes each, one per slot
+  std::vector<std::string> ready_events;     // 64 bytes each, one per slot
   std::vector<std::string> released_events;  // 64 bytes each, one per slot
 };
 

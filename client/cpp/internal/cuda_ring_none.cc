@@ -1,18 +1,18 @@
 // CudaRing for a libferry built without a CUDA toolkit: every GPU entry point fails with
 // FAILED_PRECONDITION, so a cuda job is refused at attach with a clear reason.
-#include "client/cpp/internal/cuda_ring.h"
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "client/cpp/internal/cuda_ring.h"
 
 namespace ferry {
 namespace internal {
 namespace {
 
 absl::Status NoCuda(absl::string_view what) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      what, ": this libferry was built without CUDA; rebuild ferry with a CUDA toolkit "
-      "(nvcc; cmake -DFERRY_WITH_CUDA=ON) or use device 'cpu'"));
+  return absl::FailedPreconditionError(
+      absl::StrCat(what,
+                   ": this libferry was built without CUDA; rebuild ferry with a CUDA toolkit "
+                   "(nvcc; cmake -DFERRY_WITH_CUDA=ON) or use device 'cpu'"));
 }
 
 }  // namespace

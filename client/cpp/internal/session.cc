@@ -1,8 +1,8 @@
 #include "client/cpp/internal/session.h"
 
 #include <errno.h>
-#include <string.h>
 #include <poll.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -22,7 +22,6 @@
 namespace ferry::internal {
 namespace {
 
-
 absl::Status Annotate(const absl::Status& status, const std::string& path,
                       const std::string& what) {
   if (status.ok()) return status;
@@ -39,8 +38,7 @@ absl::StatusOr<std::string> RecvWithTimeout(int sock, const std::string& path,
   pollfd p{sock, POLLIN, 0};
   int n;
   do {
-    const int64_t left_ms =
-        std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now()));
+    const int64_t left_ms = std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now()));
     n = ::poll(&p, 1, static_cast<int>(left_ms));
   } while (n < 0 && errno == EINTR);
   if (n < 0) return absl::InternalError(absl::StrCat("poll: ", strerror(errno)));
@@ -53,7 +51,6 @@ absl::StatusOr<std::string> RecvWithTimeout(int sock, const std::string& path,
   if (!packet.ok()) return Annotate(packet.status(), path, what);
   return packet;
 }
-
 
 }  // namespace
 
@@ -78,7 +75,7 @@ Session::Session(UniqueFd fd, std::string path, std::string token, int daemon_pi
       fd_(std::move(fd)) {}
 
 absl::StatusOr<std::unique_ptr<Session>> Session::Open(const std::string& grpc_socket,
-                                                      absl::Duration answer_timeout) {
+                                                       absl::Duration answer_timeout) {
   const std::string path = SessionSocketPath(grpc_socket);
   absl::StatusOr<UniqueFd> fd = ConnectUnix(path, SOCK_SEQPACKET);
   if (!fd.ok()) {
@@ -94,8 +91,8 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Open(const std::string& grpc_s
   absl::Status trusted = CheckDaemonPeer(fd->get(), path);
   if (trusted.ok()) trusted = CheckSocketDirectory(path);
   if (!trusted.ok()) return trusted;
-  absl::StatusOr<std::string> hello = RecvWithTimeout(fd->get(), path, "HELLO", answer_timeout,
-                                                      absl::Now() + answer_timeout);
+  absl::StatusOr<std::string> hello =
+      RecvWithTimeout(fd->get(), path, "HELLO", answer_timeout, absl::Now() + answer_timeout);
   if (!hello.ok()) return hello.status();
   if (absl::StartsWith(*hello, "ERR ")) {  // refused: too many sessions, out of descriptors
     return absl::ResourceExhaustedError(
@@ -105,12 +102,10 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Open(const std::string& grpc_s
   int pid = 0;
   if (parts.size() != 3 || parts[0] != "HELLO" || parts[1].empty() ||
       !absl::SimpleAtoi(parts[2], &pid)) {
-    return absl::InternalError(absl::StrCat("unexpected greeting '", hello->substr(0, 100),
-                                            "' on ", path,
-                                            "; is it a ferryd of another version?"));
+    return absl::InternalError(absl::StrCat("unexpected greeting '", hello->substr(0, 100), "' on ",
+                                            path, "; is it a ferryd of another version?"));
   }
-  return std::unique_ptr<Session>(
-      new Session(std::move(*fd), path, parts[1], pid, answer_timeout));
+  return std::unique_ptr<Session>(new Session(std::move(*fd), path, parts[1], pid, answer_timeout));
 }
 
 bool Session::DaemonGone() {
@@ -148,8 +143,8 @@ absl::StatusOr<Session::Slab> Session::FetchSlab(const std::string& attach_id) {
         absl::StrCat("ferryd refused the slab of attachment ", attach_id, ": ", text));
   }
   if (!absl::ConsumePrefix(&text, "OK ") || !absl::SimpleAtoi(text, &slab.bytes)) {
-    return absl::InternalError(absl::StrCat("unexpected answer '", answer->substr(0, 100),
-                                            "' to FD on ", path_));
+    return absl::InternalError(
+        absl::StrCat("unexpected answer '", answer->substr(0, 100), "' to FD on ", path_));
   }
   if (!slab.fd.valid()) {
     return absl::InternalError(
@@ -158,8 +153,7 @@ absl::StatusOr<Session::Slab> Session::FetchSlab(const std::string& attach_id) {
   return slab;
 }
 
-absl::StatusOr<std::unique_ptr<BatchChannel>> Session::FetchChannel(
-    const std::string& attach_id) {
+absl::StatusOr<std::unique_ptr<BatchChannel>> Session::FetchChannel(const std::string& attach_id) {
   std::vector<UniqueFd> fds;
   absl::StatusOr<std::string> answer =
       Ask(absl::StrCat("CHANNEL ", attach_id), "the batch channel request", &fds);
@@ -168,11 +162,11 @@ absl::StatusOr<std::unique_ptr<BatchChannel>> Session::FetchChannel(
   absl::string_view text = *answer;
   if (absl::ConsumePrefix(&text, "ERR ")) {
     if (absl::StartsWith(text, "unknown request")) {
-      return absl::UnimplementedError(absl::StrCat("ferryd at ", path_,
-                                                   " has no batch channels: ", text));
+      return absl::UnimplementedError(
+          absl::StrCat("ferryd at ", path_, " has no batch channels: ", text));
     }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "ferryd refused a batch channel for attachment ", attach_id, ": ", text));
+    return absl::FailedPreconditionError(
+        absl::StrCat("ferryd refused a batch channel for attachment ", attach_id, ": ", text));
   }
   if (!absl::ConsumePrefix(&text, "OK ") || fds.size() != 3) {
     return absl::InternalError(absl::StrCat("unexpected answer '", answer->substr(0, 100),
@@ -185,26 +179,24 @@ absl::StatusOr<std::unique_ptr<BatchChannel>> Session::FetchChannel(
   return channel;
 }
 
-absl::StatusOr<std::shared_ptr<const SlabMapping>> SlabMapping::Create(int fd,
-                                                                       uint64_t bytes) {
+absl::StatusOr<std::shared_ptr<const SlabMapping>> SlabMapping::Create(int fd, uint64_t bytes) {
   if (bytes == 0) return absl::InvalidArgumentError("cannot map an empty slab");
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     return absl::InternalError(absl::StrCat("fstat(slab memfd): ", strerror(errno)));
   }
   if (static_cast<uint64_t>(st.st_size) < bytes) {
-    return absl::InternalError(absl::StrCat("slab memfd holds ", st.st_size,
-                                            " bytes, ferryd announced ", bytes));
+    return absl::InternalError(
+        absl::StrCat("slab memfd holds ", st.st_size, " bytes, ferryd announced ", bytes));
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     int err = errno;
-    return absl::Status(err == ENOMEM ? absl::StatusCode::kResourceExhausted
-                                      : absl::StatusCode::kInternal,
-                        absl::StrCat("mmap of the ", bytes, "-byte slab: ", strerror(err)));
+    return absl::Status(
+        err == ENOMEM ? absl::StatusCode::kResourceExhausted : absl::StatusCode::kInternal,
+        absl::StrCat("mmap of the ", bytes, "-byte slab: ", strerror(err)));
   }
-  return std::shared_ptr<const SlabMapping>(
-      new SlabMapping(static_cast<const uint8_t*>(p), bytes));
+  return std::shared_ptr<const SlabMapping>(new SlabMapping(static_cast<const uint8_t*>(p), bytes));
 }
 
 SlabMapping::~SlabMapping() { ::munmap(const_cast<uint8_t*>(data_), size_); }

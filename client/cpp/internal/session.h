@@ -74,14 +74,12 @@ class Session final {
   const absl::Duration answer_timeout_;
   const UniqueFd fd_;
 
-
   absl::Mutex mu_;  // one request/answer pair at a time
   // Requests whose answer did not come in time. ferryd answers every request, in order, so
   // the next this many packets are those late answers: Ask drops them (and their fds)
   // instead of taking one for the answer to its own request.
   int unanswered_ ABSL_GUARDED_BY(mu_) = 0;
 };
-
 
 // A read-only, shared mapping of a whole file; unmapped on destruction. Thread-compatible
 // (immutable after creation).

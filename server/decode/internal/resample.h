@@ -19,15 +19,15 @@ inline constexpr int kWeightBits = 14;
 // weights[i * stride ...], which sum to about 1 << kWeightBits.
 struct AxisFilter {
   int out_size = 0;
-  int stride = 0;             // weights per output sample in `weights`
-  std::vector<int> first;     // out_size entries
-  std::vector<int> count;     // out_size entries, each >= 1
+  int stride = 0;          // weights per output sample in `weights`
+  std::vector<int> first;  // out_size entries
+  std::vector<int> count;  // out_size entries, each >= 1
   std::vector<int32_t> weights;
   // The same weights as int16 pairs (tap 2k in the low half, 2k + 1 in the high half, 0
   // past the end), pair_stride per output sample: operands for 16-bit multiply-adds.
   int pair_stride = 0;
   std::vector<int32_t> pair_weights;
-  int begin = 0;              // union of all source ranges: [begin, end)
+  int begin = 0;  // union of all source ranges: [begin, end)
   int end = 0;
   std::vector<double> scratch;  // reused by ComputeAxisFilter
 };

@@ -22,8 +22,8 @@ struct NormalizeParams {
 
 // `batch` >= 1 images of `pixels` (height * width, >= 1) HWC uint8 pixels -> CHW planes.
 // Enqueues on the current device, which must be `stream`'s.
-cudaError_t EnqueueNormalizeImages(const uint8_t* src, void* dst, NormalizeOut out,
-                                   int64_t batch, int64_t pixels, const NormalizeParams& params,
+cudaError_t EnqueueNormalizeImages(const uint8_t* src, void* dst, NormalizeOut out, int64_t batch,
+                                   int64_t pixels, const NormalizeParams& params,
                                    cudaStream_t stream);
 
 enum class WidenKind { kU16ToI32, kU16ToI64, kU32ToI32, kU32ToI64 };

@@ -32,13 +32,11 @@ CudaGpuProvider::CudaGpuProvider(const Topology& topology, MemoryBudget* pinned,
     gpu.pci_bus_id = info->pci_bus_id;
     gpu.numa_node = topology.NumaNodeOfPciDevice(info->pci_bus_id);
     // The worker pool runs a GPU's jobs on its node's group (all CPUs without a node).
-    gpu.worker_cpus =
-        gpu.numa_node >= 0 ? topology.CpusForNode(gpu.numa_node) : topology.AllCpus();
-    const uint64_t budget =
-        device_budget_bytes != 0 ? device_budget_bytes : info->total_memory / 4;
-    gpu.device_budget = std::make_unique<MemoryBudget>(
-        absl::StrCat("device memory budget of GPU ", i), "device_memory_budget_bytes", budget,
-        config_path);
+    gpu.worker_cpus = gpu.numa_node >= 0 ? topology.CpusForNode(gpu.numa_node) : topology.AllCpus();
+    const uint64_t budget = device_budget_bytes != 0 ? device_budget_bytes : info->total_memory / 4;
+    gpu.device_budget =
+        std::make_unique<MemoryBudget>(absl::StrCat("device memory budget of GPU ", i),
+                                       "device_memory_budget_bytes", budget, config_path);
     gpus_.push_back(std::move(gpu));
   }
   if (gpus_.empty() && unavailable_.empty()) unavailable_ = "the CUDA runtime reports no GPU";
@@ -71,15 +69,14 @@ absl::Status CudaGpuProvider::CheckJob(const Job& job) const {
       .status();
 }
 
-absl::StatusOr<std::unique_ptr<DeviceStage>> CudaGpuProvider::MakeStage(const Job& job,
-                                                                        int ordinal,
+absl::StatusOr<std::unique_ptr<DeviceStage>> CudaGpuProvider::MakeStage(const Job& job, int ordinal,
                                                                         const SharedSlab& slab,
                                                                         int num_slots) {
   const Gpu& gpu = gpus_.at(ordinal);
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<CudaStage> stage,
-                         CudaStage::Create(ordinal, gpu.pci_bus_id, job, slab, num_slots,
-                                           pinned_, gpu.device_budget.get(), gpu.counters,
-                                           &mappings_, gather_));
+  FERRY_ASSIGN_OR_RETURN(
+      std::unique_ptr<CudaStage> stage,
+      CudaStage::Create(ordinal, gpu.pci_bus_id, job, slab, num_slots, pinned_,
+                        gpu.device_budget.get(), gpu.counters, &mappings_, gather_));
   return std::unique_ptr<DeviceStage>(std::move(stage));
 }
 
@@ -101,8 +98,8 @@ void CudaGpuProvider::FillStatus(ferry::v1::DaemonStatus* status) const {
     const uint64_t bytes = c.bytes_to_device.load(std::memory_order_relaxed);
     s->set_bytes_to_device(bytes);
     s->set_h2d_bytes_per_second(rates_.Rate(g.ordinal, bytes));
-    s->set_batches_in_flight(static_cast<uint32_t>(
-        std::max<int64_t>(0, c.in_flight.load(std::memory_order_relaxed))));
+    s->set_batches_in_flight(
+        static_cast<uint32_t>(std::max<int64_t>(0, c.in_flight.load(std::memory_order_relaxed))));
     s->set_ranks(static_cast<uint32_t>(c.stages.load(std::memory_order_relaxed)));
   }
 }

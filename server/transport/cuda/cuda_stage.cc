@@ -33,9 +33,8 @@ EventWatcher::CompletionQuery IsComplete(const CudaEvent& event) {
 
 absl::StatusOr<std::unique_ptr<CudaStage>> CudaStage::Create(
     int device, std::string pci_bus_id, const Job& job, const SharedSlab& slab, int num_slots,
-    MemoryBudget* pinned_budget, MemoryBudget* device_budget,
-    std::shared_ptr<GpuCounters> counters, PinnedMappings* mappings,
-    const GatherOptions& gather) {
+    MemoryBudget* pinned_budget, MemoryBudget* device_budget, std::shared_ptr<GpuCounters> counters,
+    PinnedMappings* mappings, const GatherOptions& gather) {
   std::unique_ptr<CudaStage> stage(new CudaStage());
   stage->counters_ = std::move(counters);
   stage->device_ = device;
@@ -50,8 +49,7 @@ absl::StatusOr<std::unique_ptr<CudaStage>> CudaStage::Create(
   FERRY_ASSIGN_OR_RETURN(stage->device_bytes_,
                          device_budget->Reserve(stage->layout_.slot_bytes * num_slots, what));
   // Registered once: every batch of this rank is copied from these pages.
-  FERRY_ASSIGN_OR_RETURN(stage->registration_,
-                         HostRegistration::Create(slab.data(), slab.size()));
+  FERRY_ASSIGN_OR_RETURN(stage->registration_, HostRegistration::Create(slab.data(), slab.size()));
   FERRY_ASSIGN_OR_RETURN(stage->stream_, CudaStream::Create(device));
   for (int i = 0; i < num_slots; ++i) {
     FERRY_ASSIGN_OR_RETURN(DeviceBuffer buffer,
@@ -59,8 +57,7 @@ absl::StatusOr<std::unique_ptr<CudaStage>> CudaStage::Create(
     FERRY_ASSIGN_OR_RETURN(MemIpcHandle mem, buffer.IpcHandle());
     FERRY_ASSIGN_OR_RETURN(CudaEvent ready, CudaEvent::Create(device, CudaEvent::kInterprocess));
     FERRY_ASSIGN_OR_RETURN(EventIpcHandle event, ready.IpcHandle());
-    FERRY_ASSIGN_OR_RETURN(CudaEvent released,
-                           CudaEvent::Create(device, CudaEvent::kInterprocess));
+    FERRY_ASSIGN_OR_RETURN(CudaEvent released, CudaEvent::Create(device, CudaEvent::kInterprocess));
     FERRY_ASSIGN_OR_RETURN(EventIpcHandle released_handle, released.IpcHandle());
     stage->slots_.push_back(std::move(buffer));
     stage->ready_.push_back(std::move(ready));
@@ -70,9 +67,8 @@ absl::StatusOr<std::unique_ptr<CudaStage>> CudaStage::Create(
     stage->released_handles_.push_back(released_handle);
   }
   // Per host slot an event that frees it before the normalize kernel has run (images).
-  const int host_slots = stage->layout_.image_field >= 0
-                             ? static_cast<int>(slab.size() / job.layout().slot_bytes)
-                             : 0;
+  const int host_slots =
+      stage->layout_.image_field >= 0 ? static_cast<int>(slab.size() / job.layout().slot_bytes) : 0;
   for (int i = 0; i < host_slots; ++i) {
     FERRY_ASSIGN_OR_RETURN(CudaEvent done, CudaEvent::Create(device, CudaEvent::kSync));
     stage->copy_done_.push_back(std::move(done));
@@ -122,21 +118,21 @@ bool CudaStage::gather_ready() const {
     gather_state_.store(kFailed, std::memory_order_release);
     return false;
   }
-  gather_source_ = GatherSource{
-      .records = static_cast<const uint8_t*>(*mapped) +
-                 (gather_rows_.records - gather_rows_.mapping),
-      .num_records = gather_rows_.num_records,
-      .row_bytes = gather_rows_.row_bytes};
+  gather_source_ = GatherSource{.records = static_cast<const uint8_t*>(*mapped) +
+                                           (gather_rows_.records - gather_rows_.mapping),
+                                .num_records = gather_rows_.num_records,
+                                .row_bytes = gather_rows_.row_bytes};
   gather_state_.store(kReady, std::memory_order_release);
   return true;
 }
 
-absl::Status CudaStage::StartCopy(int host_slot, int device_slot, uint32_t num_samples,
-                                 bool gather, uint64_t token) {
+absl::Status CudaStage::StartCopy(int host_slot, int device_slot, uint32_t num_samples, bool gather,
+                                  uint64_t token) {
   const absl::Time start = absl::Now();
   absl::Status s = gather && gather_state_.load(std::memory_order_acquire) != kReady
-                       ? absl::InternalError("StartCopy asked to gather rows whose page "
-                                             "cache is not registered")
+                       ? absl::InternalError(
+                             "StartCopy asked to gather rows whose page "
+                             "cache is not registered")
                        : EnqueueCopy(host_slot, device_slot, num_samples, gather, token);
   enqueue_nanos_.fetch_add(absl::ToInt64Nanoseconds(absl::Now() - start),
                            std::memory_order_relaxed);
@@ -145,10 +141,9 @@ absl::Status CudaStage::StartCopy(int host_slot, int device_slot, uint32_t num_s
 
 void CudaStage::WatchReleased(int device_slot, uint64_t token) {
   if (device_slot >= static_cast<int>(released_.size())) return;
-  watcher_->Watch(IsComplete(released_[device_slot]), EventWatcher::kReleased,
-                  [this, device_slot, token] {
-                    callbacks_.device_slot_released(device_slot, token);
-                  });
+  watcher_->Watch(
+      IsComplete(released_[device_slot]), EventWatcher::kReleased,
+      [this, device_slot, token] { callbacks_.device_slot_released(device_slot, token); });
 }
 
 bool CudaStage::ReleasedSignalPending(int device_slot) const {
@@ -218,8 +213,7 @@ absl::Status CudaStage::EnqueueGather(CudaStream& stream, const uint8_t* src, ui
   auto* device_indices = reinterpret_cast<int64_t*>(dst + layout_.offsets[index_field_]);
   uint8_t* rows = dst + layout_.offsets[gathered_field_];
   if (params) {
-    const auto* host_indices =
-        reinterpret_cast<const int64_t*>(src + host_->offsets[index_field_]);
+    const auto* host_indices = reinterpret_cast<const int64_t*>(src + host_->offsets[index_field_]);
     return LaunchGatherRowsIndexedFromHost(gather_source_,
                                            absl::MakeConstSpan(host_indices, num_samples), rows,
                                            device_indices, gather_blocks_, stream.get());
@@ -238,15 +232,14 @@ absl::Status CudaStage::EnqueueSlotCopy(CudaStream& stream, const uint8_t* src, 
   return stream.CopyAsync(layout_.converts() ? dst + layout_.staging_offset : dst, src, used);
 }
 
-absl::Status CudaStage::EnqueueConversion(CudaStream& stream, uint8_t* dst,
-                                          uint32_t num_samples) {
+absl::Status CudaStage::EnqueueConversion(CudaStream& stream, uint8_t* dst, uint32_t num_samples) {
   if (layout_.image_field >= 0) {
     const FieldLayout& image = host_->fields[layout_.image_field];
-    return LaunchNormalizeImages(
-        dst + layout_.convert_input_offset, dst + layout_.offsets[layout_.image_field],
-        ToOutputDType(layout_.image_dtype), static_cast<int>(num_samples),
-        static_cast<int>(image.shape[0]), static_cast<int>(image.shape[1]), layout_.mean,
-        layout_.std, stream.get());
+    return LaunchNormalizeImages(dst + layout_.convert_input_offset,
+                                 dst + layout_.offsets[layout_.image_field],
+                                 ToOutputDType(layout_.image_dtype), static_cast<int>(num_samples),
+                                 static_cast<int>(image.shape[0]), static_cast<int>(image.shape[1]),
+                                 layout_.mean, layout_.std, stream.get());
   }
   if (layout_.token_field >= 0) {
     // Raw tokens: only 2 or 4 bytes per token crossed PCIe; widen them here.
@@ -265,17 +258,17 @@ void CudaStage::WatchCopy(int host_slot, int device_slot, uint64_t token, bool o
   if (own_copy_event) {
     watcher_->Watch(IsComplete(copy_done_[host_slot]), EventWatcher::kHostSlotCopied,
                     [this, host_slot] { callbacks_.host_slot_free(host_slot); });
-    watcher_->Watch(IsComplete(ready_[device_slot]), EventWatcher::kDeviceSlotReady,
-                    [this, device_slot, token] {
-                      callbacks_.device_slot_ready(device_slot, token);
-                    });
+    watcher_->Watch(
+        IsComplete(ready_[device_slot]), EventWatcher::kDeviceSlotReady,
+        [this, device_slot, token] { callbacks_.device_slot_ready(device_slot, token); });
   } else {
-    watcher_->Watch(IsComplete(ready_[device_slot]), EventWatcher::kDeviceSlotReady,
-                    [this, host_slot, device_slot, token] {
-                      callbacks_.host_slot_free(host_slot);
-                      callbacks_.device_slot_ready(device_slot, token);
-                    },
-                    /*also_frees_host_slot=*/true);
+    watcher_->Watch(
+        IsComplete(ready_[device_slot]), EventWatcher::kDeviceSlotReady,
+        [this, host_slot, device_slot, token] {
+          callbacks_.host_slot_free(host_slot);
+          callbacks_.device_slot_ready(device_slot, token);
+        },
+        /*also_frees_host_slot=*/true);
   }
 }
 
@@ -289,8 +282,7 @@ void CudaStage::Describe(ferry::v1::AttachResponse* response) const {
     ferry::v1::CudaSlot* slot = cuda->add_slots();
     slot->set_mem_handle(mem_handles_[i].bytes.data(), mem_handles_[i].bytes.size());
     slot->set_ready_event(ready_handles_[i].bytes.data(), ready_handles_[i].bytes.size());
-    slot->set_released_event(released_handles_[i].bytes.data(),
-                             released_handles_[i].bytes.size());
+    slot->set_released_event(released_handles_[i].bytes.data(), released_handles_[i].bytes.size());
   }
   for (size_t f = 0; f < layout_.fields.size(); ++f) {
     ferry::v1::Field* field = cuda->add_fields();
@@ -305,7 +297,8 @@ void CudaStage::Describe(ferry::v1::AttachResponse* response) const {
 absl::Status CudaStage::OpenConsumer(const std::vector<std::string>& released_events) {
   if (!released_events.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "Open carries ", released_events.size(), " released events, but this ferryd exports "
+        "Open carries ", released_events.size(),
+        " released events, but this ferryd exports "
         "its own (CudaSlot.released_event); the trainer's ferry client library is older "
         "than ferryd: upgrade it"));
   }
@@ -333,10 +326,10 @@ void CudaStage::FillStatus(ferry::v1::RankStatus* status) const {
     status->set_copy_path_note(copy_path_note_);
   } else if (gather_ready()) {
     status->set_copy_path(ferry::v1::PAGE_CACHE_GATHER);
-    status->set_copy_path_note(
-        gather_every_batch_ ? ""
-                            : "kernels gather the batches made while the trainer waits for "
-                              "them; workers copy the rows of those made while it computes");
+    status->set_copy_path_note(gather_every_batch_
+                                   ? ""
+                                   : "kernels gather the batches made while the trainer waits for "
+                                     "them; workers copy the rows of those made while it computes");
   } else {
     absl::MutexLock lock(&gather_mutex_);
     const bool failed = gather_state_.load(std::memory_order_relaxed) == kFailed;

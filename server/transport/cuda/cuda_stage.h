@@ -57,8 +57,7 @@ class CudaStage final : public DeviceStage {
   static absl::StatusOr<std::unique_ptr<CudaStage>> Create(
       int device, std::string pci_bus_id, const Job& job, const SharedSlab& slab, int num_slots,
       MemoryBudget* pinned_budget, MemoryBudget* device_budget,
-      std::shared_ptr<GpuCounters> counters, PinnedMappings* mappings,
-      const GatherOptions& gather);
+      std::shared_ptr<GpuCounters> counters, PinnedMappings* mappings, const GatherOptions& gather);
 
   // Stops the watcher (no callback runs after), then waits for the streams to drain.
   ~CudaStage() override;
@@ -143,7 +142,7 @@ class CudaStage final : public DeviceStage {
   // outcome (gather_ready).
   std::optional<PinnedMappings::Lease> gather_lease_;
   std::vector<CudaStream> more_gather_streams_;  // besides stream_
-  uint64_t gathers_enqueued_ = 0;  // StartCopy runs on one thread at a time
+  uint64_t gathers_enqueued_ = 0;                // StartCopy runs on one thread at a time
   // Per device slot, the stream (0: stream_, i: more_gather_streams_[i - 1]) of its last
   // write, -1 before the first; StartCopy's thread only.
   std::vector<int> slot_stream_;
@@ -159,7 +158,7 @@ class CudaStage final : public DeviceStage {
   // Set once, under gather_mutex_, before gather_state_ becomes kReady; read after seeing it.
   mutable GatherSource gather_source_;
   mutable std::string gather_note_ ABSL_GUARDED_BY(gather_mutex_);  // why it failed
-  std::string copy_path_note_;  // why a gatherable dataset is not gathered (constant)
+  std::string copy_path_note_;             // why a gatherable dataset is not gathered (constant)
   std::unique_ptr<EventWatcher> watcher_;  // last: destroyed first
 };
 

@@ -10,10 +10,9 @@ namespace {
 using ::testing::HasSubstr;
 
 SlotLayout ImageLayout(int batch) {
-  std::vector<FieldLayout> fields = {
-      {"image", ferry::v1::UINT8, {224, 224, 3}, 224 * 224 * 3},
-      {"label", ferry::v1::INT64, {}, 8},
-      {"index", ferry::v1::INT64, {}, 8}};
+  std::vector<FieldLayout> fields = {{"image", ferry::v1::UINT8, {224, 224, 3}, 224 * 224 * 3},
+                                     {"label", ferry::v1::INT64, {}, 8},
+                                     {"index", ferry::v1::INT64, {}, 8}};
   return *SlotLayout::Make(fields, batch);
 }
 
@@ -54,7 +53,8 @@ TEST(DeviceSlotLayoutTest, BadRequestsNameTheField) {
   SlotLayout host = ImageLayout(8);
   ferry::v1::ImageOutput out;
   out.set_dtype(ferry::v1::INT64);
-  EXPECT_THAT(DeviceSlotLayout::Make(host, out).status().message(), HasSubstr("image_output.dtype"));
+  EXPECT_THAT(DeviceSlotLayout::Make(host, out).status().message(),
+              HasSubstr("image_output.dtype"));
   out.set_dtype(ferry::v1::FLOAT32);
   out.add_mean(0.5f);
   EXPECT_THAT(DeviceSlotLayout::Make(host, out).status().message(), HasSubstr("image_output.mean"));
@@ -86,10 +86,9 @@ TEST(DeviceSlotLayoutTest, RawTokensAreWidenedThroughStaging) {
     EXPECT_EQ(d->offsets[1], d->staging_offset + host.offsets[1]);
     EXPECT_LE(d->staging_offset + host.slot_bytes, d->slot_bytes);
   }
-  EXPECT_THAT(DeviceSlotLayout::Make(host, ferry::v1::ImageOutput(), ferry::v1::FLOAT32)
-                  .status()
-                  .message(),
-              HasSubstr("dataset.tokens.output_dtype"));
+  EXPECT_THAT(
+      DeviceSlotLayout::Make(host, ferry::v1::ImageOutput(), ferry::v1::FLOAT32).status().message(),
+      HasSubstr("dataset.tokens.output_dtype"));
   // Already widened on the host (the CPU transport, or UINT32 -> INT32): copied as is.
   std::vector<FieldLayout> wide = {{"tokens", ferry::v1::INT32, {9}, 36}};
   auto d = DeviceSlotLayout::Make(*SlotLayout::Make(wide, 4), ferry::v1::ImageOutput(),

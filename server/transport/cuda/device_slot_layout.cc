@@ -23,9 +23,9 @@ absl::StatusOr<DeviceSlotLayout> DeviceSlotLayout::Make(const SlotLayout& host,
       output.dtype() == ferry::v1::DTYPE_UNSPECIFIED ? ferry::v1::UINT8 : output.dtype();
   if (dtype != ferry::v1::UINT8 && dtype != ferry::v1::FLOAT32 && dtype != ferry::v1::FLOAT16 &&
       dtype != ferry::v1::BFLOAT16) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "image_output.dtype must be UINT8, FLOAT32, FLOAT16 or BFLOAT16 (got ",
-        ferry::v1::DType_Name(dtype), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("image_output.dtype must be UINT8, FLOAT32, FLOAT16 or BFLOAT16 (got ",
+                     ferry::v1::DType_Name(dtype), ")"));
   }
   if ((output.mean_size() != 0 && output.mean_size() != 3) ||
       (output.std_size() != 0 && output.std_size() != 3)) {
@@ -63,9 +63,9 @@ absl::StatusOr<DeviceSlotLayout> DeviceSlotLayout::Make(const SlotLayout& host,
     const ferry::v1::DType out =
         tokens_output == ferry::v1::DTYPE_UNSPECIFIED ? ferry::v1::INT64 : tokens_output;
     if (out != ferry::v1::INT64 && out != ferry::v1::INT32) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dataset.tokens.output_dtype must be INT64 or INT32 (got ", ferry::v1::DType_Name(out),
-          ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset.tokens.output_dtype must be INT64 or INT32 (got ",
+                       ferry::v1::DType_Name(out), ")"));
     }
     layout.token_field = static_cast<int>(f);
     layout.token_dtype = out;
@@ -82,9 +82,8 @@ absl::StatusOr<DeviceSlotLayout> DeviceSlotLayout::Make(const SlotLayout& host,
         RoundUp(layout.fields[converted].row_bytes * static_cast<size_t>(host.batch_size), 256);
     layout.convert_input_offset = layout.staging_offset + host.offsets[converted];
     for (size_t f = 0; f < host.fields.size(); ++f) {
-      layout.offsets.push_back(static_cast<int>(f) == converted
-                                   ? 0
-                                   : layout.staging_offset + host.offsets[f]);
+      layout.offsets.push_back(
+          static_cast<int>(f) == converted ? 0 : layout.staging_offset + host.offsets[f]);
     }
     offset = layout.staging_offset + host.slot_bytes;
   } else {

@@ -89,14 +89,15 @@ const size_t kPage = static_cast<size_t>(sysconf(_SC_PAGESIZE));
 // A file mapping of `bytes` bytes (the registrar never touches it).
 struct FakeFile {
   explicit FakeFile(size_t bytes, std::string path = "/data/train.bin")
-      : data(bytes), rows{.field = 0,
-                          .index_field = 1,
-                          .records = data.data() + 64,
-                          .num_records = 10,
-                          .row_bytes = 16,
-                          .mapping = data.data(),
-                          .mapping_bytes = bytes,
-                          .path = std::move(path)} {}
+      : data(bytes),
+        rows{.field = 0,
+             .index_field = 1,
+             .records = data.data() + 64,
+             .num_records = 10,
+             .row_bytes = 16,
+             .mapping = data.data(),
+             .mapping_bytes = bytes,
+             .path = std::move(path)} {}
   std::vector<uint8_t> data;
   DirectRows rows;
 };

@@ -98,10 +98,10 @@ typedef struct ferry_batch ferry_batch_t;
  * contents only until the batch is released. */
 typedef struct ferry_field {
   const char* name;
-  int dtype;            /* FERRY_DTYPE_* */
+  int dtype; /* FERRY_DTYPE_* */
   int ndim;
   const int64_t* shape;
-  const void* data;     /* host memory, or device memory when device >= 0 */
+  const void* data; /* host memory, or device memory when device >= 0 */
   size_t nbytes;
   /* ABI 1.1. -1: `data` is host memory (host transport). Otherwise the CUDA device (this
    * process's ordinal) whose memory `data` points to (GPU transport: see ferry_batch_wait). */
@@ -110,8 +110,8 @@ typedef struct ferry_field {
 
 typedef struct ferry_batch_info {
   int64_t epoch;
-  int64_t index;        /* batch number within the epoch */
-  int64_t seq;          /* position in the consumer's stream */
+  int64_t index; /* batch number within the epoch */
+  int64_t seq;   /* position in the consumer's stream */
   uint32_t slot;
   uint32_t num_samples;
   uint32_t num_fields;
@@ -189,8 +189,8 @@ FERRY_API int ferry_batch_info(const ferry_batch_t* batch, ferry_batch_info_t* o
 /* ABI 1.1: field `i` (0 <= i < num_fields; OUT_OF_RANGE otherwise), written to `out` up to
  * `out_size` bytes (pass sizeof(ferry_field_t)): members past out_size are not touched, so
  * callers built against an older header stay safe. */
-FERRY_API int ferry_batch_field_sized(const ferry_batch_t* batch, uint32_t i,
-                                      ferry_field_t* out, size_t out_size);
+FERRY_API int ferry_batch_field_sized(const ferry_batch_t* batch, uint32_t i, ferry_field_t* out,
+                                      size_t out_size);
 /* ABI 1.0 entry point: fills the members up to `nbytes` only. Kept for binaries built
  * against ABI 1.0; code compiled with this header calls ferry_batch_field_sized through
  * the macro below, which also fills `device`. */
@@ -235,7 +235,7 @@ FERRY_API int ferry_abi_minor(void);
 FERRY_API void ferry_batch_free(ferry_batch_t* batch);
 
 #ifdef __cplusplus
-}  /* extern "C" */
+} /* extern "C" */
 #endif
 
-#endif  /* FERRY_CLIENT_C_INCLUDE_FERRY_FERRY_H_ */
+#endif /* FERRY_CLIENT_C_INCLUDE_FERRY_FERRY_H_ */

@@ -116,8 +116,8 @@ enum class CorruptSamplePolicy {
 // torchvision's RandomResizedCrop followed by RandomHorizontalFlip(0.5) when `flip`.
 struct RandomResizedCropOptions {
   uint32_t size = 0;
-  float scale_min = 0.08f;       // Default: 0.08
-  float scale_max = 1.0f;        // Default: 1.0
+  float scale_min = 0.08f;        // Default: 0.08
+  float scale_max = 1.0f;         // Default: 1.0
   float ratio_min = 3.0f / 4.0f;  // Default: 3/4
   float ratio_max = 4.0f / 3.0f;  // Default: 4/3
   bool flip = false;
@@ -146,8 +146,8 @@ struct JobOptions {
   // Default: empty = derived by the daemon from the spec.
   std::string name;
   // Required.
-  std::variant<std::monostate, ImageFolderOptions, TokensOptions, WebDatasetOptions,
-               RecordsOptions, NpyOptions>
+  std::variant<std::monostate, ImageFolderOptions, TokensOptions, WebDatasetOptions, RecordsOptions,
+               NpyOptions>
       dataset;
   // Required for image datasets; ignored for tokens.
   std::variant<std::monostate, RandomResizedCropOptions, CenterCropOptions> transform;
@@ -466,8 +466,7 @@ class Client final {
   // Quarantines samples of a job known to be bad elsewhere (a resume state taken on an
   // earlier ferryd): never read, substituted as its own bad samples are. Returns how many
   // were new. INVALID_ARGUMENT for an index outside the job's samples.
-  absl::StatusOr<uint32_t> Quarantine(std::string_view job_id,
-                                      const std::vector<int64_t>& indices);
+  absl::StatusOr<uint32_t> Quarantine(std::string_view job_id, const std::vector<int64_t>& indices);
   absl::StatusOr<StatusReport> GetStatus();
 
   // The same answers as the proto3 JSON mapping (proto field names, every field printed),
