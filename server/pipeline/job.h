@@ -109,6 +109,8 @@ class Job final {
   int64_t transient_error_count() const {
     return transient_errors_.load(std::memory_order_relaxed);
   }
+  // How long reads may fail for a reason of the machine before the job fails, unless set.
+  static constexpr absl::Duration kDefaultTransientRetryLimit = absl::Minutes(5);
   absl::Duration transient_retry_limit() const {
     return absl::Milliseconds(transient_retry_limit_ms_.load(std::memory_order_relaxed));
   }
@@ -146,7 +148,8 @@ class Job final {
   std::string paused_reason_ ABSL_GUARDED_BY(errors_mutex_);
   std::atomic<bool> paused_{false};
   std::atomic<int64_t> transient_errors_{0};
-  std::atomic<int64_t> transient_retry_limit_ms_{5 * 60 * 1000};  // Default: 5 minutes
+  std::atomic<int64_t> transient_retry_limit_ms_{
+      absl::ToInt64Milliseconds(kDefaultTransientRetryLimit)};
 };
 
 }  // namespace ferry

@@ -58,8 +58,8 @@ class JobManager final {
     DecodeLimits decode_limits;  // DaemonConfig.decode_limits, defaults filled
     // DaemonConfig.read_retry_seconds: how long a job's reads may fail for a reason of the
     // machine (out of descriptors, ...) before the job fails (Job::transient_retry_limit).
-    // Default: 5 minutes.
-    absl::Duration transient_retry_limit = absl::Minutes(5);
+    // Default: Job::kDefaultTransientRetryLimit (5 minutes).
+    absl::Duration transient_retry_limit = Job::kDefaultTransientRetryLimit;
     // DaemonConfig.widen_tokens_on_host: sets TokensDataset.widen_on_host of GPU jobs.
     // Default: false.
     bool widen_tokens_on_host = false;
