@@ -5,17 +5,33 @@
 //   ferryctl [--address PATH] [--json] job <id>   one job with a per-rank table
 //   ferryctl [--address PATH] delete <id>...       delete jobs, freeing their memory
 //   ferryctl [--address PATH] drain [--no-wait]    take no new work, exit when trainers are done
+//   ferryctl [--address PATH] top [-n S] [--once]  live table of every rank, most stalled first
+//   ferryctl [-n S | --watch] status|jobs|job <id> redraw every S seconds until q or Ctrl-C
 //
 // Exit status: 0 on success, 1 when ferryd reports an error or cannot be reached, 2 on a
-// usage error. Errors go to stderr.
+// usage error. Errors go to stderr. Live views (top, -n/--watch on a terminal) keep retrying
+// an unreachable ferryd and exit 0 on q or Ctrl-C, 128 + the signal on SIGTERM or SIGHUP.
+#include <sys/ioctl.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/ferryctl/format.h"
+#include "client/ferryctl/live.h"
+#include "client/ferryctl/top.h"
 #include "ferry/client.h"
 
 namespace {
@@ -29,10 +45,16 @@ constexpr char kUsage[] =
     "  delete <id>...  delete jobs: their consumers' streams end, their memory is freed\n"
     "  drain      ferryd takes no new jobs or attaches and exits once the trainers attached\n"
     "             now are done; waits for that unless --no-wait (root or ferryd's user)\n"
+    "  top        live table of every job's ranks (rate, stall %, limiting stage, queue,\n"
+    "             memory), the most stalled first; q or Ctrl-C quits\n"
     "options:\n"
     "  --address PATH  ferryd's socket (default: $FERRY_ADDRESS, else the default socket)\n"
     "  --json          print the proto3 JSON of the answer instead of tables\n"
-    "  --no-wait       drain: return once the drain has begun\n";
+    "  --no-wait       drain: return once the drain has begun\n"
+    "  -n SECONDS      top: refresh interval (default 1); status, jobs, job: redraw every\n"
+    "                  SECONDS until q or Ctrl-C, like watch(1)\n"
+    "  --watch         status, jobs, job: redraw every 2 s (or -n SECONDS)\n"
+    "  --once          top: print one snapshot and exit (also when stdout is no terminal)\n";
 
 int UsageError(const std::string& message) {
   fprintf(stderr, "ferryctl: %s\n%s", message.c_str(), kUsage);
@@ -71,6 +93,136 @@ int Drain(ferry::Client& client, bool wait) {
   return 0;
 }
 
+// The client, connected on first use and again after ferryd went away (a restarted ferryd
+// is a new session; the old channel's reconnect backoff would hide it for minutes).
+class Connection final {
+ public:
+  explicit Connection(std::string address) : address_(std::move(address)) {}
+
+  // Runs `call` on the client; a transport failure drops the client for the next call.
+  template <typename T>
+  absl::StatusOr<T> Call(const std::function<absl::StatusOr<T>(ferry::Client&)>& call) {
+    if (client_ == nullptr) {
+      auto client = ferry::Client::Connect(address_);
+      if (!client.ok()) return client.status();
+      client_ = *std::move(client);
+    }
+    absl::StatusOr<T> answer = call(*client_);
+    if (!answer.ok() &&
+        (absl::IsUnavailable(answer.status()) || absl::IsCancelled(answer.status()) ||
+         absl::IsDeadlineExceeded(answer.status()))) {
+      client_.reset();
+    }
+    return answer;
+  }
+
+ private:
+  const std::string address_;
+  std::unique_ptr<ferry::Client> client_;
+};
+
+absl::StatusOr<ferry::v1::GetStatusResponse> FetchStatus(Connection& connection) {
+  auto json =
+      connection.Call<std::string>([](ferry::Client& client) { return client.GetStatusJson(); });
+  if (!json.ok()) return json.status();
+  return ferry::ctl::ParseStatusJson(*json);
+}
+
+// `ferryctl top`: the daemon's answers, the previous one kept for ferryd's CPU use.
+class TopView final : public ferry::ctl::LiveView {
+ public:
+  explicit TopView(Connection& connection) : connection_(connection) {}
+
+  absl::Status Refresh() override {
+    auto status = FetchStatus(connection_);
+    if (!status.ok()) return status.status();
+    previous_ = std::move(now_);
+    now_ = *std::move(status);
+    return absl::OkStatus();
+  }
+
+  std::string Render(ferry::ctl::ScreenSize size) const override {
+    if (!now_.has_value()) return "";
+    return ferry::ctl::RenderTop(*now_, previous_.has_value() ? &*previous_ : nullptr, size);
+  }
+
+ private:
+  Connection& connection_;
+  std::optional<ferry::v1::GetStatusResponse> now_;
+  std::optional<ferry::v1::GetStatusResponse> previous_;
+};
+
+// --watch: the text a one-shot command prints, fetched again every interval.
+class TextView final : public ferry::ctl::LiveView {
+ public:
+  using Fetch = std::function<absl::StatusOr<std::string>(ferry::Client&)>;
+  TextView(Connection& connection, Fetch fetch)
+      : connection_(connection), fetch_(std::move(fetch)) {}
+
+  absl::Status Refresh() override {
+    auto text = connection_.Call<std::string>(fetch_);
+    if (!text.ok()) return text.status();
+    text_ = *std::move(text);
+    return absl::OkStatus();
+  }
+
+  std::string Render(ferry::ctl::ScreenSize size) const override {
+    return ferry::ctl::FitToScreen(text_, size);
+  }
+
+ private:
+  Connection& connection_;
+  const Fetch fetch_;
+  std::string text_;
+};
+
+// What `command` prints once (status, jobs, job <id>, as tables or --json).
+TextView::Fetch OneShot(const std::vector<std::string>& args, bool json) {
+  const std::string command = args[0];
+  if (command == "job") {
+    const std::string id = args[1];
+    if (json) {
+      return [id](ferry::Client& c) -> absl::StatusOr<std::string> {
+        auto answer = c.GetJobJson(id);
+        if (!answer.ok()) return answer.status();
+        return *answer + "\n";
+      };
+    }
+    return [id](ferry::Client& c) -> absl::StatusOr<std::string> {
+      auto answer = c.GetJob(id);
+      if (!answer.ok()) return answer.status();
+      return ferry::ctl::RenderJob(*answer);
+    };
+  }
+  if (json) {
+    return [command](ferry::Client& c) -> absl::StatusOr<std::string> {
+      auto answer = command == "jobs" ? c.ListJobsJson() : c.GetStatusJson();
+      if (!answer.ok()) return answer.status();
+      return *answer + "\n";
+    };
+  }
+  return [command](ferry::Client& c) -> absl::StatusOr<std::string> {
+    auto answer = c.GetStatus();
+    if (!answer.ok()) return answer.status();
+    return command == "jobs" ? ferry::ctl::RenderJobs(*answer) : ferry::ctl::RenderStatus(*answer);
+  };
+}
+
+// stdout's width when it is a terminal, else 0 (unlimited: a file or a pipe gets whole rows).
+int OutputWidth() {
+  struct winsize ws = {};
+  if (isatty(STDOUT_FILENO) && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0) return ws.ws_col;
+  return 0;
+}
+
+// Parses -n's value: seconds, at least 0.1.
+bool ParseInterval(const std::string& text, absl::Duration* interval) {
+  double seconds = 0;
+  if (!absl::SimpleAtod(text, &seconds) || !(seconds >= 0.1) || seconds > 86400) return false;
+  *interval = absl::Seconds(seconds);
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -78,6 +230,10 @@ int main(int argc, char** argv) {
   if (const char* env = getenv("FERRY_ADDRESS"); env != nullptr) address = env;
   bool json = false;
   bool wait = true;
+  bool watch = false;
+  bool once = false;
+  bool interval_given = false;
+  absl::Duration interval = absl::Seconds(1);
   std::vector<std::string> args;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -88,6 +244,16 @@ int main(int argc, char** argv) {
       json = true;
     } else if (arg == "--no-wait") {
       wait = false;
+    } else if (arg == "--watch") {
+      watch = true;
+    } else if (arg == "--once") {
+      once = true;
+    } else if (arg == "-n" || arg == "--interval") {
+      if (i + 1 >= argc) return UsageError(arg + " needs a value (seconds)");
+      if (!ParseInterval(argv[++i], &interval)) {
+        return UsageError(absl::StrCat(arg, " '", argv[i], "': want seconds, 0.1 to 86400"));
+      }
+      interval_given = true;
     } else if (arg == "--address") {
       if (i + 1 >= argc) return UsageError("--address needs a value");
       address = argv[++i];
@@ -102,14 +268,42 @@ int main(int argc, char** argv) {
   if (args.empty()) return UsageError("no command given");
   const std::string& command = args[0];
   if (command != "status" && command != "jobs" && command != "job" && command != "delete" &&
-      command != "drain") {
+      command != "drain" && command != "top") {
     return UsageError("unknown command '" + command + "'");
   }
+  const bool read_only = command == "status" || command == "jobs" || command == "job";
+  if ((watch || interval_given) && !read_only && command != "top") {
+    return UsageError("-n and --watch are for top, status, jobs and job, not " + command);
+  }
+  if (once && command != "top") return UsageError("--once is for top");
+  if (command == "top" && json) return UsageError("top has no --json; use --json status");
+  if (watch && !interval_given) interval = absl::Seconds(2);
   if (command == "delete") {
     if (args.size() < 2) return UsageError("delete needs one or more job ids");
   } else if (args.size() != (command == "job" ? 2u : 1u)) {
     return UsageError(command == "job" ? "job needs exactly one job id"
                                        : command + " takes no arguments");
+  }
+
+  // Live views need a terminal; otherwise (a pipe, a file, --once) one snapshot is printed.
+  const bool live = isatty(STDOUT_FILENO) && !once;
+  if (command == "top") {
+    Connection connection(address);
+    if (live) {
+      TopView view(connection);
+      return ferry::ctl::RunLive(view, {interval, ""});
+    }
+    auto status = FetchStatus(connection);
+    if (!status.ok()) return Fail(status.status());
+    fputs(ferry::ctl::RenderTop(*status, nullptr, {OutputWidth(), 0}).c_str(), stdout);
+    return 0;
+  }
+  if (live && (watch || interval_given)) {
+    Connection connection(address);
+    TextView view(connection, OneShot(args, json));
+    const std::string title = absl::StrCat("every ", absl::FormatDuration(interval), ": ferryctl ",
+                                           absl::StrJoin(args, " "), "  (q quits)");
+    return ferry::ctl::RunLive(view, {interval, title});
   }
 
   auto client = ferry::Client::Connect(address);
@@ -130,26 +324,8 @@ int main(int argc, char** argv) {
     return failed;
   }
 
-  std::string out;
-  if (command == "job") {
-    if (json) {
-      auto answer = (*client)->GetJobJson(args[1]);
-      if (!answer.ok()) return Fail(answer.status());
-      out = *answer + "\n";
-    } else {
-      auto answer = (*client)->GetJob(args[1]);
-      if (!answer.ok()) return Fail(answer.status());
-      out = ferry::ctl::RenderJob(*answer);
-    }
-  } else if (json) {
-    auto answer = command == "jobs" ? (*client)->ListJobsJson() : (*client)->GetStatusJson();
-    if (!answer.ok()) return Fail(answer.status());
-    out = *answer + "\n";
-  } else {
-    auto answer = (*client)->GetStatus();
-    if (!answer.ok()) return Fail(answer.status());
-    out = command == "jobs" ? ferry::ctl::RenderJobs(*answer) : ferry::ctl::RenderStatus(*answer);
-  }
-  fputs(out.c_str(), stdout);
+  auto out = OneShot(args, json)(**client);
+  if (!out.ok()) return Fail(out.status());
+  fputs(out->c_str(), stdout);
   return 0;
 }

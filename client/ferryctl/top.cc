@@ -1,0 +1,244 @@
+#include "client/ferryctl/top.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "client/ferryctl/format.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace ferry::ctl {
+
+absl::StatusOr<v1::GetStatusResponse> ParseStatusJson(std::string_view json) {
+  v1::GetStatusResponse response;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;
+  auto parsed = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(json.data(), json.size()), &response, options);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ferryd's status answer is not a ferry.v1.GetStatusResponse in JSON: ",
+                     std::string(parsed.message())));
+  }
+  return response;
+}
+
+std::string FormatLimitingStage(v1::LimitingStage stage) {
+  switch (stage) {
+    case v1::LIMITED_BY_TRAINER:
+      return "trainer";
+    case v1::LIMITED_BY_READ:
+      return "read";
+    case v1::LIMITED_BY_DECODE:
+      return "decode";
+    case v1::LIMITED_BY_COPY:
+      return "copy";
+    default:
+      return "-";
+  }
+}
+
+namespace {
+
+// Debian's abseil has its own string_view.
+absl::string_view Absl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+// Characters as the terminal counts them, near enough: UTF-8 code points (continuation
+// bytes are 10xxxxxx). Wide characters count one.
+size_t Columns(std::string_view s) {
+  size_t n = 0;
+  for (char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80 ? 1 : 0;
+  return n;
+}
+
+// Byte offset of code point `n` of `s` (s.size() when it has fewer).
+size_t OffsetOfColumn(std::string_view s, size_t n) {
+  size_t seen = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if ((static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) continue;
+    if (seen++ == n) return i;
+  }
+  return s.size();
+}
+
+}  // namespace
+
+std::string TruncateLine(std::string_view line, int width) {
+  if (width <= 0 || Columns(line) <= static_cast<size_t>(width)) return std::string(line);
+  return absl::StrCat(Absl(line.substr(0, OffsetOfColumn(line, width - 1))), "~");
+}
+
+std::string FitToScreen(std::string_view text, ScreenSize size) {
+  std::vector<absl::string_view> lines = absl::StrSplit(Absl(text), '\n');
+  if (!lines.empty() && lines.back().empty()) lines.pop_back();
+  size_t keep = lines.size();
+  std::string more;
+  if (size.height > 0 && lines.size() > static_cast<size_t>(size.height)) {
+    keep = size.height - 1;
+    more = absl::StrCat("... ", lines.size() - keep, " more lines");
+  }
+  std::string out;
+  for (size_t i = 0; i < keep; ++i) {
+    absl::StrAppend(&out, TruncateLine({lines[i].data(), lines[i].size()}, size.width), "\n");
+  }
+  if (!more.empty()) absl::StrAppend(&out, TruncateLine(more, size.width), "\n");
+  return out;
+}
+
+namespace {
+
+// The fields FormatJobState reads, so `ferryctl top` words a job's state as `ferryctl
+// jobs` does (the plain struct is filled by the client library, out of this folder's
+// reach; keep this in step with FormatJobState).
+JobStatus StateFields(const v1::JobStatus& job) {
+  JobStatus plain;
+  plain.failure = job.failure();
+  plain.paused = job.paused();
+  plain.idle_seconds = job.idle_seconds();
+  plain.deleted_in_seconds = job.deleted_in_seconds();
+  for (const v1::RankStatus& r : job.ranks()) {
+    RankStatus rank;
+    rank.rank = r.rank();
+    rank.attached = r.attached();
+    plain.ranks.push_back(rank);
+  }
+  return plain;
+}
+
+std::string Percent(double fraction) { return absl::StrFormat("%.0f%%", 100 * fraction); }
+
+std::string InUseOf(uint64_t in_use, uint64_t budget) {
+  std::string out = FormatBytes(in_use);
+  if (budget > 0) {
+    absl::StrAppend(&out, " / ", FormatBytes(budget), " (",
+                    Percent(static_cast<double>(in_use) / static_cast<double>(budget)), ")");
+  }
+  return out;
+}
+
+// ferryd's CPU use between two answers, in percent of one CPU (over 100 with several
+// busy threads); "-" without a usable previous answer (none, or another ferryd since).
+std::string CpuPercent(const v1::DaemonStatus& now, const v1::DaemonStatus* previous) {
+  if (previous == nullptr || previous->pid() != now.pid()) return "-";
+  const double wall = now.uptime_seconds() - previous->uptime_seconds();
+  const double cpu = now.cpu_seconds() - previous->cpu_seconds();
+  if (wall <= 0 || cpu < 0) return "-";
+  return Percent(cpu / wall);
+}
+
+// Host ring (slots x slot size); on the GPU transport, the pinned slab and the device ring.
+std::string RankMemory(const v1::JobStatus& job, const v1::RankStatus& r) {
+  if (r.device_bytes() > 0 || r.pinned_bytes() > 0) {
+    return absl::StrCat(FormatBytes(r.pinned_bytes()), " + ", FormatBytes(r.device_bytes()),
+                        " dev");
+  }
+  return FormatBytes(uint64_t{r.slots()} * job.job().slot_bytes());
+}
+
+struct Row {
+  const v1::JobStatus* job;
+  const v1::RankStatus* rank;  // null for a job no rank has attached to yet
+  // Sort key: stall ratio of an attached rank, -1 otherwise (after every attached rank).
+  double stall;
+};
+
+constexpr size_t kMinNameWidth = 6;
+
+}  // namespace
+
+std::string RenderTop(const v1::GetStatusResponse& now, const v1::GetStatusResponse* previous,
+                      ScreenSize size) {
+  const v1::DaemonStatus& d = now.daemon();
+  std::vector<std::string> header;
+  std::string first = absl::StrCat(
+      "ferryd ", d.version(), "  pid ", d.pid(), "  up ", FormatUptime(d.uptime_seconds()),
+      "  workers ", d.workers(), " (", Percent(d.workers_busy_fraction()), " busy)  cpu ",
+      CpuPercent(d, previous ? &previous->daemon() : nullptr), "  consumers ", d.consumers());
+  if (d.draining()) absl::StrAppend(&first, "  DRAINING");
+  header.push_back(first);
+  std::string memory = absl::StrCat(
+      "memory: host ", InUseOf(d.host_memory_in_use_bytes(), d.host_memory_budget_bytes()));
+  if (d.pinned_memory_in_use_bytes() > 0 || d.pinned_memory_budget_bytes() > 0) {
+    absl::StrAppend(&memory, "  pinned ",
+                    InUseOf(d.pinned_memory_in_use_bytes(), d.pinned_memory_budget_bytes()));
+  }
+  header.push_back(memory);
+  for (const v1::GpuStatus& g : d.gpus()) {
+    header.push_back(
+        absl::StrFormat("gpu %d: device %s  H2D %.2f GB/s  %u in flight  %s", g.ordinal(),
+                        InUseOf(g.device_memory_in_use_bytes(), g.device_memory_budget_bytes()),
+                        g.h2d_bytes_per_second() / 1e9, g.batches_in_flight(), g.name()));
+  }
+
+  std::vector<Row> rows;
+  for (const v1::JobStatus& job : now.jobs()) {
+    if (job.ranks().empty()) rows.push_back({&job, nullptr, -1});
+    for (const v1::RankStatus& r : job.ranks()) {
+      rows.push_back({&job, &r, r.attached() ? r.stall_ratio() : -1});
+    }
+  }
+  std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+    const uint32_t rank_a = a.rank ? a.rank->rank() : 0, rank_b = b.rank ? b.rank->rank() : 0;
+    return std::make_tuple(-a.stall, a.job->job().id(), rank_a) <
+           std::make_tuple(-b.stall, b.job->job().id(), rank_b);
+  });
+
+  // Rows are made twice at most: again with shorter names when the first does not fit.
+  auto table = [&](size_t name_width) {
+    Table t({{"JOB"},
+             {"NAME"},
+             {"RANK", true},
+             {"STATE"},
+             {"SAMPLES/S", true},
+             {"STALL", true},
+             {"STAGE"},
+             {"QUEUE", true},
+             {"LEASED", true},
+             {"MEMORY", true}});
+    for (const Row& row : rows) {
+      const v1::JobStatus& job = *row.job;
+      std::string name =
+          name_width > 0 ? TruncateLine(job.job().name(), name_width) : job.job().name();
+      const std::string state = FormatJobState(StateFields(job));
+      if (row.rank == nullptr) {
+        t.AddRow({job.job().id(), name, "-", state, "-", "-", "-", "-", "-", "-"});
+        continue;
+      }
+      const v1::RankStatus& r = *row.rank;
+      const bool live = r.attached();
+      t.AddRow({job.job().id(), name, absl::StrCat(r.rank()), state,
+                live ? FormatRate(r.samples_per_second()) : "-",
+                live ? Percent(r.stall_ratio()) : "-",
+                live ? FormatLimitingStage(r.limiting_stage()) : "-",
+                absl::StrCat(r.queue_depth(), "/", r.slots()), absl::StrCat(r.slots_leased()),
+                RankMemory(job, r)});
+    }
+    return t.Render();
+  };
+  std::string body = rows.empty() ? std::string("no jobs\n") : table(0);
+  if (size.width > 0 && !rows.empty()) {
+    size_t widest = 0, longest_name = 0;
+    for (absl::string_view line : absl::StrSplit(body, '\n')) {
+      widest = std::max(widest, Columns({line.data(), line.size()}));
+    }
+    for (const Row& row : rows)
+      longest_name = std::max(longest_name, Columns(row.job->job().name()));
+    const size_t width = static_cast<size_t>(size.width);
+    if (widest > width && longest_name > kMinNameWidth) {
+      const size_t over = widest - width;
+      // NAME is at least as wide as its header.
+      body = table(
+          std::max({kMinNameWidth, size_t{4}, longest_name > over ? longest_name - over : 0}));
+    }
+  }
+  std::string out = absl::StrJoin(header, "\n");
+  absl::StrAppend(&out, "\n\n", body);
+  return FitToScreen(out, size);
+}
+
+}  // namespace ferry::ctl
