@@ -1,6 +1,6 @@
 // ferryd: the per-node data-prefetch daemon.
 //
-//   ferryd [--config FILE] [--listen SOCKET] [--workers N]
+//   ferryd [--config FILE] [--listen SOCKET] [--workers N] [--log-level LEVEL]
 //
 // Starts with built-in defaults when no config file exists. SIGTERM or SIGINT drains and
 // exits 0.
@@ -18,13 +18,15 @@ namespace {
 
 void Usage(FILE* out) {
   fprintf(out,
-          "usage: ferryd [--config FILE] [--listen SOCKET] [--workers N]\n"
+          "usage: ferryd [--config FILE] [--listen SOCKET] [--workers N] [--log-level LEVEL]\n"
           "  --config FILE    config file (protobuf text, ferry.v1.DaemonConfig); default\n"
           "                   /etc/ferry/ferryd.conf if it exists, else built-in defaults\n"
           "  --listen SOCKET  Unix socket for the API (overrides unix_socket); default\n"
           "                   /run/ferry/ferryd.sock as root, $XDG_RUNTIME_DIR/ferry/ferryd.sock\n"
           "                   otherwise\n"
           "  --workers N      worker threads per NUMA node (0 = one per CPU)\n"
+          "  --log-level LEVEL  least severity logged: debug, info, warning or error\n"
+          "                   (overrides log_level; default info)\n"
           "  --version        print the version\n");
 }
 
@@ -47,6 +49,15 @@ int main(int argc, char** argv) {
       options.listen = value("--listen");
     } else if (arg == "--workers") {
       options.workers = atoi(value("--workers").c_str());
+    } else if (arg == "--log-level") {
+      options.log_level = value("--log-level");
+      auto level = ferry::ParseLogSeverity(options.log_level);
+      if (!level.ok()) {
+        fprintf(stderr, "ferryd: --log-level: %s\n", std::string(level.status().message()).c_str());
+        return 2;
+      }
+      // At once, so that the start-up lines follow it too.
+      ferry::SetLogLevel(*level);
     } else if (arg == "--version") {
       printf("ferryd %s\n", ferry::kFerryVersion);
       return 0;

@@ -6,9 +6,11 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/session_protocol.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "server/metrics/metrics_address.h"
 #include "server/service/job_manager.h"
 #include "server/transport/gather_options.h"
 
@@ -42,6 +44,7 @@ void ApplyDefaults(ferry::v1::DaemonConfig* c) {
     c->set_pinned_memory_budget_bytes(c->host_memory_budget_bytes());
   }
   if (c->sysfs_root().empty()) c->set_sysfs_root("/sys");
+  if (c->log_level().empty()) c->set_log_level("info");
   // Settings that configure a struct of their own take that struct's defaults.
   const JobManager::Options jobs;
   const GatherOptions gather;
@@ -100,6 +103,28 @@ absl::StatusOr<LoadedConfig> LoadConfig(const std::string& path) {
       return absl::InvalidArgumentError(
           absl::StrCat("config file '", loaded.path, "': dataset_roots entry '",
                        root.substr(0, 512), "' is not an absolute path; write it from /"));
+    }
+  }
+  if (!loaded.config.log_level().empty()) {
+    absl::StatusOr<LogSeverity> level = ParseLogSeverity(loaded.config.log_level());
+    if (!level.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config file '", loaded.path, "': log_level: ", level.status().message()));
+    }
+  }
+  if (!loaded.config.metrics_listen().empty()) {
+    absl::StatusOr<MetricsAddress> address = ParseMetricsAddress(loaded.config.metrics_listen());
+    if (!address.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config file '", loaded.path, "': ", address.status().message()));
+    }
+    // The endpoint has no authentication: other machines reach it only when asked for.
+    if (!address->loopback && !loaded.config.metrics_allow_non_loopback()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config file '", loaded.path, "': metrics_listen '", loaded.config.metrics_listen(),
+          "' is not a loopback address, and the metrics endpoint has no authentication; use "
+          "127.0.0.1:PORT, [::1]:PORT or unix:/PATH, or set metrics_allow_non_loopback: true "
+          "to serve metrics to other machines"));
     }
   }
   ApplyDefaults(&loaded.config);

@@ -106,5 +106,53 @@ TEST_F(ConfigTest, RelativeDatasetRootsAreRefused) {
               ::testing::HasSubstr("dataset_roots entry 'data/images' is not an absolute path"));
 }
 
+TEST_F(ConfigTest, MetricsAreOffByDefaultAndTakeLoopbackOrUnixAddresses) {
+  Write("");
+  absl::StatusOr<LoadedConfig> loaded = LoadConfig(path());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->config.metrics_listen(), "");
+  EXPECT_FALSE(loaded->config.metrics_allow_non_loopback());
+  EXPECT_EQ(loaded->config.log_level(), "info");
+  for (const char* address : {"127.0.0.1:9464", "[::1]:9464", "unix:/run/ferry/metrics.sock"}) {
+    Write(absl::StrCat("metrics_listen: \"", address, "\"\n"));
+    loaded = LoadConfig(path());
+    ASSERT_TRUE(loaded.ok()) << address << ": " << loaded.status();
+    EXPECT_EQ(loaded->config.metrics_listen(), address);
+  }
+}
+
+TEST_F(ConfigTest, NonLoopbackMetricsAddressNeedsTheAllowSetting) {
+  Write("metrics_listen: \"0.0.0.0:9464\"\n");
+  absl::StatusOr<LoadedConfig> loaded = LoadConfig(path());
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(loaded.status().message()),
+              ::testing::AllOf(::testing::HasSubstr(path()),
+                               ::testing::HasSubstr("metrics_listen '0.0.0.0:9464' is not a "
+                                                    "loopback address"),
+                               ::testing::HasSubstr("metrics_allow_non_loopback: true")));
+  Write("metrics_listen: \"0.0.0.0:9464\"\nmetrics_allow_non_loopback: true\n");
+  loaded = LoadConfig(path());
+  EXPECT_TRUE(loaded.ok()) << loaded.status();
+}
+
+TEST_F(ConfigTest, MalformedMetricsAddressAndLogLevelAreRefused) {
+  Write("metrics_listen: \"9464\"\n");
+  absl::StatusOr<LoadedConfig> loaded = LoadConfig(path());
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(loaded.status().message()),
+              ::testing::HasSubstr("metrics_listen '9464' has no port"));
+  Write("log_level: \"chatty\"\n");
+  loaded = LoadConfig(path());
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(loaded.status().message()),
+              ::testing::HasSubstr("log_level: log level 'chatty' is not one of debug, info, "
+                                   "warning, error"));
+  Write("log_level: \"debug\"\n");
+  EXPECT_TRUE(LoadConfig(path()).ok());
+}
+
 }  // namespace
 }  // namespace ferry

@@ -62,6 +62,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   ferry::v1::DaemonConfig& config = d->config_.config;
   if (!options.listen.empty()) config.set_unix_socket(options.listen);
   if (options.workers >= 0) config.set_workers_per_node(static_cast<uint32_t>(options.workers));
+  if (!options.log_level.empty()) config.set_log_level(options.log_level);
+  FERRY_ASSIGN_OR_RETURN(LogSeverity log_level, ParseLogSeverity(config.log_level()));
+  SetLogLevel(log_level);
   // The system daemon serves every member of group `ferry`; any other daemon its user only.
   if (config.unix_socket_mode() == 0) {
     config.set_unix_socket_mode(config.unix_socket() == kSystemSocketPath ? 0660 : 0600);
@@ -185,6 +188,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
   chmod(config.unix_socket().c_str(), config.unix_socket_mode());
   d->server_->GetHealthCheckService()->SetServingStatus(true);
+  if (!config.metrics_listen().empty()) {
+    // LoadConfig parsed it and refused a non-loopback address without
+    // metrics_allow_non_loopback.
+    FERRY_ASSIGN_OR_RETURN(MetricsAddress address, ParseMetricsAddress(config.metrics_listen()));
+    FERRY_ASSIGN_OR_RETURN(d->metrics_, MetricsServer::Start(address, config.unix_socket_mode(),
+                                                             [raw] { return raw->FullStatus(); }));
+  }
 
   FERRY_LOG(INFO) << "ferryd " << kFerryVersion << " listening on " << config.unix_socket()
                   << " (session socket " << d->sessions_->path() << "), "
@@ -267,6 +277,7 @@ void Daemon::Drain() {
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
   server_->Wait();
   server_.reset();
+  metrics_.reset();
   stop_notify_.Notify();
   if (notify_thread_.joinable()) notify_thread_.join();
   sessions_.reset();
@@ -289,6 +300,16 @@ void Daemon::RemoveSocketDirectory() {
   if (rmdir(dir.c_str()) != 0 && errno != ENOTEMPTY && errno != EEXIST) {
     FERRY_LOG(WARNING) << "could not remove socket directory " << dir << ": " << strerror(errno);
   }
+}
+
+ferry::v1::GetStatusResponse Daemon::FullStatus() {
+  ferry::v1::GetStatusResponse response;
+  FillDaemonStatus(response.mutable_daemon());
+  // ListJobs and FillJobStatus take the job lock only to copy pointers and a few fields.
+  for (const auto& job : jobs_->ListJobs(Caller{0, 0})) {
+    jobs_->FillJobStatus(*job, response.add_jobs());
+  }
+  return response;
 }
 
 void Daemon::FillDaemonStatus(ferry::v1::DaemonStatus* status) {

@@ -18,6 +18,7 @@
 #include "ferry/v1/config.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "server/memory/memory_budget.h"
+#include "server/metrics/metrics_server.h"
 #include "server/pipeline/worker_pool.h"
 #include "server/service/channel_poller.h"
 #include "server/service/config.h"
@@ -35,6 +36,7 @@ struct DaemonOptions {
   std::string config_path;  // empty: /etc/ferry/ferryd.conf if present, else defaults
   std::string listen;       // overrides unix_socket
   int workers = -1;         // overrides workers_per_node when >= 0
+  std::string log_level;    // overrides log_level when set (ParseLogSeverity checked it)
 };
 
 class Daemon final {
@@ -51,6 +53,8 @@ class Daemon final {
  private:
   Daemon() = default;
   void FillDaemonStatus(ferry::v1::DaemonStatus* status);
+  // What a metrics scrape shows: GetStatus as root sees it, every job of every user.
+  ferry::v1::GetStatusResponse FullStatus();
   // The Drain RPC: root or ferryd's own uid only.
   absl::StatusOr<uint32_t> BeginGracefulDrain(const Caller& caller);
   // remove_socket_directory: rmdir of the sockets' directory, unless a client holds its lock.
@@ -69,6 +73,7 @@ class Daemon final {
   std::unique_ptr<ChannelPoller> channels_;  // reads every Consume stream's batch channel
   std::unique_ptr<FerryService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<MetricsServer> metrics_;  // null unless metrics_listen; reads jobs_, pool_
   absl::Notification stop_notify_;
   std::atomic<bool> drain_requested_{false};
   std::thread notify_thread_;
