@@ -4,6 +4,7 @@ Unix-socket endpoint; and a non-loopback metrics_listen without metrics_allow_no
 keeps ferryd from starting, with a message naming the setting."""
 
 import http.client
+import json
 import os
 import re
 import socket
@@ -213,6 +214,40 @@ class MetricsTest(unittest.TestCase):
         self.assertIn("metrics_listen '0.0.0.0:9464' is not a loopback address", proc.stderr)
         self.assertIn("metrics_allow_non_loopback: true", proc.stderr)
         self.assertFalse(os.path.exists(os.path.join(d, "s.sock")))
+
+    def test_dashboard_and_scrape_config_name_what_ferryd_exports(self):
+        """deploy/grafana/ferry-dashboard.json loads, and every metric its queries name is one
+        a ferryd scrape declares (a histogram's _bucket, _sum and _count included);
+        deploy/prometheus/ferry-scrape.yml scrapes the documented address."""
+        deploy = os.path.join(ferry_it.HERE, "..", "..", "deploy")
+        with open(os.path.join(deploy, "grafana", "ferry-dashboard.json")) as f:
+            dashboard = json.load(f)
+        daemon = ferry_it.FerryDaemon(config='metrics_listen: "127.0.0.1:0"\n')
+        self.addCleanup(daemon.stop)
+        types, _ = parse(scrape(metrics_port(daemon)))
+        exported = set(types)
+        for name, kind in types.items():
+            if kind == "histogram":
+                exported |= {name + "_bucket", name + "_sum", name + "_count"}
+        exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+        exprs += [v["definition"] for v in dashboard["templating"]["list"] if "definition" in v]
+        self.assertGreaterEqual(len(dashboard["panels"]), 8)
+        named = set()
+        for expr in exprs:
+            names = set(re.findall(r"\b(ferry_[a-zA-Z0-9_]+)", expr))
+            self.assertTrue(names, "a query naming no ferry metric: %s" % expr)
+            self.assertLessEqual(names, exported, expr)
+            named |= names
+        for wanted in ("ferry_rank_stall_ratio", "ferry_rank_limiting_stage",
+                       "ferry_rank_samples_delivered_total", "ferry_workers_busy_ratio",
+                       "ferry_rank_handoff_latency_seconds_bucket",
+                       "ferry_rank_copy_latency_seconds_bucket", "ferry_memory_in_use_bytes",
+                       "ferry_memory_budget_bytes", "ferry_gpu_h2d_bytes_total"):
+            self.assertIn(wanted, named)
+        with open(os.path.join(deploy, "prometheus", "ferry-scrape.yml")) as f:
+            scrape_config = f.read()
+        self.assertIn('targets: ["127.0.0.1:9464"]', scrape_config)
+        self.assertIn("metrics_path: /metrics", scrape_config)
 
     def test_log_level_flag(self):
         proc = subprocess.run([ferry_it.ferryd_binary(), "--log-level", "loud"],
