@@ -49,11 +49,15 @@ struct ChannelMessage {
     kBatchReady = 1,  // slot, seq, epoch, batch, num_samples
     kEpochEnd = 2,    // epoch
     kStartEpoch = 3,  // epoch, batch (= first batch)
-    kRelease = 4,     // slot, seq, flags
+    kRelease = 4,     // slot, seq, flags; with kReleaseWaited, batch = wait in microseconds
   };
   // kRelease flags: the trainer's last use of the (GPU) slot is over already, see
   // ConsumeRequest.Release.complete.
   static constexpr uint32_t kReleaseComplete = 1;
+  // kRelease flags: `batch` holds how long the trainer's Next blocked, in microseconds,
+  // before this batch was handed to it (ConsumeRequest.Release.wait_us). Older clients
+  // leave the flag clear; ferryd then estimates the wait itself.
+  static constexpr uint32_t kReleaseWaited = 2;
 
   uint32_t kind = 0;
   uint32_t slot = 0;

@@ -17,6 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/unique_fd.h"
 #include "server/dataset/mapped_file.h"
 
@@ -95,10 +97,17 @@ class RealFile final : public RandomAccessFile {
       : RandomAccessFile(std::move(path), identity), fd_(std::move(fd)) {}
 
   absl::StatusOr<size_t> ReadAt(uint64_t offset, absl::Span<uint8_t> out) const override {
+    const absl::Time start = absl::Now();
     for (;;) {
       const ssize_t n = ::pread(fd_.get(), out.data(), out.size(), static_cast<off_t>(offset));
-      if (n >= 0) return static_cast<size_t>(n);
-      if (errno != EINTR) return FileErrnoStatus(errno, "cannot read", path());
+      if (n >= 0) {
+        TallyRead(static_cast<uint64_t>(n), absl::ToInt64Nanoseconds(absl::Now() - start));
+        return static_cast<size_t>(n);
+      }
+      if (errno != EINTR) {
+        TallyRead(0, absl::ToInt64Nanoseconds(absl::Now() - start));
+        return FileErrnoStatus(errno, "cannot read", path());
+      }
     }
   }
 
@@ -343,6 +352,17 @@ std::shared_ptr<const DatasetFs> UnconfinedDatasetFs() {
   static const std::shared_ptr<const DatasetFs> unconfined =
       std::make_shared<RealDatasetFs>(std::vector<RealDatasetFs::Root>{}, true, "");
   return unconfined;
+}
+
+namespace {
+thread_local ReadTally this_thread_reads;
+}  // namespace
+
+ReadTally ThisThreadReadTally() { return this_thread_reads; }
+
+void TallyRead(uint64_t bytes, int64_t nanos) {
+  this_thread_reads.bytes += bytes;
+  this_thread_reads.nanos += nanos;
 }
 
 absl::StatusOr<size_t> ReadUpTo(const RandomAccessFile& file, uint64_t offset,

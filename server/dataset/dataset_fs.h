@@ -94,6 +94,21 @@ class RandomAccessFile {
 absl::StatusOr<size_t> ReadUpTo(const RandomAccessFile& file, uint64_t offset,
                                 absl::Span<uint8_t> out);
 
+// Per-thread read accounting: every RandomAccessFile::ReadAt of the real filesystem adds
+// the bytes it read and the wall time it took to the calling thread's tally, so the code
+// that runs a task on a worker thread can tell how much of the task was file I/O (the
+// difference of ThisThreadReadTally() before and after; RankPipeline counts a job's
+// bytes_read and the read share of its workers' time so). Reads of a MappedFile are page
+// faults inside the caller's copy and are not counted here.
+struct ReadTally {
+  uint64_t bytes = 0;
+  int64_t nanos = 0;
+};
+// The calling thread's running totals (never reset: callers take differences).
+ReadTally ThisThreadReadTally();
+// Adds a read to the calling thread's tally (RealFile::ReadAt; fakes that stand for reads).
+void TallyRead(uint64_t bytes, int64_t nanos);
+
 class MappedFile;
 
 class DatasetFs {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -117,7 +118,27 @@ void Job::ToProto(ferry::v1::Job* job) const {
   job->set_create_time_unix_ms(absl::ToUnixMillis(create_time_));
 }
 
-void Job::RecordSampleError(int64_t index, const std::string& path, const std::string& message) {
+std::string_view SampleErrorReason(const absl::Status& error) {
+  // Decode limits refuse with INVALID_ARGUMENT naming the limit (image_transform.cc).
+  if (absl::StrContains(error.message(), "decode_limits.")) return "too_large";
+  switch (error.code()) {
+    case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kInvalidArgument:
+      return "corrupt";
+    case absl::StatusCode::kNotFound:
+      return "missing";
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnavailable:
+      return "unreadable";
+    case absl::StatusCode::kResourceExhausted:
+      return "too_large";
+    default:
+      return "other";
+  }
+}
+
+void Job::RecordSampleError(int64_t index, const std::string& path, const absl::Status& error) {
+  const std::string message(error.message());
   absl::MutexLock lock(&errors_mutex_);
   // Two ranks (or a rank and its speculation into the next epoch) may hit the same sample
   // before either quarantined it: count and log it once.
@@ -127,6 +148,10 @@ void Job::RecordSampleError(int64_t index, const std::string& path, const std::s
                      << "): " << message
                      << (fail_on_corrupt_sample() ? "" : "; quarantined, a substitute is served");
   ++error_count_;
+  const std::string_view reason = SampleErrorReason(error);
+  for (size_t r = 0; r < kSampleErrorReasons.size(); ++r) {
+    if (kSampleErrorReasons[r] == reason) ++errors_by_reason_[r];
+  }
   ferry::v1::SampleError e;
   e.set_index(index);
   e.set_path(path);
@@ -204,6 +229,18 @@ absl::Status Job::failure() const {
 int64_t Job::error_count() const {
   absl::MutexLock lock(&errors_mutex_);
   return error_count_;
+}
+
+std::vector<ferry::v1::ReasonCount> Job::errors_by_reason() const {
+  std::vector<ferry::v1::ReasonCount> out;
+  absl::MutexLock lock(&errors_mutex_);
+  for (size_t r = 0; r < kSampleErrorReasons.size(); ++r) {
+    if (errors_by_reason_[r] == 0) continue;
+    ferry::v1::ReasonCount& c = out.emplace_back();
+    c.set_reason(std::string(kSampleErrorReasons[r]));
+    c.set_count(errors_by_reason_[r]);
+  }
+  return out;
 }
 
 std::vector<ferry::v1::SampleError> Job::recent_errors() const {

@@ -3,11 +3,13 @@
 #ifndef FERRY_SERVER_PIPELINE_JOB_H_
 #define FERRY_SERVER_PIPELINE_JOB_H_
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -44,6 +46,15 @@ struct SlotLayout {
                                          int64_t batch_size);
 };
 
+// Why a sample was bad (JobStatus.errors_by_reason), from its reader's status: "corrupt"
+// (DATA_LOSS, INVALID_ARGUMENT: the file is not what its format says), "missing"
+// (NOT_FOUND), "unreadable" (PERMISSION_DENIED, and reads that failed for the machine),
+// "too_large" (refused by DaemonConfig.decode_limits), "other". A small fixed set, so that
+// metrics labelled by it stay few.
+inline constexpr std::array<std::string_view, 5> kSampleErrorReasons = {
+    "corrupt", "missing", "unreadable", "too_large", "other"};
+std::string_view SampleErrorReason(const absl::Status& error);
+
 struct JobIdentity {
   std::string id;
   std::string name;
@@ -75,9 +86,10 @@ class Job final {
 
   // ---- Bad samples (JobSpec.on_corrupt_sample).
   bool fail_on_corrupt_sample() const { return spec_.on_corrupt_sample() == ferry::v1::FAIL; }
-  // Records a sample that could not be read or decoded: counted once, logged with its path,
-  // kept among the recent errors and quarantined (IsQuarantined is true from now on).
-  void RecordSampleError(int64_t index, const std::string& path, const std::string& message);
+  // Records a sample that could not be read or decoded (`error`, its reader's status):
+  // counted once, by reason (SampleErrorReason), logged with its path, kept among the
+  // recent errors and quarantined (IsQuarantined is true from now on).
+  void RecordSampleError(int64_t index, const std::string& path, const absl::Status& error);
   // Quarantines samples known bad elsewhere (an earlier ferryd, through a client's resume
   // state) without counting them as errors here. Returns how many were new.
   int AddToQuarantine(const std::vector<int64_t>& indices);
@@ -90,6 +102,18 @@ class Job final {
   // so batches prefetched and never delivered count nothing).
   void CountSubstitutes(int n) { substituted_.fetch_add(n, std::memory_order_relaxed); }
   int64_t error_count() const;
+  // error_count() by reason, for every reason with a count, in SampleErrorReason's order.
+  std::vector<ferry::v1::ReasonCount> errors_by_reason() const;
+
+  // ---- Work done (JobStatus.samples_decoded, bytes_read): samples the workers read and
+  // transformed, of every rank (prefetched and abandoned ones too), and the bytes they read
+  // from the dataset's files (for mapped files, the bytes copied out of the mapping).
+  void CountDecoded(int64_t samples, uint64_t bytes) {
+    samples_decoded_.fetch_add(samples, std::memory_order_relaxed);
+    bytes_read_.fetch_add(bytes, std::memory_order_relaxed);
+  }
+  int64_t samples_decoded() const { return samples_decoded_.load(std::memory_order_relaxed); }
+  uint64_t bytes_read() const { return bytes_read_.load(std::memory_order_relaxed); }
   int64_t quarantined_count() const;
   int64_t substituted_count() const { return substituted_.load(std::memory_order_relaxed); }
   std::vector<ferry::v1::SampleError> recent_errors() const;
@@ -137,6 +161,11 @@ class Job final {
 
   mutable absl::Mutex errors_mutex_;
   int64_t error_count_ ABSL_GUARDED_BY(errors_mutex_) = 0;
+  // Per SampleErrorReason, indexed like kSampleErrorReasons.
+  std::array<int64_t, kSampleErrorReasons.size()> errors_by_reason_
+      ABSL_GUARDED_BY(errors_mutex_){};
+  std::atomic<int64_t> samples_decoded_{0};
+  std::atomic<uint64_t> bytes_read_{0};
   std::deque<ferry::v1::SampleError> recent_errors_ ABSL_GUARDED_BY(errors_mutex_);
   absl::flat_hash_set<int64_t> quarantine_ ABSL_GUARDED_BY(errors_mutex_);
   std::atomic<int64_t> quarantined_{0};  // quarantine_.size(), readable without the lock

@@ -24,6 +24,7 @@
 #include "server/pipeline/job.h"
 #include "server/pipeline/rank_pipeline.h"
 #include "server/pipeline/worker_pool.h"
+#include "server/stats/limiting_stage.h"
 #include "server/transport/device_ring.h"
 #include "server/transport/device_stage.h"
 #include "testing/jpeg_writer.h"
@@ -313,6 +314,12 @@ TEST_F(PipelineTest, UnreadableSamplesAreSubstitutedAndCounted) {
     EXPECT_THAT(e.message(), HasSubstr("corrupt on purpose"));
   }
   EXPECT_EQ(reported, (std::set<int64_t>{3, 17, 42}));
+  const std::vector<ferry::v1::ReasonCount> reasons = job_->errors_by_reason();
+  ASSERT_EQ(reasons.size(), 1u);
+  EXPECT_EQ(reasons[0].reason(), "corrupt");  // DATA_LOSS
+  EXPECT_EQ(reasons[0].count(), 3);
+  // Every row read counts, the substitutes' and the prefetched next epoch's too.
+  EXPECT_GE(job_->samples_decoded(), 50);
   p->Unbind(&c);
 }
 
@@ -706,10 +713,12 @@ class FakeDeviceStage final : public DeviceStage {
     ++copies;
     // The thread owns copies of the callbacks, so it never touches the stage.
     absl::MutexLock lock(&threads_mutex_);
-    threads_.emplace_back([callbacks = callbacks_, host_slot, device_slot, token] {
-      callbacks.host_slot_free(host_slot);
-      callbacks.device_slot_ready(device_slot, token);
-    });
+    threads_.emplace_back(
+        [callbacks = callbacks_, host_slot, device_slot, token, delay = report_delay] {
+          absl::SleepFor(delay);  // a copy engine behind
+          callbacks.host_slot_free(host_slot);
+          callbacks.device_slot_ready(device_slot, token);
+        });
     return absl::OkStatus();
   }
   void WatchReleased(int device_slot, uint64_t token) override {
@@ -783,6 +792,7 @@ class FakeDeviceStage final : public DeviceStage {
   std::atomic<bool> ready{true};        // the gather can start (a registration is done)
   size_t index_offset = 0;              // of field 1, with gathered == 0
   std::function<void()> on_start_copy;  // set before the pipeline is created
+  absl::Duration report_delay;          // before a copy's reports; likewise
   std::atomic<bool> copies_forbidden{false};
   std::atomic<int> host_rows_written{0};
   std::vector<std::vector<uint8_t>> device_;
@@ -1296,6 +1306,172 @@ TEST_F(PipelineTest, SlabCountsAgainstTheBudget) {
   EXPECT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(p.status().message(), HasSubstr("host_memory_budget_bytes"));
   EXPECT_THAT(p.status().message(), HasSubstr("needs 65536 bytes"));
+}
+
+// ---- Stall attribution (issue 23): fakes that make each stage the slow one, and the
+// limiting stage the rank's status names. Only the stage is asserted, never a timing.
+
+// FakeSource's samples, each taking `cost` of reading (sleeping, counted as a dataset read
+// as RealFile::ReadAt counts one) or of decoding (spinning the CPU, no read).
+class SlowSource final : public SampleSource {
+ public:
+  enum class Slow { kRead, kDecode };
+  SlowSource(int64_t n, Slow slow, absl::Duration cost) : n_(n), slow_(slow), cost_(cost) {
+    fields_.push_back(FieldLayout{"value", ferry::v1::INT64, {}, 8});
+    fields_.push_back(FieldLayout{"index", ferry::v1::INT64, {}, 8});
+  }
+  int64_t size() const override { return n_; }
+  const std::vector<FieldLayout>& fields() const override { return fields_; }
+  std::unique_ptr<Scratch> NewScratch() const override { return std::make_unique<Scratch>(); }
+  absl::Status Fill(int64_t index, uint64_t, absl::Span<uint8_t* const> rows,
+                    Scratch*) const override {
+    const absl::Time start = absl::Now();
+    if (slow_ == Slow::kRead) {
+      absl::SleepFor(cost_);
+      TallyRead(4096, absl::ToInt64Nanoseconds(absl::Now() - start));
+    } else {
+      volatile uint64_t x = 0;
+      while (absl::Now() - start < cost_) x = x + 1;
+    }
+    const int64_t value = index * 10;
+    if (rows[0] != nullptr) memcpy(rows[0], &value, 8);
+    memcpy(rows[1], &index, 8);
+    return absl::OkStatus();
+  }
+  std::string Describe(int64_t index) const override { return "slow/" + std::to_string(index); }
+
+ private:
+  const int64_t n_;
+  const Slow slow_;
+  const absl::Duration cost_;
+  std::vector<FieldLayout> fields_;
+};
+
+class StallTest : public PipelineTest {
+ protected:
+  std::shared_ptr<Job> StallJob(std::unique_ptr<SampleSource> source) {
+    ferry::v1::JobSpec spec;
+    spec.set_batch_size(4);
+    spec.set_seed(5);
+    return *Job::Create(JobIdentity{"jstall", "stall", 1000, next_serial_++}, spec,
+                        std::move(source));
+  }
+
+  // Consumes batches for a little over kMinObservedSeconds (epoch after epoch), holding
+  // each for `hold`, releasing it with the time Next blocked when `report`, and returns
+  // the rank's status taken while still bound.
+  ferry::v1::RankStatus Consume(RankPipeline& p, absl::Duration hold, bool report,
+                                bool complete = false, int device_slots = 0) {
+    RecordingConsumer c;
+    EXPECT_TRUE(p.Bind(&c, 1, std::vector<std::string>(device_slots, "event")).ok());
+    int64_t epoch = 0;
+    EXPECT_TRUE(p.StartEpoch(&c, epoch, 0).ok());
+    const absl::Time until = absl::Now() + absl::Seconds(kMinObservedSeconds) * 1.5;
+    while (absl::Now() < until) {
+      const absl::Time asked = absl::Now();
+      std::optional<Message> m = c.Next();
+      if (!m.has_value()) {
+        ADD_FAILURE() << "no batch within 10 s";
+        break;
+      }
+      const absl::Duration waited = absl::Now() - asked;
+      if (std::holds_alternative<EpochEndMsg>(*m)) {
+        EXPECT_TRUE(p.StartEpoch(&c, ++epoch, 0).ok());
+        continue;
+      }
+      const auto& b = std::get<ferry::v1::BatchReady>(*m);
+      absl::SleepFor(hold);
+      EXPECT_TRUE(
+          p.Release(&c, b.slot(), b.seq(), complete, report ? std::optional(waited) : std::nullopt)
+              .ok());
+    }
+    ferry::v1::RankStatus status;
+    p.FillStatus(&status);
+    p.Unbind(&c);
+    return status;
+  }
+};
+
+TEST_F(StallTest, SlowReadsAreNamedRead) {
+  std::shared_ptr<Job> job =
+      StallJob(std::make_unique<SlowSource>(64, SlowSource::Slow::kRead, absl::Milliseconds(5)));
+  auto p = *RankPipeline::Create(job, 0, 2, -1, pool_.get(), &budget_);
+  const ferry::v1::RankStatus s = Consume(*p, absl::ZeroDuration(), /*report=*/true);
+  EXPECT_EQ(s.limiting_stage(), ferry::v1::LIMITED_BY_READ) << s.limiting_stage_note();
+  EXPECT_THAT(s.limiting_stage_note(), HasSubstr("(as it measured)"));
+  EXPECT_GE(s.stall_ratio(), kStalledRatio);
+  EXPECT_GE(s.stall_window_seconds(), kMinObservedSeconds);
+  EXPECT_GT(s.handoff_latency().count(), 0u);
+  EXPECT_EQ(s.handoff_latency().counts_size(), s.handoff_latency().bounds_size() + 1);
+  EXPECT_EQ(s.copy_latency().count(), 0u);  // the host transport copies nothing
+  EXPECT_GT(job->samples_decoded(), 0);
+  EXPECT_EQ(job->bytes_read(), 4096u * static_cast<uint64_t>(job->samples_decoded()));
+}
+
+TEST_F(StallTest, SaturatedWorkersNotReadingAreNamedDecode) {
+  std::shared_ptr<Job> job =
+      StallJob(std::make_unique<SlowSource>(64, SlowSource::Slow::kDecode, absl::Milliseconds(5)));
+  auto p = *RankPipeline::Create(job, 0, 2, -1, pool_.get(), &budget_);
+  const ferry::v1::RankStatus s = Consume(*p, absl::ZeroDuration(), /*report=*/false);
+  EXPECT_EQ(s.limiting_stage(), ferry::v1::LIMITED_BY_DECODE) << s.limiting_stage_note();
+  EXPECT_THAT(s.limiting_stage_note(), HasSubstr("(ferryd's estimate)"));
+  EXPECT_GE(s.stall_ratio(), kStalledRatio);
+  EXPECT_EQ(job->bytes_read(), 0u);
+  EXPECT_GT(pool_->busy_fraction(), 0.0);
+}
+
+TEST_F(StallTest, BatchesWaitingForLateCopiesAreNamedCopy) {
+  std::shared_ptr<Job> job =
+      StallJob(std::make_unique<FakeSource>(64, absl::flat_hash_set<int64_t>{}));
+  FakeDeviceStage* stage = nullptr;
+  auto p =
+      *CreateWithFakeStage(job, 4, 2, pool_.get(), &budget_, &stage, -1,
+                           [](FakeDeviceStage& s) { s.report_delay = absl::Milliseconds(20); });
+  const ferry::v1::RankStatus s =
+      Consume(*p, absl::ZeroDuration(), /*report=*/true, /*complete=*/true, /*device_slots=*/2);
+  EXPECT_EQ(s.limiting_stage(), ferry::v1::LIMITED_BY_COPY) << s.limiting_stage_note();
+  EXPECT_GE(s.stall_ratio(), kStalledRatio);
+  EXPECT_GT(s.copy_latency().count(), 0u);
+  p->Shutdown(absl::CancelledError("test over"));
+  stage->JoinReports();
+}
+
+TEST_F(StallTest, ATrainerHoldingBatchesWhileFerryIsAheadIsNamedTrainer) {
+  std::shared_ptr<Job> job =
+      StallJob(std::make_unique<FakeSource>(64, absl::flat_hash_set<int64_t>{}));
+  auto p = *RankPipeline::Create(job, 0, 3, -1, pool_.get(), &budget_);
+  const ferry::v1::RankStatus s = Consume(*p, absl::Milliseconds(20), /*report=*/false);
+  EXPECT_EQ(s.limiting_stage(), ferry::v1::LIMITED_BY_TRAINER) << s.limiting_stage_note();
+  EXPECT_LT(s.stall_ratio(), kStalledRatio);
+}
+
+TEST_F(StallTest, NoConsumerOrTooLittleObservedIsUnspecified) {
+  std::shared_ptr<Job> job =
+      StallJob(std::make_unique<FakeSource>(64, absl::flat_hash_set<int64_t>{}));
+  auto p = *RankPipeline::Create(job, 0, 2, -1, pool_.get(), &budget_);
+  ferry::v1::RankStatus s;
+  p->FillStatus(&s);
+  EXPECT_EQ(s.limiting_stage(), ferry::v1::LIMITING_STAGE_UNSPECIFIED);
+  EXPECT_EQ(s.limiting_stage_note(), "no consumer attached");
+  EXPECT_EQ(s.stall_ratio(), 0);
+  RecordingConsumer c;
+  ASSERT_TRUE(p->Bind(&c, 1).ok());
+  s.Clear();
+  p->FillStatus(&s);
+  EXPECT_EQ(s.limiting_stage(), ferry::v1::LIMITING_STAGE_UNSPECIFIED);
+  EXPECT_THAT(s.limiting_stage_note(), HasSubstr("observed for"));
+  p->Unbind(&c);
+}
+
+TEST(SampleErrorReasonTest, StatusCodesMapToAFewReasons) {
+  EXPECT_EQ(SampleErrorReason(absl::DataLossError("bad")), "corrupt");
+  EXPECT_EQ(SampleErrorReason(absl::InvalidArgumentError("cannot decode JPEG")), "corrupt");
+  EXPECT_EQ(SampleErrorReason(absl::InvalidArgumentError(
+                "refused: 9 bytes, over decode_limits.max_sample_bytes (8)")),
+            "too_large");
+  EXPECT_EQ(SampleErrorReason(absl::NotFoundError("gone")), "missing");
+  EXPECT_EQ(SampleErrorReason(absl::PermissionDeniedError("no")), "unreadable");
+  EXPECT_EQ(SampleErrorReason(absl::InternalError("?")), "other");
 }
 
 }  // namespace

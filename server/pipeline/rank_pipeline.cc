@@ -11,6 +11,7 @@
 #include "common/logging.h"
 #include "common/random.h"
 #include "common/status_macros.h"
+#include "server/stats/limiting_stage.h"
 #include "server/transport/host_ring.h"
 
 namespace ferry {
@@ -29,6 +30,24 @@ size_t CopyRowsPerTask(const Job& job, int gathered_field) {
     if (static_cast<int>(f) != gathered_field) row_bytes += fields[f].row_bytes;
   }
   return std::max<size_t>(1, (kCopyTaskBytes + row_bytes - 1) / std::max<size_t>(1, row_bytes));
+}
+
+// What a filled row of a copy-only source (a mapped dataset) copies out of the mapping:
+// every field but the one the ring gathers. 0 for other sources (their reads are counted by
+// ReadTally).
+uint64_t CopiedRowBytes(const Job& job, int gathered_field) {
+  if (!job.source().FillIsCopy()) return 0;
+  uint64_t bytes = 0;
+  const std::vector<FieldLayout>& fields = job.layout().fields;
+  for (size_t f = 0; f < fields.size(); ++f) {
+    if (static_cast<int>(f) != gathered_field) bytes += fields[f].row_bytes;
+  }
+  return bytes;
+}
+
+int WorkerThreads(const WorkerPool& pool, int group) {
+  if (group < 0 || group >= static_cast<int>(pool.groups().size())) return pool.total_threads();
+  return pool.groups()[group].threads;
 }
 
 // The field named "index" (int64 []), or -1.
@@ -100,6 +119,9 @@ RankPipeline::RankPipeline(std::shared_ptr<Job> job, int rank, SharedSlab slab,
       index_field_(IndexField(*job_)),
       copy_rows_per_task_gathered_(CopyRowsPerTask(*job_, gathered_field_)),
       copy_rows_per_task_(CopyRowsPerTask(*job_, -1)),
+      copied_row_bytes_gathered_(CopiedRowBytes(*job_, gathered_field_)),
+      copied_row_bytes_(CopiedRowBytes(*job_, -1)),
+      worker_threads_(WorkerThreads(*pool, group)),
       fill_counters_(new FillCounters[static_cast<size_t>(num_slots)]),
       slots_(static_cast<size_t>(num_slots)) {}
 
@@ -125,6 +147,9 @@ absl::Status RankPipeline::Bind(BatchConsumer* consumer, int pid,
   consumer_via_channel_ = consumer->via_channel();
   next_seq_ = 0;
   starved_since_ = absl::InfiniteFuture();
+  consumer_since_ = absl::Now();
+  wait_reported_ = false;
+  window_.Clear();  // the window is this consumer's
   return absl::OkStatus();
 }
 
@@ -146,8 +171,7 @@ void RankPipeline::Unbind(BatchConsumer* consumer) {
     std::vector<int> freed;
     ring_->CloseConsumer(&freed);
     FreeHostSlotsLocked(freed);
-    NoteStarvationLocked();
-    starved_since_ = absl::InfiniteFuture();
+    NoteStarvationLocked(absl::Now());
     ScheduleLocked(&tasks);
   }
   pool_->Submit(group_, job_->identity().serial, std::move(tasks));
@@ -223,13 +247,20 @@ absl::Status RankPipeline::StartEpoch(BatchConsumer* consumer, int64_t epoch, in
 }
 
 absl::Status RankPipeline::Release(BatchConsumer* consumer, uint32_t slot, int64_t seq,
-                                   bool complete) {
+                                   bool complete, std::optional<absl::Duration> waited) {
   std::vector<WorkerPool::Task> tasks;
   {
     absl::MutexLock lock(&mutex_);
     if (consumer_ != consumer) return absl::FailedPreconditionError("consumer is not bound");
     std::vector<int> freed;
     FERRY_RETURN_IF_ERROR(ring_->Release(slot, seq, complete, &freed));
+    if (waited.has_value()) {
+      // The wait ended when the batch reached the trainer, before this release; counted as
+      // ending now, which shifts it by one step of the trainer at most.
+      const absl::Time now = absl::Now();
+      wait_reported_ = true;
+      window_.AddInterval(kWaitReported, now - std::max(absl::ZeroDuration(), *waited), now);
+    }
     FreeHostSlotsLocked(freed);
     ScheduleLocked(&tasks);
   }
@@ -281,21 +312,39 @@ void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
     std::shared_ptr<RankPipeline> self = shared_from_this();
     for (size_t begin = 0; begin < n; begin += per_task) {
       const size_t end = std::min(n, begin + per_task);
-      tasks->push_back(
-          [self, s = static_cast<int>(s), gen = generation_, begin, epoch = slot.epoch,
-           gather = slot.gather,
-           rows = std::vector<int64_t>(indices.begin() + begin, indices.begin() + end)](
-              WorkerContext& context) {
-            for (size_t i = 0; i < rows.size(); ++i) {
+      tasks->push_back([self, s = static_cast<int>(s), gen = generation_, begin, epoch = slot.epoch,
+                        gather = slot.gather,
+                        rows =
+                            std::vector<int64_t>(indices.begin() + begin, indices.begin() + end)](
+                           WorkerContext& context) {
+        const absl::Time start = absl::Now();
+        const ReadTally reads_before = ThisThreadReadTally();
+        int64_t filled = 0;
+        for (size_t i = 0; i < rows.size(); ++i) {
+          filled +=
               self->FillRow(s, gen, static_cast<int>(begin + i), rows[i], epoch, gather, context);
-            }
-            self->OnTaskDone(s, gen);
-          });
+        }
+        self->NoteTask(start, absl::Now(), reads_before, filled, gather);
+        self->OnTaskDone(s, gen);
+      });
     }
   }
 }
 
-void RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index, int64_t epoch,
+void RankPipeline::NoteTask(absl::Time start, absl::Time end, const ReadTally& reads_before,
+                            int64_t filled, bool gather) {
+  const ReadTally reads = ThisThreadReadTally();
+  const uint64_t bytes =
+      reads.bytes - reads_before.bytes +
+      static_cast<uint64_t>(filled) * (gather ? copied_row_bytes_gathered_ : copied_row_bytes_);
+  job_->CountDecoded(filled, bytes);
+  window_.AddInterval(kTaskSeconds, start, end);
+  const absl::Duration read = absl::Nanoseconds(reads.nanos - reads_before.nanos);
+  // Spread like the task: the reads happened somewhere inside it.
+  if (read > absl::ZeroDuration()) window_.AddInterval(kReadSeconds, end - read, end);
+}
+
+bool RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index, int64_t epoch,
                            bool gather, WorkerContext& context) {
   if (live_generation_.load(std::memory_order_relaxed) == generation) {
     const SlotLayout& layout = job_->layout();
@@ -329,7 +378,7 @@ void RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index
         if (IsTransientReadError(s)) {
           s = RetryTransient(source, candidate, epoch, absl::MakeConstSpan(rows), scratch,
                              generation, s);
-          if (IsTransientReadError(s)) return;  // the job failed, or the row is stale
+          if (IsTransientReadError(s)) return false;  // the job failed, or the row is stale
         }
         if (s.ok()) {
           job_->NoteReadOk();
@@ -337,7 +386,7 @@ void RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index
           break;
         }
         const std::string path = source.Describe(candidate);
-        job_->RecordSampleError(candidate, path, std::string(s.message()));
+        job_->RecordSampleError(candidate, path, s);
         if (job_->fail_on_corrupt_sample()) {
           job_->Fail(absl::DataLossError(absl::StrCat(
               "job ", job_->identity().id,
@@ -345,7 +394,7 @@ void RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index
               "sample ",
               candidate, " '", path, "': ", s.message(),
               ". Fix or remove the file, or create the job with on_corrupt_sample=SKIP")));
-          return;
+          return false;
         }
       }
       candidate = static_cast<int64_t>(
@@ -370,7 +419,9 @@ void RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index
       FERRY_LOG(ERROR) << "job " << job_->identity().id << ": no readable substitute for sample "
                        << index << "; row " << row << " of the batch is zeroed, its index -1";
     }
+    return filled;
   }
+  return false;
 }
 
 absl::Status RankPipeline::RetryTransient(const SampleSource& source, int64_t index, int64_t epoch,
@@ -454,11 +505,29 @@ void RankPipeline::OnHostSlotFree(int slot) {
   Deliver(std::move(tasks));
 }
 
-void RankPipeline::NoteStarvationLocked() {
-  if (starved_since_ != absl::InfiniteFuture()) {
-    consumer_wait_ += absl::Now() - starved_since_;
-    starved_since_ = absl::InfiniteFuture();
+void RankPipeline::NoteStarvationLocked(absl::Time now) {
+  if (starved_since_ == absl::InfiniteFuture()) return;
+  consumer_wait_ += now - starved_since_;
+  window_.AddInterval(kWaitEstimated, starved_since_, now);
+  window_.AddInterval(starved_on_copy_ ? kStarvedCopy : kStarvedFill, starved_cause_since_, now);
+  starved_since_ = absl::InfiniteFuture();
+}
+
+bool RankPipeline::HeadFilledLocked() const {
+  return !pending_.empty() && pending_.front().epoch == deliver_epoch_ && pending_.front().filled;
+}
+
+void RankPipeline::NoteStarvedLocked(absl::Time now) {
+  const bool on_copy = HeadFilledLocked();
+  if (starved_since_ == absl::InfiniteFuture()) {
+    starved_since_ = now;
+  } else if (on_copy != starved_on_copy_) {
+    window_.AddInterval(starved_on_copy_ ? kStarvedCopy : kStarvedFill, starved_cause_since_, now);
+  } else {
+    return;
   }
+  starved_on_copy_ = on_copy;
+  starved_cause_since_ = now;
 }
 
 std::optional<uint32_t> RankPipeline::TakeHeadLocked() {
@@ -481,8 +550,10 @@ void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
   absl::MutexLock lock(&mutex_);
   if (delivering_) return;  // the thread delivering now will see our changes
   delivering_ = true;
+  std::vector<absl::Time> taken;  // per batch in `ready`, for handoff_latency
   while (consumer_ != nullptr) {
     std::vector<ferry::v1::BatchReady> ready;
+    taken.clear();
     bool send_end = false;
     const bool producing = active_ && consumer_started_ && !shutting_down_;
     std::optional<uint32_t> slot;
@@ -503,6 +574,7 @@ void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
       recent_deliveries_.emplace_back(now, p.num_samples);
       if (recent_deliveries_.size() > kRateWindow) recent_deliveries_.pop_front();
       ready.push_back(std::move(b));
+      taken.push_back(now);
     }
     if (producing && deliver_batch_ >= batches_per_epoch_ && !epoch_end_sent_) {
       send_end = true;
@@ -513,21 +585,21 @@ void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
     // holds, so no batch in use is cut off.
     const bool send_shutdown = shutting_down_ && leased == 0 && !shutdown_sent_;
     if (send_shutdown) shutdown_sent_ = true;
-    if (!ready.empty()) NoteStarvationLocked();
+    if (!ready.empty()) NoteStarvationLocked(taken.front());
     if (ready.empty() && !send_end && !send_shutdown) {
       // Nothing to send: the consumer waits on us if it is mid-epoch and not itself holding
       // every slot.
-      if (producing && !epoch_end_sent_ && leased < num_slots() &&
-          starved_since_ == absl::InfiniteFuture()) {
-        starved_since_ = absl::Now();
-      }
+      if (producing && !epoch_end_sent_ && leased < num_slots()) NoteStarvedLocked(absl::Now());
       break;
     }
     BatchConsumer* consumer = consumer_;
     const int64_t end_epoch = deliver_epoch_;
     const absl::Status shutdown_reason = shutdown_reason_;
     mutex_.Unlock();
-    for (const ferry::v1::BatchReady& b : ready) consumer->OnBatchReady(b);
+    for (size_t i = 0; i < ready.size(); ++i) {
+      consumer->OnBatchReady(ready[i]);
+      handoff_latency_.Observe(absl::Now() - taken[i]);
+    }
     if (send_end) consumer->OnEpochEnd(end_epoch);
     if (send_shutdown) consumer->OnShutdown(shutdown_reason);
     mutex_.Lock();
@@ -562,6 +634,36 @@ void RankPipeline::FillStatus(ferry::v1::RankStatus* status) const {
   status->set_fill_seconds(absl::ToDoubleSeconds(fill_time_));
   status->set_epoch(deliver_epoch_);
   status->set_next_batch(deliver_batch_);
+  handoff_latency_.ToProto(status->mutable_handoff_latency());
+
+  // The stall window: figures since the later of the window's start and the Bind, the
+  // starvation going on now included.
+  LimitingStageFigures f;
+  f.consumer = consumer_ != nullptr;
+  if (f.consumer) {
+    const absl::Time now = absl::Now();
+    std::vector<double> sums;
+    const absl::Time start = std::max(window_.Sum(now, &sums), consumer_since_);
+    if (starved_since_ != absl::InfiniteFuture()) {
+      sums[kWaitEstimated] += absl::ToDoubleSeconds(now - std::max(starved_since_, start));
+      sums[starved_on_copy_ ? kStarvedCopy : kStarvedFill] +=
+          absl::ToDoubleSeconds(now - std::max(starved_cause_since_, start));
+    }
+    f.window_seconds = absl::ToDoubleSeconds(now - start);
+    f.wait_reported = wait_reported_;
+    f.wait_seconds = wait_reported_ ? sums[kWaitReported] : sums[kWaitEstimated];
+    f.starved_fill_seconds = sums[kStarvedFill];
+    f.starved_copy_seconds = sums[kStarvedCopy];
+    f.task_seconds = sums[kTaskSeconds];
+    f.read_seconds = sums[kReadSeconds];
+    f.worker_threads = worker_threads_;
+    f.ready_batches = static_cast<int>(status->queue_depth());
+  }
+  const LimitingStageVerdict verdict = DecideLimitingStage(f);
+  status->set_stall_ratio(StallRatio(f));
+  status->set_stall_window_seconds(f.window_seconds);
+  status->set_limiting_stage(verdict.stage);
+  status->set_limiting_stage_note(verdict.note);
 }
 
 }  // namespace ferry

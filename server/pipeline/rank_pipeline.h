@@ -20,6 +20,16 @@
 // never with the pipeline's lock held; after Unbind returns no callback is running or will
 // run for that consumer. The ring is called under the pipeline's lock (lock order: the
 // pipeline's, then the ring's), but for DeliveryRing::Flush.
+//
+// Data stall (RankStatus.stall_ratio, limiting_stage; issue 23): over a RecentWindow of the
+// last 10 s, the time the trainer waited for a batch. Exact when the client reports, with
+// each Release, how long its Next blocked for that batch (`waited`); otherwise ferryd's own
+// estimate, the time it had no batch to send while the consumer held fewer than all its
+// slots (an upper bound: a client that prefetches may still hold batches the trainer has
+// not asked for). Either way, ferryd splits its own starved time by what the batch next in
+// order was doing (still filling, or filled and copying to the GPU), and each worker task
+// adds its time and the part of it spent in dataset reads (ReadTally); DecideLimitingStage
+// (server/stats/limiting_stage.h) names the limiting stage from those figures.
 #ifndef FERRY_SERVER_PIPELINE_RANK_PIPELINE_H_
 #define FERRY_SERVER_PIPELINE_RANK_PIPELINE_H_
 
@@ -36,10 +46,13 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "ferry/v1/ferry.pb.h"
+#include "server/dataset/dataset_fs.h"
 #include "server/memory/memory_budget.h"
 #include "server/memory/shared_slab.h"
 #include "server/pipeline/job.h"
 #include "server/pipeline/worker_pool.h"
+#include "server/stats/latency_histogram.h"
+#include "server/stats/recent_window.h"
 #include "server/transport/delivery_ring.h"
 
 namespace ferry {
@@ -88,8 +101,11 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   // INVALID_ARGUMENT for an epoch < 0 or first_batch outside [0, batches_per_epoch].
   absl::Status StartEpoch(BatchConsumer* consumer, int64_t epoch, int64_t first_batch);
   // INVALID_ARGUMENT unless `slot` is leased to the consumer under `seq`. `complete`: see
-  // DeliveryRing::Release.
-  absl::Status Release(BatchConsumer* consumer, uint32_t slot, int64_t seq, bool complete = false);
+  // DeliveryRing::Release. `waited`: how long the trainer's Next blocked before this batch
+  // was handed to it, when the client measured it (ConsumeRequest.Release.wait_us); from
+  // the first such report on, the consumer's stall ratio is its own figure.
+  absl::Status Release(BatchConsumer* consumer, uint32_t slot, int64_t seq, bool complete = false,
+                       std::optional<absl::Duration> waited = std::nullopt);
 
   const SharedSlab& slab() const { return slab_; }
   // Slots the consumer leases (the ring's).
@@ -139,8 +155,14 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
 
   // Takes free slots and hands their rows to the pool. Requires mutex_.
   void ScheduleLocked(std::vector<WorkerPool::Task>* tasks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  void FillRow(int slot, uint64_t generation, int row, int64_t index, int64_t epoch, bool gather,
+  // True when the row holds a sample (or a substitute) read now; false for a stale row,
+  // a zeroed one or a failed job.
+  bool FillRow(int slot, uint64_t generation, int row, int64_t index, int64_t epoch, bool gather,
                WorkerContext& context);
+  // A fill task ran from `start` to `end`, filled `filled` rows and read what the thread's
+  // ReadTally grew by since `reads_before`: counted for the job and the stall window.
+  void NoteTask(absl::Time start, absl::Time end, const ReadTally& reads_before, int64_t filled,
+                bool gather);
   // Reads sample `index` again while it fails for a reason of the machine
   // (IsTransientReadError), waiting longer each time, and returns the first other status.
   // Gives up, returning the transient status, when the row goes stale (a seek or shutdown)
@@ -155,7 +177,24 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   // Flushes the ring's device work, then sends what can be sent to the bound consumer; see
   // the class comment for the guarantees.
   void Deliver(std::vector<WorkerPool::Task> tasks) ABSL_LOCKS_EXCLUDED(mutex_);
-  void NoteStarvationLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Ends the consumer's starvation (if it was starved) at `now`.
+  void NoteStarvationLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Nothing could be sent at `now`: starts the starvation, or moves it to the cause the head
+  // batch shows now.
+  void NoteStarvedLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // While starved: whether the batch next in order is filled (waiting for its copy).
+  bool HeadFilledLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+
+  // The figures of window_.
+  enum WindowFigure {
+    kWaitReported,   // the trainer's waits, as the client reported them (Release's `waited`)
+    kWaitEstimated,  // ferryd starved, the consumer holding fewer than all its slots
+    kStarvedFill,    // of that, the next batch still filling
+    kStarvedCopy,    // of that, the next batch filled, its copy not yet complete
+    kTaskSeconds,    // worker time on this rank's fill tasks
+    kReadSeconds,    // of that, in dataset file reads
+    kNumWindowFigures
+  };
 
   // Constant after construction.
   const std::shared_ptr<Job> job_;
@@ -176,6 +215,12 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   // gathers, and for the others.
   const size_t copy_rows_per_task_gathered_;
   const size_t copy_rows_per_task_;
+  // Bytes a filled row copies out of a mapped dataset (0 unless the source's Fill is a
+  // copy): what such a row counts in bytes_read; for batches the ring gathers, and others.
+  const uint64_t copied_row_bytes_gathered_;
+  const uint64_t copied_row_bytes_;
+  // Threads that may run this rank's tasks (its NUMA group's, or all for kAnyGroup).
+  const int worker_threads_;
   // One per host slot, touched by workers without the lock (atomics).
   const std::unique_ptr<FillCounters[]> fill_counters_;
 
@@ -213,6 +258,18 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   absl::Duration fill_time_ ABSL_GUARDED_BY(mutex_);
   uint64_t batches_filled_ ABSL_GUARDED_BY(mutex_) = 0;
   absl::Time starved_since_ ABSL_GUARDED_BY(mutex_) = absl::InfiniteFuture();
+  // While starved: whether the head batch was filled (a copy wait), and since when so.
+  bool starved_on_copy_ ABSL_GUARDED_BY(mutex_) = false;
+  absl::Time starved_cause_since_ ABSL_GUARDED_BY(mutex_);
+  // The bound consumer's Bind, and whether it has reported its waits (Release's `waited`).
+  absl::Time consumer_since_ ABSL_GUARDED_BY(mutex_);
+  bool wait_reported_ ABSL_GUARDED_BY(mutex_) = false;
+  // Figures over the last seconds (WindowFigure); cleared at Bind. Thread-safe itself:
+  // workers add to it without mutex_.
+  RecentWindow window_{kNumWindowFigures};
+  // From the Deliver pass that takes a batch (filled, copied, next in order) to the
+  // consumer's OnBatchReady for it returning. Lock-free.
+  LatencyHistogram handoff_latency_;
   // Mirror of generation_ that workers read without the lock to skip stale rows early.
   std::atomic<uint64_t> live_generation_{1};
 };

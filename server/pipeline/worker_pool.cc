@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/thread_name.h"
 
@@ -64,6 +66,14 @@ int WorkerPool::GroupForNode(int node) const {
 
 int WorkerPool::total_threads() const { return static_cast<int>(threads_.size()); }
 
+double WorkerPool::busy_fraction() const {
+  const absl::Time now = absl::Now();
+  std::vector<double> busy;
+  const absl::Time start = std::max(busy_.Sum(now, &busy), created_);
+  const double capacity = absl::ToDoubleSeconds(now - start) * total_threads();
+  return capacity > 0 ? std::clamp(busy[0] / capacity, 0.0, 1.0) : 0.0;
+}
+
 void WorkerPool::FairQueue::Push(uint64_t owner, Task task) {
   std::deque<Task>& q = by_owner_[owner];
   if (q.empty()) turns_.push_back(owner);
@@ -114,7 +124,9 @@ void WorkerPool::Run(int group) {
         return;  // stopping and drained
       }
     }
+    const absl::Time start = absl::Now();
     task(context);
+    busy_.AddInterval(0, start, absl::Now());
   }
 }
 

@@ -26,7 +26,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "server/dataset/sample_source.h"
+#include "server/stats/recent_window.h"
 #include "server/topology/topology.h"
 
 namespace ferry {
@@ -75,12 +77,18 @@ class WorkerPool final {
 
   const std::vector<GroupInfo>& groups() const { return groups_; }
   int total_threads() const;
+  // Of the worker threads' wall time over the last RecentWindow::kSeconds (or since the pool
+  // was made), the fraction they spent running tasks, in [0, 1]. A task counts when it
+  // ends, spread over the seconds it ran.
+  double busy_fraction() const;
 
  private:
   WorkerPool() = default;
   void Run(int group);
 
   std::vector<GroupInfo> groups_;  // constant after Create
+  const absl::Time created_ = absl::Now();
+  RecentWindow busy_{1};  // seconds spent in tasks, all threads; thread-safe itself
   std::vector<std::thread> threads_;
   absl::Mutex mutex_;
   // Tasks of several owners served round-robin. Not thread-safe (the pool's mutex guards it).

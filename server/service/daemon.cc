@@ -331,6 +331,13 @@ void Daemon::FillDaemonStatus(ferry::v1::DaemonStatus* status) {
   status->set_draining(drain_requested_.load());
   status->set_job_idle_timeout_seconds(config_.config.job_idle_timeout_seconds());
   status->set_consumers(static_cast<uint32_t>(jobs_->Consumers()));
+  status->set_workers_busy_fraction(pool_->busy_fraction());
+  status->set_workers(static_cast<uint32_t>(pool_->total_threads()));
+  struct rusage usage;
+  if (getrusage(RUSAGE_SELF, &usage) == 0) {
+    auto seconds = [](const timeval& t) { return t.tv_sec + t.tv_usec * 1e-6; };
+    status->set_cpu_seconds(seconds(usage.ru_utime) + seconds(usage.ru_stime));
+  }
 }
 
 }  // namespace ferry

@@ -1,8 +1,10 @@
 #include "server/service/ferry_service.h"
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -165,7 +167,15 @@ class ConsumeReactor final
   }
 
   absl::Status Release(const ferry::v1::ConsumeRequest::Release& release) {
-    return pipeline_->Release(this, release.slot(), release.seq(), release.complete());
+    return pipeline_->Release(
+        this, release.slot(), release.seq(), release.complete(),
+        release.has_wait_us() ? std::optional(ReportedWait(release.wait_us())) : std::nullopt);
+  }
+
+  // A wait the trainer reported (its own figure: bounded, so a nonsense value skews only
+  // its own rank's status, and no further than a window).
+  static absl::Duration ReportedWait(int64_t wait_us) {
+    return std::clamp(absl::Microseconds(wait_us), absl::ZeroDuration(), absl::Hours(1));
   }
 
   // Runs on the ChannelPoller's thread: handles what the trainer sent through the channel,
@@ -215,8 +225,10 @@ class ConsumeReactor final
       case ChannelMessage::kStartEpoch:
         return pipeline_->StartEpoch(this, m.epoch, m.batch);
       case ChannelMessage::kRelease:
-        return pipeline_->Release(this, m.slot, m.seq,
-                                  (m.flags & ChannelMessage::kReleaseComplete) != 0);
+        return pipeline_->Release(
+            this, m.slot, m.seq, (m.flags & ChannelMessage::kReleaseComplete) != 0,
+            (m.flags & ChannelMessage::kReleaseWaited) != 0 ? std::optional(ReportedWait(m.batch))
+                                                            : std::nullopt);
       default:
         return absl::InvalidArgumentError(
             absl::StrCat("the trainer sent a batch channel message of kind ", m.kind,

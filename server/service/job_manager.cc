@@ -553,6 +553,9 @@ void JobManager::FillJobStatus(const Job& job, ferry::v1::JobStatus* status) {
   }
   for (const auto& p : ranks) p->FillStatus(status->add_ranks());
   status->set_errors(job.error_count());
+  for (auto& r : job.errors_by_reason()) *status->add_errors_by_reason() = std::move(r);
+  status->set_samples_decoded(job.samples_decoded());
+  status->set_bytes_read(job.bytes_read());
   for (auto& e : job.recent_errors()) *status->add_recent_errors() = std::move(e);
   status->set_quarantined(job.quarantined_count());
   status->set_substituted(job.substituted_count());

@@ -107,6 +107,7 @@ void DeviceRing::OrderCopiesLocked() {
     device_idle_time_ += now - dev.since;
     dev.state = State::kCopying;  // kReady once the stage reports it
     dev.token = token;
+    dev.ordered = now;
     q.device_slot = static_cast<int>(d);
   }
 }
@@ -249,6 +250,7 @@ void DeviceRing::OnDeviceSlotReady(int device_slot, uint64_t token) {
     // A copy abandoned by DropQueued (the slot was freed, maybe reused) is not delivered.
     if (dev.state != State::kCopying || dev.token != token) return;
     dev.state = State::kReady;
+    copy_latency_.Observe(absl::Now() - dev.ordered);
   }
   Progress();
 }
@@ -288,6 +290,7 @@ void DeviceRing::FillStatus(ferry::v1::RankStatus* status) const {
   status->set_lease_seconds(absl::ToDoubleSeconds(lease_time_));
   status->set_copy_wait_seconds(absl::ToDoubleSeconds(copy_wait_time_));
   status->set_device_slot_idle_seconds(absl::ToDoubleSeconds(device_idle_time_));
+  copy_latency_.ToProto(status->mutable_copy_latency());
 }
 
 }  // namespace ferry

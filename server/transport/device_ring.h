@@ -33,6 +33,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/stats/latency_histogram.h"
 #include "server/transport/delivery_ring.h"
 #include "server/transport/device_stage.h"
 #include "server/transport/gather_policy.h"
@@ -71,6 +72,7 @@ class DeviceRing final : public DeliveryRing {
     int64_t seq = -1;    // while leased
     uint64_t token = 0;  // names the copy or release in progress; stale reports differ
     absl::Time since;    // of kFree or kLeased, for the time totals in status
+    absl::Time ordered;  // of the copy into it, for copy_latency
   };
   struct Queued {  // a batch enqueued and not taken, in delivery order
     uint64_t ticket;
@@ -120,6 +122,9 @@ class DeviceRing final : public DeliveryRing {
   absl::Duration lease_time_ ABSL_GUARDED_BY(mutex_);
   absl::Duration copy_wait_time_ ABSL_GUARDED_BY(mutex_);
   absl::Duration device_idle_time_ ABSL_GUARDED_BY(mutex_);
+  // From a copy ordered (under the lock; Flush starts it right after) to the stage's report
+  // that it is complete (RankStatus.copy_latency). Lock-free.
+  LatencyHistogram copy_latency_;
 
   // Last: destroyed first, so no report of it runs into a ring being destroyed.
   const std::unique_ptr<DeviceStage> stage_;
