@@ -153,6 +153,10 @@ class StreamState {
       m.slot = request.release().slot();
       m.seq = request.release().seq();
       m.flags = request.release().complete() ? ChannelMessage::kReleaseComplete : 0;
+      if (request.release().has_wait_us()) {
+        m.flags |= ChannelMessage::kReleaseWaited;
+        m.batch = request.release().wait_us();
+      }
       (void)SendToDaemon(m);  // fails only once the stream is over, which took the lease
       return;
     }
@@ -409,13 +413,17 @@ class StreamState {
 // used from one thread at a time).
 class BatchLease {
  public:
+  // `waited`: how long Next blocked for this batch, reported to ferryd with the release
+  // (ConsumeRequest.Release.wait_us: its stall ratio).
   BatchLease(std::shared_ptr<StreamState> stream, std::shared_ptr<const SlabMapping> slab,
-             std::shared_ptr<const CudaRing> ring, uint32_t slot, int64_t seq)
+             std::shared_ptr<const CudaRing> ring, uint32_t slot, int64_t seq,
+             absl::Duration waited)
       : stream_(std::move(stream)),
         slab_(std::move(slab)),
         ring_(std::move(ring)),
         slot_(slot),
-        seq_(seq) {}
+        seq_(seq),
+        waited_(waited) {}
   ~BatchLease() { (void)Release(); }
 
   absl::Status WaitOn(void* stream) {
@@ -448,6 +456,7 @@ class BatchLease {
     }
     request.mutable_release()->set_slot(slot_);
     request.mutable_release()->set_seq(seq_);
+    request.mutable_release()->set_wait_us(absl::ToInt64Microseconds(waited_));
     // A stream that has ended took every lease with it: nothing is left to give back.
     stream_->Post(std::move(request));
     return absl::OkStatus();
@@ -460,6 +469,7 @@ class BatchLease {
   const std::shared_ptr<const CudaRing> ring_;     // GPU transport
   const uint32_t slot_;
   const int64_t seq_;
+  const absl::Duration waited_;
   void* wait_stream_ = nullptr;  // owner thread only
   absl::Mutex release_mu_;
   std::atomic<bool> released_{false};
@@ -623,7 +633,11 @@ class ConsumerImpl {
       case State::kInEpoch:
         break;
     }
+    // How long the trainer waits for this batch: Next's blocking, over calls that timed out
+    // before it came too.
+    const absl::Time asked = absl::Now();
     absl::StatusOr<std::optional<ChannelMessage>> message = stream_->Read(timeout);
+    waited_ += absl::Now() - asked;
 
     if (!message.ok()) return Break(message.status());
     if (!message->has_value()) {
@@ -639,6 +653,7 @@ class ConsumerImpl {
             " at batch ", next_batch_, " of ", job_.batches_per_epoch)));
       }
       state_ = State::kEpochDone;
+      waited_ = absl::ZeroDuration();  // for the epoch's end, not a batch
       return std::optional<Batch>();
     }
     if (ready.kind != ChannelMessage::kBatchReady) {
@@ -691,7 +706,9 @@ class ConsumerImpl {
       field.device = device;
       batch.fields_.push_back(std::move(field));
     }
-    batch.lease_ = std::make_unique<BatchLease>(stream_, slab_, ring_, ready.slot, ready.seq);
+    batch.lease_ =
+        std::make_unique<BatchLease>(stream_, slab_, ring_, ready.slot, ready.seq, waited_);
+    waited_ = absl::ZeroDuration();
     return std::optional<Batch>(std::move(batch));
   }
 
@@ -726,6 +743,7 @@ class ConsumerImpl {
   int64_t epoch_ = 0;
   int64_t next_batch_ = 0;
   int64_t next_seq_ = 0;
+  absl::Duration waited_;  // by Next, for the batch it hands out next
 };
 
 }  // namespace internal

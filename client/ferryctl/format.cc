@@ -124,6 +124,17 @@ int AttachedRanks(const JobStatus& job) {
   return n;
 }
 
+// A rank's stall ratio over its window: "63%"; "-" before any window was observed.
+std::string FormatStall(const RankStatus& r) {
+  if (r.stall_window_seconds <= 0) return "-";
+  return absl::StrFormat("%.0f%%", 100 * r.stall_ratio);
+}
+
+// "read", "decode", "copy", "trainer"; "-" while ferryd cannot tell.
+std::string FormatLimit(const RankStatus& r) {
+  return r.limiting_stage.empty() ? "-" : r.limiting_stage;
+}
+
 }  // namespace
 
 std::string FormatJobState(const JobStatus& job) {
@@ -147,19 +158,25 @@ std::string RenderJobs(const StatusReport& report) {
                {"STATE"},
                {"BATCHES/S", true},
                {"SAMPLES/S", true},
+               {"STALL", true},
+               {"LIMIT"},
                {"ERRORS", true}});
   for (const JobStatus& j : report.jobs) {
     double batches = 0, samples = 0;
+    // The most stalled attached rank speaks for the job: DDP runs at its slowest rank.
+    const RankStatus* stalled = nullptr;
     for (const RankStatus& r : j.ranks) {
       batches += r.batches_per_second;
       samples += r.samples_per_second;
+      if (r.attached && (stalled == nullptr || r.stall_ratio > stalled->stall_ratio)) stalled = &r;
     }
     const bool active = AttachedRanks(j) > 0;
     table.AddRow({j.job.id, j.job.name, absl::StrCat(j.job.owner_uid), FormatDataset(j.job.spec),
                   absl::StrCat(j.job.spec.batch_size),
                   absl::StrCat(AttachedRanks(j), "/", j.job.spec.world_size), FormatJobState(j),
                   active ? FormatRate(batches) : "-", active ? FormatRate(samples) : "-",
-                  absl::StrCat(j.errors)});
+                  stalled != nullptr ? FormatStall(*stalled) : "-",
+                  stalled != nullptr ? FormatLimit(*stalled) : "-", absl::StrCat(j.errors)});
   }
   return table.Render();
 }
@@ -188,6 +205,10 @@ std::string RenderStatus(const StatusReport& report) {
                    : absl::StrCat("deleted after ", FormatUptime(d.job_idle_timeout_seconds))});
   info.AddRow({"consumers", absl::StrCat(d.consumers, " attached",
                                          d.draining ? "; draining: exits when none is left" : "")});
+  info.AddRow(
+      {"workers", absl::StrFormat("%u threads, %.0f%% busy over the last 10 s; ferryd used "
+                                  "%.1f CPU seconds",
+                                  d.workers, 100 * d.workers_busy_fraction, d.cpu_seconds)});
   out += info.Render();
   out += "\n";
   Table numa({{"NUMA NODE", true}, {"CPUS"}, {"WORKERS", true}});
@@ -296,7 +317,10 @@ std::string RenderJob(const JobStatus& status) {
                {"QUEUE", true},
                {"LEASED", true},
                {"SLOTS", true},
-               {"WAIT S", true}});
+               {"WAIT S", true},
+               {"STALL", true},
+               {"LIMIT"}});
+  std::vector<std::string> notes;
   for (const RankStatus& r : status.ranks) {
     // How the consumer's batches travel: shared-memory channel or the gRPC stream.
     const std::string attached = r.attached ? (r.batch_channel ? "yes, shm" : "yes, grpc") : "no";
@@ -304,9 +328,14 @@ std::string RenderJob(const JobStatus& status) {
                   absl::StrCat(r.batches_delivered), absl::StrCat(r.samples_delivered),
                   FormatRate(r.batches_per_second), FormatRate(r.samples_per_second),
                   absl::StrCat(r.queue_depth), absl::StrCat(r.slots_leased), absl::StrCat(r.slots),
-                  absl::StrFormat("%.1f", r.consumer_wait_seconds)});
+                  absl::StrFormat("%.1f", r.consumer_wait_seconds),
+                  r.attached ? FormatStall(r) : "-", r.attached ? FormatLimit(r) : "-"});
+    if (r.attached && !r.limiting_stage_note.empty()) {
+      notes.push_back(absl::StrCat("rank ", r.rank, ": ", r.limiting_stage_note, "\n"));
+    }
   }
   out += status.ranks.empty() ? "no ranks attached yet\n" : ranks.Render();
+  if (!notes.empty()) out += absl::StrCat("\nlimiting stage:\n", absl::StrJoin(notes, ""));
   if (!status.recent_errors.empty()) {
     out += "\nrecent sample errors:\n";
     Table errors({{"INDEX", true}, {"PATH"}, {"MESSAGE"}});

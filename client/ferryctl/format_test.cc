@@ -138,6 +138,39 @@ TEST(RenderTest, JobShowsEachDistinctCopyPath) {
   EXPECT_THAT(RenderJob(s), Not(HasSubstr("gathered ")));
 }
 
+// Issue 23: each rank's stall ratio and limiting stage, and the job's most stalled rank.
+TEST(RenderTest, StallAndLimitingStageAreShownPerRankAndForTheJob) {
+  JobStatus s = SampleJob();
+  s.ranks[0].stall_ratio = 0.634;
+  s.ranks[0].stall_window_seconds = 10;
+  s.ranks[0].limiting_stage = "read";
+  s.ranks[0].limiting_stage_note = "the trainer waited 63% of the last 10.0 s (as it measured)";
+  RankStatus r2;
+  r2.rank = 2;
+  r2.attached = true;
+  r2.stall_ratio = 0.02;
+  r2.stall_window_seconds = 10;
+  r2.limiting_stage = "trainer";
+  s.ranks.push_back(r2);
+  const std::string job = RenderJob(s);
+  EXPECT_THAT(job, HasSubstr("STALL  LIMIT"));
+  EXPECT_THAT(job, HasSubstr("63%  read"));
+  EXPECT_THAT(job, HasSubstr("2%  trainer"));
+  EXPECT_THAT(job, HasSubstr("limiting stage:\nrank 0: the trainer waited 63% of the last 10.0 s "
+                             "(as it measured)\n"));
+  StatusReport report;
+  report.jobs.push_back(s);
+  const std::string jobs = RenderJobs(report);
+  EXPECT_THAT(jobs, HasSubstr("STALL  LIMIT"));
+  EXPECT_THAT(jobs, HasSubstr("63%  read"));  // the most stalled rank
+  EXPECT_THAT(jobs, Not(HasSubstr("trainer")));
+  // Before a window was observed, and for a rank ferryd cannot tell about yet: "-".
+  s.ranks = {RankStatus()};
+  s.ranks[0].attached = true;
+  report.jobs = {s};
+  EXPECT_THAT(RenderJobs(report), HasSubstr("-  -"));
+}
+
 TEST(RenderTest, StatusShowsDaemonNumaAndMemory) {
   StatusReport report;
   report.daemon.version = "0.1.0";
@@ -146,10 +179,15 @@ TEST(RenderTest, StatusShowsDaemonNumaAndMemory) {
   report.daemon.host_memory_in_use_bytes = uint64_t{1} << 30;
   report.daemon.host_memory_budget_bytes = uint64_t{4} << 30;
   report.daemon.numa_nodes.push_back({0, {0, 1, 2, 3}, 4});
+  report.daemon.workers = 8;
+  report.daemon.workers_busy_fraction = 0.45;
+  report.daemon.cpu_seconds = 12.5;
   std::string out = RenderStatus(report);
   EXPECT_THAT(out, HasSubstr("ferryd         0.1.0"));
   EXPECT_THAT(out, HasSubstr("1.0 GiB in use of 4.0 GiB budget (25.0%)"));
   EXPECT_THAT(out, HasSubstr("cuda           no"));
+  EXPECT_THAT(out, HasSubstr("workers        8 threads, 45% busy over the last 10 s; ferryd used "
+                             "12.5 CPU seconds"));
   EXPECT_THAT(out, HasSubstr("0-3"));
   EXPECT_THAT(out, HasSubstr("no jobs"));
   EXPECT_THAT(out, Not(HasSubstr("WORKER CPUS")));  // no GPU table without GPUs

@@ -63,6 +63,23 @@ absl::StatusOr<JobOptions> JobOptionsFromJson(std::string_view json) {
 namespace internal {
 namespace {
 
+// RankStatus.limiting_stage in a word; empty for UNSPECIFIED (or a stage this client
+// does not know).
+std::string LimitingStageName(v1::LimitingStage stage) {
+  switch (stage) {
+    case v1::LIMITED_BY_TRAINER:
+      return "trainer";
+    case v1::LIMITED_BY_READ:
+      return "read";
+    case v1::LIMITED_BY_DECODE:
+      return "decode";
+    case v1::LIMITED_BY_COPY:
+      return "copy";
+    default:
+      return "";
+  }
+}
+
 v1::DType ToProto(DType dtype) { return static_cast<v1::DType>(static_cast<int>(dtype)); }
 DType FromProto(v1::DType dtype) { return static_cast<DType>(static_cast<int>(dtype)); }
 
@@ -263,6 +280,10 @@ JobStatus FromProto(const v1::JobStatus& status) {
     rank.batches_copied = r.batches_copied();
     rank.batches_gathered = r.batches_gathered();
     rank.consumer_wait_seconds = r.consumer_wait_seconds();
+    rank.stall_ratio = r.stall_ratio();
+    rank.stall_window_seconds = r.stall_window_seconds();
+    rank.limiting_stage = LimitingStageName(r.limiting_stage());
+    rank.limiting_stage_note = r.limiting_stage_note();
     rank.epoch = r.epoch();
     rank.next_batch = r.next_batch();
     out.ranks.push_back(rank);
@@ -276,6 +297,8 @@ JobStatus FromProto(const v1::JobStatus& status) {
   out.failure = status.failure();
   out.paused = status.paused();
   out.transient_errors = status.transient_errors();
+  out.samples_decoded = status.samples_decoded();
+  out.bytes_read = status.bytes_read();
   out.idle_seconds = status.idle_seconds();
   out.deleted_in_seconds = status.deleted_in_seconds();
   out.quarantined_indices.assign(status.quarantined_indices().begin(),
@@ -303,6 +326,9 @@ StatusReport FromProto(const v1::GetStatusResponse& response) {
   report.daemon.draining = d.draining();
   report.daemon.job_idle_timeout_seconds = d.job_idle_timeout_seconds();
   report.daemon.consumers = d.consumers();
+  report.daemon.workers_busy_fraction = d.workers_busy_fraction();
+  report.daemon.cpu_seconds = d.cpu_seconds();
+  report.daemon.workers = d.workers();
   for (const v1::GpuStatus& g : d.gpus()) {
     GpuStatus gpu;
     gpu.ordinal = g.ordinal();

@@ -224,6 +224,13 @@ struct RankStatus {
   // GPU transport: batches copied to the device, and of those, gathered from the page cache.
   uint64_t batches_copied = 0;
   uint64_t batches_gathered = 0;
+  // Over the last stall_window_seconds: the fraction of wall time the trainer waited for a
+  // batch (exact when the client reports its waits, as this library does), the stage that
+  // limits the rank ("trainer", "read", "decode", "copy"; empty while unknown) and why.
+  double stall_ratio = 0;
+  double stall_window_seconds = 0;
+  std::string limiting_stage;
+  std::string limiting_stage_note;
 };
 
 struct SampleError {
@@ -243,6 +250,9 @@ struct JobStatus {
   // Non-empty while reads wait on the machine (out of descriptors, ...): the latest error.
   std::string paused;
   int64_t transient_errors = 0;  // reads that failed so, each try counted
+  // Samples the workers read and transformed, and the bytes they read from the dataset.
+  int64_t samples_decoded = 0;
+  uint64_t bytes_read = 0;
   // Seconds since a consumer was last attached (0 while one is), and until ferryd deletes
   // the idle job (job_idle_timeout_seconds; 0 when not idle or idle jobs are kept).
   double idle_seconds = 0;
@@ -289,6 +299,11 @@ struct DaemonStatus {
   bool draining = false;  // Client::Drain was called: ferryd exits when no consumer is left
   uint32_t job_idle_timeout_seconds = 0;  // 0: idle jobs are kept
   uint32_t consumers = 0;                 // attached, over all jobs of every user
+  // Of the worker threads' time over the last 10 s, the fraction spent on tasks; ferryd's
+  // CPU seconds (user + system) since it started; its worker threads.
+  double workers_busy_fraction = 0;
+  double cpu_seconds = 0;
+  uint32_t workers = 0;
 };
 
 struct StatusReport {
