@@ -129,6 +129,17 @@ RankPipeline::~RankPipeline() = default;
 
 absl::Status RankPipeline::Bind(BatchConsumer* consumer, int pid,
                                 const std::vector<std::string>& released_events) {
+  absl::Status bound = TryBind(consumer, pid, released_events);
+  if (bound.ok()) {
+    FERRY_LOG(INFO) << "job " << job_->identity().id << " rank " << rank_ << ": consumer pid "
+                    << pid << " attached (" << ring_->num_slots() << " slots"
+                    << (consumer->via_channel() ? ", batch channel" : "") << ")";
+  }
+  return bound;
+}
+
+absl::Status RankPipeline::TryBind(BatchConsumer* consumer, int pid,
+                                   const std::vector<std::string>& released_events) {
   absl::MutexLock lock(&mutex_);
   if (shutting_down_) {
     return absl::UnavailableError(
@@ -160,12 +171,14 @@ bool RankPipeline::bound() const {
 
 void RankPipeline::Unbind(BatchConsumer* consumer) {
   std::vector<WorkerPool::Task> tasks;
+  int pid = -1;
   {
     absl::MutexLock lock(&mutex_);
     if (consumer_ != consumer) return;
     // Wait out a delivery in progress so no callback reaches the consumer after we return.
     mutex_.Await(absl::Condition(
         +[](bool* delivering) { return !*delivering; }, &delivering_));
+    pid = consumer_pid_;
     consumer_ = nullptr;
     consumer_pid_ = 0;
     std::vector<int> freed;
@@ -174,6 +187,9 @@ void RankPipeline::Unbind(BatchConsumer* consumer) {
     NoteStarvationLocked(absl::Now());
     ScheduleLocked(&tasks);
   }
+  if (pid < 0) return;  // not bound
+  FERRY_LOG(INFO) << "job " << job_->identity().id << " rank " << rank_ << ": consumer pid " << pid
+                  << " detached; its slots are reclaimed";
   pool_->Submit(group_, job_->identity().serial, std::move(tasks));
   absl::Status flushed = ring_->Flush();
   if (!flushed.ok()) {
@@ -191,6 +207,11 @@ void RankPipeline::Shutdown(const absl::Status& reason) {
   {
     absl::MutexLock lock(&mutex_);
     if (shutting_down_) return;
+    if (consumer_ != nullptr) {
+      FERRY_LOG(INFO) << "job " << job_->identity().id << " rank " << rank_
+                      << ": stopping, consumer pid " << consumer_pid_
+                      << " is told once it has released its batches: " << reason;
+    }
     shutting_down_ = true;
     shutdown_reason_ = reason;
     ++generation_;
@@ -416,8 +437,9 @@ bool RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index
         const int64_t no_sample = -1;
         memcpy(rows[index_field_], &no_sample, sizeof(no_sample));
       }
-      FERRY_LOG(ERROR) << "job " << job_->identity().id << ": no readable substitute for sample "
-                       << index << "; row " << row << " of the batch is zeroed, its index -1";
+      FERRY_LOG(ERROR) << "job " << job_->identity().id << " rank " << rank_
+                       << ": no readable substitute for sample " << index << "; row " << row
+                       << " of the batch is zeroed, its index -1";
     }
     return filled;
   }

@@ -144,6 +144,9 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
     int substitutes = 0;  // rows holding a substitute, known once the slot is filled
   };
 
+  // Bind without the log line.
+  absl::Status TryBind(BatchConsumer* consumer, int pid,
+                       const std::vector<std::string>& released_events) ABSL_LOCKS_EXCLUDED(mutex_);
   RankPipeline(std::shared_ptr<Job> job, int rank, SharedSlab slab,
                MemoryBudget::Reservation reservation, int num_slots, WorkerPool* pool, int group,
                std::unique_ptr<DeliveryRing> ring);

@@ -78,7 +78,8 @@ absl::StatusOr<std::unique_ptr<CudaStage>> CudaStage::Create(
   // slot an event. A consumer adds none (it records the exported events).
   stage->objects_created_ = 2 + 3 * stage->slots_.size() + stage->copy_done_.size();
   stage->ChooseCopyPath(job, mappings, gather);
-  stage->watcher_ = std::make_unique<EventWatcher>(stage->counters_);
+  stage->watcher_ = std::make_unique<EventWatcher>(
+      stage->counters_, absl::StrCat("job ", job.identity().id, " on GPU ", device));
   stage->counted_pinned_ = slab.size();
   stage->counters_->pinned_bytes.fetch_add(slab.size(), std::memory_order_relaxed);
   stage->counters_->stages.fetch_add(1, std::memory_order_relaxed);

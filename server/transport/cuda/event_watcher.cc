@@ -17,9 +17,10 @@ constexpr absl::Duration kMaxBackoff = absl::Microseconds(100);
 
 }  // namespace
 
-EventWatcher::EventWatcher(std::shared_ptr<GpuCounters> counters)
+EventWatcher::EventWatcher(std::shared_ptr<GpuCounters> counters, std::string owner)
     : state_(std::make_shared<State>()) {
   state_->counters = std::move(counters);
+  state_->owner = std::move(owner);
   thread_ = std::thread([state = state_] { Run(*state); });
 }
 
@@ -79,7 +80,7 @@ void EventWatcher::CollectCompleted(State& state, std::vector<std::function<void
     if (!complete.ok()) {
       // A dead trainer's event, or a device error: the copy stream reports the latter on
       // its next call; never leave a slot stuck.
-      FERRY_LOG(WARNING) << "event watch: " << complete.status();
+      FERRY_LOG(WARNING) << state.owner << ": event watch: " << complete.status();
     } else if (!*complete) {
       return false;
     }

@@ -30,6 +30,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -52,8 +53,8 @@ class EventWatcher final {
   using CompletionQuery = std::function<absl::StatusOr<bool>()>;
 
   // `counters->in_flight` loses one per kDeviceSlotReady watch that completes or that the
-  // destructor drops.
-  explicit EventWatcher(std::shared_ptr<GpuCounters> counters);
+  // destructor drops. `owner` ("job j1 on GPU 0") starts the watcher's log lines.
+  EventWatcher(std::shared_ptr<GpuCounters> counters, std::string owner);
   EventWatcher(const EventWatcher&) = delete;
   EventWatcher& operator=(const EventWatcher&) = delete;
   // Drops every watch (their callbacks never run) and stops the thread: joins it, or
@@ -85,6 +86,7 @@ class EventWatcher final {
   // Co-owned by the thread, which may outlive the watcher (see the destructor).
   struct State {
     std::shared_ptr<GpuCounters> counters;
+    std::string owner;  // constant after construction
     absl::Mutex mutex;
     std::vector<Item> items ABSL_GUARDED_BY(mutex);
     double seconds[kNumKinds] ABSL_GUARDED_BY(mutex) = {};

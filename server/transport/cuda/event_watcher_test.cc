@@ -94,7 +94,7 @@ TEST(EventWatcherTest, CallbacksRunOnceEachAfterCompletionOnTheWatchersThread) {
   auto counters = std::make_shared<GpuCounters>();
   CallbackLog log;
   FakeCompletion copied, ready, released;
-  EventWatcher watcher(counters);
+  EventWatcher watcher(counters, "job j on GPU 0");
   watcher.Watch(copied.Query(), EventWatcher::kHostSlotCopied, log.Add("copied"));
   watcher.Watch(ready.Query(), EventWatcher::kDeviceSlotReady, log.Add("ready"));
   watcher.Watch(released.Query(), EventWatcher::kReleased, log.Add("released"));
@@ -121,7 +121,7 @@ TEST(EventWatcherTest, StreamOrderWatchesBehindAPendingOneAreNotQueried) {
   auto counters = std::make_shared<GpuCounters>();
   CallbackLog log;
   FakeCompletion first, second, third;
-  EventWatcher watcher(counters);
+  EventWatcher watcher(counters, "job j on GPU 0");
   watcher.Watch(first.Query(), EventWatcher::kHostSlotCopied, log.Add("first"));
   watcher.Watch(second.Query(), EventWatcher::kDeviceSlotReady, log.Add("second"));
   watcher.Watch(third.Query(), EventWatcher::kHostSlotCopied, log.Add("third"));
@@ -144,7 +144,7 @@ TEST(EventWatcherTest, ReleasedWatchesAreQueriedIndependently) {
   auto counters = std::make_shared<GpuCounters>();
   CallbackLog log;
   FakeCompletion copy, released_pending, released_done;
-  EventWatcher watcher(counters);
+  EventWatcher watcher(counters, "job j on GPU 0");
   watcher.Watch(copy.Query(), EventWatcher::kDeviceSlotReady, log.Add("copy"));
   watcher.Watch(released_pending.Query(), EventWatcher::kReleased, log.Add("pending"));
   watcher.Watch(released_done.Query(), EventWatcher::kReleased, log.Add("done"));
@@ -167,7 +167,7 @@ TEST(EventWatcherTest, ForgetDropsPendingWatchesOfThatKindOnly) {
   auto counters = std::make_shared<GpuCounters>();
   CallbackLog log;
   FakeCompletion released_a, released_b, ready;
-  EventWatcher watcher(counters);
+  EventWatcher watcher(counters, "job j on GPU 0");
   watcher.Watch(released_a.Query(), EventWatcher::kReleased, log.Add("released a"));
   watcher.Watch(released_b.Query(), EventWatcher::kReleased, log.Add("released b"));
   watcher.Watch(ready.Query(), EventWatcher::kDeviceSlotReady, log.Add("ready"));
@@ -193,7 +193,7 @@ TEST(EventWatcherTest, AFailedQueryCompletesItsWatchWithAWarning) {
   FakeCompletion broken, behind;
   testing::internal::CaptureStderr();
   {
-    EventWatcher watcher(counters);
+    EventWatcher watcher(counters, "job j on GPU 0");
     watcher.Watch(broken.Query(), EventWatcher::kDeviceSlotReady, log.Add("broken"));
     watcher.Watch(behind.Query(), EventWatcher::kHostSlotCopied, log.Add("behind"));
     broken.Fail();
@@ -204,7 +204,9 @@ TEST(EventWatcherTest, AFailedQueryCompletesItsWatchWithAWarning) {
   EXPECT_THAT(log.names(), ElementsAre("broken", "behind"));
   // A warning: journald's priority prefix, or the severity's name after the time.
   EXPECT_THAT(err, testing::AnyOf(HasSubstr("<4>"), HasSubstr(" WARNING ")));
-  EXPECT_THAT(err, HasSubstr("event watch: INTERNAL: cudaEventQuery: cudaErrorLaunchFailure"));
+  EXPECT_THAT(
+      err,
+      HasSubstr("job j on GPU 0: event watch: INTERNAL: cudaEventQuery: cudaErrorLaunchFailure"));
   EXPECT_EQ(counters->in_flight.load(), 0);
 }
 
@@ -215,7 +217,7 @@ TEST(EventWatcherTest, DestroyedFromItsOwnCallbackItStopsWithoutDeadlock) {
   // after it), so its callback is due right after the one that drops the watcher.
   std::atomic<bool> last_reference_seen{false};
   std::atomic<bool> destroyed{false}, next_ran{false};
-  auto watcher = std::make_unique<EventWatcher>(counters);
+  auto watcher = std::make_unique<EventWatcher>(counters, "job j on GPU 0");
   EventWatcher::CompletionQuery last_reference_query = last_reference.Query();
   watcher->Watch(
       [&]() -> absl::StatusOr<bool> {
@@ -242,7 +244,7 @@ TEST(EventWatcherTest, LatencySecondsAccumulatePerKind) {
   auto counters = std::make_shared<GpuCounters>();
   CallbackLog log;
   FakeCompletion ready, ready_for_both, released;
-  EventWatcher watcher(counters);
+  EventWatcher watcher(counters, "job j on GPU 0");
   watcher.Watch(ready.Query(), EventWatcher::kDeviceSlotReady, log.Add("ready"));
   watcher.Watch(ready_for_both.Query(), EventWatcher::kDeviceSlotReady, log.Add("both"),
                 /*also_frees_host_slot=*/true);
@@ -268,7 +270,7 @@ TEST(EventWatcherTest, InFlightCountsReadyWatchesUntilDoneOrDropped) {
   CallbackLog log;
   FakeCompletion done, pending_a, pending_b, released;
   {
-    EventWatcher watcher(counters);
+    EventWatcher watcher(counters, "job j on GPU 0");
     watcher.Watch(done.Query(), EventWatcher::kDeviceSlotReady, log.Add("done"));
     watcher.Watch(pending_a.Query(), EventWatcher::kDeviceSlotReady, log.Add("a"));
     watcher.Watch(pending_b.Query(), EventWatcher::kDeviceSlotReady, log.Add("b"));
@@ -286,7 +288,7 @@ TEST(EventWatcherTest, InFlightCountsReadyWatchesUntilDoneOrDropped) {
 TEST(EventWatcherTest, IdleWatcherSleepsAndWakesForANewWatch) {
   auto counters = std::make_shared<GpuCounters>();
   CallbackLog log;
-  EventWatcher watcher(counters);
+  EventWatcher watcher(counters, "job j on GPU 0");
   absl::SleepFor(absl::Milliseconds(20));  // nothing watched: waits on its condition
   FakeCompletion later;
   later.Complete();
