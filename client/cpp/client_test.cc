@@ -310,6 +310,31 @@ TEST(JobOptionsJsonTest, TokensWidenedOnTheHostRoundTrip) {
   EXPECT_TRUE(std::get<TokensOptions>(camel->dataset).widen_on_host);
 }
 
+TEST(JobOptionsJsonTest, TokenShardsRoundTripAndCamelCase) {
+  JobOptions options;
+  TokenShardsOptions shards;
+  shards.shards = {"/d/train-{000..127}.bin", "/d/extra.bin"};
+  shards.token_dtype = DType::kUint32;
+  shards.seq_len = 1024;
+  shards.windows_cross_files = true;
+  options.dataset = shards;
+  const std::string json = JobOptionsToJson(options);
+  EXPECT_THAT(json, HasSubstr(R"("token_shards":{"shards":["/d/train-{000..127}.bin")"));
+  auto parsed = JobOptionsFromJson(json);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_TRUE(std::holds_alternative<TokenShardsOptions>(parsed->dataset));
+  const auto& got = std::get<TokenShardsOptions>(parsed->dataset);
+  EXPECT_EQ(got.shards, shards.shards);
+  EXPECT_EQ(got.token_dtype, DType::kUint32);
+  EXPECT_EQ(got.seq_len, 1024u);
+  EXPECT_TRUE(got.windows_cross_files);
+  EXPECT_FALSE(got.widen_on_host);
+  auto camel = JobOptionsFromJson(
+      R"({"dataset":{"tokenShards":{"shards":["/d/a.bin"],"seqLen":4,"windowsCrossFiles":true}}})");
+  ASSERT_TRUE(camel.ok()) << camel.status();
+  EXPECT_TRUE(std::get<TokenShardsOptions>(camel->dataset).windows_cross_files);
+}
+
 TEST(JobOptionsJsonTest, MalformedJsonAndUnknownFieldsAreInvalidArgument) {
   auto bad = JobOptionsFromJson(R"({"batch_size": )");
   ASSERT_FALSE(bad.ok());

@@ -6,6 +6,7 @@
 #include "server/dataset/npy_source.h"
 #include "server/dataset/record_source.h"
 #include "server/dataset/shard_pattern.h"
+#include "server/dataset/token_shards_source.h"
 #include "server/dataset/token_source.h"
 #include "server/dataset/webdataset_source.h"
 
@@ -81,6 +82,27 @@ constexpr DatasetKind kDatasetKinds[] = {
        FERRY_ASSIGN_OR_RETURN(auto source, TokenSource::Create(tokens, raw, *fs));
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
+    {DatasetSpec::kTokenShards,
+     [](const DatasetSpec& d) -> Paths {
+       if (d.token_shards().shards().empty()) {
+         return absl::InvalidArgumentError(
+             "dataset.token_shards.shards must list at least one token file or pattern");
+       }
+       return ExpandShardPatterns(
+           {d.token_shards().shards().begin(), d.token_shards().shards().end()});
+     },
+     [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
+        const SourceOptions& options) -> Opened {
+       const ferry::v1::TokenShardsDataset& shards = spec.dataset().token_shards();
+       // Raw tokens where the device widens them, as for `tokens`; only to INT64 here: the GPU
+       // transport widens to TokensDataset.output_dtype, so an INT32 job is widened by the
+       // workers instead.
+       const bool to_int64 = shards.output_dtype() == ferry::v1::DTYPE_UNSPECIFIED ||
+                             shards.output_dtype() == ferry::v1::INT64;
+       const bool raw = options.device_widens_tokens && to_int64 && !shards.widen_on_host();
+       FERRY_ASSIGN_OR_RETURN(auto source, TokenShardsSource::Create(shards, raw, *fs));
+       return std::unique_ptr<SampleSource>(std::move(source));
+     }},
     {DatasetSpec::kWebdataset,
      [](const DatasetSpec& d) -> Paths {
        if (d.webdataset().shards().empty()) {
@@ -130,7 +152,7 @@ absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(const ferry::v1::
   if (kind == nullptr) {
     return absl::InvalidArgumentError(
         "dataset must be set: choose dataset.webdataset, dataset.records, dataset.npy, "
-        "dataset.image_folder or dataset.tokens");
+        "dataset.image_folder, dataset.tokens or dataset.token_shards");
   }
   return kind->open(spec, std::move(fs), options);
 }
@@ -139,14 +161,16 @@ absl::StatusOr<std::vector<std::string>> DatasetPaths(const ferry::v1::DatasetSp
   const DatasetKind* kind = FindKind(dataset.kind_case());
   if (kind == nullptr) {
     return absl::InvalidArgumentError(
-        "dataset is not set: choose image_folder, tokens, webdataset, records or npy");
+        "dataset is not set: choose image_folder, tokens, token_shards, webdataset, records or "
+        "npy");
   }
   FERRY_ASSIGN_OR_RETURN(std::vector<std::string> paths, kind->paths(dataset));
   for (const std::string& p : paths) {
     if (p.empty()) {
       return absl::InvalidArgumentError(
           "dataset path is empty: give dataset.image_folder.root, dataset.tokens.path, "
-          "dataset.records.path, dataset.npy.path or dataset.webdataset.shards");
+          "dataset.records.path, dataset.npy.path, dataset.webdataset.shards or "
+          "dataset.token_shards.shards");
     }
   }
   return paths;

@@ -4,6 +4,7 @@
 // Fields (per sample; the batch dimension is added by the slot layout):
 //   imagefolder: "image" uint8 [size, size, 3], "label" int64 [], "index" int64 []
 //   tokens:      "tokens" int64|int32 [seq_len + 1], "index" int64 []
+//   token_shards: as tokens
 //   records:     "data" dtype [shape...] (spec's; [] when shape is empty), "index" int64 []
 //   npy:         "data" the array's dtype [axes after the first] ([] for a 1-d array),
 //                "index" int64 []

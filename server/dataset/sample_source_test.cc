@@ -331,7 +331,8 @@ TEST(ImageFolderErrorsTest, UnsetRootOrKindIsInvalid) {
   absl::StatusOr<std::unique_ptr<SampleSource>> no_kind =
       MakeSampleSource(ferry::v1::JobSpec(), UnconfinedDatasetFs());
   EXPECT_EQ(no_kind.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(no_kind.status().message(), HasSubstr("dataset.image_folder or dataset.tokens"));
+  EXPECT_THAT(no_kind.status().message(),
+              HasSubstr("dataset.image_folder, dataset.tokens or dataset.token_shards"));
 }
 
 // ---------------------------------------------------------------------------------------

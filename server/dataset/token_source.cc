@@ -1,6 +1,5 @@
 #include "server/dataset/token_source.h"
 
-#include <bit>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -9,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/streaming_copy.h"
+#include "server/dataset/token_convert.h"
 
 namespace ferry {
 namespace {
@@ -16,35 +16,6 @@ namespace {
 using ferry::v1::DType;
 
 class NoScratch final : public SampleSource::Scratch {};
-
-template <typename T>
-T LoadLittleEndian(const uint8_t* p) {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  if constexpr (std::endian::native == std::endian::big) {
-    T swapped = 0;
-    for (size_t i = 0; i < sizeof(T); ++i) swapped = (swapped << 8) | ((v >> (8 * i)) & 0xff);
-    v = swapped;
-  }
-  return v;
-}
-
-// Converts `count` tokens at `src` into `dst` (possibly unaligned). Returns the position of
-// the first token that does not fit Out, or -1.
-template <typename In, typename Out>
-int64_t Convert(const uint8_t* src, int64_t count, uint8_t* dst) {
-  int64_t overflow = -1;
-  for (int64_t i = 0; i < count; ++i) {
-    const In token = LoadLittleEndian<In>(src + i * sizeof(In));
-    if (static_cast<uint64_t>(token) > static_cast<uint64_t>(std::numeric_limits<Out>::max()) &&
-        overflow < 0) {
-      overflow = i;
-    }
-    const Out value = static_cast<Out>(token);
-    std::memcpy(dst + i * sizeof(Out), &value, sizeof(Out));
-  }
-  return overflow;
-}
 
 }  // namespace
 
@@ -142,11 +113,13 @@ absl::Status TokenSource::Fill(int64_t index, uint64_t sample_seed, absl::Span<u
     // Raw rows are for GPU jobs only: streaming stores (RowStores::kStreaming says why).
     StreamingCopy(rows[0], src, static_cast<size_t>(count) * token_bytes_);
   } else if (token_bytes_ == 2) {
-    overflow = output_dtype_ == ferry::v1::INT64 ? Convert<uint16_t, int64_t>(src, count, rows[0])
-                                                 : Convert<uint16_t, int32_t>(src, count, rows[0]);
+    overflow = output_dtype_ == ferry::v1::INT64
+                   ? ConvertTokens<uint16_t, int64_t>(src, count, rows[0])
+                   : ConvertTokens<uint16_t, int32_t>(src, count, rows[0]);
   } else {
-    overflow = output_dtype_ == ferry::v1::INT64 ? Convert<uint32_t, int64_t>(src, count, rows[0])
-                                                 : Convert<uint32_t, int32_t>(src, count, rows[0]);
+    overflow = output_dtype_ == ferry::v1::INT64
+                   ? ConvertTokens<uint32_t, int64_t>(src, count, rows[0])
+                   : ConvertTokens<uint32_t, int32_t>(src, count, rows[0]);
   }
   if (overflow >= 0) {
     const int64_t token = index * seq_len_ + overflow;

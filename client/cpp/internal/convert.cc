@@ -110,6 +110,14 @@ v1::JobSpec ToProto(const JobOptions& options) {
     r->set_header_bytes(records->header_bytes);
   } else if (const auto* npy = std::get_if<NpyOptions>(&options.dataset)) {
     spec.mutable_dataset()->mutable_npy()->set_path(npy->path);
+  } else if (const auto* shards = std::get_if<TokenShardsOptions>(&options.dataset)) {
+    v1::TokenShardsDataset* t = spec.mutable_dataset()->mutable_token_shards();
+    for (const std::string& s : shards->shards) t->add_shards(s);
+    t->set_token_dtype(ToProto(shards->token_dtype));
+    t->set_seq_len(shards->seq_len);
+    t->set_output_dtype(ToProto(shards->output_dtype));
+    t->set_windows_cross_files(shards->windows_cross_files);
+    t->set_widen_on_host(shards->widen_on_host);
   }
   if (options.on_corrupt_sample == CorruptSamplePolicy::kFail) {
     spec.set_on_corrupt_sample(v1::FAIL);
@@ -184,6 +192,18 @@ JobOptions FromProto(const v1::JobSpec& spec) {
     case v1::DatasetSpec::kNpy:
       options.dataset = NpyOptions{spec.dataset().npy().path()};
       break;
+    case v1::DatasetSpec::kTokenShards: {
+      const v1::TokenShardsDataset& t = spec.dataset().token_shards();
+      TokenShardsOptions shards;
+      shards.shards.assign(t.shards().begin(), t.shards().end());
+      shards.token_dtype = FromProto(t.token_dtype());
+      shards.seq_len = t.seq_len();
+      shards.output_dtype = FromProto(t.output_dtype());
+      shards.windows_cross_files = t.windows_cross_files();
+      shards.widen_on_host = t.widen_on_host();
+      options.dataset = shards;
+      break;
+    }
     default:
       break;
   }

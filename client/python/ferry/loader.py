@@ -190,6 +190,62 @@ class Tokens:
         return "Tokens(%r, seq_len=%d, dtype=%r)" % (self.path, self.seq_len, self.dtype)
 
 
+class TokenShards:
+    """Sharded flat token files (nanoGPT-style .bin shards of little-endian "uint16" or
+    "uint32" ids), taken in the listed order. `shards`: a path or list of paths, each may
+    hold brace groups ("/data/train-{000..127}.bin", "{a,b}.bin"). A sample is seq_len + 1
+    tokens; window j of a shard starts at its token j * seq_len, so a shard of n tokens holds
+    (n - 1) // seq_len windows and no window straddles two files, unless
+    windows_cross_files=True: the shards are then one stream (their concatenation). The
+    epoch's order shuffles all windows of all shards; every rank gets the same count.
+    Batches: {"tokens": output_dtype[B, seq_len + 1], "index": int64[B]}. widen_on_host: as
+    for ferry.Tokens."""
+
+    def __init__(self, shards, seq_len, dtype="uint16", output_dtype="int64",
+                 windows_cross_files=False, widen_on_host=False):
+        if isinstance(shards, (str, os.PathLike)):
+            shards = [shards]
+        if not isinstance(shards, (list, tuple)) or not shards:
+            raise TypeError("TokenShards shards must be a path or a non-empty list of paths, "
+                            "got %r" % (shards,))
+        checked = []
+        for i, shard in enumerate(shards):
+            if not isinstance(shard, (str, os.PathLike)):
+                raise TypeError("TokenShards shards[%d] must be a path (str or os.PathLike), "
+                                "got %r" % (i, shard))
+            shard = os.fspath(shard)
+            if not shard:
+                raise ValueError("TokenShards shards[%d] must not be empty" % i)
+            checked.append(_absolute_shard_pattern(shard))
+        self.shards = checked
+        self.seq_len = _check_int("seq_len", seq_len, 1, 2**32 - 2)
+        if dtype not in Tokens._TOKEN_DTYPES:
+            raise ValueError("TokenShards dtype must be one of %s, got %r"
+                             % (sorted(Tokens._TOKEN_DTYPES), dtype))
+        if output_dtype not in Tokens._OUTPUT_DTYPES:
+            raise ValueError("TokenShards output_dtype must be one of %s, got %r"
+                             % (sorted(Tokens._OUTPUT_DTYPES), output_dtype))
+        self.dtype = dtype
+        self.output_dtype = output_dtype
+        self.windows_cross_files = _check_bool("windows_cross_files", windows_cross_files)
+        self.widen_on_host = _check_bool("widen_on_host", widen_on_host)
+
+    def _spec(self):
+        spec = {"shards": list(self.shards), "seq_len": self.seq_len,
+                "token_dtype": Tokens._TOKEN_DTYPES[self.dtype],
+                "output_dtype": Tokens._OUTPUT_DTYPES[self.output_dtype]}
+        if self.windows_cross_files:
+            spec["windows_cross_files"] = True
+        if self.widen_on_host:
+            spec["widen_on_host"] = True
+        return {"token_shards": spec}
+
+    def __repr__(self):
+        return "TokenShards(%r, seq_len=%d, dtype=%r, windows_cross_files=%r)" % (
+            self.shards if len(self.shards) != 1 else self.shards[0], self.seq_len, self.dtype,
+            self.windows_cross_files)
+
+
 class Records:
     """A flat file of fixed-size binary records (little-endian) after header_bytes; a sample
     is one record of `dtype` and `shape` (() = one scalar). Batches:
@@ -447,7 +503,8 @@ class Loader:
                 ...
 
     Arguments:
-      dataset: ImageFolder, WebDataset, Tokens, Records or Npy (see docs/data.md).
+      dataset: ImageFolder, WebDataset, Tokens, TokenShards, Records or Npy (see
+        docs/data.md).
       batch_size: samples per batch.
       transform: RandomResizedCrop or CenterCrop (required for images, unused for tokens).
       shuffle, seed, drop_last: as torch's DistributedSampler + BatchSampler; every rank
@@ -502,7 +559,8 @@ class Loader:
         # Every dataset class of this module has _spec(); image datasets set _IMAGES.
         if not callable(getattr(dataset, "_spec", None)):
             raise TypeError("dataset must be a ferry dataset (ferry.ImageFolder, "
-                            "ferry.WebDataset, ferry.Tokens, ferry.Records or ferry.Npy), got "
+                            "ferry.WebDataset, ferry.Tokens, ferry.TokenShards, ferry.Records or "
+                            "ferry.Npy), got "
                             "%r" % (dataset,))
         batch_size = _check_int("batch_size", batch_size, 1, 2**32 - 1)
         if on_corrupt_sample not in ("skip", "fail"):

@@ -80,6 +80,23 @@ struct TokensOptions {
   bool widen_on_host = false;
 };
 
+// Sharded flat token files (nanoGPT-style .bin shards), taken in the listed order; a sample is
+// seq_len + 1 tokens. Window j of a shard starts at its token j * seq_len and no window
+// straddles two files unless windows_cross_files (ferry.v1.TokenShardsDataset; docs/data.md).
+struct TokenShardsOptions {
+  // Paths or brace patterns ("/data/train-{000..127}.bin").
+  std::vector<std::string> shards;
+  // kUint16 or kUint32. Default: kUint16.
+  DType token_dtype = DType::kUint16;
+  uint32_t seq_len = 0;
+  // kInt64 or kInt32. Default: kInt64.
+  DType output_dtype = DType::kInt64;
+  // Windows may span the end of one shard and the start of the next. Default: false.
+  bool windows_cross_files = false;
+  // As TokensOptions::widen_on_host. Default: false.
+  bool widen_on_host = false;
+};
+
 // WebDataset tar shards: a sample is the members sharing a basename; fields "image",
 // "label" (from the label member, -1 when absent), "index". Each rank reads a contiguous run
 // of the epoch's order (shards shuffled by (seed, epoch), then a bounded shuffle buffer).
@@ -147,7 +164,7 @@ struct JobOptions {
   std::string name;
   // Required.
   std::variant<std::monostate, ImageFolderOptions, TokensOptions, WebDatasetOptions, RecordsOptions,
-               NpyOptions>
+               NpyOptions, TokenShardsOptions>
       dataset;
   // Required for image datasets; ignored for tokens.
   std::variant<std::monostate, RandomResizedCropOptions, CenterCropOptions> transform;
