@@ -13,12 +13,20 @@
 // added for a time older than that are dropped. Every call takes `now`, so tests drive the
 // clock.
 //
-// Thread-safety: thread-safe (a mutex of its own, held for a few dozen nanoseconds: callers
-// may hold other locks, and workers add to it once per task).
+// Amounts are kept in billionths (a second is 1e9: nanoseconds), so one bucket holds up to
+// about 9e9 units of a figure.
+//
+// Thread-safety: thread-safe. Adding is lock-free (workers add once per task, many at once):
+// an atomic add into the second's bucket; only the first add of a new second takes the
+// mutex, to recycle the bucket. An add that stalls for kSeconds between finding its bucket
+// and adding to it would count in the recycled second; nothing else is lost. Sum and Clear
+// take the mutex.
 #ifndef FERRY_SERVER_STATS_RECENT_WINDOW_H_
 #define FERRY_SERVER_STATS_RECENT_WINDOW_H_
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -47,16 +55,16 @@ class RecentWindow final {
   void Clear() ABSL_LOCKS_EXCLUDED(mutex_);
 
  private:
-  void AddLocked(int figure, double amount, int64_t second) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void AddUnits(int figure, int64_t units, int64_t second) ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Constant after construction.
   const int figures_;
-
-  // State below is protected by mutex_.
+  // Bucket b holds second second_[b] (b = second mod kSeconds) and, for each figure f,
+  // units_[b * figures_ + f]. Changed without the mutex only by atomic adds to units_; a
+  // bucket moves to a new second under it.
+  std::unique_ptr<std::atomic<int64_t>[]> second_;
+  std::unique_ptr<std::atomic<int64_t>[]> units_;
   mutable absl::Mutex mutex_;
-  // Bucket b holds second second_[b] (b = second mod kSeconds); amounts_[b * figures_ + f].
-  std::vector<int64_t> second_ ABSL_GUARDED_BY(mutex_);
-  std::vector<double> amounts_ ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace ferry
