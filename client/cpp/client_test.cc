@@ -335,6 +335,29 @@ TEST(JobOptionsJsonTest, TokenShardsRoundTripAndCamelCase) {
   EXPECT_TRUE(std::get<TokenShardsOptions>(camel->dataset).windows_cross_files);
 }
 
+TEST(JobOptionsJsonTest, IndexedRoundTripAndCamelCase) {
+  JobOptions options;
+  IndexedOptions indexed;
+  indexed.path_prefix = "/d/wiki_text_document";
+  indexed.seq_len = 2048;
+  indexed.cu_seqlens = true;
+  options.dataset = indexed;
+  const std::string json = JobOptionsToJson(options);
+  EXPECT_THAT(json, HasSubstr(R"("indexed":{"path_prefix":"/d/wiki_text_document")"));
+  auto parsed = JobOptionsFromJson(json);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_TRUE(std::holds_alternative<IndexedOptions>(parsed->dataset));
+  const auto& got = std::get<IndexedOptions>(parsed->dataset);
+  EXPECT_EQ(got.path_prefix, "/d/wiki_text_document");
+  EXPECT_EQ(got.seq_len, 2048u);
+  EXPECT_TRUE(got.cu_seqlens);
+  EXPECT_FALSE(got.position_ids);
+  auto camel = JobOptionsFromJson(
+      R"({"dataset":{"indexed":{"pathPrefix":"/d/x","seqLen":4,"positionIds":true}}})");
+  ASSERT_TRUE(camel.ok()) << camel.status();
+  EXPECT_TRUE(std::get<IndexedOptions>(camel->dataset).position_ids);
+}
+
 TEST(JobOptionsJsonTest, MalformedJsonAndUnknownFieldsAreInvalidArgument) {
   auto bad = JobOptionsFromJson(R"({"batch_size": )");
   ASSERT_FALSE(bad.ok());

@@ -3,6 +3,7 @@
 #include "absl/status/status.h"
 #include "common/status_macros.h"
 #include "server/dataset/image_folder_source.h"
+#include "server/dataset/indexed_source.h"
 #include "server/dataset/npy_source.h"
 #include "server/dataset/record_source.h"
 #include "server/dataset/shard_pattern.h"
@@ -103,6 +104,18 @@ constexpr DatasetKind kDatasetKinds[] = {
        FERRY_ASSIGN_OR_RETURN(auto source, TokenShardsSource::Create(shards, raw, *fs));
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
+    {DatasetSpec::kIndexed,
+     [](const DatasetSpec& d) -> Paths {
+       if (d.indexed().path_prefix().empty()) return std::vector<std::string>{""};
+       return std::vector<std::string>{d.indexed().path_prefix() + ".bin",
+                                       d.indexed().path_prefix() + ".idx"};
+     },
+     [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
+        const SourceOptions& options) -> Opened {
+       // Always widened by the workers: the GPU transport widens only raw UINT16/UINT32 tokens.
+       FERRY_ASSIGN_OR_RETURN(auto source, IndexedSource::Create(spec.dataset().indexed(), *fs));
+       return std::unique_ptr<SampleSource>(std::move(source));
+     }},
     {DatasetSpec::kWebdataset,
      [](const DatasetSpec& d) -> Paths {
        if (d.webdataset().shards().empty()) {
@@ -152,7 +165,7 @@ absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(const ferry::v1::
   if (kind == nullptr) {
     return absl::InvalidArgumentError(
         "dataset must be set: choose dataset.webdataset, dataset.records, dataset.npy, "
-        "dataset.image_folder, dataset.tokens or dataset.token_shards");
+        "dataset.image_folder, dataset.tokens, dataset.token_shards or dataset.indexed");
   }
   return kind->open(spec, std::move(fs), options);
 }
@@ -161,16 +174,16 @@ absl::StatusOr<std::vector<std::string>> DatasetPaths(const ferry::v1::DatasetSp
   const DatasetKind* kind = FindKind(dataset.kind_case());
   if (kind == nullptr) {
     return absl::InvalidArgumentError(
-        "dataset is not set: choose image_folder, tokens, token_shards, webdataset, records or "
-        "npy");
+        "dataset is not set: choose image_folder, tokens, token_shards, indexed, webdataset, "
+        "records or npy");
   }
   FERRY_ASSIGN_OR_RETURN(std::vector<std::string> paths, kind->paths(dataset));
   for (const std::string& p : paths) {
     if (p.empty()) {
       return absl::InvalidArgumentError(
           "dataset path is empty: give dataset.image_folder.root, dataset.tokens.path, "
-          "dataset.records.path, dataset.npy.path, dataset.webdataset.shards or "
-          "dataset.token_shards.shards");
+          "dataset.records.path, dataset.npy.path, dataset.webdataset.shards, "
+          "dataset.token_shards.shards or dataset.indexed.path_prefix");
     }
   }
   return paths;

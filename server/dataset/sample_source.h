@@ -5,6 +5,8 @@
 //   imagefolder: "image" uint8 [size, size, 3], "label" int64 [], "index" int64 []
 //   tokens:      "tokens" int64|int32 [seq_len + 1], "index" int64 []
 //   token_shards: as tokens
+//   indexed:     "tokens" int64|int32 [seq_len + 1], ["position_ids" same], ["cu_seqlens"
+//                int32 [seq_len + 1], "num_seqs" int32 []], "index" int64 []
 //   records:     "data" dtype [shape...] (spec's; [] when shape is empty), "index" int64 []
 //   npy:         "data" the array's dtype [axes after the first] ([] for a 1-d array),
 //                "index" int64 []

@@ -118,6 +118,13 @@ v1::JobSpec ToProto(const JobOptions& options) {
     t->set_output_dtype(ToProto(shards->output_dtype));
     t->set_windows_cross_files(shards->windows_cross_files);
     t->set_widen_on_host(shards->widen_on_host);
+  } else if (const auto* indexed = std::get_if<IndexedOptions>(&options.dataset)) {
+    v1::IndexedDataset* d = spec.mutable_dataset()->mutable_indexed();
+    d->set_path_prefix(indexed->path_prefix);
+    d->set_seq_len(indexed->seq_len);
+    d->set_output_dtype(ToProto(indexed->output_dtype));
+    d->set_position_ids(indexed->position_ids);
+    d->set_cu_seqlens(indexed->cu_seqlens);
   }
   if (options.on_corrupt_sample == CorruptSamplePolicy::kFail) {
     spec.set_on_corrupt_sample(v1::FAIL);
@@ -202,6 +209,17 @@ JobOptions FromProto(const v1::JobSpec& spec) {
       shards.windows_cross_files = t.windows_cross_files();
       shards.widen_on_host = t.widen_on_host();
       options.dataset = shards;
+      break;
+    }
+    case v1::DatasetSpec::kIndexed: {
+      const v1::IndexedDataset& d = spec.dataset().indexed();
+      IndexedOptions indexed;
+      indexed.path_prefix = d.path_prefix();
+      indexed.seq_len = d.seq_len();
+      indexed.output_dtype = FromProto(d.output_dtype());
+      indexed.position_ids = d.position_ids();
+      indexed.cu_seqlens = d.cu_seqlens();
+      options.dataset = indexed;
       break;
     }
     default:

@@ -246,6 +246,45 @@ class TokenShards:
             self.windows_cross_files)
 
 
+class IndexedDataset:
+    """A Megatron-LM indexed dataset: `path_prefix` + ".bin" (uint16 or int32 token ids) and
+    + ".idx" (MMIDIDX version 1). The sequences are packed in file order and cut into
+    samples of seq_len + 1 tokens starting at index * seq_len (documents continue across
+    samples). Batches: {"tokens": output_dtype[B, seq_len + 1], "index": int64[B]}, plus
+    with position_ids=True "position_ids": output_dtype[B, seq_len + 1] (restarting at 0 at
+    each document start in the sample), and with cu_seqlens=True "cu_seqlens": int32[B,
+    seq_len + 1] and "num_seqs": int32[B]: row b's cu_seqlens[:num_seqs + 1] are
+    FlashAttention's varlen boundaries of its seq_len inputs (padded with seq_len)."""
+
+    def __init__(self, path_prefix, seq_len, output_dtype="int64", position_ids=False,
+                 cu_seqlens=False):
+        self.path_prefix = _check_path("IndexedDataset path_prefix", path_prefix)
+        for ext in (".bin", ".idx"):
+            if self.path_prefix.endswith(ext):
+                raise ValueError("IndexedDataset path_prefix is the path without %s, got %r"
+                                 % (ext, path_prefix))
+        self.seq_len = _check_int("seq_len", seq_len, 1, 2**31 - 2)
+        if output_dtype not in Tokens._OUTPUT_DTYPES:
+            raise ValueError("IndexedDataset output_dtype must be one of %s, got %r"
+                             % (sorted(Tokens._OUTPUT_DTYPES), output_dtype))
+        self.output_dtype = output_dtype
+        self.position_ids = _check_bool("position_ids", position_ids)
+        self.cu_seqlens = _check_bool("cu_seqlens", cu_seqlens)
+
+    def _spec(self):
+        spec = {"path_prefix": self.path_prefix, "seq_len": self.seq_len,
+                "output_dtype": Tokens._OUTPUT_DTYPES[self.output_dtype]}
+        if self.position_ids:
+            spec["position_ids"] = True
+        if self.cu_seqlens:
+            spec["cu_seqlens"] = True
+        return {"indexed": spec}
+
+    def __repr__(self):
+        return "IndexedDataset(%r, seq_len=%d, position_ids=%r, cu_seqlens=%r)" % (
+            self.path_prefix, self.seq_len, self.position_ids, self.cu_seqlens)
+
+
 class Records:
     """A flat file of fixed-size binary records (little-endian) after header_bytes; a sample
     is one record of `dtype` and `shape` (() = one scalar). Batches:
@@ -503,8 +542,8 @@ class Loader:
                 ...
 
     Arguments:
-      dataset: ImageFolder, WebDataset, Tokens, TokenShards, Records or Npy (see
-        docs/data.md).
+      dataset: ImageFolder, WebDataset, Tokens, TokenShards, IndexedDataset, Records or Npy
+        (see docs/data.md).
       batch_size: samples per batch.
       transform: RandomResizedCrop or CenterCrop (required for images, unused for tokens).
       shuffle, seed, drop_last: as torch's DistributedSampler + BatchSampler; every rank
@@ -559,8 +598,8 @@ class Loader:
         # Every dataset class of this module has _spec(); image datasets set _IMAGES.
         if not callable(getattr(dataset, "_spec", None)):
             raise TypeError("dataset must be a ferry dataset (ferry.ImageFolder, "
-                            "ferry.WebDataset, ferry.Tokens, ferry.TokenShards, ferry.Records or "
-                            "ferry.Npy), got "
+                            "ferry.WebDataset, ferry.Tokens, ferry.TokenShards, "
+                            "ferry.IndexedDataset, ferry.Records or ferry.Npy), got "
                             "%r" % (dataset,))
         batch_size = _check_int("batch_size", batch_size, 1, 2**32 - 1)
         if on_corrupt_sample not in ("skip", "fail"):

@@ -97,6 +97,18 @@ struct TokenShardsOptions {
   bool widen_on_host = false;
 };
 
+// A Megatron-LM indexed dataset (path_prefix + ".bin" / ".idx"): sequences packed in file
+// order, cut into samples of seq_len + 1 tokens; optionally "position_ids" and "cu_seqlens" +
+// "num_seqs" for document-masked attention (ferry.v1.IndexedDataset; docs/data.md).
+struct IndexedOptions {
+  std::string path_prefix;  // without .bin / .idx
+  uint32_t seq_len = 0;
+  // kInt64 or kInt32. Default: kInt64.
+  DType output_dtype = DType::kInt64;
+  bool position_ids = false;  // Default: false
+  bool cu_seqlens = false;    // Default: false
+};
+
 // WebDataset tar shards: a sample is the members sharing a basename; fields "image",
 // "label" (from the label member, -1 when absent), "index". Each rank reads a contiguous run
 // of the epoch's order (shards shuffled by (seed, epoch), then a bounded shuffle buffer).
@@ -164,7 +176,7 @@ struct JobOptions {
   std::string name;
   // Required.
   std::variant<std::monostate, ImageFolderOptions, TokensOptions, WebDatasetOptions, RecordsOptions,
-               NpyOptions, TokenShardsOptions>
+               NpyOptions, TokenShardsOptions, IndexedOptions>
       dataset;
   // Required for image datasets; ignored for tokens.
   std::variant<std::monostate, RandomResizedCropOptions, CenterCropOptions> transform;

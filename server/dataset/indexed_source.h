@@ -1,0 +1,88 @@
+// The `indexed` dataset: a Megatron-LM indexed dataset, `<prefix>.bin` (token ids) plus
+// `<prefix>.idx` (MMIDIDX version 1: a 34-byte header, then int32 sequence lengths, int64
+// sequence byte pointers into the .bin, int64 document indices (the first sequence of each
+// document, then the sequence count), optionally int8 sequence modes). Both files are mapped
+// through DatasetFs::MapFile and read in place.
+//
+// The sequences are packed in file order into one stream of tokens, cut into windows of
+// seq_len + 1 tokens starting at i * seq_len (as `tokens`); a document may continue from one
+// window into the next. Each window also reports where documents start inside it
+// (position_ids, cu_seqlens: see ferry.v1.IndexedDataset and docs/data.md).
+//
+// Cost of opening: the header and four entries of the index are read and the file sizes
+// checked against it, O(1) whatever the corpus size; no array is parsed or copied. A sample
+// finds its first sequence by binary search over the mapped pointers (O(log sequences)) and
+// checks every sequence it touches (its length, its pointer, that it ends where the next
+// begins), so a corrupt index fails that sample with DATA_LOSS naming the file and never
+// reads outside the mappings.
+//
+//   FERRY_ASSIGN_OR_RETURN(auto source, IndexedSource::Create(spec, fs));
+#ifndef FERRY_SERVER_DATASET_INDEXED_SOURCE_H_
+#define FERRY_SERVER_DATASET_INDEXED_SOURCE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "ferry/v1/ferry.pb.h"
+#include "server/dataset/mapped_file.h"
+#include "server/dataset/sample_source.h"
+
+namespace ferry {
+
+class IndexedSource final : public SampleSource {
+ public:
+  static constexpr size_t kIdxHeaderBytes = 34;
+
+  // Errors: INVALID_ARGUMENT naming the field (dataset.indexed.*) or saying what is wrong
+  // with the .idx (magic, version, dtype code, sizes that disagree with its header, document
+  // indices not from 0 to the sequence count) or the .bin (shorter than the index says);
+  // NOT_FOUND naming a missing file; FAILED_PRECONDITION when there is no whole window.
+  static absl::StatusOr<std::unique_ptr<IndexedSource>> Create(
+      const ferry::v1::IndexedDataset& spec, const DatasetFs& fs = *UnconfinedDatasetFs());
+
+  int64_t size() const override { return num_samples_; }
+  const std::vector<FieldLayout>& fields() const override { return fields_; }
+  std::unique_ptr<Scratch> NewScratch() const override;
+  // DATA_LOSS naming the .idx for a sequence that contradicts the index's layout, or the .bin
+  // for a token that does not fit the output dtype.
+  absl::Status Fill(int64_t index, uint64_t sample_seed, absl::Span<uint8_t* const> rows,
+                    Scratch* scratch) const override;
+  std::string Describe(int64_t index) const override;
+  bool FillIsCopy() const override { return true; }
+
+ private:
+  IndexedSource() = default;
+
+  int64_t SequenceLength(int64_t s) const;
+  int64_t SequencePointer(int64_t s) const;
+  int64_t DocumentIndex(int64_t d) const;
+  // The sequence holding stream token `token`, or DATA_LOSS.
+  absl::StatusOr<int64_t> FindSequence(int64_t token) const;
+  // OK when sequence s lies where the packed stream needs it: a non-negative length, ending
+  // where sequence s + 1 begins (the .bin's used end for the last).
+  absl::Status CheckSequence(int64_t s) const;
+  bool StartsDocument(int64_t s) const;
+
+  // Constant after construction.
+  std::shared_ptr<const MappedFile> idx_;
+  std::shared_ptr<const MappedFile> bin_;
+  size_t token_bytes_ = 0;  // 2 (uint16) or 4 (int32)
+  ferry::v1::DType output_dtype_ = ferry::v1::INT64;
+  int64_t seq_len_ = 0;
+  int64_t num_sequences_ = 0;
+  int64_t num_documents_ = 0;  // entries of the document index (documents + 1)
+  int64_t used_bytes_ = 0;     // of the .bin: the end of the last sequence
+  int64_t num_samples_ = 0;
+  int position_field_ = -1;
+  int cu_field_ = -1;
+  int count_field_ = -1;
+  int index_field_ = -1;
+  std::vector<FieldLayout> fields_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_SERVER_DATASET_INDEXED_SOURCE_H_
