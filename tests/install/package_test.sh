@@ -16,6 +16,9 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "package test: $*" >&2; exit 1; }
+# Whether the text $1 contains the fixed string $2. The text is taken whole first: `cmd |
+# grep -q` fails under pipefail whenever grep exits at its match while cmd still writes.
+contains() { grep -qF -- "$2" <<<"$1"; }
 
 cpack --config "$build/CPackConfig.cmake" -B "$work/pkgs" >"$work/cpack.log" 2>&1 \
   || { cat "$work/cpack.log"; fail "cpack failed"; }
@@ -47,15 +50,15 @@ expect libferry-dev /usr/include/ferry/ferry.h /usr/include/ferry/client.h \
   "/usr/lib/$multiarch/pkgconfig/ferry.pc" "/usr/lib/$multiarch/pkgconfig/ferry-client.pc" \
   "/usr/lib/$multiarch/cmake/ferry/ferryConfig.cmake"
 expect python3-ferry /usr/lib/python3/dist-packages/ferry/__init__.py
-if dpkg-deb -c "${deb[python3-ferry]}" | grep -q 'libferry.so'; then
+if contains "$(dpkg-deb -c "${deb[python3-ferry]}")" 'libferry.so'; then
   fail "python3-ferry carries its own libferry.so (it must use libferry1's)"
 fi
 # Control data: dependencies between the packages, maintainer scripts, the conffile.
-dpkg-deb -f "${deb[python3-ferry]}" Depends | grep -q 'libferry1 (= 0.1.0)' \
+contains "$(dpkg-deb -f "${deb[python3-ferry]}" Depends)" 'libferry1 (= 0.1.0)' \
   || fail "python3-ferry does not depend on libferry1"
-dpkg-deb -f "${deb[libferry-dev]}" Depends | grep -q 'libferry1 (= 0.1.0)' \
+contains "$(dpkg-deb -f "${deb[libferry-dev]}" Depends)" 'libferry1 (= 0.1.0)' \
   || fail "libferry-dev does not depend on libferry1"
-dpkg-deb -f "${deb[ferryd]}" Depends | grep -q 'libgrpc' \
+contains "$(dpkg-deb -f "${deb[ferryd]}" Depends)" 'libgrpc' \
   || fail "ferryd's Depends (from dpkg-shlibdeps) lack gRPC"
 mkdir "$work/control"
 dpkg-deb -e "${deb[ferryd]}" "$work/control"
@@ -97,7 +100,8 @@ cmake -S "$src/examples/cpp" -B "$work/example" -DCMAKE_PREFIX_PATH="$root/usr" 
 cmake --build "$work/example" >>"$work/example.log" 2>&1 \
   || { cat "$work/example.log"; fail "examples/cpp does not build"; }
 /usr/bin/python3 -c "import numpy; numpy.arange(500, dtype=numpy.int64).tofile('$work/records.bin')"
-LD_LIBRARY_PATH="$libdir" ldd "$work/example/ferry_read_records" | grep -q "$libdir/libferry_client.so.0" \
+contains "$(LD_LIBRARY_PATH="$libdir" ldd "$work/example/ferry_read_records")" \
+  "$libdir/libferry_client.so.0" \
   || fail "examples/cpp is not linked against the installed libferry_client"
 LD_LIBRARY_PATH="$libdir" "$work/example/ferry_read_records" "$work/run/ferryd.sock" \
   "$work/records.bin" 16 | tee "$work/example.out"
@@ -108,7 +112,7 @@ export PKG_CONFIG_PATH=$libdir/pkgconfig
 cc -Wall -Werror -o "$work/ferry_c_test" "$src/client/c/ferry_c_test.c" \
   $(pkg-config --cflags --libs ferry) -lpthread
 LD_LIBRARY_PATH="$libdir" "$work/ferry_c_test" >/dev/null
-pkg-config --cflags --libs ferry-client | grep -q -- "-lferry_client" \
+contains "$(pkg-config --cflags --libs ferry-client)" "-lferry_client" \
   || fail "pkg-config ferry-client is wrong"
 
 kill -TERM "$daemon_pid"; wait "$daemon_pid"; daemon_pid=
