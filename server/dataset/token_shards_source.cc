@@ -31,26 +31,11 @@ absl::StatusOr<std::unique_ptr<TokenShardsSource>> TokenShardsSource::Create(
         "dataset.token_shards.seq_len must be at least 1 (got 0); a sample is seq_len + 1 "
         "tokens");
   }
-  size_t token_bytes = 0;
-  switch (spec.token_dtype()) {
-    case ferry::v1::UINT16:
-      token_bytes = 2;
-      break;
-    case ferry::v1::UINT32:
-      token_bytes = 4;
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("dataset.token_shards.token_dtype must be UINT16 or UINT32 (got ",
-                       ferry::v1::DType_Name(spec.token_dtype()), ")"));
-  }
-  DType output = spec.output_dtype();
-  if (output == ferry::v1::DTYPE_UNSPECIFIED) output = ferry::v1::INT64;
-  if (output != ferry::v1::INT64 && output != ferry::v1::INT32) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dataset.token_shards.output_dtype must be INT64 (the default) or INT32 (got ",
-                     ferry::v1::DType_Name(output), ")"));
-  }
+  FERRY_ASSIGN_OR_RETURN(
+      const TokenDtypes dtypes,
+      CheckTokenDtypes("dataset.token_shards", spec.token_dtype(), spec.output_dtype()));
+  const size_t token_bytes = dtypes.token_bytes;
+  const DType output = dtypes.output;
   if (raw && token_bytes == 4 && output == ferry::v1::INT32) {
     return absl::InvalidArgumentError(
         "raw tokens cannot deliver UINT32 as INT32 (the range check runs on the host)");

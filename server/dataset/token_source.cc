@@ -28,26 +28,11 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Create(
     return absl::InvalidArgumentError(
         "dataset.tokens.seq_len must be at least 1 (got 0); a sample is seq_len + 1 tokens");
   }
-  size_t token_bytes = 0;
-  switch (spec.token_dtype()) {
-    case ferry::v1::UINT16:
-      token_bytes = 2;
-      break;
-    case ferry::v1::UINT32:
-      token_bytes = 4;
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("dataset.tokens.token_dtype must be UINT16 or UINT32 (got ",
-                       ferry::v1::DType_Name(spec.token_dtype()), ")"));
-  }
-  DType output = spec.output_dtype();
-  if (output == ferry::v1::DTYPE_UNSPECIFIED) output = ferry::v1::INT64;
-  if (output != ferry::v1::INT64 && output != ferry::v1::INT32) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dataset.tokens.output_dtype must be INT64 (the default) or INT32 (got ",
-                     ferry::v1::DType_Name(output), ")"));
-  }
+  FERRY_ASSIGN_OR_RETURN(
+      const TokenDtypes dtypes,
+      CheckTokenDtypes("dataset.tokens", spec.token_dtype(), spec.output_dtype()));
+  const size_t token_bytes = dtypes.token_bytes;
+  const DType output = dtypes.output;
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, fs.MapFile(spec.path()));
   const size_t bytes = file->bytes().size();
   if (bytes % token_bytes != 0) {
