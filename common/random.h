@@ -7,6 +7,7 @@
 #ifndef FERRY_COMMON_RANDOM_H_
 #define FERRY_COMMON_RANDOM_H_
 
+#include <bit>
 #include <cstdint>
 
 namespace ferry {
@@ -47,6 +48,53 @@ class Rng {
 
  private:
   uint64_t state_;
+};
+
+// A pseudo-random permutation of [0, n) that costs O(1) memory and O(1) expected time per
+// lookup: a 6-round Feistel network over the smallest even number of bits that holds n,
+// walked until the value falls below n (cycle walking; under 4 steps on average). For
+// orders too large to materialise (a pass over a corpus of billions of windows). The same
+// (n, key) gives the same permutation on every machine.
+//
+//   IndexPermutation order(n, MixSeed(seed, pass));
+//   uint64_t sample = order(i);  // i < n; distinct i give distinct samples
+class IndexPermutation {
+ public:
+  // n >= 1.
+  IndexPermutation(uint64_t n, uint64_t key) : n_(n) {
+    const int bits = n <= 2 ? 1 : static_cast<int>(std::bit_width(n - 1));
+    half_bits_ = (bits + 1) / 2;
+    mask_ = (uint64_t{1} << half_bits_) - 1;
+    for (int r = 0; r < kRounds; ++r) keys_[r] = Mix64(key + static_cast<uint64_t>(r));
+  }
+
+  // The image of i, for i < n.
+  uint64_t operator()(uint64_t i) const {
+    uint64_t x = i;
+    do {
+      x = Encrypt(x);
+    } while (x >= n_);
+    return x;
+  }
+
+ private:
+  static constexpr int kRounds = 6;
+
+  uint64_t Encrypt(uint64_t x) const {
+    uint64_t left = x >> half_bits_;
+    uint64_t right = x & mask_;
+    for (int r = 0; r < kRounds; ++r) {
+      const uint64_t next = left ^ (Mix64(right ^ keys_[r]) & mask_);
+      left = right;
+      right = next;
+    }
+    return (left << half_bits_) | right;
+  }
+
+  uint64_t n_;
+  int half_bits_;
+  uint64_t mask_;
+  uint64_t keys_[kRounds];
 };
 
 }  // namespace ferry

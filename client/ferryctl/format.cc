@@ -76,24 +76,37 @@ std::string FormatCpuList(const std::vector<int32_t>& cpus_in) {
   return parts.empty() ? "-" : absl::StrJoin(parts, ",");
 }
 
+namespace {
+
+std::string DescribeDataset(std::monostate) { return "-"; }
+std::string DescribeDataset(const ImageFolderOptions& folder) {
+  return absl::StrCat("imagefolder ", folder.root);
+}
+std::string DescribeDataset(const TokensOptions& tokens) {
+  return absl::StrCat("tokens ", tokens.path);
+}
+std::string DescribeDataset(const WebDatasetOptions& wds) {
+  return absl::StrCat("webdataset ", absl::StrJoin(wds.shards, " "));
+}
+std::string DescribeDataset(const RecordsOptions& records) {
+  return absl::StrCat("records ", records.path, " (", DTypeName(records.dtype).data(), "[",
+                      absl::StrJoin(records.shape, ","), "])");
+}
+std::string DescribeDataset(const NpyOptions& npy) { return absl::StrCat("npy ", npy.path); }
+std::string DescribeDataset(const TokenShardsOptions& shards) {
+  return absl::StrCat("token_shards ", absl::StrJoin(shards.shards, " "));
+}
+std::string DescribeDataset(const IndexedOptions& indexed) {
+  return absl::StrCat("indexed ", indexed.path_prefix);
+}
+std::string DescribeDataset(const BlendOptions& blend) {
+  return absl::StrCat("blend of ", blend.sources.size(), " sources");
+}
+
+}  // namespace
+
 std::string FormatDataset(const JobOptions& spec) {
-  if (const auto* folder = std::get_if<ImageFolderOptions>(&spec.dataset)) {
-    return absl::StrCat("imagefolder ", folder->root);
-  }
-  if (const auto* tokens = std::get_if<TokensOptions>(&spec.dataset)) {
-    return absl::StrCat("tokens ", tokens->path);
-  }
-  if (const auto* wds = std::get_if<WebDatasetOptions>(&spec.dataset)) {
-    return absl::StrCat("webdataset ", absl::StrJoin(wds->shards, " "));
-  }
-  if (const auto* records = std::get_if<RecordsOptions>(&spec.dataset)) {
-    return absl::StrCat("records ", records->path, " (", DTypeName(records->dtype).data(), "[",
-                        absl::StrJoin(records->shape, ","), "])");
-  }
-  if (const auto* npy = std::get_if<NpyOptions>(&spec.dataset)) {
-    return absl::StrCat("npy ", npy->path);
-  }
-  return "-";
+  return std::visit([](const auto& dataset) { return DescribeDataset(dataset); }, spec.dataset);
 }
 
 std::string FormatTransform(const JobOptions& spec) {
@@ -259,6 +272,12 @@ std::string RenderJob(const JobStatus& status) {
   info.AddRow({"owner uid", absl::StrCat(j.owner_uid)});
   info.AddRow({"state", FormatJobState(status)});
   info.AddRow({"dataset", absl::StrCat(FormatDataset(s), " (", j.num_samples, " samples)")});
+  for (const JobStatus::BlendSource& b : status.blend_sources) {
+    info.AddRow(
+        {absl::StrCat("  ", b.name),
+         absl::StrFormat("weight %.4g: %d of %d samples per epoch (%d held), %d read", b.weight,
+                         b.samples_per_epoch, j.samples_per_epoch, b.num_samples, b.samples_read)});
+  }
   info.AddRow({"transform", FormatTransform(s)});
   info.AddRow({"sampling", absl::StrJoin(sampling, ", ")});
   info.AddRow({"device", absl::StrCat(s.device, ", prefetch ",

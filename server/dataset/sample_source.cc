@@ -2,6 +2,7 @@
 
 #include "absl/status/status.h"
 #include "common/status_macros.h"
+#include "server/dataset/blend_source.h"
 #include "server/dataset/image_folder_source.h"
 #include "server/dataset/indexed_source.h"
 #include "server/dataset/npy_source.h"
@@ -147,6 +148,25 @@ constexpr DatasetKind kDatasetKinds[] = {
         const SourceOptions& options) -> Opened {
        return OpenNpySource(spec.dataset().npy(), options.row_stores, *fs);
      }},
+    {DatasetSpec::kBlend,
+     [](const DatasetSpec& d) -> Paths {
+       std::vector<std::string> all;
+       for (const ferry::v1::BlendSource& s : d.blend().sources()) {
+         if (s.dataset().has_blend()) continue;  // refused when opened, naming the source
+         FERRY_ASSIGN_OR_RETURN(std::vector<std::string> paths, DatasetPaths(s.dataset()));
+         all.insert(all.end(), paths.begin(), paths.end());
+       }
+       if (all.empty()) {
+         return absl::InvalidArgumentError(
+             "dataset.blend.sources must list at least one dataset (with its weight)");
+       }
+       return all;
+     },
+     [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
+        const SourceOptions& options) -> Opened {
+       FERRY_ASSIGN_OR_RETURN(auto source, BlendSource::Create(spec, std::move(fs), options));
+       return std::unique_ptr<SampleSource>(std::move(source));
+     }},
 };
 
 const DatasetKind* FindKind(DatasetSpec::KindCase kind) {
@@ -165,7 +185,8 @@ absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(const ferry::v1::
   if (kind == nullptr) {
     return absl::InvalidArgumentError(
         "dataset must be set: choose dataset.webdataset, dataset.records, dataset.npy, "
-        "dataset.image_folder, dataset.tokens, dataset.token_shards or dataset.indexed");
+        "dataset.image_folder, dataset.tokens, dataset.token_shards, dataset.indexed or "
+        "dataset.blend");
   }
   return kind->open(spec, std::move(fs), options);
 }
@@ -175,7 +196,7 @@ absl::StatusOr<std::vector<std::string>> DatasetPaths(const ferry::v1::DatasetSp
   if (kind == nullptr) {
     return absl::InvalidArgumentError(
         "dataset is not set: choose image_folder, tokens, token_shards, indexed, webdataset, "
-        "records or npy");
+        "records, npy or blend");
   }
   FERRY_ASSIGN_OR_RETURN(std::vector<std::string> paths, kind->paths(dataset));
   for (const std::string& p : paths) {

@@ -11,6 +11,7 @@
 //   npy:         "data" the array's dtype [axes after the first] ([] for a 1-d array),
 //                "index" int64 []
 //   webdataset:  "image" uint8 [size, size, 3], "label" int64 [], "index" int64 []
+//   blend:       its sources' fields (all alike)
 //
 //   FERRY_ASSIGN_OR_RETURN(auto source, MakeSampleSource(spec, fs));
 //   std::vector<uint8_t*> rows = {...};  // one pointer per field, in fields() order
@@ -113,6 +114,31 @@ class SampleSource {
   // (seed, epoch, shuffle) and the dataset. Called only when HasStreamOrder().
   virtual void StreamOrder(uint64_t seed, int64_t epoch, bool shuffle,
                            std::vector<int64_t>* order) const {}
+
+  // Sources whose epoch is not a permutation of their samples (a blend draws each epoch's
+  // positions from its sources by weight) return true: the job's sampler then deals
+  // epoch_size() positions per epoch (shuffled as usual), and position p of `epoch` serves
+  // sample IndexAt(seed, epoch, shuffle, p), a pure function, in [0, size()).
+  // MapPositions replaces every position of a batch by its sample, as IndexAt would.
+  virtual bool MapsPositions() const { return false; }
+  virtual int64_t epoch_size() const { return size(); }
+  virtual int64_t IndexAt(uint64_t seed, int64_t epoch, bool shuffle, int64_t position) const {
+    return position;
+  }
+  virtual void MapPositions(uint64_t seed, int64_t epoch, bool shuffle,
+                            absl::Span<int64_t> positions) const {
+    for (int64_t& p : positions) p = IndexAt(seed, epoch, shuffle, p);
+  }
+
+  // The parts a source is made of, for status (a blend's sources); empty for a plain one.
+  struct Part {
+    std::string name;
+    double weight = 0;
+    int64_t num_samples = 0;
+    int64_t samples_per_epoch = 0;
+    int64_t samples_read = 0;  // successful Fill calls so far
+  };
+  virtual std::vector<Part> parts() const { return {}; }
 };
 
 // How the job wants its dataset read. The job fills it (from its device and the daemon's

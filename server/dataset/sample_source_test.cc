@@ -332,7 +332,7 @@ TEST(ImageFolderErrorsTest, UnsetRootOrKindIsInvalid) {
       MakeSampleSource(ferry::v1::JobSpec(), UnconfinedDatasetFs());
   EXPECT_EQ(no_kind.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(no_kind.status().message(),
-              HasSubstr("dataset.tokens, dataset.token_shards or dataset.indexed"));
+              HasSubstr("dataset.token_shards, dataset.indexed or dataset.blend"));
 }
 
 // ---------------------------------------------------------------------------------------

@@ -44,6 +44,9 @@ ferry::v1::GetStatusResponse SampleStatus() {
   job->mutable_job()->mutable_spec()->set_device("cuda:1");
   job->set_samples_decoded(640);
   job->set_bytes_read(99);
+  ferry::v1::BlendSourceStatus* wiki = job->add_blend_sources();
+  wiki->set_name("wiki");
+  wiki->set_samples_read(77);
   ferry::v1::ReasonCount* corrupt = job->add_errors_by_reason();
   corrupt->set_reason("corrupt");
   corrupt->set_count(3);
@@ -134,6 +137,7 @@ TEST(PrometheusTextTest, FamiliesHaveConventionalNamesAndTypes) {
       {"ferry_job_samples_decoded_total", "counter"},
       {"ferry_job_read_bytes_total", "counter"},
       {"ferry_job_bad_samples_total", "counter"},
+      {"ferry_job_blend_source_samples_read_total", "counter"},
       {"ferry_rank_batches_delivered_total", "counter"},
       {"ferry_rank_samples_delivered_total", "counter"},
       {"ferry_rank_stall_ratio", "gauge"},
@@ -184,6 +188,14 @@ TEST(PrometheusTextTest, BadSamplesByReasonExportTheFixedReasonsAndNewOnes) {
     EXPECT_THAT(text, HasSubstr(job + "\"" + zero + "\"} 0\n"));
   }
   EXPECT_THAT(text, HasSubstr(job + "\"later_reason\"} 1\n"));
+}
+
+TEST(PrometheusTextTest, BlendSourcesExportSamplesReadBySource) {
+  EXPECT_THAT(
+      StatusToPrometheus(SampleStatus()),
+      HasSubstr(
+          R"(ferry_job_blend_source_samples_read_total{job_id="j0123456789ab",job_name="imagenet \"train\"\\x\n",source="wiki"} 77)"
+          "\n"));
 }
 
 TEST(PrometheusTextTest, LimitingStageIsAStateSetWithOneCurrentStage) {

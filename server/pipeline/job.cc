@@ -84,6 +84,15 @@ absl::StatusOr<std::shared_ptr<Job>> Job::Create(JobIdentity identity,
     };
     options.contiguous = true;
   }
+  if (source->MapsPositions()) {
+    // The sampler deals the blend's positions; the source maps each to a sample.
+    const SampleSource* mapped = source.get();
+    options.num_samples = source->epoch_size();
+    options.map_positions = [mapped, seed = options.seed, shuffle = options.shuffle](
+                                int64_t epoch, absl::Span<int64_t> positions) {
+      mapped->MapPositions(seed, epoch, shuffle, positions);
+    };
+  }
   FERRY_ASSIGN_OR_RETURN(SlotLayout layout, SlotLayout::Make(source->fields(), options.batch_size));
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Sampler> sampler, Sampler::Create(options));
   return std::shared_ptr<Job>(
@@ -105,6 +114,7 @@ void Job::ToProto(ferry::v1::Job* job) const {
   *job->mutable_spec() = spec_;
   job->set_owner_uid(identity_.owner_uid);
   job->set_num_samples(source_->size());
+  job->set_samples_per_epoch(sampler_->options().num_samples);
   job->set_batches_per_epoch(sampler_->batches_per_epoch());
   for (size_t f = 0; f < layout_.fields.size(); ++f) {
     ferry::v1::Field* field = job->add_fields();

@@ -82,12 +82,13 @@ void Sampler::BatchIndices(int64_t epoch, int64_t rank, int64_t batch, std::vect
     for (int64_t j = begin; j < end; ++j) {
       out->push_back((first + j * stride) % options_.num_samples);
     }
-    return;
+  } else {
+    absl::MutexLock lock(&mutex_);
+    for (int64_t j = begin; j < end; ++j) {
+      out->push_back(Position(epoch, first + j * stride));
+    }
   }
-  absl::MutexLock lock(&mutex_);
-  for (int64_t j = begin; j < end; ++j) {
-    out->push_back(Position(epoch, first + j * stride));
-  }
+  if (options_.map_positions) options_.map_positions(epoch, absl::MakeSpan(*out));
 }
 
 int64_t Sampler::Position(int64_t epoch, int64_t pos) {

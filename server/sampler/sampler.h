@@ -15,7 +15,9 @@
 // node computes the same order from the same spec with no coordinator.
 //
 // A dataset stored as streams (WebDataset tar shards) supplies its own epoch order through
-// `epoch_order` and sets `contiguous`, so that each rank reads a run of whole shards.
+// `epoch_order` and sets `contiguous`, so that each rank reads a run of whole shards. A
+// dataset whose epoch is not a permutation of its samples (a blend) maps each dealt position
+// to a sample through `map_positions`; num_samples then counts positions.
 //
 //   Sampler sampler({.num_samples = n, .batch_size = 256, .world_size = 8, ...});
 //   std::vector<int64_t> ids;
@@ -34,6 +36,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 
 namespace ferry {
 
@@ -51,6 +54,12 @@ struct SamplerOptions {
   std::function<void(int64_t epoch, std::vector<int64_t>* order)> epoch_order;
   // Deal contiguous runs of the order to ranks instead of striding (see above). Default: false.
   bool contiguous = false;
+  // When set, the order holds positions, not samples: BatchIndices hands the positions it
+  // deals to map_positions, which replaces each by its sample, a pure function of
+  // (epoch, position) (a blend maps its positions to the samples of its sources). Called
+  // without the sampler's lock, from many threads at once. Default: unset (positions are
+  // samples).
+  std::function<void(int64_t epoch, absl::Span<int64_t> positions)> map_positions;
 };
 
 class Sampler final {

@@ -565,6 +565,14 @@ void JobManager::FillJobStatus(const Job& job, ferry::v1::JobStatus* status) {
   if (job.failed()) status->set_failure(job.failure().ToString());
   status->set_paused(job.paused_reason());
   status->set_transient_errors(job.transient_error_count());
+  for (const SampleSource::Part& part : job.source().parts()) {
+    ferry::v1::BlendSourceStatus* s = status->add_blend_sources();
+    s->set_name(part.name);
+    s->set_weight(part.weight);
+    s->set_num_samples(part.num_samples);
+    s->set_samples_per_epoch(part.samples_per_epoch);
+    s->set_samples_read(part.samples_read);
+  }
   absl::MutexLock lock(&mutex_);
   auto it = jobs_.find(job.identity().id);
   if (it == jobs_.end()) return;  // deleted meanwhile

@@ -1,6 +1,8 @@
 #include "client/cpp/internal/convert.h"
 
 #include <string>
+#include <utility>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
@@ -83,49 +85,128 @@ std::string LimitingStageName(v1::LimitingStage stage) {
 v1::DType ToProto(DType dtype) { return static_cast<v1::DType>(static_cast<int>(dtype)); }
 DType FromProto(v1::DType dtype) { return static_cast<DType>(static_cast<int>(dtype)); }
 
+void SetDataset(std::monostate, v1::DatasetSpec*) {}
+void SetDataset(const ImageFolderOptions& folder, v1::DatasetSpec* d) {
+  d->mutable_image_folder()->set_root(folder.root);
+}
+void SetDataset(const TokensOptions& tokens, v1::DatasetSpec* d) {
+  v1::TokensDataset* t = d->mutable_tokens();
+  t->set_path(tokens.path);
+  t->set_token_dtype(ToProto(tokens.token_dtype));
+  t->set_seq_len(tokens.seq_len);
+  t->set_output_dtype(ToProto(tokens.output_dtype));
+  t->set_widen_on_host(tokens.widen_on_host);
+}
+void SetDataset(const WebDatasetOptions& wds, v1::DatasetSpec* d) {
+  v1::WebDataset* w = d->mutable_webdataset();
+  for (const std::string& s : wds.shards) w->add_shards(s);
+  if (wds.image_key != "jpg") w->set_image_key(wds.image_key);
+  if (wds.label_key != "cls") w->set_label_key(wds.label_key);
+  w->set_shuffle_buffer(wds.shuffle_buffer);
+}
+void SetDataset(const RecordsOptions& records, v1::DatasetSpec* d) {
+  v1::RecordsDataset* r = d->mutable_records();
+  r->set_path(records.path);
+  r->set_dtype(ToProto(records.dtype));
+  for (int64_t dim : records.shape) r->add_shape(dim);
+  r->set_header_bytes(records.header_bytes);
+}
+void SetDataset(const NpyOptions& npy, v1::DatasetSpec* d) { d->mutable_npy()->set_path(npy.path); }
+void SetDataset(const TokenShardsOptions& shards, v1::DatasetSpec* d) {
+  v1::TokenShardsDataset* t = d->mutable_token_shards();
+  for (const std::string& s : shards.shards) t->add_shards(s);
+  t->set_token_dtype(ToProto(shards.token_dtype));
+  t->set_seq_len(shards.seq_len);
+  t->set_output_dtype(ToProto(shards.output_dtype));
+  t->set_windows_cross_files(shards.windows_cross_files);
+  t->set_widen_on_host(shards.widen_on_host);
+}
+void SetDataset(const IndexedOptions& indexed, v1::DatasetSpec* d) {
+  v1::IndexedDataset* i = d->mutable_indexed();
+  i->set_path_prefix(indexed.path_prefix);
+  i->set_seq_len(indexed.seq_len);
+  i->set_output_dtype(ToProto(indexed.output_dtype));
+  i->set_position_ids(indexed.position_ids);
+  i->set_cu_seqlens(indexed.cu_seqlens);
+}
+void SetDataset(const BlendOptions& blend, v1::DatasetSpec* d) {
+  v1::BlendDataset* b = d->mutable_blend();
+  for (const BlendSourceOptions& source : blend.sources) {
+    v1::BlendSource* s = b->add_sources();
+    std::visit([s](const auto& one) { SetDataset(one, s->mutable_dataset()); }, source.dataset);
+    s->set_weight(source.weight);
+    s->set_name(source.name);
+  }
+  b->set_samples_per_epoch(blend.samples_per_epoch);
+}
+
+// The kinds a DatasetOptions holds (not a blend): monostate for an unset or unknown kind.
+DatasetOptions DatasetFromProto(const v1::DatasetSpec& d) {
+  switch (d.kind_case()) {
+    case v1::DatasetSpec::kImageFolder:
+      return ImageFolderOptions{d.image_folder().root()};
+    case v1::DatasetSpec::kTokens: {
+      const v1::TokensDataset& t = d.tokens();
+      TokensOptions tokens;
+      tokens.path = t.path();
+      tokens.token_dtype = FromProto(t.token_dtype());
+      tokens.seq_len = t.seq_len();
+      tokens.output_dtype = FromProto(t.output_dtype());
+      tokens.widen_on_host = t.widen_on_host();
+      return tokens;
+    }
+    case v1::DatasetSpec::kWebdataset: {
+      const v1::WebDataset& w = d.webdataset();
+      WebDatasetOptions wds;
+      wds.shards.assign(w.shards().begin(), w.shards().end());
+      if (!w.image_key().empty()) wds.image_key = w.image_key();
+      if (!w.label_key().empty()) wds.label_key = w.label_key();
+      wds.shuffle_buffer = w.shuffle_buffer();
+      return wds;
+    }
+    case v1::DatasetSpec::kRecords: {
+      const v1::RecordsDataset& r = d.records();
+      RecordsOptions records;
+      records.path = r.path();
+      records.dtype = FromProto(r.dtype());
+      records.shape.assign(r.shape().begin(), r.shape().end());
+      records.header_bytes = r.header_bytes();
+      return records;
+    }
+    case v1::DatasetSpec::kNpy:
+      return NpyOptions{d.npy().path()};
+    case v1::DatasetSpec::kTokenShards: {
+      const v1::TokenShardsDataset& t = d.token_shards();
+      TokenShardsOptions shards;
+      shards.shards.assign(t.shards().begin(), t.shards().end());
+      shards.token_dtype = FromProto(t.token_dtype());
+      shards.seq_len = t.seq_len();
+      shards.output_dtype = FromProto(t.output_dtype());
+      shards.windows_cross_files = t.windows_cross_files();
+      shards.widen_on_host = t.widen_on_host();
+      return shards;
+    }
+    case v1::DatasetSpec::kIndexed: {
+      const v1::IndexedDataset& i = d.indexed();
+      IndexedOptions indexed;
+      indexed.path_prefix = i.path_prefix();
+      indexed.seq_len = i.seq_len();
+      indexed.output_dtype = FromProto(i.output_dtype());
+      indexed.position_ids = i.position_ids();
+      indexed.cu_seqlens = i.cu_seqlens();
+      return indexed;
+    }
+    default:
+      return std::monostate();
+  }
+}
+
 }  // namespace
 
 v1::JobSpec ToProto(const JobOptions& options) {
   v1::JobSpec spec;
-  if (const auto* folder = std::get_if<ImageFolderOptions>(&options.dataset)) {
-    spec.mutable_dataset()->mutable_image_folder()->set_root(folder->root);
-  } else if (const auto* tokens = std::get_if<TokensOptions>(&options.dataset)) {
-    v1::TokensDataset* t = spec.mutable_dataset()->mutable_tokens();
-    t->set_path(tokens->path);
-    t->set_token_dtype(ToProto(tokens->token_dtype));
-    t->set_seq_len(tokens->seq_len);
-    t->set_output_dtype(ToProto(tokens->output_dtype));
-    t->set_widen_on_host(tokens->widen_on_host);
-  } else if (const auto* wds = std::get_if<WebDatasetOptions>(&options.dataset)) {
-    v1::WebDataset* w = spec.mutable_dataset()->mutable_webdataset();
-    for (const std::string& s : wds->shards) w->add_shards(s);
-    if (wds->image_key != "jpg") w->set_image_key(wds->image_key);
-    if (wds->label_key != "cls") w->set_label_key(wds->label_key);
-    w->set_shuffle_buffer(wds->shuffle_buffer);
-  } else if (const auto* records = std::get_if<RecordsOptions>(&options.dataset)) {
-    v1::RecordsDataset* r = spec.mutable_dataset()->mutable_records();
-    r->set_path(records->path);
-    r->set_dtype(ToProto(records->dtype));
-    for (int64_t d : records->shape) r->add_shape(d);
-    r->set_header_bytes(records->header_bytes);
-  } else if (const auto* npy = std::get_if<NpyOptions>(&options.dataset)) {
-    spec.mutable_dataset()->mutable_npy()->set_path(npy->path);
-  } else if (const auto* shards = std::get_if<TokenShardsOptions>(&options.dataset)) {
-    v1::TokenShardsDataset* t = spec.mutable_dataset()->mutable_token_shards();
-    for (const std::string& s : shards->shards) t->add_shards(s);
-    t->set_token_dtype(ToProto(shards->token_dtype));
-    t->set_seq_len(shards->seq_len);
-    t->set_output_dtype(ToProto(shards->output_dtype));
-    t->set_windows_cross_files(shards->windows_cross_files);
-    t->set_widen_on_host(shards->widen_on_host);
-  } else if (const auto* indexed = std::get_if<IndexedOptions>(&options.dataset)) {
-    v1::IndexedDataset* d = spec.mutable_dataset()->mutable_indexed();
-    d->set_path_prefix(indexed->path_prefix);
-    d->set_seq_len(indexed->seq_len);
-    d->set_output_dtype(ToProto(indexed->output_dtype));
-    d->set_position_ids(indexed->position_ids);
-    d->set_cu_seqlens(indexed->cu_seqlens);
-  }
+  std::visit([&spec](const auto& one) { SetDataset(one, spec.mutable_dataset()); },
+             options.dataset);
   if (options.on_corrupt_sample == CorruptSamplePolicy::kFail) {
     spec.set_on_corrupt_sample(v1::FAIL);
   }
@@ -161,69 +242,17 @@ v1::JobSpec ToProto(const JobOptions& options) {
 
 JobOptions FromProto(const v1::JobSpec& spec) {
   JobOptions options;
-  switch (spec.dataset().kind_case()) {
-    case v1::DatasetSpec::kImageFolder:
-      options.dataset = ImageFolderOptions{spec.dataset().image_folder().root()};
-      break;
-    case v1::DatasetSpec::kTokens: {
-      const v1::TokensDataset& t = spec.dataset().tokens();
-      TokensOptions tokens;
-      tokens.path = t.path();
-      tokens.token_dtype = FromProto(t.token_dtype());
-      tokens.seq_len = t.seq_len();
-      tokens.output_dtype = FromProto(t.output_dtype());
-      tokens.widen_on_host = t.widen_on_host();
-      options.dataset = tokens;
-      break;
+  if (spec.dataset().has_blend()) {
+    BlendOptions blend;
+    for (const v1::BlendSource& s : spec.dataset().blend().sources()) {
+      blend.sources.push_back(BlendSourceOptions{
+          .dataset = DatasetFromProto(s.dataset()), .weight = s.weight(), .name = s.name()});
     }
-    case v1::DatasetSpec::kWebdataset: {
-      const v1::WebDataset& w = spec.dataset().webdataset();
-      WebDatasetOptions wds;
-      wds.shards.assign(w.shards().begin(), w.shards().end());
-      if (!w.image_key().empty()) wds.image_key = w.image_key();
-      if (!w.label_key().empty()) wds.label_key = w.label_key();
-      wds.shuffle_buffer = w.shuffle_buffer();
-      options.dataset = wds;
-      break;
-    }
-    case v1::DatasetSpec::kRecords: {
-      const v1::RecordsDataset& r = spec.dataset().records();
-      RecordsOptions records;
-      records.path = r.path();
-      records.dtype = FromProto(r.dtype());
-      records.shape.assign(r.shape().begin(), r.shape().end());
-      records.header_bytes = r.header_bytes();
-      options.dataset = records;
-      break;
-    }
-    case v1::DatasetSpec::kNpy:
-      options.dataset = NpyOptions{spec.dataset().npy().path()};
-      break;
-    case v1::DatasetSpec::kTokenShards: {
-      const v1::TokenShardsDataset& t = spec.dataset().token_shards();
-      TokenShardsOptions shards;
-      shards.shards.assign(t.shards().begin(), t.shards().end());
-      shards.token_dtype = FromProto(t.token_dtype());
-      shards.seq_len = t.seq_len();
-      shards.output_dtype = FromProto(t.output_dtype());
-      shards.windows_cross_files = t.windows_cross_files();
-      shards.widen_on_host = t.widen_on_host();
-      options.dataset = shards;
-      break;
-    }
-    case v1::DatasetSpec::kIndexed: {
-      const v1::IndexedDataset& d = spec.dataset().indexed();
-      IndexedOptions indexed;
-      indexed.path_prefix = d.path_prefix();
-      indexed.seq_len = d.seq_len();
-      indexed.output_dtype = FromProto(d.output_dtype());
-      indexed.position_ids = d.position_ids();
-      indexed.cu_seqlens = d.cu_seqlens();
-      options.dataset = indexed;
-      break;
-    }
-    default:
-      break;
+    blend.samples_per_epoch = spec.dataset().blend().samples_per_epoch();
+    options.dataset = std::move(blend);
+  } else {
+    std::visit([&options](auto&& one) { options.dataset = std::move(one); },
+               DatasetFromProto(spec.dataset()));
   }
   options.on_corrupt_sample = spec.on_corrupt_sample() == v1::FAIL ? CorruptSamplePolicy::kFail
                                                                    : CorruptSamplePolicy::kSkip;
@@ -281,6 +310,7 @@ JobInfo FromProto(const v1::Job& job) {
   info.spec = FromProto(job.spec());
   info.owner_uid = job.owner_uid();
   info.num_samples = job.num_samples();
+  info.samples_per_epoch = job.samples_per_epoch();
   info.batches_per_epoch = job.batches_per_epoch();
   for (const v1::Field& f : job.fields()) info.fields.push_back(FromProto(f));
   info.slot_bytes = job.slot_bytes();
@@ -341,6 +371,13 @@ JobStatus FromProto(const v1::JobStatus& status) {
   out.deleted_in_seconds = status.deleted_in_seconds();
   out.quarantined_indices.assign(status.quarantined_indices().begin(),
                                  status.quarantined_indices().end());
+  for (const v1::BlendSourceStatus& b : status.blend_sources()) {
+    out.blend_sources.push_back(JobStatus::BlendSource{.name = b.name(),
+                                                       .weight = b.weight(),
+                                                       .num_samples = b.num_samples(),
+                                                       .samples_per_epoch = b.samples_per_epoch(),
+                                                       .samples_read = b.samples_read()});
+  }
   return out;
 }
 

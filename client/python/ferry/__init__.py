@@ -13,12 +13,12 @@ Pure Python over libferry.so's C ABI (ctypes): nothing is compiled per Python ve
 """
 
 from ferry.errors import FerryError
-from ferry.loader import (CenterCrop, ImageFolder, IndexedDataset, Loader, Npy,
+from ferry.loader import (Blend, CenterCrop, ImageFolder, IndexedDataset, Loader, Npy,
                           RandomResizedCrop, Records, TokenShards, Tokens, WebDataset)
 
 __version__ = "0.1.0"
 
-__all__ = ["CenterCrop", "Client", "FerryError", "ImageFolder", "IndexedDataset", "Loader",
+__all__ = ["Blend", "CenterCrop", "Client", "FerryError", "ImageFolder", "IndexedDataset", "Loader",
            "Npy", "RandomResizedCrop", "Records", "TokenShards", "Tokens", "WebDataset",
            "default_address"]
 

@@ -285,6 +285,77 @@ class IndexedDataset:
             self.path_prefix, self.seq_len, self.position_ids, self.cu_seqlens)
 
 
+class Blend:
+    """Several datasets mixed by weight, deterministically (Megatron-LM's BlendedDataset):
+
+        data = ferry.Blend([ferry.IndexedDataset("/data/wiki", 2048),
+                            ferry.TokenShards("/data/web-{000..127}.bin", 2048)],
+                           weights=[0.3, 0.7], names=["wiki", "web"])
+
+    An epoch has samples_per_epoch samples (default: the sum of the datasets' sizes), drawn
+    from each dataset in proportion to its weight (within one sample over any prefix of the
+    blend's order; shuffled batches follow the weights statistically). A dataset is read in
+    whole passes, each in an order of its own from (seed, dataset, pass) when shuffling, so
+    one weighted above its size repeats only after all of it was read, and one weighted
+    below reads new samples each epoch. Batches are the datasets' own fields, which must
+    agree (same seq_len, output_dtype, options); "index" numbers the first dataset's samples,
+    then the second's, ... The per-dataset counts are in the job's status
+    (Loader.job_status()["blend_sources"]) and docs/data.md says more."""
+
+    def __init__(self, datasets, weights, names=None, samples_per_epoch=None):
+        if not isinstance(datasets, (list, tuple)) or not datasets:
+            raise TypeError("Blend datasets must be a non-empty list of ferry datasets, got %r"
+                            % (datasets,))
+        for i, d in enumerate(datasets):
+            if isinstance(d, Blend) or not callable(getattr(d, "_spec", None)):
+                raise TypeError("Blend datasets[%d] must be a ferry dataset other than a Blend, "
+                                "got %r" % (i, d))
+        if not isinstance(weights, (list, tuple)) or len(weights) != len(datasets):
+            raise ValueError("Blend weights must be a list of %d numbers (one per dataset), "
+                             "got %r" % (len(datasets), weights))
+        checked = []
+        for i, w in enumerate(weights):
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not (
+                    0 < w < float("inf")):
+                raise ValueError("Blend weights[%d] must be a positive finite number, got %r"
+                                 % (i, w))
+            checked.append(float(w))
+        if names is not None:
+            if not isinstance(names, (list, tuple)) or len(names) != len(datasets):
+                raise ValueError("Blend names must be a list of %d strings, got %r"
+                                 % (len(datasets), names))
+            for i, n in enumerate(names):
+                if not isinstance(n, str) or not n:
+                    raise ValueError("Blend names[%d] must be a non-empty string, got %r"
+                                     % (i, n))
+            if len(set(names)) != len(names):
+                raise ValueError("Blend names must differ, got %r" % (names,))
+        self.datasets = list(datasets)
+        self.weights = checked
+        self.names = list(names) if names is not None else None
+        self.samples_per_epoch = (None if samples_per_epoch is None else
+                                  _check_int("samples_per_epoch", samples_per_epoch, 1,
+                                             2**63 - 1))
+        self._IMAGES = any(getattr(d, "_IMAGES", False) for d in datasets)
+
+    def _spec(self):
+        sources = []
+        for i, (d, w) in enumerate(zip(self.datasets, self.weights)):
+            source = {"dataset": d._spec(), "weight": w}
+            if self.names is not None:
+                source["name"] = self.names[i]
+            sources.append(source)
+        spec = {"sources": sources}
+        if self.samples_per_epoch is not None:
+            spec["samples_per_epoch"] = str(self.samples_per_epoch)
+        return {"blend": spec}
+
+    def __repr__(self):
+        return "Blend(%r, weights=%r%s)" % (
+            self.datasets, self.weights,
+            "" if self.names is None else ", names=%r" % (self.names,))
+
+
 class Records:
     """A flat file of fixed-size binary records (little-endian) after header_bytes; a sample
     is one record of `dtype` and `shape` (() = one scalar). Batches:
@@ -542,8 +613,8 @@ class Loader:
                 ...
 
     Arguments:
-      dataset: ImageFolder, WebDataset, Tokens, TokenShards, IndexedDataset, Records or Npy
-        (see docs/data.md).
+      dataset: ImageFolder, WebDataset, Tokens, TokenShards, IndexedDataset, Records, Npy
+        or a Blend of them (see docs/data.md).
       batch_size: samples per batch.
       transform: RandomResizedCrop or CenterCrop (required for images, unused for tokens).
       shuffle, seed, drop_last: as torch's DistributedSampler + BatchSampler; every rank
@@ -599,8 +670,8 @@ class Loader:
         if not callable(getattr(dataset, "_spec", None)):
             raise TypeError("dataset must be a ferry dataset (ferry.ImageFolder, "
                             "ferry.WebDataset, ferry.Tokens, ferry.TokenShards, "
-                            "ferry.IndexedDataset, ferry.Records or ferry.Npy), got "
-                            "%r" % (dataset,))
+                            "ferry.IndexedDataset, ferry.Records, ferry.Npy or ferry.Blend), "
+                            "got %r" % (dataset,))
         batch_size = _check_int("batch_size", batch_size, 1, 2**32 - 1)
         if on_corrupt_sample not in ("skip", "fail"):
             raise ValueError("on_corrupt_sample must be 'skip' or 'fail', got %r"
@@ -801,6 +872,14 @@ class Loader:
         self._known_bad = sorted(set(self._known_bad) | set(quarantined))
         if self._known_bad:
             self._client.quarantine(self.job["id"], self._known_bad)
+
+    def job_status(self):
+        """The job's status as ferryd reports it now (ferry.v1.JobStatus as a dict, proto
+        field names): "ranks", "errors", "samples_decoded", and for a Blend "blend_sources"
+        (per dataset: "name", "weight", "samples_per_epoch", "samples_read")."""
+        if self._client is None:
+            raise FerryError("FAILED_PRECONDITION", "the ferry.Loader is closed")
+        return self._client.get_job(self.job["id"])
 
     def _quarantined(self):
         """Indices ferryd has quarantined in this job (and those a loaded state named). A

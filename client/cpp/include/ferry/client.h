@@ -134,6 +134,27 @@ struct NpyOptions {
   std::string path;
 };
 
+// Any one dataset kind: what a blend's sources are.
+using DatasetOptions =
+    std::variant<std::monostate, ImageFolderOptions, TokensOptions, WebDatasetOptions,
+                 RecordsOptions, NpyOptions, TokenShardsOptions, IndexedOptions>;
+
+struct BlendSourceOptions {
+  DatasetOptions dataset;  // Required: any kind but a blend.
+  double weight = 0;       // Required: > 0 (weights are divided by their sum).
+  // Name in status and metrics ([A-Za-z0-9_.-], at most 64). Default: "source<i>".
+  std::string name;
+};
+
+// Several datasets mixed by weight, deterministically (ferry.v1.BlendDataset; docs/data.md):
+// every source must deliver the same fields. Sample indices number the first source's
+// samples, then the second's, ...
+struct BlendOptions {
+  std::vector<BlendSourceOptions> sources;
+  // Samples in one epoch. Default: 0 = the sum of the sources' sizes.
+  uint64_t samples_per_epoch = 0;
+};
+
 // What a job does with a sample that cannot be read or decoded.
 enum class CorruptSamplePolicy {
   // Replace it by a deterministic substitute, report it, never read it again (default).
@@ -176,7 +197,7 @@ struct JobOptions {
   std::string name;
   // Required.
   std::variant<std::monostate, ImageFolderOptions, TokensOptions, WebDatasetOptions, RecordsOptions,
-               NpyOptions, TokenShardsOptions, IndexedOptions>
+               NpyOptions, TokenShardsOptions, IndexedOptions, BlendOptions>
       dataset;
   // Required for image datasets; ignored for tokens.
   std::variant<std::monostate, RandomResizedCropOptions, CenterCropOptions> transform;
@@ -220,7 +241,8 @@ struct JobInfo {
   std::string name;
   JobOptions spec;  // spec.name is left empty; see `name`
   uint32_t owner_uid = 0;
-  int64_t num_samples = 0;
+  int64_t num_samples = 0;        // sample indices lie in [0, num_samples)
+  int64_t samples_per_epoch = 0;  // all ranks' (num_samples except for a blend)
   int64_t batches_per_epoch = 0;  // per rank
   std::vector<FieldInfo> fields;
   uint64_t slot_bytes = 0;
@@ -288,6 +310,15 @@ struct JobStatus {
   double deleted_in_seconds = 0;
   // GetJob only: every quarantined sample, ascending.
   std::vector<int64_t> quarantined_indices;
+  // A blend's sources, in the spec's order.
+  struct BlendSource {
+    std::string name;
+    double weight = 0;  // normalised
+    int64_t num_samples = 0;
+    int64_t samples_per_epoch = 0;  // positions of each epoch drawn from it
+    int64_t samples_read = 0;       // as samples_decoded
+  };
+  std::vector<BlendSource> blend_sources;
 };
 
 struct NumaNodeStatus {
