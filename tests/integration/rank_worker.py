@@ -19,6 +19,9 @@ Config keys:
     the current batch when zero_copy is set).
   reattach_seconds: how long the Loader waits for a restarted ferryd (FERRY_REATTACH_SECONDS;
     the Loader's default when absent).
+  dataset: instead of an ImageFolder at `root`, a ferry dataset given as a Python expression
+    over the module `ferry` (e.g. "ferry.Blend([...], weights=[...])"); then "digest" covers
+    every field of a row but "index", and "label" / "color_class" / "image_*" stay empty.
 """
 
 import hashlib
@@ -33,12 +36,27 @@ import ferry  # noqa: E402
 import ferry_it  # noqa: E402
 
 
+def pause(save, cfg):
+    """Saves the result so far, says so through ready_file, then waits for go_file (or,
+    without one, for the test to kill this process)."""
+    save()
+    open(cfg["ready_file"], "w").close()
+    if cfg.get("go_file"):
+        while not os.path.exists(cfg["go_file"]):
+            time.sleep(0.05)
+    else:
+        time.sleep(600)  # until the test kills this process
+
+
 def main():
     cfg = json.loads(sys.argv[1])
     if "reattach_seconds" in cfg:
         os.environ["FERRY_REATTACH_SECONDS"] = str(cfg["reattach_seconds"])
-    loader = ferry.Loader(ferry.ImageFolder(cfg["root"]), batch_size=cfg["batch_size"],
-                          transform=ferry.RandomResizedCrop(cfg.get("crop", 32), flip=True),
+    images = "dataset" not in cfg
+    dataset = ferry.ImageFolder(cfg["root"]) if images else eval(cfg["dataset"], {"ferry": ferry})
+    loader = ferry.Loader(dataset, batch_size=cfg["batch_size"],
+                          transform=(ferry.RandomResizedCrop(cfg.get("crop", 32), flip=True)
+                                     if images else None),
                           shuffle=True, seed=cfg["seed"], drop_last=cfg.get("drop_last", False),
                           rank=cfg["rank"],
                           world_size=cfg["world_size"], address=cfg["address"],
@@ -62,6 +80,15 @@ def main():
                    "image_dtype": None, "digest": []}
             result["epochs"][str(epoch)] = rec
             for b, batch in enumerate(loader):
+                if not images:
+                    rec["index"].append([int(i) for i in batch["index"]])
+                    rows = [batch[k].contiguous().numpy() for k in sorted(batch) if k != "index"]
+                    rec["digest"].append([
+                        hashlib.sha1(b"".join(f[r].tobytes() for f in rows)).hexdigest()[:16]
+                        for r in range(len(batch["index"]))])
+                    if n == 0 and pause_after is not None and b + 1 == pause_after:
+                        pause(save, cfg)
+                    continue
                 image = batch["image"]
                 rec["index"].append([int(i) for i in batch["index"]])
                 rec["label"].append([int(i) for i in batch["label"]])
@@ -73,13 +100,7 @@ def main():
                 rec["digest"].append([hashlib.sha1(row.tobytes()).hexdigest()[:16]
                                       for row in pixels])
                 if n == 0 and pause_after is not None and b + 1 == pause_after:
-                    save()
-                    open(cfg["ready_file"], "w").close()
-                    if cfg.get("go_file"):
-                        while not os.path.exists(cfg["go_file"]):
-                            time.sleep(0.05)
-                    else:
-                        time.sleep(600)  # until the test kills this process
+                    pause(save, cfg)
     except ferry.FerryError as e:
         result["error"] = {"code": e.code, "message": e.message}
         save()
