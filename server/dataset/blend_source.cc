@@ -61,7 +61,8 @@ std::string DescribeFields(const std::vector<FieldLayout>& fields) {
 bool SameFields(const std::vector<FieldLayout>& a, const std::vector<FieldLayout>& b) {
   if (a.size() != b.size()) return false;
   for (size_t f = 0; f < a.size(); ++f) {
-    if (a[f].name != b[f].name || a[f].dtype != b[f].dtype || a[f].shape != b[f].shape) {
+    if (a[f].name != b[f].name || a[f].dtype != b[f].dtype || a[f].shape != b[f].shape ||
+        a[f].device_dtype != b[f].device_dtype) {
       return false;
     }
   }

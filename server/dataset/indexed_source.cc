@@ -28,7 +28,7 @@ const char* DTypeCodeName(uint8_t code) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<IndexedSource>> IndexedSource::Create(
-    const ferry::v1::IndexedDataset& spec, const DatasetFs& fs) {
+    const ferry::v1::IndexedDataset& spec, const DatasetFs& fs, bool device_widens) {
   if (spec.path_prefix().empty()) {
     return absl::InvalidArgumentError(
         "dataset.indexed.path_prefix must be set to the files' path without .bin/.idx");
@@ -138,10 +138,15 @@ absl::StatusOr<std::unique_ptr<IndexedSource>> IndexedSource::Create(
   source->output_dtype_ = output;
   const int64_t n = source->seq_len_ + 1;
   const size_t out_bytes = DTypeSize(output);
-  source->fields_.push_back(FieldLayout{.name = "tokens",
-                                        .dtype = output,
-                                        .shape = {n},
-                                        .row_bytes = static_cast<size_t>(n) * out_bytes});
+  const DType file_dtype = source->token_bytes_ == 2 ? ferry::v1::UINT16 : ferry::v1::INT32;
+  source->raw_ = device_widens && file_dtype != output;
+  const DType row_dtype = source->raw_ ? file_dtype : output;
+  source->fields_.push_back(
+      FieldLayout{.name = "tokens",
+                  .dtype = row_dtype,
+                  .shape = {n},
+                  .row_bytes = static_cast<size_t>(n) * DTypeSize(row_dtype),
+                  .device_dtype = source->raw_ ? output : ferry::v1::DTYPE_UNSPECIFIED});
   if (spec.position_ids()) {
     source->position_field_ = static_cast<int>(source->fields_.size());
     source->fields_.push_back(FieldLayout{.name = "position_ids",
@@ -245,7 +250,7 @@ absl::Status IndexedSource::Fill(int64_t index, uint64_t sample_seed,
         absl::StrCat("Fill needs ", fields_.size(), " rows, got ", rows.size()));
   }
   const int64_t n = seq_len_ + 1;
-  const size_t out_bytes = DTypeSize(output_dtype_);
+  const size_t out_bytes = raw_ ? token_bytes_ : DTypeSize(output_dtype_);
   const int64_t first = index * seq_len_;
   FERRY_ASSIGN_OR_RETURN(int64_t s, FindSequence(first));
   int64_t offset = first - SequencePointer(s) / static_cast<int64_t>(token_bytes_);
@@ -266,7 +271,11 @@ absl::Status IndexedSource::Fill(int64_t index, uint64_t sample_seed,
         bin_->bytes().data() + SequencePointer(s) + offset * static_cast<int64_t>(token_bytes_);
     uint8_t* dst = rows[0] + static_cast<size_t>(pos) * out_bytes;
     int64_t overflow = -1;
-    if (token_bytes_ == 2) {
+    if (raw_) {
+      // Copied as the file holds them; int32 ids are still checked (none may be negative).
+      overflow = token_bytes_ == 2 ? ConvertTokens<uint16_t, uint16_t>(src, count, dst)
+                                   : ConvertTokens<int32_t, int32_t>(src, count, dst);
+    } else if (token_bytes_ == 2) {
       overflow = output_dtype_ == ferry::v1::INT64
                      ? ConvertTokens<uint16_t, int64_t>(src, count, dst)
                      : ConvertTokens<uint16_t, int32_t>(src, count, dst);

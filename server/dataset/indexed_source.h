@@ -40,8 +40,11 @@ class IndexedSource final : public SampleSource {
   // with the .idx (magic, version, dtype code, sizes that disagree with its header, document
   // indices not from 0 to the sequence count) or the .bin (shorter than the index says);
   // NOT_FOUND naming a missing file; FAILED_PRECONDITION when there is no whole window.
+  // With `device_widens`, the "tokens" field holds the file's uint16 / int32 ids for the
+  // device to widen (FieldLayout::device_dtype), unless they are int32 delivered as INT32.
   static absl::StatusOr<std::unique_ptr<IndexedSource>> Create(
-      const ferry::v1::IndexedDataset& spec, const DatasetFs& fs = *UnconfinedDatasetFs());
+      const ferry::v1::IndexedDataset& spec, const DatasetFs& fs = *UnconfinedDatasetFs(),
+      bool device_widens = false);
 
   int64_t size() const override { return num_samples_; }
   const std::vector<FieldLayout>& fields() const override { return fields_; }
@@ -71,6 +74,7 @@ class IndexedSource final : public SampleSource {
   std::shared_ptr<const MappedFile> bin_;
   size_t token_bytes_ = 0;  // 2 (uint16) or 4 (int32)
   ferry::v1::DType output_dtype_ = ferry::v1::INT64;
+  bool raw_ = false;  // "tokens" holds the file's ids (device_dtype set)
   int64_t seq_len_ = 0;
   int64_t num_sequences_ = 0;
   int64_t num_documents_ = 0;  // entries of the document index (documents + 1)

@@ -33,7 +33,7 @@ struct Written {
   std::string idx;
 };
 Written MakeIndexed(const std::vector<std::vector<std::vector<uint16_t>>>& documents,
-                    bool modes = false) {
+                    bool modes = false, bool int32_tokens = false) {
   Written w;
   std::vector<int32_t> lengths;
   std::vector<int64_t> pointers;
@@ -42,13 +42,19 @@ Written MakeIndexed(const std::vector<std::vector<std::vector<uint16_t>>>& docum
     for (const auto& seq : doc) {
       pointers.push_back(static_cast<int64_t>(w.bin.size()));
       lengths.push_back(static_cast<int32_t>(seq.size()));
-      for (uint16_t t : seq) Append(&w.bin, t);
+      for (uint16_t t : seq) {
+        if (int32_tokens) {
+          Append<int32_t>(&w.bin, t == 0xffff ? -1 : t);  // 0xffff stands for a negative id
+        } else {
+          Append(&w.bin, t);
+        }
+      }
     }
     doc_index.push_back(static_cast<int64_t>(lengths.size()));
   }
   w.idx = std::string("MMIDIDX\0\0", 9);
   Append<uint64_t>(&w.idx, 1);
-  Append<uint8_t>(&w.idx, 8);
+  Append<uint8_t>(&w.idx, int32_tokens ? 4 : 8);
   Append<uint64_t>(&w.idx, lengths.size());
   Append<uint64_t>(&w.idx, doc_index.size());
   for (int32_t l : lengths) Append(&w.idx, l);
@@ -160,6 +166,62 @@ TEST_F(IndexedSourceTest, Int32OutputWithoutExtrasAndSequenceModes) {
                                 reinterpret_cast<uint8_t*>(&index)};
   ASSERT_TRUE((*source)->Fill(2, 0, absl::MakeSpan(rows), nullptr).ok());
   EXPECT_THAT(tokens, ElementsAreArray({112, 113, 114, 115, 116, 117, 118}));
+}
+
+TEST_F(IndexedSourceTest, ForADeviceThatWidensTokensAreTheFilesOwn) {
+  for (bool int32_tokens : {false, true}) {
+    SCOPED_TRACE(int32_tokens ? "int32" : "uint16");
+    auto docs = FourDocuments();
+    Write(MakeIndexed(docs, false, int32_tokens));
+    auto source = IndexedSource::Create(Spec(4), *UnconfinedDatasetFs(), /*device_widens=*/true);
+    ASSERT_TRUE(source.ok()) << source.status();
+    const FieldLayout& tokens_field = (*source)->fields()[0];
+    EXPECT_EQ(tokens_field.dtype, int32_tokens ? ferry::v1::INT32 : ferry::v1::UINT16);
+    EXPECT_EQ(tokens_field.device_dtype, ferry::v1::INT64);
+    EXPECT_EQ(tokens_field.row_bytes, int32_tokens ? 20u : 10u);
+    // position_ids are computed, so never raw.
+    EXPECT_EQ((*source)->fields()[1].dtype, ferry::v1::INT64);
+    EXPECT_EQ((*source)->fields()[1].device_dtype, ferry::v1::DTYPE_UNSPECIFIED);
+    std::vector<uint8_t> tokens(tokens_field.row_bytes);
+    std::vector<int64_t> positions(5), index(1);
+    std::vector<int32_t> cu(5), count(1);
+    std::vector<uint8_t*> rows = {tokens.data(), reinterpret_cast<uint8_t*>(positions.data()),
+                                  reinterpret_cast<uint8_t*>(cu.data()),
+                                  reinterpret_cast<uint8_t*>(count.data()),
+                                  reinterpret_cast<uint8_t*>(index.data())};
+    ASSERT_TRUE((*source)->Fill(2, 0, absl::MakeSpan(rows), nullptr).ok());
+    for (int p = 0; p < 5; ++p) {
+      int64_t t = 0;
+      if (int32_tokens) {
+        int32_t v;
+        std::memcpy(&v, tokens.data() + 4 * p, 4);
+        t = v;
+      } else {
+        uint16_t v;
+        std::memcpy(&v, tokens.data() + 2 * p, 2);
+        t = v;
+      }
+      EXPECT_EQ(t, 108 + p);
+    }
+    EXPECT_THAT(positions, ElementsAreArray({0, 1, 2, 3, 4}));  // document 3 starts at 8
+    // A negative int32 id is still refused on the raw path.
+    if (int32_tokens) {
+      docs[0][0][1] = 0xffff;
+      Write(MakeIndexed(docs, false, true));
+      auto bad = IndexedSource::Create(Spec(4), *UnconfinedDatasetFs(), true);
+      ASSERT_TRUE(bad.ok());
+      absl::Status s = (*bad)->Fill(0, 0, absl::MakeSpan(rows), nullptr);
+      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+      EXPECT_THAT(s.message(), HasSubstr("is negative"));
+    }
+  }
+  // int32 ids delivered as INT32 need no widening: plain rows.
+  Write(MakeIndexed(FourDocuments(), false, true));
+  ferry::v1::IndexedDataset spec = Spec(4, false);
+  spec.set_output_dtype(ferry::v1::INT32);
+  auto plain = IndexedSource::Create(spec, *UnconfinedDatasetFs(), true);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ((*plain)->fields()[0].device_dtype, ferry::v1::DTYPE_UNSPECIFIED);
 }
 
 TEST_F(IndexedSourceTest, BadIndexHeadersSayWhatIsWrong) {

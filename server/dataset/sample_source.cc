@@ -96,12 +96,10 @@ constexpr DatasetKind kDatasetKinds[] = {
      [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
         const SourceOptions& options) -> Opened {
        const ferry::v1::TokenShardsDataset& shards = spec.dataset().token_shards();
-       // Raw tokens where the device widens them, as for `tokens`; only to INT64 here: the GPU
-       // transport widens to TokensDataset.output_dtype, so an INT32 job is widened by the
-       // workers instead.
-       const bool to_int64 = shards.output_dtype() == ferry::v1::DTYPE_UNSPECIFIED ||
-                             shards.output_dtype() == ferry::v1::INT64;
-       const bool raw = options.device_widens_tokens && to_int64 && !shards.widen_on_host();
+       // Raw tokens where the device widens them, as for `tokens`.
+       const bool narrowing =
+           shards.token_dtype() == ferry::v1::UINT32 && shards.output_dtype() == ferry::v1::INT32;
+       const bool raw = options.device_widens_tokens && !narrowing && !shards.widen_on_host();
        FERRY_ASSIGN_OR_RETURN(auto source, TokenShardsSource::Create(shards, raw, *fs));
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
@@ -113,8 +111,12 @@ constexpr DatasetKind kDatasetKinds[] = {
      },
      [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
         const SourceOptions& options) -> Opened {
-       // Always widened by the workers: the GPU transport widens only raw UINT16/UINT32 tokens.
-       FERRY_ASSIGN_OR_RETURN(auto source, IndexedSource::Create(spec.dataset().indexed(), *fs));
+       // Raw tokens where the device widens them (the token dtype is in the .idx: Create
+       // decides).
+       const ferry::v1::IndexedDataset& indexed = spec.dataset().indexed();
+       FERRY_ASSIGN_OR_RETURN(auto source, IndexedSource::Create(indexed, *fs,
+                                                                 options.device_widens_tokens &&
+                                                                     !indexed.widen_on_host()));
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
     {DatasetSpec::kWebdataset,

@@ -42,6 +42,10 @@ struct FieldLayout {
   ferry::v1::DType dtype = ferry::v1::UINT8;
   std::vector<int64_t> shape;  // per sample
   size_t row_bytes = 0;        // product(shape) * sizeof(dtype)
+  // Set on a field of raw token ids (UINT16, UINT32 or INT32 as the file holds them) that a
+  // device transport widens to this dtype (INT64 or INT32) on the GPU, so that only the
+  // file's bytes cross PCIe; see SourceOptions::device_widens_tokens. Default: unset.
+  ferry::v1::DType device_dtype = ferry::v1::DTYPE_UNSPECIFIED;
 };
 
 size_t DTypeSize(ferry::v1::DType dtype);  // 0 for DTYPE_UNSPECIFIED
@@ -147,11 +151,12 @@ struct SourceOptions {
   // How copy-only sources (records, npy) write rows: kStreaming for a GPU job.
   // Default: RowStores::kOrdinary.
   RowStores row_stores = RowStores::kOrdinary;
-  // The rows go to a device that widens token ids itself (the GPU transport): a tokens
-  // dataset then delivers the file's own dtype (TokenSource's `raw`), so only 2 or 4 bytes
-  // per token cross PCIe. Not where the job asks for tokens widened on the host
-  // (TokensDataset.widen_on_host) or the output narrows (UINT32 -> INT32, whose range
-  // check runs on the host). Default: false.
+  // The rows go to a device that widens token ids itself (the GPU transport): the token
+  // datasets (tokens, token_shards, indexed) then deliver the file's own dtype in a field
+  // with FieldLayout::device_dtype set, so only 2 or 4 bytes per token cross PCIe. Not where
+  // the job asks for tokens widened on the host (widen_on_host) or nothing widens (UINT32
+  // -> INT32, whose range check runs on the host; int32 Megatron tokens to INT32).
+  // Default: false.
   bool device_widens_tokens = false;
   // Guards for the decoders of image datasets (DaemonConfig.decode_limits).
   // Default: DecodeLimits()'s.

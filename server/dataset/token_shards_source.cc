@@ -106,7 +106,8 @@ TokenShardsSource::TokenShardsSource(std::vector<Shard> shards, size_t token_byt
       FieldLayout{.name = "tokens",
                   .dtype = row_dtype,
                   .shape = {seq_len + 1},
-                  .row_bytes = static_cast<size_t>(seq_len + 1) * DTypeSize(row_dtype)});
+                  .row_bytes = static_cast<size_t>(seq_len + 1) * DTypeSize(row_dtype),
+                  .device_dtype = raw ? output_dtype : ferry::v1::DTYPE_UNSPECIFIED});
   fields_.push_back(
       FieldLayout{.name = "index", .dtype = ferry::v1::INT64, .shape = {}, .row_bytes = 8});
 }

@@ -221,12 +221,15 @@ TEST_F(TokenShardsSourceTest, MakeSampleSourceAndDatasetPathsExpandThePatterns) 
   ASSERT_TRUE(source.ok()) << source.status();
   EXPECT_EQ((*source)->size(), 6);
   EXPECT_EQ((*source)->fields()[0].dtype, ferry::v1::INT64);
-  // A GPU job gets the raw dtype, except for INT32 output (the transport widens to INT64).
+  EXPECT_EQ((*source)->fields()[0].device_dtype, ferry::v1::DTYPE_UNSPECIFIED);
+  // A GPU job gets the raw dtype, marked for the device to widen to the output dtype.
   SourceOptions gpu;
   gpu.device_widens_tokens = true;
   EXPECT_EQ((*MakeSampleSource(job, fs_, gpu))->fields()[0].dtype, ferry::v1::UINT16);
+  EXPECT_EQ((*MakeSampleSource(job, fs_, gpu))->fields()[0].device_dtype, ferry::v1::INT64);
   job.mutable_dataset()->mutable_token_shards()->set_output_dtype(ferry::v1::INT32);
-  EXPECT_EQ((*MakeSampleSource(job, fs_, gpu))->fields()[0].dtype, ferry::v1::INT32);
+  EXPECT_EQ((*MakeSampleSource(job, fs_, gpu))->fields()[0].dtype, ferry::v1::UINT16);
+  EXPECT_EQ((*MakeSampleSource(job, fs_, gpu))->fields()[0].device_dtype, ferry::v1::INT32);
   job.mutable_dataset()->mutable_token_shards()->set_output_dtype(ferry::v1::INT64);
   job.mutable_dataset()->mutable_token_shards()->set_widen_on_host(true);
   EXPECT_EQ((*MakeSampleSource(job, fs_, gpu))->fields()[0].dtype, ferry::v1::INT64);

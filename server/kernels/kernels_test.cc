@@ -242,6 +242,7 @@ void CheckWiden(TokenInput in_type, TokenOutput out_type, int64_t count, size_t 
   if (count > 2) {
     host[0] = std::numeric_limits<In>::max();
     host[1] = 0;
+    host[2] = std::numeric_limits<In>::lowest();
   }
   const size_t guard = 8;
   CudaStream stream = ValueOrDie(CudaStream::Create(0));
@@ -280,6 +281,9 @@ TEST_F(KernelTest, WidenTokens) {
                                     ++seed);
       CheckWiden<uint32_t, int64_t>(TokenInput::kUint32, TokenOutput::kInt64, count, off, 0,
                                     ++seed);
+      // Sign-extended: the max and min of int32 both survive.
+      CheckWiden<int32_t, int64_t>(TokenInput::kInt32, TokenOutput::kInt64, count, off, off,
+                                   ++seed);
     }
   }
 }

@@ -39,6 +39,9 @@ TEST(Launchers, RejectBadArgumentsBeforeTouchingCuda) {
   EXPECT_TRUE(
       LaunchWidenTokens(nullptr, TokenInput::kUint32, nullptr, TokenOutput::kInt32, 0, nullptr)
           .ok());
+  EXPECT_EQ(
+      LaunchWidenTokens(&byte, TokenInput::kInt32, &byte, TokenOutput::kInt32, 4, nullptr).code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 TEST(OutputDType, Sizes) {

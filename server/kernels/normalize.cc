@@ -83,12 +83,22 @@ absl::Status LaunchWidenTokens(const void* src, TokenInput src_dtype, void* dst,
   if (src == nullptr || dst == nullptr) {
     return absl::InvalidArgumentError("LaunchWidenTokens: null source or destination");
   }
-  const bool wide_in = src_dtype == TokenInput::kUint32;
   const bool wide_out = dst_dtype == TokenOutput::kInt64;
-  const cuda_internal::WidenKind kind =
-      wide_in
-          ? (wide_out ? cuda_internal::WidenKind::kU32ToI64 : cuda_internal::WidenKind::kU32ToI32)
-          : (wide_out ? cuda_internal::WidenKind::kU16ToI64 : cuda_internal::WidenKind::kU16ToI32);
+  cuda_internal::WidenKind kind = cuda_internal::WidenKind::kU16ToI32;
+  switch (src_dtype) {
+    case TokenInput::kUint16:
+      kind = wide_out ? cuda_internal::WidenKind::kU16ToI64 : cuda_internal::WidenKind::kU16ToI32;
+      break;
+    case TokenInput::kUint32:
+      kind = wide_out ? cuda_internal::WidenKind::kU32ToI64 : cuda_internal::WidenKind::kU32ToI32;
+      break;
+    case TokenInput::kInt32:
+      if (!wide_out) {
+        return absl::InvalidArgumentError("LaunchWidenTokens: int32 -> int32 is no widening");
+      }
+      kind = cuda_internal::WidenKind::kI32ToI64;
+      break;
+  }
   FERRY_ASSIGN_OR_RETURN(const int device, StreamDevice(stream));
   ScopedDevice scope(device);
   FERRY_RETURN_IF_ERROR(scope.status());

@@ -430,6 +430,8 @@ cudaError_t EnqueueWidenTokens(const void* src, void* dst, WidenKind kind, int64
       return WidenAs<uint32_t, int32_t>(src, dst, count, stream);
     case WidenKind::kU32ToI64:
       return WidenAs<uint32_t, int64_t>(src, dst, count, stream);
+    case WidenKind::kI32ToI64:
+      return WidenAs<int32_t, int64_t>(src, dst, count, stream);
   }
   return cudaErrorInvalidValue;
 }

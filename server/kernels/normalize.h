@@ -52,12 +52,14 @@ absl::Status LaunchNormalizeImages(const uint8_t* src_hwc, void* dst_chw, Output
                                    int batch, int height, int width, const float mean[3],
                                    const float std[3], void* stream);
 
-enum class TokenInput { kUint16, kUint32 };
+enum class TokenInput { kUint16, kUint32, kInt32 };
 enum class TokenOutput { kInt32, kInt64 };
 
-// dst[i] = src[i] for `count` tokens, widened (zero-extended). uint32 -> int32 keeps the
-// bits: ids of 2^31 or more turn negative, which no vocabulary reaches. Device pointers of
-// the stream's device, not overlapping; fastest when both are 16-byte aligned.
+// dst[i] = src[i] for `count` tokens, widened (zero-extended from unsigned, sign-extended
+// from int32: Megatron's int32 token files). uint32 -> int32 keeps the bits: ids of 2^31 or
+// more turn negative, which no vocabulary reaches. int32 -> int32 is no widening:
+// INVALID_ARGUMENT. Device pointers of the stream's device, not overlapping; fastest when
+// both are 16-byte aligned.
 absl::Status LaunchWidenTokens(const void* src, TokenInput src_dtype, void* dst,
                                TokenOutput dst_dtype, int64_t count, void* stream);
 

@@ -145,6 +145,9 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
   if (cuda && options_.widen_tokens_on_host && spec.dataset().has_token_shards()) {
     spec.mutable_dataset()->mutable_token_shards()->set_widen_on_host(true);
   }
+  if (cuda && options_.widen_tokens_on_host && spec.dataset().has_indexed()) {
+    spec.mutable_dataset()->mutable_indexed()->set_widen_on_host(true);
+  }
   if (!cuda && spec.has_image_output() && spec.image_output().dtype() != ferry::v1::UINT8 &&
       spec.image_output().dtype() != ferry::v1::DTYPE_UNSPECIFIED) {
     return absl::InvalidArgumentError(

@@ -128,6 +128,7 @@ void SetDataset(const IndexedOptions& indexed, v1::DatasetSpec* d) {
   i->set_output_dtype(ToProto(indexed.output_dtype));
   i->set_position_ids(indexed.position_ids);
   i->set_cu_seqlens(indexed.cu_seqlens);
+  i->set_widen_on_host(indexed.widen_on_host);
 }
 void SetDataset(const BlendOptions& blend, v1::DatasetSpec* d) {
   v1::BlendDataset* b = d->mutable_blend();
@@ -194,6 +195,7 @@ DatasetOptions DatasetFromProto(const v1::DatasetSpec& d) {
       indexed.output_dtype = FromProto(i.output_dtype());
       indexed.position_ids = i.position_ids();
       indexed.cu_seqlens = i.cu_seqlens();
+      indexed.widen_on_host = i.widen_on_host();
       return indexed;
     }
     default:

@@ -254,10 +254,11 @@ class IndexedDataset:
     with position_ids=True "position_ids": output_dtype[B, seq_len + 1] (restarting at 0 at
     each document start in the sample), and with cu_seqlens=True "cu_seqlens": int32[B,
     seq_len + 1] and "num_seqs": int32[B]: row b's cu_seqlens[:num_seqs + 1] are
-    FlashAttention's varlen boundaries of its seq_len inputs (padded with seq_len)."""
+    FlashAttention's varlen boundaries of its seq_len inputs (padded with seq_len).
+    widen_on_host: as for ferry.Tokens."""
 
     def __init__(self, path_prefix, seq_len, output_dtype="int64", position_ids=False,
-                 cu_seqlens=False):
+                 cu_seqlens=False, widen_on_host=False):
         self.path_prefix = _check_path("IndexedDataset path_prefix", path_prefix)
         for ext in (".bin", ".idx"):
             if self.path_prefix.endswith(ext):
@@ -270,6 +271,7 @@ class IndexedDataset:
         self.output_dtype = output_dtype
         self.position_ids = _check_bool("position_ids", position_ids)
         self.cu_seqlens = _check_bool("cu_seqlens", cu_seqlens)
+        self.widen_on_host = _check_bool("widen_on_host", widen_on_host)
 
     def _spec(self):
         spec = {"path_prefix": self.path_prefix, "seq_len": self.seq_len,
@@ -278,6 +280,8 @@ class IndexedDataset:
             spec["position_ids"] = True
         if self.cu_seqlens:
             spec["cu_seqlens"] = True
+        if self.widen_on_host:
+            spec["widen_on_host"] = True
         return {"indexed": spec}
 
     def __repr__(self):

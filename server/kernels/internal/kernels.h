@@ -26,7 +26,7 @@ cudaError_t EnqueueNormalizeImages(const uint8_t* src, void* dst, NormalizeOut o
                                    int64_t pixels, const NormalizeParams& params,
                                    cudaStream_t stream);
 
-enum class WidenKind { kU16ToI32, kU16ToI64, kU32ToI32, kU32ToI64 };
+enum class WidenKind { kU16ToI32, kU16ToI64, kU32ToI32, kU32ToI64, kI32ToI64 };
 
 // `count` >= 1 elements; same device rule.
 cudaError_t EnqueueWidenTokens(const void* src, void* dst, WidenKind kind, int64_t count,

@@ -64,9 +64,7 @@ absl::StatusOr<int> CudaGpuProvider::Resolve(const std::string& device) const {
 }
 
 absl::Status CudaGpuProvider::CheckJob(const Job& job) const {
-  return DeviceSlotLayout::Make(job.layout(), job.spec().image_output(),
-                                job.spec().dataset().tokens().output_dtype())
-      .status();
+  return DeviceSlotLayout::Make(job.layout(), job.spec().image_output()).status();
 }
 
 absl::StatusOr<std::unique_ptr<DeviceStage>> CudaGpuProvider::MakeStage(const Job& job, int ordinal,

@@ -42,8 +42,7 @@ absl::StatusOr<std::unique_ptr<CudaStage>> CudaStage::Create(
   stage->host_ = &job.layout();
   stage->slab_ = slab.data();
   FERRY_ASSIGN_OR_RETURN(stage->layout_,
-                         DeviceSlotLayout::Make(job.layout(), job.spec().image_output(),
-                                                job.spec().dataset().tokens().output_dtype()));
+                         DeviceSlotLayout::Make(job.layout(), job.spec().image_output()));
   const std::string what = absl::StrCat("job ", job.identity().id);
   FERRY_ASSIGN_OR_RETURN(stage->pinned_, pinned_budget->Reserve(slab.size(), what));
   FERRY_ASSIGN_OR_RETURN(stage->device_bytes_,
@@ -245,10 +244,11 @@ absl::Status CudaStage::EnqueueConversion(CudaStream& stream, uint8_t* dst, uint
   if (layout_.token_field >= 0) {
     // Raw tokens: only 2 or 4 bytes per token crossed PCIe; widen them here.
     const FieldLayout& tokens = host_->fields[layout_.token_field];
+    const TokenInput input = layout_.token_input == ferry::v1::UINT16   ? TokenInput::kUint16
+                             : layout_.token_input == ferry::v1::UINT32 ? TokenInput::kUint32
+                                                                        : TokenInput::kInt32;
     return LaunchWidenTokens(
-        dst + layout_.convert_input_offset,
-        tokens.dtype == ferry::v1::UINT16 ? TokenInput::kUint16 : TokenInput::kUint32,
-        dst + layout_.offsets[layout_.token_field],
+        dst + layout_.convert_input_offset, input, dst + layout_.offsets[layout_.token_field],
         layout_.token_dtype == ferry::v1::INT32 ? TokenOutput::kInt32 : TokenOutput::kInt64,
         static_cast<int64_t>(tokens.shape[0]) * num_samples, stream.get());
   }

@@ -15,8 +15,7 @@ constexpr size_t kDeviceSlotAlignment = 2 << 20;
 }  // namespace
 
 absl::StatusOr<DeviceSlotLayout> DeviceSlotLayout::Make(const SlotLayout& host,
-                                                        const ferry::v1::ImageOutput& output,
-                                                        ferry::v1::DType tokens_output) {
+                                                        const ferry::v1::ImageOutput& output) {
   DeviceSlotLayout layout;
   layout.fields = host.fields;
   const ferry::v1::DType dtype =
@@ -56,18 +55,19 @@ absl::StatusOr<DeviceSlotLayout> DeviceSlotLayout::Make(const SlotLayout& host,
   }
   for (size_t f = 0; f < host.fields.size(); ++f) {
     const FieldLayout& field = host.fields[f];
-    if (field.name != "tokens" ||
-        (field.dtype != ferry::v1::UINT16 && field.dtype != ferry::v1::UINT32)) {
-      continue;
-    }
-    const ferry::v1::DType out =
-        tokens_output == ferry::v1::DTYPE_UNSPECIFIED ? ferry::v1::INT64 : tokens_output;
-    if (out != ferry::v1::INT64 && out != ferry::v1::INT32) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("dataset.tokens.output_dtype must be INT64 or INT32 (got ",
-                       ferry::v1::DType_Name(out), ")"));
+    if (field.device_dtype == ferry::v1::DTYPE_UNSPECIFIED) continue;
+    const ferry::v1::DType out = field.device_dtype;
+    const bool widens = (field.dtype == ferry::v1::UINT16 || field.dtype == ferry::v1::UINT32 ||
+                         field.dtype == ferry::v1::INT32) &&
+                        (out == ferry::v1::INT64 || out == ferry::v1::INT32) && field.dtype != out;
+    if (!widens || layout.token_field >= 0 || layout.image_field >= 0) {
+      // The sources set device_dtype only so (FieldLayout): a bug, not a bad request.
+      return absl::InternalError(absl::StrCat(
+          "field '", field.name, "' asks the device to widen ", ferry::v1::DType_Name(field.dtype),
+          " to ", ferry::v1::DType_Name(out), ", which the GPU transport does not do"));
     }
     layout.token_field = static_cast<int>(f);
+    layout.token_input = field.dtype;
     layout.token_dtype = out;
     FieldLayout& tokens = layout.fields[f];
     tokens.dtype = out;

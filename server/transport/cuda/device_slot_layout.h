@@ -26,6 +26,7 @@ struct DeviceSlotLayout {
   size_t slot_bytes = 0;  // a multiple of 2 MiB (each slot is its own allocation)
   int image_field = -1;   // image field normalized on the device, -1 when none
   int token_field = -1;   // raw token field widened on the device, -1 when none
+  ferry::v1::DType token_input = ferry::v1::UINT16;  // its dtype on the host
   // Converting: the host slot's bytes land at staging_offset (one copy per batch); the
   // converted field's input is at convert_input_offset, the other fields are read in place
   // (their offsets point into the staging area).
@@ -39,13 +40,11 @@ struct DeviceSlotLayout {
   bool converts() const { return image_field >= 0 || token_field >= 0; }
 
   // The device slot for host slots laid out as `host`. Images are normalized when `output`
-  // asks for a float dtype; a "tokens" field that the host holds raw (UINT16 / UINT32, see
-  // TokenSource) is widened to `tokens_output` (INT64 when unspecified). INVALID_ARGUMENT
-  // naming image_output's field (or dataset.tokens.output_dtype) when it is not a valid
+  // asks for a float dtype; a field of raw tokens (FieldLayout::device_dtype set) is widened
+  // to its device_dtype. INVALID_ARGUMENT naming image_output's field when it is not a valid
   // request.
-  static absl::StatusOr<DeviceSlotLayout> Make(
-      const SlotLayout& host, const ferry::v1::ImageOutput& output,
-      ferry::v1::DType tokens_output = ferry::v1::DTYPE_UNSPECIFIED);
+  static absl::StatusOr<DeviceSlotLayout> Make(const SlotLayout& host,
+                                               const ferry::v1::ImageOutput& output);
 };
 
 }  // namespace ferry

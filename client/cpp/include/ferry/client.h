@@ -107,6 +107,8 @@ struct IndexedOptions {
   DType output_dtype = DType::kInt64;
   bool position_ids = false;  // Default: false
   bool cu_seqlens = false;    // Default: false
+  // As TokensOptions::widen_on_host. Default: false.
+  bool widen_on_host = false;
 };
 
 // WebDataset tar shards: a sample is the members sharing a basename; fields "image",
