@@ -17,7 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                 : ferry::ImageTransform::RandomResizedCrop(out, (data[1] & 2) != 0);
   ferry::DecodeLimits limits;
   limits.max_image_pixels = 1 << 22;  // the fuzzer's memory limit, not ferryd's default
-  static ferry::JpegDecoder* decoder = new ferry::JpegDecoder();
+  static ferry::ImageDecoder* decoder = new ferry::ImageDecoder();
   decoder->set_limits(limits);
   ferry::Rng rng(data[3]);
   std::vector<uint8_t> row(static_cast<size_t>(out) * out * 3);

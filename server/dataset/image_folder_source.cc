@@ -22,7 +22,7 @@ constexpr uint32_t kMaxCropSize = 16384;
 
 class ImageScratch final : public SampleSource::Scratch {
  public:
-  JpegDecoder decoder;
+  ImageDecoder decoder;
   std::vector<uint8_t> file;  // grows to the largest file seen, never shrinks
   std::string path;
 };

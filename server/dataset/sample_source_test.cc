@@ -165,7 +165,7 @@ TEST_F(ImageFolderTest, FillMatchesDecodingThatFileWithTheSampleSeed) {
   absl::StatusOr<ImageTransform> t = ImageTransformFromSpec(spec.transform());
   ASSERT_TRUE(t.ok()) << t.status();
   std::unique_ptr<SampleSource::Scratch> scratch = source->NewScratch();
-  JpegDecoder decoder;
+  ImageDecoder decoder;
   // Largest file first, then smaller ones through the same (growing, reused) scratch.
   for (int64_t i : {0, 4, 1, 3}) {
     std::ifstream in(source->Describe(i), std::ios::binary);

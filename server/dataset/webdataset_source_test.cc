@@ -182,7 +182,7 @@ TEST_F(WebDatasetSourceTest, FillDecodesExactlyAsImageFolderDoes) {
   EXPECT_THAT(f[0].shape, ElementsAre(32, 32, 3));
   EXPECT_EQ(f[1].name, "label");
   EXPECT_EQ(f[2].name, "index");
-  JpegDecoder decoder;
+  ImageDecoder decoder;
   std::unique_ptr<SampleSource::Scratch> scratch = source->NewScratch();
   for (int64_t i : {0, 2, 1}) {
     const std::vector<uint8_t> bytes(jpegs[i].begin(), jpegs[i].end());
