@@ -78,13 +78,15 @@ std::string FormatCpuList(const std::vector<int32_t>& cpus_in) {
 
 std::string FormatDataset(const JobOptions& spec) {
   if (const auto* folder = std::get_if<ImageFolderOptions>(&spec.dataset)) {
-    return absl::StrCat("imagefolder ", folder->root);
+    return absl::StrCat("imagefolder ", folder->root,
+                        folder->exif_orientation ? " (exif_orientation)" : "");
   }
   if (const auto* tokens = std::get_if<TokensOptions>(&spec.dataset)) {
     return absl::StrCat("tokens ", tokens->path);
   }
   if (const auto* wds = std::get_if<WebDatasetOptions>(&spec.dataset)) {
-    return absl::StrCat("webdataset ", absl::StrJoin(wds->shards, " "));
+    return absl::StrCat("webdataset ", absl::StrJoin(wds->shards, " "),
+                        wds->exif_orientation ? " (exif_orientation)" : "");
   }
   if (const auto* records = std::get_if<RecordsOptions>(&spec.dataset)) {
     return absl::StrCat("records ", records->path, " (", DTypeName(records->dtype).data(), "[",

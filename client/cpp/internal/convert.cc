@@ -89,6 +89,7 @@ v1::JobSpec ToProto(const JobOptions& options) {
   v1::JobSpec spec;
   if (const auto* folder = std::get_if<ImageFolderOptions>(&options.dataset)) {
     spec.mutable_dataset()->mutable_image_folder()->set_root(folder->root);
+    spec.mutable_dataset()->mutable_image_folder()->set_exif_orientation(folder->exif_orientation);
   } else if (const auto* tokens = std::get_if<TokensOptions>(&options.dataset)) {
     v1::TokensDataset* t = spec.mutable_dataset()->mutable_tokens();
     t->set_path(tokens->path);
@@ -102,6 +103,7 @@ v1::JobSpec ToProto(const JobOptions& options) {
     if (wds->image_key != "jpg") w->set_image_key(wds->image_key);
     if (wds->label_key != "cls") w->set_label_key(wds->label_key);
     w->set_shuffle_buffer(wds->shuffle_buffer);
+    w->set_exif_orientation(wds->exif_orientation);
   } else if (const auto* records = std::get_if<RecordsOptions>(&options.dataset)) {
     v1::RecordsDataset* r = spec.mutable_dataset()->mutable_records();
     r->set_path(records->path);
@@ -163,7 +165,8 @@ JobOptions FromProto(const v1::JobSpec& spec) {
   JobOptions options;
   switch (spec.dataset().kind_case()) {
     case v1::DatasetSpec::kImageFolder:
-      options.dataset = ImageFolderOptions{spec.dataset().image_folder().root()};
+      options.dataset = ImageFolderOptions{spec.dataset().image_folder().root(),
+                                           spec.dataset().image_folder().exif_orientation()};
       break;
     case v1::DatasetSpec::kTokens: {
       const v1::TokensDataset& t = spec.dataset().tokens();
@@ -183,6 +186,7 @@ JobOptions FromProto(const v1::JobSpec& spec) {
       if (!w.image_key().empty()) wds.image_key = w.image_key();
       if (!w.label_key().empty()) wds.label_key = w.label_key();
       wds.shuffle_buffer = w.shuffle_buffer();
+      wds.exif_orientation = w.exif_orientation();
       options.dataset = wds;
       break;
     }
