@@ -18,6 +18,16 @@ uint32_t BigEndian32(const uint8_t* p) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
 }
 
+// PNG's CRC-32 (ISO 3309), bit by bit: it only ever covers an eXIf chunk, a few KB at most.
+uint32_t Crc32(const uint8_t* data, size_t n) {
+  uint32_t crc = 0xFFFFFFFFu;
+  for (size_t i = 0; i < n; ++i) {
+    crc ^= data[i];
+    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+  }
+  return ~crc;
+}
+
 // Reads TIFF integers in the structure's byte order; every read is checked against its size.
 class TiffReader {
  public:
@@ -79,16 +89,19 @@ absl::Span<const uint8_t> FindPngExif(absl::Span<const uint8_t> png) {
   if (!StartsWith(png, kPngSignature, sizeof(kPngSignature))) return {};
   absl::Span<const uint8_t> exif;
   size_t pos = sizeof(kPngSignature);
-  // Each chunk: length (4, big-endian), type (4), data (length), CRC (4).
-  while (png.size() - pos >= 8) {
+  // Each chunk: length (4, big-endian), type (4), data (length), CRC (4) of type and data.
+  while (png.size() - pos >= 12) {
     const size_t length = BigEndian32(png.data() + pos);
     const uint8_t* type = png.data() + pos + 4;
-    if (length > png.size() - pos - 8) break;  // Truncated: keep what was found.
-    if (std::memcmp(type, "eXIf", 4) == 0) exif = png.subspan(pos + 8, length);
+    if (length > png.size() - pos - 12) break;  // Truncated: keep what was found.
+    // An eXIf whose CRC does not match is dropped, as the decoder drops a damaged ancillary
+    // chunk; an earlier good one stands.
+    if (std::memcmp(type, "eXIf", 4) == 0 &&
+        Crc32(type, 4 + length) == BigEndian32(type + 4 + length)) {
+      exif = png.subspan(pos + 8, length);
+    }
     if (std::memcmp(type, "IEND", 4) == 0) break;
-    pos += 8 + length;
-    if (png.size() - pos < 4) break;
-    pos += 4;  // CRC
+    pos += 12 + length;
   }
   return exif;
 }

@@ -25,10 +25,9 @@ namespace ferry {
 // none or the marker structure is broken before one is found.
 absl::Span<const uint8_t> FindJpegExif(absl::Span<const uint8_t> jpeg);
 
-// The data of the PNG's last eXIf chunk (PIL keeps the last one), before or after the image
-// data, up to IEND; empty when there is none. Chunk CRCs are not checked here (the decoder
-// checks the critical chunks'); a damaged block fails ParseExifOrientation's checks or gives
-// a value outside 1..8, either of which means 1.
+// The data of the PNG's last eXIf chunk whose CRC matches (PIL keeps the last one), before
+// or after the image data, up to IEND; empty when there is none. A damaged chunk is skipped,
+// as libspng drops a damaged ancillary chunk (PIL refuses the whole file).
 absl::Span<const uint8_t> FindPngExif(absl::Span<const uint8_t> png);
 
 // The Orientation (tag 0x0112) of IFD0 in a TIFF structure, little- or big-endian: a SHORT

@@ -175,8 +175,16 @@ TEST(FindExifTest, PngLastExifChunkBeforeOrAfterTheImageData) {
   EXPECT_EQ(
       ReadExifOrientation(AddPngChunk(SmallPng(), "eXIf", ExifWithOrientation(8, true), "IEND")),
       8);
-  // Two: the last wins (PIL's).
-  EXPECT_EQ(ReadExifOrientation(AddPngChunk(six, "eXIf", ExifWithOrientation(3, true), "IEND")), 3);
+  // Two: the last wins (PIL's)...
+  Bytes two = AddPngChunk(six, "eXIf", ExifWithOrientation(3, true), "IEND");
+  EXPECT_EQ(ReadExifOrientation(two), 3);
+  // ...unless its CRC is wrong: a damaged chunk is dropped, the first one stands.
+  two[testutil::FindPngChunk(two, "IEND") - 1] ^= 0x01;
+  EXPECT_EQ(ReadExifOrientation(two), 6);
+  Bytes damaged = six;  // the block intact, its CRC not
+  damaged[testutil::FindPngChunk(damaged, "eXIf") + 8 + ExifWithOrientation(6, false).size()] ^=
+      0x01;
+  EXPECT_EQ(ReadExifOrientation(damaged), 1);
   // With the JPEG-style "Exif\0\0" prefix the block is not TIFF: ignored (PIL raises).
   Bytes prefixed = {'E', 'x', 'i', 'f', 0, 0};
   const Bytes tiff = ExifWithOrientation(6, false);
