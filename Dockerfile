@@ -59,11 +59,11 @@ RUN mkdir -p /stage/usr/local/lib \
 FROM debian:12-slim
 
 # Runtime halves of deploy/install-deps.sh's -dev packages: gRPC 1.51, protobuf 3.21,
-# abseil 20220623, libnuma, libjpeg-turbo, libsystemd (sd_notify; a no-op without
+# abseil 20220623, libnuma, libjpeg-turbo, libspng, libsystemd (sd_notify; a no-op without
 # NOTIFY_SOCKET), cpp-httplib (the metrics endpoint).
 RUN apt-get update -qq \
  && apt-get install -y -qq --no-install-recommends \
-      libgrpc++1.51 libprotobuf32 libabsl20220623 libnuma1 libjpeg62-turbo libsystemd0 \
+      libgrpc++1.51 libprotobuf32 libabsl20220623 libnuma1 libjpeg62-turbo libspng0 libsystemd0 \
       libcpp-httplib0.11 \
  && rm -rf /var/lib/apt/lists/*
 

@@ -4,7 +4,7 @@
 //   host_pipeline_bench --data DIR [--batch 64] [--size 224] [--epochs 3] [--workers N]
 //
 // DIR is an imagefolder (examples/make_demo_dataset.py writes one). Measured:
-//   1. single-thread full decode (JpegDecoder::DecodeRgb) of every file, bytes in memory;
+//   1. single-thread full decode (ImageDecoder::DecodeRgb) of every file, bytes in memory;
 //   2. single-thread decode + RandomResizedCrop(size) + flip (the per-sample work ferryd does);
 //   3. ferryd (in this process, `workers` threads) -> host transport -> a consumer that
 //      touches one byte per image row, for `epochs` epochs after one warm-up epoch.
@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
   for (const auto& f : files) total_bytes += f.size();
 
   // 1 and 2: single thread, bytes already in memory.
-  ferry::JpegDecoder decoder;
+  ferry::ImageDecoder decoder;
   std::vector<uint8_t> rgb;
   auto t0 = Clock::now();
   for (const auto& f : files) {

@@ -9,12 +9,15 @@ import io
 import json
 import os
 import struct
+import sys
 import tarfile
 
 import numpy as np
 from PIL import Image
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "testing"))
+import png_writer  # noqa: E402
 JOBSPEC_ROOT = "/tmp/ferry-fuzz-jobspec"  # jobspec_fuzzer.cc's kRoot
 
 
@@ -58,7 +61,43 @@ def main():
         "cmyk": jpeg(photo(20, 12, 5).convert("CMYK"), quality=70),
     }
     for i, (name, data) in enumerate(jpegs.items()):
-        put("jpeg_transform_fuzzer", name, bytes([16 + i, i, 8, i]) + data)
+        put("image_transform_fuzzer", name, bytes([16 + i, i, 8, i]) + data)
+
+    # PNGs of several types (png_writer: PIL cannot write 16-bit RGB or interlaced files),
+    # and JPEG and PNG with an EXIF orientation (byte 1 bit 2 turns exif_orientation on).
+    rng = np.random.default_rng(7)
+
+    def pixels(w, h, channels, depth):
+        return rng.integers(0, 1 << depth, (h, w, channels)).tolist()
+
+    pw = png_writer
+    pngs = {
+        "png_rgb8": pw.encode_png(20, 12, pw.COLOR_RGB, 8, pixels(20, 12, 3, 8)),
+        "png_rgba16_interlaced": pw.encode_png(11, 9, pw.COLOR_RGBA, 16, pixels(11, 9, 4, 16),
+                                               interlace=True),
+        "png_gray16": pw.encode_png(9, 5, pw.COLOR_GRAY, 16, pixels(9, 5, 1, 16)),
+        "png_gray2_interlaced": pw.encode_png(13, 7, pw.COLOR_GRAY, 2, pixels(13, 7, 1, 2),
+                                              interlace=True),
+        "png_palette4_trns": pw.encode_png(10, 6, pw.COLOR_PALETTE, 4, pixels(10, 6, 1, 4),
+                                           palette=[(i * 16, 255 - i * 16, 7) for i in range(16)],
+                                           trns=bytes([0, 128])),
+        "png_gray_alpha8_exif6": pw.encode_png(8, 12, pw.COLOR_GRAY_ALPHA, 8,
+                                               pixels(8, 12, 2, 8),
+                                               exif=pw.exif_orientation_block(6, True)),
+    }
+    for i, (name, data) in enumerate(pngs.items()):
+        put("image_transform_fuzzer", name, bytes([8 + i, 4 | (i & 3), 5, i]) + data)
+    exif_jpeg = jpeg(photo(24, 16, 6), quality=80,
+                     exif=b"Exif\0\0" + pw.exif_orientation_block(8))
+    put("image_transform_fuzzer", "jpeg_exif8", bytes([12, 4, 3, 1]) + exif_jpeg)
+
+    put("exif_fuzzer", "tiff_le", pw.exif_orientation_block(3))
+    put("exif_fuzzer", "tiff_be", pw.exif_orientation_block(6, big_endian=True))
+    put("exif_fuzzer", "jpeg", exif_jpeg)
+    put("exif_fuzzer", "png", pngs["png_gray_alpha8_exif6"])
+    put("exif_fuzzer", "png_after_idat",
+        pw.encode_png(2, 2, pw.COLOR_GRAY, 8, [[(1,), (2,)], [(3,), (4,)]],
+                      exif=pw.exif_orientation_block(5), exif_after_idat=True))
 
     put("tar_index_fuzzer", "ustar", tar([("a/x.jpg", b"x" * 700), ("a/x.cls", b"3")]))
     put("tar_index_fuzzer", "gnu_long_name",

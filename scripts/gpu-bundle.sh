@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds here and packs what the GPU tests and benchmarks need into .device/ (git-ignored)
-# for the lent GPU machine, which lacks gRPC, protobuf, abseil, libnuma and libjpeg-turbo.
+# for the lent GPU machine, which lacks gRPC, protobuf, abseil, libnuma, libjpeg-turbo and
+# libspng.
 #   bash scripts/gpu-bundle.sh   then, there:   bash scripts/gpu-device-run.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

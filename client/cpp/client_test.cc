@@ -253,7 +253,7 @@ TEST(JobOptionsJsonTest, ImageFolderRoundTrip) {
   options.world_size = 8;
   options.device = "cuda:3";
   const std::string json = JobOptionsToJson(options);
-  EXPECT_THAT(json, HasSubstr(R"("image_folder":{"root":"/data/train"})"));
+  EXPECT_THAT(json, HasSubstr(R"("image_folder":{"root":"/data/train","exif_orientation":false})"));
   EXPECT_THAT(json, HasSubstr(R"("batch_size":256)"));
   EXPECT_THAT(json, HasSubstr(R"("seed":"7")"));  // uint64 is a string in proto3 JSON
 
@@ -272,6 +272,38 @@ TEST(JobOptionsJsonTest, ImageFolderRoundTrip) {
   EXPECT_EQ(parsed->seed, 7u);
   EXPECT_EQ(parsed->world_size, 8u);
   EXPECT_EQ(parsed->device, "cuda:3");
+  EXPECT_FALSE(std::get<ImageFolderOptions>(parsed->dataset).exif_orientation);
+
+  // exif_orientation travels both ways.
+  options.dataset = ImageFolderOptions{"/data/train", /*exif_orientation=*/true};
+  const std::string with_exif = JobOptionsToJson(options);
+  EXPECT_THAT(with_exif,
+              HasSubstr(R"("image_folder":{"root":"/data/train","exif_orientation":true})"));
+  parsed = JobOptionsFromJson(with_exif);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(std::get<ImageFolderOptions>(parsed->dataset).exif_orientation);
+}
+
+TEST(JobOptionsJsonTest, WebDatasetRoundTrip) {
+  JobOptions options;
+  WebDatasetOptions wds;
+  wds.shards = {"/data/train-{000..009}.tar"};
+  wds.image_key = "png";
+  wds.exif_orientation = true;
+  options.dataset = wds;
+  options.transform = CenterCropOptions{224, 0};
+  options.batch_size = 8;
+  const std::string json = JobOptionsToJson(options);
+  EXPECT_THAT(json, HasSubstr(R"("image_key":"png")"));
+  EXPECT_THAT(json, HasSubstr(R"("exif_orientation":true)"));
+  auto parsed = JobOptionsFromJson(json);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_TRUE(std::holds_alternative<WebDatasetOptions>(parsed->dataset));
+  const auto& back = std::get<WebDatasetOptions>(parsed->dataset);
+  EXPECT_EQ(back.shards, wds.shards);
+  EXPECT_EQ(back.image_key, "png");
+  EXPECT_EQ(back.label_key, "cls");
+  EXPECT_TRUE(back.exif_orientation);
 }
 
 TEST(JobOptionsJsonTest, TokensFromHandWrittenJsonWithCamelCaseNames) {

@@ -80,13 +80,15 @@ namespace {
 
 std::string DescribeDataset(std::monostate) { return "-"; }
 std::string DescribeDataset(const ImageFolderOptions& folder) {
-  return absl::StrCat("imagefolder ", folder.root);
+  return absl::StrCat("imagefolder ", folder.root,
+                      folder.exif_orientation ? " (exif_orientation)" : "");
 }
 std::string DescribeDataset(const TokensOptions& tokens) {
   return absl::StrCat("tokens ", tokens.path);
 }
 std::string DescribeDataset(const WebDatasetOptions& wds) {
-  return absl::StrCat("webdataset ", absl::StrJoin(wds.shards, " "));
+  return absl::StrCat("webdataset ", absl::StrJoin(wds.shards, " "),
+                      wds.exif_orientation ? " (exif_orientation)" : "");
 }
 std::string DescribeDataset(const RecordsOptions& records) {
   return absl::StrCat("records ", records.path, " (", DTypeName(records.dtype).data(), "[",

@@ -22,16 +22,17 @@ constexpr uint32_t kMaxCropSize = 16384;
 
 class ImageScratch final : public SampleSource::Scratch {
  public:
-  JpegDecoder decoder;
+  ImageDecoder decoder;
   std::vector<uint8_t> file;  // grows to the largest file seen, never shrinks
   std::string path;
 };
 
-bool IsJpegName(const std::string& name) {
+// The name only selects the file; the decoder tells JPEG from PNG by the content.
+bool IsImageName(const std::string& name) {
   const size_t dot = name.rfind('.');
   if (dot == std::string::npos || dot == 0) return false;
   const std::string ext = absl::AsciiStrToLower(absl::string_view(name).substr(dot));
-  return ext == ".jpg" || ext == ".jpeg";
+  return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
 }
 
 absl::Status CheckSize(uint32_t size, const char* field) {
@@ -157,9 +158,9 @@ absl::StatusOr<std::unique_ptr<ImageFolderSource>> ImageFolderSource::Create(
   absl::StatusOr<std::vector<DatasetFs::Entry>> top = fs->ListDirectory(root);
   if (!top.ok()) {
     if (top.status().code() == absl::StatusCode::kInvalidArgument) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("dataset.image_folder.root '", root,
-                       "' is not a directory; expected <root>/<class>/<file>.jpg"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dataset.image_folder.root '", root,
+          "' is not a directory; expected <root>/<class>/<file>.jpg (or .jpeg, .png)"));
     }
     return top.status();
   }
@@ -181,7 +182,7 @@ absl::StatusOr<std::unique_ptr<ImageFolderSource>> ImageFolderSource::Create(
     if (!entries.ok()) return entries.status();
     names.clear();
     for (DatasetFs::Entry& e : *entries) {
-      if (!IsJpegName(e.name)) continue;
+      if (!IsImageName(e.name)) continue;
       if (e.type == DatasetFs::EntryType::kSymlink) {
         return RefusedLink(*fs, (fs::path(class_dir) / e.name).string());
       }
@@ -197,7 +198,7 @@ absl::StatusOr<std::unique_ptr<ImageFolderSource>> ImageFolderSource::Create(
   }
   if (source->labels_.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "dataset.image_folder.root '", root, "' holds no .jpg/.jpeg files in its ",
+        "dataset.image_folder.root '", root, "' holds no .jpg, .jpeg or .png files in its ",
         source->classes_.size(), " class directories; expected <root>/<class>/<file>.jpg"));
   }
   source->names_.shrink_to_fit();

@@ -3,8 +3,9 @@
 //
 // Classes are the immediate subdirectories of root sorted by name (byte order, as Python's
 // sorted() does); label = class index. Within a class, the files directly inside it whose
-// extension is .jpg or .jpeg (any case) are taken, sorted by name. Sample order is class-major,
-// then file name. Other files are ignored; a class with no JPEGs keeps its label but has no
+// extension is .jpg, .jpeg or .png (any case) are taken, sorted by name, and each is decoded
+// by its content (JPEG or PNG, whatever the extension says). Sample order is class-major,
+// then file name. Other files are ignored; a class with no images keeps its label but has no
 // samples. The listing happens once, in Create; later changes on disk are not seen.
 //
 // Memory: file names are packed in one buffer (about name length + 12 bytes per sample, e.g.
@@ -34,8 +35,8 @@ class ImageFolderSource final : public SampleSource {
  public:
   // Lists `root` through `fs`, which Fill then opens the files through. NOT_FOUND "dataset
   // path '<root>' does not exist"; INVALID_ARGUMENT when it is not a directory;
-  // PERMISSION_DENIED naming a class directory or JPEG that is a symbolic link `fs` does not
-  // follow; FAILED_PRECONDITION when it holds no JPEG in any class directory.
+  // PERMISSION_DENIED naming a class directory or image that is a symbolic link `fs` does not
+  // follow; FAILED_PRECONDITION when it holds no image in any class directory.
   static absl::StatusOr<std::unique_ptr<ImageFolderSource>> Create(
       const std::string& root, const ImageTransform& transform,
       const DecodeLimits& limits = DecodeLimits(),

@@ -66,6 +66,7 @@ constexpr DatasetKind kDatasetKinds[] = {
        // Validate the transform before touching the filesystem: it is cheaper and the
        // listing of a large dataset takes a while.
        FERRY_ASSIGN_OR_RETURN(ImageTransform transform, ImageTransformFromSpec(spec.transform()));
+       transform.exif_orientation = dataset.image_folder().exif_orientation();
        FERRY_ASSIGN_OR_RETURN(auto source,
                               ImageFolderSource::Create(dataset.image_folder().root(), transform,
                                                         options.limits, std::move(fs)));
@@ -131,6 +132,7 @@ constexpr DatasetKind kDatasetKinds[] = {
         const SourceOptions& options) -> Opened {
        // The transform first: indexing many shards takes a while.
        FERRY_ASSIGN_OR_RETURN(ImageTransform transform, ImageTransformFromSpec(spec.transform()));
+       transform.exif_orientation = spec.dataset().webdataset().exif_orientation();
        FERRY_ASSIGN_OR_RETURN(auto source,
                               WebDatasetSource::Create(spec.dataset().webdataset(), transform,
                                                        options.limits, std::move(fs)));

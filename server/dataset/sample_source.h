@@ -74,7 +74,7 @@ struct DirectRows {
 
 class SampleSource {
  public:
-  // Per-thread mutable state (a JPEG decoder, file buffers). Opaque to callers.
+  // Per-thread mutable state (an image decoder, file buffers). Opaque to callers.
   class Scratch {
    public:
     virtual ~Scratch() = default;

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -15,14 +16,18 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/dataset/image_folder_source.h"
+#include "server/decode/exif.h"
 #include "server/decode/image_transform.h"
 #include "testing/jpeg_writer.h"
+#include "testing/png_writer.h"
 
 namespace ferry {
 namespace {
 
 namespace fs = std::filesystem;
 using ::ferry::testutil::EncodeJpeg;
+using ::ferry::testutil::EncodePng;
+using ::ferry::testutil::ExifWithOrientation;
 using ::ferry::testutil::MakeTestPattern;
 using ::ferry::testutil::WriteFile;
 using ::testing::ElementsAre;
@@ -51,6 +56,14 @@ class TempDir {
 std::vector<uint8_t> TestJpeg(int w, int h, uint64_t seed) {
   std::vector<uint8_t> rgb = MakeTestPattern(w, h, seed);
   return EncodeJpeg(rgb.data(), w, h, /*quality=*/90);
+}
+
+// An 8-bit RGB PNG of the test pattern, with an eXIf chunk when `exif` is not empty.
+std::vector<uint8_t> TestPng(int w, int h, uint64_t seed, const std::vector<uint8_t>& exif = {}) {
+  std::vector<uint8_t> rgb = MakeTestPattern(w, h, seed);
+  testutil::PngEncodeOptions o;
+  o.exif = exif;
+  return EncodePng(std::vector<uint16_t>(rgb.begin(), rgb.end()), w, h, o);
 }
 
 void Put(const std::string& path, absl::Span<const uint8_t> bytes) {
@@ -105,7 +118,8 @@ class ImageFolderTest : public ::testing::Test {
     Put(Root("cat/c.Jpg"), TestJpeg(50, 50, 4));
     Put(Root("Apple/x.jpg"), TestJpeg(96, 80, 5));
     PutText(Root("cat/notes.txt"), "not an image");
-    Put(Root("cat/image.png"), TestJpeg(20, 20, 6));  // JPEG bytes, but not a .jpg name
+    Put(Root("cat/d.png"), TestPng(36, 28, 8));
+    Put(Root("cat/image.png"), TestJpeg(20, 20, 6));  // JPEG bytes named .png: a JPEG
     fs::create_directories(Root("cat/folder.jpg"));   // a directory, not a file
     fs::create_directories(Root("empty_class"));
     Put(Root("stray.jpg"), TestJpeg(20, 20, 7));  // not inside a class
@@ -120,15 +134,16 @@ class ImageFolderTest : public ::testing::Test {
 TEST_F(ImageFolderTest, ListsClassMajorSortedWithLabels) {
   std::unique_ptr<SampleSource> source = MustMake(ImageSpec(Root(), 32));
   ASSERT_NE(source, nullptr);
-  ASSERT_EQ(source->size(), 5);
+  ASSERT_EQ(source->size(), 7);
   std::vector<std::string> paths;
   for (int64_t i = 0; i < source->size(); ++i) paths.push_back(source->Describe(i));
   EXPECT_THAT(paths, ElementsAre(Root("Apple/x.jpg"), Root("cat/a.JPEG"), Root("cat/b.jpg"),
-                                 Root("cat/c.Jpg"), Root("zebra/1.jpeg")));
+                                 Root("cat/c.Jpg"), Root("cat/d.png"), Root("cat/image.png"),
+                                 Root("zebra/1.jpeg")));
   EXPECT_THAT(static_cast<ImageFolderSource*>(source.get())->classes(),
               ElementsAre("Apple", "cat", "empty_class", "zebra"));
 
-  const int64_t want_labels[] = {0, 1, 1, 1, 3};  // the empty class keeps label 2
+  const int64_t want_labels[] = {0, 1, 1, 1, 1, 1, 3};  // the empty class keeps label 2
   std::unique_ptr<SampleSource::Scratch> scratch = source->NewScratch();
   for (int64_t i = 0; i < source->size(); ++i) {
     Rows rows(*source);
@@ -165,9 +180,10 @@ TEST_F(ImageFolderTest, FillMatchesDecodingThatFileWithTheSampleSeed) {
   absl::StatusOr<ImageTransform> t = ImageTransformFromSpec(spec.transform());
   ASSERT_TRUE(t.ok()) << t.status();
   std::unique_ptr<SampleSource::Scratch> scratch = source->NewScratch();
-  JpegDecoder decoder;
-  // Largest file first, then smaller ones through the same (growing, reused) scratch.
-  for (int64_t i : {0, 4, 1, 3}) {
+  ImageDecoder decoder;
+  // Largest file first, then smaller ones through the same (growing, reused) scratch; a PNG
+  // (4) and a JPEG named .png (5) among them.
+  for (int64_t i : {0, 4, 1, 5, 3}) {
     std::ifstream in(source->Describe(i), std::ios::binary);
     std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), {});
     std::vector<uint8_t> want(32 * 32 * 3);
@@ -251,7 +267,8 @@ TEST_F(ImageFolderTest, BadCallsAreRejected) {
   ASSERT_NE(source, nullptr);
   std::unique_ptr<SampleSource::Scratch> scratch = source->NewScratch();
   Rows rows(*source);
-  EXPECT_EQ(source->Fill(5, 1, rows.pointers, scratch.get()).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(source->Fill(source->size(), 1, rows.pointers, scratch.get()).code(),
+            absl::StatusCode::kOutOfRange);
   EXPECT_EQ(source->Fill(-1, 1, rows.pointers, scratch.get()).code(),
             absl::StatusCode::kOutOfRange);
   EXPECT_EQ(source->Fill(0, 1, absl::MakeConstSpan(rows.pointers.data(), 2), scratch.get()).code(),
@@ -319,7 +336,43 @@ TEST(ImageFolderErrorsTest, EmptyDatasetIsFailedPrecondition) {
       MakeSampleSource(ImageSpec(dir.path()), UnconfinedDatasetFs());
   EXPECT_EQ(no_jpeg.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(no_jpeg.status().message(), HasSubstr("2 class directories"));
-  EXPECT_THAT(no_jpeg.status().message(), HasSubstr(".jpg"));
+  EXPECT_THAT(no_jpeg.status().message(), HasSubstr("holds no .jpg, .jpeg or .png files"));
+}
+
+// Center crop without resampling (the shorter side already `side`): the central square.
+std::vector<uint8_t> CenterSquare(const std::vector<uint8_t>& rgb, int w, int h) {
+  const int side = std::min(w, h);
+  const int left = (w - side) / 2, top = (h - side) / 2;  // even differences: exact halves
+  std::vector<uint8_t> out;
+  for (int y = top; y < top + side; ++y) {
+    const uint8_t* row = rgb.data() + (static_cast<size_t>(y) * w + left) * 3;
+    out.insert(out.end(), row, row + static_cast<size_t>(side) * 3);
+  }
+  return out;
+}
+
+TEST(ImageFolderExifTest, ExifOrientationTurnsTheImageOnlyWhenAsked) {
+  // A PNG named .jpg, stored on its side (orientation 6: turn clockwise to view).
+  TempDir dir;
+  const int w = 40, h = 26;
+  Put(dir.path() + "/c/side.jpg", TestPng(w, h, 3, ExifWithOrientation(6, true)));
+  const std::vector<uint8_t> stored = MakeTestPattern(w, h, 3);
+  std::vector<uint8_t> upright(stored.size());
+  ApplyExifOrientation(6, stored.data(), w, h, upright.data());
+  for (bool on : {false, true}) {
+    ferry::v1::JobSpec spec;
+    spec.mutable_dataset()->mutable_image_folder()->set_root(dir.path());
+    spec.mutable_dataset()->mutable_image_folder()->set_exif_orientation(on);
+    spec.mutable_transform()->mutable_center_crop()->set_size(h);
+    spec.mutable_transform()->mutable_center_crop()->set_resize(h);
+    std::unique_ptr<SampleSource> source = MustMake(spec);
+    ASSERT_NE(source, nullptr);
+    std::unique_ptr<SampleSource::Scratch> scratch = source->NewScratch();
+    Rows rows(*source);
+    ASSERT_TRUE(source->Fill(0, 1, rows.pointers, scratch.get()).ok());
+    EXPECT_EQ(rows.buffers[0], on ? CenterSquare(upright, h, w) : CenterSquare(stored, w, h))
+        << "exif_orientation " << on;
+  }
 }
 
 TEST(ImageFolderErrorsTest, UnsetRootOrKindIsInvalid) {

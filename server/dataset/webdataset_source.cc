@@ -38,7 +38,7 @@ constexpr uint64_t kShuffleBufferStream = (uint64_t{1} << 63) + 1;
 
 class WebDatasetScratch final : public SampleSource::Scratch {
  public:
-  JpegDecoder decoder;
+  ImageDecoder decoder;
   std::vector<uint8_t> buffer;  // grows to the largest read, never shrinks
   // The shard last read: a rank reads a contiguous run of the order, so consecutive samples
   // mostly share a shard.

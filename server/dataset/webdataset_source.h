@@ -10,10 +10,10 @@
 // extension wins; repeats are ignored and counted.
 //
 // Fields: "image" uint8 [size, size, 3]: the member whose extension is image_key (default
-// "jpg"; "jpg" and "jpeg" match each other), decoded and transformed exactly as
-// ImageFolderSource does; "label" int64: the decimal text of the label_key member (default
-// "cls"; surrounding whitespace allowed), -1 when the sample has none; "index" int64.
-// A sample without an image member is skipped at indexing and counted.
+// "jpg"; "jpg" and "jpeg" match each other; "png" for PNG members), decoded by its content
+// (JPEG or PNG) and transformed exactly as ImageFolderSource does; "label" int64: the decimal text
+// of the label_key member (default "cls"; surrounding whitespace allowed), -1 when the sample has
+// none; "index" int64. A sample without an image member is skipped at indexing and counted.
 //
 // Samples are numbered in shard order (patterns expanded in order), then member order. Every
 // shard is indexed once, in Create, by reading its headers (see tar_index.h); a shard cut

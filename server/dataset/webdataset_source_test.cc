@@ -26,8 +26,10 @@
 #include "server/dataset/mapped_file.h"
 #include "server/dataset/sample_source.h"
 #include "server/dataset/tar_index.h"
+#include "server/decode/exif.h"
 #include "server/decode/image_transform.h"
 #include "testing/jpeg_writer.h"
+#include "testing/png_writer.h"
 
 namespace ferry {
 namespace {
@@ -182,7 +184,7 @@ TEST_F(WebDatasetSourceTest, FillDecodesExactlyAsImageFolderDoes) {
   EXPECT_THAT(f[0].shape, ElementsAre(32, 32, 3));
   EXPECT_EQ(f[1].name, "label");
   EXPECT_EQ(f[2].name, "index");
-  JpegDecoder decoder;
+  ImageDecoder decoder;
   std::unique_ptr<SampleSource::Scratch> scratch = source->NewScratch();
   for (int64_t i : {0, 2, 1}) {
     const std::vector<uint8_t> bytes(jpegs[i].begin(), jpegs[i].end());
@@ -414,6 +416,47 @@ TEST_F(WebDatasetSourceTest, CustomKeys) {
   Rows rows(*source);
   ASSERT_TRUE(source->Fill(0, 1, rows.pointers, scratch.get()).ok());
   EXPECT_EQ(rows.Int64(1), 4);
+}
+
+TEST_F(WebDatasetSourceTest, PngMembersDecodeByContentWithExifOrientation) {
+  // image_key "png": a PNG stored on its side (EXIF orientation 8) and a JPEG named .png.
+  const int w = 30, h = 20;
+  const std::vector<uint8_t> stored = MakeTestPattern(w, h, 4);
+  testutil::PngEncodeOptions o;
+  o.exif = testutil::ExifWithOrientation(8, false);
+  const std::vector<uint8_t> png =
+      testutil::EncodePng(std::vector<uint16_t>(stored.begin(), stored.end()), w, h, o);
+  WriteTar(Path("p.tar"), {{"a.png", std::string(png.begin(), png.end())},
+                           {"a.cls", "1"},
+                           {"b.png", Jpeg(h, h, 5)},
+                           {"b.jpg", "not the image member"}});
+  std::vector<uint8_t> upright(stored.size());
+  ApplyExifOrientation(8, stored.data(), w, h, upright.data());
+  for (bool on : {false, true}) {
+    ferry::v1::JobSpec spec = Spec({Path("p.tar")});
+    spec.mutable_dataset()->mutable_webdataset()->set_image_key("png");
+    spec.mutable_dataset()->mutable_webdataset()->set_exif_orientation(on);
+    spec.mutable_transform()->mutable_center_crop()->set_size(h);
+    spec.mutable_transform()->mutable_center_crop()->set_resize(h);
+    std::unique_ptr<SampleSource> source = Make(spec);
+    ASSERT_NE(source, nullptr);
+    ASSERT_EQ(source->size(), 2);
+    std::unique_ptr<SampleSource::Scratch> scratch = source->NewScratch();
+    Rows a(*source), b(*source);
+    ASSERT_TRUE(source->Fill(0, 1, a.pointers, scratch.get()).ok());
+    ASSERT_TRUE(source->Fill(1, 1, b.pointers, scratch.get()).ok());
+    EXPECT_EQ(a.Int64(1), 1);
+    // The central h x h square of the 30 x 20 stored image, or of the 20 x 30 upright one.
+    std::vector<uint8_t> want;
+    const int left = on ? 0 : (w - h) / 2, top = on ? (w - h) / 2 : 0;
+    const int width = on ? h : w;
+    const std::vector<uint8_t>& from = on ? upright : stored;
+    for (int y = top; y < top + h; ++y) {
+      const uint8_t* row = from.data() + (static_cast<size_t>(y) * width + left) * 3;
+      want.insert(want.end(), row, row + static_cast<size_t>(h) * 3);
+    }
+    EXPECT_EQ(a.buffers[0], want) << "exif_orientation " << on;
+  }
 }
 
 // ---------------------------------------------------------------------------------------

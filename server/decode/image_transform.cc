@@ -11,14 +11,18 @@
 #include <jerror.h>
 #include <jpeglib.h>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "server/decode/exif.h"
+#include "server/decode/internal/png.h"
 #include "server/decode/internal/resample.h"
 
 namespace ferry {
 
 using decode_internal::AxisFilter;
 using decode_internal::ComputeAxisFilter;
+using decode_internal::DecodePngRgb;
 using decode_internal::kRowPadding;
 using decode_internal::ResampleColumns;
 using decode_internal::ResampleRow;
@@ -32,6 +36,106 @@ constexpr long kMaxDecoderMemory = 1L << 30;  // NOLINT(runtime/int): libjpeg's 
 
 constexpr int kMaxOutputSize = 16384;
 constexpr int kRowsPerRead = 16;
+// Whole-image scratch (PNG, turned JPEG) larger than this is freed after the image, so that
+// one huge file does not pin its size in every worker thread's decoder.
+constexpr size_t kMaxKeptScratchBytes = 16 << 20;
+
+constexpr uint8_t kJpegSignature[] = {0xFF, 0xD8, 0xFF};
+constexpr uint8_t kPngSignature[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+
+bool HasPrefix(absl::Span<const uint8_t> bytes, absl::Span<const uint8_t> prefix) {
+  return bytes.size() >= prefix.size() &&
+         std::memcmp(bytes.data(), prefix.data(), prefix.size()) == 0;
+}
+
+bool HasPrefix(absl::Span<const uint8_t> bytes, size_t offset, const char* prefix) {
+  const size_t n = std::strlen(prefix);
+  return bytes.size() >= offset + n && std::memcmp(bytes.data() + offset, prefix, n) == 0;
+}
+
+// Names what a file that is neither JPEG nor PNG seems to be, by signature, without quoting
+// any of its bytes.
+std::string NotJpegOrPng(absl::Span<const uint8_t> bytes) {
+  const char* what = nullptr;
+  if (HasPrefix(bytes, 0, "GIF87a") || HasPrefix(bytes, 0, "GIF89a")) {
+    what = "a GIF";
+  } else if (HasPrefix(bytes, 0, "RIFF") && HasPrefix(bytes, 8, "WEBP")) {
+    what = "a WebP";
+  } else if (HasPrefix(bytes, 0, "BM")) {
+    what = "a BMP";
+  } else if (HasPrefix(bytes, 0, "II*") ||
+             (HasPrefix(bytes, 0, "MM") && bytes.size() >= 4 && bytes[2] == 0 && bytes[3] == 42)) {
+    what = "a TIFF";
+  } else if (HasPrefix(bytes, 4, "ftyp")) {
+    what = "an ISO media file (HEIF, AVIF, MP4)";
+  } else if (std::all_of(bytes.begin(), bytes.begin() + std::min<size_t>(bytes.size(), 16),
+                         [](uint8_t c) {
+                           return (c >= 0x20 && c < 0x7F) || c == '\t' || c == '\n' || c == '\r';
+                         })) {
+    what = "text";
+  }
+  return absl::StrCat(
+      "not a JPEG or PNG: it starts with neither FF D8 FF (JPEG) nor 89 50 4E 47 0D 0A 1A 0A "
+      "(PNG)",
+      what != nullptr ? absl::StrCat("; it looks like ", what) : "",
+      "; ferry decodes JPEG and PNG by content, whatever the file name");
+}
+
+// The checks every decode starts with: not empty, not over max_sample_bytes, JPEG or PNG.
+absl::StatusOr<ImageFormat> CheckInput(absl::Span<const uint8_t> bytes,
+                                       const DecodeLimits& limits) {
+  if (bytes.empty()) {
+    return absl::InvalidArgumentError("cannot decode image: empty input (0 bytes)");
+  }
+  if (limits.max_sample_bytes > 0 && bytes.size() > limits.max_sample_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("refused: ", bytes.size(),
+                                                   " bytes, over decode_limits.max_sample_bytes (",
+                                                   limits.max_sample_bytes, ")"));
+  }
+  const ImageFormat format = SniffImageFormat(bytes);
+  if (format == ImageFormat::kUnknown) return absl::InvalidArgumentError(NotJpegOrPng(bytes));
+  return format;
+}
+
+void ReleaseIfLarge(std::vector<uint8_t>* buffer) {
+  if (buffer->capacity() > kMaxKeptScratchBytes) {
+    buffer->clear();
+    buffer->shrink_to_fit();
+  }
+}
+
+// Where the output comes from in an image of the size the crop was drawn on: the source
+// interval [x0, x1) x [y0, y1) (full-resolution pixel units, fractional for the center crop)
+// maps onto the output, and the filters may read pixels in [clamp_x0, clamp_x1) x
+// [clamp_y0, clamp_y1).
+struct SourceWindow {
+  double x0 = 0, x1 = 0, y0 = 0, y1 = 0;
+  int clamp_x0 = 0, clamp_x1 = 0, clamp_y0 = 0, clamp_y1 = 0;
+  bool mirror = false;
+};
+
+// The transform's geometry and flip for a width x height image, with the random draws in
+// the order DecodeAndTransform documents (crop, then flip).
+SourceWindow PlanWindow(int width, int height, const ImageTransform& t, Rng& rng) {
+  SourceWindow w;
+  if (t.kind == ImageTransform::Kind::kRandomResizedCrop) {
+    const CropBox box = SampleRandomResizedCrop(width, height, t, rng);
+    w.x0 = box.x, w.x1 = box.x + box.width, w.y0 = box.y, w.y1 = box.y + box.height;
+    // torchvision crops, then resizes the crop as an image of its own.
+    w.clamp_x0 = box.x, w.clamp_x1 = box.x + box.width;
+    w.clamp_y0 = box.y, w.clamp_y1 = box.y + box.height;
+  } else {
+    const ResizeCenterCropGeometry g = ComputeResizeCenterCrop(width, height, t);
+    const double sx = static_cast<double>(width) / g.resized_width;
+    const double sy = static_cast<double>(height) / g.resized_height;
+    w.x0 = g.left * sx, w.x1 = (g.left + t.size) * sx;
+    w.y0 = g.top * sy, w.y1 = (g.top + t.size) * sy;
+    // The resize sees the whole image: filters near the crop's edges read beyond it.
+    w.clamp_x0 = 0, w.clamp_x1 = width, w.clamp_y0 = 0, w.clamp_y1 = height;
+  }
+  w.mirror = t.flip && rng.Uniform() < 0.5;
+  return w;
+}
 
 struct ErrorManager {
   jpeg_error_mgr pub;  // First member: libjpeg sees only this part.
@@ -101,7 +205,7 @@ inline uint8_t Mul255(int a, int b) { return static_cast<uint8_t>((a * b + 127) 
 // Every libjpeg call goes through Guarded(), whose frame holds the setjmp; libjpeg's
 // error_exit longjmps back there, crossing only libjpeg's C frames, so no C++ destructor is
 // ever skipped. After a failure the decompressor is reset with jpeg_abort_decompress.
-struct JpegDecoder::Impl {
+struct ImageDecoder::Impl {
   Impl() {
     cinfo.err = jpeg_std_error(&err.pub);
     err.pub.error_exit = ErrorExit;
@@ -151,20 +255,12 @@ struct JpegDecoder::Impl {
         absl::StrCat("cannot decode JPEG: ", what, " returned early without an error"));
   }
 
-  // Reads the header of `jpeg` and picks the output colour space. On error the
-  // decompressor is already reset.
+  // Reads the header of `jpeg` (which passed CheckInput) and picks the output colour space.
+  // On error the decompressor is already reset.
   absl::Status Begin(absl::Span<const uint8_t> jpeg) {
     if (!created) {
       return absl::ResourceExhaustedError(
           absl::StrCat("cannot create a JPEG decompressor: ", err.message));
-    }
-    if (jpeg.empty()) {
-      return absl::InvalidArgumentError("cannot decode JPEG: empty input (0 bytes)");
-    }
-    if (limits.max_sample_bytes > 0 && jpeg.size() > limits.max_sample_bytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("refused: ", jpeg.size(), " bytes, over decode_limits.max_sample_bytes (",
-                       limits.max_sample_bytes, ")"));
     }
     scan_limit.max_scans = limits.max_progressive_scans;
     bool ok = Guarded([&] {
@@ -214,6 +310,17 @@ struct JpegDecoder::Impl {
     return ok;
   }
 
+  // Decodes all of `jpeg` into *out (width * height * 3 + `padding` bytes).
+  absl::Status DecodeJpegFull(absl::Span<const uint8_t> jpeg, size_t padding,
+                              std::vector<uint8_t>* out, int* width, int* height);
+  // The crop-aware, DCT-scaled decode of an upright JPEG (DecodeAndTransform's fast path).
+  absl::Status DecodeJpegWindow(absl::Span<const uint8_t> jpeg, const ImageTransform& t, Rng& rng,
+                                absl::Span<uint8_t> out);
+  // Resamples window `w` of a whole decoded image (rows of width * 3 bytes, readable
+  // kRowPadding bytes past the last pixel) to size x size into `out`.
+  void ResampleWhole(const uint8_t* rgb, int width, const SourceWindow& w, int size,
+                     absl::Span<uint8_t> out);
+
   jpeg_decompress_struct cinfo{};
   ErrorManager err{};
   ScanLimit scan_limit{};
@@ -228,52 +335,74 @@ struct JpegDecoder::Impl {
   std::vector<uint8_t> intermediate;  // horizontally resampled rows
   std::vector<int32_t> accum;
   AxisFilter filter_x, filter_y;
+  std::vector<uint8_t> whole;     // a whole decoded image (PNG, or a JPEG to turn)
+  std::vector<uint8_t> oriented;  // `whole` turned upright
+  std::vector<uint8_t> png_rows;  // libspng's raw rows
 };
 
-JpegDecoder::JpegDecoder() : impl_(std::make_unique<Impl>()) {}
-JpegDecoder::~JpegDecoder() = default;
-JpegDecoder::JpegDecoder(JpegDecoder&&) noexcept = default;
-JpegDecoder& JpegDecoder::operator=(JpegDecoder&&) noexcept = default;
+absl::Status ImageDecoder::Impl::DecodeJpegFull(absl::Span<const uint8_t> jpeg, size_t padding,
+                                                std::vector<uint8_t>* out, int* width,
+                                                int* height) {
+  FERRY_RETURN_IF_ERROR(Begin(jpeg));
+  if (!Guarded([&] { jpeg_start_decompress(&cinfo); })) return Fail();
+  const int w = static_cast<int>(cinfo.output_width);
+  const int h = static_cast<int>(cinfo.output_height);
+  const size_t stride = static_cast<size_t>(w) * 3;
+  out->resize(stride * h + padding);
+  if (cmyk) scanlines.resize(static_cast<size_t>(w) * 4);
+  while (static_cast<int>(cinfo.output_scanline) < h) {
+    const int y = static_cast<int>(cinfo.output_scanline);
+    JSAMPROW row = cmyk ? scanlines.data() : out->data() + stride * y;
+    JDIMENSION n = 0;
+    if (!Guarded([&] { n = jpeg_read_scanlines(&cinfo, &row, 1); })) return Fail();
+    if (n != 1) return FailShort("jpeg_read_scanlines");
+    if (cmyk) CmykToRgb(scanlines.data(), w, out->data() + stride * y);
+  }
+  // Not jpeg_finish_decompress: every pixel is decoded, and whatever follows the last scan
+  // (even a missing EOI marker) cannot change them.
+  jpeg_abort_decompress(&cinfo);
+  *width = w;
+  *height = h;
+  return absl::OkStatus();
+}
 
-void JpegDecoder::set_limits(const DecodeLimits& limits) {
+ImageFormat SniffImageFormat(absl::Span<const uint8_t> bytes) {
+  if (HasPrefix(bytes, kJpegSignature)) return ImageFormat::kJpeg;
+  if (HasPrefix(bytes, kPngSignature)) return ImageFormat::kPng;
+  return ImageFormat::kUnknown;
+}
+
+ImageDecoder::ImageDecoder() : impl_(std::make_unique<Impl>()) {}
+ImageDecoder::~ImageDecoder() = default;
+ImageDecoder::ImageDecoder(ImageDecoder&&) noexcept = default;
+ImageDecoder& ImageDecoder::operator=(ImageDecoder&&) noexcept = default;
+
+void ImageDecoder::set_limits(const DecodeLimits& limits) {
   if (impl_ == nullptr) impl_ = std::make_unique<Impl>();
   impl_->limits = limits;
 }
 
-absl::Status JpegDecoder::ReadSize(absl::Span<const uint8_t> jpeg, int* width, int* height) {
+absl::Status ImageDecoder::ReadSize(absl::Span<const uint8_t> image, int* width, int* height) {
   if (impl_ == nullptr) impl_ = std::make_unique<Impl>();
-  FERRY_RETURN_IF_ERROR(impl_->Begin(jpeg));
+  FERRY_ASSIGN_OR_RETURN(const ImageFormat format, CheckInput(image, impl_->limits));
+  if (format == ImageFormat::kPng) return decode_internal::ReadPngSize(image, width, height);
+  FERRY_RETURN_IF_ERROR(impl_->Begin(image));
   *width = static_cast<int>(impl_->cinfo.image_width);
   *height = static_cast<int>(impl_->cinfo.image_height);
   jpeg_abort_decompress(&impl_->cinfo);
   return absl::OkStatus();
 }
 
-absl::Status JpegDecoder::DecodeRgb(absl::Span<const uint8_t> jpeg, std::vector<uint8_t>* out,
-                                    int* width, int* height) {
+absl::Status ImageDecoder::DecodeRgb(absl::Span<const uint8_t> image, std::vector<uint8_t>* out,
+                                     int* width, int* height) {
   if (impl_ == nullptr) impl_ = std::make_unique<Impl>();
   Impl& d = *impl_;
-  FERRY_RETURN_IF_ERROR(d.Begin(jpeg));
-  if (!d.Guarded([&] { jpeg_start_decompress(&d.cinfo); })) return d.Fail();
-  const int w = static_cast<int>(d.cinfo.output_width);
-  const int h = static_cast<int>(d.cinfo.output_height);
-  const size_t stride = static_cast<size_t>(w) * 3;
-  out->resize(stride * h);
-  if (d.cmyk) d.scanlines.resize(static_cast<size_t>(w) * 4);
-  while (static_cast<int>(d.cinfo.output_scanline) < h) {
-    const int y = static_cast<int>(d.cinfo.output_scanline);
-    JSAMPROW row = d.cmyk ? d.scanlines.data() : out->data() + stride * y;
-    JDIMENSION n = 0;
-    if (!d.Guarded([&] { n = jpeg_read_scanlines(&d.cinfo, &row, 1); })) return d.Fail();
-    if (n != 1) return d.FailShort("jpeg_read_scanlines");
-    if (d.cmyk) d.CmykToRgb(d.scanlines.data(), w, out->data() + stride * y);
-  }
-  // Not jpeg_finish_decompress: every pixel is decoded, and whatever follows the last scan
-  // (even a missing EOI marker) cannot change them.
-  jpeg_abort_decompress(&d.cinfo);
-  *width = w;
-  *height = h;
-  return absl::OkStatus();
+  FERRY_ASSIGN_OR_RETURN(const ImageFormat format, CheckInput(image, d.limits));
+  absl::Status s = format == ImageFormat::kPng
+                       ? DecodePngRgb(image, d.limits, 0, out, &d.png_rows, width, height)
+                       : d.DecodeJpegFull(image, 0, out, width, height);
+  ReleaseIfLarge(&d.png_rows);
+  return s;
 }
 
 ImageTransform ImageTransform::RandomResizedCrop(int size, bool flip) {
@@ -404,42 +533,19 @@ void ResizeBilinearAntialias(const uint8_t* src, int src_w, int src_h, int src_s
                   row_bytes, accum.data());
 }
 
-absl::Status DecodeAndTransform(JpegDecoder& decoder, absl::Span<const uint8_t> jpeg,
-                                const ImageTransform& t, Rng& rng, absl::Span<uint8_t> out) {
-  FERRY_RETURN_IF_ERROR(ValidateTransform(t));
+absl::Status ImageDecoder::Impl::DecodeJpegWindow(absl::Span<const uint8_t> jpeg,
+                                                  const ImageTransform& t, Rng& rng,
+                                                  absl::Span<uint8_t> out) {
+  Impl& d = *this;
   const size_t out_row_bytes = static_cast<size_t>(t.size) * 3;
-  if (out.size() != out_row_bytes * t.size) {
-    return absl::InvalidArgumentError(absl::StrCat("output buffer holds ", out.size(), " bytes; a ",
-                                                   t.size, "x", t.size, " RGB image needs ",
-                                                   out_row_bytes * t.size));
-  }
-  if (decoder.impl_ == nullptr) decoder.impl_ = std::make_unique<JpegDecoder::Impl>();
-  JpegDecoder::Impl& d = *decoder.impl_;
   FERRY_RETURN_IF_ERROR(d.Begin(jpeg));
   const int width = static_cast<int>(d.cinfo.image_width);
   const int height = static_cast<int>(d.cinfo.image_height);
-
-  // The source interval [x0, x1) x [y0, y1) (full-resolution pixel units, fractional for
-  // the center crop) maps onto the output; filters may read pixels in
-  // [clamp_x0, clamp_x1) x [clamp_y0, clamp_y1).
-  double x0, x1, y0, y1;
-  int clamp_x0, clamp_x1, clamp_y0, clamp_y1;
-  if (t.kind == ImageTransform::Kind::kRandomResizedCrop) {
-    const CropBox box = SampleRandomResizedCrop(width, height, t, rng);
-    x0 = box.x, x1 = box.x + box.width, y0 = box.y, y1 = box.y + box.height;
-    // torchvision crops, then resizes the crop as an image of its own.
-    clamp_x0 = box.x, clamp_x1 = box.x + box.width;
-    clamp_y0 = box.y, clamp_y1 = box.y + box.height;
-  } else {
-    const ResizeCenterCropGeometry g = ComputeResizeCenterCrop(width, height, t);
-    const double sx = static_cast<double>(width) / g.resized_width;
-    const double sy = static_cast<double>(height) / g.resized_height;
-    x0 = g.left * sx, x1 = (g.left + t.size) * sx;
-    y0 = g.top * sy, y1 = (g.top + t.size) * sy;
-    // The resize sees the whole image: filters near the crop's edges read beyond it.
-    clamp_x0 = 0, clamp_x1 = width, clamp_y0 = 0, clamp_y1 = height;
-  }
-  const bool mirror = t.flip && rng.Uniform() < 0.5;
+  const SourceWindow win = PlanWindow(width, height, t, rng);
+  const double x0 = win.x0, x1 = win.x1, y0 = win.y0, y1 = win.y1;
+  const int clamp_x0 = win.clamp_x0, clamp_x1 = win.clamp_x1;
+  const int clamp_y0 = win.clamp_y0, clamp_y1 = win.clamp_y1;
+  const bool mirror = win.mirror;
 
   // Smallest DCT scale n/8 at which the source interval still spans >= t.size pixels both
   // ways (PIL's draft mode), so the resize only ever shrinks by less than 2 more (or
@@ -518,6 +624,73 @@ absl::Status DecodeAndTransform(JpegDecoder& decoder, absl::Span<const uint8_t> 
   d.accum.resize(out_row_bytes);
   ResampleColumns(d.intermediate.data(), out_row_bytes, fy.begin, fy,
                   static_cast<int>(out_row_bytes), out.data(), out_row_bytes, d.accum.data());
+  return absl::OkStatus();
+}
+
+void ImageDecoder::Impl::ResampleWhole(const uint8_t* rgb, int width, const SourceWindow& w,
+                                       int size, absl::Span<uint8_t> out) {
+  // The JPEG path's resampling at DCT scale 8/8: the same filters, so a PNG and a JPEG with
+  // the same pixels give the same output.
+  const size_t row_bytes = static_cast<size_t>(width) * 3;
+  const size_t out_row_bytes = static_cast<size_t>(size) * 3;
+  ComputeAxisFilter(w.x0, w.x1, w.clamp_x0, w.clamp_x1, size, &filter_x);
+  ComputeAxisFilter(w.y0, w.y1, w.clamp_y0, w.clamp_y1, size, &filter_y);
+  const AxisFilter& fy = filter_y;
+  intermediate.resize(out_row_bytes * (fy.end - fy.begin));
+  for (int y = fy.begin; y < fy.end; ++y) {
+    ResampleRow(rgb + row_bytes * y, 0, filter_x, w.mirror,
+                intermediate.data() + out_row_bytes * (y - fy.begin));
+  }
+  accum.resize(out_row_bytes);
+  ResampleColumns(intermediate.data(), out_row_bytes, fy.begin, fy, static_cast<int>(out_row_bytes),
+                  out.data(), out_row_bytes, accum.data());
+}
+
+absl::Status DecodeAndTransform(ImageDecoder& decoder, absl::Span<const uint8_t> image,
+                                const ImageTransform& t, Rng& rng, absl::Span<uint8_t> out) {
+  FERRY_RETURN_IF_ERROR(ValidateTransform(t));
+  const size_t out_row_bytes = static_cast<size_t>(t.size) * 3;
+  if (out.size() != out_row_bytes * t.size) {
+    return absl::InvalidArgumentError(absl::StrCat("output buffer holds ", out.size(), " bytes; a ",
+                                                   t.size, "x", t.size, " RGB image needs ",
+                                                   out_row_bytes * t.size));
+  }
+  if (decoder.impl_ == nullptr) decoder.impl_ = std::make_unique<ImageDecoder::Impl>();
+  ImageDecoder::Impl& d = *decoder.impl_;
+  FERRY_ASSIGN_OR_RETURN(const ImageFormat format, CheckInput(image, d.limits));
+  int orientation = 1;
+  if (t.exif_orientation) {
+    orientation = ParseExifOrientation(format == ImageFormat::kJpeg ? FindJpegExif(image)
+                                                                    : FindPngExif(image));
+  }
+  if (format == ImageFormat::kJpeg && orientation == 1) {
+    return d.DecodeJpegWindow(image, t, rng, out);
+  }
+
+  // Whole-image path. ResampleRow may read kRowPadding bytes past a row's last pixel.
+  int width = 0, height = 0;
+  absl::Status decoded =
+      format == ImageFormat::kPng
+          ? DecodePngRgb(image, d.limits, kRowPadding, &d.whole, &d.png_rows, &width, &height)
+          : d.DecodeJpegFull(image, kRowPadding, &d.whole, &width, &height);
+  ReleaseIfLarge(&d.png_rows);
+  if (!decoded.ok()) {
+    ReleaseIfLarge(&d.whole);
+    return decoded;
+  }
+  const uint8_t* pixels = d.whole.data();
+  if (orientation != 1) {
+    int upright_width = 0, upright_height = 0;
+    OrientedSize(orientation, width, height, &upright_width, &upright_height);
+    d.oriented.resize(static_cast<size_t>(width) * height * 3 + kRowPadding);
+    ApplyExifOrientation(orientation, d.whole.data(), width, height, d.oriented.data());
+    pixels = d.oriented.data();
+    width = upright_width;
+    height = upright_height;
+  }
+  d.ResampleWhole(pixels, width, PlanWindow(width, height, t, rng), t.size, out);
+  ReleaseIfLarge(&d.whole);
+  ReleaseIfLarge(&d.oriented);
   return absl::OkStatus();
 }
 

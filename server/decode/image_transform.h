@@ -1,6 +1,10 @@
-// JPEG decoding (libjpeg-turbo) and torchvision-compatible crops, writing uint8 HWC RGB
-// straight into a caller-owned row (the batch slot), so a sample is decoded with no copy
-// beyond the decoder's own scanline buffer.
+// JPEG (libjpeg-turbo) and PNG (libspng) decoding and torchvision-compatible crops, writing
+// uint8 HWC RGB straight into a caller-owned row (the batch slot). A JPEG is decoded with no
+// copy beyond the decoder's own scanline buffer; a PNG is decoded whole, then cropped.
+//
+// The format comes from the content (the signature), never from a file name: a PNG named
+// .JPEG decodes as a PNG. A PNG comes out as PIL's Image.open(f).convert("RGB") gives it
+// (internal/png.h lists the rules per PNG type).
 //
 // Meaning and defaults follow torchvision:
 //   RandomResizedCrop(size, scale=(0.08, 1.0), ratio=(3/4, 4/3)): up to 10 attempts to draw
@@ -11,7 +15,7 @@
 //   RandomHorizontalFlip(p=0.5).
 // All randomness comes from the caller's Rng, so (seed, epoch, index) fixes the result.
 //
-//   JpegDecoder decoder;  // one per worker thread
+//   ImageDecoder decoder;  // one per worker thread
 //   ImageTransform t = ImageTransform::RandomResizedCrop(224, /*flip=*/true);
 //   Rng rng(MixSeed(seed, epoch, index));
 //   FERRY_RETURN_IF_ERROR(DecodeAndTransform(decoder, bytes, t, rng, row));  // 224*224*3
@@ -38,6 +42,10 @@ struct ImageTransform {
   double ratio_max = 4.0 / 3.0;
   bool flip = false;  // RandomHorizontalFlip(p=0.5)
   int resize = 256;   // kResizeCenterCrop: shorter side before the crop
+  // Turn the image upright by its EXIF Orientation first (PIL's ImageOps.exif_transpose;
+  // exif.h), so the crop is drawn on the upright image. A dataset option in the JobSpec
+  // (ImageFolderDataset / WebDataset .exif_orientation). Default: false.
+  bool exif_orientation = false;
 
   static ImageTransform RandomResizedCrop(int size, bool flip);
   static ImageTransform ResizeCenterCrop(int size, int resize);
@@ -68,42 +76,53 @@ ResizeCenterCropGeometry ComputeResizeCenterCrop(int width, int height, const Im
 // them), and none in the fallback. The box always lies inside the image.
 CropBox SampleRandomResizedCrop(int width, int height, const ImageTransform& t, Rng& rng);
 
-// Limits that protect a decoder from hostile or broken files. A JPEG over a limit is refused
-// before the allocation or work it would cause (INVALID_ARGUMENT naming the limit and its
-// config field), and callers treat the refusal like any corrupt sample.
+// Limits that protect a decoder from hostile or broken files. An image over a limit is
+// refused before the allocation or work it would cause (INVALID_ARGUMENT naming the limit and
+// its config field), and callers treat the refusal like any corrupt sample.
 struct DecodeLimits {
   uint64_t max_image_pixels = 89478485;  // width x height as declared; PIL's default
   int max_progressive_scans = 100;       // scans of a (progressive) JPEG
   uint64_t max_sample_bytes = 64 << 20;  // encoded bytes of one sample
 };
 
+enum class ImageFormat { kUnknown, kJpeg, kPng };
+
+// The format by signature: FF D8 FF for JPEG, 89 50 4E 47 0D 0A 1A 0A for PNG.
+ImageFormat SniffImageFormat(absl::Span<const uint8_t> bytes);
+
 // One decoder per thread: owns a libjpeg-turbo decompressor and scratch buffers and reuses
-// them across images. Not thread-safe. Movable, not copyable.
-class JpegDecoder final {
+// them across images (PNG needs no state of its own beyond scratch). Not thread-safe.
+// Movable, not copyable.
+//
+// Every method takes a JPEG or a PNG (SniffImageFormat). Anything else is INVALID_ARGUMENT
+// "not a JPEG or PNG: ..." naming the format when it is a common other one (GIF, WebP, ...);
+// messages never quote the file's bytes (a caller may not be allowed to read the file).
+class ImageDecoder final {
  public:
-  JpegDecoder();
-  ~JpegDecoder();
-  JpegDecoder(JpegDecoder&&) noexcept;
-  JpegDecoder& operator=(JpegDecoder&&) noexcept;
+  ImageDecoder();
+  ~ImageDecoder();
+  ImageDecoder(ImageDecoder&&) noexcept;
+  ImageDecoder& operator=(ImageDecoder&&) noexcept;
 
   // Applies to every later call. Default: DecodeLimits{}.
   void set_limits(const DecodeLimits& limits);
 
-  // Reads the header only. INVALID_ARGUMENT (with libjpeg's message) for data that is not a
-  // JPEG or is truncated before the frame header.
-  absl::Status ReadSize(absl::Span<const uint8_t> jpeg, int* width, int* height);
+  // Reads the header only (JPEG frame header, PNG IHDR): the size as stored, before any EXIF
+  // orientation. INVALID_ARGUMENT with the decoder's message for data truncated before it.
+  absl::Status ReadSize(absl::Span<const uint8_t> image, int* width, int* height);
 
   // Full decode to RGB uint8 HWC into `out` (resized to width*height*3). Grayscale, YCbCr,
-  // RGB and (Adobe) CMYK/YCCK JPEGs all come out as RGB. EXIF orientation is not applied
-  // (neither torchvision's decode_jpeg nor PIL's open does). INVALID_ARGUMENT with libjpeg's
-  // message for corrupt or truncated data, never a gray-filled image.
-  absl::Status DecodeRgb(absl::Span<const uint8_t> jpeg, std::vector<uint8_t>* out, int* width,
+  // RGB and (Adobe) CMYK/YCCK JPEGs and every PNG type all come out as RGB. EXIF orientation
+  // is not applied (neither torchvision's decode_jpeg nor PIL's open does; see exif.h).
+  // INVALID_ARGUMENT with the decoder's message for corrupt or truncated data, never a
+  // gray-filled image.
+  absl::Status DecodeRgb(absl::Span<const uint8_t> image, std::vector<uint8_t>* out, int* width,
                          int* height);
 
   struct Impl;
 
  private:
-  friend absl::Status DecodeAndTransform(JpegDecoder& decoder, absl::Span<const uint8_t> jpeg,
+  friend absl::Status DecodeAndTransform(ImageDecoder& decoder, absl::Span<const uint8_t> image,
                                          const ImageTransform& t, Rng& rng,
                                          absl::Span<uint8_t> out);
 
@@ -111,19 +130,22 @@ class JpegDecoder final {
   std::unique_ptr<Impl> impl_;
 };
 
-// Decodes `jpeg`, applies `t` drawing randomness from `rng`, and writes t.size*t.size*3 bytes
-// of RGB HWC into `out`. A corrupt or truncated JPEG returns INVALID_ARGUMENT with the
-// decoder's message; `out` may then hold partial data.
+// Decodes `image` (JPEG or PNG), applies `t` drawing randomness from `rng`, and writes
+// t.size*t.size*3 bytes of RGB HWC into `out`. A corrupt or truncated file returns
+// INVALID_ARGUMENT with the decoder's message; `out` may then hold partial data.
 //
-// Only the part of the image the output depends on is decoded, at the smallest libjpeg DCT
-// scale (1/8, 1/4, 1/2 or 1) at which the crop still has at least t.size pixels per side; the
-// result matches a full decode + crop + resize within JPEG/scaling tolerance. Consequently
-// damage that lies entirely below or beside the decoded region (e.g. a baseline JPEG cut
-// short under a crop near its top) is not detected: the output is then still correct.
-// Randomness: crop draws first (RandomResizedCrop only), then one flip draw when t.flip.
+// JPEG: only the part of the image the output depends on is decoded, at the smallest libjpeg
+// DCT scale (1/8, 1/4, 1/2 or 1) at which the crop still has at least t.size pixels per side;
+// the result matches a full decode + crop + resize within JPEG/scaling tolerance.
+// Consequently damage that lies entirely below or beside the decoded region (e.g. a baseline
+// JPEG cut short under a crop near its top) is not detected: the output is then still
+// correct. PNG (which has no such scaling), and a JPEG that t.exif_orientation turns, is
+// decoded whole, turned, then cropped and resized from the full-resolution pixels.
+// Randomness: crop draws first (RandomResizedCrop only, on the size after any EXIF turn),
+// then one flip draw when t.flip: the same draws for a JPEG and a PNG of the same size.
 // INVALID_ARGUMENT also for an invalid `t` (see ValidateTransform) or an `out` whose size is
 // not t.size*t.size*3.
-absl::Status DecodeAndTransform(JpegDecoder& decoder, absl::Span<const uint8_t> jpeg,
+absl::Status DecodeAndTransform(ImageDecoder& decoder, absl::Span<const uint8_t> image,
                                 const ImageTransform& t, Rng& rng, absl::Span<uint8_t> out);
 
 // Antialiased bilinear resize of box `box` of an RGB HWC image to out_w x out_h (PIL

@@ -207,12 +207,13 @@ def make_image_folder(root, counts, extension=".jpg"):
 
 def expected_samples(root):
     """[(path, label)] in ferryd's sample order: class directories sorted, then the .jpg /
-    .jpeg files of each sorted by name; label = the class directory's sorted position."""
+    .jpeg / .png files of each sorted by name; label = the class directory's sorted
+    position."""
     out = []
     classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
     for label, c in enumerate(classes):
         names = sorted(n for n in os.listdir(os.path.join(root, c))
-                       if os.path.splitext(n)[1].lower() in (".jpg", ".jpeg"))
+                       if os.path.splitext(n)[1].lower() in (".jpg", ".jpeg", ".png"))
         out.extend((os.path.join(root, c, n), label) for n in names)
     return out
 

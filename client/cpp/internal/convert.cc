@@ -88,6 +88,7 @@ DType FromProto(v1::DType dtype) { return static_cast<DType>(static_cast<int>(dt
 void SetDataset(std::monostate, v1::DatasetSpec*) {}
 void SetDataset(const ImageFolderOptions& folder, v1::DatasetSpec* d) {
   d->mutable_image_folder()->set_root(folder.root);
+  d->mutable_image_folder()->set_exif_orientation(folder.exif_orientation);
 }
 void SetDataset(const TokensOptions& tokens, v1::DatasetSpec* d) {
   v1::TokensDataset* t = d->mutable_tokens();
@@ -103,6 +104,7 @@ void SetDataset(const WebDatasetOptions& wds, v1::DatasetSpec* d) {
   if (wds.image_key != "jpg") w->set_image_key(wds.image_key);
   if (wds.label_key != "cls") w->set_label_key(wds.label_key);
   w->set_shuffle_buffer(wds.shuffle_buffer);
+  w->set_exif_orientation(wds.exif_orientation);
 }
 void SetDataset(const RecordsOptions& records, v1::DatasetSpec* d) {
   v1::RecordsDataset* r = d->mutable_records();
@@ -145,7 +147,7 @@ void SetDataset(const BlendOptions& blend, v1::DatasetSpec* d) {
 DatasetOptions DatasetFromProto(const v1::DatasetSpec& d) {
   switch (d.kind_case()) {
     case v1::DatasetSpec::kImageFolder:
-      return ImageFolderOptions{d.image_folder().root()};
+      return ImageFolderOptions{d.image_folder().root(), d.image_folder().exif_orientation()};
     case v1::DatasetSpec::kTokens: {
       const v1::TokensDataset& t = d.tokens();
       TokensOptions tokens;
@@ -163,6 +165,7 @@ DatasetOptions DatasetFromProto(const v1::DatasetSpec& d) {
       if (!w.image_key().empty()) wds.image_key = w.image_key();
       if (!w.label_key().empty()) wds.label_key = w.label_key();
       wds.shuffle_buffer = w.shuffle_buffer();
+      wds.exif_orientation = w.exif_orientation();
       return wds;
     }
     case v1::DatasetSpec::kRecords: {

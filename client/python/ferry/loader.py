@@ -78,18 +78,28 @@ def _check_range(name, value):
 # Datasets and transforms: validated on construction, turned into ferry.v1.JobSpec JSON.
 
 class ImageFolder:
-    """root/<class>/<file>.jpg; label = index of the class directory in sorted order.
-    Batches: {"image": uint8[B, H, W, 3], "label": int64[B], "index": int64[B]}."""
+    """root/<class>/<file>; label = index of the class directory in sorted order. Files named
+    .jpg, .jpeg or .png (any case) are read, each decoded by its content (JPEG or PNG; a PNG
+    comes out as PIL's convert("RGB") gives it). exif_orientation: turn each image upright
+    by its EXIF Orientation tag first, as PIL.ImageOps.exif_transpose does (default False,
+    as with PIL and torchvision). Batches: {"image": uint8[B, H, W, 3], "label": int64[B],
+    "index": int64[B]}."""
 
     _IMAGES = True
 
-    def __init__(self, root):
+    def __init__(self, root, exif_orientation=False):
         self.root = _check_path("ImageFolder root", root)
+        self.exif_orientation = _check_bool("ImageFolder exif_orientation", exif_orientation)
 
     def _spec(self):
-        return {"image_folder": {"root": self.root}}
+        spec = {"root": self.root}
+        if self.exif_orientation:  # only when set: a ferryd before the option accepts the rest
+            spec["exif_orientation"] = True
+        return {"image_folder": spec}
 
     def __repr__(self):
+        if self.exif_orientation:
+            return "ImageFolder(%r, exif_orientation=True)" % self.root
         return "ImageFolder(%r)" % self.root
 
 
@@ -108,15 +118,17 @@ class WebDataset:
     """WebDataset tar shards: a sample is the run of consecutive members sharing a basename
     ("n01_0001.jpg", "n01_0001.cls"). `shards`: a path or list of paths, each may hold brace
     groups ("/data/train-{000000..000146}.tar", "{train,extra}.tar"). image_key: extension
-    of the JPEG member ("jpg" also matches "jpeg"); label_key: extension of the member holding
-    the label as decimal text (label -1 when a sample has none). With shuffle=True the
-    epoch's order is: shards permuted, then a shuffle buffer of `shuffle_buffer` samples; each
-    rank reads a contiguous run of it. Batches: {"image": uint8[B, H, W, 3],
-    "label": int64[B], "index": int64[B]}."""
+    of the image member ("jpg" also matches "jpeg"; "png"), decoded by its content (JPEG or
+    PNG); label_key: extension of the member holding the label as decimal text (label -1 when
+    a sample has none). exif_orientation: as ImageFolder's. With shuffle=True the epoch's
+    order is: shards permuted, then a shuffle buffer of `shuffle_buffer` samples; each rank
+    reads a contiguous run of it. Batches: {"image": uint8[B, H, W, 3], "label": int64[B],
+    "index": int64[B]}."""
 
     _IMAGES = True
 
-    def __init__(self, shards, image_key="jpg", label_key="cls", shuffle_buffer=1000):
+    def __init__(self, shards, image_key="jpg", label_key="cls", shuffle_buffer=1000,
+                 exif_orientation=False):
         if isinstance(shards, (str, os.PathLike)):
             shards = [shards]
         if not isinstance(shards, (list, tuple)) or not shards:
@@ -140,16 +152,20 @@ class WebDataset:
         self.label_key = label_key
         self.shuffle_buffer = _check_int("WebDataset shuffle_buffer", shuffle_buffer, 1,
                                          2**32 - 1)
+        self.exif_orientation = _check_bool("WebDataset exif_orientation", exif_orientation)
 
     def _spec(self):
-        return {"webdataset": {"shards": list(self.shards), "image_key": self.image_key,
-                               "label_key": self.label_key,
-                               "shuffle_buffer": self.shuffle_buffer}}
+        spec = {"shards": list(self.shards), "image_key": self.image_key,
+                "label_key": self.label_key, "shuffle_buffer": self.shuffle_buffer}
+        if self.exif_orientation:  # as ImageFolder's
+            spec["exif_orientation"] = True
+        return {"webdataset": spec}
 
     def __repr__(self):
-        return "WebDataset(%r, image_key=%r, label_key=%r, shuffle_buffer=%d)" % (
+        return "WebDataset(%r, image_key=%r, label_key=%r, shuffle_buffer=%d%s)" % (
             self.shards if len(self.shards) != 1 else self.shards[0], self.image_key,
-            self.label_key, self.shuffle_buffer)
+            self.label_key, self.shuffle_buffer,
+            ", exif_orientation=True" if self.exif_orientation else "")
 
 
 class Tokens:

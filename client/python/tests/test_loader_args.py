@@ -26,6 +26,19 @@ class DatasetArgsTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             ferry.ImageFolder("")
 
+    def test_image_folder_exif_orientation(self):
+        self.assertEqual(ferry.ImageFolder("/d")._spec(), {"image_folder": {"root": "/d"}})
+        folder = ferry.ImageFolder("/d", exif_orientation=True)
+        self.assertEqual(folder._spec(),
+                         {"image_folder": {"root": "/d", "exif_orientation": True}})
+        self.assertIn("exif_orientation=True", repr(folder))
+        with self.assertRaisesRegex(TypeError, "ImageFolder exif_orientation must be a bool"):
+            ferry.ImageFolder("/d", exif_orientation=1)
+        with self.assertRaisesRegex(TypeError, "exif_orientation must be a bool"):
+            ferry.WebDataset("/a.tar", exif_orientation="yes")
+        self.assertTrue(ferry.WebDataset("/a.tar", exif_orientation=True)
+                        ._spec()["webdataset"]["exif_orientation"])
+
     def test_tokens_checks_dtypes_and_seq_len(self):
         with self.assertRaisesRegex(ValueError, "dtype must be one of"):
             ferry.Tokens("/t.bin", seq_len=8, dtype="int8")

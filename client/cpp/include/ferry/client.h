@@ -61,9 +61,13 @@ std::string_view DTypeName(DType dtype);
 // ---------------------------------------------------------------------------------------
 // Job specification: plain structs mirroring ferry.v1.JobSpec.
 
-// root/<class>/<file>; label = index of the class directory in sorted order.
+// root/<class>/<file>; label = index of the class directory in sorted order. Files named .jpg,
+// .jpeg or .png (any case), each decoded by its content (docs/data.md, "Image formats").
 struct ImageFolderOptions {
   std::string root;
+  // Turn each image upright by its EXIF Orientation before the transform, as
+  // PIL.ImageOps.exif_transpose does. Default: false (as PIL and torchvision).
+  bool exif_orientation = false;
 };
 
 // Flat binary file of little-endian token ids; a sample is seq_len + 1 tokens starting at
@@ -117,9 +121,10 @@ struct IndexedOptions {
 struct WebDatasetOptions {
   // Paths or brace patterns ("/data/train-{000000..000146}.tar").
   std::vector<std::string> shards;
-  std::string image_key = "jpg";  // Default: "jpg" (also matches "jpeg")
+  std::string image_key = "jpg";  // Default: "jpg" (also matches "jpeg"); "png", ...
   std::string label_key = "cls";  // Default: "cls"
   uint32_t shuffle_buffer = 0;    // Samples. Default: 0 = 1000, chosen by the daemon.
+  bool exif_orientation = false;  // As ImageFolderOptions::exif_orientation. Default: false
 };
 
 // Fixed-size binary records after `header_bytes`: a sample is one record, field "data" of

@@ -1,7 +1,8 @@
-// libFuzzer harness: JPEG decode + transform, the work every image sample goes through.
-// The first 4 bytes choose the transform (kind, size, flip) and the seed; the rest is the
-// file. Any input must decode or fail with a status: no crash, no out-of-bounds access, no
-// undefined behaviour (the harness runs under ASan + UBSan).
+// libFuzzer harness: image decode + transform, the work every image sample goes through, for
+// JPEG and PNG (the decoder tells them apart by content) with and without EXIF orientation.
+// The first 4 bytes choose the transform (kind, size, flip, exif_orientation) and the seed;
+// the rest is the file. Any input must decode or fail with a status: no crash, no
+// out-of-bounds access, no undefined behaviour (the harness runs under ASan + UBSan).
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -15,9 +16,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ferry::ImageTransform t = (data[1] & 1) != 0
                                 ? ferry::ImageTransform::ResizeCenterCrop(out, out + data[2] % 64)
                                 : ferry::ImageTransform::RandomResizedCrop(out, (data[1] & 2) != 0);
+  t.exif_orientation = (data[1] & 4) != 0;
   ferry::DecodeLimits limits;
   limits.max_image_pixels = 1 << 22;  // the fuzzer's memory limit, not ferryd's default
-  static ferry::JpegDecoder* decoder = new ferry::JpegDecoder();
+  static ferry::ImageDecoder* decoder = new ferry::ImageDecoder();
   decoder->set_limits(limits);
   ferry::Rng rng(data[3]);
   std::vector<uint8_t> row(static_cast<size_t>(out) * out * 3);
