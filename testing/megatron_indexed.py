@@ -46,6 +46,23 @@ def write_indexed(prefix, documents, dtype=np.uint16, modes=False):
             idx.write(bytes(len(lengths)))
 
 
+def write_indexed_arrays(prefix, tokens, lengths):
+    """The same layout from numpy arrays, fast for large corpora: `tokens` (uint16 or int32)
+    is the .bin; `lengths` (summing to len(tokens)) are one-sequence documents."""
+    tokens = np.asarray(tokens)
+    lengths = np.asarray(lengths, dtype="<i4")
+    assert int(lengths.sum()) == len(tokens)
+    tokens.astype(tokens.dtype.newbyteorder("<")).tofile(prefix + ".bin")
+    pointers = np.zeros(len(lengths), dtype="<i8")
+    np.cumsum(lengths[:-1].astype(np.int64) * tokens.dtype.itemsize, out=pointers[1:])
+    with open(prefix + ".idx", "wb") as idx:
+        idx.write(MAGIC)
+        idx.write(struct.pack("<QBQQ", 1, CODES[tokens.dtype], len(lengths), len(lengths) + 1))
+        idx.write(lengths.tobytes())
+        idx.write(pointers.tobytes())
+        idx.write(np.arange(len(lengths) + 1, dtype="<i8").tobytes())
+
+
 def reference_sample(documents, seq_len, index):
     """ferry's sample `index` of these documents: tokens, position_ids, cu_seqlens (padded
     with seq_len to seq_len + 1 entries) and num_seqs, computed the slow, obvious way."""

@@ -275,10 +275,10 @@ std::string RenderJob(const JobStatus& status) {
   info.AddRow({"state", FormatJobState(status)});
   info.AddRow({"dataset", absl::StrCat(FormatDataset(s), " (", j.num_samples, " samples)")});
   for (const JobStatus::BlendSource& b : status.blend_sources) {
-    info.AddRow(
-        {absl::StrCat("  ", b.name),
-         absl::StrFormat("weight %.4g: %d of %d samples per epoch (%d held), %d read", b.weight,
-                         b.samples_per_epoch, j.samples_per_epoch, b.num_samples, b.samples_read)});
+    info.AddRow({absl::StrCat("  ", b.name),
+                 absl::StrFormat("weight %.4g: %d of %d samples per epoch (%d held), %d read",
+                                 b.weight, b.samples_per_epoch, j.samples_per_epoch, b.num_samples,
+                                 b.samples_drawn)});
   }
   info.AddRow({"transform", FormatTransform(s)});
   info.AddRow({"sampling", absl::StrJoin(sampling, ", ")});

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/random.h"
@@ -19,7 +20,8 @@ namespace {
 constexpr uint64_t kPassKeyTag = 0x626c656e64706173ull;  // "blendpas"
 
 // Bytes equal to `value` among data[0, n): eight at a time (a zero byte of x = word ^ value
-// has its high bit set in ~(((x & 0x7f..) + 0x7f..) | x) | 0x7f..; no false positives).
+// has its high bit set in ~(((x & 0x7f..) + 0x7f..) | x) | 0x7f..; no false positives; the
+// multiply sums the eight flags into the top byte, with no POPCNT instruction needed).
 int64_t CountByte(const uint8_t* data, size_t n, uint8_t value) {
   constexpr uint64_t kLow7 = 0x7f7f7f7f7f7f7f7full;
   const uint64_t pattern = 0x0101010101010101ull * value;
@@ -29,7 +31,8 @@ int64_t CountByte(const uint8_t* data, size_t n, uint8_t value) {
     uint64_t word;
     std::memcpy(&word, data + i, 8);
     const uint64_t x = word ^ pattern;
-    count += std::popcount(~(((x & kLow7) + kLow7) | x | kLow7));
+    const uint64_t zero_bytes = ~(((x & kLow7) + kLow7) | x | kLow7);
+    count += static_cast<int64_t>(((zero_bytes >> 7) * 0x0101010101010101ull) >> 56);
   }
   for (; i < n; ++i) count += data[i] == value;
   return count;
@@ -185,16 +188,16 @@ absl::StatusOr<std::unique_ptr<BlendSource>> BlendSource::Create(
         blend.samples_per_epoch() == 0 ? ": the sources hold more, so set it lower" : ""));
   }
   source->Interleave(static_cast<int64_t>(per_epoch));
-  source->read_ = std::make_unique<std::atomic<int64_t>[]>(static_cast<size_t>(n));
+  source->drawn_ = std::make_unique<std::atomic<int64_t>[]>(static_cast<size_t>(n));
   return source;
 }
 
 void BlendSource::Interleave(int64_t samples_per_epoch) {
   const size_t n = sources_.size();
   source_of_.resize(static_cast<size_t>(samples_per_epoch));
-  // About 8 bytes of checkpoints per 32 positions whatever the source count, and at most a
-  // few hundred bytes to scan per lookup for a handful of sources.
-  stride_ = std::max<int64_t>(256, static_cast<int64_t>(std::bit_ceil(32 * n)));
+  // At most a byte of checkpoints per position whatever the source count, and a scan of
+  // under 64 bytes per lookup for up to 8 sources.
+  stride_ = std::max<int64_t>(64, static_cast<int64_t>(std::bit_ceil(8 * n)));
   checkpoints_.reserve(static_cast<size_t>(samples_per_epoch / stride_ + 1) * n);
   std::vector<int64_t> count(n, 0);
   for (int64_t p = 0; p < samples_per_epoch; ++p) {
@@ -218,6 +221,11 @@ void BlendSource::Interleave(int64_t samples_per_epoch) {
 }
 
 int64_t BlendSource::IndexAt(uint64_t seed, int64_t epoch, bool shuffle, int64_t position) const {
+  return Map(seed, epoch, shuffle, position, nullptr);
+}
+
+int64_t BlendSource::Map(uint64_t seed, int64_t epoch, bool shuffle, int64_t position,
+                         std::vector<PassOrder>* orders) const {
   const size_t n = sources_.size();
   const uint8_t s = source_of_[static_cast<size_t>(position)];
   const int64_t block = position / stride_;
@@ -230,7 +238,16 @@ int64_t BlendSource::IndexAt(uint64_t seed, int64_t epoch, bool shuffle, int64_t
   uint64_t local = draw % size;
   if (shuffle) {
     const uint64_t pass = draw / size;
-    local = IndexPermutation(size, MixSeed(seed, kPassKeyTag + s, pass))(local);
+    if (orders == nullptr) {
+      local = IndexPermutation(size, MixSeed(seed, kPassKeyTag + s, pass))(local);
+    } else {
+      PassOrder& order = (*orders)[s];
+      if (!order.permutation.has_value() || order.pass != pass) {
+        order.pass = pass;
+        order.permutation.emplace(size, MixSeed(seed, kPassKeyTag + s, pass));
+      }
+      local = (*order.permutation)(local);
+    }
   }
   return offsets_[s] + static_cast<int64_t>(local);
 }
@@ -242,7 +259,15 @@ void BlendSource::MapPositions(uint64_t seed, int64_t epoch, bool shuffle,
     __builtin_prefetch(source_of_.data() + p);
     __builtin_prefetch(checkpoints_.data() + static_cast<size_t>(p / stride_) * n);
   }
-  for (int64_t& p : positions) p = IndexAt(seed, epoch, shuffle, p);
+  std::vector<PassOrder> orders(n);  // most of a batch's draws share their source's pass
+  absl::InlinedVector<int64_t, 8> drawn(n, 0);
+  for (int64_t& p : positions) {
+    ++drawn[source_of_[static_cast<size_t>(p)]];
+    p = Map(seed, epoch, shuffle, p, &orders);
+  }
+  for (size_t s = 0; s < n; ++s) {
+    if (drawn[s] != 0) drawn_[s].fetch_add(drawn[s], std::memory_order_relaxed);
+  }
 }
 
 int BlendSource::SourceOf(int64_t index, int64_t* local) const {
@@ -268,7 +293,6 @@ absl::Status BlendSource::Fill(int64_t index, uint64_t sample_seed, absl::Span<u
   if (index_field_ >= 0 && rows[static_cast<size_t>(index_field_)] != nullptr) {
     std::memcpy(rows[static_cast<size_t>(index_field_)], &index, sizeof(index));
   }
-  read_[static_cast<size_t>(s)].fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
@@ -286,7 +310,7 @@ std::vector<SampleSource::Part> BlendSource::parts() const {
                          .weight = weights_[s],
                          .num_samples = sources_[s]->size(),
                          .samples_per_epoch = per_epoch_[s],
-                         .samples_read = read_[s].load(std::memory_order_relaxed)});
+                         .samples_drawn = drawn_[s].load(std::memory_order_relaxed)});
   }
   return parts;
 }

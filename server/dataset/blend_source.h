@@ -15,7 +15,7 @@
 //     epoch.
 //
 // Cost: one byte per position (the source of each) and a count per source every
-// max(256, 32 * sources) positions (about a quarter byte per position), computed once at
+// max(64, 8 * sources) positions (at most another byte per position), computed once at
 // creation in O(samples_per_epoch * sources); IndexAt is O(1) (a scan of fewer positions
 // than that stride, eight at a time, and one Feistel permutation).
 //
@@ -26,10 +26,12 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/random.h"
 #include "ferry/v1/ferry.pb.h"
 #include "server/dataset/sample_source.h"
 
@@ -74,6 +76,14 @@ class BlendSource final : public SampleSource {
   BlendSource() = default;
   // Assigns every position its source and records the checkpoints.
   void Interleave(int64_t samples_per_epoch);
+  // A source's permutation of one pass, kept while a batch's positions are mapped.
+  struct PassOrder {
+    uint64_t pass = 0;
+    std::optional<IndexPermutation> permutation;
+  };
+  // IndexAt, reusing the permutations in `orders` (one per source; null: none kept).
+  int64_t Map(uint64_t seed, int64_t epoch, bool shuffle, int64_t position,
+              std::vector<PassOrder>* orders) const;
 
   std::vector<std::unique_ptr<SampleSource>> sources_;
   std::vector<std::string> names_;
@@ -81,11 +91,11 @@ class BlendSource final : public SampleSource {
   std::vector<int64_t> offsets_;      // sources_.size() + 1 prefix sums of sizes
   std::vector<int64_t> per_epoch_;    // positions of each source per epoch
   std::vector<uint8_t> source_of_;    // per position
-  int64_t stride_ = 256;              // positions between checkpoints
+  int64_t stride_ = 64;               // positions between checkpoints
   std::vector<int64_t> checkpoints_;  // [position / stride_][source]: count before it
   int index_field_ = -1;              // the "index" field, rewritten to the blend's index
   bool fill_is_copy_ = true;
-  std::unique_ptr<std::atomic<int64_t>[]> read_;  // per source
+  std::unique_ptr<std::atomic<int64_t>[]> drawn_;  // per source, by MapPositions
 };
 
 }  // namespace ferry

@@ -195,8 +195,12 @@ TEST_F(BlendSourceTest, FillReadsTheSourceOfTheIndexAndCountsIt) {
   ASSERT_TRUE(blend->Fill(1, 0, rows, scratch.get()).ok());
   EXPECT_EQ(tokens[0], kSeqLen);
   ASSERT_TRUE(blend->Fill(6, 0, rows, scratch.get()).ok());
-  EXPECT_EQ(blend->parts()[0].samples_read, 1);
-  EXPECT_EQ(blend->parts()[1].samples_read, 2);
+  // Draws are counted where positions are mapped, not per Fill.
+  EXPECT_EQ(blend->parts()[1].samples_drawn, 0);
+  std::vector<int64_t> positions = {0, 1, 2, 3, 4, 5, 6};
+  blend->MapPositions(0, 0, false, absl::MakeSpan(positions));
+  EXPECT_EQ(blend->parts()[0].samples_drawn + blend->parts()[1].samples_drawn, 7);
+  EXPECT_EQ(blend->parts()[0].samples_drawn, 2);  // weight 1/4 of the first 7 positions
   EXPECT_THAT(blend->Describe(5), HasSubstr("(blend source 'source1')"));
   EXPECT_THAT(blend->Describe(5), HasSubstr("s1.bin"));
 }

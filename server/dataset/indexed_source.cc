@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/streaming_copy.h"
 #include "server/dataset/token_convert.h"
 
 namespace ferry {
@@ -14,7 +15,35 @@ namespace {
 
 using ferry::v1::DType;
 
-class NoScratch final : public SampleSource::Scratch {};
+// Per thread: the window's document starts, and rows computed before they are streamed into
+// a GPU job's slot.
+class IndexedScratch final : public SampleSource::Scratch {
+ public:
+  std::vector<int64_t> starts;
+  std::vector<uint8_t> staging;
+};
+
+// Writes `bytes` computed at `src` into a slot row: streamed for a GPU job's slot
+// (RowStores::kStreaming), a plain copy otherwise.
+void StoreRow(RowStores stores, uint8_t* dst, const uint8_t* src, size_t bytes) {
+  if (stores == RowStores::kStreaming) {
+    StreamingCopy(dst, src, bytes);
+  } else {
+    std::memcpy(dst, src, bytes);
+  }
+}
+
+// The position of the first negative little-endian int32 of `count` at `src`, or -1. One
+// pass of ORs first (vectorised), the search only when one is there.
+int64_t FirstNegative(const uint8_t* src, int64_t count) {
+  uint32_t any = 0;
+  for (int64_t i = 0; i < count; ++i) any |= LoadLittleEndian<uint32_t>(src + i * 4);
+  if ((any >> 31) == 0) return -1;
+  for (int64_t i = 0; i < count; ++i) {
+    if (LoadLittleEndian<int32_t>(src + i * 4) < 0) return i;
+  }
+  return -1;
+}
 
 constexpr char kMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
 
@@ -28,7 +57,8 @@ const char* DTypeCodeName(uint8_t code) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<IndexedSource>> IndexedSource::Create(
-    const ferry::v1::IndexedDataset& spec, const DatasetFs& fs, bool device_widens) {
+    const ferry::v1::IndexedDataset& spec, const DatasetFs& fs, const SourceOptions& options) {
+  const bool device_widens = options.device_widens_tokens && !spec.widen_on_host();
   if (spec.path_prefix().empty()) {
     return absl::InvalidArgumentError(
         "dataset.indexed.path_prefix must be set to the files' path without .bin/.idx");
@@ -136,6 +166,7 @@ absl::StatusOr<std::unique_ptr<IndexedSource>> IndexedSource::Create(
   }
   source->num_samples_ = (tokens - 1) / source->seq_len_;
   source->output_dtype_ = output;
+  source->row_stores_ = options.row_stores;
   const int64_t n = source->seq_len_ + 1;
   const size_t out_bytes = DTypeSize(output);
   const DType file_dtype = source->token_bytes_ == 2 ? ferry::v1::UINT16 : ferry::v1::INT32;
@@ -236,7 +267,7 @@ bool IndexedSource::StartsDocument(int64_t s) const {
 }
 
 std::unique_ptr<SampleSource::Scratch> IndexedSource::NewScratch() const {
-  return std::make_unique<NoScratch>();
+  return std::make_unique<IndexedScratch>();
 }
 
 absl::Status IndexedSource::Fill(int64_t index, uint64_t sample_seed,
@@ -255,7 +286,9 @@ absl::Status IndexedSource::Fill(int64_t index, uint64_t sample_seed,
   FERRY_ASSIGN_OR_RETURN(int64_t s, FindSequence(first));
   int64_t offset = first - SequencePointer(s) / static_cast<int64_t>(token_bytes_);
   // Window positions where a document starts (0 always: the window's first segment).
-  std::vector<int64_t> starts = {0};
+  IndexedScratch& own = *static_cast<IndexedScratch*>(scratch);
+  std::vector<int64_t>& starts = own.starts;
+  starts.assign(1, 0);
   int64_t pos = 0;
   while (pos < n) {
     if (s >= num_sequences_) {
@@ -272,9 +305,10 @@ absl::Status IndexedSource::Fill(int64_t index, uint64_t sample_seed,
     uint8_t* dst = rows[0] + static_cast<size_t>(pos) * out_bytes;
     int64_t overflow = -1;
     if (raw_) {
-      // Copied as the file holds them; int32 ids are still checked (none may be negative).
-      overflow = token_bytes_ == 2 ? ConvertTokens<uint16_t, uint16_t>(src, count, dst)
-                                   : ConvertTokens<int32_t, int32_t>(src, count, dst);
+      // Copied as the file holds them (streamed: raw rows are a GPU job's); int32 ids are
+      // still checked, none may be negative.
+      if (token_bytes_ == 4) overflow = FirstNegative(src, count);
+      if (overflow < 0) StreamingCopy(dst, src, static_cast<size_t>(count) * token_bytes_);
     } else if (token_bytes_ == 2) {
       overflow = output_dtype_ == ferry::v1::INT64
                      ? ConvertTokens<uint16_t, int64_t>(src, count, dst)
@@ -295,22 +329,30 @@ absl::Status IndexedSource::Fill(int64_t index, uint64_t sample_seed,
     offset = 0;
     ++s;
   }
+  // The computed rows go through `staging`, then into the slot as the job's rows want.
   if (position_field_ >= 0 && rows[position_field_] != nullptr) {
+    const size_t bytes = fields_[position_field_].row_bytes;
+    own.staging.resize(bytes);
+    uint8_t* out = own.staging.data();
     size_t segment = 0;
     for (int64_t p = 0; p < n; ++p) {
       while (segment + 1 < starts.size() && starts[segment + 1] <= p) ++segment;
       const int64_t id = p - starts[segment];
       if (output_dtype_ == ferry::v1::INT64) {
-        std::memcpy(rows[position_field_] + p * 8, &id, 8);
+        std::memcpy(out + p * 8, &id, 8);
       } else {
         const int32_t id32 = static_cast<int32_t>(id);
-        std::memcpy(rows[position_field_] + p * 4, &id32, 4);
+        std::memcpy(out + p * 4, &id32, 4);
       }
     }
+    StoreRow(row_stores_, rows[position_field_], out, bytes);
   }
   if (cu_field_ >= 0) {
     // FlashAttention's varlen boundaries of the seq_len inputs: a document starting at the
     // last position (a target only) is no segment of the inputs.
+    const size_t bytes = fields_[cu_field_].row_bytes;
+    own.staging.resize(bytes);
+    uint8_t* out = own.staging.data();
     int32_t count = 0;
     for (int64_t p = 0; p < n; ++p) {
       int32_t value = static_cast<int32_t>(seq_len_);
@@ -318,8 +360,9 @@ absl::Status IndexedSource::Fill(int64_t index, uint64_t sample_seed,
         value = static_cast<int32_t>(starts[p]);
         count = static_cast<int32_t>(p + 1);
       }
-      std::memcpy(rows[cu_field_] + p * 4, &value, 4);
+      std::memcpy(out + p * 4, &value, 4);
     }
+    StoreRow(row_stores_, rows[cu_field_], out, bytes);
     std::memcpy(rows[count_field_], &count, 4);
   }
   std::memcpy(rows[index_field_], &index, sizeof(index));

@@ -40,11 +40,13 @@ class IndexedSource final : public SampleSource {
   // with the .idx (magic, version, dtype code, sizes that disagree with its header, document
   // indices not from 0 to the sequence count) or the .bin (shorter than the index says);
   // NOT_FOUND naming a missing file; FAILED_PRECONDITION when there is no whole window.
-  // With `device_widens`, the "tokens" field holds the file's uint16 / int32 ids for the
-  // device to widen (FieldLayout::device_dtype), unless they are int32 delivered as INT32.
+  // With options.device_widens_tokens (and not spec.widen_on_host), the "tokens" field holds
+  // the file's uint16 / int32 ids for the device to widen (FieldLayout::device_dtype),
+  // unless they are int32 delivered as INT32. options.row_stores says how computed rows
+  // (position_ids, cu_seqlens) are written.
   static absl::StatusOr<std::unique_ptr<IndexedSource>> Create(
       const ferry::v1::IndexedDataset& spec, const DatasetFs& fs = *UnconfinedDatasetFs(),
-      bool device_widens = false);
+      const SourceOptions& options = SourceOptions());
 
   int64_t size() const override { return num_samples_; }
   const std::vector<FieldLayout>& fields() const override { return fields_; }
@@ -75,6 +77,7 @@ class IndexedSource final : public SampleSource {
   size_t token_bytes_ = 0;  // 2 (uint16) or 4 (int32)
   ferry::v1::DType output_dtype_ = ferry::v1::INT64;
   bool raw_ = false;  // "tokens" holds the file's ids (device_dtype set)
+  RowStores row_stores_ = RowStores::kOrdinary;
   int64_t seq_len_ = 0;
   int64_t num_sequences_ = 0;
   int64_t num_documents_ = 0;  // entries of the document index (documents + 1)

@@ -88,6 +88,13 @@ class IndexedSourceTest : public ::testing::Test {
     spec.set_cu_seqlens(extras);
     return spec;
   }
+  // What a GPU job asks of its sources.
+  static SourceOptions Gpu() {
+    SourceOptions options;
+    options.device_widens_tokens = true;
+    options.row_stores = RowStores::kStreaming;
+    return options;
+  }
   absl::Status CreateError(const ferry::v1::IndexedDataset& spec) {
     return IndexedSource::Create(spec).status();
   }
@@ -121,6 +128,7 @@ TEST_F(IndexedSourceTest, PacksDocumentsAndReportsTheirBoundaries) {
   for (const FieldLayout& f : (*source)->fields()) names.push_back(f.name);
   EXPECT_THAT(names,
               ElementsAreArray({"tokens", "position_ids", "cu_seqlens", "num_seqs", "index"}));
+  auto scratch = (*source)->NewScratch();
   for (int64_t i = 0; i < (*source)->size(); ++i) {
     std::vector<int64_t> tokens(5), positions(5), index(1);
     std::vector<int32_t> cu(5), count(1);
@@ -128,7 +136,7 @@ TEST_F(IndexedSourceTest, PacksDocumentsAndReportsTheirBoundaries) {
         reinterpret_cast<uint8_t*>(tokens.data()), reinterpret_cast<uint8_t*>(positions.data()),
         reinterpret_cast<uint8_t*>(cu.data()), reinterpret_cast<uint8_t*>(count.data()),
         reinterpret_cast<uint8_t*>(index.data())};
-    absl::Status s = (*source)->Fill(i, 0, absl::MakeSpan(rows), nullptr);
+    absl::Status s = (*source)->Fill(i, 0, absl::MakeSpan(rows), scratch.get());
     ASSERT_TRUE(s.ok()) << s;
     // Reference: tokens count up; a position restarts at each document start in the window.
     std::vector<int64_t> want_tokens, want_positions;
@@ -164,7 +172,7 @@ TEST_F(IndexedSourceTest, Int32OutputWithoutExtrasAndSequenceModes) {
   int64_t index = -1;
   std::vector<uint8_t*> rows = {reinterpret_cast<uint8_t*>(tokens.data()),
                                 reinterpret_cast<uint8_t*>(&index)};
-  ASSERT_TRUE((*source)->Fill(2, 0, absl::MakeSpan(rows), nullptr).ok());
+  ASSERT_TRUE((*source)->Fill(2, 0, absl::MakeSpan(rows), (*source)->NewScratch().get()).ok());
   EXPECT_THAT(tokens, ElementsAreArray({112, 113, 114, 115, 116, 117, 118}));
 }
 
@@ -173,7 +181,7 @@ TEST_F(IndexedSourceTest, ForADeviceThatWidensTokensAreTheFilesOwn) {
     SCOPED_TRACE(int32_tokens ? "int32" : "uint16");
     auto docs = FourDocuments();
     Write(MakeIndexed(docs, false, int32_tokens));
-    auto source = IndexedSource::Create(Spec(4), *UnconfinedDatasetFs(), /*device_widens=*/true);
+    auto source = IndexedSource::Create(Spec(4), *UnconfinedDatasetFs(), Gpu());
     ASSERT_TRUE(source.ok()) << source.status();
     const FieldLayout& tokens_field = (*source)->fields()[0];
     EXPECT_EQ(tokens_field.dtype, int32_tokens ? ferry::v1::INT32 : ferry::v1::UINT16);
@@ -189,7 +197,7 @@ TEST_F(IndexedSourceTest, ForADeviceThatWidensTokensAreTheFilesOwn) {
                                   reinterpret_cast<uint8_t*>(cu.data()),
                                   reinterpret_cast<uint8_t*>(count.data()),
                                   reinterpret_cast<uint8_t*>(index.data())};
-    ASSERT_TRUE((*source)->Fill(2, 0, absl::MakeSpan(rows), nullptr).ok());
+    ASSERT_TRUE((*source)->Fill(2, 0, absl::MakeSpan(rows), (*source)->NewScratch().get()).ok());
     for (int p = 0; p < 5; ++p) {
       int64_t t = 0;
       if (int32_tokens) {
@@ -208,9 +216,9 @@ TEST_F(IndexedSourceTest, ForADeviceThatWidensTokensAreTheFilesOwn) {
     if (int32_tokens) {
       docs[0][0][1] = 0xffff;
       Write(MakeIndexed(docs, false, true));
-      auto bad = IndexedSource::Create(Spec(4), *UnconfinedDatasetFs(), true);
+      auto bad = IndexedSource::Create(Spec(4), *UnconfinedDatasetFs(), Gpu());
       ASSERT_TRUE(bad.ok());
-      absl::Status s = (*bad)->Fill(0, 0, absl::MakeSpan(rows), nullptr);
+      absl::Status s = (*bad)->Fill(0, 0, absl::MakeSpan(rows), (*bad)->NewScratch().get());
       EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
       EXPECT_THAT(s.message(), HasSubstr("is negative"));
     }
@@ -219,7 +227,7 @@ TEST_F(IndexedSourceTest, ForADeviceThatWidensTokensAreTheFilesOwn) {
   Write(MakeIndexed(FourDocuments(), false, true));
   ferry::v1::IndexedDataset spec = Spec(4, false);
   spec.set_output_dtype(ferry::v1::INT32);
-  auto plain = IndexedSource::Create(spec, *UnconfinedDatasetFs(), true);
+  auto plain = IndexedSource::Create(spec, *UnconfinedDatasetFs(), Gpu());
   ASSERT_TRUE(plain.ok());
   EXPECT_EQ((*plain)->fields()[0].device_dtype, ferry::v1::DTYPE_UNSPECIFIED);
 }
@@ -271,8 +279,9 @@ TEST_F(IndexedSourceTest, CorruptPointerFailsTheSampleNotTheProcess) {
   for (const FieldLayout& f : (*source)->fields()) buffers.emplace_back(f.row_bytes);
   for (auto& b : buffers) rows.push_back(b.data());
   int failed = 0;
+  auto scratch = (*source)->NewScratch();
   for (int64_t i = 0; i < (*source)->size(); ++i) {
-    absl::Status s = (*source)->Fill(i, 0, absl::MakeSpan(rows), nullptr);
+    absl::Status s = (*source)->Fill(i, 0, absl::MakeSpan(rows), scratch.get());
     if (s.ok()) continue;
     ++failed;
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
@@ -301,8 +310,9 @@ TEST_F(IndexedSourceTest, EveryDamagedIndexByteIsRefusedOrReadSafely) {
       std::vector<uint8_t*> rows;
       for (const FieldLayout& f : (*source)->fields()) buffers.emplace_back(f.row_bytes);
       for (auto& b : buffers) rows.push_back(b.data());
+      auto scratch = (*source)->NewScratch();
       for (int64_t i = 0; i < (*source)->size(); ++i) {
-        absl::Status s = (*source)->Fill(i, 0, absl::MakeSpan(rows), nullptr);
+        absl::Status s = (*source)->Fill(i, 0, absl::MakeSpan(rows), scratch.get());
         if (!s.ok()) {
           ++failed_samples;
           EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;

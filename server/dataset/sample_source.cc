@@ -114,10 +114,8 @@ constexpr DatasetKind kDatasetKinds[] = {
         const SourceOptions& options) -> Opened {
        // Raw tokens where the device widens them (the token dtype is in the .idx: Create
        // decides).
-       const ferry::v1::IndexedDataset& indexed = spec.dataset().indexed();
-       FERRY_ASSIGN_OR_RETURN(auto source, IndexedSource::Create(indexed, *fs,
-                                                                 options.device_widens_tokens &&
-                                                                     !indexed.widen_on_host()));
+       FERRY_ASSIGN_OR_RETURN(auto source,
+                              IndexedSource::Create(spec.dataset().indexed(), *fs, options));
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
     {DatasetSpec::kWebdataset,

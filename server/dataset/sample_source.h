@@ -140,7 +140,7 @@ class SampleSource {
     double weight = 0;
     int64_t num_samples = 0;
     int64_t samples_per_epoch = 0;
-    int64_t samples_read = 0;  // successful Fill calls so far
+    int64_t samples_drawn = 0;  // positions mapped to it so far (MapPositions)
   };
   virtual std::vector<Part> parts() const { return {}; }
 };

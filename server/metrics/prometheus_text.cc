@@ -302,13 +302,13 @@ std::string StatusToPrometheus(const GetStatusResponse& status) {
       }
     }
   }
-  w.Family("ferry_job_blend_source_samples_read_total", "counter",
-           "Samples the workers read from each source of a blend (label source: its name).");
+  w.Family("ferry_job_blend_source_samples_drawn_total", "counter",
+           "Positions of batches drawn from each source of a blend (label source: its name).");
   for (const JobStatus& job : status.jobs()) {
     const std::string labels = JobLabels(job);
     for (const auto& b : job.blend_sources()) {
-      w.Sample("ferry_job_blend_source_samples_read_total", With(labels, "source", b.name()),
-               static_cast<double>(b.samples_read()));
+      w.Sample("ferry_job_blend_source_samples_drawn_total", With(labels, "source", b.name()),
+               static_cast<double>(b.samples_drawn()));
     }
   }
 

@@ -46,7 +46,7 @@ ferry::v1::GetStatusResponse SampleStatus() {
   job->set_bytes_read(99);
   ferry::v1::BlendSourceStatus* wiki = job->add_blend_sources();
   wiki->set_name("wiki");
-  wiki->set_samples_read(77);
+  wiki->set_samples_drawn(77);
   ferry::v1::ReasonCount* corrupt = job->add_errors_by_reason();
   corrupt->set_reason("corrupt");
   corrupt->set_count(3);
@@ -137,7 +137,7 @@ TEST(PrometheusTextTest, FamiliesHaveConventionalNamesAndTypes) {
       {"ferry_job_samples_decoded_total", "counter"},
       {"ferry_job_read_bytes_total", "counter"},
       {"ferry_job_bad_samples_total", "counter"},
-      {"ferry_job_blend_source_samples_read_total", "counter"},
+      {"ferry_job_blend_source_samples_drawn_total", "counter"},
       {"ferry_rank_batches_delivered_total", "counter"},
       {"ferry_rank_samples_delivered_total", "counter"},
       {"ferry_rank_stall_ratio", "gauge"},
@@ -194,7 +194,7 @@ TEST(PrometheusTextTest, BlendSourcesExportSamplesReadBySource) {
   EXPECT_THAT(
       StatusToPrometheus(SampleStatus()),
       HasSubstr(
-          R"(ferry_job_blend_source_samples_read_total{job_id="j0123456789ab",job_name="imagenet \"train\"\\x\n",source="wiki"} 77)"
+          R"(ferry_job_blend_source_samples_drawn_total{job_id="j0123456789ab",job_name="imagenet \"train\"\\x\n",source="wiki"} 77)"
           "\n"));
 }
 

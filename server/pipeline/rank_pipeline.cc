@@ -306,7 +306,8 @@ void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
       next_batch_ = 0;
       if (batches_per_epoch_ == 0) return;
     }
-    job_->sampler().BatchIndices(next_epoch_, rank_, next_batch_, &indices);
+    // Positions only: each task maps its own (a blend's mapping runs on the workers).
+    job_->sampler().BatchPositions(next_epoch_, rank_, next_batch_, &indices);
     Slot& slot = slots_[s];
     slot.gather = ring_->PlanBatch();
     slot.state = SlotState::kFilling;
@@ -337,8 +338,9 @@ void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
                         gather = slot.gather,
                         rows =
                             std::vector<int64_t>(indices.begin() + begin, indices.begin() + end)](
-                           WorkerContext& context) {
+                           WorkerContext& context) mutable {
         const absl::Time start = absl::Now();
+        self->job_->sampler().MapPositions(epoch, absl::MakeSpan(rows));
         const ReadTally reads_before = ThisThreadReadTally();
         int64_t filled = 0;
         for (size_t i = 0; i < rows.size(); ++i) {

@@ -59,11 +59,21 @@ int64_t Sampler::batches_per_epoch() const {
 }
 
 void Sampler::BatchIndices(int64_t epoch, int64_t rank, int64_t batch, std::vector<int64_t>* out) {
+  BatchPositions(epoch, rank, batch, out);
+  MapPositions(epoch, absl::MakeSpan(*out));
+}
+
+void Sampler::MapPositions(int64_t epoch, absl::Span<int64_t> positions) const {
+  if (options_.map_positions) options_.map_positions(epoch, positions);
+}
+
+void Sampler::BatchPositions(int64_t epoch, int64_t rank, int64_t batch,
+                             std::vector<int64_t>* out) {
   if (rank < 0 || rank >= options_.world_size || batch < 0 || batch >= batches_per_epoch()) {
     // A caller bug (requests are validated at the service edge); continuing would hand out
     // indices of another rank or past the dataset.
     std::fprintf(stderr,
-                 "ferry: Sampler::BatchIndices(epoch=%lld, rank=%lld, batch=%lld) out of range "
+                 "ferry: Sampler::BatchPositions(epoch=%lld, rank=%lld, batch=%lld) out of range "
                  "(world_size=%lld, batches_per_epoch=%lld)\n",
                  static_cast<long long>(epoch), static_cast<long long>(rank),
                  static_cast<long long>(batch), static_cast<long long>(options_.world_size),
@@ -88,7 +98,6 @@ void Sampler::BatchIndices(int64_t epoch, int64_t rank, int64_t batch, std::vect
       out->push_back(Position(epoch, first + j * stride));
     }
   }
-  if (options_.map_positions) options_.map_positions(epoch, absl::MakeSpan(*out));
 }
 
 int64_t Sampler::Position(int64_t epoch, int64_t pos) {

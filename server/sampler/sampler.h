@@ -79,6 +79,12 @@ class Sampler final {
   // 0 <= rank < world_size and 0 <= batch < batches_per_epoch().
   void BatchIndices(int64_t epoch, int64_t rank, int64_t batch, std::vector<int64_t>* out);
 
+  // BatchIndices in two steps, so that the mapping of a blend's positions (the costlier
+  // part) can run on many threads: the batch's positions (its indices when the options
+  // have no map_positions), then MapPositions replaces any run of them by their indices.
+  void BatchPositions(int64_t epoch, int64_t rank, int64_t batch, std::vector<int64_t>* out);
+  void MapPositions(int64_t epoch, absl::Span<int64_t> positions) const;
+
  private:
   explicit Sampler(const SamplerOptions& options);
   // order[pos % num_samples] of the epoch (shuffled, or from epoch_order); recomputes the

@@ -574,7 +574,7 @@ void JobManager::FillJobStatus(const Job& job, ferry::v1::JobStatus* status) {
     s->set_weight(part.weight);
     s->set_num_samples(part.num_samples);
     s->set_samples_per_epoch(part.samples_per_epoch);
-    s->set_samples_read(part.samples_read);
+    s->set_samples_drawn(part.samples_drawn);
   }
   absl::MutexLock lock(&mutex_);
   auto it = jobs_.find(job.identity().id);

@@ -197,6 +197,58 @@ class GpuTransportTest(unittest.TestCase):
         table = ferry_it.run_ferryctl(self.daemon.address, "status").stdout
         self.assertIn("WORKER CPUS", table)
 
+    def test_a_llm_kinds_widened_on_the_gpu_match_cpu(self):
+        # token_shards (to int64 and int32), indexed uint16 / int32 (sign-extended by the
+        # kernel) with position_ids + cu_seqlens, and a blend: raw ids cross PCIe, the job's
+        # host rows are the file's dtype, and every field equals the cpu transport's.
+        import numpy as np
+        import torch
+        import ferry
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "testing"))
+        import megatron_indexed
+        d = self.daemon.dir
+        rng = np.random.default_rng(9)
+        for i in range(3):
+            rng.integers(0, 2**16, 700 + 50 * i, dtype=np.uint16).tofile(
+                os.path.join(d, "shard-%d.bin" % i))
+        flat = rng.integers(0, 2**16, 3000, dtype=np.uint16)
+        lengths = [300, 1000, 1200, 500]
+        megatron_indexed.write_indexed_arrays(os.path.join(d, "docs"), flat, lengths)
+        wide = rng.integers(0, 2**31 - 1, 3000, dtype=np.int32)
+        megatron_indexed.write_indexed_arrays(os.path.join(d, "docs32"), wide, lengths)
+        shards = os.path.join(d, "shard-{0..2}.bin")
+        cases = [
+            ("token_shards int64", ferry.TokenShards(shards, 31), "UINT16"),
+            ("token_shards int32", ferry.TokenShards(shards, 31, output_dtype="int32"),
+             "UINT16"),
+            ("indexed uint16", ferry.IndexedDataset(os.path.join(d, "docs"), 31,
+                                                    position_ids=True, cu_seqlens=True),
+             "UINT16"),
+            ("indexed int32", ferry.IndexedDataset(os.path.join(d, "docs32"), 31,
+                                                   position_ids=True), "INT32"),
+            ("blend", ferry.Blend([ferry.TokenShards(shards, 31),
+                                   ferry.IndexedDataset(os.path.join(d, "docs"), 31)],
+                                  weights=[2, 1]), "UINT16"),
+        ]
+        for name, dataset, host_dtype in cases:
+            batches = {}
+            for device in ("cpu", "cuda:0"):
+                loader = ferry.Loader(dataset, batch_size=6, shuffle=True, seed=3,
+                                      device=device, address=self.daemon.address, timeout=60)
+                loader.set_epoch(2)
+                batches[device] = [{k: v.cpu() for k, v in b.items()} for b in loader]
+                if device != "cpu":
+                    status = ferry_it.ferryctl(self.daemon.address, "status")
+                    [job] = [j for j in status["jobs"] if j["job"]["id"] == loader.job["id"]]
+                    self.assertEqual(job["job"]["fields"][0]["dtype"], host_dtype, name)
+                loader.close()
+            self.assertEqual(len(batches["cpu"]), len(batches["cuda:0"]), name)
+            for cb, gb in zip(batches["cpu"], batches["cuda:0"]):
+                self.assertEqual(set(cb), set(gb), name)
+                for k in cb:
+                    self.assertEqual(cb[k].dtype, gb[k].dtype, (name, k))
+                    self.assertTrue(torch.equal(cb[k], gb[k]), (name, k))
+
     def records_on(self, address, path, device, step_seconds=0, **dataset):
         """Two shuffled epochs of `path` as int64 records of 33 values on `device`: per batch
         (data, index) on the CPU, and the copy path status reports for the job's rank. With

@@ -381,7 +381,7 @@ JobStatus FromProto(const v1::JobStatus& status) {
                                                        .weight = b.weight(),
                                                        .num_samples = b.num_samples(),
                                                        .samples_per_epoch = b.samples_per_epoch(),
-                                                       .samples_read = b.samples_read()});
+                                                       .samples_drawn = b.samples_drawn()});
   }
   return out;
 }

@@ -896,7 +896,7 @@ class Loader:
     def job_status(self):
         """The job's status as ferryd reports it now (ferry.v1.JobStatus as a dict, proto
         field names): "ranks", "errors", "samples_decoded", and for a Blend "blend_sources"
-        (per dataset: "name", "weight", "samples_per_epoch", "samples_read")."""
+        (per dataset: "name", "weight", "samples_per_epoch", "samples_drawn")."""
         if self._client is None:
             raise FerryError("FAILED_PRECONDITION", "the ferry.Loader is closed")
         return self._client.get_job(self.job["id"])

@@ -162,7 +162,7 @@ class BlendEndToEndTest(unittest.TestCase):
         self.assertEqual([int(s["samples_per_epoch"]) for s in sources], [1000, 600, 400])
         self.assertEqual([int(s["num_samples"]) for s in sources], self.sizes)
         for s, want in zip(sources, [1000, 600, 400]):
-            self.assertGreaterEqual(int(s["samples_read"]), want)
+            self.assertGreaterEqual(int(s["samples_drawn"]), want)
 
     def test_two_runs_are_bit_identical(self):
         runs = []

@@ -323,7 +323,7 @@ struct JobStatus {
     double weight = 0;  // normalised
     int64_t num_samples = 0;
     int64_t samples_per_epoch = 0;  // positions of each epoch drawn from it
-    int64_t samples_read = 0;       // as samples_decoded
+    int64_t samples_drawn = 0;      // positions of batches so far (prefetched included)
   };
   std::vector<BlendSource> blend_sources;
 };
