@@ -253,7 +253,13 @@ absl::StatusOr<int64_t> IndexedSource::FindSequence(int64_t token) const {
   return lo;
 }
 
-bool IndexedSource::StartsDocument(int64_t s) const {
+bool IndexedSource::StartsDocument(int64_t s, int64_t* cursor) const {
+  if (*cursor >= 0) {
+    // Walking forward from the previous answer: the entries only grow, and a window's
+    // sequences come in order, so this is one or two steps.
+    while (*cursor < num_documents_ && DocumentIndex(*cursor) < s) ++*cursor;
+    return *cursor < num_documents_ && DocumentIndex(*cursor) == s;
+  }
   int64_t lo = 0, hi = num_documents_;  // first entry >= s
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo) / 2;
@@ -263,6 +269,7 @@ bool IndexedSource::StartsDocument(int64_t s) const {
       hi = mid;
     }
   }
+  *cursor = lo;
   return lo < num_documents_ && DocumentIndex(lo) == s;
 }
 
@@ -289,6 +296,7 @@ absl::Status IndexedSource::Fill(int64_t index, uint64_t sample_seed,
   IndexedScratch& own = *static_cast<IndexedScratch*>(scratch);
   std::vector<int64_t>& starts = own.starts;
   starts.assign(1, 0);
+  int64_t document_cursor = -1;  // StartsDocument's place in the document index
   int64_t pos = 0;
   while (pos < n) {
     if (s >= num_sequences_) {
@@ -296,7 +304,7 @@ absl::Status IndexedSource::Fill(int64_t index, uint64_t sample_seed,
           absl::StrCat("Megatron index '", idx_->path(), "' ends before token ", first + pos));
     }
     FERRY_RETURN_IF_ERROR(CheckSequence(s));
-    if (offset == 0 && pos > 0 && starts.back() != pos && StartsDocument(s)) {
+    if (offset == 0 && pos > 0 && starts.back() != pos && StartsDocument(s, &document_cursor)) {
       starts.push_back(pos);
     }
     const int64_t count = std::min(n - pos, SequenceLength(s) - offset);

@@ -69,7 +69,9 @@ class IndexedSource final : public SampleSource {
   // OK when sequence s lies where the packed stream needs it: a non-negative length, ending
   // where sequence s + 1 begins (the .bin's used end for the last).
   absl::Status CheckSequence(int64_t s) const;
-  bool StartsDocument(int64_t s) const;
+  // Whether sequence s begins a document. *cursor: -1 on a window's first call (a binary
+  // search), then the entry it stopped at, which later calls for larger s walk on from.
+  bool StartsDocument(int64_t s, int64_t* cursor) const;
 
   // Constant after construction.
   std::shared_ptr<const MappedFile> idx_;
