@@ -342,6 +342,39 @@ TEST(JobOptionsJsonTest, TokensWidenedOnTheHostRoundTrip) {
   EXPECT_TRUE(std::get<TokensOptions>(camel->dataset).widen_on_host);
 }
 
+TEST(JobOptionsJsonTest, BlendRoundTripKeepsEverySource) {
+  JobOptions options;
+  BlendOptions blend;
+  IndexedOptions wiki;
+  wiki.path_prefix = "/d/wiki_text_document";
+  wiki.seq_len = 2048;
+  wiki.widen_on_host = true;
+  TokenShardsOptions web;
+  web.shards = {"/d/web-{000..127}.bin"};
+  web.seq_len = 2048;
+  blend.sources.push_back({.dataset = wiki, .weight = 0.3, .name = "wiki"});
+  blend.sources.push_back({.dataset = web, .weight = 0.7, .name = ""});
+  blend.samples_per_epoch = 1000000;
+  options.dataset = blend;
+  options.batch_size = 8;
+  const std::string json = JobOptionsToJson(options);
+  EXPECT_THAT(json, HasSubstr(R"("samples_per_epoch":"1000000")"));
+  auto parsed = JobOptionsFromJson(json);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_TRUE(std::holds_alternative<BlendOptions>(parsed->dataset));
+  const auto& back = std::get<BlendOptions>(parsed->dataset);
+  ASSERT_EQ(back.sources.size(), 2u);
+  EXPECT_EQ(back.samples_per_epoch, 1000000u);
+  EXPECT_EQ(back.sources[0].name, "wiki");
+  EXPECT_DOUBLE_EQ(back.sources[0].weight, 0.3);
+  ASSERT_TRUE(std::holds_alternative<IndexedOptions>(back.sources[0].dataset));
+  EXPECT_EQ(std::get<IndexedOptions>(back.sources[0].dataset).path_prefix, wiki.path_prefix);
+  EXPECT_TRUE(std::get<IndexedOptions>(back.sources[0].dataset).widen_on_host);
+  ASSERT_TRUE(std::holds_alternative<TokenShardsOptions>(back.sources[1].dataset));
+  EXPECT_EQ(std::get<TokenShardsOptions>(back.sources[1].dataset).shards, web.shards);
+  EXPECT_DOUBLE_EQ(back.sources[1].weight, 0.7);
+}
+
 TEST(JobOptionsJsonTest, TokenShardsRoundTripAndCamelCase) {
   JobOptions options;
   TokenShardsOptions shards;
