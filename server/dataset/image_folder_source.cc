@@ -120,6 +120,7 @@ absl::StatusOr<ImageTransform> ImageTransformFromSpec(const ferry::v1::Transform
                        "transform.random_resized_crop.ratio_min",
                        "transform.random_resized_crop.ratio_max", &t.ratio_min, &t.ratio_max);
       if (!s.ok()) return s;
+      t.full_decode = rrc.full_decode();
       break;
     }
     case ferry::v1::TransformSpec::kCenterCrop: {
@@ -137,6 +138,7 @@ absl::StatusOr<ImageTransform> ImageTransformFromSpec(const ferry::v1::Transform
             "transform.center_crop.resize must be at most ", kMaxCropSize, " (got ", resize, ")"));
       }
       t = ImageTransform::ResizeCenterCrop(static_cast<int>(cc.size()), static_cast<int>(resize));
+      t.full_decode = cc.full_decode();
       break;
     }
     case ferry::v1::TransformSpec::KIND_NOT_SET:

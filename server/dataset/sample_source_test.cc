@@ -427,6 +427,12 @@ TEST(TransformSpecTest, TorchvisionDefaultsForZeroFields) {
   EXPECT_EQ(ImageTransformFromSpec(center)->resize, 182);  // 160 * 256 / 224, floored
   center.mutable_center_crop()->set_resize(200);
   EXPECT_EQ(ImageTransformFromSpec(center)->resize, 200);
+  EXPECT_FALSE(ImageTransformFromSpec(center)->full_decode);
+  center.mutable_center_crop()->set_full_decode(true);
+  EXPECT_TRUE(ImageTransformFromSpec(center)->full_decode);
+  EXPECT_FALSE(ImageTransformFromSpec(spec)->full_decode);
+  spec.mutable_random_resized_crop()->set_full_decode(true);
+  EXPECT_TRUE(ImageTransformFromSpec(spec)->full_decode);
 }
 
 TEST(TransformSpecTest, InvalidSpecsNameTheField) {

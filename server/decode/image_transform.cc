@@ -553,7 +553,7 @@ absl::Status ImageDecoder::Impl::DecodeJpegWindow(absl::Span<const uint8_t> jpeg
   // 6/8 and 7/8 run plain-C IDCTs (6x6, 12x12, ...) that cost about what the smaller decode
   // saves (measured: ~10% slower on 500x375 RandomResizedCrop(224), equal on 1024x768).
   int scale_num = 8;
-  for (int n = 1; n < 8; n *= 2) {
+  for (int n = 1; n < 8 && !t.full_decode; n *= 2) {
     if ((x1 - x0) * n >= 8.0 * t.size && (y1 - y0) * n >= 8.0 * t.size) {
       scale_num = n;
       break;

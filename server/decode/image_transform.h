@@ -46,6 +46,10 @@ struct ImageTransform {
   // exif.h), so the crop is drawn on the upright image. A dataset option in the JobSpec
   // (ImageFolderDataset / WebDataset .exif_orientation). Default: false.
   bool exif_orientation = false;
+  // Decode JPEGs at full resolution (DCT scale 8/8) whatever the crop: pixels as torchvision's
+  // full-resolution decode + crop + resize, at more CPU cost. Default: false (the smallest
+  // scale that keeps the crop at least `size` pixels a side; see DecodeAndTransform).
+  bool full_decode = false;
 
   static ImageTransform RandomResizedCrop(int size, bool flip);
   static ImageTransform ResizeCenterCrop(int size, int resize);

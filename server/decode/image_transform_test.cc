@@ -637,9 +637,10 @@ TEST(DecodeAndTransformTest, UnscaledIdentityCropEqualsFullDecodeExactly) {
 }
 
 // Compares DecodeAndTransform (scaled, cropped decode) with full decode + the same crop +
-// ResizeBilinearAntialias over many random boxes.
+// ResizeBilinearAntialias over many random boxes; *worst (if given) gets the worst mean
+// difference.
 void CheckScaledMatchesFull(const Image& jpeg, const ImageTransform& t, int seeds, double max_mean,
-                            int max_max) {
+                            int max_max, double* worst = nullptr) {
   const Decoded full = FullDecode(jpeg);
   ImageDecoder decoder;
   double worst_mean = 0;
@@ -667,8 +668,27 @@ void CheckScaledMatchesFull(const Image& jpeg, const ImageTransform& t, int seed
   }
   EXPECT_LE(worst_mean, max_mean);
   EXPECT_LE(worst_max, max_max);
-  std::printf("    %dx%d size %d: worst mean %.3f, worst max %d\n", full.width, full.height, t.size,
-              worst_mean, worst_max);
+  std::printf("    %dx%d size %d%s: worst mean %.3f, worst max %d\n", full.width, full.height,
+              t.size, t.full_decode ? " full_decode" : "", worst_mean, worst_max);
+  if (worst != nullptr) *worst = worst_mean;
+}
+
+TEST(DecodeAndTransformTest, FullDecodeMatchesAFullResolutionDecodeExactly) {
+  // Crops large enough for the default to decode at 1/2 or 1/4: full_decode must give the
+  // pixels of a full decode + crop + resize, the default only nearly.
+  for (auto [w, h] : {std::pair{1000, 750}, {1023, 767}}) {
+    const Image jpeg = PatternJpeg(w, h, 41, ChromaSubsampling::k420);
+    ImageTransform t = ImageTransform::RandomResizedCrop(160, false);
+    t.scale_min = 0.5;  // boxes of at least ~600 px a side: scaled by default
+    double scaled = 0, full = 0;
+    CheckScaledMatchesFull(jpeg, t, 20, 1.5, 16, &scaled);
+    t.full_decode = true;
+    CheckScaledMatchesFull(jpeg, t, 20, 0.0, 0, &full);
+    EXPECT_GT(scaled, full) << "the default should decode these crops at a reduced scale";
+    ImageTransform center = ImageTransform::ResizeCenterCrop(160, 180);
+    center.full_decode = true;
+    CheckScaledMatchesFull(jpeg, center, 1, 0.15, 1);  // vs the double-precision reference
+  }
 }
 
 TEST(DecodeAndTransformTest, ScaledCroppedDecodeMatchesFullDecode) {

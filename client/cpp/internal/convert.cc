@@ -223,10 +223,12 @@ v1::JobSpec ToProto(const JobOptions& options) {
     r->set_ratio_min(rrc->ratio_min);
     r->set_ratio_max(rrc->ratio_max);
     r->set_flip(rrc->flip);
+    r->set_full_decode(rrc->full_decode);
   } else if (const auto* cc = std::get_if<CenterCropOptions>(&options.transform)) {
     v1::CenterCrop* c = spec.mutable_transform()->mutable_center_crop();
     c->set_size(cc->size);
     c->set_resize(cc->resize);
+    c->set_full_decode(cc->full_decode);
   }
   spec.set_batch_size(options.batch_size);
   spec.set_shuffle(options.shuffle);
@@ -271,12 +273,14 @@ JobOptions FromProto(const v1::JobSpec& spec) {
       rrc.ratio_min = r.ratio_min();
       rrc.ratio_max = r.ratio_max();
       rrc.flip = r.flip();
+      rrc.full_decode = r.full_decode();
       options.transform = rrc;
       break;
     }
     case v1::TransformSpec::kCenterCrop:
       options.transform = CenterCropOptions{spec.transform().center_crop().size(),
-                                            spec.transform().center_crop().resize()};
+                                            spec.transform().center_crop().resize(),
+                                            spec.transform().center_crop().full_decode()};
       break;
     default:
       break;

@@ -72,6 +72,13 @@ class DatasetArgsTest(unittest.TestCase):
         self.assertEqual(spec["size"], 224)
         self.assertAlmostEqual(spec["scale_min"], 0.08)
         self.assertTrue(spec["flip"])
+        self.assertNotIn("full_decode", spec)
+        self.assertTrue(ferry.RandomResizedCrop(224, full_decode=True)._spec()[
+            "random_resized_crop"]["full_decode"])
+        self.assertTrue(ferry.CenterCrop(224, full_decode=True)._spec()[
+            "center_crop"]["full_decode"])
+        with self.assertRaises(TypeError):
+            ferry.CenterCrop(224, full_decode="yes")
 
 
 class LoaderArgsTest(unittest.TestCase):

@@ -178,6 +178,8 @@ struct RandomResizedCropOptions {
   float ratio_min = 3.0f / 4.0f;  // Default: 3/4
   float ratio_max = 4.0f / 3.0f;  // Default: 4/3
   bool flip = false;
+  // Decode JPEGs at full resolution, as torchvision does (ferry.v1.RandomResizedCrop.full_decode).
+  bool full_decode = false;
 };
 
 // torchvision's Resize(resize) (shorter side) followed by CenterCrop(size).
@@ -185,6 +187,8 @@ struct CenterCropOptions {
   uint32_t size = 0;
   // Default: 0 = size * 256 / 224, chosen by the daemon.
   uint32_t resize = 0;
+  // As RandomResizedCropOptions::full_decode.
+  bool full_decode = false;
 };
 
 // How images reach a GPU trainer (device "cuda:N" only): ferryd copies uint8 HWC crops to
