@@ -13,6 +13,7 @@
 #include "common/random.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/decode/decode_test_util.h"
 #include "server/decode/exif.h"
 #include "server/decode/image_transform.h"
 #include "testing/jpeg_writer.h"
@@ -39,7 +40,10 @@ using testutil::MakeTestPattern;
 using testutil::PngChannels;
 using testutil::PngEncodeOptions;
 
-using Image = std::vector<uint8_t>;
+using decode_test::Crop;
+using decode_test::Decoded;
+using decode_test::FullDecode;
+using decode_test::Image;
 
 // Samples for a PNG of `o`'s type: random in [0, 2^depth), palette indices below `max_index`.
 std::vector<uint16_t> RandomSamples(int w, int h, const PngEncodeOptions& o, uint64_t seed,
@@ -88,33 +92,11 @@ std::vector<std::array<uint8_t, 3>> TestPalette(int n, uint64_t seed) {
   return palette;
 }
 
-struct Decoded {
-  Image rgb;
-  int width = 0, height = 0;
-};
-
-Decoded MustDecode(const Image& bytes) {
-  ImageDecoder decoder;
-  Decoded d;
-  absl::Status s = decoder.DecodeRgb(bytes, &d.rgb, &d.width, &d.height);
-  EXPECT_TRUE(s.ok()) << s;
-  return d;
-}
-
 // An 8-bit RGB PNG of the given pixels.
 Image RgbPng(const Image& rgb, int w, int h, const Image& exif = {}) {
   PngEncodeOptions o;
   o.exif = exif;
   return EncodePng(std::vector<uint16_t>(rgb.begin(), rgb.end()), w, h, o);
-}
-
-Image Crop(const Image& img, int width, const CropBox& box) {
-  Image out;
-  for (int y = box.y; y < box.y + box.height; ++y) {
-    const uint8_t* row = img.data() + (static_cast<size_t>(y) * width + box.x) * 3;
-    out.insert(out.end(), row, row + static_cast<size_t>(box.width) * 3);
-  }
-  return out;
 }
 
 // ---------------------------------------------------------------- sniffing
@@ -170,9 +152,9 @@ TEST(SniffImageFormatTest, PngNamedJpegAndJpegBytesDecodeByContent) {
   // What the bytes are decides, not what a name would say: the decoder never sees names, and
   // both formats go through the same calls.
   const Image p = MakeTestPattern(24, 16, 2);
-  const Decoded png = MustDecode(RgbPng(p, 24, 16));
+  const Decoded png = FullDecode(RgbPng(p, 24, 16));
   EXPECT_EQ(png.rgb, p);
-  const Decoded jpeg = MustDecode(EncodeJpeg(p.data(), 24, 16, 95));
+  const Decoded jpeg = FullDecode(EncodeJpeg(p.data(), 24, 16, 95));
   EXPECT_EQ(jpeg.width, 24);
   EXPECT_EQ(jpeg.height, 16);
 }
@@ -216,7 +198,7 @@ TEST(PngDecodeTest, EveryTypeAndDepthMatchesPilConvertRgb) {
         ASSERT_TRUE(decoder.ReadSize(png, &rw, &rh).ok());
         EXPECT_EQ(rw, w);
         EXPECT_EQ(rh, h);
-        const Decoded d = MustDecode(png);
+        const Decoded d = FullDecode(png);
         ASSERT_EQ(d.width, w);
         ASSERT_EQ(d.height, h);
         ASSERT_EQ(d.rgb, PilImage(samples, w, h, o));
@@ -232,7 +214,7 @@ TEST(PngDecodeTest, Gray16ClipsAt255AndWideSamplesTakeTheHighByte) {
   gray.color_type = kPngGray;
   gray.bit_depth = 16;
   const std::vector<uint16_t> values = {0, 1, 100, 254, 255, 256, 257, 300, 511, 65535};
-  Decoded d = MustDecode(EncodePng(values, 10, 1, gray));
+  Decoded d = FullDecode(EncodePng(values, 10, 1, gray));
   const Image want_gray = {0, 1, 100, 254, 255, 255, 255, 255, 255, 255};
   for (int i = 0; i < 10; ++i) {
     EXPECT_EQ(d.rgb[3 * i], want_gray[i]) << values[i];
@@ -241,18 +223,18 @@ TEST(PngDecodeTest, Gray16ClipsAt255AndWideSamplesTakeTheHighByte) {
   PngEncodeOptions rgb16;
   rgb16.bit_depth = 16;
   // 58377 = 0xE409: the high byte 228, where rounding to 8 bits would give 227.
-  d = MustDecode(EncodePng({58377, 255, 65535}, 1, 1, rgb16));
+  d = FullDecode(EncodePng({58377, 255, 65535}, 1, 1, rgb16));
   EXPECT_EQ(d.rgb, (Image{228, 0, 255}));
 }
 
 TEST(PngDecodeTest, AlphaIsDroppedNotComposited) {
   PngEncodeOptions rgba;
   rgba.color_type = kPngRgba;
-  Decoded d = MustDecode(EncodePng({100, 50, 20, 0, 200, 30, 40, 128}, 2, 1, rgba));
+  Decoded d = FullDecode(EncodePng({100, 50, 20, 0, 200, 30, 40, 128}, 2, 1, rgba));
   EXPECT_EQ(d.rgb, (Image{100, 50, 20, 200, 30, 40}));
   PngEncodeOptions la;
   la.color_type = kPngGrayAlpha;
-  d = MustDecode(EncodePng({100, 0, 200, 128}, 2, 1, la));
+  d = FullDecode(EncodePng({100, 0, 200, 128}, 2, 1, la));
   EXPECT_EQ(d.rgb, (Image{100, 100, 100, 200, 200, 200}));
 }
 
@@ -260,7 +242,7 @@ TEST(PngDecodeTest, PaletteIndexPastTheEndIsGrayAsInPil) {
   PngEncodeOptions o;
   o.color_type = kPngPalette;
   o.palette = {{10, 20, 30}, {40, 50, 60}};
-  Decoded d = MustDecode(EncodePng({0, 1, 5, 200}, 4, 1, o));
+  Decoded d = FullDecode(EncodePng({0, 1, 5, 200}, 4, 1, o));
   EXPECT_EQ(d.rgb, (Image{10, 20, 30, 40, 50, 60, 5, 5, 5, 200, 200, 200}));
 }
 
@@ -337,8 +319,8 @@ TEST(PngErrorTest, DamagedAncillaryChunkIsDroppedAndTheImageDecodes) {
   const Image good = GoodPng(16, 8);
   Image png = AddPngChunk(good, "tEXt", {'k', 0, 'v'}, "IDAT");
   png[FindPngChunk(png, "tEXt") + 8 + 3] ^= 0x01;  // its CRC
-  const Decoded d = MustDecode(png);
-  EXPECT_EQ(d.rgb, MustDecode(good).rgb);
+  const Decoded d = FullDecode(png);
+  EXPECT_EQ(d.rgb, FullDecode(good).rgb);
 }
 
 // `png` with its IHDR declaring width x height (CRC recomputed by re-adding the chunk).
@@ -480,7 +462,7 @@ TEST(ExifTransformTest, EveryOrientationTurnsJpegAndPngBeforeTheCrop) {
   const int w = 40, h = 26;  // not square: 5..8 swap the sides
   const Image p = MakeTestPattern(w, h, 31);
   const Image plain_jpeg = EncodeJpeg(p.data(), w, h, 95);
-  const Decoded jpeg_pixels = MustDecode(plain_jpeg);
+  const Decoded jpeg_pixels = FullDecode(plain_jpeg);
   ImageDecoder decoder;
   for (int o = 1; o <= 8; ++o) {
     for (bool big_endian : {false, true}) {

@@ -12,6 +12,7 @@
 #include "common/random.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/decode/decode_test_util.h"
 #include "testing/jpeg_writer.h"
 
 namespace ferry {
@@ -26,7 +27,10 @@ using testutil::EncodeJpeg;
 using testutil::JpegEncodeOptions;
 using testutil::MakeTestPattern;
 
-using Image = std::vector<uint8_t>;
+using decode_test::Crop;
+using decode_test::Decoded;
+using decode_test::FullDecode;
+using decode_test::Image;
 
 struct Diff {
   double mean = 0;
@@ -48,15 +52,6 @@ Diff Compare(const Image& a, const Image& b) {
 }
 
 std::string Describe(const Diff& d) { return absl::StrCat("mean ", d.mean, " max ", d.max); }
-
-Image Crop(const Image& img, int width, const CropBox& box) {
-  Image out;
-  for (int y = box.y; y < box.y + box.height; ++y) {
-    const uint8_t* row = img.data() + (static_cast<size_t>(y) * width + box.x) * 3;
-    out.insert(out.end(), row, row + static_cast<size_t>(box.width) * 3);
-  }
-  return out;
-}
 
 Image Mirror(const Image& img, int width, int height) {
   Image out(img.size());
@@ -114,19 +109,6 @@ Image ReferenceResize(const Image& img, int width, double x0, double x1, double 
     }
   }
   return out;
-}
-
-struct Decoded {
-  Image rgb;
-  int width = 0, height = 0;
-};
-
-Decoded FullDecode(const Image& jpeg) {
-  ImageDecoder decoder;
-  Decoded d;
-  absl::Status s = decoder.DecodeRgb(jpeg, &d.rgb, &d.width, &d.height);
-  EXPECT_TRUE(s.ok()) << s;
-  return d;
 }
 
 // ---------------------------------------------------------------- decoding

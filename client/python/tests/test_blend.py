@@ -8,25 +8,15 @@ runs bit-identical."""
 import collections
 import math
 import os
-import sys
 import tempfile
 import unittest
 
 import numpy as np
 
 import ferry
-from ferry import _daemon
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
-                                "testing"))
-import blend_reference  # noqa: E402
-import megatron_indexed  # noqa: E402
-
-try:
-    _daemon.find_binary()
-    HAVE_FERRYD = True
-except ferry.FerryError:
-    HAVE_FERRYD = False
+from support import HAVE_FERRYD, open_loader  # sets sys.path for testing/ too
+import blend_reference
+import megatron_indexed
 
 
 class BlendArgsTest(unittest.TestCase):
@@ -106,12 +96,8 @@ class BlendEndToEndTest(unittest.TestCase):
         return ferry.Blend(self.sources, weights=self.WEIGHTS, names=["wiki", "web", "code"],
                            samples_per_epoch=samples_per_epoch)
 
-    def loader(self, dataset, **kwargs):
-        args = dict(dataset=dataset, batch_size=5, prefetch=2, as_numpy=True, timeout=30)
-        args.update(kwargs)
-        loader = ferry.Loader(**args)
-        self.addCleanup(loader.close)
-        return loader
+    def loader(self, dataset, batch_size=5, **kwargs):
+        return open_loader(self, dataset, batch_size, **kwargs)
 
     def epoch(self, loader, epoch):
         loader.set_epoch(epoch)

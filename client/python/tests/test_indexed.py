@@ -5,24 +5,14 @@ streams without shuffle, equal per-rank counts for W = 1..8, a corrupt .idx refu
 
 import math
 import os
-import sys
 import tempfile
 import unittest
 
 import numpy as np
 
 import ferry
-from ferry import _daemon
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
-                                "testing"))
-import megatron_indexed  # noqa: E402
-
-try:
-    _daemon.find_binary()
-    HAVE_FERRYD = True
-except ferry.FerryError:
-    HAVE_FERRYD = False
+from support import HAVE_FERRYD, open_loader  # sets sys.path for testing/ too
+import megatron_indexed
 
 
 class IndexedArgsTest(unittest.TestCase):
@@ -69,12 +59,8 @@ class IndexedEndToEndTest(unittest.TestCase):
     def tearDownClass(cls):
         cls.tmp.cleanup()
 
-    def loader(self, dataset, **kwargs):
-        args = dict(dataset=dataset, batch_size=3, prefetch=2, as_numpy=True, timeout=30)
-        args.update(kwargs)
-        loader = ferry.Loader(**args)
-        self.addCleanup(loader.close)
-        return loader
+    def loader(self, dataset, batch_size=3, **kwargs):
+        return open_loader(self, dataset, batch_size, **kwargs)
 
     def epoch(self, loader):
         seen = []

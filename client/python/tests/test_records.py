@@ -10,13 +10,7 @@ import unittest
 import numpy as np
 
 import ferry
-from ferry import _daemon
-
-try:
-    _daemon.find_binary()
-    HAVE_FERRYD = True
-except ferry.FerryError:
-    HAVE_FERRYD = False
+from support import HAVE_FERRYD, open_loader
 
 try:
     import torch
@@ -87,12 +81,8 @@ class RecordsEndToEndTest(unittest.TestCase):
     def path(cls, name):
         return os.path.join(cls.tmp.name, name)
 
-    def loader(self, dataset, **kwargs):
-        args = dict(dataset=dataset, batch_size=5, prefetch=2, as_numpy=True, timeout=30)
-        args.update(kwargs)
-        loader = ferry.Loader(**args)
-        self.addCleanup(loader.close)
-        return loader
+    def loader(self, dataset, batch_size=5, **kwargs):
+        return open_loader(self, dataset, batch_size, **kwargs)
 
     def two_ranks(self, dataset, job_name):
         common = dict(shuffle=True, seed=11, world_size=2, job_name=job_name)

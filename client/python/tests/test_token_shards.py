@@ -12,14 +12,7 @@ import unittest
 import numpy as np
 
 import ferry
-from ferry import _daemon
-
-try:
-    _daemon.find_binary()
-    HAVE_FERRYD = True
-except ferry.FerryError:
-    HAVE_FERRYD = False
-
+from support import HAVE_FERRYD, open_loader
 
 def reference_windows(shards, seq_len, cross_files):
     """The samples of a token_shards dataset, in index order (docs/data.md)."""
@@ -90,12 +83,8 @@ class TokenShardsEndToEndTest(unittest.TestCase):
     def tearDownClass(cls):
         cls.tmp.cleanup()
 
-    def loader(self, dataset, **kwargs):
-        args = dict(dataset=dataset, batch_size=4, prefetch=2, as_numpy=True, timeout=30)
-        args.update(kwargs)
-        loader = ferry.Loader(**args)
-        self.addCleanup(loader.close)
-        return loader
+    def loader(self, dataset, batch_size=4, **kwargs):
+        return open_loader(self, dataset, batch_size, **kwargs)
 
     def epoch(self, loader, windows, epoch=0):
         loader.set_epoch(epoch)

@@ -10,13 +10,8 @@ import unittest
 import numpy as np
 
 import ferry
-from ferry import _daemon
+from support import HAVE_FERRYD
 
-try:
-    _daemon.find_binary()
-    HAVE_FERRYD = True
-except ferry.FerryError:
-    HAVE_FERRYD = False
 
 try:
     from PIL import Image
