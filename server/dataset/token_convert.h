@@ -81,6 +81,13 @@ int64_t ConvertTokens(const uint8_t* src, int64_t count, uint8_t* dst) {
   return overflow;
 }
 
+// ConvertTokens from `In` to the output dtype the reader delivers (INT64, else INT32).
+template <typename In>
+int64_t ConvertTokensTo(ferry::v1::DType output, const uint8_t* src, int64_t count, uint8_t* dst) {
+  return output == ferry::v1::INT64 ? ConvertTokens<In, int64_t>(src, count, dst)
+                                    : ConvertTokens<In, int32_t>(src, count, dst);
+}
+
 }  // namespace ferry
 
 #endif  // FERRY_SERVER_DATASET_TOKEN_CONVERT_H_

@@ -156,14 +156,9 @@ absl::Status TokenShardsSource::Fill(int64_t index, uint64_t sample_seed,
     if (raw_) {
       // Raw rows are for GPU jobs only: streaming stores (RowStores::kStreaming says why).
       StreamingCopy(dst, src, static_cast<size_t>(count) * token_bytes_);
-    } else if (token_bytes_ == 2) {
-      overflow = output_dtype_ == ferry::v1::INT64
-                     ? ConvertTokens<uint16_t, int64_t>(src, count, dst)
-                     : ConvertTokens<uint16_t, int32_t>(src, count, dst);
     } else {
-      overflow = output_dtype_ == ferry::v1::INT64
-                     ? ConvertTokens<uint32_t, int64_t>(src, count, dst)
-                     : ConvertTokens<uint32_t, int32_t>(src, count, dst);
+      overflow = token_bytes_ == 2 ? ConvertTokensTo<uint16_t>(output_dtype_, src, count, dst)
+                                   : ConvertTokensTo<uint32_t>(output_dtype_, src, count, dst);
     }
     if (overflow >= 0) {
       return absl::DataLossError(

@@ -98,14 +98,9 @@ absl::Status TokenSource::Fill(int64_t index, uint64_t sample_seed, absl::Span<u
   if (raw_) {
     // Raw rows are for GPU jobs only: streaming stores (RowStores::kStreaming says why).
     StreamingCopy(rows[0], src, static_cast<size_t>(count) * token_bytes_);
-  } else if (token_bytes_ == 2) {
-    overflow = output_dtype_ == ferry::v1::INT64
-                   ? ConvertTokens<uint16_t, int64_t>(src, count, rows[0])
-                   : ConvertTokens<uint16_t, int32_t>(src, count, rows[0]);
   } else {
-    overflow = output_dtype_ == ferry::v1::INT64
-                   ? ConvertTokens<uint32_t, int64_t>(src, count, rows[0])
-                   : ConvertTokens<uint32_t, int32_t>(src, count, rows[0]);
+    overflow = token_bytes_ == 2 ? ConvertTokensTo<uint16_t>(output_dtype_, src, count, rows[0])
+                                 : ConvertTokensTo<uint32_t>(output_dtype_, src, count, rows[0]);
   }
   if (overflow >= 0) {
     const int64_t token = index * seq_len_ + overflow;
