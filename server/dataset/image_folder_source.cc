@@ -11,21 +11,25 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/random.h"
+#include "common/status_macros.h"
+#include "server/dataset/compose_spec.h"
+#include "server/kernels/photometric.h"
 
 namespace ferry {
 namespace {
 
 namespace fs = std::filesystem;
 
-// Larger crops than this are a configuration mistake (16384^2 * 3 bytes = 768 MiB per row).
-constexpr uint32_t kMaxCropSize = 16384;
-
 class ImageScratch final : public SampleSource::Scratch {
  public:
   ImageDecoder decoder;
+  ComposeScratch compose;
   std::vector<uint8_t> file;  // grows to the largest file seen, never shrinks
   std::string path;
 };
+
+// Larger crops than this are a configuration mistake (16384^2 * 3 bytes = 768 MiB per row).
+constexpr uint32_t kMaxCropSize = 16384;
 
 // The name only selects the file; the decoder tells JPEG from PNG by the content.
 bool IsImageName(const std::string& name) {
@@ -104,9 +108,22 @@ absl::Status RefusedLink(const DatasetFs& fs, const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<ImageTransform> ImageTransformFromSpec(const ferry::v1::TransformSpec& spec) {
+absl::StatusOr<ImageTransform> ImageTransformFromSpec(const ferry::v1::TransformSpec& spec,
+                                                     const ComposedTransform::Target& target) {
   ImageTransform t;
   switch (spec.kind_case()) {
+    case ferry::v1::TransformSpec::kCompose: {
+      FERRY_ASSIGN_OR_RETURN(std::vector<ComposeStep> steps, ComposeStepsFromSpec(spec.compose()));
+      absl::StatusOr<ComposedTransform> compose = ComposedTransform::Create(std::move(steps), target);
+      if (!compose.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("transform.compose.", compose.status().message()));
+      }
+      t.size = compose->size();
+      t.exif_orientation = target.exif_orientation;
+      t.compose = std::make_shared<const ComposedTransform>(*std::move(compose));
+      return t;
+    }
     case ferry::v1::TransformSpec::kRandomResizedCrop: {
       const ferry::v1::RandomResizedCrop& rrc = spec.random_resized_crop();
       absl::Status s = CheckSize(rrc.size(), "transform.random_resized_crop.size");
@@ -144,7 +161,7 @@ absl::StatusOr<ImageTransform> ImageTransformFromSpec(const ferry::v1::Transform
     case ferry::v1::TransformSpec::KIND_NOT_SET:
       return absl::InvalidArgumentError(
           "transform must be set for image datasets: set transform.random_resized_crop "
-          "(training) or transform.center_crop (evaluation)");
+          "(training), transform.center_crop (evaluation) or transform.compose");
   }
   // The decoder's own check: keeps the two in agreement if either side tightens its rules.
   absl::Status valid = ValidateTransform(t);
@@ -152,6 +169,49 @@ absl::StatusOr<ImageTransform> ImageTransformFromSpec(const ferry::v1::Transform
     return absl::InvalidArgumentError(absl::StrCat("transform: ", valid.message()));
   }
   return t;
+}
+
+std::vector<FieldLayout> ImageSampleFields(const ImageTransform& transform) {
+  std::vector<FieldLayout> fields;
+  const int64_t side = transform.size;
+  if (transform.compose != nullptr && transform.compose->float_output()) {
+    fields.push_back(FieldLayout{.name = "image",
+                                 .dtype = ferry::v1::FLOAT32,
+                                 .shape = {3, side, side},
+                                 .row_bytes = transform.compose->image_row_bytes()});
+  } else {
+    fields.push_back(FieldLayout{.name = "image",
+                                 .dtype = ferry::v1::UINT8,
+                                 .shape = {side, side, 3},
+                                 .row_bytes = static_cast<size_t>(side * side * 3)});
+  }
+  fields.push_back(
+      FieldLayout{.name = "label", .dtype = ferry::v1::INT64, .shape = {}, .row_bytes = 8});
+  fields.push_back(
+      FieldLayout{.name = "index", .dtype = ferry::v1::INT64, .shape = {}, .row_bytes = 8});
+  if (transform.compose != nullptr && transform.compose->emits_program()) {
+    fields.push_back(FieldLayout{.name = kPhotometricField,
+                                 .dtype = ferry::v1::UINT8,
+                                 .shape = {static_cast<int64_t>(sizeof(PhotometricProgram))},
+                                 .row_bytes = sizeof(PhotometricProgram),
+                                 .internal = true});
+  }
+  return fields;
+}
+
+absl::Status TransformImageSample(ImageDecoder& decoder, ComposeScratch& compose,
+                                  absl::Span<const uint8_t> bytes,
+                                  const ImageTransform& transform, uint64_t sample_seed,
+                                  const std::vector<FieldLayout>& fields,
+                                  absl::Span<uint8_t* const> rows) {
+  const absl::Span<uint8_t> image(rows[0], fields[0].row_bytes);
+  if (transform.compose == nullptr) {
+    Rng rng(sample_seed);
+    return DecodeAndTransform(decoder, bytes, transform, rng, image);
+  }
+  const absl::Span<uint8_t> program =
+      fields.size() > 3 ? absl::Span<uint8_t>(rows[3], fields[3].row_bytes) : absl::Span<uint8_t>();
+  return transform.compose->Run(decoder, bytes, sample_seed, compose, image, program);
 }
 
 absl::StatusOr<std::unique_ptr<ImageFolderSource>> ImageFolderSource::Create(
@@ -212,17 +272,11 @@ absl::StatusOr<std::unique_ptr<ImageFolderSource>> ImageFolderSource::Create(
 ImageFolderSource::ImageFolderSource(std::string root, const ImageTransform& transform,
                                      const DecodeLimits& limits,
                                      std::shared_ptr<const DatasetFs> fs)
-    : root_(std::move(root)), transform_(transform), limits_(limits), fs_(std::move(fs)) {
-  const int64_t side = transform_.size;
-  fields_.push_back(FieldLayout{.name = "image",
-                                .dtype = ferry::v1::UINT8,
-                                .shape = {side, side, 3},
-                                .row_bytes = static_cast<size_t>(side * side * 3)});
-  fields_.push_back(
-      FieldLayout{.name = "label", .dtype = ferry::v1::INT64, .shape = {}, .row_bytes = 8});
-  fields_.push_back(
-      FieldLayout{.name = "index", .dtype = ferry::v1::INT64, .shape = {}, .row_bytes = 8});
-}
+    : root_(std::move(root)),
+      transform_(transform),
+      limits_(limits),
+      fs_(std::move(fs)),
+      fields_(ImageSampleFields(transform_)) {}
 
 std::unique_ptr<SampleSource::Scratch> ImageFolderSource::NewScratch() const {
   auto scratch = std::make_unique<ImageScratch>();
@@ -261,10 +315,8 @@ absl::Status ImageFolderSource::Fill(int64_t index, uint64_t sample_seed,
   if (*length == 0) {
     return absl::DataLossError(absl::StrCat("'", s->path, "' is empty"));
   }
-  Rng rng(sample_seed);
-  absl::Status decoded =
-      DecodeAndTransform(s->decoder, absl::MakeConstSpan(s->file.data(), *length), transform_, rng,
-                         absl::MakeSpan(rows[0], fields_[0].row_bytes));
+  absl::Status decoded = TransformImageSample(s->decoder, s->compose, absl::MakeConstSpan(s->file.data(), *length),
+                                               transform_, sample_seed, fields_, rows);
   if (!decoded.ok()) {
     // The transform and the row size were validated, so what is left is the file's content.
     const absl::StatusCode code = decoded.code() == absl::StatusCode::kInvalidArgument

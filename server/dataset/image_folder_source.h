@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "ferry/v1/ferry.pb.h"
 #include "server/dataset/sample_source.h"
+#include "server/decode/compose.h"
 #include "server/decode/image_transform.h"
 
 namespace ferry {
@@ -29,7 +30,24 @@ namespace ferry {
 // at 0 (scale (0.08, 1), ratio (3/4, 4/3), resize = size * 256 / 224). INVALID_ARGUMENT naming
 // the proto field ("transform.random_resized_crop.size must be at least 1 (got 0)", an inverted
 // or non-positive range, ...) or "transform must be set" when no kind is chosen.
-absl::StatusOr<ImageTransform> ImageTransformFromSpec(const ferry::v1::TransformSpec& spec);
+// A Compose (transform.compose) is validated and planned for `target` (compose_spec.h:
+// ComposeTargetFor), and lands in ImageTransform::compose.
+absl::StatusOr<ImageTransform> ImageTransformFromSpec(
+    const ferry::v1::TransformSpec& spec,
+    const ComposedTransform::Target& target = ComposedTransform::Target());
+
+// The fields of an image dataset under `transform`: "image" (uint8 HWC, or CHW float32 when
+// a composed transform normalizes on the CPU), "label", "index", and for a composed
+// transform that leaves ops to the device the internal kPhotometricField.
+std::vector<FieldLayout> ImageSampleFields(const ImageTransform& transform);
+
+// Decodes and transforms one image into rows[0] (and the program into rows[3] when
+// `fields` has the internal field), drawing from `sample_seed`. The decoder's status.
+absl::Status TransformImageSample(ImageDecoder& decoder, ComposeScratch& compose,
+                                  absl::Span<const uint8_t> bytes,
+                                  const ImageTransform& transform, uint64_t sample_seed,
+                                  const std::vector<FieldLayout>& fields,
+                                  absl::Span<uint8_t* const> rows);
 
 class ImageFolderSource final : public SampleSource {
  public:

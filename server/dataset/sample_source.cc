@@ -3,6 +3,7 @@
 #include "absl/status/status.h"
 #include "common/status_macros.h"
 #include "server/dataset/blend_source.h"
+#include "server/dataset/compose_spec.h"
 #include "server/dataset/image_folder_source.h"
 #include "server/dataset/indexed_source.h"
 #include "server/dataset/npy_source.h"
@@ -65,7 +66,11 @@ constexpr DatasetKind kDatasetKinds[] = {
        }
        // Validate the transform before touching the filesystem: it is cheaper and the
        // listing of a large dataset takes a while.
-       FERRY_ASSIGN_OR_RETURN(ImageTransform transform, ImageTransformFromSpec(spec.transform()));
+       FERRY_ASSIGN_OR_RETURN(
+           const ComposedTransform::Target target,
+           ComposeTargetFor(spec, options, dataset.image_folder().exif_orientation()));
+       FERRY_ASSIGN_OR_RETURN(ImageTransform transform,
+                              ImageTransformFromSpec(spec.transform(), target));
        transform.exif_orientation = dataset.image_folder().exif_orientation();
        FERRY_ASSIGN_OR_RETURN(auto source,
                               ImageFolderSource::Create(dataset.image_folder().root(), transform,
@@ -129,7 +134,11 @@ constexpr DatasetKind kDatasetKinds[] = {
      [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
         const SourceOptions& options) -> Opened {
        // The transform first: indexing many shards takes a while.
-       FERRY_ASSIGN_OR_RETURN(ImageTransform transform, ImageTransformFromSpec(spec.transform()));
+       FERRY_ASSIGN_OR_RETURN(
+           const ComposedTransform::Target target,
+           ComposeTargetFor(spec, options, spec.dataset().webdataset().exif_orientation()));
+       FERRY_ASSIGN_OR_RETURN(ImageTransform transform,
+                              ImageTransformFromSpec(spec.transform(), target));
        transform.exif_orientation = spec.dataset().webdataset().exif_orientation();
        FERRY_ASSIGN_OR_RETURN(auto source,
                               WebDatasetSource::Create(spec.dataset().webdataset(), transform,

@@ -46,9 +46,17 @@ struct FieldLayout {
   // device transport widens to this dtype (INT64 or INT32) on the GPU, so that only the
   // file's bytes cross PCIe; see SourceOptions::device_widens_tokens. Default: unset.
   ferry::v1::DType device_dtype = ferry::v1::DTYPE_UNSPECIFIED;
+  // A field for the device transport's own use (the photometric programs of a composed
+  // transform, server/decode/compose.h): it travels in the slot but is not one of the
+  // job's fields a trainer sees. Default: false.
+  bool internal = false;
 };
 
 size_t DTypeSize(ferry::v1::DType dtype);  // 0 for DTYPE_UNSPECIFIED
+
+// Name of the internal field (FieldLayout::internal) of a composed transform's photometric
+// programs, one PhotometricProgram (server/kernels/photometric.h) per row.
+inline constexpr char kPhotometricField[] = "photometric_program";
 
 // How a copy-only source writes sample rows into a slot: kStreaming for slots the GPU's copy
 // engine reads next (a row left dirty in the workers' caches slows the DMA that reads it:
@@ -158,6 +166,10 @@ struct SourceOptions {
   // -> INT32, whose range check runs on the host; int32 Megatron tokens to INT32).
   // Default: false.
   bool device_widens_tokens = false;
+  // The images go to a device (the GPU transport) that converts them to the job's
+  // image_output dtype: a composed transform then leaves its trailing photometric ops to
+  // the device (compose.h). Default: false.
+  bool device_images = false;
   // Guards for the decoders of image datasets (DaemonConfig.decode_limits).
   // Default: DecodeLimits()'s.
   DecodeLimits limits;

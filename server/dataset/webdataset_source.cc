@@ -16,6 +16,7 @@
 #include "common/logging.h"
 #include "common/random.h"
 #include "common/status_macros.h"
+#include "server/dataset/image_folder_source.h"
 #include "server/dataset/shard_pattern.h"
 #include "server/dataset/tar_index.h"
 
@@ -39,6 +40,7 @@ constexpr uint64_t kShuffleBufferStream = (uint64_t{1} << 63) + 1;
 class WebDatasetScratch final : public SampleSource::Scratch {
  public:
   ImageDecoder decoder;
+  ComposeScratch compose;
   std::vector<uint8_t> buffer;  // grows to the largest read, never shrinks
   // The shard last read: a rank reads a contiguous run of the order, so consecutive samples
   // mostly share a shard.
@@ -305,17 +307,11 @@ absl::StatusOr<std::unique_ptr<WebDatasetSource>> WebDatasetSource::Create(
 
 WebDatasetSource::WebDatasetSource(const ImageTransform& transform, const DecodeLimits& limits,
                                    uint32_t shuffle_buffer, std::shared_ptr<const DatasetFs> fs)
-    : transform_(transform), limits_(limits), shuffle_buffer_(shuffle_buffer), fs_(std::move(fs)) {
-  const int64_t side = transform_.size;
-  fields_.push_back(FieldLayout{.name = "image",
-                                .dtype = ferry::v1::UINT8,
-                                .shape = {side, side, 3},
-                                .row_bytes = static_cast<size_t>(side * side * 3)});
-  fields_.push_back(
-      FieldLayout{.name = "label", .dtype = ferry::v1::INT64, .shape = {}, .row_bytes = 8});
-  fields_.push_back(
-      FieldLayout{.name = "index", .dtype = ferry::v1::INT64, .shape = {}, .row_bytes = 8});
-}
+    : transform_(transform),
+      limits_(limits),
+      shuffle_buffer_(shuffle_buffer),
+      fs_(std::move(fs)),
+      fields_(ImageSampleFields(transform_)) {}
 
 std::unique_ptr<SampleSource::Scratch> WebDatasetSource::NewScratch() const {
   auto scratch = std::make_unique<WebDatasetScratch>();
@@ -435,10 +431,9 @@ absl::Status WebDatasetSource::Fill(int64_t index, uint64_t sample_seed,
                                               absl::CEscape(text.substr(0, 32)), "\""));
     }
   }
-  Rng rng(sample_seed);
   absl::Status decoded =
-      DecodeAndTransform(s->decoder, absl::MakeConstSpan(image, sample.image_size), transform_, rng,
-                         absl::MakeSpan(rows[0], fields_[0].row_bytes));
+      TransformImageSample(s->decoder, s->compose, absl::MakeConstSpan(image, sample.image_size),
+                           transform_, sample_seed, fields_, rows);
   if (!decoded.ok()) {
     // The transform and the row size were validated, so what is left is the member's content.
     const absl::StatusCode code = decoded.code() == absl::StatusCode::kInvalidArgument

@@ -32,6 +32,8 @@
 
 namespace ferry {
 
+class ComposedTransform;  // compose.h
+
 struct ImageTransform {
   enum class Kind { kRandomResizedCrop, kResizeCenterCrop };
   Kind kind = Kind::kRandomResizedCrop;
@@ -50,6 +52,10 @@ struct ImageTransform {
   // full-resolution decode + crop + resize, at more CPU cost. Default: false (the smallest
   // scale that keeps the crop at least `size` pixels a side; see DecodeAndTransform).
   bool full_decode = false;
+
+  // Set for a composed transform (transform.compose): it replaces everything above except
+  // `size`, which is its output side; DecodeAndTransform does not take it (compose.h runs it).
+  std::shared_ptr<const ComposedTransform> compose;
 
   static ImageTransform RandomResizedCrop(int size, bool flip);
   static ImageTransform ResizeCenterCrop(int size, int resize);

@@ -117,6 +117,7 @@ void Job::ToProto(ferry::v1::Job* job) const {
   job->set_samples_per_epoch(sampler_->options().num_samples);
   job->set_batches_per_epoch(sampler_->batches_per_epoch());
   for (size_t f = 0; f < layout_.fields.size(); ++f) {
+    if (layout_.fields[f].internal) continue;
     ferry::v1::Field* field = job->add_fields();
     field->set_name(layout_.fields[f].name);
     field->set_dtype(layout_.fields[f].dtype);

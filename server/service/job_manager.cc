@@ -210,6 +210,7 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
   SourceOptions source_options;
   source_options.row_stores = cuda ? RowStores::kStreaming : RowStores::kOrdinary;
   source_options.device_widens_tokens = cuda;
+  source_options.device_images = cuda;
   source_options.limits = options_.decode_limits;
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Job> job,
                          Job::Create(identity, spec, dataset_fs_, source_options));

@@ -12,6 +12,7 @@
 Pure Python over libferry.so's C ABI (ctypes): nothing is compiled per Python version.
 """
 
+from ferry import transforms
 from ferry.errors import FerryError
 from ferry.loader import (Blend, CenterCrop, ImageFolder, IndexedDataset, Loader, Npy,
                           RandomResizedCrop, Records, TokenShards, Tokens, WebDataset)
@@ -20,7 +21,7 @@ __version__ = "0.1.0"
 
 __all__ = ["Blend", "CenterCrop", "Client", "FerryError", "ImageFolder", "IndexedDataset", "Loader",
            "Npy", "RandomResizedCrop", "Records", "TokenShards", "Tokens", "WebDataset",
-           "default_address"]
+           "default_address", "transforms"]
 
 
 def __getattr__(name):

@@ -12,7 +12,7 @@ import weakref
 
 import numpy as np
 
-from ferry import _daemon
+from ferry import _daemon, transforms
 from ferry.errors import FerryError
 
 # How often a waiting iterator returns to Python, so Ctrl-C is handled promptly.
@@ -711,8 +711,10 @@ class Loader:
             if transform is None:
                 raise ValueError("ImageFolder needs a transform: ferry.RandomResizedCrop(size) "
                                  "for training or ferry.CenterCrop(size) for evaluation")
-        if transform is not None and not isinstance(transform, (RandomResizedCrop, CenterCrop)):
-            raise TypeError("transform must be ferry.RandomResizedCrop or ferry.CenterCrop, got "
+        if transform is not None and not isinstance(
+                transform, (RandomResizedCrop, CenterCrop, transforms.Compose, transforms._Op)):
+            raise TypeError("transform must be ferry.RandomResizedCrop, ferry.CenterCrop or "
+                            "ferry.transforms.Compose([...]) (or one ferry.transforms op), got "
                             "%r" % (transform,))
         world_size = _check_int("world_size", world_size, 1, 2**32 - 1)
         rank = _check_int("rank", rank, 0)

@@ -235,6 +235,15 @@ absl::Status CudaStage::EnqueueSlotCopy(CudaStream& stream, const uint8_t* src, 
 absl::Status CudaStage::EnqueueConversion(CudaStream& stream, uint8_t* dst, uint32_t num_samples) {
   if (layout_.image_field >= 0) {
     const FieldLayout& image = host_->fields[layout_.image_field];
+    if (layout_.program_field >= 0) {
+      // The ops a composed transform left to the device, then its Normalize.
+      return LaunchPhotometric(
+          dst + layout_.convert_input_offset,
+          reinterpret_cast<const PhotometricProgram*>(dst + layout_.offsets[layout_.program_field]),
+          dst + layout_.offsets[layout_.image_field], ToOutputDType(layout_.image_dtype),
+          static_cast<int>(num_samples), static_cast<int>(image.shape[0]),
+          static_cast<int>(image.shape[1]), stream.get());
+    }
     return LaunchNormalizeImages(dst + layout_.convert_input_offset,
                                  dst + layout_.offsets[layout_.image_field],
                                  ToOutputDType(layout_.image_dtype), static_cast<int>(num_samples),
@@ -286,6 +295,7 @@ void CudaStage::Describe(ferry::v1::AttachResponse* response) const {
     slot->set_released_event(released_handles_[i].bytes.data(), released_handles_[i].bytes.size());
   }
   for (size_t f = 0; f < layout_.fields.size(); ++f) {
+    if (layout_.fields[f].internal) continue;
     ferry::v1::Field* field = cuda->add_fields();
     field->set_name(layout_.fields[f].name);
     field->set_dtype(layout_.fields[f].dtype);

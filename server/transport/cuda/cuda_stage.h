@@ -33,6 +33,7 @@
 #include "ferry/v1/ferry.pb.h"
 #include "server/dataset/sample_source.h"
 #include "server/kernels/normalize.h"
+#include "server/kernels/photometric.h"
 #include "server/memory/memory_budget.h"
 #include "server/memory/shared_slab.h"
 #include "server/pipeline/job.h"

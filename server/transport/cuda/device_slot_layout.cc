@@ -39,7 +39,22 @@ absl::StatusOr<DeviceSlotLayout> DeviceSlotLayout::Make(const SlotLayout& host,
       return absl::InvalidArgumentError("image_output.std values must be positive");
     }
   }
-  if (dtype != ferry::v1::UINT8) {
+  for (size_t f = 0; f < host.fields.size(); ++f) {
+    if (host.fields[f].internal && host.fields[f].name == kPhotometricField) {
+      layout.program_field = static_cast<int>(f);
+    }
+  }
+  // A composed transform that leaves its photometric ops to the device writes their
+  // programs, and its Normalize makes float images: FLOAT32 unless image_output says.
+  const ferry::v1::DType image_dtype =
+      layout.program_field >= 0 && output.dtype() == ferry::v1::DTYPE_UNSPECIFIED
+          ? ferry::v1::FLOAT32
+          : dtype;
+  if (layout.program_field >= 0 && image_dtype == ferry::v1::UINT8) {
+    return absl::InternalError("photometric programs for a job whose images stay UINT8");
+  }
+  if (image_dtype != ferry::v1::UINT8) {
+    const ferry::v1::DType dtype = image_dtype;
     for (size_t f = 0; f < host.fields.size(); ++f) {
       if (host.fields[f].name == "image") layout.image_field = static_cast<int>(f);
     }

@@ -26,6 +26,9 @@ struct DeviceSlotLayout {
   size_t slot_bytes = 0;  // a multiple of 2 MiB (each slot is its own allocation)
   int image_field = -1;   // image field normalized on the device, -1 when none
   int token_field = -1;   // raw token field widened on the device, -1 when none
+  // The internal field of photometric programs (kPhotometricField) that the image
+  // conversion applies (LaunchPhotometric) instead of a plain normalisation; -1 when none.
+  int program_field = -1;
   ferry::v1::DType token_input = ferry::v1::UINT16;  // its dtype on the host
   // Converting: the host slot's bytes land at staging_offset (one copy per batch); the
   // converted field's input is at convert_input_offset, the other fields are read in place
