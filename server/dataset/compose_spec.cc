@@ -83,7 +83,7 @@ absl::Status JitterRange(const Floats& values, const std::string& field, bool is
   const float lo = is_hue ? -0.5f : 0.0f, hi = is_hue ? 0.5f : 1e6f;
   if (!(range[0] >= lo && range[0] <= range[1] && range[1] <= hi)) {
     return Bad(field, absl::StrCat("must be a range [min, max] within [", lo, ", ",
-                                   is_hue ? "0.5" : "inf", ") (got [", range[0], ", ", range[1],
+                                   is_hue ? "0.5]" : "inf)", " (got [", range[0], ", ", range[1],
                                    "])"));
   }
   *set = !(range[0] == center && range[1] == center);
