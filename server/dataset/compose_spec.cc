@@ -51,8 +51,7 @@ absl::Status Fill(const google::protobuf::RepeatedField<uint32_t>& values, const
 }
 
 // 1 or 3 floats (`required`), or also none.
-absl::Status Channels(const Floats& values, const std::string& field, bool required,
-                      float out[3]) {
+absl::Status Channels(const Floats& values, const std::string& field, bool required, float out[3]) {
   if (values.empty() && !required) return absl::OkStatus();
   if (values.size() != 1 && values.size() != 3) {
     return Bad(field, absl::StrCat("takes 1 or 3 values (RGB) (got ", values.size(), ")"));
@@ -82,9 +81,9 @@ absl::Status JitterRange(const Floats& values, const std::string& field, bool is
   }
   const float lo = is_hue ? -0.5f : 0.0f, hi = is_hue ? 0.5f : 1e6f;
   if (!(range[0] >= lo && range[0] <= range[1] && range[1] <= hi)) {
-    return Bad(field, absl::StrCat("must be a range [min, max] within [", lo, ", ",
-                                   is_hue ? "0.5]" : "inf)", " (got [", range[0], ", ", range[1],
-                                   "])"));
+    return Bad(field,
+               absl::StrCat("must be a range [min, max] within [", lo, ", ",
+                            is_hue ? "0.5]" : "inf)", " (got [", range[0], ", ", range[1], "])"));
   }
   *set = !(range[0] == center && range[1] == center);
   return absl::OkStatus();
@@ -126,7 +125,8 @@ absl::StatusOr<ComposeStep> StepFromSpec(const TransformOp& op, const std::strin
       } else if (pad.size() == 4) {  // [left, top, right, bottom]
         for (int i = 0; i < 4; ++i) s.padding[i] = at_most(pad[i]);
       } else if (!pad.empty()) {
-        return Bad(field + ".padding", absl::StrCat("takes 1, 2 or 4 values (got ", pad.size(), ")"));
+        return Bad(field + ".padding",
+                   absl::StrCat("takes 1, 2 or 4 values (got ", pad.size(), ")"));
       }
       s.pad_if_needed = m.pad_if_needed();
       FERRY_RETURN_IF_ERROR(Fill(m.fill(), field + ".fill", &s.fill));
@@ -176,8 +176,9 @@ absl::StatusOr<ComposeStep> StepFromSpec(const TransformOp& op, const std::strin
     case TransformOp::kTrivialAugmentWide: {
       const auto& m = op.trivial_augment_wide();
       s.kind = Kind::kTrivialAugmentWide;
-      s.num_magnitude_bins =
-          m.num_magnitude_bins() == 0 ? 31 : static_cast<int>(std::min(m.num_magnitude_bins(), 1u << 30));
+      s.num_magnitude_bins = m.num_magnitude_bins() == 0
+                                 ? 31
+                                 : static_cast<int>(std::min(m.num_magnitude_bins(), 1u << 30));
       FERRY_RETURN_IF_ERROR(Fill(m.fill(), at + ".trivial_augment_wide.fill", &s.fill));
       return s;
     }
@@ -199,9 +200,10 @@ absl::StatusOr<ComposeStep> StepFromSpec(const TransformOp& op, const std::strin
     case TransformOp::OP_NOT_SET:
       break;
   }
-  return Bad(at, "sets no op: set one of random_resized_crop, resize, center_crop, random_crop, "
-                 "random_horizontal_flip, random_vertical_flip, color_jitter, random_grayscale, "
-                 "trivial_augment_wide, normalize, random_erasing");
+  return Bad(at,
+             "sets no op: set one of random_resized_crop, resize, center_crop, random_crop, "
+             "random_horizontal_flip, random_vertical_flip, color_jitter, random_grayscale, "
+             "trivial_augment_wide, normalize, random_erasing");
 }
 
 }  // namespace
@@ -209,8 +211,9 @@ absl::StatusOr<ComposeStep> StepFromSpec(const TransformOp& op, const std::strin
 absl::StatusOr<std::vector<ComposeStep>> ComposeStepsFromSpec(const ferry::v1::Compose& compose) {
   std::vector<ComposeStep> steps;
   for (int i = 0; i < compose.ops_size(); ++i) {
-    FERRY_ASSIGN_OR_RETURN(ComposeStep step,
-                           StepFromSpec(compose.ops(i), absl::StrCat("transform.compose.ops[", i, "]")));
+    FERRY_ASSIGN_OR_RETURN(
+        ComposeStep step,
+        StepFromSpec(compose.ops(i), absl::StrCat("transform.compose.ops[", i, "]")));
     steps.push_back(step);
   }
   return steps;

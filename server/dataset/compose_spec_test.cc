@@ -92,20 +92,22 @@ TEST(ComposeSpecTest, TargetFollowsTheDeviceAndImageOutput) {
   EXPECT_FALSE(ComposeTargetFor(Spec(normalize + "}"), SourceOptions(), false)->device_program);
   // No Normalize, no float image_output: uint8 to the GPU, every op on the workers.
   EXPECT_FALSE(ComposeTargetFor(Spec(R"({"transform":{"compose":{"ops":[
-      {"center_crop":{"size":8}}]}}})"), gpu, false)->device_program);
-  const absl::StatusOr<ComposedTransform::Target> bf16 = ComposeTargetFor(
-      Spec(R"({"transform":{"compose":{"ops":[{"center_crop":{"size":8}}]}},
+      {"center_crop":{"size":8}}]}}})"),
+                                gpu, false)
+                   ->device_program);
+  const absl::StatusOr<ComposedTransform::Target> bf16 =
+      ComposeTargetFor(Spec(R"({"transform":{"compose":{"ops":[{"center_crop":{"size":8}}]}},
                "image_output":{"dtype":"BFLOAT16","mean":[0.1,0.2,0.3]}})"),
-      gpu, true);
+                       gpu, true);
   ASSERT_TRUE(bf16.ok());
   EXPECT_TRUE(bf16->device_program);
   EXPECT_TRUE(bf16->exif_orientation);
   EXPECT_FLOAT_EQ(bf16->device_mean[2], 0.3f);
-  EXPECT_THAT(ComposeTargetFor(Spec(normalize + R"(,"image_output":{"dtype":"UINT8"}})"), gpu,
-                               false)
-                  .status()
-                  .message(),
-              HasSubstr("image_output.dtype is UINT8 but transform.compose has a Normalize"));
+  EXPECT_THAT(
+      ComposeTargetFor(Spec(normalize + R"(,"image_output":{"dtype":"UINT8"}})"), gpu, false)
+          .status()
+          .message(),
+      HasSubstr("image_output.dtype is UINT8 but transform.compose has a Normalize"));
   EXPECT_THAT(
       ComposeTargetFor(Spec(normalize + R"(,"image_output":{"mean":[0.1,0.2,0.3]}})"), gpu, false)
           .status()

@@ -109,12 +109,13 @@ absl::Status RefusedLink(const DatasetFs& fs, const std::string& path) {
 }  // namespace
 
 absl::StatusOr<ImageTransform> ImageTransformFromSpec(const ferry::v1::TransformSpec& spec,
-                                                     const ComposedTransform::Target& target) {
+                                                      const ComposedTransform::Target& target) {
   ImageTransform t;
   switch (spec.kind_case()) {
     case ferry::v1::TransformSpec::kCompose: {
       FERRY_ASSIGN_OR_RETURN(std::vector<ComposeStep> steps, ComposeStepsFromSpec(spec.compose()));
-      absl::StatusOr<ComposedTransform> compose = ComposedTransform::Create(std::move(steps), target);
+      absl::StatusOr<ComposedTransform> compose =
+          ComposedTransform::Create(std::move(steps), target);
       if (!compose.ok()) {
         return absl::InvalidArgumentError(
             absl::StrCat("transform.compose.", compose.status().message()));
@@ -200,9 +201,8 @@ std::vector<FieldLayout> ImageSampleFields(const ImageTransform& transform) {
 }
 
 absl::Status TransformImageSample(ImageDecoder& decoder, ComposeScratch& compose,
-                                  absl::Span<const uint8_t> bytes,
-                                  const ImageTransform& transform, uint64_t sample_seed,
-                                  const std::vector<FieldLayout>& fields,
+                                  absl::Span<const uint8_t> bytes, const ImageTransform& transform,
+                                  uint64_t sample_seed, const std::vector<FieldLayout>& fields,
                                   absl::Span<uint8_t* const> rows) {
   const absl::Span<uint8_t> image(rows[0], fields[0].row_bytes);
   if (transform.compose == nullptr) {
@@ -315,8 +315,9 @@ absl::Status ImageFolderSource::Fill(int64_t index, uint64_t sample_seed,
   if (*length == 0) {
     return absl::DataLossError(absl::StrCat("'", s->path, "' is empty"));
   }
-  absl::Status decoded = TransformImageSample(s->decoder, s->compose, absl::MakeConstSpan(s->file.data(), *length),
-                                               transform_, sample_seed, fields_, rows);
+  absl::Status decoded =
+      TransformImageSample(s->decoder, s->compose, absl::MakeConstSpan(s->file.data(), *length),
+                           transform_, sample_seed, fields_, rows);
   if (!decoded.ok()) {
     // The transform and the row size were validated, so what is left is the file's content.
     const absl::StatusCode code = decoded.code() == absl::StatusCode::kInvalidArgument

@@ -44,9 +44,8 @@ std::vector<FieldLayout> ImageSampleFields(const ImageTransform& transform);
 // Decodes and transforms one image into rows[0] (and the program into rows[3] when
 // `fields` has the internal field), drawing from `sample_seed`. The decoder's status.
 absl::Status TransformImageSample(ImageDecoder& decoder, ComposeScratch& compose,
-                                  absl::Span<const uint8_t> bytes,
-                                  const ImageTransform& transform, uint64_t sample_seed,
-                                  const std::vector<FieldLayout>& fields,
+                                  absl::Span<const uint8_t> bytes, const ImageTransform& transform,
+                                  uint64_t sample_seed, const std::vector<FieldLayout>& fields,
                                   absl::Span<uint8_t* const> rows);
 
 class ImageFolderSource final : public SampleSource {

@@ -18,8 +18,8 @@ using Kind = ComposeStep::Kind;
 constexpr int kMaxSide = 16384;
 
 bool IsPhotometric(Kind kind) {
-  return kind == Kind::kColorJitter || kind == Kind::kRandomGrayscale ||
-         kind == Kind::kNormalize || kind == Kind::kRandomErasing;
+  return kind == Kind::kColorJitter || kind == Kind::kRandomGrayscale || kind == Kind::kNormalize ||
+         kind == Kind::kRandomErasing;
 }
 
 bool IsProbability(float p) { return p >= 0 && p <= 1; }  // false for NaN
@@ -62,7 +62,8 @@ absl::Status CheckStep(size_t i, const ComposeStep& s) {
     case Kind::kVerticalFlip:
     case Kind::kRandomGrayscale:
       if (!IsProbability(s.p)) {
-        return absl::InvalidArgumentError(absl::StrCat(where, "p must be in [0, 1] (got ", s.p, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "p must be in [0, 1] (got ", s.p, ")"));
       }
       return absl::OkStatus();
     case Kind::kColorJitter: {
@@ -94,16 +95,17 @@ absl::Status CheckStep(size_t i, const ComposeStep& s) {
     case Kind::kNormalize:
       for (int c = 0; c < 3; ++c) {
         if (!(s.std[c] > 0 && std::isfinite(s.std[c]) && std::isfinite(s.mean[c]))) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              where, "std must be positive and mean finite (got mean[", c, "] = ", s.mean[c],
-              ", std[", c, "] = ", s.std[c], ")"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, "std must be positive and mean finite (got mean[", c,
+                           "] = ", s.mean[c], ", std[", c, "] = ", s.std[c], ")"));
         }
       }
       return absl::OkStatus();
     case Kind::kRandomErasing: {
       const RandomErasingOptions& e = s.erasing;
       if (!IsProbability(e.p)) {
-        return absl::InvalidArgumentError(absl::StrCat(where, "p must be in [0, 1] (got ", e.p, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "p must be in [0, 1] (got ", e.p, ")"));
       }
       if (!(e.scale[0] >= 0 && e.scale[0] <= e.scale[1] && e.scale[1] <= 1)) {
         return absl::InvalidArgumentError(absl::StrCat(where,
@@ -149,19 +151,18 @@ absl::Status RandomCropImage(const ComposeStep& s, Rng& rng, ComposeScratch& scr
     padded_w += 2 * diff;
   }
   if (padded_h < s.size || padded_w < s.size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("RandomCrop: the image (", image.width, "x", image.height,
-                     " after padding: ", padded_w, "x", padded_h, ") is smaller than size ",
-                     s.size, "; set pad_if_needed or crop less"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RandomCrop: the image (", image.width, "x", image.height, " after padding: ", padded_w,
+        "x", padded_h, ") is smaller than size ", s.size, "; set pad_if_needed or crop less"));
   }
   const int crop_top = padded_h > s.size ? static_cast<int>(rng.Below(padded_h - s.size + 1)) : 0;
   const int crop_left = padded_w > s.size ? static_cast<int>(rng.Below(padded_w - s.size + 1)) : 0;
   if (left || top || right || bottom) {
     if (s.padding_mode == PaddingMode::kReflect &&
         (std::max(left, right) >= image.width || std::max(top, bottom) >= image.height)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "RandomCrop: padding_mode 'reflect' needs padding smaller than the image (",
-          image.width, "x", image.height, "); use 'symmetric' or 'edge'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("RandomCrop: padding_mode 'reflect' needs padding smaller than the image (",
+                       image.width, "x", image.height, "); use 'symmetric' or 'edge'"));
     }
     Pad(image, left, top, right, bottom, s.padding_mode, s.fill, &scratch.other);
     Swap(scratch.image, scratch.other);
@@ -297,9 +298,9 @@ absl::StatusOr<ComposedTransform> ComposedTransform::Create(std::vector<ComposeS
     int ops = normalize_at >= 0 ? 0 : 1;  // the appended Normalize
     for (size_t i = k; i < steps.size(); ++i) ops += ProgramOps(steps[i]);
     if (ops > kMaxPhotometricOps) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ops[", k, "] on: the trailing photometric ops make up to ", ops,
-          " GPU operations per image; at most ", kMaxPhotometricOps, " fit"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ops[", k, "] on: the trailing photometric ops make up to ", ops,
+                       " GPU operations per image; at most ", kMaxPhotometricOps, " fit"));
     }
     t.device_steps_ = static_cast<int>(k);
   } else {
@@ -327,9 +328,8 @@ absl::Status ComposedTransform::Run(ImageDecoder& decoder, absl::Span<const uint
                                     absl::Span<uint8_t> image_row,
                                     absl::Span<uint8_t> program_row) const {
   if (image_row.size() != image_row_bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat("image row holds ", image_row.size(),
-                                                   " bytes; the transform writes ",
-                                                   image_row_bytes()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "image row holds ", image_row.size(), " bytes; the transform writes ", image_row_bytes()));
   }
   if (emits_program() && program_row.size() != sizeof(PhotometricProgram)) {
     return absl::InvalidArgumentError(absl::StrCat("program row holds ", program_row.size(),
@@ -469,8 +469,8 @@ absl::Status ComposedTransform::Run(ImageDecoder& decoder, absl::Span<const uint
       case Kind::kColorJitter: {
         const ColorJitterParams p = SampleColorJitter(s.jitter, rng);
         static constexpr PhotometricKind kKinds[] = {
-            PhotometricKind::kBrightness, PhotometricKind::kContrast,
-            PhotometricKind::kSaturation, PhotometricKind::kHue};
+            PhotometricKind::kBrightness, PhotometricKind::kContrast, PhotometricKind::kSaturation,
+            PhotometricKind::kHue};
         for (int k : p.order) {
           if (!p.apply[k]) continue;
           PhotometricOp op;

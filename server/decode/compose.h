@@ -105,8 +105,8 @@ class ComposedTransform {
   static absl::StatusOr<ComposedTransform> Create(std::vector<ComposeStep> steps,
                                                   const Target& target);
 
-  int size() const { return size_; }                     // output side in pixels
-  bool float_output() const { return float_output_; }    // CHW float32 rows (CPU Normalize)
+  int size() const { return size_; }                   // output side in pixels
+  bool float_output() const { return float_output_; }  // CHW float32 rows (CPU Normalize)
   bool emits_program() const { return device_steps_ >= 0; }
   size_t image_row_bytes() const;
   const std::vector<ComposeStep>& steps() const { return steps_; }

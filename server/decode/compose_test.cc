@@ -119,9 +119,9 @@ TEST(ComposeTest, PlansWhereEachOpRuns) {
   EXPECT_FALSE(cpu.emits_program());
   EXPECT_EQ(cpu.image_row_bytes(), 32u * 32 * 3 * 4);
 
-  const ComposedTransform gpu = Make({Step(Kind::kRandomResizedCrop, 32),
-                                      Step(Kind::kTrivialAugmentWide), Jitter(), Normalize()},
-                                     /*device=*/true);
+  const ComposedTransform gpu = Make(
+      {Step(Kind::kRandomResizedCrop, 32), Step(Kind::kTrivialAugmentWide), Jitter(), Normalize()},
+      /*device=*/true);
   EXPECT_FALSE(gpu.float_output());
   EXPECT_TRUE(gpu.emits_program());
   EXPECT_EQ(gpu.device_steps(), 2);
@@ -141,8 +141,8 @@ TEST(ComposeTest, LeadingRandomResizedCropIsTheFusedDecodeWithOpZerosDraws) {
     ImageDecoder decoder;
     std::vector<uint8_t> expected(48 * 48 * 3);
     Rng rng(MixSeed(seed, 0));
-    ASSERT_TRUE(DecodeAndTransform(decoder, jpeg, ImageTransform::RandomResizedCrop(48, false),
-                                   rng, absl::MakeSpan(expected))
+    ASSERT_TRUE(DecodeAndTransform(decoder, jpeg, ImageTransform::RandomResizedCrop(48, false), rng,
+                                   absl::MakeSpan(expected))
                     .ok());
     EXPECT_EQ(Apply(t, jpeg, seed).image, expected) << "seed " << seed;
   }
@@ -150,9 +150,9 @@ TEST(ComposeTest, LeadingRandomResizedCropIsTheFusedDecodeWithOpZerosDraws) {
 
 TEST(ComposeTest, SameSeedSameOutputAndEachOpHasItsOwnDraws) {
   const std::vector<uint8_t> png = Png(64, 48, 5);
-  const ComposedTransform t = Make({Step(Kind::kRandomResizedCrop, 24),
-                                    Step(Kind::kHorizontalFlip), Step(Kind::kTrivialAugmentWide),
-                                    Jitter(), Step(Kind::kRandomGrayscale), Normalize()});
+  const ComposedTransform t =
+      Make({Step(Kind::kRandomResizedCrop, 24), Step(Kind::kHorizontalFlip),
+            Step(Kind::kTrivialAugmentWide), Jitter(), Step(Kind::kRandomGrayscale), Normalize()});
   const std::vector<uint8_t> a = Apply(t, png, 42).image;
   EXPECT_EQ(Apply(t, png, 42).image, a);
   EXPECT_NE(Apply(t, png, 43).image, a);
@@ -271,8 +271,8 @@ TEST(ComposeTest, DeviceProgramHoldsTheDrawsOfTheTrailingOps) {
   ComposeStep erase = Step(Kind::kRandomErasing);
   erase.erasing.p = 1.0f;
   erase.value[0] = 1.5f;
-  const std::vector<ComposeStep> steps = {Step(Kind::kCenterCrop, 32), Jitter(), gray,
-                                          Normalize(), erase};
+  const std::vector<ComposeStep> steps = {Step(Kind::kCenterCrop, 32), Jitter(), gray, Normalize(),
+                                          erase};
   const ComposedTransform gpu = Make(steps, /*device=*/true);
   const ComposedTransform crop = Make({Step(Kind::kCenterCrop, 32)});
   for (uint64_t seed = 0; seed < 16; ++seed) {

@@ -123,8 +123,8 @@ struct AugmentParams {
 AugmentParams SampleTrivialAugmentWide(int num_magnitude_bins, Rng& rng);
 // Geometric ops use nearest interpolation and fill the uncovered pixels with `fill`, as
 // v2.functional.affine / rotate do (center of rotation and shear: the image centre).
-void ApplyAugment(const AugmentParams& params, const std::array<uint8_t, 3>& fill,
-                  RgbImage& image, RgbImage* scratch);
+void ApplyAugment(const AugmentParams& params, const std::array<uint8_t, 3>& fill, RgbImage& image,
+                  RgbImage* scratch);
 
 // ---- RandomErasing -------------------------------------------------------------------
 
