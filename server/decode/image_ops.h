@@ -17,6 +17,7 @@
 #define FERRY_SERVER_DECODE_IMAGE_OPS_H_
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -63,7 +64,9 @@ void ResizeBilinear(const RgbImage& image, int height, int width, RgbImage* out)
 // ---- Colour --------------------------------------------------------------------------
 
 // v2.functional.adjust_brightness / adjust_contrast / adjust_saturation / adjust_hue on uint8
-// (factor >= 0; hue_factor in [-0.5, 0.5]).
+// (factor >= 0; hue_factor in [-0.5, 0.5]). Contrast and saturation blend with the float32
+// grayscale floored to an integer (contrast: its mean over the image, not rounded), as v2 does;
+// every result is clamped to [0, 255] and truncated to uint8.
 void AdjustBrightness(RgbImage& image, float factor);
 void AdjustContrast(RgbImage& image, float factor);
 void AdjustSaturation(RgbImage& image, float factor);
@@ -118,11 +121,21 @@ enum class AugmentOp {
 };
 struct AugmentParams {
   AugmentOp op = AugmentOp::kIdentity;
-  float magnitude = 0;  // signed; for kPosterize the bit count, for kSolarize the threshold
+  // torchvision's magnitude, signed: shear factor, translation in pixels (truncated to an
+  // integer when applied), rotation in degrees, factor - 1 for the colour ops; for kPosterize
+  // the bit count, for kSolarize the threshold as a fraction of 255. 0 for the ops without one.
+  float magnitude = 0;
 };
+// Draws the op (uniform over the 14), then, only for an op with magnitudes, the bin, then,
+// only for a signed op, the sign; Identity, AutoContrast and Equalize draw nothing more.
 AugmentParams SampleTrivialAugmentWide(int num_magnitude_bins, Rng& rng);
+// The unsigned magnitude of bin `bin` in [0, num_magnitude_bins) as torchvision's
+// _AUGMENTATION_SPACE computes it in float32 (torch.linspace; Posterize's rounded arange).
+float TrivialAugmentMagnitude(AugmentOp op, int bin, int num_magnitude_bins);
 // Geometric ops use nearest interpolation and fill the uncovered pixels with `fill`, as
-// v2.functional.affine / rotate do (center of rotation and shear: the image centre).
+// v2.functional.affine / rotate do. Rotate and Translate act about the image centre; ShearX and
+// ShearY pass center=[0, 0] to affine, so they keep the top-left corner fixed. `scratch` is
+// working memory (its contents are overwritten).
 void ApplyAugment(const AugmentParams& params, const std::array<uint8_t, 3>& fill, RgbImage& image,
                   RgbImage* scratch);
 
