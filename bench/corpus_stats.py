@@ -30,8 +30,12 @@ import os
 import sys
 import time
 
-import numpy as np
-from PIL import Image, JpegImagePlugin
+try:
+    import numpy as np
+    from PIL import Image, JpegImagePlugin
+except ImportError as e:
+    sys.exit("corpus_stats: %s; it needs numpy and PIL (apt-get install python3-numpy "
+             "python3-pil; run /usr/bin/python3 where python3 is another interpreter)" % e)
 
 # libjpeg's standard luminance table (ITU T.81 Annex K), the base of the IJG qualities.
 _STD_LUMA = np.array([
