@@ -3,19 +3,21 @@
 
   python3 bench/anchors.py --ferryd PATH --data DIR [--rounds 5] [--json OUT.json]
 
-DIR is written by bench/make_bench_dataset.py (imagefolder/, shards/, tokens.u16). ferryd
+DIR is written by bench/make_bench_dataset.py (imagefolder/, shards/, tokens.u16): an
+ImageNet-like corpus of about 105 KiB a file, with a few progressive, grayscale and CMYK
+JPEGs and one PNG named .JPEG (bench/corpus_stats.py describes it). ferryd
 runs as a separate process on a private socket with one worker per CPU; the DataLoader
 gets the same CPUs (num_workers = CPUs - 1, plus the main process). Measured:
 
   1. JPEG pipeline, decode -> RandomResizedCrop(224) -> flip -> normalized bf16 CHW in GPU
      memory, batch 256. ferry: ImageFolder + RandomResizedCrop(224, flip) with
      image_dtype="bfloat16" (normalized by ferryd's kernel). DataLoader: torchvision
-     decode_jpeg + transforms.v2 RandomResizedCrop(224, antialias) + RandomHorizontalFlip in
-     workers, pin_memory, persistent workers, prefetch_factor 4; the trainer copies the
-     uint8 batch to the GPU and normalizes it to bf16 there (the same work). Rounds
-     interleave the two; each round is one epoch of each. Reported: images/s, and
-     CPU-seconds per 1000 images over every process and thread (ferryd + trainer, or
-     trainer + workers), from /proc.
+     decode_image (decode_jpeg for the JPEGs; the PNG named .JPEG too) + transforms.v2
+     RandomResizedCrop(224, antialias) + RandomHorizontalFlip in workers, pin_memory,
+     persistent workers, prefetch_factor 4; the trainer copies the uint8 batch to the GPU
+     and normalizes it to bf16 there (the same work). Rounds interleave the two; each
+     round is one epoch of each. Reported: images/s, and CPU-seconds per 1000 images over
+     every process and thread (ferryd + trainer, or trainer + workers), from /proc.
   2. Scaling: ferry's images/s vs CPUs x its own single-thread decode + crop rate
      (bench/host_pipeline_bench measures that rate on the same files).
   3. Tokens: GB/s into the trainer's GPU vs the pinned cudaMemcpyAsync peak of the same
@@ -77,7 +79,7 @@ def own_cpu_seconds():
 # ---------------------------------------------------------------- the DataLoader anchor
 
 class JpegFolder(torch.utils.data.Dataset):
-    """root/<class>/<file>.jpg -> (uint8 CHW 224x224, label), as torchvision users write it."""
+    """root/<class>/<file>.JPEG -> (uint8 CHW 224x224, label), as torchvision users write it."""
 
     def __init__(self, root):
         classes = sorted(os.listdir(root))
@@ -94,7 +96,9 @@ class JpegFolder(torch.utils.data.Dataset):
     def __getitem__(self, i):
         path, label = self.samples[i]
         data = torchvision.io.read_file(path)
-        image = torchvision.io.decode_jpeg(data, mode=torchvision.io.ImageReadMode.RGB)
+        # decode_image: decode_jpeg for JPEGs (gray and CMYK ones to RGB too), and the corpus's
+        # PNG named .JPEG, which decode_jpeg would refuse.
+        image = torchvision.io.decode_image(data, mode=torchvision.io.ImageReadMode.RGB)
         return self.transform(image), label
 
 

@@ -25,4 +25,9 @@ rm -rf .device/strip
 mkdir -p .device/python
 cp -r "$build/python/ferry" .device/python/
 cp .device/lib/libferry.so.1 .device/python/ferry/_lib/libferry.so
+# The benchmark corpus's source photographs (Debian's python3-skimage), so that
+# bench/run_anchors.sh makes the same corpus there as bench/make_bench_dataset.py here.
+/usr/bin/python3 bench/make_bench_dataset.py --export-photos .device/photos ||
+  echo "gpu-bundle: no benchmark photographs bundled (apt-get install python3-skimage);" \
+    "bench/run_anchors.sh will look for them on the GPU machine" >&2
 du -sh .device
