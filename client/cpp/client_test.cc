@@ -11,6 +11,8 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -21,6 +23,42 @@
 #include "gtest/gtest.h"
 
 namespace ferry {
+namespace transforms {
+
+// Field-for-field equality of the composed transform's ops, for the round-trip tests (the
+// public header stays C++17, without defaulted comparisons). Here, not in an unnamed
+// namespace, so that std::variant's operator== finds them by argument-dependent lookup.
+bool operator==(const RandomResizedCrop& a, const RandomResizedCrop& b) {
+  return std::tie(a.size, a.scale, a.ratio, a.full_decode) ==
+         std::tie(b.size, b.scale, b.ratio, b.full_decode);
+}
+bool operator==(const Resize& a, const Resize& b) {
+  return std::tie(a.size, a.full_decode) == std::tie(b.size, b.full_decode);
+}
+bool operator==(const CenterCrop& a, const CenterCrop& b) { return a.size == b.size; }
+bool operator==(const RandomCrop& a, const RandomCrop& b) {
+  return std::tie(a.size, a.padding, a.pad_if_needed, a.fill, a.padding_mode) ==
+         std::tie(b.size, b.padding, b.pad_if_needed, b.fill, b.padding_mode);
+}
+bool operator==(const RandomHorizontalFlip& a, const RandomHorizontalFlip& b) { return a.p == b.p; }
+bool operator==(const RandomVerticalFlip& a, const RandomVerticalFlip& b) { return a.p == b.p; }
+bool operator==(const ColorJitter& a, const ColorJitter& b) {
+  return std::tie(a.brightness, a.contrast, a.saturation, a.hue) ==
+         std::tie(b.brightness, b.contrast, b.saturation, b.hue);
+}
+bool operator==(const RandomGrayscale& a, const RandomGrayscale& b) { return a.p == b.p; }
+bool operator==(const TrivialAugmentWide& a, const TrivialAugmentWide& b) {
+  return std::tie(a.num_magnitude_bins, a.fill) == std::tie(b.num_magnitude_bins, b.fill);
+}
+bool operator==(const Normalize& a, const Normalize& b) {
+  return std::tie(a.mean, a.std) == std::tie(b.mean, b.std);
+}
+bool operator==(const RandomErasing& a, const RandomErasing& b) {
+  return std::tie(a.p, a.scale, a.ratio, a.value) == std::tie(b.p, b.scale, b.ratio, b.value);
+}
+
+}  // namespace transforms
+
 namespace {
 
 using ::testing::HasSubstr;
@@ -433,6 +471,160 @@ TEST(JobOptionsJsonTest, MalformedJsonAndUnknownFieldsAreInvalidArgument) {
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(unknown.status().message(), HasSubstr("batchsize"));
+}
+
+// The ops of `parsed`'s ComposeOptions; fails the test when it holds another transform.
+std::vector<TransformOpOptions> ComposedOps(const absl::StatusOr<JobOptions>& parsed) {
+  EXPECT_TRUE(parsed.ok()) << parsed.status();
+  if (!parsed.ok()) return {};
+  const auto* compose = std::get_if<ComposeOptions>(&parsed->transform);
+  EXPECT_NE(compose, nullptr) << "transform index " << parsed->transform.index();
+  return compose != nullptr ? compose->ops : std::vector<TransformOpOptions>{};
+}
+
+TEST(JobOptionsJsonTest, ComposedViTRecipeRoundTrips) {
+  JobOptions options;
+  options.dataset = ImageFolderOptions{"/data/train"};
+  options.transform = ComposeOptions{
+      .ops = {
+          transforms::RandomResizedCrop{.size = 224}, transforms::RandomHorizontalFlip{},
+          transforms::TrivialAugmentWide{},
+          transforms::ColorJitter{.brightness = {0.4f}, .contrast = {0.4f}, .saturation = {0.4f}},
+          transforms::Normalize{.mean = {0.485f, 0.456f, 0.406f}, .std = {0.229f, 0.224f, 0.225f}},
+          transforms::RandomErasing{.p = 0.25f}}};
+  options.batch_size = 256;
+  options.device = "cuda:0";
+  const std::string json = JobOptionsToJson(options);
+  // Proto field names, every op field printed, torchvision's defaults sent as values.
+  EXPECT_THAT(json, HasSubstr(R"("transform":{"compose":{"ops":[{"random_resized_crop":)"
+                              R"({"size":224,"scale":[0.08,1],"ratio":[0.75,1.33333337],)"
+                              R"("full_decode":false}},{"random_horizontal_flip":{"p":0.5}},)"
+                              R"({"trivial_augment_wide":{"num_magnitude_bins":31,"fill":[]}},)"
+                              R"({"color_jitter":{"brightness":[0.4],"contrast":[0.4],)"
+                              R"("saturation":[0.4],"hue":[]}},{"normalize":{"mean":[0.485,)"))
+      << json;
+  // An optional p, when set, prints after the lists.
+  EXPECT_THAT(json, HasSubstr(R"({"random_erasing":{"scale":[0.02,0.33],"ratio":[0.3,3.3],)"
+                              R"("value":[0],"p":0.25}}]}})"))
+      << json;
+
+  auto parsed = JobOptionsFromJson(json);
+  EXPECT_TRUE(ComposedOps(parsed) == std::get<ComposeOptions>(options.transform).ops) << json;
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_EQ(JobOptionsToJson(*parsed), json);
+  EXPECT_EQ(parsed->transform.index(), 3u);  // appended: the older kinds keep 1 and 2
+}
+
+TEST(JobOptionsJsonTest, ComposedCifarRecipeRoundTrips) {
+  JobOptions options;
+  options.dataset = ImageFolderOptions{"/data/cifar10/train"};
+  const std::vector<TransformOpOptions> ops = {
+      transforms::RandomCrop{.size = 32, .padding = {4}}, transforms::RandomHorizontalFlip{},
+      transforms::Normalize{.mean = {0.4914f, 0.4822f, 0.4465f}, .std = {0.247f, 0.243f, 0.261f}}};
+  options.transform = ComposeOptions{.ops = ops};
+  options.batch_size = 128;
+  const std::string json = JobOptionsToJson(options);
+  EXPECT_THAT(json, HasSubstr(R"({"random_crop":{"size":32,"padding":[4],"pad_if_needed":false,)"
+                              R"("fill":[0],"padding_mode":"constant"}})"))
+      << json;
+  EXPECT_TRUE(ComposedOps(JobOptionsFromJson(json)) == ops) << json;
+
+  // Every other field of RandomCrop, a vertical flip and a grayscale travel too.
+  const std::vector<TransformOpOptions> more = {transforms::Resize{.size = 40, .full_decode = true},
+                                                transforms::RandomCrop{.size = 32,
+                                                                       .padding = {1, 2, 3, 4},
+                                                                       .pad_if_needed = true,
+                                                                       .fill = {10, 20, 30},
+                                                                       .padding_mode = "reflect"},
+                                                transforms::RandomVerticalFlip{.p = 0.0f},
+                                                transforms::RandomGrayscale{.p = 1.0f},
+                                                transforms::ColorJitter{.hue = {-0.1f, 0.2f}},
+                                                transforms::CenterCrop{.size = 28}};
+  options.transform = ComposeOptions{.ops = more};
+  const std::string more_json = JobOptionsToJson(options);
+  EXPECT_THAT(more_json, HasSubstr(R"({"random_vertical_flip":{"p":0}})")) << more_json;
+  EXPECT_TRUE(ComposedOps(JobOptionsFromJson(more_json)) == more) << more_json;
+}
+
+TEST(JobOptionsJsonTest, ComposedOpsKeepTorchvisionDefaultsAndUnsetFields) {
+  // Default-constructed ops carry torchvision's values and come back with them.
+  const std::vector<TransformOpOptions> defaults = {
+      transforms::RandomResizedCrop{.size = 224}, transforms::RandomHorizontalFlip{},
+      transforms::RandomVerticalFlip{},           transforms::RandomGrayscale{},
+      transforms::TrivialAugmentWide{},           transforms::RandomErasing{},
+      transforms::RandomCrop{.size = 32}};
+  JobOptions options;
+  options.transform = ComposeOptions{.ops = defaults};
+  std::vector<TransformOpOptions> back = ComposedOps(JobOptionsFromJson(JobOptionsToJson(options)));
+  ASSERT_EQ(back.size(), defaults.size());
+  EXPECT_TRUE(back == defaults);
+  const auto& rrc = std::get<transforms::RandomResizedCrop>(back[0]);
+  EXPECT_EQ(rrc.scale, (std::vector<float>{0.08f, 1.0f}));
+  EXPECT_EQ(rrc.ratio, (std::vector<float>{3.0f / 4.0f, 4.0f / 3.0f}));
+  EXPECT_EQ(std::get<transforms::RandomHorizontalFlip>(back[1]).p, 0.5f);
+  EXPECT_EQ(std::get<transforms::RandomVerticalFlip>(back[2]).p, 0.5f);
+  EXPECT_EQ(std::get<transforms::RandomGrayscale>(back[3]).p, 0.1f);
+  EXPECT_EQ(std::get<transforms::TrivialAugmentWide>(back[4]).num_magnitude_bins, 31u);
+  const auto& erasing = std::get<transforms::RandomErasing>(back[5]);
+  EXPECT_EQ(erasing.p, 0.5f);
+  EXPECT_EQ(erasing.scale, (std::vector<float>{0.02f, 0.33f}));
+  EXPECT_EQ(erasing.ratio, (std::vector<float>{0.3f, 3.3f}));
+  EXPECT_EQ(erasing.value, (std::vector<float>{0.0f}));
+  EXPECT_EQ(std::get<transforms::RandomCrop>(back[6]).padding_mode, "constant");
+
+  // Fields a hand-written spec leaves unset (ferryd's defaults) stay unset: p is nullopt,
+  // not 0 and not 0.5, and the JSON made again has no "p". An explicit p of 0 stays 0.
+  const std::string sparse =
+      R"({"transform":{"compose":{"ops":[{"random_resized_crop":{"size":224}},)"
+      R"({"randomHorizontalFlip":{}},{"random_grayscale":{"p":0}},{"random_erasing":{}}]}}})";
+  auto parsed = JobOptionsFromJson(sparse);
+  back = ComposedOps(parsed);
+  ASSERT_EQ(back.size(), 4u);
+  EXPECT_TRUE(std::get<transforms::RandomResizedCrop>(back[0]).scale.empty());
+  EXPECT_EQ(std::get<transforms::RandomHorizontalFlip>(back[1]).p, std::nullopt);
+  EXPECT_EQ(std::get<transforms::RandomGrayscale>(back[2]).p, 0.0f);
+  EXPECT_EQ(std::get<transforms::RandomErasing>(back[3]).p, std::nullopt);
+  EXPECT_TRUE(std::get<transforms::RandomErasing>(back[3]).value.empty());
+  const std::string again = JobOptionsToJson(*parsed);
+  EXPECT_THAT(again, HasSubstr(R"({"random_horizontal_flip":{}})")) << again;
+  EXPECT_THAT(again, HasSubstr(R"({"random_grayscale":{"p":0}})")) << again;
+  EXPECT_THAT(again, HasSubstr(R"({"random_erasing":{"scale":[],"ratio":[],"value":[]}})"))
+      << again;
+  EXPECT_TRUE(ComposedOps(JobOptionsFromJson(again)) == back);
+}
+
+TEST(JobOptionsJsonTest, UnknownOrEmptyComposedOpIsInvalidArgument) {
+  auto unknown = JobOptionsFromJson(
+      R"({"transform":{"compose":{"ops":[{"resize":{"size":256}},{"random_rotation":{}}]}}})");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(unknown.status().message(), HasSubstr("random_rotation"));
+
+  auto empty =
+      JobOptionsFromJson(R"({"transform":{"compose":{"ops":[{"resize":{"size":256}},{}]}}})");
+  ASSERT_FALSE(empty.ok());
+  EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(empty.status().message(), HasSubstr("transform.compose.ops[1] sets no op"));
+}
+
+TEST(JobOptionsProtoTest, AnOpThisClientDoesNotKnowKeepsItsPlace) {
+  // A newer ferryd's op arrives as a TransformOp with no op this client knows: it stays in
+  // its position as a monostate and goes back as an empty op (which ferryd refuses by name).
+  v1::JobSpec spec;
+  v1::Compose* compose = spec.mutable_transform()->mutable_compose();
+  compose->add_ops()->mutable_center_crop()->set_size(224);
+  compose->add_ops();
+  compose->add_ops()->mutable_random_horizontal_flip();
+  const JobOptions options = internal::FromProto(spec);
+  const auto& ops = std::get<ComposeOptions>(options.transform).ops;
+  ASSERT_EQ(ops.size(), 3u);
+  EXPECT_TRUE(std::holds_alternative<transforms::CenterCrop>(ops[0]));
+  EXPECT_TRUE(std::holds_alternative<std::monostate>(ops[1]));
+  EXPECT_EQ(std::get<transforms::RandomHorizontalFlip>(ops[2]).p, std::nullopt);
+  const v1::JobSpec sent = internal::ToProto(options);
+  ASSERT_EQ(sent.transform().compose().ops_size(), 3);
+  EXPECT_EQ(sent.transform().compose().ops(1).op_case(), v1::TransformOp::OP_NOT_SET);
+  EXPECT_FALSE(sent.transform().compose().ops(2).random_horizontal_flip().has_p());
 }
 
 TEST(DTypeTest, SizesAndNames) {

@@ -105,6 +105,26 @@ std::string DescribeDataset(const BlendOptions& blend) {
   return absl::StrCat("blend of ", blend.sources.size(), " sources");
 }
 
+// A composed transform's op by its proto name, with its size where it has one.
+std::string DescribeOp(std::monostate) { return "?"; }
+std::string DescribeOp(const transforms::RandomResizedCrop& op) {
+  return absl::StrCat("random_resized_crop ", op.size);
+}
+std::string DescribeOp(const transforms::Resize& op) { return absl::StrCat("resize ", op.size); }
+std::string DescribeOp(const transforms::CenterCrop& op) {
+  return absl::StrCat("center_crop ", op.size);
+}
+std::string DescribeOp(const transforms::RandomCrop& op) {
+  return absl::StrCat("random_crop ", op.size);
+}
+std::string DescribeOp(const transforms::RandomHorizontalFlip&) { return "random_horizontal_flip"; }
+std::string DescribeOp(const transforms::RandomVerticalFlip&) { return "random_vertical_flip"; }
+std::string DescribeOp(const transforms::ColorJitter&) { return "color_jitter"; }
+std::string DescribeOp(const transforms::RandomGrayscale&) { return "random_grayscale"; }
+std::string DescribeOp(const transforms::TrivialAugmentWide&) { return "trivial_augment_wide"; }
+std::string DescribeOp(const transforms::Normalize&) { return "normalize"; }
+std::string DescribeOp(const transforms::RandomErasing&) { return "random_erasing"; }
+
 }  // namespace
 
 std::string FormatDataset(const JobOptions& spec) {
@@ -118,6 +138,12 @@ std::string FormatTransform(const JobOptions& spec) {
   if (const auto* cc = std::get_if<CenterCropOptions>(&spec.transform)) {
     return absl::StrCat("center_crop ", cc->size,
                         cc->resize != 0 ? absl::StrCat(" (resize ", cc->resize, ")") : "");
+  }
+  if (const auto* compose = std::get_if<ComposeOptions>(&spec.transform)) {
+    return absl::StrCat(
+        "compose ", absl::StrJoin(compose->ops, ", ", [](std::string* out, const auto& op) {
+          absl::StrAppend(out, std::visit([](const auto& one) { return DescribeOp(one); }, op));
+        }));
   }
   return "-";
 }

@@ -39,7 +39,8 @@ std::string FormatRate(double per_second);
 std::string FormatCpuList(const std::vector<int32_t>& cpus);
 // "imagefolder /data/train" or "tokens /data/t.bin".
 std::string FormatDataset(const JobOptions& spec);
-// "random_resized_crop 224 flip", "center_crop 224 (resize 256)", "-".
+// "random_resized_crop 224 flip", "center_crop 224 (resize 256)",
+// "compose random_crop 32, random_horizontal_flip, normalize", "-".
 std::string FormatTransform(const JobOptions& spec);
 // "uint8[224,224,3]".
 std::string FormatField(const FieldInfo& field);

@@ -66,6 +66,18 @@ JobStatus SampleJob() {
   return s;
 }
 
+TEST(FormatTest, TransformNamesEachComposedOp) {
+  JobOptions spec;
+  EXPECT_EQ(FormatTransform(spec), "-");
+  spec.transform = CenterCropOptions{.size = 224, .resize = 256};
+  EXPECT_EQ(FormatTransform(spec), "center_crop 224 (resize 256)");
+  spec.transform = ComposeOptions{.ops = {transforms::RandomCrop{.size = 32, .padding = {4}},
+                                          transforms::RandomHorizontalFlip{},
+                                          transforms::Normalize{.mean = {0.5f}, .std = {0.5f}},
+                                          std::monostate()}};
+  EXPECT_EQ(FormatTransform(spec), "compose random_crop 32, random_horizontal_flip, normalize, ?");
+}
+
 TEST(RenderTest, JobsTableSumsRatesAndCountsAttachedRanks) {
   StatusReport report;
   report.jobs.push_back(SampleJob());

@@ -1,8 +1,10 @@
 #include "client/cpp/internal/convert.h"
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <variant>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
@@ -59,6 +61,18 @@ absl::StatusOr<JobOptions> JobOptionsFromJson(std::string_view json) {
   v1::JobSpec spec;
   absl::Status status = internal::FromJson(json, "job spec (ferry.v1.JobSpec)", &spec);
   if (!status.ok()) return status;
+  // The parser refuses an op it does not know by name; an op with no field would become a
+  // std::monostate, which stands for an unknown op from ferryd, not for a mistake.
+  const v1::Compose& compose = spec.transform().compose();
+  for (int i = 0; i < compose.ops_size(); ++i) {
+    if (compose.ops(i).op_case() == v1::TransformOp::OP_NOT_SET) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "transform.compose.ops[", i,
+          "] sets no op: give it one of random_resized_crop, resize, center_crop, random_crop, "
+          "random_horizontal_flip, random_vertical_flip, color_jitter, random_grayscale, "
+          "trivial_augment_wide, normalize, random_erasing"));
+    }
+  }
   return internal::FromProto(spec);
 }
 
@@ -141,6 +155,144 @@ void SetDataset(const BlendOptions& blend, v1::DatasetSpec* d) {
     s->set_name(source.name);
   }
   b->set_samples_per_epoch(blend.samples_per_epoch);
+}
+
+// A composed transform's ops, field for field: lists, strings and unset p's travel as they
+// are (an empty one means ferryd's default), so specs round-trip exactly.
+template <typename T, typename Repeated>
+void Append(const std::vector<T>& values, Repeated* out) {
+  out->Add(values.begin(), values.end());
+}
+template <typename Repeated>
+auto ToVector(const Repeated& values) {
+  return std::vector<typename Repeated::value_type>(values.begin(), values.end());
+}
+// An `optional float p`: unset stays unset.
+template <typename Message>
+std::optional<float> OptionalP(const Message& m) {
+  return m.has_p() ? std::optional<float>(m.p()) : std::nullopt;
+}
+template <typename Message>
+void SetOptionalP(const std::optional<float>& p, Message* m) {
+  if (p.has_value()) m->set_p(*p);
+}
+
+void SetOp(std::monostate, v1::TransformOp*) {}
+void SetOp(const transforms::RandomResizedCrop& op, v1::TransformOp* out) {
+  v1::TransformOp::RandomResizedCrop* m = out->mutable_random_resized_crop();
+  m->set_size(op.size);
+  Append(op.scale, m->mutable_scale());
+  Append(op.ratio, m->mutable_ratio());
+  m->set_full_decode(op.full_decode);
+}
+void SetOp(const transforms::Resize& op, v1::TransformOp* out) {
+  out->mutable_resize()->set_size(op.size);
+  out->mutable_resize()->set_full_decode(op.full_decode);
+}
+void SetOp(const transforms::CenterCrop& op, v1::TransformOp* out) {
+  out->mutable_center_crop()->set_size(op.size);
+}
+void SetOp(const transforms::RandomCrop& op, v1::TransformOp* out) {
+  v1::TransformOp::RandomCrop* m = out->mutable_random_crop();
+  m->set_size(op.size);
+  Append(op.padding, m->mutable_padding());
+  m->set_pad_if_needed(op.pad_if_needed);
+  Append(op.fill, m->mutable_fill());
+  m->set_padding_mode(op.padding_mode);
+}
+void SetOp(const transforms::RandomHorizontalFlip& op, v1::TransformOp* out) {
+  SetOptionalP(op.p, out->mutable_random_horizontal_flip());
+}
+void SetOp(const transforms::RandomVerticalFlip& op, v1::TransformOp* out) {
+  SetOptionalP(op.p, out->mutable_random_vertical_flip());
+}
+void SetOp(const transforms::ColorJitter& op, v1::TransformOp* out) {
+  v1::TransformOp::ColorJitter* m = out->mutable_color_jitter();
+  Append(op.brightness, m->mutable_brightness());
+  Append(op.contrast, m->mutable_contrast());
+  Append(op.saturation, m->mutable_saturation());
+  Append(op.hue, m->mutable_hue());
+}
+void SetOp(const transforms::RandomGrayscale& op, v1::TransformOp* out) {
+  SetOptionalP(op.p, out->mutable_random_grayscale());
+}
+void SetOp(const transforms::TrivialAugmentWide& op, v1::TransformOp* out) {
+  v1::TransformOp::TrivialAugmentWide* m = out->mutable_trivial_augment_wide();
+  m->set_num_magnitude_bins(op.num_magnitude_bins);
+  Append(op.fill, m->mutable_fill());
+}
+void SetOp(const transforms::Normalize& op, v1::TransformOp* out) {
+  Append(op.mean, out->mutable_normalize()->mutable_mean());
+  Append(op.std, out->mutable_normalize()->mutable_std());
+}
+void SetOp(const transforms::RandomErasing& op, v1::TransformOp* out) {
+  v1::TransformOp::RandomErasing* m = out->mutable_random_erasing();
+  SetOptionalP(op.p, m);
+  Append(op.scale, m->mutable_scale());
+  Append(op.ratio, m->mutable_ratio());
+  Append(op.value, m->mutable_value());
+}
+
+// monostate for an op this client does not know (unset in a newer ferryd's answer).
+TransformOpOptions OpFromProto(const v1::TransformOp& op) {
+  switch (op.op_case()) {
+    case v1::TransformOp::kRandomResizedCrop: {
+      const v1::TransformOp::RandomResizedCrop& m = op.random_resized_crop();
+      return transforms::RandomResizedCrop{.size = m.size(),
+                                           .scale = ToVector(m.scale()),
+                                           .ratio = ToVector(m.ratio()),
+                                           .full_decode = m.full_decode()};
+    }
+    case v1::TransformOp::kResize:
+      return transforms::Resize{.size = op.resize().size(),
+                                .full_decode = op.resize().full_decode()};
+    case v1::TransformOp::kCenterCrop:
+      return transforms::CenterCrop{.size = op.center_crop().size()};
+    case v1::TransformOp::kRandomCrop: {
+      const v1::TransformOp::RandomCrop& m = op.random_crop();
+      return transforms::RandomCrop{.size = m.size(),
+                                    .padding = ToVector(m.padding()),
+                                    .pad_if_needed = m.pad_if_needed(),
+                                    .fill = ToVector(m.fill()),
+                                    .padding_mode = m.padding_mode()};
+    }
+    case v1::TransformOp::kRandomHorizontalFlip: {
+      const v1::TransformOp::RandomFlip& m = op.random_horizontal_flip();
+      return transforms::RandomHorizontalFlip{.p = OptionalP(m)};
+    }
+    case v1::TransformOp::kRandomVerticalFlip: {
+      const v1::TransformOp::RandomFlip& m = op.random_vertical_flip();
+      return transforms::RandomVerticalFlip{.p = OptionalP(m)};
+    }
+    case v1::TransformOp::kColorJitter: {
+      const v1::TransformOp::ColorJitter& m = op.color_jitter();
+      return transforms::ColorJitter{.brightness = ToVector(m.brightness()),
+                                     .contrast = ToVector(m.contrast()),
+                                     .saturation = ToVector(m.saturation()),
+                                     .hue = ToVector(m.hue())};
+    }
+    case v1::TransformOp::kRandomGrayscale: {
+      const v1::TransformOp::RandomGrayscale& m = op.random_grayscale();
+      return transforms::RandomGrayscale{.p = OptionalP(m)};
+    }
+    case v1::TransformOp::kTrivialAugmentWide: {
+      const v1::TransformOp::TrivialAugmentWide& m = op.trivial_augment_wide();
+      return transforms::TrivialAugmentWide{.num_magnitude_bins = m.num_magnitude_bins(),
+                                            .fill = ToVector(m.fill())};
+    }
+    case v1::TransformOp::kNormalize:
+      return transforms::Normalize{.mean = ToVector(op.normalize().mean()),
+                                   .std = ToVector(op.normalize().std())};
+    case v1::TransformOp::kRandomErasing: {
+      const v1::TransformOp::RandomErasing& m = op.random_erasing();
+      return transforms::RandomErasing{.p = OptionalP(m),
+                                       .scale = ToVector(m.scale()),
+                                       .ratio = ToVector(m.ratio()),
+                                       .value = ToVector(m.value())};
+    }
+    default:
+      return std::monostate();
+  }
 }
 
 // The kinds a DatasetOptions holds (not a blend): monostate for an unset or unknown kind.
@@ -229,6 +381,11 @@ v1::JobSpec ToProto(const JobOptions& options) {
     c->set_size(cc->size);
     c->set_resize(cc->resize);
     c->set_full_decode(cc->full_decode);
+  } else if (const auto* compose = std::get_if<ComposeOptions>(&options.transform)) {
+    v1::Compose* c = spec.mutable_transform()->mutable_compose();
+    for (const TransformOpOptions& op : compose->ops) {
+      std::visit([out = c->add_ops()](const auto& one) { SetOp(one, out); }, op);
+    }
   }
   spec.set_batch_size(options.batch_size);
   spec.set_shuffle(options.shuffle);
@@ -282,6 +439,14 @@ JobOptions FromProto(const v1::JobSpec& spec) {
                                             spec.transform().center_crop().resize(),
                                             spec.transform().center_crop().full_decode()};
       break;
+    case v1::TransformSpec::kCompose: {
+      ComposeOptions compose;
+      for (const v1::TransformOp& op : spec.transform().compose().ops()) {
+        compose.ops.push_back(OpFromProto(op));
+      }
+      options.transform = std::move(compose);
+      break;
+    }
     default:
       break;
   }

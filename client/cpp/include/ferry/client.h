@@ -191,6 +191,119 @@ struct CenterCropOptions {
   bool full_decode = false;
 };
 
+// The ops of a composed transform (ComposeOptions), named and defaulted as
+// torchvision.transforms.v2's; ferry.v1.TransformOp, docs/data.md ("Composed transforms").
+// Sizes are square. Every field starts at torchvision's default and is sent as it is; an
+// empty list, a `p` of std::nullopt, an empty padding_mode or a num_magnitude_bins of 0 is
+// left unset in the spec, which ferryd reads as the same default. JobOptionsFromJson keeps
+// either form, so a spec makes the same JSON again.
+namespace transforms {
+
+// RandomResizedCrop(size, scale, ratio), antialiased bilinear.
+struct RandomResizedCrop {
+  uint32_t size = 0;                                      // Required.
+  std::vector<float> scale = {0.08f, 1.0f};               // Default: {0.08, 1.0}
+  std::vector<float> ratio = {3.0f / 4.0f, 4.0f / 3.0f};  // Default: {3/4, 4/3}
+  // As RandomResizedCropOptions::full_decode, when this op comes first. Default: false.
+  bool full_decode = false;
+};
+
+// Resize(size): the shorter side to `size`, antialiased bilinear.
+struct Resize {
+  uint32_t size = 0;  // Required.
+  // As RandomResizedCropOptions::full_decode, when this op comes first. Default: false.
+  bool full_decode = false;
+};
+
+// CenterCrop(size); a smaller image is padded with zeros first.
+struct CenterCrop {
+  uint32_t size = 0;  // Required.
+};
+
+// RandomCrop(size, padding, pad_if_needed, fill, padding_mode).
+struct RandomCrop {
+  uint32_t size = 0;  // Required.
+  // 1 value (every side), 2 (left/right, top/bottom) or 4 (left, top, right, bottom).
+  // Default: none.
+  std::vector<uint32_t> padding;
+  bool pad_if_needed = false;  // Default: false
+  // Padding of padding_mode "constant": 1 or 3 values (RGB, 0..255). Default: {0}
+  std::vector<uint32_t> fill = {0};
+  // "constant", "edge", "reflect" or "symmetric". Default: "constant"
+  std::string padding_mode = "constant";
+};
+
+struct RandomHorizontalFlip {
+  std::optional<float> p = 0.5f;  // Default: 0.5
+};
+
+struct RandomVerticalFlip {
+  std::optional<float> p = 0.5f;  // Default: 0.5
+};
+
+// ColorJitter(brightness, contrast, saturation, hue), the set ones in a random order. Each
+// is empty (not applied, the default), one value b ([max(0, 1 - b), 1 + b]; hue h: [-h, h])
+// or two values [min, max].
+struct ColorJitter {
+  std::vector<float> brightness;
+  std::vector<float> contrast;
+  std::vector<float> saturation;
+  std::vector<float> hue;
+};
+
+// RandomGrayscale(p), three output channels.
+struct RandomGrayscale {
+  std::optional<float> p = 0.1f;  // Default: 0.1
+};
+
+// TrivialAugmentWide(num_magnitude_bins, interpolation=NEAREST, fill).
+struct TrivialAugmentWide {
+  uint32_t num_magnitude_bins = 31;  // Default: 31
+  // Of the pixels that shear, translate and rotate uncover: 1 or 3 values (RGB, 0..255).
+  // Default: none = 0.
+  std::vector<uint32_t> fill;
+};
+
+// ToDtype(float32, scale=True) then Normalize(mean, std): the image leaves as CHW floats.
+struct Normalize {
+  std::vector<float> mean;  // Required: 1 or 3 values (RGB).
+  std::vector<float> std;   // Required: 1 or 3 values (RGB).
+};
+
+// RandomErasing(p, scale, ratio, value); value in the image's scale where the op runs
+// (0..255 before Normalize, normalized units after).
+struct RandomErasing {
+  std::optional<float> p = 0.5f;              // Default: 0.5
+  std::vector<float> scale = {0.02f, 0.33f};  // Default: {0.02, 0.33}
+  std::vector<float> ratio = {0.3f, 3.3f};    // Default: {0.3, 3.3}
+  std::vector<float> value = {0.0f};          // 1 or 3 values (RGB). Default: {0}
+};
+
+}  // namespace transforms
+
+// One op of a ComposeOptions. std::monostate only stands for an op this client does not
+// know (in a newer ferryd's answer); sent back, it is an empty op, which ferryd refuses.
+using TransformOpOptions =
+    std::variant<std::monostate, transforms::RandomResizedCrop, transforms::Resize,
+                 transforms::CenterCrop, transforms::RandomCrop, transforms::RandomHorizontalFlip,
+                 transforms::RandomVerticalFlip, transforms::ColorJitter,
+                 transforms::RandomGrayscale, transforms::TrivialAugmentWide, transforms::Normalize,
+                 transforms::RandomErasing>;
+
+// torchvision's Compose(ops), applied in order (ferry.v1.Compose). The geometric ops must
+// end in a crop to a fixed size; after a Normalize only RandomErasing may follow. E.g. a
+// ViT recipe:
+//   ferry::ComposeOptions{.ops = {
+//       ferry::transforms::RandomResizedCrop{.size = 224},
+//       ferry::transforms::RandomHorizontalFlip{},
+//       ferry::transforms::TrivialAugmentWide{},
+//       ferry::transforms::Normalize{.mean = {0.485f, 0.456f, 0.406f},
+//                                    .std = {0.229f, 0.224f, 0.225f}},
+//       ferry::transforms::RandomErasing{.p = 0.25f}}}
+struct ComposeOptions {
+  std::vector<TransformOpOptions> ops;
+};
+
 // How images reach a GPU trainer (device "cuda:N" only): ferryd copies uint8 HWC crops to
 // the GPU and converts them there.
 struct ImageOutputOptions {
@@ -211,7 +324,8 @@ struct JobOptions {
                NpyOptions, TokenShardsOptions, IndexedOptions, BlendOptions>
       dataset;
   // Required for image datasets; ignored for tokens.
-  std::variant<std::monostate, RandomResizedCropOptions, CenterCropOptions> transform;
+  std::variant<std::monostate, RandomResizedCropOptions, CenterCropOptions, ComposeOptions>
+      transform;
   uint32_t batch_size = 0;  // Required.
   bool shuffle = false;     // Default: false
   uint64_t seed = 0;        // Default: 0
