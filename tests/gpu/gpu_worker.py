@@ -3,7 +3,8 @@ and records what it got. Run as `python3 gpu_worker.py '<json config>'`.
 
 Config keys:
   address, root, rank, world_size, batch_size, seed, epochs (count), crop (default 32),
-  device ("cpu" or "cuda:0"), image_dtype, mean, std, zero_copy, job_name.
+  device ("cpu" or "cuda:0"), image_dtype, mean, std, zero_copy, job_name, compose ("vit":
+  a ferry.transforms.Compose instead of RandomResizedCrop + flip).
   out: JSON written (atomically) at a pause and at the end:
     {"len": ..., "state": loader.state_dict(), "done": bool,
      "epochs": {"<e>": [{"index": [...], "label": [...], "pixel_sum": [...] (uint8 only),
@@ -41,6 +42,19 @@ def record(batch):
     return entry
 
 
+def transform(config):
+    """RandomResizedCrop + flip, or with "compose": "vit" the ViT recipe of ferry.transforms
+    (ending in Normalize, and RandomErasing with p=1 so that every image has a box)."""
+    crop = config.get("crop", 32)
+    if config.get("compose") != "vit":
+        return ferry.RandomResizedCrop(crop, flip=True)
+    from ferry import transforms as T
+    return T.Compose([T.RandomResizedCrop(crop), T.RandomHorizontalFlip(), T.TrivialAugmentWide(),
+                      T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomGrayscale(0.2),
+                      T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+                      T.RandomErasing(1.0)])
+
+
 def main():
     config = json.loads(sys.argv[1])
     if "reattach_seconds" in config:  # how long the Loader waits for a restarted ferryd
@@ -49,7 +63,7 @@ def main():
     saved = {}
     loader = ferry.Loader(
         ferry.ImageFolder(config["root"]), batch_size=config["batch_size"],
-        transform=ferry.RandomResizedCrop(config.get("crop", 32), flip=True),
+        transform=transform(config),
         shuffle=True, seed=config.get("seed", 0), rank=config.get("rank", 0),
         world_size=config.get("world_size", 1), device=config.get("device", "cpu"),
         address=config["address"], job_name=config.get("job_name"),

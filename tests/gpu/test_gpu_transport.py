@@ -426,6 +426,43 @@ class GpuTransportTest(unittest.TestCase):
             self.assertTrue(bool((err <= ref.abs() * 2 ** -8 + 1e-3).all()),
                             "%s: max bf16 error %g" % (key, err.max().item()))
 
+    def test_b_composed_transform_gpu_and_cpu_paths_agree(self):
+        # The ViT recipe: on a GPU job ColorJitter, RandomGrayscale, Normalize and
+        # RandomErasing run fused on the GPU with the parameters the workers drew; on a CPU
+        # job the workers run them on uint8. Same draws, so the batches agree up to the CPU
+        # path's uint8 rounding (docs/data.md), and the erased boxes coincide exactly.
+        import torch
+        d = self.daemon.dir
+        self.run_worker("bc_cpu", device="cpu", epochs=2, compose="vit",
+                        save_images=os.path.join(d, "bc_cpu.pt"))
+        self.run_worker("bc_f32", device="cuda:0", epochs=2, compose="vit",
+                        save_images=os.path.join(d, "bc_f32.pt"))
+        self.run_worker("bc_bf16", device="cuda:0", epochs=1, compose="vit",
+                        image_dtype="bfloat16", save_images=os.path.join(d, "bc_bf16.pt"))
+        cpu = torch.load(os.path.join(d, "bc_cpu.pt"))
+        f32 = torch.load(os.path.join(d, "bc_f32.pt"))
+        bf16 = torch.load(os.path.join(d, "bc_bf16.pt"))
+        self.assertEqual(set(cpu), set(f32))
+        level = 1 / (255 * torch.tensor(STD).view(1, 3, 1, 1))  # one uint8 step, normalized
+        worst, total, count = 0.0, 0.0, 0
+        for key, ref in cpu.items():
+            self.assertEqual(ref.dtype, torch.float32)
+            self.assertEqual(f32[key].dtype, torch.float32)
+            self.assertEqual(f32[key].shape, ref.shape)
+            levels = (f32[key] - ref).abs() / level
+            worst = max(worst, levels.max().item())
+            total += levels.sum().item()
+            count += levels.numel()
+            # RandomErasing(p=1) writes 0 in the same box on both paths.
+            self.assertTrue(torch.equal(f32[key] == 0, ref == 0), key)
+            if key in bf16:
+                err = (bf16[key].float() - f32[key]).abs()
+                self.assertTrue(bool((err <= f32[key].abs() * 2 ** -8 + 1e-6).all()), key)
+        print("compose CPU vs GPU path: mean %.3f, max %.2f uint8 levels"
+              % (total / count, worst), flush=True)
+        self.assertLess(total / count, 1.0)
+        self.assertLessEqual(worst, 6.0)
+
     def test_c_two_ranks_on_one_gpu(self):
         logs, procs, outs = [], [], []
         for rank in range(2):
