@@ -454,7 +454,10 @@ class GpuTransportTest(unittest.TestCase):
             total += levels.sum().item()
             count += levels.numel()
             # RandomErasing(p=1) writes 0 in the same box on both paths.
-            self.assertTrue(torch.equal(f32[key] == 0, ref == 0), key)
+            # (On the CPU path only erasing makes an exact 0: no uint8 level normalizes to 0.)
+            erased = ref == 0
+            self.assertTrue(bool(erased.any()), key)
+            self.assertTrue(bool((f32[key][erased] == 0).all()), key)
             if key in bf16:
                 err = (bf16[key].float() - f32[key]).abs()
                 self.assertTrue(bool((err <= f32[key].abs() * 2 ** -8 + 1e-6).all()), key)
