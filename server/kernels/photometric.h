@@ -26,39 +26,12 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+// PhotometricKind, PhotometricOp, PhotometricProgram: plain bytes, apart so that nvcc
+// reads them without abseil.
+#include "server/kernels/internal/photometric_program.h"
 #include "server/kernels/normalize.h"
 
 namespace ferry {
-
-enum class PhotometricKind : uint32_t {
-  kBrightness = 1,
-  kContrast = 2,
-  kSaturation = 3,
-  kHue = 4,
-  kGrayscale = 5,
-  kNormalize = 6,
-  kErase = 7,
-};
-
-struct PhotometricOp {
-  uint32_t kind = 0;  // PhotometricKind
-  float a = 0;        // factor (brightness, contrast, saturation, hue)
-  int32_t top = 0, left = 0, height = 0, width = 0;  // kErase
-  float v[3] = {0, 0, 0};  // kErase: value; kNormalize: mean
-  float w[3] = {1, 1, 1};  // kNormalize: std
-};
-static_assert(sizeof(PhotometricOp) == 48);
-
-constexpr int kMaxPhotometricOps = 15;
-
-// One sample's program: ops[0, num_ops) in order. Plain bytes: the workers write it into a
-// hidden field of the host slot and it reaches the device with the batch's copy.
-struct PhotometricProgram {
-  uint32_t num_ops = 0;
-  uint32_t reserved[3] = {0, 0, 0};
-  PhotometricOp ops[kMaxPhotometricOps];
-};
-static_assert(sizeof(PhotometricProgram) == 16 + 48 * kMaxPhotometricOps);
 
 // dst[b][c][y][x] = the program programs[b] applied to src[b] (height x width x 3 uint8 HWC,
 // images back to back), as `dtype` (16-bit types rounded to nearest). src, programs and
