@@ -22,8 +22,8 @@ struct PhotometricOp {
   uint32_t kind = 0;  // PhotometricKind
   float a = 0;        // factor (brightness, contrast, saturation, hue)
   int32_t top = 0, left = 0, height = 0, width = 0;  // kErase
-  float v[3] = {0, 0, 0};  // kErase: value; kNormalize: mean
-  float w[3] = {1, 1, 1};  // kNormalize: std
+  float v[3] = {0, 0, 0};                            // kErase: value; kNormalize: mean
+  float w[3] = {1, 1, 1};                            // kNormalize: std
 };
 static_assert(sizeof(PhotometricOp) == 48, "PhotometricOp is 48 bytes");
 
