@@ -14,6 +14,13 @@
 // so that each load and each store of a warp covers one contiguous run: on the vector
 // path a group is 4 pixels (12 input bytes as 3 words; per channel plane one 16-byte
 // float4 or 8-byte pair of halves), otherwise one pixel.
+//
+// Arithmetic follows torchvision's float32 expressions op by op, each multiply and add
+// rounded on its own (compiled with -fmad=false, as torchvision runs them as separate
+// tensor ops), so that the device agrees with ApplyPhotometricReference to a few units in
+// the last place; the exceptions, where an IEEE division would cost more than the rest of
+// the op, are normalise's 1 / std and hue's 1 / max, multiplications by correctly rounded
+// reciprocals.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -51,17 +58,26 @@ __device__ __forceinline__ float Fmod1(float x) { return x - truncf(x); }
 // s = 0 and h = 0 without a division by zero), h = (h + factor) % 1.0, _hsv_to_rgb (p, q, t
 // clamped to [0, 1], v not). Every h below is finite and within (-1, 2), where Fmod1 is
 // exact.
+//
+// h is computed exactly as torchvision computes it (IEEE divisions, no fused multiply-add:
+// this file is compiled with -fmad=false): its `(h / 6 + 1) % 1` rounds h to steps of
+// 2^-23, and a hue one step off moves the output by up to 6 * 2^-23, which the contrast,
+// brightness and normalise after it multiply. Of rc, gc, bc only the two that h uses are
+// divided; s, which varies the output smoothly, is a multiplication by a correctly
+// rounded reciprocal.
 __device__ __forceinline__ void AdjustHue(float factor, float& r, float& g, float& b) {
   const float maxc = fmaxf(r, fmaxf(g, b));
   const float minc = fminf(r, fminf(g, b));
   const bool eqc = maxc == minc;
   const float channels_range = maxc - minc;
-  const float s = channels_range / (eqc ? 1.0f : maxc);
+  const float s = channels_range * __frcp_rn(eqc ? 1.0f : maxc);
   const float divisor = eqc ? 1.0f : channels_range;
-  const float rc = (maxc - r) / divisor;
-  const float gc = (maxc - g) / divisor;
-  const float bc = (maxc - b) / divisor;
-  float h = maxc == r ? bc - gc : (maxc == g ? (rc + 2.0f) - bc : (gc + 4.0f) - rc);
+  // hr = bc - gc, hg = (rc + 2) - bc, hb = (gc + 4) - rc: h = (first + offset) - second.
+  const bool max_is_r = maxc == r, max_is_g = !max_is_r && maxc == g;
+  const float first = max_is_r ? b : (max_is_g ? r : g);
+  const float second = max_is_r ? g : (max_is_g ? b : r);
+  const float offset = max_is_r ? 0.0f : (max_is_g ? 2.0f : 4.0f);
+  float h = ((maxc - first) / divisor + offset) - (maxc - second) / divisor;
   h = Fmod1(h * (1.0f / 6.0f) + 1.0f);
   const float v = maxc;
 
@@ -153,28 +169,39 @@ __device__ __forceinline__ void RunOps(const Program& program, int end, uint32_t
         for (int j = 0; j < n; ++j) t.r[j] = t.g[j] = t.b[j] = Gray(t.r[j], t.g[j], t.b[j]);
         break;
       case PhotometricKind::kNormalize: {
+        // (x - mean) / std, the division as a multiplication by 1 / std rounded once.
         const float m0 = op.v[0], m1 = op.v[1], m2 = op.v[2];
-        const float s0 = op.w[0], s1 = op.w[1], s2 = op.w[2];
+        const float i0 = __frcp_rn(op.w[0]), i1 = __frcp_rn(op.w[1]), i2 = __frcp_rn(op.w[2]);
 #pragma unroll
         for (int j = 0; j < n; ++j) {
-          t.r[j] = (t.r[j] - m0) / s0;
-          t.g[j] = (t.g[j] - m1) / s1;
-          t.b[j] = (t.b[j] - m2) / s2;
+          t.r[j] = (t.r[j] - m0) * i0;
+          t.g[j] = (t.g[j] - m1) * i1;
+          t.b[j] = (t.b[j] - m2) * i2;
         }
         break;
       }
       case PhotometricKind::kErase: {
         const int4 box = program.boxes[k];
         const float v0 = op.v[0], v1 = op.v[1], v2 = op.v[2];
+        // One division per group; its other pixels step along the row.
 #pragma unroll
-        for (int j = 0; j < n; ++j) {
-          const uint32_t pixel = t.Pixel(j);
-          const int y = static_cast<int>(pixel / width);
-          const int x = static_cast<int>(pixel - static_cast<uint32_t>(y) * width);
-          if (y >= box.x && y < box.y && x >= box.z && x < box.w) {
-            t.r[j] = v0;
-            t.g[j] = v1;
-            t.b[j] = v2;
+        for (int u = 0; u < kUnroll; ++u) {
+          const uint32_t first = t.Pixel(u * kPixels);
+          uint32_t y = first / width;
+          uint32_t x = first - y * width;
+#pragma unroll
+          for (int i = 0; i < kPixels; ++i) {
+            if (i > 0 && ++x == width) {
+              x = 0;
+              ++y;
+            }
+            const int j = u * kPixels + i;
+            if (static_cast<int>(y) >= box.x && static_cast<int>(y) < box.y &&
+                static_cast<int>(x) >= box.z && static_cast<int>(x) < box.w) {
+              t.r[j] = v0;
+              t.g[j] = v1;
+              t.b[j] = v2;
+            }
           }
         }
         break;
@@ -264,12 +291,12 @@ __device__ __forceinline__ void Store(const Tile<1>& t, uint32_t pixels, Out* __
 }
 
 // The block's sum of `v`, in thread 0. Leaves `scratch` in use until a __syncthreads.
-__device__ __forceinline__ float BlockSum(float v, float* scratch) {
+__device__ __forceinline__ double BlockSum(double v, double* scratch) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
   __syncthreads();
-  float total = 0;
+  double total = 0;
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) total += scratch[w];
@@ -286,7 +313,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                       const PhotometricProgram* __restrict__ programs, Out* __restrict__ dst,
                       uint32_t height, uint32_t width) {
   __shared__ Program program;
-  __shared__ float scratch[kWarps];
+  __shared__ double scratch[kWarps];
   const PhotometricProgram& source = programs[blockIdx.x];
   if (threadIdx.x < kMaxPhotometricOps * kOpWords) {
     reinterpret_cast<uint32_t*>(program.ops)[threadIdx.x] =
@@ -325,19 +352,23 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   for (int k = 0; k < num_ops; ++k) {
     if (program.ops[k].kind != static_cast<uint32_t>(PhotometricKind::kContrast)) continue;
-    float sum = 0;
+    // Summed in float64 past each tile: a float32 running sum of a thread's ~100 grays
+    // drifts by 1e-5 of the mean, which normalise then amplifies.
+    double sum = 0;
     for (uint32_t first = threadIdx.x; first < groups; first += kStep) {
       Tile<kPixels> t;
       t.first_group = first;
       Load(in, groups, t);
       RunOps(program, k, width, t);
+      float tile_sum = 0;
 #pragma unroll
       for (int j = 0; j < Tile<kPixels>::kSize; ++j) {
-        if (t.valid[j / kPixels]) sum += Gray(t.r[j], t.g[j], t.b[j]);
+        if (t.valid[j / kPixels]) tile_sum += Gray(t.r[j], t.g[j], t.b[j]);
       }
+      sum += tile_sum;
     }
-    const float total = BlockSum(sum, scratch);
-    if (threadIdx.x == 0) program.means[k] = total / static_cast<float>(pixels);
+    const double total = BlockSum(sum, scratch);
+    if (threadIdx.x == 0) program.means[k] = static_cast<float>(total / pixels);
     __syncthreads();
   }
 
