@@ -2,10 +2,10 @@
 // plain normalize kernel it would replace on the copy stream, for a batch of
 // 256 x 224 x 224 x 3 uint8, with per-sample random parameters:
 //   - LaunchNormalizeImages (the baseline: one read of the input, one write of the output);
-//   - LaunchPhotometric with no op (x / 255), with normalise alone, with ColorJitter's
-//     brightness, saturation, hue then normalise and an erase box (pointwise: no extra
-//     pass), with [brightness, contrast, saturation, hue, normalise, erase] (one reduction
-//     pass), and with a second contrast (two);
+//   - LaunchPhotometric with no op (x / 255), with normalise alone, with a few ops each (what
+//     each costs), with ColorJitter's brightness, saturation, hue then normalise and an
+//     erase box (pointwise: no extra pass), with [brightness, contrast, saturation, hue, normalise,
+//     erase] (one reduction pass), and with a second contrast (two);
 // each for bfloat16 and float32 output, beside the device-to-device copy bandwidth. Every
 // figure is the median of kReps timed launches (CUDA events around each) after kWarmup
 // untimed ones; two input/output sets alternate, so that a launch finds little of its
@@ -138,14 +138,14 @@ int Main(int argc, char** argv) {
               in_bytes * 4 / 1e6, d2d_ms, d2d_gbps);
   std::printf("batch %dx%dx%dx3 uint8 -> CHW; GB/s = (input + output bytes) / time\n\n", batch, h,
               w);
-  std::printf("%-52s %-5s %9s %9s %8s\n", "kernel", "dtype", "ms", "GB/s", "vs D2D");
+  std::printf("%-56s %-5s %9s %9s %8s\n", "kernel", "dtype", "ms", "GB/s", "vs D2D");
 
   const auto mean = ImageNetMean();
   const auto std_dev = ImageNetStd();
   auto report = [&](const char* what, OutputDType dtype, double ms) {
     const double bytes = in_bytes + double(in_bytes) * OutputDTypeSize(dtype);
     const double gbps = bytes / (ms * 1e6);
-    std::printf("%-52s %-5s %9.3f %9.0f %7.0f%%\n", what,
+    std::printf("%-56s %-5s %9.3f %9.0f %7.0f%%\n", what,
                 dtype == OutputDType::kBFloat16 ? "bf16" : "fp32", ms, gbps, 100 * gbps / d2d_gbps);
   };
 
@@ -157,6 +157,10 @@ int Main(int argc, char** argv) {
   std::vector<Variant> variants = {
       {"photometric: no op (x / 255)", Programs(batch, h, w, {})},
       {"photometric: [normalize]", Programs(batch, h, w, {K::kNormalize})},
+      {"photometric: [normalize, erase]", Programs(batch, h, w, {K::kNormalize, K::kErase})},
+      {"photometric: [bright, sat, normalize]",
+       Programs(batch, h, w, {K::kBrightness, K::kSaturation, K::kNormalize})},
+      {"photometric: [hue, normalize]", Programs(batch, h, w, {K::kHue, K::kNormalize})},
       {"photometric: [bright, sat, hue, normalize, erase]",
        Programs(batch, h, w, {K::kBrightness, K::kSaturation, K::kHue, K::kNormalize, K::kErase})},
       {"photometric: [bright, contrast, sat, hue, norm, erase]",
