@@ -1,16 +1,20 @@
 // GPU tests of ferryd's kernels (CTest label `gpu`): normalize against a float64 CPU
-// reference, token widening and the row gather, each against what it must write and the
-// bytes around it. Each test skips with the reason when the machine has no usable GPU.
+// reference, the photometric stage against its host reference, token widening and the row
+// gather, each against what it must write and the bytes around it. Each test skips with
+// the reason when the machine has no usable GPU.
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -21,6 +25,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/kernels/normalize.h"
+#include "server/kernels/photometric.h"
 
 namespace ferry {
 namespace {
@@ -227,6 +232,186 @@ TEST_F(KernelTest, NormalizeSameResultOnBothPaths) {
   ASSERT_CUDA(cudaMemcpy(ha.data(), a.data(), n * 2, cudaMemcpyDeviceToHost));
   ASSERT_CUDA(cudaMemcpy(hb.data(), b_unaligned, n * 2, cudaMemcpyDeviceToHost));
   EXPECT_TRUE(ha == hb);
+}
+
+// -------------------------------------------------------------------------- photometric
+
+// A program as the composed transform's workers draw one: ColorJitter's four adjustments in
+// a random order (each present with probability 0.8), sometimes a second contrast, then
+// maybe grayscale, normalise, a brightness after normalise (which clamps again), and up to
+// two erase boxes that may cross the image's edges. Hue never follows normalise there: on
+// values outside [0, 1] torchvision's HSV has poles (s = range / max with max near 0) that
+// amplify float32 rounding without bound, which no training pipeline meets.
+PhotometricProgram RandomProgram(Rng& rng, int height, int width) {
+  PhotometricProgram program;
+  auto add = [&](PhotometricKind kind, float a) {
+    PhotometricOp& op = program.ops[program.num_ops++];
+    op.kind = static_cast<uint32_t>(kind);
+    op.a = a;
+    return &op;
+  };
+  if (rng.Uniform() < 0.1) return program;  // no op: x / 255
+  PhotometricKind jitter[4] = {PhotometricKind::kBrightness, PhotometricKind::kContrast,
+                               PhotometricKind::kSaturation, PhotometricKind::kHue};
+  for (int i = 3; i > 0; --i) std::swap(jitter[i], jitter[rng.Below(i + 1)]);
+  for (PhotometricKind kind : jitter) {
+    if (rng.Uniform() >= 0.8) continue;
+    switch (kind) {
+      case PhotometricKind::kBrightness:
+        add(kind, static_cast<float>(rng.Uniform(0.4, 1.8)));
+        break;
+      case PhotometricKind::kContrast:
+        add(kind, static_cast<float>(rng.Uniform(0.3, 2.0)));
+        if (rng.Uniform() < 0.3) add(kind, static_cast<float>(rng.Uniform(0.5, 1.5)));
+        break;
+      case PhotometricKind::kSaturation:
+        add(kind, static_cast<float>(rng.Uniform(0.0, 2.0)));
+        break;
+      default:
+        add(kind, static_cast<float>(rng.Uniform(-0.5, 0.5)));
+        break;
+    }
+  }
+  if (rng.Uniform() < 0.2) add(PhotometricKind::kGrayscale, 0);
+  if (rng.Uniform() < 0.7) {
+    PhotometricOp* op = add(PhotometricKind::kNormalize, 0);
+    for (int c = 0; c < 3; ++c) {
+      op->v[c] = static_cast<float>(rng.Uniform(0.3, 0.6));
+      op->w[c] = static_cast<float>(rng.Uniform(0.15, 0.3));
+    }
+    if (rng.Uniform() < 0.2) add(PhotometricKind::kBrightness, static_cast<float>(rng.Uniform()));
+  }
+  const int boxes = static_cast<int>(rng.Below(3));
+  for (int i = 0; i < boxes; ++i) {
+    PhotometricOp* op = add(PhotometricKind::kErase, 0);
+    op->top = static_cast<int>(rng.Below(height + 4)) - 2;  // may start above or below
+    op->left = static_cast<int>(rng.Below(width + 4)) - 2;
+    op->height = static_cast<int>(rng.Below(height + 1));  // may pass the bottom
+    op->width = static_cast<int>(rng.Below(width + 1));
+    for (float& v : op->v) v = static_cast<float>(rng.Uniform(-2, 2));
+  }
+  return program;
+}
+
+struct PhotometricCase {
+  int batch, height, width;
+  size_t dst_offset = 0;  // elements past a 256-aligned allocation: 1 forces the scalar path
+};
+
+// Largest |got - ref| over a run, in absolute terms and in units of the bound.
+struct PhotometricError {
+  double max_abs = 0;
+  double max_of_bound = 0;
+};
+
+void CheckPhotometric(const PhotometricCase& tc, OutputDType dtype, uint64_t seed,
+                      PhotometricError& error) {
+  SCOPED_TRACE(absl::StrCat(Name(dtype), " ", tc.batch, "x", tc.height, "x", tc.width, " dst+",
+                            tc.dst_offset));
+  Rng rng(seed);
+  const size_t pixels = static_cast<size_t>(tc.height) * tc.width;
+  const size_t in_bytes = tc.batch * pixels * 3;
+  const size_t elem = OutputDTypeSize(dtype);
+  const size_t out_elems = tc.batch * pixels * 3;
+  const size_t guard = 64;
+  std::vector<uint8_t> host_in(in_bytes);
+  for (auto& b : host_in) b = static_cast<uint8_t>(rng.Next() >> 56);
+  // Some flat images, whose pixels are all gray (hue's eqc) and equal (contrast's mean).
+  for (int b = 1; b < tc.batch; b += 5) {
+    std::memset(host_in.data() + b * pixels * 3, static_cast<int>(rng.Below(256)), pixels * 3);
+  }
+  std::vector<PhotometricProgram> programs(tc.batch);
+  for (auto& p : programs) p = RandomProgram(rng, tc.height, tc.width);
+  // A program that declares more ops than it holds, and one that ends at an unknown kind.
+  programs[0].num_ops = 1000;
+  if (tc.batch > 2) {
+    programs[2].ops[programs[2].num_ops].kind = 99;
+    programs[2].ops[programs[2].num_ops + 1].kind = 1;  // never reached
+    programs[2].ops[programs[2].num_ops + 1].a = 0;
+    programs[2].num_ops += 2;
+  }
+
+  CudaStream stream = ValueOrDie(CudaStream::Create(0));
+  DeviceBuffer src = ValueOrDie(DeviceBuffer::Create(0, in_bytes));
+  DeviceBuffer prog = ValueOrDie(DeviceBuffer::Create(0, tc.batch * sizeof(PhotometricProgram)));
+  const size_t dst_bytes = (tc.dst_offset + out_elems + guard) * elem;
+  DeviceBuffer dst = ValueOrDie(DeviceBuffer::Create(0, dst_bytes));
+  ASSERT_CUDA(cudaMemcpy(src.data(), host_in.data(), in_bytes, cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaMemcpy(prog.data(), programs.data(), tc.batch * sizeof(PhotometricProgram),
+                         cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaMemset(dst.data(), 0xff, dst_bytes));  // NaN in every output type
+  ASSERT_CUDA(cudaDeviceSynchronize());
+
+  ASSERT_OK(LaunchPhotometric(static_cast<const uint8_t*>(src.data()),
+                              static_cast<const PhotometricProgram*>(prog.data()),
+                              static_cast<uint8_t*>(dst.data()) + tc.dst_offset * elem, dtype,
+                              tc.batch, tc.height, tc.width, stream.get()));
+  ASSERT_OK(stream.Synchronize());
+  std::vector<uint8_t> all(dst_bytes);
+  ASSERT_CUDA(cudaMemcpy(all.data(), dst.data(), dst_bytes, cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < tc.dst_offset * elem; ++i) {
+    ASSERT_EQ(all[i], 0xff) << "wrote before the output";
+  }
+  for (size_t i = (tc.dst_offset + out_elems) * elem; i < dst_bytes; ++i) {
+    ASSERT_EQ(all[i], 0xff) << "wrote past the output";
+  }
+  std::vector<uint8_t> out(all.begin() + tc.dst_offset * elem,
+                           all.begin() + (tc.dst_offset + out_elems) * elem);
+
+  std::vector<float> ref(pixels * 3);
+  size_t bad = 0;
+  for (int b = 0; b < tc.batch; ++b) {
+    ApplyPhotometricReference(host_in.data() + b * pixels * 3, programs[b], tc.height, tc.width,
+                              ref.data());
+    for (size_t i = 0; i < pixels * 3; ++i) {
+      const double want = ref[i];
+      const double got = ReadOutput(out, dtype, b * pixels * 3 + i);
+      // float32: the two float32 computations differ by their roundings (fused
+      // multiply-adds on the device, the contrast means' summation orders), amplified at
+      // most by the normalise's 1 / std < 7. 16-bit: one unit in the last place on top, as
+      // such a difference can round the other way.
+      const double bound =
+          (dtype == OutputDType::kFloat32 ? 0 : Ulp(dtype, want)) + 1e-5 * (1 + std::fabs(want));
+      const double diff = std::fabs(got - want);
+      if (!(diff <= bound)) {  // NaN (never written) fails too
+        if (++bad <= 5) {
+          ADD_FAILURE() << "image " << b << " channel " << i / pixels << " pixel " << i % pixels
+                        << ": got " << got << ", want " << want << " (bound " << bound
+                        << "), program of " << programs[b].num_ops << " ops";
+        }
+        continue;
+      }
+      error.max_abs = std::max(error.max_abs, diff);
+      error.max_of_bound = std::max(error.max_of_bound, diff / bound);
+    }
+  }
+  EXPECT_EQ(bad, 0u);
+}
+
+TEST_F(KernelTest, PhotometricMatchesHostReference) {
+  const PhotometricCase cases[] = {
+      {7, 37, 53},       // odd size: the per-pixel path
+      {64, 224, 224},    // the vector path, ImageNet size
+      {7, 224, 224, 1},  // unaligned destination: the per-pixel path
+      {9, 16, 20},       // vector path, a partial last step
+      {3, 2, 2},         // one group of 4 pixels per image
+      {5, 1, 1},         // one pixel
+      {2, 300, 451},     // larger than one step of the block, odd
+  };
+  uint64_t seed = 0xc0105;
+  for (OutputDType dtype : {OutputDType::kFloat32, OutputDType::kFloat16, OutputDType::kBFloat16}) {
+    PhotometricError error;
+    for (const PhotometricCase& tc : cases) CheckPhotometric(tc, dtype, ++seed, error);
+    std::printf("photometric %s: max |device - host reference| = %.3g (%.2f of the bound)\n",
+                Name(dtype), error.max_abs, error.max_of_bound);
+  }
+}
+
+TEST_F(KernelTest, PhotometricEmptyBatchEnqueuesNothing) {
+  CudaStream stream = ValueOrDie(CudaStream::Create(0));
+  ASSERT_OK(LaunchPhotometric(nullptr, nullptr, nullptr, OutputDType::kFloat32, 0, 224, 224,
+                              stream.get()));
+  ASSERT_OK(stream.Synchronize());
 }
 
 // ------------------------------------------------------------------------------ tokens

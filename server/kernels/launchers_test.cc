@@ -6,6 +6,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/kernels/normalize.h"
+#include "server/kernels/photometric.h"
 
 namespace ferry {
 namespace {
@@ -42,6 +43,39 @@ TEST(Launchers, RejectBadArgumentsBeforeTouchingCuda) {
   EXPECT_EQ(
       LaunchWidenTokens(&byte, TokenInput::kInt32, &byte, TokenOutput::kInt32, 4, nullptr).code(),
       absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Launchers, PhotometricRejectsBadArgumentsBeforeTouchingCuda) {
+  uint8_t byte = 0;
+  PhotometricProgram program;
+  const absl::Status negative =
+      LaunchPhotometric(&byte, &program, &byte, OutputDType::kFloat32, -1, 2, 2, nullptr);
+  EXPECT_EQ(negative.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(negative.message(), HasSubstr("-1 images of 2x2"));
+  EXPECT_EQ(
+      LaunchPhotometric(&byte, &program, &byte, OutputDType::kFloat16, 2, -3, 2, nullptr).code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      LaunchPhotometric(&byte, &program, &byte, OutputDType::kBFloat16, 2, 2, -5, nullptr).code(),
+      absl::StatusCode::kInvalidArgument);
+  for (int which = 0; which < 3; ++which) {
+    const absl::Status null =
+        LaunchPhotometric(which == 0 ? nullptr : &byte, which == 1 ? nullptr : &program,
+                          which == 2 ? nullptr : &byte, OutputDType::kFloat32, 1, 2, 2, nullptr);
+    EXPECT_EQ(null.code(), absl::StatusCode::kInvalidArgument) << which;
+    EXPECT_THAT(null.message(), HasSubstr("null")) << which;
+  }
+  const absl::Status huge =
+      LaunchPhotometric(&byte, &program, &byte, OutputDType::kFloat32, 1, 40000, 40000, nullptr);
+  EXPECT_EQ(huge.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(huge.message(), HasSubstr("40000x40000"));
+  // An empty batch (or empty images) enqueues nothing, so needs no pointers and no stream.
+  EXPECT_TRUE(
+      LaunchPhotometric(nullptr, nullptr, nullptr, OutputDType::kFloat32, 0, 224, 224, nullptr)
+          .ok());
+  EXPECT_TRUE(
+      LaunchPhotometric(nullptr, nullptr, nullptr, OutputDType::kBFloat16, 8, 0, 224, nullptr)
+          .ok());
 }
 
 TEST(OutputDType, Sizes) {

@@ -12,24 +12,9 @@
 #include "cuda/cuda_status.h"
 #include "cuda/scoped_device.h"
 #include "server/kernels/internal/kernels.h"
+#include "server/kernels/internal/stream_device.h"
 
 namespace ferry {
-namespace {
-
-// Kernels launch on the current device, which must be the stream's: enter it, so a copy
-// thread serving several GPUs need not track which device it touched last.
-absl::StatusOr<int> StreamDevice(void* stream) {
-  int device = 0;
-  const cudaError_t error = cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &device);
-  if (error != cudaSuccess) {
-    (void)cudaGetLastError();
-    return CudaStatus(error, "cudaStreamGetDevice");
-  }
-  return device;
-}
-
-}  // namespace
-
 absl::Status LaunchNormalizeImages(const uint8_t* src_hwc, void* dst_chw, OutputDType dtype,
                                    int batch, int height, int width, const float mean[3],
                                    const float std[3], void* stream) {
@@ -65,7 +50,7 @@ absl::Status LaunchNormalizeImages(const uint8_t* src_hwc, void* dst_chw, Output
       out = cuda_internal::NormalizeOut::kBFloat16;
       break;
   }
-  FERRY_ASSIGN_OR_RETURN(const int device, StreamDevice(stream));
+  FERRY_ASSIGN_OR_RETURN(const int device, cuda_internal::StreamDevice(stream));
   ScopedDevice scope(device);
   FERRY_RETURN_IF_ERROR(scope.status());
   const int64_t pixels = static_cast<int64_t>(height) * width;
@@ -99,7 +84,7 @@ absl::Status LaunchWidenTokens(const void* src, TokenInput src_dtype, void* dst,
       kind = cuda_internal::WidenKind::kI32ToI64;
       break;
   }
-  FERRY_ASSIGN_OR_RETURN(const int device, StreamDevice(stream));
+  FERRY_ASSIGN_OR_RETURN(const int device, cuda_internal::StreamDevice(stream));
   ScopedDevice scope(device);
   FERRY_RETURN_IF_ERROR(scope.status());
   const cudaError_t error =
@@ -136,7 +121,7 @@ absl::Status LaunchGatherRows(const GatherSource& source, const int64_t* indices
                               void* dst, int blocks, void* stream) {
   if (count == 0) return absl::OkStatus();
   FERRY_RETURN_IF_ERROR(CheckGather(source, indices, count, dst, blocks));
-  FERRY_ASSIGN_OR_RETURN(const int device, StreamDevice(stream));
+  FERRY_ASSIGN_OR_RETURN(const int device, cuda_internal::StreamDevice(stream));
   ScopedDevice scope(device);
   FERRY_RETURN_IF_ERROR(scope.status());
   const cudaError_t error = cuda_internal::EnqueueGatherRows(
@@ -160,7 +145,7 @@ absl::Status LaunchGatherRowsIndexedFromHost(const GatherSource& source,
                                                    " rows with host indices; at most ",
                                                    kMaxGatherRowsPerLaunch, " per launch"));
   }
-  FERRY_ASSIGN_OR_RETURN(const int device, StreamDevice(stream));
+  FERRY_ASSIGN_OR_RETURN(const int device, cuda_internal::StreamDevice(stream));
   ScopedDevice scope(device);
   FERRY_RETURN_IF_ERROR(scope.status());
   const cudaError_t error = cuda_internal::EnqueueGatherRowsIndexedFromHost(

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <utility>
 
+#include "server/kernels/internal/convert.cuh"
 #include "server/kernels/internal/kernels.h"
 
 namespace ferry {
@@ -32,45 +33,10 @@ constexpr int kThreads = 256;
 constexpr int kTilePixels = 4096;
 constexpr int kTileBytes = 3 * kTilePixels;  // 12 KiB: 768 16-byte loads, 3 per thread
 
-// uint8 -> float exactly, without I2F (a quarter-rate instruction on Hopper): put byte
-// `k` of `word` in the low mantissa bits of 2^23 and subtract 2^23.
-template <int k>
-__device__ __forceinline__ float ByteToFloat(uint32_t word) {
-  static_assert(k >= 0 && k < 4);
-  return __int_as_float(__byte_perm(word, 0x4B000000u, 0x7440u | k)) - 8388608.0f;
-}
+// Byte `byte` of the pixels held in w, as float.
 template <int byte, int kWords>
 __device__ __forceinline__ float ByteOf(const uint32_t (&w)[kWords]) {
   return ByteToFloat<byte % 4>(w[byte / 4]);
-}
-
-template <typename T>
-__device__ __forceinline__ T FromFloat(float v);
-template <>
-__device__ __forceinline__ float FromFloat<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half FromFloat<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
-// Two values, `lo` first in memory, rounded to nearest.
-__device__ __forceinline__ uint32_t Pack2(__half, float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  uint32_t u;
-  memcpy(&u, &h, sizeof(u));
-  return u;
-}
-__device__ __forceinline__ uint32_t Pack2(__nv_bfloat16, float lo, float hi) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  uint32_t u;
-  memcpy(&u, &h, sizeof(u));
-  return u;
 }
 
 // Stores one 16-byte run of outputs at a 16-byte aligned `dst`: 4 floats or 8 halves.

@@ -1,13 +1,15 @@
-// The raw enqueue functions of normalize.cu, for normalize.cc, which checks arguments,
-// enters the stream's device and turns the launch's cudaError_t into a status. Kept apart
-// so that the .cu file holds only kernels and their launch arithmetic, and nvcc never sees
-// abseil.
+// The raw enqueue functions of normalize.cu and photometric.cu, for normalize.cc and
+// photometric.cc, which check arguments, enter the stream's device and turn the launch's
+// cudaError_t into a status. Kept apart so that the .cu files hold only kernels and their
+// launch arithmetic, and nvcc never sees abseil.
 #ifndef FERRY_SERVER_KERNELS_INTERNAL_KERNELS_H_
 #define FERRY_SERVER_KERNELS_INTERNAL_KERNELS_H_
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+
+#include "server/kernels/internal/photometric_program.h"
 
 namespace ferry {
 namespace cuda_internal {
@@ -46,6 +48,12 @@ cudaError_t EnqueueGatherRowsIndexedFromHost(const uint8_t* records, int64_t num
                                              size_t row_bytes, const int64_t* host_indices,
                                              int64_t count, void* dst, int64_t* index_out,
                                              int blocks, cudaStream_t stream);
+
+// photometric.h's stage: `batch` >= 1 images of height x width (>= 1 each, 3 * height *
+// width < 2^31) HWC uint8 pixels, each with its program, -> CHW planes. Same device rule.
+cudaError_t EnqueuePhotometric(const uint8_t* src, const PhotometricProgram* programs, void* dst,
+                               NormalizeOut out, int64_t batch, int height, int width,
+                               cudaStream_t stream);
 
 }  // namespace cuda_internal
 }  // namespace ferry
