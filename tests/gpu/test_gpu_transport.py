@@ -463,8 +463,8 @@ class GpuTransportTest(unittest.TestCase):
                 self.assertTrue(bool((err <= f32[key].abs() * 2 ** -8 + 1e-6).all()), key)
         print("compose CPU vs GPU path: mean %.3f, max %.2f uint8 levels"
               % (total / count, worst), flush=True)
-        self.assertLess(total / count, 1.0)
-        self.assertLessEqual(worst, 6.0)
+        self.assertLess(total / count, 2.5)  # as compose_paths_test, which explains it
+        self.assertLessEqual(worst, 8.0)
 
     def test_c_two_ranks_on_one_gpu(self):
         logs, procs, outs = [], [], []
