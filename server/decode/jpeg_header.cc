@@ -231,6 +231,8 @@ absl::string_view GpuJpegRejectName(GpuJpegReject reason) {
       return "unsupported_color_space";
     case GpuJpegReject::kTooLarge:
       return "too_large";
+    case GpuJpegReject::kDecoderRefused:
+      return "decoder_refused";
   }
   return "unknown";
 }

@@ -88,11 +88,13 @@ enum class GpuJpegReject {
   kCmyk,                    // 4 components (CMYK, YCCK)
   kUnsupportedColorSpace,   // RGB stored without the YCbCr transform, 2 or 5+ components
   kTooLarge,                // over GpuJpegLimits::max_pixels
+  kDecoderRefused,          // passed these rules, refused by nvJPEG's own check on the device
 };
-inline constexpr int kNumGpuJpegRejects = 8;
+inline constexpr int kNumGpuJpegRejects = 9;
 
 // "none", "corrupt", "progressive", "unsupported_coding", "unsupported_subsampling", "cmyk",
-// "unsupported_color_space", "too_large": stable names for metrics and status.
+// "unsupported_color_space", "too_large", "decoder_refused": stable names for metrics and
+// status.
 absl::string_view GpuJpegRejectName(GpuJpegReject reason);
 
 struct GpuJpegLimits {
@@ -109,8 +111,9 @@ struct GpuJpegVerdict {
   int num_components = 0;
 };
 
-// The decision for one file. Never fails: unparsable data is kCorrupt. The hardware engine
-// may still refuse a file that passes (GpuJpegDecoder::Probe asks nvJPEG too, on the device).
+// The decision for one file. Never fails: unparsable data is kCorrupt. Never
+// kDecoderRefused: the hardware engine may still refuse a file that passes, which
+// GpuJpegDecoder::Probe asks nvJPEG about on the device.
 GpuJpegVerdict ClassifyForGpuDecode(absl::Span<const uint8_t> jpeg, const GpuJpegLimits& limits);
 // The same decision on a header already parsed.
 GpuJpegVerdict ClassifyForGpuDecode(const JpegHeader& header, const GpuJpegLimits& limits);

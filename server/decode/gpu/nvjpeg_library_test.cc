@@ -1,6 +1,6 @@
 // nvJPEG's run-time loading without a GPU or a real libnvjpeg: the search and its messages
 // (what ferryd status shows when GPU decode is off), symbol resolution against stand-in
-// libraries (fake_nvjpeg.cc), and nvJPEG status mapping.
+// libraries (fake_nvjpeg.cc), nvJPEG status mapping, and the decoder's argument checks.
 // CTest runs this with FERRY_NVJPEG_LIBRARY naming a file that does not exist.
 //
 // FERRY_NVJPEG_CHECK_LIBRARY=/path/to/libnvjpeg.so.N also checks that a real library
@@ -12,8 +12,10 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "cuda/cuda_resources.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/decode/gpu/gpu_jpeg_decoder.h"
 
 namespace ferry {
 namespace {
@@ -175,6 +177,37 @@ TEST(NvJpegStatus, NamesAndCodes) {
         << s;
   }
   EXPECT_EQ(NvJpegStatusName(9), "NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED");
+}
+
+TEST(GpuJpegDecoder, RefusesAnEmptyBatchSizeBeforeTouchingADevice) {
+  absl::StatusOr<std::unique_ptr<NvJpegLibrary>> lib =
+      NvJpegLibrary::Open(OnlyFile(FERRY_FAKE_NVJPEG_FULL));
+  ASSERT_TRUE(lib.ok()) << lib.status();
+  absl::StatusOr<GpuJpegDecoder> decoder = GpuJpegDecoder::Create(**lib, 0, 0, {});
+  ASSERT_FALSE(decoder.ok());
+  EXPECT_EQ(decoder.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(decoder.status()), HasSubstr("batch size 0 must be at least 1"));
+}
+
+TEST(GpuJpegDecoder, FakeLibraryFailsCreateWithNvJpegsStatus) {
+  absl::StatusOr<std::unique_ptr<NvJpegLibrary>> lib =
+      NvJpegLibrary::Open(OnlyFile(FERRY_FAKE_NVJPEG_FULL));
+  ASSERT_TRUE(lib.ok()) << lib.status();
+  absl::StatusOr<int> devices = DeviceCount();
+  absl::StatusOr<GpuJpegDecoder> decoder = GpuJpegDecoder::Create(**lib, 0, 8, {});
+  ASSERT_FALSE(decoder.ok());
+  if (!devices.ok() || *devices == 0) {
+    // No device: refused before nvJPEG is called.
+    EXPECT_TRUE(decoder.status().code() == absl::StatusCode::kFailedPrecondition ||
+                decoder.status().code() == absl::StatusCode::kInvalidArgument)
+        << decoder.status();
+    return;
+  }
+  // The stand-in refuses both backends; the CUDA backend's refusal is the answer.
+  EXPECT_EQ(decoder.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(Msg(decoder.status()),
+              StartsWith("nvjpegCreateEx(NVJPEG_BACKEND_DEFAULT on device 0): "
+                         "NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED"));
 }
 
 }  // namespace
