@@ -178,16 +178,12 @@ class GpuJpegDecoderTest : public ::testing::Test {
     stream_ = std::make_unique<CudaStream>(std::move(*stream));
   }
 
-  GpuJpegDecoder MakeDecoder(int max_batch, bool hardware = true, bool interpolate = true) {
+  absl::StatusOr<GpuJpegDecoder> MakeDecoder(int max_batch, bool hardware = true,
+                                             bool interpolate = true) {
     GpuJpegDecoder::Options o;
     o.allow_hardware = hardware;
     o.interpolate_chroma = interpolate;
-    absl::StatusOr<GpuJpegDecoder> d = GpuJpegDecoder::Create(*library_, 0, max_batch, o);
-    if (!d.ok()) {
-      ADD_FAILURE() << d.status();
-      std::abort();
-    }
-    return std::move(*d);
+    return GpuJpegDecoder::Create(*library_, 0, max_batch, o);
   }
 
   static std::string Describe(const GpuJpegDecoder& d) {
@@ -215,14 +211,18 @@ TEST_F(GpuJpegDecoderTest, MatchesTheCpuDecoder) {
     jpegs.push_back(image.jpeg);
     cpu.push_back(CpuDecode(image.jpeg));
   }
-  GpuJpegDecoder first = MakeDecoder(16);
+  absl::StatusOr<GpuJpegDecoder> first_or = MakeDecoder(16);
+  ASSERT_TRUE(first_or.ok()) << first_or.status();
+  GpuJpegDecoder& first = *first_or;
   std::printf("nvJPEG %s from %s; device 0: %s backend, %d JPEG engines x %d cores\n",
               std::string(first.library_version()).c_str(), library_->path().c_str(),
               std::string(GpuJpegDecoder::BackendName(first.backend())).c_str(),
               first.hardware_engines(), first.hardware_cores_per_engine());
   for (const bool hardware : {true, false}) {
     for (const bool interpolate : {true, false}) {
-      GpuJpegDecoder decoder = MakeDecoder(16, hardware, interpolate);
+      absl::StatusOr<GpuJpegDecoder> decoder_or = MakeDecoder(16, hardware, interpolate);
+      ASSERT_TRUE(decoder_or.ok()) << decoder_or.status();
+      GpuJpegDecoder& decoder = *decoder_or;
       if (!hardware) {
         EXPECT_EQ(decoder.backend(), GpuJpegDecoder::Backend::kCuda);
       }
@@ -237,7 +237,9 @@ TEST_F(GpuJpegDecoderTest, MatchesTheCpuDecoder) {
 }
 
 TEST_F(GpuJpegDecoderTest, ProbeSendsWhatTheEngineCannotTakeToTheCpu) {
-  GpuJpegDecoder decoder = MakeDecoder(4);
+  absl::StatusOr<GpuJpegDecoder> decoder_or = MakeDecoder(4);
+  ASSERT_TRUE(decoder_or.ok()) << decoder_or.status();
+  GpuJpegDecoder& decoder = *decoder_or;
   const std::vector<uint8_t> rgb = TexturedRgb(96, 64, 3, 24, 6);
   testutil::JpegEncodeOptions progressive;
   progressive.progressive = true;
@@ -260,7 +262,9 @@ TEST_F(GpuJpegDecoderTest, ProbeSendsWhatTheEngineCannotTakeToTheCpu) {
 }
 
 TEST_F(GpuJpegDecoderTest, DecodeBatchChecksItsArguments) {
-  GpuJpegDecoder decoder = MakeDecoder(2);
+  absl::StatusOr<GpuJpegDecoder> decoder_or = MakeDecoder(2);
+  ASSERT_TRUE(decoder_or.ok()) << decoder_or.status();
+  GpuJpegDecoder& decoder = *decoder_or;
   const std::vector<uint8_t> rgb = TexturedRgb(64, 48, 5, 24, 6);
   const std::vector<uint8_t> good = testutil::EncodeJpeg(rgb.data(), 64, 48, 90);
   testutil::JpegEncodeOptions po;
@@ -297,7 +301,9 @@ TEST_F(GpuJpegDecoderTest, DecodeBatchChecksItsArguments) {
 }
 
 TEST_F(GpuJpegDecoderTest, BatchSizeMayChangeAndABadBatchIsSurvived) {
-  GpuJpegDecoder decoder = MakeDecoder(8);
+  absl::StatusOr<GpuJpegDecoder> decoder_or = MakeDecoder(8);
+  ASSERT_TRUE(decoder_or.ok()) << decoder_or.status();
+  GpuJpegDecoder& decoder = *decoder_or;
   const TestImage image = Textured(200, 160, ChromaSubsampling::k420);
   const Decoded cpu = CpuDecode(image.jpeg);
   // Cut inside the scan and closed with EOI: passes the header rules, fails or garbles in
@@ -335,7 +341,9 @@ TEST_F(GpuJpegDecoderTest, DecodeRate) {
   }
   std::printf("decode rate, batches of %d x %zu KiB 500x375 4:2:0:\n", kBatch, jpeg.size() >> 10);
   for (const bool hardware : {true, false}) {
-    GpuJpegDecoder decoder = MakeDecoder(kBatch, hardware);
+    absl::StatusOr<GpuJpegDecoder> decoder_or = MakeDecoder(kBatch, hardware);
+    ASSERT_TRUE(decoder_or.ok()) << decoder_or.status();
+    GpuJpegDecoder& decoder = *decoder_or;
     for (int i = 0; i < 2; ++i) {  // warm-up: nvJPEG sizes its buffers
       ASSERT_TRUE(decoder.DecodeBatch(spans, targets, stream_->get()).ok());
     }
