@@ -62,6 +62,7 @@ def main():
     }
     for i, (name, data) in enumerate(jpegs.items()):
         put("image_transform_fuzzer", name, bytes([16 + i, i, 8, i]) + data)
+        put("jpeg_header_fuzzer", name, data)
 
     # PNGs of several types (png_writer: PIL cannot write 16-bit RGB or interlaced files),
     # and JPEG and PNG with an EXIF orientation (byte 1 bit 2 turns exif_orientation on).

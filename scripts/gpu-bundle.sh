@@ -8,12 +8,12 @@ cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
 [[ $build != build ]] || cmake --preset default >/dev/null
 cmake --build "$build" --target ferryd ferryctl ferry_c ferry_python cuda_test kernels_test \
-  h2d_bench gpu_consume_bench photometric_bench \
+  gpu_jpeg_decoder_test h2d_bench gpu_consume_bench photometric_bench \
   host_pipeline_bench
 rm -rf .device
 mkdir -p .device/strip
 for f in server/ferryd client/ferryctl/ferryctl cuda/cuda_test server/kernels/kernels_test \
-         bench/h2d_bench bench/photometric_bench \
+         server/decode/gpu/gpu_jpeg_decoder_test bench/h2d_bench bench/photometric_bench \
          bench/gpu_consume_bench \
          bench/host_pipeline_bench client/c/libferry.so.1; do
   cp -L "$build/$f" .device/strip/

@@ -7,7 +7,7 @@ nvidia-smi --query-gpu=name,pci.bus_id,driver_version --format=csv,noheader | te
 rc=0
 # Argument: "tests" (tests only), "bench" (benchmarks only), nothing (both).
 if [[ ${1:-} != bench ]]; then
-  for t in cuda_test kernels_test; do
+  for t in cuda_test kernels_test gpu_jpeg_decoder_test; do
     $t > "$OUT/$t.txt" 2>&1 || rc=1
     grep -E "FAILED|Failure|PASSED" -A3 "$OUT/$t.txt" | tail -20
   done

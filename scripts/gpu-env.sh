@@ -6,3 +6,9 @@ export PYTHONPATH=$PWD/.device/python PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED
 export FERRY_DAEMON=$PWD/.device/bin/ferryd FERRYCTL=$PWD/.device/bin/ferryctl
 export FERRY_LIBRARY=$PWD/.device/python/ferry/_lib/libferry.so
 OUT=${OUT:-/tmp/ferry-out}; mkdir -p "$OUT"
+# nvJPEG (loaded at run time): CUDA's copy when the loader does not know one.
+if [[ -z ${FERRY_NVJPEG_LIBRARY:-} ]] && ! ldconfig -p | grep -q 'libnvjpeg\.so\.1[123] '; then
+  for f in /usr/local/cuda*/targets/x86_64-linux/lib/libnvjpeg.so.1[123]; do
+    [[ -e $f ]] && { export FERRY_NVJPEG_LIBRARY=$f; break; }
+  done
+fi

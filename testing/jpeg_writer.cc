@@ -121,9 +121,24 @@ std::vector<uint8_t> EncodeJpeg(const uint8_t* rgb, int width, int height,
   Compressor compressor;
   return compressor.Run(rgb, width, height, 3, JCS_RGB, [&](j_compress_ptr cinfo) {
     jpeg_set_quality(cinfo, options.quality, TRUE);
+    if (options.store_rgb) jpeg_set_colorspace(cinfo, JCS_RGB);
     int h = 2, v = 2;
-    if (options.subsampling == ChromaSubsampling::k422) v = 1;
-    if (options.subsampling == ChromaSubsampling::k444) h = v = 1;
+    switch (options.subsampling) {
+      case ChromaSubsampling::k420:
+        break;
+      case ChromaSubsampling::k422:
+        v = 1;
+        break;
+      case ChromaSubsampling::k444:
+        h = v = 1;
+        break;
+      case ChromaSubsampling::k440:
+        h = 1;
+        break;
+      case ChromaSubsampling::k411:
+        h = 4, v = 1;
+        break;
+    }
     cinfo->comp_info[0].h_samp_factor = h;
     cinfo->comp_info[0].v_samp_factor = v;
     for (int c = 1; c < 3; ++c) {

@@ -25,12 +25,17 @@ enum class ChromaSubsampling {
   k420,  // 2x2 (libjpeg's default for YCbCr, and most photos)
   k422,  // 2x1
   k444,  // none
+  k440,  // 1x2 (vertical only)
+  k411,  // 4x1
 };
 
 struct JpegEncodeOptions {
   int quality = 90;                                         // 1..100. Default: 90
   ChromaSubsampling subsampling = ChromaSubsampling::k420;  // Default: 4:2:0
   bool progressive = false;                                 // Default: baseline (sequential)
+  // Store the channels as RGB, with no YCbCr transform (an Adobe APP14 marker with transform
+  // 0 says so; no JFIF marker). Default: false (YCbCr, JFIF)
+  bool store_rgb = false;
   int restart_interval = 0;  // In MCUs; 0 = no restart markers. Default: 0
   // Progressive with one scan per AC coefficient and component (1 + 63 * 3 = 190 scans): a
   // valid file with far more scans than any real encoder writes (a scan-count bomb).

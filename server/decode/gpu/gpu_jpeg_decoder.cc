@@ -1,0 +1,254 @@
+#include "server/decode/gpu/gpu_jpeg_decoder.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "cuda/cuda_resources.h"
+#include "cuda/scoped_device.h"
+#include "server/decode/gpu/internal/nvjpeg_api.h"
+#include "server/decode/gpu/nvjpeg_library.h"
+
+namespace ferry {
+
+using namespace ::ferry::nvjpeg;  // NOLINT(build/namespaces): nvJPEG's names, as in C
+
+namespace {
+
+void LogIfFailed(nvjpegStatus_t status, const char* call, int device) {
+  if (status == NVJPEG_STATUS_SUCCESS) return;
+  FERRY_LOG(WARNING) << "releasing nvJPEG state: "
+                     << NvJpegStatus(status, call, absl::StrCat("device ", device));
+}
+
+}  // namespace
+
+// Owns the nvJPEG objects of one decoder; destroys them (on its device) in reverse order of
+// creation, whichever of them exist.
+struct GpuJpegDecoder::Impl {
+  Impl(const NvJpegLibrary& library, int device, int max_batch, const GpuJpegLimits& limits)
+      : lib(library), device(device), max_batch(max_batch), limits(limits) {}
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  ~Impl() {
+    ScopedDevice scope(device);
+    if (jpeg_stream != nullptr) {
+      LogIfFailed(lib.nvjpegJpegStreamDestroy(jpeg_stream), "nvjpegJpegStreamDestroy", device);
+    }
+    if (state != nullptr) {
+      LogIfFailed(lib.nvjpegJpegStateDestroy(state), "nvjpegJpegStateDestroy", device);
+    }
+    if (handle != nullptr) LogIfFailed(lib.nvjpegDestroy(handle), "nvjpegDestroy", device);
+  }
+
+  // nvjpegCreateEx with `backend`, first with the interpolation flag when asked for and the
+  // library may know it (12 and later), then without.
+  absl::Status CreateHandle(nvjpegBackend_t backend, bool interpolate) {
+    const char* name =
+        backend == NVJPEG_BACKEND_HARDWARE ? "NVJPEG_BACKEND_HARDWARE" : "NVJPEG_BACKEND_DEFAULT";
+    const std::string detail = absl::StrCat(name, " on device ", device);
+    if (interpolate && lib.major_version() >= 12) {
+      const nvjpegStatus_t s = lib.nvjpegCreateEx(backend, nullptr, nullptr,
+                                                  kNvjpegFlagsUpsamplingWithInterpolation, &handle);
+      if (s == NVJPEG_STATUS_SUCCESS) {
+        interpolates_chroma = true;
+        return absl::OkStatus();
+      }
+      handle = nullptr;
+    }
+    const nvjpegStatus_t s =
+        lib.nvjpegCreateEx(backend, nullptr, nullptr, kNvjpegFlagsDefault, &handle);
+    if (s != NVJPEG_STATUS_SUCCESS) handle = nullptr;
+    return NvJpegStatus(s, "nvjpegCreateEx", detail);
+  }
+
+  const NvJpegLibrary& lib;
+  const int device;
+  const int max_batch;
+  const GpuJpegLimits limits;
+  Backend backend = Backend::kCuda;
+  bool interpolates_chroma = false;
+  int engines = 0;
+  int cores_per_engine = 0;
+
+  nvjpegHandle_t handle = nullptr;
+  nvjpegJpegState_t state = nullptr;
+  nvjpegJpegStream_t jpeg_stream = nullptr;  // Probe's header parse
+  int initialized_batch = 0;  // batch size of the last nvjpegDecodeBatchedInitialize; 0: none
+
+  // DecodeBatch's argument arrays, reused.
+  std::vector<const unsigned char*> data;
+  std::vector<size_t> lengths;
+  std::vector<nvjpegImage_t> images;
+};
+
+absl::string_view GpuJpegDecoder::BackendName(Backend backend) {
+  return backend == Backend::kHardware ? "hardware" : "cuda";
+}
+
+absl::StatusOr<GpuJpegDecoder> GpuJpegDecoder::Create(int device, int max_batch) {
+  return Create(device, max_batch, Options{});
+}
+
+absl::StatusOr<GpuJpegDecoder> GpuJpegDecoder::Create(int device, int max_batch,
+                                                      const Options& options) {
+  FERRY_ASSIGN_OR_RETURN(const NvJpegLibrary* library, NvJpegLibrary::Load());
+  return Create(*library, device, max_batch, options);
+}
+
+absl::StatusOr<GpuJpegDecoder> GpuJpegDecoder::Create(const NvJpegLibrary& library, int device,
+                                                      int max_batch, const Options& options) {
+  if (max_batch < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GPU JPEG decoder batch size ", max_batch, " must be at least 1"));
+  }
+  FERRY_ASSIGN_OR_RETURN(const int count, DeviceCount());
+  if (device < 0 || device >= count) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA device ", device,
+                                                   " does not exist; this machine has ", count,
+                                                   count == 1 ? " device" : " devices"));
+  }
+  ScopedDevice scope(device);
+  FERRY_RETURN_IF_ERROR(scope.status());
+
+  auto impl = std::make_unique<Impl>(library, device, max_batch, options.limits);
+  absl::Status hardware = absl::FailedPreconditionError("not asked for (allow_hardware false)");
+  if (options.allow_hardware) {
+    hardware = impl->CreateHandle(NVJPEG_BACKEND_HARDWARE, options.interpolate_chroma);
+  }
+  if (hardware.ok()) {
+    impl->backend = Backend::kHardware;
+    if (library.nvjpegGetHardwareDecoderInfo != nullptr) {
+      unsigned engines = 0, cores = 0;
+      if (library.nvjpegGetHardwareDecoderInfo(impl->handle, &engines, &cores) ==
+          NVJPEG_STATUS_SUCCESS) {
+        impl->engines = static_cast<int>(engines);
+        impl->cores_per_engine = static_cast<int>(cores);
+      }
+    }
+  } else {
+    FERRY_LOG(INFO) << "device " << device << ": JPEG engines unused, nvJPEG's CUDA decoder "
+                    << "instead: " << hardware.message();
+    impl->interpolates_chroma = false;
+    FERRY_RETURN_IF_ERROR(impl->CreateHandle(NVJPEG_BACKEND_DEFAULT, options.interpolate_chroma));
+    impl->backend = Backend::kCuda;
+  }
+  const std::string where = absl::StrCat("device ", device);
+  FERRY_RETURN_IF_ERROR(NvJpegStatus(library.nvjpegJpegStateCreate(impl->handle, &impl->state),
+                                     "nvjpegJpegStateCreate", where));
+  FERRY_RETURN_IF_ERROR(
+      NvJpegStatus(library.nvjpegJpegStreamCreate(impl->handle, &impl->jpeg_stream),
+                   "nvjpegJpegStreamCreate", where));
+  impl->data.resize(max_batch);
+  impl->lengths.resize(max_batch);
+  impl->images.resize(max_batch);
+  return GpuJpegDecoder(std::move(impl));
+}
+
+GpuJpegDecoder::GpuJpegDecoder(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GpuJpegDecoder::GpuJpegDecoder(GpuJpegDecoder&&) noexcept = default;
+GpuJpegDecoder& GpuJpegDecoder::operator=(GpuJpegDecoder&&) noexcept = default;
+GpuJpegDecoder::~GpuJpegDecoder() = default;
+
+int GpuJpegDecoder::device() const { return impl_->device; }
+int GpuJpegDecoder::max_batch() const { return impl_->max_batch; }
+GpuJpegDecoder::Backend GpuJpegDecoder::backend() const { return impl_->backend; }
+bool GpuJpegDecoder::interpolates_chroma() const { return impl_->interpolates_chroma; }
+int GpuJpegDecoder::hardware_engines() const { return impl_->engines; }
+int GpuJpegDecoder::hardware_cores_per_engine() const { return impl_->cores_per_engine; }
+absl::string_view GpuJpegDecoder::library_version() const { return impl_->lib.version(); }
+
+GpuJpegVerdict GpuJpegDecoder::Probe(absl::Span<const uint8_t> jpeg) {
+  GpuJpegVerdict v = ClassifyForGpuDecode(jpeg, impl_->limits);
+  if (v.reason != GpuJpegReject::kNone || impl_->backend != Backend::kHardware) return v;
+  const NvJpegLibrary& lib = impl_->lib;
+  if (lib.nvjpegJpegStreamParseHeader(impl_->handle, jpeg.data(), jpeg.size(),
+                                      impl_->jpeg_stream) != NVJPEG_STATUS_SUCCESS) {
+    v.reason = GpuJpegReject::kCorrupt;
+    return v;
+  }
+  int unsupported = 1;  // 0 means supported
+  if (lib.nvjpegDecodeBatchedSupported(impl_->handle, impl_->jpeg_stream, &unsupported) !=
+          NVJPEG_STATUS_SUCCESS ||
+      unsupported != 0) {
+    v.reason = GpuJpegReject::kDecoderRefused;
+  }
+  return v;
+}
+
+absl::Status GpuJpegDecoder::DecodeBatch(absl::Span<const absl::Span<const uint8_t>> jpegs,
+                                         absl::Span<const Target> targets, CUstream_st* stream) {
+  Impl& d = *impl_;
+  const NvJpegLibrary& lib = d.lib;
+  const size_t n = jpegs.size();
+  if (n != targets.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("GPU JPEG decode of ", n, " images into ",
+                                                   targets.size(), " targets: counts differ"));
+  }
+  if (n == 0 || n > static_cast<size_t>(d.max_batch)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GPU JPEG decode batch of ", n, " images; this decoder takes 1 to ", d.max_batch));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const absl::Span<const uint8_t> jpeg = jpegs[i];
+    const GpuJpegVerdict v = ClassifyForGpuDecode(jpeg, d.limits);
+    if (v.reason != GpuJpegReject::kNone) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "image ", i, " of the batch cannot be decoded on the GPU (", GpuJpegRejectName(v.reason),
+          "); Probe each image first and decode the refused ones on the CPU"));
+    }
+    // The size nvJPEG will write, which is what the target must hold.
+    int components = 0;
+    nvjpegChromaSubsampling_t subsampling = NVJPEG_CSS_UNKNOWN;
+    int widths[NVJPEG_MAX_COMPONENT] = {}, heights[NVJPEG_MAX_COMPONENT] = {};
+    FERRY_RETURN_IF_ERROR(
+        NvJpegStatus(lib.nvjpegGetImageInfo(d.handle, jpeg.data(), jpeg.size(), &components,
+                                            &subsampling, widths, heights),
+                     "nvjpegGetImageInfo", absl::StrCat("image ", i, " of the batch")));
+    const int w = widths[0], h = heights[0];
+    if (w != v.width || h != v.height) {
+      return absl::InvalidArgumentError(absl::StrCat("image ", i, " of the batch: nvJPEG reads ", w,
+                                                     "x", h, " where its frame header says ",
+                                                     v.width, "x", v.height));
+    }
+    const Target& t = targets[i];
+    const size_t row = static_cast<size_t>(w) * 3;
+    const size_t need = t.pitch * static_cast<size_t>(h - 1) + row;
+    if (t.data == nullptr || t.pitch < row || t.bytes < need) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "target ", i, " of the batch (", t.data == nullptr ? "null, " : "", "pitch ", t.pitch,
+          ", ", t.bytes, " bytes) cannot hold ", w, "x", h, " RGB: it needs a pitch of at least ",
+          row, " and ", t.pitch >= row ? need : row * h, " bytes"));
+    }
+    d.data[i] = jpeg.data();
+    d.lengths[i] = jpeg.size();
+    nvjpegImage_t& image = d.images[i];
+    image = nvjpegImage_t{};
+    image.channel[0] = t.data;
+    image.pitch[0] = t.pitch;
+  }
+
+  ScopedDevice scope(d.device);
+  FERRY_RETURN_IF_ERROR(scope.status());
+  const std::string detail = absl::StrCat(n, " images on device ", d.device);
+  if (d.initialized_batch != static_cast<int>(n)) {
+    d.initialized_batch = 0;
+    FERRY_RETURN_IF_ERROR(
+        NvJpegStatus(lib.nvjpegDecodeBatchedInitialize(d.handle, d.state, static_cast<int>(n),
+                                                       /*max_cpu_threads=*/1, NVJPEG_OUTPUT_RGBI),
+                     "nvjpegDecodeBatchedInitialize", detail));
+    d.initialized_batch = static_cast<int>(n);
+  }
+  const nvjpegStatus_t s = lib.nvjpegDecodeBatched(d.handle, d.state, d.data.data(),
+                                                   d.lengths.data(), d.images.data(), stream);
+  if (s != NVJPEG_STATUS_SUCCESS) {
+    d.initialized_batch = 0;  // nvJPEG asks for a new initialisation after a failed batch
+    return NvJpegStatus(s, "nvjpegDecodeBatched", detail);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ferry
