@@ -3,7 +3,7 @@
 side by side in one run on the GPU machine. Prints a table; never asserts.
 
   python3 bench/vit_recipe_bench.py --ferryd PATH --data IMAGEFOLDER [--rounds 3]
-      [--batches 40] [--json OUT.json]
+      [--batches 64] [--warmup 32] [--json OUT.json]
 
 Recipe (torchvision's classification reference, "ta_wide" + random erasing, plus
 ColorJitter as the issue asks): RandomResizedCrop(224), RandomHorizontalFlip(),
@@ -133,8 +133,10 @@ def main():
     p.add_argument("--data", required=True, help="imagefolder (bench/make_bench_dataset.py)")
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--batches", type=int, default=40, help="timed batches per variant/round")
-    p.add_argument("--warmup", type=int, default=8, help="untimed batches first")
+    p.add_argument("--batches", type=int, default=64, help="timed batches per variant/round")
+    p.add_argument("--warmup", type=int, default=32,
+                   help="untimed batches first: past the DataLoader's first wave (every worker "
+                        "finishing its first batch at once) and ferry's prefetched slots")
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers (CPUs - 1)")
     p.add_argument("--json", help="write the results here too")
     args = p.parse_args()

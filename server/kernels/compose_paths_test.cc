@@ -66,12 +66,12 @@ TEST(ComposePathsTest, CpuAndGpuPathsAgreeWithinTheUint8Rounding) {
     for (uint64_t seed = 0; seed < 16; ++seed) {
       const int g = static_cast<int>(seed % 2);
       std::vector<uint8_t> host(cpu[g].image_row_bytes());
-      ASSERT_TRUE(
-          cpu[g].Run(decoder, jpeg, seed, scratch, absl::MakeSpan(host), {}).ok());
+      ASSERT_TRUE(cpu[g].Run(decoder, jpeg, seed, scratch, absl::MakeSpan(host), {}).ok());
       std::vector<uint8_t> pixels(gpu[g].image_row_bytes());
       std::vector<uint8_t> program_bytes(sizeof(PhotometricProgram));
-      ASSERT_TRUE(gpu[g].Run(decoder, jpeg, seed, scratch, absl::MakeSpan(pixels),
-                             absl::MakeSpan(program_bytes))
+      ASSERT_TRUE(gpu[g]
+                      .Run(decoder, jpeg, seed, scratch, absl::MakeSpan(pixels),
+                           absl::MakeSpan(program_bytes))
                       .ok());
       PhotometricProgram program;
       std::memcpy(&program, program_bytes.data(), sizeof(program));

@@ -160,9 +160,15 @@ void ExpectWithinTolerance(const TestImage& image, const Decoded& gpu, const Dec
   EXPECT_EQ(gpu.height, cpu.height) << image.name;
   const Diff d = Compare(gpu, cpu);
   const int max_bound = image.subsampled ? 24 : 8;
+  // Replicated chroma (nvJPEG before 12, or where interpolation is not offered) against
+  // libjpeg's interpolated chroma differs at every chroma edge: on an image a few MCUs
+  // across, nearly every pixel is near one (measured on the H100: 17x9 4:2:0, mean 5.6).
+  const bool tiny = std::min(cpu.width, cpu.height) < 32;
+  const double mean_bound =
+      image.subsampled && tiny && config.find("replicated") != std::string::npos ? 8.0 : 1.0;
   std::printf("  %-28s %-22s mean |diff| %.3f  max %3d\n", image.name.c_str(), config.c_str(),
               d.mean, d.max);
-  EXPECT_LT(d.mean, 1.0) << image.name << " " << config;
+  EXPECT_LT(d.mean, mean_bound) << image.name << " " << config;
   EXPECT_LE(d.max, max_bound) << image.name << " " << config;
 }
 
