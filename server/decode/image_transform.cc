@@ -108,15 +108,9 @@ void ReleaseIfLarge(std::vector<uint8_t>* buffer) {
 // interval [x0, x1) x [y0, y1) (full-resolution pixel units, fractional for the center crop)
 // maps onto the output, and the filters may read pixels in [clamp_x0, clamp_x1) x
 // [clamp_y0, clamp_y1).
-struct SourceWindow {
-  double x0 = 0, x1 = 0, y0 = 0, y1 = 0;
-  int clamp_x0 = 0, clamp_x1 = 0, clamp_y0 = 0, clamp_y1 = 0;
-  bool mirror = false;
-};
+}  // namespace
 
-// The transform's geometry and flip for a width x height image, with the random draws in
-// the order DecodeAndTransform documents (crop, then flip).
-SourceWindow PlanWindow(int width, int height, const ImageTransform& t, Rng& rng) {
+SourceWindow PlanSourceWindow(int width, int height, const ImageTransform& t, Rng& rng) {
   SourceWindow w;
   if (t.kind == ImageTransform::Kind::kRandomResizedCrop) {
     const CropBox box = SampleRandomResizedCrop(width, height, t, rng);
@@ -136,6 +130,8 @@ SourceWindow PlanWindow(int width, int height, const ImageTransform& t, Rng& rng
   w.mirror = t.flip && rng.Uniform() < 0.5;
   return w;
 }
+
+namespace {
 
 struct ErrorManager {
   jpeg_error_mgr pub;  // First member: libjpeg sees only this part.
@@ -541,7 +537,7 @@ absl::Status ImageDecoder::Impl::DecodeJpegWindow(absl::Span<const uint8_t> jpeg
   FERRY_RETURN_IF_ERROR(d.Begin(jpeg));
   const int width = static_cast<int>(d.cinfo.image_width);
   const int height = static_cast<int>(d.cinfo.image_height);
-  const SourceWindow win = PlanWindow(width, height, t, rng);
+  const SourceWindow win = PlanSourceWindow(width, height, t, rng);
   const double x0 = win.x0, x1 = win.x1, y0 = win.y0, y1 = win.y1;
   const int clamp_x0 = win.clamp_x0, clamp_x1 = win.clamp_x1;
   const int clamp_y0 = win.clamp_y0, clamp_y1 = win.clamp_y1;
@@ -646,6 +642,16 @@ void ImageDecoder::Impl::ResampleWhole(const uint8_t* rgb, int width, const Sour
                   out.data(), out_row_bytes, accum.data());
 }
 
+void ResampleWindow(const uint8_t* rgb, int width, int height, const SourceWindow& window,
+                    int size, uint8_t* out) {
+  // ResampleRow may read kRowPadding bytes past a row's last pixel: a padded copy.
+  std::vector<uint8_t> padded(static_cast<size_t>(width) * height * 3 + kRowPadding);
+  std::memcpy(padded.data(), rgb, padded.size() - kRowPadding);
+  ImageDecoder::Impl impl;
+  impl.ResampleWhole(padded.data(), width, window, size,
+                     absl::MakeSpan(out, static_cast<size_t>(size) * size * 3));
+}
+
 absl::Status DecodeAndTransform(ImageDecoder& decoder, absl::Span<const uint8_t> image,
                                 const ImageTransform& t, Rng& rng, absl::Span<uint8_t> out) {
   FERRY_RETURN_IF_ERROR(ValidateTransform(t));
@@ -688,7 +694,7 @@ absl::Status DecodeAndTransform(ImageDecoder& decoder, absl::Span<const uint8_t>
     width = upright_width;
     height = upright_height;
   }
-  d.ResampleWhole(pixels, width, PlanWindow(width, height, t, rng), t.size, out);
+  d.ResampleWhole(pixels, width, PlanSourceWindow(width, height, t, rng), t.size, out);
   ReleaseIfLarge(&d.whole);
   ReleaseIfLarge(&d.oriented);
   return absl::OkStatus();

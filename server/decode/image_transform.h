@@ -86,6 +86,29 @@ ResizeCenterCropGeometry ComputeResizeCenterCrop(int width, int height, const Im
 // them), and none in the fallback. The box always lies inside the image.
 CropBox SampleRandomResizedCrop(int width, int height, const ImageTransform& t, Rng& rng);
 
+// Where the output of `t` comes from in a width x height image: the continuous source
+// interval [x0, x1) x [y0, y1) (pixel edges) that becomes the size x size output, the source
+// pixels the resampling filters may read ([clamp_x0, clamp_x1) x [clamp_y0, clamp_y1): the
+// crop for RandomResizedCrop, which torchvision resizes as an image of its own; the whole
+// image for Resize + CenterCrop), and whether the output is mirrored (the flip).
+struct SourceWindow {
+  double x0 = 0, x1 = 0, y0 = 0, y1 = 0;
+  int clamp_x0 = 0, clamp_x1 = 0, clamp_y0 = 0, clamp_y1 = 0;
+  bool mirror = false;
+};
+
+// The window DecodeAndTransform uses for a width x height image (after any EXIF turn), with
+// the same draws from `rng` in the same order: crop (RandomResizedCrop only), then flip.
+// Another decoder (the GPU's) that resamples this window gets DecodeAndTransform's pixels.
+SourceWindow PlanSourceWindow(int width, int height, const ImageTransform& t, Rng& rng);
+
+// The resampling of DecodeAndTransform at full resolution (DCT scale 8/8, or a PNG): `rgb`
+// (width x height RGB HWC, tightly packed) through `window` to size x size RGB in `out`.
+// PIL BILINEAR semantics in 14-bit fixed point (internal/resample.h), the reference for
+// other implementations.
+void ResampleWindow(const uint8_t* rgb, int width, int height, const SourceWindow& window,
+                    int size, uint8_t* out);
+
 // Limits that protect a decoder from hostile or broken files. An image over a limit is
 // refused before the allocation or work it would cause (INVALID_ARGUMENT naming the limit and
 // its config field), and callers treat the refusal like any corrupt sample.
