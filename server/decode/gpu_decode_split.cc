@@ -1,0 +1,113 @@
+#include "server/decode/gpu_decode_split.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace ferry {
+namespace {
+
+constexpr int64_t kPpm = 1000000;
+// Weight of a new report in the smoothed costs.
+constexpr double kSmoothing = 0.05;
+
+void Smooth(double* value, double sample) {
+  *value = *value == 0 ? sample : (1 - kSmoothing) * *value + kSmoothing * sample;
+}
+
+int64_t InitialShare(GpuDecodeMode mode) {
+  switch (mode) {
+    case GpuDecodeMode::kCpu:
+      return 0;
+    case GpuDecodeMode::kGpu:
+      return kPpm;
+    case GpuDecodeMode::kAuto:
+      break;
+  }
+  return static_cast<int64_t>(GpuDecodeSplit::kInitialShare * kPpm);
+}
+
+}  // namespace
+
+absl::string_view GpuDecodeModeName(GpuDecodeMode mode) {
+  switch (mode) {
+    case GpuDecodeMode::kCpu:
+      return "cpu";
+    case GpuDecodeMode::kGpu:
+      return "gpu";
+    case GpuDecodeMode::kAuto:
+      return "auto";
+  }
+  return "?";
+}
+
+GpuDecodeSplit::GpuDecodeSplit(GpuDecodeMode mode, int workers)
+    : mode_(mode), workers_(std::max(1, workers)), share_ppm_(InitialShare(mode)) {}
+
+bool GpuDecodeSplit::Route(GpuJpegReject verdict) {
+  if (verdict != GpuJpegReject::kNone) {
+    fallbacks_[static_cast<int>(verdict)].fetch_add(1, std::memory_order_relaxed);
+    cpu_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  eligible_.fetch_add(1, std::memory_order_relaxed);
+  // Error diffusion: every eligible file adds the share to an accumulator, and a file goes
+  // to the GPU when that crosses a whole number. A change of share applies from the next
+  // file on, with no backlog of turns.
+  const int64_t share = share_ppm_.load(std::memory_order_relaxed);
+  const int64_t before = accumulator_.fetch_add(share, std::memory_order_relaxed);
+  const bool gpu = (before + share) / kPpm > before / kPpm;
+  (gpu ? gpu_ : cpu_).fetch_add(1, std::memory_order_relaxed);
+  return gpu;
+}
+
+void GpuDecodeSplit::CountFallback(GpuJpegReject reason) {
+  fallbacks_[static_cast<int>(reason)].fetch_add(1, std::memory_order_relaxed);
+  gpu_.fetch_sub(1, std::memory_order_relaxed);
+  cpu_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void GpuDecodeSplit::ReportCpuDecode(double seconds) {
+  absl::MutexLock lock(&mutex_);
+  Smooth(&c_, seconds);
+  UpdateShareLocked();
+}
+
+void GpuDecodeSplit::ReportCpuRoute(double seconds) {
+  absl::MutexLock lock(&mutex_);
+  Smooth(&r_, seconds);
+  UpdateShareLocked();
+}
+
+void GpuDecodeSplit::ReportGpuBatch(int images, double seconds) {
+  if (images <= 0) return;
+  absl::MutexLock lock(&mutex_);
+  Smooth(&g_, seconds / images);
+  UpdateShareLocked();
+}
+
+void GpuDecodeSplit::UpdateShareLocked() {
+  if (mode_ != GpuDecodeMode::kAuto || c_ <= 0 || g_ <= 0) return;
+  const double denominator = c_ - r_ + workers_ * g_;
+  const double f = denominator > 0 ? std::clamp(c_ / denominator, 0.0, 1.0) : 1.0;
+  share_ppm_.store(static_cast<int64_t>(std::lround(f * kPpm)), std::memory_order_relaxed);
+}
+
+double GpuDecodeSplit::share() const {
+  return static_cast<double>(share_ppm_.load(std::memory_order_relaxed)) / kPpm;
+}
+
+GpuDecodeSplit::Counts GpuDecodeSplit::counts() const {
+  Counts c;
+  c.gpu_images = gpu_.load(std::memory_order_relaxed);
+  c.cpu_images = cpu_.load(std::memory_order_relaxed);
+  for (int i = 0; i < kNumGpuJpegRejects; ++i) {
+    c.fallbacks[i] = fallbacks_[i].load(std::memory_order_relaxed);
+  }
+  c.share = share();
+  absl::MutexLock lock(&mutex_);
+  c.cpu_seconds_per_image = c_;
+  c.gpu_seconds_per_image = g_;
+  return c;
+}
+
+}  // namespace ferry

@@ -1,0 +1,95 @@
+// Which JPEGs of a GPU job the GPU's decoder takes and which the CPU workers decode, and the
+// counts behind the answer. One per job, shared by its workers (who ask per sample) and its
+// device stages (which report what each GPU batch cost).
+//
+// Modes (DaemonConfig.gpu_decode): kCpu never routes to the GPU; kGpu routes every file the
+// GPU can decode (ClassifyForGpuDecode); kAuto routes the share f of those files that keeps
+// both sides busy, from measured costs:
+//   c = CPU seconds to decode (and crop) one image on a worker,
+//   r = CPU seconds a worker spends on an image it routes to the GPU (read, parse, copy),
+//   g = GPU seconds per image of a GPU batch (decode + resample, measured on the stream),
+//   W = the job's workers,
+// so that per image the workers' time ((1 - f) c + f r) / W equals the GPU's f g:
+//   f = c / (c - r + W g), clamped to [0, 1].
+// Costs are smoothed (exponentially, per report) and start from kInitialShare until both
+// sides have reported. Files the GPU cannot take go to the CPU in every mode, counted by
+// reason. The share is a target over many samples: Route() hands out GPU turns so that
+// after n eligible samples round(n f) of them went to the GPU, whatever thread asks.
+//
+// Thread safety: every method may be called from any thread.
+#ifndef FERRY_SERVER_DECODE_GPU_DECODE_SPLIT_H_
+#define FERRY_SERVER_DECODE_GPU_DECODE_SPLIT_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "server/decode/jpeg_header.h"
+
+namespace ferry {
+
+enum class GpuDecodeMode { kCpu, kGpu, kAuto };
+
+// "cpu", "gpu", "auto".
+absl::string_view GpuDecodeModeName(GpuDecodeMode mode);
+
+class GpuDecodeSplit {
+ public:
+  static constexpr double kInitialShare = 0.5;
+
+  GpuDecodeSplit(GpuDecodeMode mode, int workers);
+
+  GpuDecodeMode mode() const { return mode_; }
+
+  // A file the GPU could decode (verdict kNone) or not (its reason): true when this one goes
+  // to the GPU. Counts every call: fallbacks by reason, eligible files, GPU turns.
+  bool Route(GpuJpegReject verdict);
+  // The GPU could not decode a routed file after all (the batch failed): the worker-side
+  // decode that replaced it is counted under `reason`.
+  void CountFallback(GpuJpegReject reason);
+
+  // Costs as measured (seconds).
+  void ReportCpuDecode(double seconds);  // c, per image a worker decoded
+  void ReportCpuRoute(double seconds);   // r, per image a worker routed to the GPU
+  void ReportGpuBatch(int images, double seconds);
+
+  // The share of eligible files routed to the GPU now (1 in kGpu, 0 in kCpu).
+  double share() const;
+
+  struct Counts {
+    int64_t gpu_images = 0;  // decoded by the GPU
+    int64_t cpu_images = 0;  // decoded by the workers (fallbacks included)
+    std::array<int64_t, kNumGpuJpegRejects> fallbacks{};  // by GpuJpegReject; [kNone] unused
+    double share = 0;
+    double cpu_seconds_per_image = 0;  // c (0 before a report)
+    double gpu_seconds_per_image = 0;  // g (0 before a report)
+  };
+  Counts counts() const;
+
+ private:
+  void UpdateShareLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+
+  const GpuDecodeMode mode_;
+  const int workers_;
+  std::atomic<int64_t> eligible_{0};  // Route() calls with kNone
+  std::atomic<int64_t> gpu_{0};       // of which routed to the GPU
+  std::atomic<int64_t> cpu_{0};
+  std::array<std::atomic<int64_t>, kNumGpuJpegRejects> fallbacks_{};
+  // The current share in millionths, read by Route without the lock, and Route's
+  // error-diffusion accumulator (millionths of a GPU turn).
+  std::atomic<int64_t> share_ppm_;
+  std::atomic<int64_t> accumulator_{0};
+
+  mutable absl::Mutex mutex_;
+  double c_ ABSL_GUARDED_BY(mutex_) = 0;
+  double r_ ABSL_GUARDED_BY(mutex_) = 0;
+  double g_ ABSL_GUARDED_BY(mutex_) = 0;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_SERVER_DECODE_GPU_DECODE_SPLIT_H_
