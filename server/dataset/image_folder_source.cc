@@ -10,9 +10,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/random.h"
 #include "common/status_macros.h"
 #include "server/dataset/compose_spec.h"
+#include "server/decode/gpu_decode_plan.h"
+#include "server/decode/jpeg_header.h"
 #include "server/kernels/photometric.h"
 
 namespace ferry {
@@ -197,21 +201,103 @@ std::vector<FieldLayout> ImageSampleFields(const ImageTransform& transform) {
                                  .row_bytes = sizeof(PhotometricProgram),
                                  .internal = true});
   }
+  if (transform.gpu_decode != nullptr) {
+    fields.push_back(FieldLayout{.name = kGpuDecodePlanField,
+                                 .dtype = ferry::v1::UINT8,
+                                 .shape = {static_cast<int64_t>(sizeof(GpuDecodePlan))},
+                                 .row_bytes = sizeof(GpuDecodePlan),
+                                 .internal = true});
+  }
   return fields;
 }
+
+bool GpuDecodable(const ImageTransform& transform) {
+  if (transform.exif_orientation) return false;
+  return transform.compose == nullptr || transform.compose->DecodeOnly();
+}
+
+namespace {
+
+int FieldIndex(const std::vector<FieldLayout>& fields, const char* name) {
+  for (size_t f = 0; f < fields.size(); ++f) {
+    if (fields[f].name == name) return static_cast<int>(f);
+  }
+  return -1;
+}
+
+// The worker's share of a JPEG the split routes to the GPU: its bytes in the image row,
+// the window of the crop (the CPU path's draws), the device's program.
+absl::Status RouteToGpu(absl::Span<const uint8_t> bytes, const GpuJpegVerdict& verdict,
+                        const ImageTransform& transform, uint64_t sample_seed,
+                        absl::Span<uint8_t> image, absl::Span<uint8_t> program,
+                        GpuDecodePlan* plan) {
+  std::memcpy(image.data(), bytes.data(), bytes.size());
+  const bool composed = transform.compose != nullptr;
+  const ImageTransform geometry = composed ? transform.compose->FusedTransform() : transform;
+  Rng rng(composed ? MixSeed(sample_seed, 0) : sample_seed);
+  const SourceWindow w = PlanSourceWindow(verdict.width, verdict.height, geometry, rng);
+  plan->on_gpu = 1;
+  plan->jpeg_bytes = static_cast<uint32_t>(bytes.size());
+  plan->width = verdict.width;
+  plan->height = verdict.height;
+  plan->x0 = w.x0, plan->x1 = w.x1, plan->y0 = w.y0, plan->y1 = w.y1;
+  plan->clamp_x0 = w.clamp_x0, plan->clamp_x1 = w.clamp_x1;
+  plan->clamp_y0 = w.clamp_y0, plan->clamp_y1 = w.clamp_y1;
+  plan->mirror = w.mirror ? 1 : 0;
+  if (composed && transform.compose->emits_program()) {
+    return transform.compose->WriteProgram(sample_seed, program);
+  }
+  return absl::OkStatus();
+}
+
+double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
+
+}  // namespace
 
 absl::Status TransformImageSample(ImageDecoder& decoder, ComposeScratch& compose,
                                   absl::Span<const uint8_t> bytes, const ImageTransform& transform,
                                   uint64_t sample_seed, const std::vector<FieldLayout>& fields,
                                   absl::Span<uint8_t* const> rows) {
   const absl::Span<uint8_t> image(rows[0], fields[0].row_bytes);
+  const int program_field = FieldIndex(fields, kPhotometricField);
+  const absl::Span<uint8_t> program =
+      program_field >= 0 ? absl::Span<uint8_t>(rows[program_field], fields[program_field].row_bytes)
+                         : absl::Span<uint8_t>();
+  GpuDecodeSplit* split = transform.gpu_decode.get();
+  const absl::Time start = split != nullptr ? absl::Now() : absl::InfinitePast();
+  GpuDecodePlan plan;
+  if (split != nullptr) {
+    GpuJpegVerdict verdict;
+    bool jpeg = SniffImageFormat(bytes) == ImageFormat::kJpeg;
+    if (jpeg) {
+      verdict = ClassifyForGpuDecode(bytes, split->limits());
+      // The bytes travel in the image row: a file larger than the decoded row stays here.
+      if (verdict.reason == GpuJpegReject::kNone && bytes.size() > image.size()) {
+        verdict.reason = GpuJpegReject::kTooLarge;
+      }
+    } else {
+      split->CountNotJpeg();
+    }
+    if (jpeg && split->Route(verdict.reason)) {
+      FERRY_RETURN_IF_ERROR(
+          RouteToGpu(bytes, verdict, transform, sample_seed, image, program, &plan));
+      std::memcpy(rows[FieldIndex(fields, kGpuDecodePlanField)], &plan, sizeof(plan));
+      split->ReportCpuRoute(SecondsSince(start));
+      return absl::OkStatus();
+    }
+  }
+  absl::Status decoded;
   if (transform.compose == nullptr) {
     Rng rng(sample_seed);
-    return DecodeAndTransform(decoder, bytes, transform, rng, image);
+    decoded = DecodeAndTransform(decoder, bytes, transform, rng, image);
+  } else {
+    decoded = transform.compose->Run(decoder, bytes, sample_seed, compose, image, program);
   }
-  const absl::Span<uint8_t> program =
-      fields.size() > 3 ? absl::Span<uint8_t>(rows[3], fields[3].row_bytes) : absl::Span<uint8_t>();
-  return transform.compose->Run(decoder, bytes, sample_seed, compose, image, program);
+  if (split != nullptr && decoded.ok()) {
+    std::memcpy(rows[FieldIndex(fields, kGpuDecodePlanField)], &plan, sizeof(plan));  // on_gpu 0
+    split->ReportCpuDecode(SecondsSince(start));
+  }
+  return decoded;
 }
 
 absl::StatusOr<std::unique_ptr<ImageFolderSource>> ImageFolderSource::Create(

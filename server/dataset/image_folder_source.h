@@ -41,6 +41,12 @@ absl::StatusOr<ImageTransform> ImageTransformFromSpec(
 // transform that leaves ops to the device the internal kPhotometricField.
 std::vector<FieldLayout> ImageSampleFields(const ImageTransform& transform);
 
+// True when a GPU decoder can stand in for the workers under `transform`: their share is
+// a crop fused with the decode (RandomResizedCrop, Resize + CenterCrop, alone or leading a
+// Compose whose other ops the device runs), with no EXIF turn. Such a job's image sources,
+// given SourceOptions::gpu_decode, add the internal kGpuDecodePlanField and route JPEGs.
+bool GpuDecodable(const ImageTransform& transform);
+
 // Decodes and transforms one image into rows[0] (and the program into rows[3] when
 // `fields` has the internal field), drawing from `sample_seed`. The decoder's status.
 absl::Status TransformImageSample(ImageDecoder& decoder, ComposeScratch& compose,

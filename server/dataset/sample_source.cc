@@ -72,6 +72,7 @@ constexpr DatasetKind kDatasetKinds[] = {
        FERRY_ASSIGN_OR_RETURN(ImageTransform transform,
                               ImageTransformFromSpec(spec.transform(), target));
        transform.exif_orientation = dataset.image_folder().exif_orientation();
+       if (GpuDecodable(transform)) transform.gpu_decode = options.gpu_decode;
        FERRY_ASSIGN_OR_RETURN(auto source,
                               ImageFolderSource::Create(dataset.image_folder().root(), transform,
                                                         options.limits, std::move(fs)));
@@ -140,6 +141,7 @@ constexpr DatasetKind kDatasetKinds[] = {
        FERRY_ASSIGN_OR_RETURN(ImageTransform transform,
                               ImageTransformFromSpec(spec.transform(), target));
        transform.exif_orientation = spec.dataset().webdataset().exif_orientation();
+       if (GpuDecodable(transform)) transform.gpu_decode = options.gpu_decode;
        FERRY_ASSIGN_OR_RETURN(auto source,
                               WebDatasetSource::Create(spec.dataset().webdataset(), transform,
                                                        options.limits, std::move(fs)));

@@ -33,6 +33,7 @@
 #include "absl/types/span.h"
 #include "ferry/v1/ferry.pb.h"
 #include "server/dataset/dataset_fs.h"
+#include "server/decode/gpu_decode_split.h"
 #include "server/decode/image_transform.h"
 
 namespace ferry {
@@ -57,6 +58,9 @@ size_t DTypeSize(ferry::v1::DType dtype);  // 0 for DTYPE_UNSPECIFIED
 // Name of the internal field (FieldLayout::internal) of a composed transform's photometric
 // programs, one PhotometricProgram (server/kernels/photometric.h) per row.
 inline constexpr char kPhotometricField[] = "photometric_program";
+// Name of the internal field of a GPU-decoding job's per-row GpuDecodePlan
+// (server/decode/gpu_decode_plan.h).
+inline constexpr char kGpuDecodePlanField[] = "gpu_decode_plan";
 
 // How a copy-only source writes sample rows into a slot: kStreaming for slots the GPU's copy
 // engine reads next (a row left dirty in the workers' caches slows the DMA that reads it:
@@ -170,6 +174,9 @@ struct SourceOptions {
   // image_output dtype: a composed transform then leaves its trailing photometric ops to
   // the device (compose.h). Default: false.
   bool device_images = false;
+  // A GPU job whose device stages decode JPEGs (nvJPEG): the image sources route each
+  // JPEG a transform allows (GpuDecodable) through it. Default: null (workers decode all).
+  std::shared_ptr<GpuDecodeSplit> gpu_decode;
   // Guards for the decoders of image datasets (DaemonConfig.decode_limits).
   // Default: DecodeLimits()'s.
   DecodeLimits limits;

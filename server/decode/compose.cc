@@ -323,6 +323,29 @@ size_t ComposedTransform::image_row_bytes() const {
   return float_output_ ? pixels * sizeof(float) : pixels;
 }
 
+ImageTransform ComposedTransform::FusedTransform() const {
+  ImageTransform fused;
+  if (fused_steps_ == 1) {
+    const ComposeStep& s = steps_[0];
+    fused = ImageTransform::RandomResizedCrop(s.size, /*flip=*/false);
+    fused.scale_min = s.scale[0];
+    fused.scale_max = s.scale[1];
+    fused.ratio_min = s.ratio[0];
+    fused.ratio_max = s.ratio[1];
+    fused.full_decode = s.full_decode;
+  } else if (fused_steps_ == 2) {
+    fused = ImageTransform::ResizeCenterCrop(steps_[1].size, steps_[0].size);
+    fused.full_decode = steps_[0].full_decode;
+  }
+  fused.exif_orientation = target_.exif_orientation;
+  return fused;
+}
+
+bool ComposedTransform::DecodeOnly() const {
+  const int cpu_end = device_steps_ >= 0 ? device_steps_ : static_cast<int>(steps_.size());
+  return fused_steps_ > 0 && fused_steps_ == cpu_end && !float_output_;
+}
+
 absl::Status ComposedTransform::Run(ImageDecoder& decoder, absl::Span<const uint8_t> bytes,
                                     uint64_t sample_seed, ComposeScratch& scratch,
                                     absl::Span<uint8_t> image_row,
@@ -338,20 +361,7 @@ absl::Status ComposedTransform::Run(ImageDecoder& decoder, absl::Span<const uint
   RgbImage& image = scratch.image;
   // Decode, with the leading crop when it can run inside the decode.
   if (fused_steps_ > 0) {
-    ImageTransform fused;
-    if (fused_steps_ == 1) {
-      const ComposeStep& s = steps_[0];
-      fused = ImageTransform::RandomResizedCrop(s.size, /*flip=*/false);
-      fused.scale_min = s.scale[0];
-      fused.scale_max = s.scale[1];
-      fused.ratio_min = s.ratio[0];
-      fused.ratio_max = s.ratio[1];
-      fused.full_decode = s.full_decode;
-    } else {
-      fused = ImageTransform::ResizeCenterCrop(steps_[1].size, steps_[0].size);
-      fused.full_decode = steps_[0].full_decode;
-    }
-    fused.exif_orientation = target_.exif_orientation;
+    const ImageTransform fused = FusedTransform();
     image.Resize(fused.size, fused.size);
     Rng rng(MixSeed(sample_seed, 0));
     FERRY_RETURN_IF_ERROR(
@@ -457,7 +467,16 @@ absl::Status ComposedTransform::Run(ImageDecoder& decoder, absl::Span<const uint
     std::memcpy(image_row.data(), scratch.image.pixels.data(), image_row.size());
   }
   if (!emits_program()) return absl::OkStatus();
+  return WriteProgram(sample_seed, program_row);
+}
 
+absl::Status ComposedTransform::WriteProgram(uint64_t sample_seed,
+                                             absl::Span<uint8_t> program_row) const {
+  if (!emits_program() || program_row.size() != sizeof(PhotometricProgram)) {
+    return absl::InvalidArgumentError(absl::StrCat("program row holds ", program_row.size(),
+                                                   " bytes, not ", sizeof(PhotometricProgram)));
+  }
+  const size_t cpu_end = static_cast<size_t>(device_steps_);
   // The device's share: draw its parameters here, in the same order of ops.
   PhotometricProgram program;
   auto push = [&program](const PhotometricOp& op) { program.ops[program.num_ops++] = op; };

@@ -122,6 +122,15 @@ class ComposedTransform {
                    ComposeScratch& scratch, absl::Span<uint8_t> image_row,
                    absl::Span<uint8_t> program_row) const;
 
+  // True when the workers' share is only the crop fused with the decode (a leading
+  // RandomResizedCrop, or Resize + CenterCrop) and the rest, if any, is the device's: then
+  // another decoder may do the workers' share, with FusedTransform()'s geometry (its draws:
+  // Rng(MixSeed(sample_seed, 0))), and WriteProgram the device's.
+  bool DecodeOnly() const;
+  ImageTransform FusedTransform() const;
+  // Run's program part alone: the device's PhotometricProgram for `sample_seed`.
+  absl::Status WriteProgram(uint64_t sample_seed, absl::Span<uint8_t> program_row) const;
+
  private:
   std::vector<ComposeStep> steps_;
   Target target_;

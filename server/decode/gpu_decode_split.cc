@@ -40,8 +40,16 @@ absl::string_view GpuDecodeModeName(GpuDecodeMode mode) {
   return "?";
 }
 
-GpuDecodeSplit::GpuDecodeSplit(GpuDecodeMode mode, int workers)
-    : mode_(mode), workers_(std::max(1, workers)), share_ppm_(InitialShare(mode)) {}
+GpuDecodeSplit::GpuDecodeSplit(GpuDecodeMode mode, int workers, GpuJpegLimits limits)
+    : mode_(mode),
+      workers_(std::max(1, workers)),
+      limits_(limits),
+      share_ppm_(InitialShare(mode)) {}
+
+void GpuDecodeSplit::CountNotJpeg() {
+  not_jpeg_.fetch_add(1, std::memory_order_relaxed);
+  cpu_.fetch_add(1, std::memory_order_relaxed);
+}
 
 bool GpuDecodeSplit::Route(GpuJpegReject verdict) {
   if (verdict != GpuJpegReject::kNone) {
@@ -103,6 +111,7 @@ GpuDecodeSplit::Counts GpuDecodeSplit::counts() const {
   for (int i = 0; i < kNumGpuJpegRejects; ++i) {
     c.fallbacks[i] = fallbacks_[i].load(std::memory_order_relaxed);
   }
+  c.not_jpeg = not_jpeg_.load(std::memory_order_relaxed);
   c.share = share();
   absl::MutexLock lock(&mutex_);
   c.cpu_seconds_per_image = c_;

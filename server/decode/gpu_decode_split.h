@@ -41,9 +41,11 @@ class GpuDecodeSplit {
  public:
   static constexpr double kInitialShare = 0.5;
 
-  GpuDecodeSplit(GpuDecodeMode mode, int workers);
+  // `limits`: what the GPU takes at most (DaemonConfig.decode_limits.max_image_pixels).
+  GpuDecodeSplit(GpuDecodeMode mode, int workers, GpuJpegLimits limits = GpuJpegLimits());
 
   GpuDecodeMode mode() const { return mode_; }
+  const GpuJpegLimits& limits() const { return limits_; }
 
   // A file the GPU could decode (verdict kNone) or not (its reason): true when this one goes
   // to the GPU. Counts every call: fallbacks by reason, eligible files, GPU turns.
@@ -51,6 +53,8 @@ class GpuDecodeSplit {
   // The GPU could not decode a routed file after all (the batch failed): the worker-side
   // decode that replaced it is counted under `reason`.
   void CountFallback(GpuJpegReject reason);
+  // A file that is not a JPEG (a PNG): the workers decode it.
+  void CountNotJpeg();
 
   // Costs as measured (seconds).
   void ReportCpuDecode(double seconds);  // c, per image a worker decoded
@@ -64,6 +68,7 @@ class GpuDecodeSplit {
     int64_t gpu_images = 0;  // decoded by the GPU
     int64_t cpu_images = 0;  // decoded by the workers (fallbacks included)
     std::array<int64_t, kNumGpuJpegRejects> fallbacks{};  // by GpuJpegReject; [kNone] unused
+    int64_t not_jpeg = 0;
     double share = 0;
     double cpu_seconds_per_image = 0;  // c (0 before a report)
     double gpu_seconds_per_image = 0;  // g (0 before a report)
@@ -75,6 +80,8 @@ class GpuDecodeSplit {
 
   const GpuDecodeMode mode_;
   const int workers_;
+  const GpuJpegLimits limits_;
+  std::atomic<int64_t> not_jpeg_{0};
   std::atomic<int64_t> eligible_{0};  // Route() calls with kNone
   std::atomic<int64_t> gpu_{0};       // of which routed to the GPU
   std::atomic<int64_t> cpu_{0};

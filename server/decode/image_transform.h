@@ -33,6 +33,7 @@
 namespace ferry {
 
 class ComposedTransform;  // compose.h
+class GpuDecodeSplit;     // gpu_decode_split.h
 
 struct ImageTransform {
   enum class Kind { kRandomResizedCrop, kResizeCenterCrop };
@@ -56,6 +57,10 @@ struct ImageTransform {
   // Set for a composed transform (transform.compose): it replaces everything above except
   // `size`, which is its output side; DecodeAndTransform does not take it (compose.h runs it).
   std::shared_ptr<const ComposedTransform> compose;
+  // Set for a GPU job that decodes JPEGs on the GPU (SourceOptions::gpu_decode): the image
+  // sources route each JPEG through it (server/decode/gpu_decode_plan.h). Not read by
+  // DecodeAndTransform.
+  std::shared_ptr<GpuDecodeSplit> gpu_decode;
 
   static ImageTransform RandomResizedCrop(int size, bool flip);
   static ImageTransform ResizeCenterCrop(int size, int resize);

@@ -58,7 +58,12 @@ absl::StatusOr<std::shared_ptr<Job>> Job::Create(JobIdentity identity,
   }
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<SampleSource> source,
                          MakeSampleSource(spec, std::move(fs), options));
-  return Create(std::move(identity), spec, std::move(source));
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Job> job,
+                         Create(std::move(identity), spec, std::move(source)));
+  for (const FieldLayout& field : job->layout().fields) {
+    if (field.internal && field.name == kGpuDecodePlanField) job->gpu_decode_ = options.gpu_decode;
+  }
+  return job;
 }
 
 absl::StatusOr<std::shared_ptr<Job>> Job::Create(JobIdentity identity,

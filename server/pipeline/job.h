@@ -77,6 +77,13 @@ class Job final {
   const JobIdentity& identity() const { return identity_; }
   const ferry::v1::JobSpec& spec() const { return spec_; }
   const SampleSource& source() const { return *source_; }
+  // The JPEG routing of a job whose device stages decode on the GPU (SourceOptions::
+  // gpu_decode, when its source routes); null otherwise.
+  GpuDecodeSplit* gpu_decode() const { return gpu_decode_.get(); }
+  // Why a GPU image job decodes on the CPU only ("" when it decodes on the GPU or is not a
+  // GPU image job), for status. Set once at creation, before other threads see the job.
+  const std::string& gpu_decode_note() const { return gpu_decode_note_; }
+  void set_gpu_decode_note(std::string note) { gpu_decode_note_ = std::move(note); }
   Sampler& sampler() const { return *sampler_; }
   const SlotLayout& layout() const { return layout_; }
   absl::Time create_time() const { return create_time_; }
@@ -177,6 +184,8 @@ class Job final {
   std::string paused_reason_ ABSL_GUARDED_BY(errors_mutex_);
   std::atomic<bool> paused_{false};
   std::atomic<int64_t> transient_errors_{0};
+  std::shared_ptr<GpuDecodeSplit> gpu_decode_;  // set in Create, constant after
+  std::string gpu_decode_note_;
   std::atomic<int64_t> transient_retry_limit_ms_{
       absl::ToInt64Milliseconds(kDefaultTransientRetryLimit)};
 };

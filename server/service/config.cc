@@ -112,6 +112,13 @@ absl::StatusOr<LoadedConfig> LoadConfig(const std::string& path) {
           absl::StrCat("config file '", loaded.path, "': log_level: ", level.status().message()));
     }
   }
+  const std::string& gpu_decode = loaded.config.gpu_decode();
+  if (!gpu_decode.empty() && gpu_decode != "auto" && gpu_decode != "gpu" && gpu_decode != "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat("config file '", loaded.path,
+                                                   "': gpu_decode must be \"auto\", \"gpu\" or "
+                                                   "\"cpu\" (got \"",
+                                                   gpu_decode.substr(0, 64), "\")"));
+  }
   if (!loaded.config.metrics_listen().empty()) {
     absl::StatusOr<MetricsAddress> address = ParseMetricsAddress(loaded.config.metrics_listen());
     if (!address.ok()) {

@@ -212,8 +212,31 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
   source_options.device_widens_tokens = cuda;
   source_options.device_images = cuda;
   source_options.limits = options_.decode_limits;
+  // JPEGs of a GPU image job may be decoded by the GPU (GpuDecodeSplit), when nvJPEG loads.
+  std::string gpu_decode_note;
+  if (cuda && options_.gpu_decode == GpuDecodeMode::kCpu) {
+    gpu_decode_note = "GPU JPEG decode is off: the daemon's gpu_decode is \"cpu\"";
+  } else if (cuda) {
+    if (absl::Status available = gpus_->GpuDecodeAvailable(); available.ok()) {
+      source_options.gpu_decode = std::make_shared<GpuDecodeSplit>(
+          options_.gpu_decode, pool_->total_threads(),
+          GpuJpegLimits{.max_pixels = options_.decode_limits.max_image_pixels});
+    } else {
+      gpu_decode_note = std::string(available.message());
+    }
+  }
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Job> job,
                          Job::Create(identity, spec, dataset_fs_, source_options));
+  if (cuda && job->gpu_decode() == nullptr && gpu_decode_note.empty() &&
+      (spec.dataset().has_image_folder() || spec.dataset().has_webdataset())) {
+    gpu_decode_note =
+        "GPU JPEG decode is off for this job: its transform runs ops on the workers after the "
+        "crop (or turns images by EXIF); only a leading RandomResizedCrop or Resize + "
+        "CenterCrop, with the rest on the GPU, can be decoded there";
+  }
+  if (spec.dataset().has_image_folder() || spec.dataset().has_webdataset()) {
+    job->set_gpu_decode_note(gpu_decode_note);
+  }
   job->set_transient_retry_limit(options_.transient_retry_limit);
   if (cuda) FERRY_RETURN_IF_ERROR(gpus_->CheckJob(*job));
   // Refuse now a job whose rank slab can never fit, rather than at every rank's attach: one
@@ -569,6 +592,29 @@ void JobManager::FillJobStatus(const Job& job, ferry::v1::JobStatus* status) {
   if (job.failed()) status->set_failure(job.failure().ToString());
   status->set_paused(job.paused_reason());
   status->set_transient_errors(job.transient_error_count());
+  if (const GpuDecodeSplit* split = job.gpu_decode(); split != nullptr) {
+    ferry::v1::GpuDecodeStatus* g = status->mutable_gpu_decode();
+    const GpuDecodeSplit::Counts c = split->counts();
+    g->set_mode(std::string(GpuDecodeModeName(split->mode())));
+    g->set_gpu_images(c.gpu_images);
+    g->set_cpu_images(c.cpu_images);
+    for (int r = 1; r < kNumGpuJpegRejects; ++r) {
+      if (c.fallbacks[r] == 0) continue;
+      ferry::v1::ReasonCount* f = g->add_fallbacks();
+      f->set_reason(std::string(GpuJpegRejectName(static_cast<GpuJpegReject>(r))));
+      f->set_count(c.fallbacks[r]);
+    }
+    if (c.not_jpeg > 0) {
+      ferry::v1::ReasonCount* f = g->add_fallbacks();
+      f->set_reason("not_jpeg");
+      f->set_count(c.not_jpeg);
+    }
+    g->set_gpu_share(c.share);
+    g->set_cpu_ms_per_image(c.cpu_seconds_per_image * 1e3);
+    g->set_gpu_ms_per_image(c.gpu_seconds_per_image * 1e3);
+  } else if (!job.gpu_decode_note().empty()) {
+    status->mutable_gpu_decode()->set_off(job.gpu_decode_note());
+  }
   for (const SampleSource::Part& part : job.source().parts()) {
     ferry::v1::BlendSourceStatus* s = status->add_blend_sources();
     s->set_name(part.name);

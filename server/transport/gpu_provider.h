@@ -23,6 +23,11 @@ class GpuProvider {
   // Checks what a job asks of the device side (image_output); INVALID_ARGUMENT naming the
   // field.
   virtual absl::Status CheckJob(const Job& job) const = 0;
+  // OK when the GPU's device stages can decode JPEGs (nvJPEG loads); else why not, in words
+  // for status ("GPU JPEG decode is off: ...").
+  virtual absl::Status GpuDecodeAvailable() const {
+    return absl::FailedPreconditionError("GPU JPEG decode is off: ferryd has no GPU decoder");
+  }
   // NUMA node of the GPU (-1: no preference), for the slab and the workers.
   virtual int NumaNode(int ordinal) const = 0;
   // Registers `slab` as pinned memory and allocates the rank's device ring, within the

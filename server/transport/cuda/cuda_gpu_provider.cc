@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "server/decode/gpu/nvjpeg_library.h"
 #include "cuda/cuda_resources.h"
 #include "server/transport/cuda/cuda_stage.h"
 #include "server/transport/cuda/device_slot_layout.h"
@@ -61,6 +62,10 @@ absl::StatusOr<int> CudaGpuProvider::Resolve(const std::string& device) const {
   return absl::FailedPreconditionError(absl::StrCat(
       "device '", device, "' is not a GPU this ferryd can use; it sees ", Describe(),
       ". Use device=\"cuda:N\" with one of those ordinals (or its PCI bus id), or \"cpu\""));
+}
+
+absl::Status CudaGpuProvider::GpuDecodeAvailable() const {
+  return NvJpegLibrary::Load().status();
 }
 
 absl::Status CudaGpuProvider::CheckJob(const Job& job) const {

@@ -51,6 +51,8 @@ class CudaGpuProvider final : public GpuProvider {
 
   absl::StatusOr<int> Resolve(const std::string& device) const override;
   absl::Status CheckJob(const Job& job) const override;
+  // nvJPEG loads (NvJpegLibrary::Load), or its message.
+  absl::Status GpuDecodeAvailable() const override;
   int NumaNode(int ordinal) const override { return gpus_.at(ordinal).numa_node; }
   absl::StatusOr<std::unique_ptr<DeviceStage>> MakeStage(const Job& job, int ordinal,
                                                          const SharedSlab& slab,

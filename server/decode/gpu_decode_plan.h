@@ -1,0 +1,29 @@
+// How one image of a batch reaches the GPU when the job decodes JPEGs there
+// (gpu_decode_split.h): a worker that routes the image writes the file's bytes into the image
+// row (in place of the pixels) and this plan into the row of the internal field
+// kGpuDecodePlanField; the device stage decodes those bytes (nvJPEG) and resamples the
+// window into the row, so that what follows (normalize, photometric ops) sees the pixels the
+// worker would have written. A plan with on_gpu == 0 marks a row the worker decoded itself.
+// Plain bytes: it crosses PCIe with the batch.
+#ifndef FERRY_SERVER_DECODE_GPU_DECODE_PLAN_H_
+#define FERRY_SERVER_DECODE_GPU_DECODE_PLAN_H_
+
+#include <cstdint>
+
+namespace ferry {
+
+struct GpuDecodePlan {
+  uint32_t on_gpu = 0;      // 1: the image row holds `jpeg_bytes` bytes of a JPEG
+  uint32_t jpeg_bytes = 0;
+  int32_t width = 0;        // the JPEG's size as stored (files EXIF turns stay on the CPU)
+  int32_t height = 0;
+  double x0 = 0, x1 = 0, y0 = 0, y1 = 0;  // SourceWindow (image_transform.h)
+  int32_t clamp_x0 = 0, clamp_x1 = 0, clamp_y0 = 0, clamp_y1 = 0;
+  int32_t mirror = 0;
+  int32_t reserved = 0;
+};
+static_assert(sizeof(GpuDecodePlan) == 72);
+
+}  // namespace ferry
+
+#endif  // FERRY_SERVER_DECODE_GPU_DECODE_PLAN_H_
