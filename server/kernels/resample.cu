@@ -82,13 +82,14 @@ __device__ __forceinline__ int32_t Quantize(double w, double total) {
       __dadd_rn(0.5, __dmul_rn(__ddiv_rn(w, total), static_cast<double>(1 << kWeightBits))));
 }
 
-__device__ __forceinline__ int32_t TapWeight(const Axis& a, const Sample& s, int x) {
+__device__ __noinline__ int32_t TapWeight(const Axis& a, const Sample& s, int x) {
   return Quantize(TriangleAt(x, s.center, a.inv_filter_scale), s.total);
 }
 
 // ComputeAxisFilter's loop body for output sample i: writes s and, when they fit, the
-// weights to w[0, count).
-__device__ void PlanSample(const Axis& a, int i, Sample* s, int16_t* w) {
+// weights to w[0, count). Not inlined, nor is TapWeight: inlined, their double arithmetic
+// took the kernel from 67 to 145 registers (ptxas -v), two blocks per SM instead of five.
+__device__ __noinline__ void PlanSample(const Axis& a, int i, Sample* s, int16_t* w) {
   const double center =
       __dadd_rn(a.in0, __dmul_rn(__dadd_rn(static_cast<double>(i), 0.5), a.scale));
   const int xmin = max(static_cast<int>(floor(__dadd_rn(__dsub_rn(center, a.support), 0.5))), a.lo);
@@ -147,6 +148,7 @@ __global__ void __launch_bounds__(kThreads)
     ResampleWindowsKernel(const ResampleJob* __restrict__ jobs, int count, int size) {
   __shared__ Sample xs[kTileCols];
   __shared__ Sample ys[kTileRows];
+  __shared__ int2 y_range[kTileRows];  // ys' (first, count), read by the main loop
   __shared__ int16_t xw[kTileCols][kMaxTaps];
   __shared__ int16_t yw[kTileRows][kMaxTaps];
 
@@ -180,18 +182,18 @@ __global__ void __launch_bounds__(kThreads)
       const int r = k - kTileCols;
       if (row0 + r < size) {
         PlanSample(ay, row0 + r, &ys[r], yw[r]);
+        y_range[r] = make_int2(ys[r].first, ys[r].count);
       } else {
-        ys[r].first = 0;
-        ys[r].count = 0;  // no such row: never accumulates
+        y_range[r] = make_int2(0, 0);  // no such row: never accumulates
       }
     }
     __syncthreads();
 
     if (px < size) {
-      int y_begin = ys[0].first, y_end = ys[0].first + ys[0].count;
+      int y_begin = y_range[0].x, y_end = y_range[0].x + y_range[0].y;
       for (int r = 1; r < kTileRows && row0 + r < size; ++r) {
-        y_begin = min(y_begin, ys[r].first);
-        y_end = max(y_end, ys[r].first + ys[r].count);
+        y_begin = min(y_begin, y_range[r].x);
+        y_end = max(y_end, y_range[r].x + y_range[r].y);
       }
       const Sample sx = xs[k / 3];
       const bool x_cached = sx.count <= kMaxTaps;
@@ -218,9 +220,10 @@ __global__ void __launch_bounds__(kThreads)
         // ResampleColumns' sums, one source row at a time.
 #pragma unroll
         for (int r = 0; r < kTileRows; ++r) {
-          const int t = y - ys[r].first;
-          if (static_cast<unsigned>(t) < static_cast<unsigned>(ys[r].count)) {
-            const int32_t wy = ys[r].count <= kMaxTaps ? yw[r][t] : TapWeight(ay, ys[r], y);
+          const int2 range = y_range[r];  // one shared load: first, count
+          const int t = y - range.x;
+          if (static_cast<unsigned>(t) < static_cast<unsigned>(range.y)) {
+            const int32_t wy = range.y <= kMaxTaps ? yw[r][t] : TapWeight(ay, ys[r], y);
             acc[r] += h8 * wy;
           }
         }
