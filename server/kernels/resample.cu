@@ -6,15 +6,20 @@
 // Layout: one thread block per (image, tile of kTileRows output rows x kTileCols output
 // columns); thread k of the block owns byte k of the tile's rows (pixel k / 3, channel
 // k % 3). The block first computes the filters of its tile (one output sample per thread:
-// kTileCols horizontal, kTileRows vertical) into shared memory. Then each thread walks
-// down the source rows its tile's output rows read, computes its byte of the horizontal
-// pass for that row (rounded to uint8, as ResampleRow does) and adds it, times each output
-// row's vertical weight for that source row, into kTileRows accumulators held in
-// registers. The vertical pass is a sum of integer products, so accumulating it row by row
-// gives ResampleColumns' sums exactly. No intermediate image is stored anywhere (no
-// scratch memory, no synchronisation in the main loop); the price is that blocks stacked
-// vertically recompute the few source rows their output rows share (about 2 * support
-// rows per tile), and every block recomputes its filters.
+// kTileCols horizontal, kTileRows vertical) into shared memory. A byte of the output
+// depends only on the same byte column of the horizontal pass, so from there on every
+// thread works alone, with no synchronisation:
+//   - staged (the tile reads at most kStagedRows source rows, a vertical downscale up to
+//     about 5x): the thread computes its byte of the horizontal pass (rounded to uint8, as
+//     ResampleRow does) for each of those rows into its own column of a shared buffer,
+//     then each output row's vertical sum from that column, as ResampleColumns does;
+//   - streaming (more rows): it computes each source row's byte and adds it, times each
+//     output row's vertical weight for that row, into kTileRows accumulators held in
+//     registers. The vertical pass is a sum of integer products, so the order of the terms
+//     does not change it.
+// So no intermediate image is stored in global memory (no scratch, no allocation); the
+// price is that blocks stacked vertically recompute the source rows their output rows
+// share (about 2 * support rows per tile), and every block recomputes its filters.
 //
 // The filters are ComputeAxisFilter's double-precision arithmetic step by step: every
 // multiply, add and divide is written as its correctly rounded intrinsic (and the file is
@@ -37,6 +42,9 @@ constexpr int kTileCols = 64;  // output pixels per block, across
 constexpr int kTileRows = 16;  // output rows per block
 constexpr int kThreads = kTileCols * 3;
 constexpr int kMaxTaps = 64;  // weights kept in shared memory per output sample
+// Source rows a tile may read and still keep their horizontal pass in shared memory (a
+// vertical downscale up to about 5x); a tile that reads more streams them (see above).
+constexpr int kStagedRows = 96;
 constexpr int kMaxGridZ = 65535;
 static_assert(kThreads >= kTileCols + kTileRows, "one thread per output sample's filter");
 
@@ -134,6 +142,21 @@ __device__ __forceinline__ uint8_t Clip8(int32_t v) {
   return static_cast<uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
 }
 
+// ResampleRow's byte: kHalf plus the taps from p (the sample's first source byte of this
+// row and channel), shifted and clamped to uint8.
+__device__ __forceinline__ uint8_t HorizontalByte(const uint8_t* p, const Axis& ax,
+                                                  const Sample& sx, const int16_t* wx) {
+  int32_t h = kHalf;
+  if (sx.count <= kMaxTaps) {
+    for (int t = 0; t < sx.count; ++t) h += static_cast<int32_t>(__ldg(p + 3 * t)) * wx[t];
+  } else {
+    for (int t = 0; t < sx.count; ++t) {
+      h += static_cast<int32_t>(__ldg(p + 3 * t)) * TapWeight(ax, sx, sx.first + t);
+    }
+  }
+  return Clip8(h);
+}
+
 // resample.h's CheckResampleJob, on the device. The window must be finite: x0 < x1 is false
 // for a NaN, and x1 - x0 is not finite for an infinity.
 __device__ __forceinline__ bool JobIsValid(const ResampleJob& j) {
@@ -151,6 +174,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ int2 y_range[kTileRows];  // ys' (first, count), read by the main loop
   __shared__ int16_t xw[kTileCols][kMaxTaps];
   __shared__ int16_t yw[kTileRows][kMaxTaps];
+  __shared__ uint8_t staged[kStagedRows][kThreads];  // thread k's horizontal bytes: column k
 
   const int k = threadIdx.x;
   const int col0 = blockIdx.x * kTileCols, row0 = blockIdx.y * kTileRows;
@@ -196,41 +220,52 @@ __global__ void __launch_bounds__(kThreads)
         y_end = max(y_end, y_range[r].x + y_range[r].y);
       }
       const Sample sx = xs[k / 3];
-      const bool x_cached = sx.count <= kMaxTaps;
       const int16_t* wx = xw[k / 3];
       const uint8_t* src =
           reinterpret_cast<const uint8_t*>(job.src) + static_cast<size_t>(sx.first) * 3 + channel;
+      uint8_t* out = dst + static_cast<size_t>(row0) * out_row_bytes + px * 3 + channel;
+      const int rows = min(kTileRows, size - row0);
+      if (y_end - y_begin <= kStagedRows) {
+        // The horizontal pass of every source row into this thread's column of `staged`,
+        // then ResampleColumns' sums from there.
+        uint8_t* column = &staged[0][k];
+        for (int y = y_begin; y < y_end; ++y) {
+          column[(y - y_begin) * kThreads] =
+              HorizontalByte(src + static_cast<size_t>(y) * job.pitch, ax, sx, wx);
+        }
+        for (int r = 0; r < rows; ++r) {
+          const int2 range = y_range[r];
+          const uint8_t* in = column + (range.x - y_begin) * kThreads;
+          int32_t acc = kHalf;
+          for (int t = 0; t < range.y; ++t) {
+            const int32_t wy = range.y <= kMaxTaps ? yw[r][t] : TapWeight(ay, ys[r], range.x + t);
+            acc += static_cast<int32_t>(in[t * kThreads]) * wy;
+          }
+          out[r * out_row_bytes] = Clip8(acc);
+        }
+        continue;
+      }
 
+      // Too many source rows to stage: each one's horizontal byte goes straight into the
+      // sums of the output rows that read it.
       int32_t acc[kTileRows];
 #pragma unroll
       for (int r = 0; r < kTileRows; ++r) acc[r] = kHalf;
-
       for (int y = y_begin; y < y_end; ++y) {
-        // ResampleRow's byte: kHalf plus the taps, shifted and clamped to uint8.
-        const uint8_t* p = src + static_cast<size_t>(y) * job.pitch;
-        int32_t h = kHalf;
-        if (x_cached) {
-          for (int t = 0; t < sx.count; ++t) h += static_cast<int32_t>(__ldg(p + 3 * t)) * wx[t];
-        } else {
-          for (int t = 0; t < sx.count; ++t) {
-            h += static_cast<int32_t>(__ldg(p + 3 * t)) * TapWeight(ax, sx, sx.first + t);
-          }
-        }
-        const int32_t h8 = Clip8(h);
-        // ResampleColumns' sums, one source row at a time.
+        const int32_t h = HorizontalByte(src + static_cast<size_t>(y) * job.pitch, ax, sx, wx);
 #pragma unroll
         for (int r = 0; r < kTileRows; ++r) {
           const int2 range = y_range[r];  // one shared load: first, count
           const int t = y - range.x;
           if (static_cast<unsigned>(t) < static_cast<unsigned>(range.y)) {
             const int32_t wy = range.y <= kMaxTaps ? yw[r][t] : TapWeight(ay, ys[r], y);
-            acc[r] += h8 * wy;
+            acc[r] += h * wy;
           }
         }
       }
 #pragma unroll
       for (int r = 0; r < kTileRows; ++r) {
-        if (row0 + r < size) dst[(row0 + r) * out_row_bytes + px * 3 + channel] = Clip8(acc[r]);
+        if (r < rows) out[r * out_row_bytes] = Clip8(acc[r]);
       }
     }
   }
