@@ -46,6 +46,9 @@ constexpr int kMaxTaps = 64;  // weights kept in shared memory per output sample
 // vertical downscale up to about 5x); a tile that reads more streams them (see above).
 constexpr int kStagedRows = 96;
 constexpr int kMaxGridZ = 65535;
+// Caps registers at 64 (a few bytes spill): five blocks per SM instead of four at 70
+// registers, 10% faster on an H100 (256 x 500x375 -> 224: 0.45 ms, not 0.50).
+constexpr int kMinBlocksPerSm = 5;
 static_assert(kThreads >= kTileCols + kTileRows, "one thread per output sample's filter");
 
 // resample.h's kWeightBits and the rounding constant of ResampleRow / ResampleColumns.
@@ -96,7 +99,7 @@ __device__ __noinline__ int32_t TapWeight(const Axis& a, const Sample& s, int x)
 
 // ComputeAxisFilter's loop body for output sample i: writes s and, when they fit, the
 // weights to w[0, count). Not inlined, nor is TapWeight: inlined, their double arithmetic
-// took the kernel from 67 to 145 registers (ptxas -v), two blocks per SM instead of five.
+// took the kernel to 145 registers (ptxas -v), two blocks per SM.
 __device__ __noinline__ void PlanSample(const Axis& a, int i, Sample* s, int16_t* w) {
   const double center =
       __dadd_rn(a.in0, __dmul_rn(__dadd_rn(static_cast<double>(i), 0.5), a.scale));
@@ -167,7 +170,7 @@ __device__ __forceinline__ bool JobIsValid(const ResampleJob& j) {
          isfinite(j.x1 - j.x0) && isfinite(j.y1 - j.y0);
 }
 
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     ResampleWindowsKernel(const ResampleJob* __restrict__ jobs, int count, int size) {
   __shared__ Sample xs[kTileCols];
   __shared__ Sample ys[kTileRows];
