@@ -1,12 +1,16 @@
 // What of ferryd's kernels needs no device: the launchers' argument checks, which fail
 // before any CUDA call, and the output sizes. Runs in CI.
 #include <cstdint>
+#include <limits>
+#include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/kernels/normalize.h"
 #include "server/kernels/photometric.h"
+#include "server/kernels/resample.h"
 
 namespace ferry {
 namespace {
@@ -82,6 +86,60 @@ TEST(OutputDType, Sizes) {
   EXPECT_EQ(OutputDTypeSize(OutputDType::kFloat32), 4u);
   EXPECT_EQ(OutputDTypeSize(OutputDType::kFloat16), 2u);
   EXPECT_EQ(OutputDTypeSize(OutputDType::kBFloat16), 2u);
+}
+
+TEST(Launchers, ResampleRejectsBadArgumentsBeforeTouchingCuda) {
+  ResampleJob job;
+  for (const auto& [count, size] : {std::pair{-1, 224}, {4, 0}, {4, -3}, {4, 16385}}) {
+    const absl::Status bad = LaunchResampleWindows(&job, count, size, nullptr);
+    EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << count << " " << size;
+    EXPECT_THAT(bad.message(),
+                HasSubstr(absl::StrCat(count, " windows to an output side of ", size)));
+  }
+  const absl::Status null = LaunchResampleWindows(nullptr, 3, 224, nullptr);
+  EXPECT_EQ(null.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(null.message(), HasSubstr("null jobs"));
+  // An empty batch enqueues nothing, so needs no jobs and no stream.
+  EXPECT_TRUE(LaunchResampleWindows(nullptr, 0, 224, nullptr).ok());
+  EXPECT_TRUE(LaunchResampleWindows(nullptr, 0, kMaxResampleSize, nullptr).ok());
+}
+
+ResampleJob GoodJob() {
+  ResampleJob job;
+  job.src = 0x1000;
+  job.dst = 0x2000;
+  job.width = 500, job.height = 375, job.pitch = 1504;
+  job.x0 = 10.5, job.x1 = 400, job.y0 = 0, job.y1 = 375;
+  job.clamp_x0 = 0, job.clamp_x1 = 500, job.clamp_y0 = 0, job.clamp_y1 = 375;
+  return job;
+}
+
+TEST(Launchers, CheckResampleJobNamesTheFieldAndValue) {
+  EXPECT_TRUE(CheckResampleJob(GoodJob()).ok());
+  struct Case {
+    void (*spoil)(ResampleJob&);
+    const char* message;
+  };
+  const Case cases[] = {
+      {[](ResampleJob& j) { j.src = 0; }, "null source or destination"},
+      {[](ResampleJob& j) { j.dst = 0; }, "null source or destination"},
+      {[](ResampleJob& j) { j.width = 0; }, "a 0x375 source"},
+      {[](ResampleJob& j) { j.height = -2; }, "a 500x-2 source"},
+      {[](ResampleJob& j) { j.pitch = 1499; }, "pitch of 1499 bytes"},
+      {[](ResampleJob& j) { j.clamp_x1 = 501; }, "clamp_x range [0, 501)"},
+      {[](ResampleJob& j) { j.clamp_x0 = -1; }, "clamp_x range [-1, 500)"},
+      {[](ResampleJob& j) { j.clamp_y0 = j.clamp_y1 = 7; }, "clamp_y range [7, 7)"},
+      {[](ResampleJob& j) { j.x1 = j.x0; }, "window x0 = 10.5, x1 = 10.5"},
+      {[](ResampleJob& j) { j.y0 = std::numeric_limits<double>::quiet_NaN(); }, "window y0 = nan"},
+      {[](ResampleJob& j) { j.y1 = std::numeric_limits<double>::infinity(); }, "y1 = inf"},
+  };
+  for (const Case& c : cases) {
+    ResampleJob job = GoodJob();
+    c.spoil(job);
+    const absl::Status status = CheckResampleJob(job);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.message;
+    EXPECT_THAT(status.message(), HasSubstr(c.message));
+  }
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
-// The raw enqueue functions of normalize.cu and photometric.cu, for normalize.cc and
-// photometric.cc, which check arguments, enter the stream's device and turn the launch's
-// cudaError_t into a status. Kept apart so that the .cu files hold only kernels and their
-// launch arithmetic, and nvcc never sees abseil.
+// The raw enqueue functions of normalize.cu, photometric.cu and resample.cu, for their
+// launchers (normalize.cc, photometric.cc, resample.cc), which check arguments, enter the
+// stream's device and turn the launch's cudaError_t into a status. Kept apart so that the .cu files
+// hold only kernels and their launch arithmetic, and nvcc never sees abseil.
 #ifndef FERRY_SERVER_KERNELS_INTERNAL_KERNELS_H_
 #define FERRY_SERVER_KERNELS_INTERNAL_KERNELS_H_
 
@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "server/kernels/internal/photometric_program.h"
+#include "server/kernels/internal/resample_job.h"
 
 namespace ferry {
 namespace cuda_internal {
@@ -54,6 +55,11 @@ cudaError_t EnqueueGatherRowsIndexedFromHost(const uint8_t* records, int64_t num
 cudaError_t EnqueuePhotometric(const uint8_t* src, const PhotometricProgram* programs, void* dst,
                                NormalizeOut out, int64_t batch, int height, int width,
                                cudaStream_t stream);
+
+// resample.h's kernel: jobs[0, count) (device memory, count >= 1) to size x size each
+// (1 <= size <= kMaxResampleSize). Same device rule.
+cudaError_t EnqueueResampleWindows(const ResampleJob* jobs, int count, int size,
+                                   cudaStream_t stream);
 
 }  // namespace cuda_internal
 }  // namespace ferry
