@@ -13,9 +13,9 @@
 namespace ferry {
 
 struct GpuDecodePlan {
-  uint32_t on_gpu = 0;      // 1: the image row holds `jpeg_bytes` bytes of a JPEG
+  uint32_t on_gpu = 0;  // 1: the image row holds `jpeg_bytes` bytes of a JPEG
   uint32_t jpeg_bytes = 0;
-  int32_t width = 0;        // the JPEG's size as stored (files EXIF turns stay on the CPU)
+  int32_t width = 0;  // the JPEG's size as stored (files EXIF turns stay on the CPU)
   int32_t height = 0;
   double x0 = 0, x1 = 0, y0 = 0, y1 = 0;  // SourceWindow (image_transform.h)
   int32_t clamp_x0 = 0, clamp_x1 = 0, clamp_y0 = 0, clamp_y1 = 0;

@@ -642,8 +642,8 @@ void ImageDecoder::Impl::ResampleWhole(const uint8_t* rgb, int width, const Sour
                   out.data(), out_row_bytes, accum.data());
 }
 
-void ResampleWindow(const uint8_t* rgb, int width, int height, const SourceWindow& window,
-                    int size, uint8_t* out) {
+void ResampleWindow(const uint8_t* rgb, int width, int height, const SourceWindow& window, int size,
+                    uint8_t* out) {
   // ResampleRow may read kRowPadding bytes past a row's last pixel: a padded copy.
   std::vector<uint8_t> padded(static_cast<size_t>(width) * height * 3 + kRowPadding);
   std::memcpy(padded.data(), rgb, padded.size() - kRowPadding);

@@ -111,8 +111,8 @@ SourceWindow PlanSourceWindow(int width, int height, const ImageTransform& t, Rn
 // (width x height RGB HWC, tightly packed) through `window` to size x size RGB in `out`.
 // PIL BILINEAR semantics in 14-bit fixed point (internal/resample.h), the reference for
 // other implementations.
-void ResampleWindow(const uint8_t* rgb, int width, int height, const SourceWindow& window,
-                    int size, uint8_t* out);
+void ResampleWindow(const uint8_t* rgb, int width, int height, const SourceWindow& window, int size,
+                    uint8_t* out);
 
 // Limits that protect a decoder from hostile or broken files. An image over a limit is
 // refused before the allocation or work it would cause (INVALID_ARGUMENT naming the limit and

@@ -98,10 +98,9 @@ absl::StatusOr<std::unique_ptr<CudaStage>> CudaStage::Create(
       // The jobs are written here and copied from pinned memory: a copy from pageable
       // memory would wait for the stream's earlier work (the decode) first.
       stage->resample_jobs_host_.emplace_back(batch);
-      FERRY_ASSIGN_OR_RETURN(
-          HostRegistration pinned,
-          HostRegistration::Create(stage->resample_jobs_host_.back().data(),
-                                   sizeof(ResampleJob) * batch));
+      FERRY_ASSIGN_OR_RETURN(HostRegistration pinned,
+                             HostRegistration::Create(stage->resample_jobs_host_.back().data(),
+                                                      sizeof(ResampleJob) * batch));
       stage->resample_jobs_pinned_.push_back(std::move(pinned));
       FERRY_ASSIGN_OR_RETURN(CudaEvent started, CudaEvent::Create(device, CudaEvent::kTiming));
       FERRY_ASSIGN_OR_RETURN(CudaEvent done, CudaEvent::Create(device, CudaEvent::kTiming));
@@ -293,8 +292,8 @@ absl::Status CudaStage::EnqueueGpuDecode(CudaStream& stream, const uint8_t* src,
   const FieldLayout& field = host_->fields[image];
   const int size = static_cast<int>(field.shape[0]);
   const uint8_t* image_rows = src + host_->offsets[image];
-  uint8_t* device_rows = dst + (layout_.image_field >= 0 ? layout_.convert_input_offset
-                                                         : layout_.offsets[image]);
+  uint8_t* device_rows =
+      dst + (layout_.image_field >= 0 ? layout_.convert_input_offset : layout_.offsets[image]);
   const auto* plans = reinterpret_cast<const GpuDecodePlan*>(src + host_->offsets[plan_field_]);
   // The rows to decode here, and where each decoded image goes in the arena.
   std::vector<uint32_t> rows, cpu_rows;
@@ -309,9 +308,8 @@ absl::Status CudaStage::EnqueueGpuDecode(CudaStream& stream, const uint8_t* src,
     const GpuJpegVerdict verdict = jpeg_decoder_->Probe(jpeg);
     if (verdict.reason != GpuJpegReject::kNone || verdict.width != plan.width ||
         verdict.height != plan.height) {
-      gpu_decode_->CountFallback(verdict.reason == GpuJpegReject::kNone
-                                     ? GpuJpegReject::kDecoderRefused
-                                     : verdict.reason);
+      gpu_decode_->CountFallback(
+          verdict.reason == GpuJpegReject::kNone ? GpuJpegReject::kDecoderRefused : verdict.reason);
       cpu_rows.push_back(i);
       continue;
     }
@@ -324,12 +322,12 @@ absl::Status CudaStage::EnqueueGpuDecode(CudaStream& stream, const uint8_t* src,
     if (arena_bytes > decode_arena_bytes_) {
       // Grows to the largest batch seen (a quarter more, so that growth is rare); freeing
       // the old arena waits for the work that reads it.
-      decode_arena_ = DeviceBuffer();
+      decode_arena_.reset();
       const size_t grown = arena_bytes + arena_bytes / 4;
       FERRY_ASSIGN_OR_RETURN(decode_arena_, DeviceBuffer::Create(device_, grown));
       decode_arena_bytes_ = grown;
     }
-    auto* arena = static_cast<uint8_t*>(decode_arena_.data());
+    auto* arena = static_cast<uint8_t*>(decode_arena_->data());
     std::vector<GpuJpegDecoder::Target> targets;
     std::vector<ResampleJob>& jobs = resample_jobs_host_[device_slot];
     jobs.clear();
@@ -390,12 +388,11 @@ absl::Status CudaStage::EnqueueGpuDecode(CudaStream& stream, const uint8_t* src,
     } else {
       // The workers found its header whole; its data is not. The row stays black.
       FERRY_LOG(WARNING) << "GPU " << device_ << ": a JPEG routed to the GPU does not decode ("
-                         << (s.ok() ? "its size changed" : s.message())
-                         << "); its row is black";
+                         << (s.ok() ? "its size changed" : s.message()) << "); its row is black";
     }
     // From pageable memory: staged before CopyAsync returns.
-    FERRY_RETURN_IF_ERROR(stream.CopyAsync(device_rows + field.row_bytes * i,
-                                           fallback_row_.data(), field.row_bytes));
+    FERRY_RETURN_IF_ERROR(
+        stream.CopyAsync(device_rows + field.row_bytes * i, fallback_row_.data(), field.row_bytes));
   }
   return absl::OkStatus();
 }

@@ -32,11 +32,11 @@
 #include "cuda/cuda_resources.h"
 #include "ferry/v1/ferry.pb.h"
 #include "server/dataset/sample_source.h"
-#include "server/kernels/normalize.h"
 #include "server/decode/gpu/gpu_jpeg_decoder.h"
 #include "server/decode/gpu_decode_split.h"
 #include "server/decode/image_transform.h"
-#include "server/kernels/internal/resample_job.h"
+#include "server/kernels/resample.h"
+#include "server/kernels/normalize.h"
 #include "server/kernels/photometric.h"
 #include "server/memory/memory_budget.h"
 #include "server/memory/shared_slab.h"
@@ -172,24 +172,24 @@ class CudaStage final : public DeviceStage {
   // Set once, under gather_mutex_, before gather_state_ becomes kReady; read after seeing it.
   mutable GatherSource gather_source_;
   mutable std::string gather_note_ ABSL_GUARDED_BY(gather_mutex_);  // why it failed
-  std::string copy_path_note_;             // why a gatherable dataset is not gathered (constant)
+  std::string copy_path_note_;  // why a gatherable dataset is not gathered (constant)
   // GPU JPEG decode (EnqueueGpuDecode); set in Create when the host layout routes JPEGs,
   // then used by StartCopy's thread only.
   int plan_field_ = -1;
   GpuDecodeSplit* gpu_decode_ = nullptr;  // the Job's, which outlives the stage
   std::optional<GpuJpegDecoder> jpeg_decoder_;
-  DeviceBuffer decode_arena_;  // whole decoded images of one batch, grown as needed
+  std::optional<DeviceBuffer> decode_arena_;  // whole decoded images of a batch, grown as needed
   size_t decode_arena_bytes_ = 0;
   std::vector<DeviceBuffer> resample_jobs_;  // per device slot: batch_size ResampleJobs
   std::vector<std::vector<ResampleJob>> resample_jobs_host_;  // per device slot, pinned:
   std::vector<HostRegistration> resample_jobs_pinned_;        // registered in Create
-  std::vector<CudaEvent> decode_started_;    // per device slot, kTiming
+  std::vector<CudaEvent> decode_started_;                     // per device slot, kTiming
   std::vector<CudaEvent> decode_done_;
   std::vector<int> decode_pending_;  // per device slot: images of an unreported timing
   ImageDecoder fallback_decoder_;    // rows nvJPEG cannot decode
   std::vector<uint8_t> fallback_rgb_;
   std::vector<uint8_t> fallback_row_;
-  std::atomic<int64_t> gpu_decoded_{0};  // images, for FillStatus
+  std::atomic<int64_t> gpu_decoded_{0};    // images, for FillStatus
   std::unique_ptr<EventWatcher> watcher_;  // last: destroyed first
 };
 
