@@ -627,6 +627,51 @@ TEST(JobOptionsProtoTest, AnOpThisClientDoesNotKnowKeepsItsPlace) {
   EXPECT_FALSE(sent.transform().compose().ops(2).random_horizontal_flip().has_p());
 }
 
+TEST(JobStatusProtoTest, GpuDecodeCarriesCountsFallbacksAndCosts) {
+  v1::JobStatus status;
+  v1::GpuDecodeStatus* g = status.mutable_gpu_decode();
+  g->set_mode("auto");
+  g->set_gpu_images(120345);
+  g->set_cpu_images(30100);
+  v1::ReasonCount* progressive = g->add_fallbacks();
+  progressive->set_reason("progressive");
+  progressive->set_count(812);
+  v1::ReasonCount* not_jpeg = g->add_fallbacks();
+  not_jpeg->set_reason("not_jpeg");
+  not_jpeg->set_count(2);
+  g->set_gpu_share(0.81);
+  g->set_cpu_ms_per_image(1.95);
+  g->set_gpu_ms_per_image(0.041);
+  const JobStatus out = internal::FromProto(status);
+  ASSERT_TRUE(out.gpu_decode.has_value());
+  const JobStatus::GpuDecode& gpu = *out.gpu_decode;
+  EXPECT_EQ(gpu.mode, "auto");
+  EXPECT_EQ(gpu.off, "");
+  EXPECT_EQ(gpu.gpu_images, 120345);
+  EXPECT_EQ(gpu.cpu_images, 30100);
+  ASSERT_EQ(gpu.fallbacks.size(), 2u);
+  EXPECT_EQ(gpu.fallbacks[0].reason, "progressive");
+  EXPECT_EQ(gpu.fallbacks[0].count, 812);
+  EXPECT_EQ(gpu.fallbacks[1].reason, "not_jpeg");
+  EXPECT_EQ(gpu.fallbacks[1].count, 2);
+  EXPECT_DOUBLE_EQ(gpu.gpu_share, 0.81);
+  EXPECT_DOUBLE_EQ(gpu.cpu_ms_per_image, 1.95);
+  EXPECT_DOUBLE_EQ(gpu.gpu_ms_per_image, 0.041);
+}
+
+TEST(JobStatusProtoTest, GpuDecodeOffKeepsTheReasonAndAbsentStaysAbsent) {
+  v1::JobStatus off;
+  off.mutable_gpu_decode()->set_off("GPU JPEG decode is off: the daemon's gpu_decode is \"cpu\"");
+  const JobStatus out = internal::FromProto(off);
+  ASSERT_TRUE(out.gpu_decode.has_value());
+  EXPECT_EQ(out.gpu_decode->mode, "");
+  EXPECT_EQ(out.gpu_decode->off, "GPU JPEG decode is off: the daemon's gpu_decode is \"cpu\"");
+  EXPECT_TRUE(out.gpu_decode->fallbacks.empty());
+
+  // A token job (or an older ferryd) sends no gpu_decode at all.
+  EXPECT_FALSE(internal::FromProto(v1::JobStatus()).gpu_decode.has_value());
+}
+
 TEST(DTypeTest, SizesAndNames) {
   EXPECT_EQ(DTypeSize(DType::kUint8), 1u);
   EXPECT_EQ(DTypeSize(DType::kBFloat16), 2u);

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <variant>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -61,6 +62,19 @@ std::string FormatUptime(double seconds) {
 std::string FormatRate(double per_second) {
   if (per_second < 100) return absl::StrFormat("%.1f", per_second);
   return absl::StrFormat("%.0f", per_second);
+}
+
+std::string FormatCount(int64_t count) {
+  // Unsigned magnitude, so that INT64_MIN negates without overflow.
+  const uint64_t magnitude =
+      count < 0 ? uint64_t{0} - static_cast<uint64_t>(count) : static_cast<uint64_t>(count);
+  const std::string digits = absl::StrCat(magnitude);
+  std::string out = count < 0 ? "-" : "";
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
 }
 
 std::string FormatCpuList(const std::vector<int32_t>& cpus_in) {
@@ -285,6 +299,57 @@ std::string RenderStatus(const StatusReport& report) {
   return out;
 }
 
+namespace {
+
+// Milliseconds per image: three significant digits ("1.95", "0.041"), whole above 100.
+std::string FormatMs(double ms) {
+  return ms >= 100 ? absl::StrFormat("%.0f", ms) : absl::StrFormat("%.3g", ms);
+}
+
+// ferryd's reasons read "GPU JPEG decode is off[ for this job]: <why>"; the row says "off".
+std::string OffReason(const std::string& note) {
+  constexpr absl::string_view kOff = "GPU JPEG decode is off";
+  const size_t colon = note.find(": ");
+  if (absl::StartsWith(note, kOff) && colon != std::string::npos) return note.substr(colon + 2);
+  return note;
+}
+
+}  // namespace
+
+std::vector<std::string> FormatGpuDecode(const JobStatus& job) {
+  if (!job.gpu_decode.has_value()) return {};
+  const JobStatus::GpuDecode& g = *job.gpu_decode;
+  if (g.mode.empty()) return {absl::StrCat("off: ", g.off.empty() ? "-" : OffReason(g.off))};
+  std::string split = absl::StrCat(g.mode, ": ");
+  if (g.gpu_share >= 1) {
+    absl::StrAppend(&split, "every file the GPU can decode goes to it");
+  } else if (g.gpu_share <= 0) {
+    absl::StrAppend(&split, "no file goes to the GPU");
+  } else {
+    absl::StrAppend(&split,
+                    absl::StrFormat("%.0f%% of the files the GPU can decode go to it (share %.2f)",
+                                    100 * g.gpu_share, g.gpu_share));
+  }
+  auto cost = [](double ms, absl::string_view where) {
+    return ms > 0 ? absl::StrCat(FormatMs(ms), " ms/image ", where)
+                  : absl::StrCat("not yet measured ", where);
+  };
+  if (g.cpu_ms_per_image > 0 || g.gpu_ms_per_image > 0) {
+    absl::StrAppend(&split, "; ", cost(g.cpu_ms_per_image, "on a worker"), ", ",
+                    cost(g.gpu_ms_per_image, "on the GPU"));
+  }
+  std::string counts = absl::StrCat(FormatCount(g.gpu_images), " images decoded on the GPU, ",
+                                    FormatCount(g.cpu_images), " on the CPU");
+  if (!g.fallbacks.empty()) {
+    std::vector<std::string> reasons;
+    for (const JobStatus::GpuDecode::Fallback& f : g.fallbacks) {
+      reasons.push_back(absl::StrCat(f.reason, " ", FormatCount(f.count)));
+    }
+    absl::StrAppend(&counts, " (not for the GPU: ", absl::StrJoin(reasons, ", "), ")");
+  }
+  return {split, counts};
+}
+
 std::string RenderJob(const JobStatus& status) {
   const JobInfo& j = status.job;
   const JobOptions& s = j.spec;
@@ -344,6 +409,11 @@ std::string RenderJob(const JobStatus& status) {
   if (can_gather) {
     info.AddRow({"gathered", absl::StrCat(gathered, " of ", copied,
                                           " batches (the others copied by workers)")});
+  }
+  // Image jobs: who decodes the JPEGs (the second line, if any, under the first).
+  const std::vector<std::string> gpu_decode = FormatGpuDecode(status);
+  for (size_t i = 0; i < gpu_decode.size(); ++i) {
+    info.AddRow({i == 0 ? "gpu decode" : "", gpu_decode[i]});
   }
   if (!status.paused.empty()) {
     info.AddRow({"PAUSED", absl::StrCat(status.paused, " (a condition of this machine; ",

@@ -35,6 +35,8 @@ std::string FormatBytes(uint64_t bytes);
 std::string FormatUptime(double seconds);
 // One decimal below 100, none above: "12.5", "1234".
 std::string FormatRate(double per_second);
+// Thousands separated: 120345 -> "120,345", -1234 -> "-1,234".
+std::string FormatCount(int64_t count);
 // [0,1,2,3,8,10,11] -> "0-3,8,10-11".
 std::string FormatCpuList(const std::vector<int32_t>& cpus);
 // "imagefolder /data/train" or "tokens /data/t.bin".
@@ -48,6 +50,10 @@ std::string FormatField(const FieldInfo& field);
 std::string FormatTime(int64_t unix_ms);
 // "active", "paused", "failed", or "idle 3m 10s, deleted in 6m 50s".
 std::string FormatJobState(const JobStatus& job);
+// Who decodes the job's JPEGs, in one or two lines: `off: <why>`, or the mode with the
+// GPU's share and the measured costs, then the images each side decoded with the GPU's
+// fallbacks by reason. Empty where the job has no gpu_decode.
+std::vector<std::string> FormatGpuDecode(const JobStatus& job);
 
 std::string RenderStatus(const StatusReport& report);
 std::string RenderJobs(const StatusReport& report);

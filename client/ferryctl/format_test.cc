@@ -32,6 +32,12 @@ TEST(FormatTest, Numbers) {
   EXPECT_EQ(FormatCpuList({0, 1, 2, 3, 8, 10, 11}), "0-3,8,10-11");
   EXPECT_EQ(FormatCpuList({}), "-");
   EXPECT_EQ(FormatTime(0), "1970-01-01 00:00:00 UTC");
+  EXPECT_EQ(FormatCount(0), "0");
+  EXPECT_EQ(FormatCount(999), "999");
+  EXPECT_EQ(FormatCount(1000), "1,000");
+  EXPECT_EQ(FormatCount(120345), "120,345");
+  EXPECT_EQ(FormatCount(-1234567), "-1,234,567");
+  EXPECT_EQ(FormatCount(INT64_MIN), "-9,223,372,036,854,775,808");
 }
 
 JobStatus SampleJob() {
@@ -148,6 +154,45 @@ TEST(RenderTest, JobShowsEachDistinctCopyPath) {
   EXPECT_THAT(out, HasSubstr("gathered       60 of 100 batches"));
   for (RankStatus& r : s.ranks) r.copy_path = "slot copy";
   EXPECT_THAT(RenderJob(s), Not(HasSubstr("gathered ")));
+}
+
+TEST(RenderTest, JobShowsWhoDecodesTheJpegs) {
+  JobStatus s = SampleJob();
+  EXPECT_THAT(RenderJob(s), Not(HasSubstr("gpu decode")));  // a host job: no row
+  s.gpu_decode = JobStatus::GpuDecode{
+      .mode = "auto",
+      .gpu_images = 120345,
+      .cpu_images = 30100,
+      .fallbacks = {{"progressive", 812}, {"cmyk", 301}, {"too_large", 9800}, {"not_jpeg", 2}},
+      .gpu_share = 0.81,
+      .cpu_ms_per_image = 1.95,
+      .gpu_ms_per_image = 0.041};
+  EXPECT_THAT(RenderJob(s),
+              HasSubstr("gpu decode     auto: 81% of the files the GPU can decode go to it (share "
+                        "0.81); 1.95 ms/image on a worker, 0.041 ms/image on the GPU\n"
+                        "               120,345 images decoded on the GPU, 30,100 on the CPU (not "
+                        "for the GPU: progressive 812, cmyk 301, too_large 9,800, not_jpeg 2)\n"));
+
+  // Mode "gpu" before any batch was timed, nothing fallen back yet.
+  s.gpu_decode = JobStatus::GpuDecode{.mode = "gpu", .gpu_images = 512, .gpu_share = 1};
+  EXPECT_EQ(FormatGpuDecode(s),
+            (std::vector<std::string>{"gpu: every file the GPU can decode goes to it",
+                                      "512 images decoded on the GPU, 0 on the CPU"}));
+  s.gpu_decode->cpu_ms_per_image = 2.5;
+  EXPECT_EQ(FormatGpuDecode(s)[0],
+            "gpu: every file the GPU can decode goes to it; 2.5 ms/image on a worker, not yet "
+            "measured on the GPU");
+
+  // Off: one line with ferryd's reason, without its "GPU JPEG decode is off" preamble.
+  s.gpu_decode =
+      JobStatus::GpuDecode{.off = "GPU JPEG decode is off: the daemon's gpu_decode is \"cpu\""};
+  EXPECT_THAT(RenderJob(s), HasSubstr("gpu decode     off: the daemon's gpu_decode is \"cpu\"\n"));
+  s.gpu_decode->off = "GPU JPEG decode is off for this job: its transform runs ops on the workers";
+  EXPECT_EQ(FormatGpuDecode(s),
+            (std::vector<std::string>{"off: its transform runs ops on the workers"}));
+  s.gpu_decode->off = "no libnvjpeg: tried libnvjpeg.so.13";
+  EXPECT_EQ(FormatGpuDecode(s),
+            (std::vector<std::string>{"off: no libnvjpeg: tried libnvjpeg.so.13"}));
 }
 
 // Issue 23: each rank's stall ratio and limiting stage, and the job's most stalled rank.

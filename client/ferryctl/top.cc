@@ -140,6 +140,14 @@ std::string RankMemory(const v1::JobStatus& job, const v1::RankStatus& r) {
   return FormatBytes(uint64_t{r.slots()} * job.job().slot_bytes());
 }
 
+// The share of the job's GPU-decodable JPEGs its GPU decodes now; "off" when it decodes none
+// (the reason is in `ferryctl job`), "-" for a job without images.
+std::string GpuDecodeShare(const v1::JobStatus& job) {
+  if (!job.has_gpu_decode()) return "-";
+  if (job.gpu_decode().mode().empty()) return "off";
+  return Percent(job.gpu_decode().gpu_share());
+}
+
 struct Row {
   const v1::JobStatus* job;
   const v1::RankStatus* rank;  // null for a job no rank has attached to yet
@@ -188,35 +196,43 @@ std::string RenderTop(const v1::GetStatusResponse& now, const v1::GetStatusRespo
            std::make_tuple(-b.stall, b.job->job().id(), rank_b);
   });
 
+  // GPU DEC, after STAGE (a rank limited by decode wants it), only while some job's GPU
+  // decodes JPEGs: other daemons keep the narrower table.
+  const bool gpu_decode =
+      std::any_of(now.jobs().begin(), now.jobs().end(),
+                  [](const v1::JobStatus& job) { return !job.gpu_decode().mode().empty(); });
+  constexpr size_t kGpuDecodeColumn = 7;
   // Rows are made twice at most: again with shorter names when the first does not fit.
   auto table = [&](size_t name_width) {
-    Table t({{"JOB"},
-             {"NAME"},
-             {"RANK", true},
-             {"STATE"},
-             {"SAMPLES/S", true},
-             {"STALL", true},
-             {"STAGE"},
-             {"QUEUE", true},
-             {"LEASED", true},
-             {"MEMORY", true}});
+    std::vector<Table::Column> columns = {
+        {"JOB"},         {"NAME"},  {"RANK", true},  {"STATE"},        {"SAMPLES/S", true},
+        {"STALL", true}, {"STAGE"}, {"QUEUE", true}, {"LEASED", true}, {"MEMORY", true}};
+    if (gpu_decode) columns.insert(columns.begin() + kGpuDecodeColumn, {"GPU DEC", true});
+    Table t(std::move(columns));
     for (const Row& row : rows) {
       const v1::JobStatus& job = *row.job;
       std::string name =
           name_width > 0 ? TruncateLine(job.job().name(), name_width) : job.job().name();
       const std::string state = FormatJobState(StateFields(job));
+      std::vector<std::string> cells;
       if (row.rank == nullptr) {
-        t.AddRow({job.job().id(), name, "-", state, "-", "-", "-", "-", "-", "-"});
-        continue;
+        cells = {job.job().id(), name, "-", state, "-", "-", "-", "-", "-", "-"};
+      } else {
+        const v1::RankStatus& r = *row.rank;
+        const bool live = r.attached();
+        cells = {job.job().id(),
+                 name,
+                 absl::StrCat(r.rank()),
+                 state,
+                 live ? FormatRate(r.samples_per_second()) : "-",
+                 live ? Percent(r.stall_ratio()) : "-",
+                 live ? FormatLimitingStage(r.limiting_stage()) : "-",
+                 absl::StrCat(r.queue_depth(), "/", r.slots()),
+                 absl::StrCat(r.slots_leased()),
+                 RankMemory(job, r)};
       }
-      const v1::RankStatus& r = *row.rank;
-      const bool live = r.attached();
-      t.AddRow({job.job().id(), name, absl::StrCat(r.rank()), state,
-                live ? FormatRate(r.samples_per_second()) : "-",
-                live ? Percent(r.stall_ratio()) : "-",
-                live ? FormatLimitingStage(r.limiting_stage()) : "-",
-                absl::StrCat(r.queue_depth(), "/", r.slots()), absl::StrCat(r.slots_leased()),
-                RankMemory(job, r)});
+      if (gpu_decode) cells.insert(cells.begin() + kGpuDecodeColumn, GpuDecodeShare(job));
+      t.AddRow(std::move(cells));
     }
     return t.Render();
   };

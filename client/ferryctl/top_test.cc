@@ -139,6 +139,26 @@ TEST(TopTest, UnknownStageAndIdleRanksShowDashes) {
   EXPECT_EQ(FormatLimitingStage(v1::LIMITED_BY_COPY), "copy");
 }
 
+TEST(TopTest, GpuDecodeShareShowsOnlyWhileAJobsGpuDecodes) {
+  v1::GetStatusResponse s = Sample();
+  // A job whose GPU decodes none of its JPEGs adds no column.
+  s.mutable_jobs(1)->mutable_gpu_decode()->set_off("GPU JPEG decode is off: no libnvjpeg");
+  EXPECT_THAT(RenderTop(s, nullptr, {}), Not(HasSubstr("GPU DEC")));
+  v1::GpuDecodeStatus* g = s.mutable_jobs(0)->mutable_gpu_decode();
+  g->set_mode("auto");
+  g->set_gpu_share(0.81);
+  const std::string out = RenderTop(s, nullptr, {});
+  EXPECT_THAT(out, HasSubstr("STAGE    GPU DEC  QUEUE"));
+  const std::vector<std::string> rows = Rows(out);
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_THAT(rows[0], HasSubstr("60%  decode       81%    3/8"));
+  EXPECT_THAT(rows[2], HasSubstr("0%  -            81%    3/8"));
+  EXPECT_THAT(rows[3], HasSubstr("-  -            off    3/8"));
+  // A job without images on a daemon where another job's GPU decodes.
+  s.mutable_jobs(1)->clear_gpu_decode();
+  EXPECT_THAT(Rows(RenderTop(s, nullptr, {}))[3], HasSubstr("-  -              -    3/8"));
+}
+
 TEST(TopTest, StateIsWordedAsFerryctlJobsWordsIt) {
   v1::GetStatusResponse s = Sample();
   s.mutable_jobs(0)->set_paused("reading /data/x: too many open files");

@@ -186,6 +186,18 @@ const Metric<GpuStatus> kGpuMetrics[] = {
 constexpr absl::string_view kBadSampleReasons[] = {"corrupt", "missing", "unreadable", "too_large",
                                                    "other"};
 
+// The reasons of GpuDecodeStatus.fallbacks (GpuJpegRejectName's, and not_jpeg): exported as
+// kBadSampleReasons are, each always (0 until seen), one outside the set as it comes.
+constexpr absl::string_view kGpuDecodeFallbackReasons[] = {"corrupt",
+                                                           "progressive",
+                                                           "unsupported_coding",
+                                                           "unsupported_subsampling",
+                                                           "cmyk",
+                                                           "unsupported_color_space",
+                                                           "too_large",
+                                                           "decoder_refused",
+                                                           "not_jpeg"};
+
 // LimitingStage values as label values, in enum order.
 constexpr std::pair<ferry::v1::LimitingStage, absl::string_view> kStages[] = {
     {ferry::v1::LIMITING_STAGE_UNSPECIFIED, "unknown"},
@@ -211,6 +223,56 @@ void WriteHistogram(Writer* w, absl::string_view name, const std::string& labels
   w->Sample(bucket, With(labels, "le", "+Inf"), total);
   w->Sample(absl::StrCat(name, "_sum"), labels, h.sum());
   w->Sample(absl::StrCat(name, "_count"), labels, total);
+}
+
+// Counts by reason: every reason of `fixed` (0 where absent), then those outside it.
+template <typename Counts, size_t N>
+void WriteReasons(Writer* w, absl::string_view name, const std::string& labels,
+                  const Counts& counts, const absl::string_view (&fixed)[N]) {
+  for (absl::string_view reason : fixed) {
+    double count = 0;
+    for (const auto& r : counts) {
+      if (r.reason() == reason) count += static_cast<double>(r.count());
+    }
+    w->Sample(name, With(labels, "reason", reason), count);
+  }
+  for (const auto& r : counts) {
+    bool known = false;
+    for (absl::string_view reason : fixed) known = known || r.reason() == reason;
+    if (!known) w->Sample(name, With(labels, "reason", r.reason()), static_cast<double>(r.count()));
+  }
+}
+
+// Jobs whose GPU decodes JPEGs (GpuDecodeStatus.mode set); one where it is off has none of
+// these series.
+void WriteGpuDecode(Writer* w, const GetStatusResponse& status) {
+  w->Family("ferry_job_gpu_decode_images_total", "counter",
+            "Images of a job whose GPU decodes JPEGs, by who decoded them: decoder=\"gpu\" "
+            "(nvJPEG), decoder=\"cpu\" (the workers, fallbacks included).");
+  for (const JobStatus& job : status.jobs()) {
+    if (job.gpu_decode().mode().empty()) continue;
+    const std::string labels = JobLabels(job);
+    w->Sample("ferry_job_gpu_decode_images_total", With(labels, "decoder", "gpu"),
+              static_cast<double>(job.gpu_decode().gpu_images()));
+    w->Sample("ferry_job_gpu_decode_images_total", With(labels, "decoder", "cpu"),
+              static_cast<double>(job.gpu_decode().cpu_images()));
+  }
+  w->Family("ferry_job_gpu_decode_fallbacks_total", "counter",
+            "Files the workers decoded because the GPU could not, by reason: corrupt, "
+            "progressive, unsupported_coding, unsupported_subsampling, cmyk, "
+            "unsupported_color_space, too_large, decoder_refused, not_jpeg.");
+  for (const JobStatus& job : status.jobs()) {
+    if (job.gpu_decode().mode().empty()) continue;
+    WriteReasons(w, "ferry_job_gpu_decode_fallbacks_total", JobLabels(job),
+                 job.gpu_decode().fallbacks(), kGpuDecodeFallbackReasons);
+  }
+  w->Family("ferry_job_gpu_decode_share", "gauge",
+            "The share of a job's GPU-decodable JPEGs given to the GPU now (1 in gpu_decode "
+            "mode \"gpu\").");
+  for (const JobStatus& job : status.jobs()) {
+    if (job.gpu_decode().mode().empty()) continue;
+    w->Sample("ferry_job_gpu_decode_share", JobLabels(job), job.gpu_decode().gpu_share());
+  }
 }
 
 void WriteDaemon(Writer* w, const DaemonStatus& d, int jobs) {
@@ -285,22 +347,8 @@ std::string StatusToPrometheus(const GetStatusResponse& status) {
            "Bad samples (each counted once) by reason: corrupt, missing, unreadable, too_large, "
            "other.");
   for (const JobStatus& job : status.jobs()) {
-    const std::string labels = JobLabels(job);
-    for (absl::string_view reason : kBadSampleReasons) {
-      double count = 0;
-      for (const auto& r : job.errors_by_reason()) {
-        if (r.reason() == reason) count += static_cast<double>(r.count());
-      }
-      w.Sample("ferry_job_bad_samples_total", With(labels, "reason", reason), count);
-    }
-    for (const auto& r : job.errors_by_reason()) {
-      bool known = false;
-      for (absl::string_view reason : kBadSampleReasons) known = known || r.reason() == reason;
-      if (!known) {
-        w.Sample("ferry_job_bad_samples_total", With(labels, "reason", r.reason()),
-                 static_cast<double>(r.count()));
-      }
-    }
+    WriteReasons(&w, "ferry_job_bad_samples_total", JobLabels(job), job.errors_by_reason(),
+                 kBadSampleReasons);
   }
   w.Family("ferry_job_blend_source_samples_drawn_total", "counter",
            "Positions of batches drawn from each source of a blend (label source: its name).");
@@ -311,6 +359,8 @@ std::string StatusToPrometheus(const GetStatusResponse& status) {
                static_cast<double>(b.samples_drawn()));
     }
   }
+
+  WriteGpuDecode(&w, status);
 
   for (const auto& m : kRankMetrics) {
     w.Family(m.name, m.type, m.help);

@@ -47,6 +47,20 @@ ferry::v1::GetStatusResponse SampleStatus() {
   ferry::v1::BlendSourceStatus* wiki = job->add_blend_sources();
   wiki->set_name("wiki");
   wiki->set_samples_drawn(77);
+  ferry::v1::GpuDecodeStatus* gpu_decode = job->mutable_gpu_decode();
+  gpu_decode->set_mode("auto");
+  gpu_decode->set_gpu_images(120345);
+  gpu_decode->set_cpu_images(30100);
+  for (const auto& [reason, count] :
+       std::vector<std::pair<std::string, int64_t>>{{"progressive", 812}, {"not_jpeg", 2}}) {
+    ferry::v1::ReasonCount* f = gpu_decode->add_fallbacks();
+    f->set_reason(reason);
+    f->set_count(count);
+  }
+  ferry::v1::ReasonCount* future = gpu_decode->add_fallbacks();
+  future->set_reason("later_reason");
+  future->set_count(4);
+  gpu_decode->set_gpu_share(0.8125);
   ferry::v1::ReasonCount* corrupt = job->add_errors_by_reason();
   corrupt->set_reason("corrupt");
   corrupt->set_count(3);
@@ -138,6 +152,9 @@ TEST(PrometheusTextTest, FamiliesHaveConventionalNamesAndTypes) {
       {"ferry_job_read_bytes_total", "counter"},
       {"ferry_job_bad_samples_total", "counter"},
       {"ferry_job_blend_source_samples_drawn_total", "counter"},
+      {"ferry_job_gpu_decode_images_total", "counter"},
+      {"ferry_job_gpu_decode_fallbacks_total", "counter"},
+      {"ferry_job_gpu_decode_share", "gauge"},
       {"ferry_rank_batches_delivered_total", "counter"},
       {"ferry_rank_samples_delivered_total", "counter"},
       {"ferry_rank_stall_ratio", "gauge"},
@@ -196,6 +213,34 @@ TEST(PrometheusTextTest, BlendSourcesExportSamplesReadBySource) {
       HasSubstr(
           R"(ferry_job_blend_source_samples_drawn_total{job_id="j0123456789ab",job_name="imagenet \"train\"\\x\n",source="wiki"} 77)"
           "\n"));
+}
+
+TEST(PrometheusTextTest, GpuDecodeExportsImagesByDecoderFallbacksAndShare) {
+  const std::string text = StatusToPrometheus(SampleStatus());
+  const std::string job = R"(job_id="j0123456789ab",job_name="imagenet \"train\"\\x\n")";
+  EXPECT_THAT(text, HasSubstr("ferry_job_gpu_decode_images_total{" + job +
+                              ",decoder=\"gpu\"} 120345\n"
+                              "ferry_job_gpu_decode_images_total{" +
+                              job + ",decoder=\"cpu\"} 30100\n"));
+  const std::string fallbacks = "ferry_job_gpu_decode_fallbacks_total{" + job + ",reason=";
+  EXPECT_THAT(text, HasSubstr(fallbacks + "\"progressive\"} 812\n"));
+  EXPECT_THAT(text, HasSubstr(fallbacks + "\"not_jpeg\"} 2\n"));
+  for (const char* zero : {"corrupt", "unsupported_coding", "unsupported_subsampling", "cmyk",
+                           "unsupported_color_space", "too_large", "decoder_refused"}) {
+    EXPECT_THAT(text, HasSubstr(fallbacks + "\"" + zero + "\"} 0\n"));
+  }
+  EXPECT_THAT(text, HasSubstr(fallbacks + "\"later_reason\"} 4\n"));
+  EXPECT_THAT(text, HasSubstr("ferry_job_gpu_decode_share{" + job + "} 0.8125\n"));
+
+  // A job whose GPU decodes no JPEGs has none of these series; its families stay declared.
+  ferry::v1::GetStatusResponse off = SampleStatus();
+  off.mutable_jobs(0)->mutable_gpu_decode()->Clear();
+  off.mutable_jobs(0)->mutable_gpu_decode()->set_off("GPU JPEG decode is off: no libnvjpeg");
+  const std::string off_text = StatusToPrometheus(off);
+  EXPECT_THAT(off_text, HasSubstr("# TYPE ferry_job_gpu_decode_share gauge\n"));
+  EXPECT_THAT(off_text, Not(HasSubstr("ferry_job_gpu_decode_share{")));
+  EXPECT_THAT(off_text, Not(HasSubstr("ferry_job_gpu_decode_images_total{")));
+  EXPECT_THAT(off_text, Not(HasSubstr("ferry_job_gpu_decode_fallbacks_total{")));
 }
 
 TEST(PrometheusTextTest, LimitingStageIsAStateSetWithOneCurrentStage) {

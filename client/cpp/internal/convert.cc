@@ -552,6 +552,20 @@ JobStatus FromProto(const v1::JobStatus& status) {
                                                        .samples_per_epoch = b.samples_per_epoch(),
                                                        .samples_drawn = b.samples_drawn()});
   }
+  if (status.has_gpu_decode()) {
+    const v1::GpuDecodeStatus& g = status.gpu_decode();
+    JobStatus::GpuDecode& gpu = out.gpu_decode.emplace();
+    gpu.mode = g.mode();
+    gpu.off = g.off();
+    gpu.gpu_images = g.gpu_images();
+    gpu.cpu_images = g.cpu_images();
+    for (const v1::ReasonCount& f : g.fallbacks()) {
+      gpu.fallbacks.push_back(JobStatus::GpuDecode::Fallback{f.reason(), f.count()});
+    }
+    gpu.gpu_share = g.gpu_share();
+    gpu.cpu_ms_per_image = g.cpu_ms_per_image();
+    gpu.gpu_ms_per_image = g.gpu_ms_per_image();
+  }
   return out;
 }
 

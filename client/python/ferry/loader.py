@@ -908,8 +908,10 @@ class Loader:
 
     def job_status(self):
         """The job's status as ferryd reports it now (ferry.v1.JobStatus as a dict, proto
-        field names): "ranks", "errors", "samples_decoded", and for a Blend "blend_sources"
-        (per dataset: "name", "weight", "samples_per_epoch", "samples_drawn")."""
+        field names): "ranks", "errors", "samples_decoded", for a Blend "blend_sources"
+        (per dataset: "name", "weight", "samples_per_epoch", "samples_drawn"), and for a GPU
+        image job "gpu_decode" (who decodes its JPEGs: "mode" or "off", "gpu_images",
+        "cpu_images", "fallbacks", "gpu_share"; docs/operations.md)."""
         if self._client is None:
             raise FerryError("FAILED_PRECONDITION", "the ferry.Loader is closed")
         return self._client.get_job(self.job["id"])
