@@ -215,7 +215,10 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
   // JPEGs of a GPU image job may be decoded by the GPU (GpuDecodeSplit), when nvJPEG loads.
   std::string gpu_decode_note;
   if (cuda && options_.gpu_decode == GpuDecodeMode::kCpu) {
-    gpu_decode_note = "GPU JPEG decode is off: the daemon's gpu_decode is \"cpu\"";
+    gpu_decode_note =
+        "GPU JPEG decode is off: the daemon's gpu_decode is \"cpu\" (the default; \"auto\" or "
+        "\"gpu\" "
+        "turn it on)";
   } else if (cuda) {
     if (absl::Status available = gpus_->GpuDecodeAvailable(); available.ok()) {
       source_options.gpu_decode = std::make_shared<GpuDecodeSplit>(

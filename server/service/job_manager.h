@@ -63,8 +63,8 @@ class JobManager final {
     // DaemonConfig.widen_tokens_on_host: sets TokensDataset.widen_on_host of GPU jobs.
     // Default: false.
     bool widen_tokens_on_host = false;
-    // DaemonConfig.gpu_decode. Default: GpuDecodeMode::kAuto.
-    GpuDecodeMode gpu_decode = GpuDecodeMode::kAuto;
+    // DaemonConfig.gpu_decode. Default: GpuDecodeMode::kCpu.
+    GpuDecodeMode gpu_decode = GpuDecodeMode::kCpu;
     // DaemonConfig.job_idle_timeout_seconds: DeleteIdleJobs deletes a job that had no
     // consumer for this long. Zero keeps jobs until deleted. Default: 10 minutes.
     absl::Duration job_idle_timeout = absl::Minutes(10);

@@ -4,7 +4,7 @@ and records what it got. Run as `python3 gpu_worker.py '<json config>'`.
 Config keys:
   address, root, rank, world_size, batch_size, seed, epochs (count), crop (default 32),
   device ("cpu" or "cuda:0"), image_dtype, mean, std, zero_copy, job_name, compose ("vit":
-  a ferry.transforms.Compose instead of RandomResizedCrop + flip).
+  a ferry.transforms.Compose instead of RandomResizedCrop + flip), full_decode.
   out: JSON written (atomically) at a pause and at the end:
     {"len": ..., "state": loader.state_dict(), "done": bool,
      "epochs": {"<e>": [{"index": [...], "label": [...], "pixel_sum": [...] (uint8 only),
@@ -47,7 +47,8 @@ def transform(config):
     (ending in Normalize, and RandomErasing with p=1 so that every image has a box)."""
     crop = config.get("crop", 32)
     if config.get("compose") != "vit":
-        return ferry.RandomResizedCrop(crop, flip=True)
+        return ferry.RandomResizedCrop(crop, flip=True,
+                                       full_decode=config.get("full_decode", False))
     from ferry import transforms as T
     return T.Compose([T.RandomResizedCrop(crop), T.RandomHorizontalFlip(), T.TrivialAugmentWide(),
                       T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomGrayscale(0.2),

@@ -466,6 +466,42 @@ class GpuTransportTest(unittest.TestCase):
         self.assertLess(total / count, 2.5)  # as compose_paths_test, which explains it
         self.assertLessEqual(worst, 8.0)
 
+    def test_b_jpeg_decode_on_the_gpu_matches_the_cpus(self):
+        # A ferryd whose GPU decodes every JPEG it can (gpu_decode "gpu"), against the CPU
+        # decode of this class's ferryd: the same crops and flips (the workers draw them),
+        # full-resolution decodes on both sides (full_decode), so the pixels differ only by
+        # nvJPEG's IDCT and upsampling against libjpeg-turbo's.
+        import torch
+        d = self.daemon.dir
+        decoding = ferry_it.FerryDaemon(config='gpu_decode: "gpu"\ndrain_timeout_seconds: 2\n')
+        try:
+            self.run_worker("bg_cpu", device="cpu", epochs=2, full_decode=True,
+                            save_images=os.path.join(d, "bg_cpu.pt"))
+            gpu = self.run_worker("bg_gpu", device="cuda:0", epochs=2, full_decode=True,
+                                  address=decoding.address, job_name="gpu-decode",
+                                  save_images=os.path.join(d, "bg_gpu.pt"))
+            import ferry
+            with ferry.Client(decoding.address) as client:
+                jobs = [j for j in client.status().get("jobs", [])]
+            status = [j.get("gpu_decode", {}) for j in jobs]
+        finally:
+            decoding.stop()
+        self.assertTrue(gpu["done"])
+        cpu = torch.load(os.path.join(d, "bg_cpu.pt"))
+        on_gpu = torch.load(os.path.join(d, "bg_gpu.pt"))
+        self.assertEqual(set(cpu), set(on_gpu))
+        worst, total, count = 0, 0.0, 0
+        for key, ref in cpu.items():
+            diff = (on_gpu[key].int() - ref.int()).abs()
+            worst = max(worst, diff.max().item())
+            total += diff.sum().item()
+            count += diff.numel()
+        print("GPU vs CPU JPEG decode: mean %.4f, max %d levels; status %s"
+              % (total / count, worst, status), flush=True)
+        self.assertLessEqual(worst, 8)
+        self.assertLess(total / count, 0.5)
+        self.assertTrue(any(int(s.get("gpu_images", 0)) > 0 for s in status), status)
+
     def test_c_two_ranks_on_one_gpu(self):
         logs, procs, outs = [], [], []
         for rank in range(2):

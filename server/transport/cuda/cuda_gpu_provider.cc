@@ -8,8 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
-#include "server/decode/gpu/nvjpeg_library.h"
 #include "cuda/cuda_resources.h"
+#include "server/decode/gpu/nvjpeg_library.h"
 #include "server/transport/cuda/cuda_stage.h"
 #include "server/transport/cuda/device_slot_layout.h"
 
@@ -64,9 +64,7 @@ absl::StatusOr<int> CudaGpuProvider::Resolve(const std::string& device) const {
       ". Use device=\"cuda:N\" with one of those ordinals (or its PCI bus id), or \"cpu\""));
 }
 
-absl::Status CudaGpuProvider::GpuDecodeAvailable() const {
-  return NvJpegLibrary::Load().status();
-}
+absl::Status CudaGpuProvider::GpuDecodeAvailable() const { return NvJpegLibrary::Load().status(); }
 
 absl::Status CudaGpuProvider::CheckJob(const Job& job) const {
   return DeviceSlotLayout::Make(job.layout(), job.spec().image_output()).status();
