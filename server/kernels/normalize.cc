@@ -38,18 +38,7 @@ absl::Status LaunchNormalizeImages(const uint8_t* src_hwc, void* dst_chw, Output
     params.scale[c] = static_cast<float>(1.0 / (255.0 * static_cast<double>(std[c])));
     params.bias[c] = static_cast<float>(-static_cast<double>(mean[c]) / std[c]);
   }
-  cuda_internal::NormalizeOut out = cuda_internal::NormalizeOut::kFloat32;
-  switch (dtype) {
-    case OutputDType::kFloat32:
-      out = cuda_internal::NormalizeOut::kFloat32;
-      break;
-    case OutputDType::kFloat16:
-      out = cuda_internal::NormalizeOut::kFloat16;
-      break;
-    case OutputDType::kBFloat16:
-      out = cuda_internal::NormalizeOut::kBFloat16;
-      break;
-  }
+  const cuda_internal::NormalizeOut out = cuda_internal::ToNormalizeOut(dtype);
   FERRY_ASSIGN_OR_RETURN(const int device, cuda_internal::StreamDevice(stream));
   ScopedDevice scope(device);
   FERRY_RETURN_IF_ERROR(scope.status());

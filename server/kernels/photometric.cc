@@ -31,18 +31,7 @@ absl::Status LaunchPhotometric(const uint8_t* src_hwc, const PhotometricProgram*
     return absl::InvalidArgumentError(absl::StrCat("LaunchPhotometric: an image of ", height, "x",
                                                    width, " is 2 GiB or more of bytes"));
   }
-  cuda_internal::NormalizeOut out = cuda_internal::NormalizeOut::kFloat32;
-  switch (dtype) {
-    case OutputDType::kFloat32:
-      out = cuda_internal::NormalizeOut::kFloat32;
-      break;
-    case OutputDType::kFloat16:
-      out = cuda_internal::NormalizeOut::kFloat16;
-      break;
-    case OutputDType::kBFloat16:
-      out = cuda_internal::NormalizeOut::kBFloat16;
-      break;
-  }
+  const cuda_internal::NormalizeOut out = cuda_internal::ToNormalizeOut(dtype);
   FERRY_ASSIGN_OR_RETURN(const int device, cuda_internal::StreamDevice(stream));
   ScopedDevice scope(device);
   FERRY_RETURN_IF_ERROR(scope.status());

@@ -28,22 +28,6 @@
 namespace ferry {
 namespace {
 
-#define ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
-#define ASSERT_OK(expr)                     \
-  do {                                      \
-    const absl::Status ferry_s_ = (expr);   \
-    ASSERT_TRUE(ferry_s_.ok()) << ferry_s_; \
-  } while (0)
-
-template <typename T>
-T ValueOrDie(absl::StatusOr<T> v) {
-  if (!v.ok()) {
-    ADD_FAILURE() << v.status();
-    std::abort();
-  }
-  return std::move(v).value();
-}
-
 class ResampleTest : public ::testing::Test {
  protected:
   void SetUp() override { FERRY_SKIP_WITHOUT_GPU(); }

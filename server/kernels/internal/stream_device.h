@@ -1,4 +1,5 @@
-// The device of a launcher's stream, for the launchers of normalize.h and photometric.h.
+// What the launchers of normalize.h and photometric.h share: the device of their stream, and
+// the kernels' name for the output dtype.
 #ifndef FERRY_SERVER_KERNELS_INTERNAL_STREAM_DEVICE_H_
 #define FERRY_SERVER_KERNELS_INTERNAL_STREAM_DEVICE_H_
 
@@ -6,6 +7,8 @@
 
 #include "absl/status/statusor.h"
 #include "cuda/cuda_status.h"
+#include "server/kernels/internal/kernels.h"
+#include "server/kernels/normalize.h"
 
 namespace ferry {
 namespace cuda_internal {
@@ -21,6 +24,18 @@ inline absl::StatusOr<int> StreamDevice(void* stream) {
     return CudaStatus(error, "cudaStreamGetDevice");
   }
   return device;
+}
+
+inline NormalizeOut ToNormalizeOut(OutputDType dtype) {
+  switch (dtype) {
+    case OutputDType::kFloat16:
+      return NormalizeOut::kFloat16;
+    case OutputDType::kBFloat16:
+      return NormalizeOut::kBFloat16;
+    case OutputDType::kFloat32:
+      break;
+  }
+  return NormalizeOut::kFloat32;
 }
 
 }  // namespace cuda_internal
