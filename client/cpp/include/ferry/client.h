@@ -415,6 +415,29 @@ struct SampleError {
   std::string message;
 };
 
+// A GPU image job's JPEG decoding (JobStatus::gpu_decode). Defined outside JobStatus so that
+// std::optional sees a complete type with its member initializers.
+struct GpuDecodeStatus {
+  // "auto", "gpu" or "cpu" (DaemonConfig.gpu_decode) while the GPU decodes for the job;
+  // empty when it does not, and then `off` says why.
+  std::string mode;
+  std::string off;
+  int64_t gpu_images = 0;  // decoded by the GPU
+  int64_t cpu_images = 0;  // decoded by the workers, fallbacks included
+  // Files the workers decoded because the GPU could not, by reason ("progressive",
+  // "cmyk", "too_large", "not_jpeg", ...), as ferryd lists them.
+  struct Fallback {
+    std::string reason;
+    int64_t count = 0;
+  };
+  std::vector<Fallback> fallbacks;
+  // The share of the files the GPU can take that it is given now (1 in mode "gpu"), and
+  // the measured costs behind it (0 until measured).
+  double gpu_share = 0;
+  double cpu_ms_per_image = 0;  // worker CPU time per image the workers decode
+  double gpu_ms_per_image = 0;  // GPU time per image it decodes and resamples
+};
+
 struct JobStatus {
   JobInfo job;
   std::vector<RankStatus> ranks;
@@ -446,26 +469,7 @@ struct JobStatus {
   std::vector<BlendSource> blend_sources;
   // Who decodes the JPEGs of an image job on a GPU (docs/operations.md, "JPEG decode on the
   // GPU"). Absent for jobs that decode no images, or whose daemon predates it.
-  struct GpuDecode {
-    // "auto", "gpu" or "cpu" (DaemonConfig.gpu_decode) while the GPU decodes for the job;
-    // empty when it does not, and then `off` says why.
-    std::string mode;
-    std::string off;
-    int64_t gpu_images = 0;  // decoded by the GPU
-    int64_t cpu_images = 0;  // decoded by the workers, fallbacks included
-    // Files the workers decoded because the GPU could not, by reason ("progressive",
-    // "cmyk", "too_large", "not_jpeg", ...), as ferryd lists them.
-    struct Fallback {
-      std::string reason;
-      int64_t count = 0;
-    };
-    std::vector<Fallback> fallbacks;
-    // The share of the files the GPU can take that it is given now (1 in mode "gpu"), and
-    // the measured costs behind it (0 until measured).
-    double gpu_share = 0;
-    double cpu_ms_per_image = 0;  // worker CPU time per image the workers decode
-    double gpu_ms_per_image = 0;  // GPU time per image it decodes and resamples
-  };
+  using GpuDecode = GpuDecodeStatus;
   std::optional<GpuDecode> gpu_decode;
 };
 
