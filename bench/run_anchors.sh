@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Runs the anchor benchmarks on the GPU machine, after scripts/gpu-bundle.sh here:
+# Runs the anchor benchmarks on the GPU machine, after `scripts/gpu-bundle.sh bench` here:
 #   bash bench/run_anchors.sh [DATA_DIR]     (results: $OUT/anchors.txt and anchors.json)
 # Generates the dataset if missing or older than issue 20's corpus: bench/make_bench_dataset.py,
 # 12,800 ImageNet-like JPEGs (about 105 KiB each) made from the photographs of Debian's
-# python3-skimage, which scripts/gpu-bundle.sh copies into .device/photos, plus 256 MB of
+# python3-skimage, which `scripts/gpu-bundle.sh bench` copies into .device/photos, plus 256 MB of
 # tokens; bench/corpus_stats.py describes it in $OUT/corpus.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ if [[ ! -f $data/imagefolder/n01000000/n01000000_0.JPEG ]]; then  # none, or the
   if [[ -d .device/photos ]]; then
     photos=(--photos .device/photos)
   else
-    echo "run_anchors: no .device/photos (scripts/gpu-bundle.sh copies python3-skimage's" \
+    echo "run_anchors: no .device/photos (scripts/gpu-bundle.sh bench copies python3-skimage's" \
       "photographs there); looking for skimage's data folder here" >&2
   fi
   rm -rf "$data/imagefolder" "$data/shards"

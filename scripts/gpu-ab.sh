@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine after scripts/gpu-bundle.sh here: two ferryd builds side by side
+# Runs on the GPU machine after `scripts/gpu-bundle.sh bench` here: two ferryd builds side by side
 # on the same lease, alternated (A B A B ...), each feeding the C++ trainer
 # (bench/gpu_consume_bench) tokens and raw records against the pinned copy peak of its own
 # rounds. For telling a change's effect from the lease's noise, which on a shared box moves

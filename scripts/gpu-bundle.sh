@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
 # Builds here and packs what the GPU tests and benchmarks need into .device/ (git-ignored)
 # for the lent GPU machine, which lacks gRPC, protobuf, abseil, libnuma, libjpeg-turbo and
-# libspng.
-#   bash scripts/gpu-bundle.sh   then, there:   bash scripts/gpu-device-run.sh
+# libspng. Everything does not fit the 60 MiB a device call carries, so pick a half:
+#   bash scripts/gpu-bundle.sh tests   then, there:   bash scripts/gpu-device-run.sh tests
+#   bash scripts/gpu-bundle.sh bench   then, there:   bash scripts/gpu-device-run.sh bench
+# (ferryd, ferryctl and the Python package are in both.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
+case ${1:-} in
+  tests) programs=(cuda/cuda_test server/kernels/kernels_test
+                   server/decode/gpu/gpu_jpeg_decoder_test) ;;
+  bench) programs=(bench/h2d_bench bench/photometric_bench bench/gpu_consume_bench
+                   bench/host_pipeline_bench) ;;
+  *) echo "usage: scripts/gpu-bundle.sh tests|bench" >&2; exit 2 ;;
+esac
 [[ $build != build ]] || cmake --preset default >/dev/null
-cmake --build "$build" --target ferryd ferryctl ferry_c ferry_python cuda_test kernels_test \
-  gpu_jpeg_decoder_test h2d_bench gpu_consume_bench photometric_bench \
-  host_pipeline_bench
+targets=(ferryd ferryctl ferry_c ferry_python)
+for p in "${programs[@]}"; do targets+=("$(basename "$p")"); done
+cmake --build "$build" --target "${targets[@]}"
 rm -rf .device
 mkdir -p .device/strip
-for f in server/ferryd client/ferryctl/ferryctl cuda/cuda_test server/kernels/kernels_test \
-         server/decode/gpu/gpu_jpeg_decoder_test bench/h2d_bench bench/photometric_bench \
-         bench/gpu_consume_bench \
-         bench/host_pipeline_bench client/c/libferry.so.1; do
+for f in server/ferryd client/ferryctl/ferryctl client/c/libferry.so.1 "${programs[@]}"; do
   cp -L "$build/$f" .device/strip/
   strip -s ".device/strip/$(basename "$f")"
 done

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine from the checkout root, after scripts/gpu-bundle.sh here:
-# the CUDA unit tests, the GPU transport tests and the GPU benchmarks. Logs go to $OUT.
+# Runs on the GPU machine from the checkout root, after `scripts/gpu-bundle.sh tests` (or
+# `bench`) here: the CUDA unit tests and the GPU transport tests, or the GPU benchmarks.
+# Logs go to $OUT.
 set -uo pipefail
 source scripts/gpu-env.sh
 nvidia-smi --query-gpu=name,pci.bus_id,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 rc=0
-# Argument: "tests" (tests only), "bench" (benchmarks only), nothing (both).
-if [[ ${1:-} != bench ]]; then
+# Argument: "tests" or "bench", the half the bundle holds.
+[[ ${1:-} == tests || ${1:-} == bench ]] || { echo "usage: gpu-device-run.sh tests|bench" >&2; exit 2; }
+if [[ $1 == tests ]]; then
   for t in cuda_test kernels_test gpu_jpeg_decoder_test; do
     $t > "$OUT/$t.txt" 2>&1 || rc=1
     grep -E "FAILED|Failure|PASSED" -A3 "$OUT/$t.txt" | tail -20
@@ -14,7 +16,7 @@ if [[ ${1:-} != bench ]]; then
   (cd tests/gpu && python3 -m unittest -v test_gpu_transport) > "$OUT/gpu_transport.txt" 2>&1 || rc=1
   tail -25 "$OUT/gpu_transport.txt"
 fi
-if [[ ${1:-} != tests ]]; then
+if [[ $1 == bench ]]; then
   h2d_bench > "$OUT/h2d_bench.txt" 2>&1 || rc=1
   sed -n '/^H2D cudaMemcpyAsync/,/^D2D/p' "$OUT/h2d_bench.txt" | grep -v '^D2D'
   python3 examples/make_demo_dataset.py /tmp/ferry-images --classes 20 --images-per-class 100 \

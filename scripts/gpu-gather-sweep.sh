@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine after scripts/gpu-bundle.sh here: raw int64 records delivered to
+# Runs on the GPU machine after `scripts/gpu-bundle.sh bench` here: raw int64 records delivered to
 # a C++ trainer (bench/gpu_consume_bench) by ferryd's page-cache gather, for several
 # gather_streams / gather_thread_blocks settings side by side, each against the pinned
 # cudaMemcpyAsync peak of its own rounds; then h2d_bench's gather-kernel table. For

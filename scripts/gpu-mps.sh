@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine after scripts/gpu-bundle.sh here: ferry under NVIDIA MPS, with a
+# Runs on the GPU machine after `scripts/gpu-bundle.sh bench` here: ferry under NVIDIA MPS, with a
 # private nvidia-cuda-mps-control started here and stopped at the end. For
 # docs/operations.md's "Sharing the GPU with MPS". Output goes to $OUT.
 #   bash scripts/gpu-mps.sh tests   the GPU transport tests with ferryd and the trainers
