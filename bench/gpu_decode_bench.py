@@ -16,6 +16,13 @@ Rounds interleave the variants (order rotated), each after a warm-up past the fi
 of prefetched batches. Reported: images/s and CPU-seconds per 1000 images (every process
 and thread) as median (min-max), ratios to the DataLoader and to ferry "cpu", and each
 ferry variant's gpu_decode status (share, images per decoder, fallbacks by reason).
+
+With --train-steps N (> 0), then the cost to a trainer: step time of each torchvision model
+of --models (bf16 autocast, channels_last, SGD, batch 256) fed by each ferry variant against
+the same step on a batch already in GPU memory ("synthetic"), one loader open at a time,
+rounds alternating the order; the ratio is the median of the per-round ratios. ResNet-50
+is compute-bound on an H100 (the workers alone keep ahead of it); ResNet-18 is input-bound
+(its step wants more images per second than the CPUs decode).
 """
 
 import argparse
@@ -26,6 +33,7 @@ import sys
 import tempfile
 
 import torch
+import torchvision
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import anchors  # noqa: E402
@@ -62,6 +70,49 @@ def report(args, results, status, cpus, device):
             json.dump(table, f, indent=1)
 
 
+def train(args, daemons, device, arch):
+    """`arch`'s step time fed by each ferry variant vs synthetic (see the docstring)."""
+    torch.backends.cudnn.benchmark = True
+    model = getattr(torchvision.models, arch)(num_classes=1000).to(device).to(
+        memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    syn = anchors.synthetic(device, 1000)
+    anchors.train_steps(syn, 15, model, optimizer, device)  # cudnn autotuning, allocator
+    names = ["synthetic"] + ["ferry " + m for m in MODES]
+    steps = {n: [] for n in names}
+    for r in range(args.train_rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            if name == "synthetic":
+                steps[name].append(anchors.train_steps(syn, args.train_steps, model, optimizer,
+                                                       device))
+                continue
+            proc, sock = daemons[name.split()[1]]
+            loader = anchors.make_ferry(sock, args.data, device, seed=100 + r,
+                                        job_name="train-%s-%s-%d" % (arch, name.split()[1], r))
+            batches = anchors.ferry_batches(loader, device)
+            anchors.train_steps(batches, 8, model, optimizer, device)  # ring full, split settled
+            steps[name].append(anchors.train_steps(batches, args.train_steps, model, optimizer,
+                                                   device))
+            gpu = loader.job_status().get("gpu_decode", {})
+            share, demand = gpu.get("gpu_share", 0), gpu.get("demand", 0)
+            job_id = loader.job["id"]
+            loader.close()
+            with ferry.Client(sock) as c:
+                c.delete_job(job_id)
+            del batches, loader
+            print("train %s round %d %-14s %7.1f ms/step (gpu share %.2f, demand %.2f)"
+                  % (arch, r, name, 1e3 * steps[name][-1], share, demand), flush=True)
+        print("train %s round %d synthetic %7.1f ms/step"
+              % (arch, r, 1e3 * steps["synthetic"][-1]), flush=True)
+    print("\n%s bf16 channels_last, batch %d: ms/step median (min-max), vs synthetic "
+          "(median of per-round ratios)" % (arch, anchors.BATCH))
+    for name in names:
+        ratios = [t / s for t, s in zip(steps[name], steps["synthetic"])]
+        print("%-18s %8.1f (%6.1f-%6.1f) %7.3fx" % (
+            name, 1e3 * statistics.median(steps[name]), 1e3 * min(steps[name]),
+            1e3 * max(steps[name]), statistics.median(ratios)))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ferryd", required=True)
@@ -70,6 +121,11 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--batches", type=int, default=64)
     p.add_argument("--warmup", type=int, default=32)
+    p.add_argument("--train-steps", type=int, default=0,
+                   help="timed ResNet-50 steps per variant and round (0: no training rows)")
+    p.add_argument("--train-rounds", type=int, default=2)
+    p.add_argument("--models", default="resnet50,resnet18",
+                   help="torchvision models to train (comma-separated)")
     p.add_argument("--json")
     args = p.parse_args()
     cpus = len(os.sched_getaffinity(0))
@@ -113,6 +169,9 @@ def main():
                         c.delete_job(job_id)
                 del batches, owner
         report(args, results, status, cpus, device)
+        if args.train_steps > 0:
+            for arch in args.models.split(","):
+                train(args, daemons, device, arch)
     finally:
         for proc, _ in daemons.values():
             proc.terminate()

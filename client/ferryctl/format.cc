@@ -324,7 +324,9 @@ std::vector<std::string> FormatGpuDecode(const JobStatus& job) {
   if (g.gpu_share >= 1) {
     absl::StrAppend(&split, "every file the GPU can decode goes to it");
   } else if (g.gpu_share <= 0) {
-    absl::StrAppend(&split, "no file goes to the GPU");
+    absl::StrAppend(&split, g.mode == "auto" && g.demand <= 0
+                                ? "no file goes to the GPU: the trainers do not wait for batches"
+                                : "no file goes to the GPU");
   } else {
     absl::StrAppend(&split,
                     absl::StrFormat("%.0f%% of the files the GPU can decode go to it (share %.2f)",

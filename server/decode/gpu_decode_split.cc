@@ -14,16 +14,16 @@ void Smooth(double* value, double sample) {
   *value = *value == 0 ? sample : (1 - kSmoothing) * *value + kSmoothing * sample;
 }
 
-int64_t InitialShare(GpuDecodeMode mode) {
+double InitialBalance(GpuDecodeMode mode) {
   switch (mode) {
     case GpuDecodeMode::kCpu:
       return 0;
     case GpuDecodeMode::kGpu:
-      return kPpm;
+      return 1;
     case GpuDecodeMode::kAuto:
       break;
   }
-  return static_cast<int64_t>(GpuDecodeSplit::kInitialShare * kPpm);
+  return GpuDecodeSplit::kInitialShare;
 }
 
 }  // namespace
@@ -44,7 +44,9 @@ GpuDecodeSplit::GpuDecodeSplit(GpuDecodeMode mode, int workers, GpuJpegLimits li
     : mode_(mode),
       workers_(std::max(1, workers)),
       limits_(limits),
-      share_ppm_(InitialShare(mode)) {}
+      share_ppm_(mode == GpuDecodeMode::kGpu ? kPpm : 0),
+      balance_(InitialBalance(mode)),
+      demand_(mode == GpuDecodeMode::kGpu ? 1 : 0) {}
 
 void GpuDecodeSplit::CountNotJpeg() {
   not_jpeg_.fetch_add(1, std::memory_order_relaxed);
@@ -93,11 +95,22 @@ void GpuDecodeSplit::ReportGpuBatch(int images, double seconds) {
   UpdateShareLocked();
 }
 
+void GpuDecodeSplit::ReportConsumerWait(double waited, double step) {
+  if (mode_ != GpuDecodeMode::kAuto || step <= 0) return;
+  absl::MutexLock lock(&mutex_);
+  demand_ = waited > kInputBoundWait * step ? std::min(1.0, demand_ + kDemandUp)
+                                            : std::max(0.0, demand_ - kDemandDown);
+  UpdateShareLocked();
+}
+
 void GpuDecodeSplit::UpdateShareLocked() {
-  if (mode_ != GpuDecodeMode::kAuto || c_ <= 0 || g_ <= 0) return;
-  const double denominator = c_ - r_ + workers_ * g_;
-  const double f = denominator > 0 ? std::clamp(c_ / denominator, 0.0, 1.0) : 1.0;
-  share_ppm_.store(static_cast<int64_t>(std::lround(f * kPpm)), std::memory_order_relaxed);
+  if (mode_ != GpuDecodeMode::kAuto) return;
+  if (c_ > 0 && g_ > 0) {
+    const double denominator = c_ - r_ + workers_ * g_;
+    balance_ = denominator > 0 ? std::clamp(c_ / denominator, 0.0, 1.0) : 1.0;
+  }
+  share_ppm_.store(static_cast<int64_t>(std::lround(demand_ * balance_ * kPpm)),
+                   std::memory_order_relaxed);
 }
 
 double GpuDecodeSplit::share() const {
@@ -114,6 +127,7 @@ GpuDecodeSplit::Counts GpuDecodeSplit::counts() const {
   c.not_jpeg = not_jpeg_.load(std::memory_order_relaxed);
   c.share = share();
   absl::MutexLock lock(&mutex_);
+  c.demand = demand_;
   c.cpu_seconds_per_image = c_;
   c.gpu_seconds_per_image = g_;
   return c;

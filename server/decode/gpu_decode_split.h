@@ -10,11 +10,21 @@
 //   g = GPU seconds per image of a GPU batch (decode + resample, measured on the stream),
 //   W = the job's workers,
 // so that per image the workers' time ((1 - f) c + f r) / W equals the GPU's f g:
-//   f = c / (c - r + W g), clamped to [0, 1].
-// Costs are smoothed (exponentially, per report) and start from kInitialShare until both
-// sides have reported. Files the GPU cannot take go to the CPU in every mode, counted by
-// reason. The share is a target over many samples: Route() hands out GPU turns so that
-// after n eligible samples round(n f) of them went to the GPU, whatever thread asks.
+//   f = c / (c - r + W g), clamped to [0, 1],
+// starting from kInitialShare until both sides have reported. Costs are smoothed
+// (exponentially, per report).
+//
+// But the GPU's decode shares the GPU with the trainer (its work time-slices with the
+// trainer's kernels), so in kAuto it only takes files while the trainer waits for batches:
+// the share given is d f, where the demand d in [0, 1] starts at 0 and follows the
+// trainer's waits (ReportConsumerWait): a batch the trainer waited for more than
+// kInputBoundWait of its step raises d by kDemandUp, any other lowers it by kDemandDown. A
+// trainer that the workers alone keep ahead of (compute-bound) thus never pays for the GPU
+// decode; an input-bound one gets it within a few batches.
+//
+// Files the GPU cannot take go to the CPU in every mode, counted by reason. The share is a
+// target over many samples: Route() hands out GPU turns so that after n eligible samples
+// round(n share) of them went to the GPU, whatever thread asks.
 //
 // Thread safety: every method may be called from any thread.
 #ifndef FERRY_SERVER_DECODE_GPU_DECODE_SPLIT_H_
@@ -40,6 +50,9 @@ absl::string_view GpuDecodeModeName(GpuDecodeMode mode);
 class GpuDecodeSplit {
  public:
   static constexpr double kInitialShare = 0.5;
+  static constexpr double kInputBoundWait = 0.02;  // of the trainer's step
+  static constexpr double kDemandUp = 0.1;
+  static constexpr double kDemandDown = 0.05;
 
   // `limits`: what the GPU takes at most (DaemonConfig.decode_limits.max_image_pixels).
   GpuDecodeSplit(GpuDecodeMode mode, int workers, GpuJpegLimits limits = GpuJpegLimits());
@@ -60,8 +73,11 @@ class GpuDecodeSplit {
   void ReportCpuDecode(double seconds);  // c, per image a worker decoded
   void ReportCpuRoute(double seconds);   // r, per image a worker routed to the GPU
   void ReportGpuBatch(int images, double seconds);
+  // The trainer waited `waited` seconds for a batch, out of `step` seconds since it released
+  // the one before (kAuto's demand; see above).
+  void ReportConsumerWait(double waited, double step);
 
-  // The share of eligible files routed to the GPU now (1 in kGpu, 0 in kCpu).
+  // The share of eligible files routed to the GPU now (1 in kGpu, 0 in kCpu): d f in kAuto.
   double share() const;
 
   struct Counts {
@@ -70,6 +86,7 @@ class GpuDecodeSplit {
     std::array<int64_t, kNumGpuJpegRejects> fallbacks{};  // by GpuJpegReject; [kNone] unused
     int64_t not_jpeg = 0;
     double share = 0;
+    double demand = 0;                 // d (1 in kGpu, 0 in kCpu)
     double cpu_seconds_per_image = 0;  // c (0 before a report)
     double gpu_seconds_per_image = 0;  // g (0 before a report)
   };
@@ -95,6 +112,8 @@ class GpuDecodeSplit {
   double c_ ABSL_GUARDED_BY(mutex_) = 0;
   double r_ ABSL_GUARDED_BY(mutex_) = 0;
   double g_ ABSL_GUARDED_BY(mutex_) = 0;
+  double balance_ ABSL_GUARDED_BY(mutex_);  // f
+  double demand_ ABSL_GUARDED_BY(mutex_);   // d
 };
 
 }  // namespace ferry

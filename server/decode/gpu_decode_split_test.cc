@@ -1,5 +1,6 @@
 #include "server/decode/gpu_decode_split.h"
 
+#include <algorithm>
 #include <thread>
 #include <vector>
 
@@ -37,8 +38,14 @@ TEST(GpuDecodeSplitTest, FilesTheGpuCannotTakeGoToTheCpuCountedByReason) {
   EXPECT_EQ(c.cpu_images, 4);
 }
 
+// A trainer that waited for every one of `batches` batches (steps of 100 ms, waits of 10).
+void InputBound(GpuDecodeSplit& split, int batches = 20) {
+  for (int i = 0; i < batches; ++i) split.ReportConsumerWait(0.010, 0.100);
+}
+
 TEST(GpuDecodeSplitTest, AutoBalancesTheMeasuredCosts) {
   GpuDecodeSplit split(GpuDecodeMode::kAuto, 16);
+  InputBound(split);
   EXPECT_EQ(split.share(), GpuDecodeSplit::kInitialShare);
   // Only one side measured: the share stays where it was.
   split.ReportCpuDecode(0.002);
@@ -57,6 +64,7 @@ TEST(GpuDecodeSplitTest, AutoBalancesTheMeasuredCosts) {
   EXPECT_NEAR(split.share(), 0.002 / (0.002 - 0.00005 + 16 * 0.0005), 1e-3);
   // A GPU much faster than the workers takes everything.
   GpuDecodeSplit fast(GpuDecodeMode::kAuto, 4);
+  InputBound(fast);
   fast.ReportCpuDecode(0.002);
   fast.ReportCpuRoute(0.0025);  // routing costs more than decoding: still all to the GPU
   fast.ReportGpuBatch(1000, 0.000001);
@@ -65,6 +73,7 @@ TEST(GpuDecodeSplitTest, AutoBalancesTheMeasuredCosts) {
 
 TEST(GpuDecodeSplitTest, RouteHandsOutTheShareEvenlyFromManyThreads) {
   GpuDecodeSplit split(GpuDecodeMode::kAuto, 8);
+  InputBound(split);
   split.ReportCpuDecode(0.003);
   split.ReportCpuRoute(0.0);
   split.ReportGpuBatch(8, 0.003);  // f = 0.003 / (0.003 + 8 * 0.000375) = 0.5
@@ -80,11 +89,54 @@ TEST(GpuDecodeSplitTest, RouteHandsOutTheShareEvenlyFromManyThreads) {
   EXPECT_EQ(routed.load(), 4000);  // exactly half: error diffusion keeps no remainder
   // Every window of consecutive decisions follows the share too (no bursts).
   GpuDecodeSplit single(GpuDecodeMode::kAuto, 8);
+  InputBound(single);
   single.ReportCpuDecode(0.003);
   single.ReportGpuBatch(8, 0.003);
   int in_window = 0;
   for (int i = 0; i < 10; ++i) in_window += single.Route(GpuJpegReject::kNone) ? 1 : 0;
   EXPECT_EQ(in_window, 5);
+}
+
+TEST(GpuDecodeSplitTest, AutoUsesTheGpuOnlyWhileTheTrainerWaits) {
+  GpuDecodeSplit split(GpuDecodeMode::kAuto, 16);
+  split.ReportCpuDecode(0.002);
+  split.ReportGpuBatch(100, 0.01);
+  const double balance = 0.002 / (0.002 + 16 * 0.0001);
+  // Before any trainer has waited, nothing goes to the GPU.
+  EXPECT_EQ(split.share(), 0.0);
+  EXPECT_EQ(split.counts().demand, 0.0);
+  for (int i = 0; i < 100; ++i) EXPECT_FALSE(split.Route(GpuJpegReject::kNone));
+  // Waits under kInputBoundWait of the step do not count (a trainer ferry keeps ahead of).
+  for (int i = 0; i < 50; ++i) split.ReportConsumerWait(0.0015, 0.100);
+  EXPECT_EQ(split.share(), 0.0);
+  // A trainer that waits: the demand rises by kDemandUp per batch, to the balance.
+  split.ReportConsumerWait(0.003, 0.100);
+  EXPECT_NEAR(split.counts().demand, GpuDecodeSplit::kDemandUp, 1e-12);
+  EXPECT_NEAR(split.share(), GpuDecodeSplit::kDemandUp * balance, 1e-6);
+  InputBound(split);
+  EXPECT_EQ(split.counts().demand, 1.0);
+  EXPECT_NEAR(split.share(), balance, 1e-6);
+  // Once the workers keep ahead again, it falls back to 0 by kDemandDown a batch.
+  split.ReportConsumerWait(0, 0.100);
+  EXPECT_NEAR(split.counts().demand, 1 - GpuDecodeSplit::kDemandDown, 1e-12);
+  for (int i = 0; i < 40; ++i) split.ReportConsumerWait(0, 0.100);
+  EXPECT_EQ(split.share(), 0.0);
+  // A trainer that waits on one batch in three (where up and down cancel) gets a little of
+  // the GPU, never the whole balance.
+  double most = 0;
+  for (int i = 0; i < 300; ++i) {
+    split.ReportConsumerWait(i % 3 == 0 ? 0.05 : 0, 0.100);
+    most = std::max(most, split.counts().demand);
+  }
+  EXPECT_NEAR(most, GpuDecodeSplit::kDemandUp, 1e-12);
+  // Fixed modes ignore waits.
+  GpuDecodeSplit gpu(GpuDecodeMode::kGpu, 4), cpu(GpuDecodeMode::kCpu, 4);
+  for (int i = 0; i < 30; ++i) {
+    gpu.ReportConsumerWait(0, 0.1);
+    cpu.ReportConsumerWait(0.1, 0.1);
+  }
+  EXPECT_EQ(gpu.share(), 1.0);
+  EXPECT_EQ(cpu.share(), 0.0);
 }
 
 }  // namespace

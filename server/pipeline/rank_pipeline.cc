@@ -11,6 +11,7 @@
 #include "common/logging.h"
 #include "common/random.h"
 #include "common/status_macros.h"
+#include "server/decode/gpu_decode_split.h"
 #include "server/stats/limiting_stage.h"
 #include "server/transport/host_ring.h"
 
@@ -159,6 +160,7 @@ absl::Status RankPipeline::TryBind(BatchConsumer* consumer, int pid,
   next_seq_ = 0;
   starved_since_ = absl::InfiniteFuture();
   consumer_since_ = absl::Now();
+  last_release_ = absl::InfinitePast();
   wait_reported_ = false;
   window_.Clear();  // the window is this consumer's
   return absl::OkStatus();
@@ -275,13 +277,20 @@ absl::Status RankPipeline::Release(BatchConsumer* consumer, uint32_t slot, int64
     if (consumer_ != consumer) return absl::FailedPreconditionError("consumer is not bound");
     std::vector<int> freed;
     FERRY_RETURN_IF_ERROR(ring_->Release(slot, seq, complete, &freed));
+    const absl::Time now = absl::Now();
     if (waited.has_value()) {
       // The wait ended when the batch reached the trainer, before this release; counted as
       // ending now, which shifts it by one step of the trainer at most.
-      const absl::Time now = absl::Now();
       wait_reported_ = true;
       window_.AddInterval(kWaitReported, now - std::max(absl::ZeroDuration(), *waited), now);
+      // Whether the trainer waits on ferry: the GPU decodes JPEGs only while it does.
+      if (GpuDecodeSplit* split = job_->gpu_decode();
+          split != nullptr && last_release_ != absl::InfinitePast()) {
+        split->ReportConsumerWait(absl::ToDoubleSeconds(*waited),
+                                  absl::ToDoubleSeconds(now - last_release_));
+      }
     }
+    last_release_ = now;
     FreeHostSlotsLocked(freed);
     ScheduleLocked(&tasks);
   }

@@ -266,6 +266,8 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   absl::Time starved_cause_since_ ABSL_GUARDED_BY(mutex_);
   // The bound consumer's Bind, and whether it has reported its waits (Release's `waited`).
   absl::Time consumer_since_ ABSL_GUARDED_BY(mutex_);
+  // The consumer's last release (its step is the time between two), or InfinitePast.
+  absl::Time last_release_ ABSL_GUARDED_BY(mutex_) = absl::InfinitePast();
   bool wait_reported_ ABSL_GUARDED_BY(mutex_) = false;
   // Figures over the last seconds (WindowFigure); cleared at Bind. Thread-safe itself:
   // workers add to it without mutex_.

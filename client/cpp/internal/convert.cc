@@ -565,6 +565,7 @@ JobStatus FromProto(const v1::JobStatus& status) {
     gpu.gpu_share = g.gpu_share();
     gpu.cpu_ms_per_image = g.cpu_ms_per_image();
     gpu.gpu_ms_per_image = g.gpu_ms_per_image();
+    gpu.demand = g.demand();
   }
   return out;
 }

@@ -8,6 +8,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "cuda/cuda_resources.h"
+#include "cuda/cuda_status.h"
 #include "cuda/scoped_device.h"
 #include "server/decode/gpu/internal/nvjpeg_api.h"
 #include "server/decode/gpu/nvjpeg_library.h"
@@ -242,11 +243,25 @@ absl::Status GpuJpegDecoder::DecodeBatch(absl::Span<const absl::Span<const uint8
                      "nvjpegDecodeBatchedInitialize", detail));
     d.initialized_batch = static_cast<int>(n);
   }
+  // The JPEG engines do not keep the stream's order: they may write the targets before
+  // work queued on `stream` has run, and nvJPEG may free and reallocate its buffers while
+  // that work is pending (seen to hang in cuMemFree with a busy GPU). So on the hardware
+  // backend the stream is drained first, and again after, so that later work on it sees
+  // the pixels; the call blocks until the engines are done in any case.
+  const bool hardware = d.backend == Backend::kHardware;
+  if (hardware) {
+    FERRY_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize",
+                                     absl::StrCat("before the GPU JPEG decode of ", detail)));
+  }
   const nvjpegStatus_t s = lib.nvjpegDecodeBatched(d.handle, d.state, d.data.data(),
                                                    d.lengths.data(), d.images.data(), stream);
   if (s != NVJPEG_STATUS_SUCCESS) {
     d.initialized_batch = 0;  // nvJPEG asks for a new initialisation after a failed batch
     return NvJpegStatus(s, "nvjpegDecodeBatched", detail);
+  }
+  if (hardware) {
+    return CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize",
+                      absl::StrCat("after the GPU JPEG decode of ", detail));
   }
   return absl::OkStatus();
 }

@@ -14,7 +14,7 @@
 // Memory: the compressed bytes may be ordinary (pageable) host memory: nvJPEG copies them
 // into pinned staging buffers of its own (cudaHostAlloc, kept and grown by the decoder's
 // state) before the transfer. They and the targets must stay valid and unchanged until the
-// work DecodeBatch enqueued on the stream has completed. nvJPEG also keeps device scratch
+// decode has completed (DecodeBatch says when). nvJPEG also keeps device scratch
 // (cudaMalloc) per decoder, grown to the largest batch seen.
 //
 // Thread safety: a decoder is used by one thread at a time (Probe and DecodeBatch share
@@ -100,8 +100,13 @@ class GpuJpegDecoder final {
     size_t bytes = 0;
   };
 
-  // Enqueues the decode of jpegs[i] into targets[i] on `stream` (a stream of this decoder's
-  // device; null is the legacy default stream) and returns without waiting for the GPU.
+  // Decodes jpegs[i] into targets[i] in `stream`'s order (a stream of this decoder's
+  // device; null is the legacy default stream): the decode starts after the work enqueued
+  // on `stream` before, and work enqueued after sees the pixels. On the CUDA backend it is
+  // enqueued and the call returns without waiting for the GPU. On the hardware backend the
+  // engines keep no stream order, so the call waits for `stream`'s earlier work, decodes,
+  // and returns once the pixels are written: give it a stream of its own, so that it does
+  // not wait for unrelated copies.
   // Every image must be one that Probe accepts. Before any GPU work: INVALID_ARGUMENT when
   // the spans differ in size, the batch is empty or over max_batch, an image fails the
   // header rules (naming its index and reason), or a target is null or too small for the

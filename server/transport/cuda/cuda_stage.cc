@@ -91,6 +91,11 @@ absl::StatusOr<std::unique_ptr<CudaStage>> CudaStage::Create(
                     << GpuJpegDecoder::BackendName(decoder.backend()) << " backend, "
                     << GpuDecodeModeName(job.gpu_decode()->mode()) << ")";
     stage->jpeg_decoder_.emplace(std::move(decoder));
+    FERRY_ASSIGN_OR_RETURN(stage->decode_stream_, CudaStream::Create(device));
+    FERRY_ASSIGN_OR_RETURN(stage->decoded_, CudaEvent::Create(device, CudaEvent::kSync));
+    for (DecodeArena& arena : stage->arenas_) {
+      FERRY_ASSIGN_OR_RETURN(arena.free, CudaEvent::Create(device, CudaEvent::kSync));
+    }
     stage->gpu_decode_ = job.gpu_decode();
     for (size_t i = 0; i < stage->slots_.size(); ++i) {
       FERRY_ASSIGN_OR_RETURN(DeviceBuffer jobs,
@@ -131,6 +136,7 @@ CudaStage::~CudaStage() {
     if (!s.ok()) FERRY_LOG(WARNING) << "copy stream of GPU " << device_ << ": " << s;
   };
   if (stream_.has_value()) drain(*stream_);
+  if (decode_stream_.has_value()) drain(*decode_stream_);
   for (CudaStream& stream : more_gather_streams_) drain(stream);
   if (counted_pinned_ != 0) {
     counters_->pinned_bytes.fetch_sub(counted_pinned_, std::memory_order_relaxed);
@@ -319,15 +325,18 @@ absl::Status CudaStage::EnqueueGpuDecode(CudaStream& stream, const uint8_t* src,
     arena_bytes += (static_cast<size_t>(plan.width) * plan.height * 3 + 255) / 256 * 256;
   }
   if (!rows.empty()) {
-    if (arena_bytes > decode_arena_bytes_) {
-      // Grows to the largest batch seen (a quarter more, so that growth is rare); freeing
-      // the old arena waits for the work that reads it.
-      decode_arena_.reset();
+    DecodeArena& decode_arena = arenas_[next_arena_];
+    next_arena_ = 1 - next_arena_;
+    // The resample of the batch before last may still be reading this arena.
+    FERRY_RETURN_IF_ERROR(decode_arena.free->Synchronize());
+    if (arena_bytes > decode_arena.bytes) {
+      // Grows to the largest batch seen (a quarter more, so that growth is rare).
+      decode_arena.buffer.reset();
       const size_t grown = arena_bytes + arena_bytes / 4;
-      FERRY_ASSIGN_OR_RETURN(decode_arena_, DeviceBuffer::Create(device_, grown));
-      decode_arena_bytes_ = grown;
+      FERRY_ASSIGN_OR_RETURN(decode_arena.buffer, DeviceBuffer::Create(device_, grown));
+      decode_arena.bytes = grown;
     }
-    auto* arena = static_cast<uint8_t*>(decode_arena_->data());
+    auto* arena = static_cast<uint8_t*>(decode_arena.buffer->data());
     std::vector<GpuJpegDecoder::Target> targets;
     std::vector<ResampleJob>& jobs = resample_jobs_host_[device_slot];
     jobs.clear();
@@ -347,9 +356,11 @@ absl::Status CudaStage::EnqueueGpuDecode(CudaStream& stream, const uint8_t* src,
       FERRY_RETURN_IF_ERROR(CheckResampleJob(job));
       jobs.push_back(job);
     }
-    FERRY_RETURN_IF_ERROR(stream.Record(decode_started_[device_slot]));
-    absl::Status decoded = jpeg_decoder_->DecodeBatch(jpegs, targets, stream.get());
+    FERRY_RETURN_IF_ERROR(decode_stream_->Record(decode_started_[device_slot]));
+    absl::Status decoded = jpeg_decoder_->DecodeBatch(jpegs, targets, decode_stream_->get());
     if (decoded.ok()) {
+      FERRY_RETURN_IF_ERROR(decode_stream_->Record(*decoded_));
+      FERRY_RETURN_IF_ERROR(stream.Wait(*decoded_));
       // `jobs` (pinned) is rewritten only for this device slot's next batch, after this one.
       void* device_jobs = resample_jobs_[device_slot].data();
       FERRY_RETURN_IF_ERROR(
@@ -357,6 +368,7 @@ absl::Status CudaStage::EnqueueGpuDecode(CudaStream& stream, const uint8_t* src,
       FERRY_RETURN_IF_ERROR(LaunchResampleWindows(static_cast<const ResampleJob*>(device_jobs),
                                                   static_cast<int>(jobs.size()), size,
                                                   stream.get()));
+      FERRY_RETURN_IF_ERROR(stream.Record(*decode_arena.free));
       FERRY_RETURN_IF_ERROR(stream.Record(decode_done_[device_slot]));
       decode_pending_[device_slot] = static_cast<int>(rows.size());
       gpu_decoded_.fetch_add(static_cast<int64_t>(rows.size()), std::memory_order_relaxed);

@@ -18,6 +18,7 @@
 #ifndef FERRY_SERVER_TRANSPORT_CUDA_CUDA_STAGE_H_
 #define FERRY_SERVER_TRANSPORT_CUDA_CUDA_STAGE_H_
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -113,7 +114,7 @@ class CudaStage final : public DeviceStage {
   absl::Status EnqueueConversion(CudaStream& stream, uint8_t* dst, uint32_t num_samples);
   // GPU JPEG decode (the host layout has kGpuDecodePlanField): the rows the workers routed
   // to the GPU hold JPEG bytes; decodes them (nvJPEG, reading the pinned host slot) into
-  // decode_arena_ and resamples each through its window into its image row of the device
+  // one of arenas_ and resamples each through its window into its image row of the device
   // slot, where the conversion then finds the pixels the workers would have written. Rows
   // nvJPEG refuses, or of a batch it fails, are decoded here on the CPU instead.
   absl::Status EnqueueGpuDecode(CudaStream& stream, const uint8_t* src, uint8_t* dst,
@@ -178,15 +179,27 @@ class CudaStage final : public DeviceStage {
   int plan_field_ = -1;
   GpuDecodeSplit* gpu_decode_ = nullptr;  // the Job's, which outlives the stage
   std::optional<GpuJpegDecoder> jpeg_decoder_;
-  std::optional<DeviceBuffer> decode_arena_;  // whole decoded images of a batch, grown as needed
-  size_t decode_arena_bytes_ = 0;
+  // nvJPEG's stream: on the hardware backend DecodeBatch waits for its stream, which must
+  // not hold the slot copies. The copy stream waits for `decoded_` before resampling.
+  std::optional<CudaStream> decode_stream_;
+  std::optional<CudaEvent> decoded_;
+  // Whole decoded images of a batch, grown as needed; batches take the two in turn, and
+  // one is written again only once the resample of the batch before last has read it
+  // (`free`, recorded on the copy stream, waited for by the host).
+  struct DecodeArena {
+    std::optional<DeviceBuffer> buffer;
+    size_t bytes = 0;
+    std::optional<CudaEvent> free;
+  };
+  std::array<DecodeArena, 2> arenas_;
+  int next_arena_ = 0;
   std::vector<DeviceBuffer> resample_jobs_;  // per device slot: batch_size ResampleJobs
   std::vector<std::vector<ResampleJob>> resample_jobs_host_;  // per device slot, pinned:
   std::vector<HostRegistration> resample_jobs_pinned_;        // registered in Create
-  std::vector<CudaEvent> decode_started_;                     // per device slot, kTiming
-  std::vector<CudaEvent> decode_done_;
-  std::vector<int> decode_pending_;  // per device slot: images of an unreported timing
-  ImageDecoder fallback_decoder_;    // rows nvJPEG cannot decode
+  std::vector<CudaEvent> decode_started_;  // per device slot, kTiming: on decode_stream_
+  std::vector<CudaEvent> decode_done_;     // after the resample, on the copy stream
+  std::vector<int> decode_pending_;        // per device slot: images of an unreported timing
+  ImageDecoder fallback_decoder_;          // rows nvJPEG cannot decode
   std::vector<uint8_t> fallback_rgb_;
   std::vector<uint8_t> fallback_row_;
   std::atomic<int64_t> gpu_decoded_{0};    // images, for FillStatus

@@ -436,6 +436,9 @@ struct GpuDecodeStatus {
   double gpu_share = 0;
   double cpu_ms_per_image = 0;  // worker CPU time per image the workers decode
   double gpu_ms_per_image = 0;  // GPU time per image it decodes and resamples
+  // Mode "auto": how much the trainers wait for batches, in [0, 1]; the GPU decodes only
+  // while they do (gpu_share is this times the share that balances the costs).
+  double demand = 0;
 };
 
 struct JobStatus {

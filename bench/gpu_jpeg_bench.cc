@@ -1,0 +1,211 @@
+// nvJPEG batched decode as ferry drives it (GpuJpegDecoder), on a folder of real JPEG files:
+// where the time goes (host-side Probe and DecodeBatch calls against the GPU's time) and how
+// the rate scales with decoders on threads of their own and with batch sizes that change
+// from call to call (the pipeline's case: each batch routes a different number of files).
+// Prints a table; never asserts. Needs a GPU and libnvjpeg.
+//
+//   gpu_jpeg_bench DIR [--files N] [--batch N] [--seconds S] [--only 420|444]
+//
+// DIR is searched recursively for .jpg/.jpeg files (bench/make_bench_dataset.py writes an
+// ImageNet-like corpus); the first --files (default 2048) that the decoder takes are read
+// into memory, so the disk is not measured. --only keeps the files of one chroma subsampling.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/types/span.h"
+#include "cuda/cuda_resources.h"
+#include "server/decode/gpu/gpu_jpeg_decoder.h"
+
+namespace ferry {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+void Die(const absl::Status& s, const char* what) {
+  if (s.ok()) return;
+  std::fprintf(stderr, "gpu_jpeg_bench: %s: %s\n", what, std::string(s.message()).c_str());
+  std::exit(1);
+}
+
+struct Corpus {
+  std::vector<std::vector<uint8_t>> files;
+  std::vector<GpuJpegVerdict> verdicts;
+  size_t max_pixels = 0;
+};
+
+Corpus Load(const std::string& dir, size_t max_files, const std::string& only,
+            GpuJpegDecoder& probe) {
+  Corpus corpus;
+  std::map<std::string, int> refused;
+  double probe_seconds = 0;
+  size_t probed = 0, bytes = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
+    if (corpus.files.size() >= max_files) break;
+    if (!entry.is_regular_file()) continue;
+    const std::string ext = absl::AsciiStrToLower(entry.path().extension().string());
+    if (ext != ".jpg" && ext != ".jpeg") continue;
+    std::ifstream in(entry.path(), std::ios::binary);
+    std::vector<uint8_t> data((std::istreambuf_iterator<char>(in)), {});
+    const Clock::time_point start = Clock::now();
+    const GpuJpegVerdict v = probe.Probe(data);
+    probe_seconds += Seconds(start);
+    ++probed;
+    if (v.reason != GpuJpegReject::kNone) {
+      ++refused[std::string(GpuJpegRejectName(v.reason))];
+      continue;
+    }
+    if ((only == "420" && v.subsampling != JpegSubsampling::k420) ||
+        (only == "444" && v.subsampling != JpegSubsampling::k444)) {
+      continue;
+    }
+    bytes += data.size();
+    corpus.max_pixels = std::max(corpus.max_pixels, static_cast<size_t>(v.width) * v.height);
+    corpus.files.push_back(std::move(data));
+    corpus.verdicts.push_back(v);
+  }
+  std::printf("corpus: %zu files probed, %zu taken (mean %.1f KiB); Probe %.1f us per file\n",
+              probed, corpus.files.size(),
+              corpus.files.empty() ? 0.0 : bytes / 1024.0 / corpus.files.size(),
+              probed == 0 ? 0.0 : 1e6 * probe_seconds / probed);
+  for (const auto& [reason, n] : refused) std::printf("  refused %-16s %d\n", reason.c_str(), n);
+  return corpus;
+}
+
+// One decoder with its stream and targets, decoding batches of the corpus in turn.
+struct Lane {
+  GpuJpegDecoder decoder;
+  CudaStream stream;
+  DeviceBuffer out;
+  size_t image_bytes = 0;
+  double call_seconds = 0;  // inside DecodeBatch (host)
+  int64_t images = 0;
+  int64_t calls = 0;
+};
+
+Lane MakeLane(const Corpus& corpus, int batch) {
+  absl::StatusOr<GpuJpegDecoder> decoder = GpuJpegDecoder::Create(0, batch);
+  Die(decoder.status(), "GpuJpegDecoder::Create");
+  absl::StatusOr<CudaStream> stream = CudaStream::Create(0);
+  Die(stream.status(), "CudaStream::Create");
+  const size_t image_bytes = (corpus.max_pixels * 3 + 255) / 256 * 256;
+  absl::StatusOr<DeviceBuffer> out = DeviceBuffer::Create(0, image_bytes * batch);
+  Die(out.status(), "DeviceBuffer::Create");
+  return Lane{std::move(*decoder), std::move(*stream), std::move(*out), image_bytes};
+}
+
+// Decodes batches of `sizes[i % sizes.size()]` images, from `first` on in the corpus, until
+// `deadline`.
+void Run(Lane& lane, const Corpus& corpus, const std::vector<int>& sizes, size_t first,
+         Clock::time_point deadline) {
+  std::vector<absl::Span<const uint8_t>> jpegs;
+  std::vector<GpuJpegDecoder::Target> targets;
+  size_t next = first;
+  for (size_t call = 0; Clock::now() < deadline; ++call) {
+    const int n = sizes[call % sizes.size()];
+    jpegs.clear();
+    targets.clear();
+    for (int i = 0; i < n; ++i, ++next) {
+      const size_t f = next % corpus.files.size();
+      const GpuJpegVerdict& v = corpus.verdicts[f];
+      jpegs.emplace_back(corpus.files[f]);
+      targets.push_back({static_cast<uint8_t*>(lane.out.data()) + lane.image_bytes * i,
+                         static_cast<size_t>(v.width) * 3, lane.image_bytes});
+    }
+    const Clock::time_point start = Clock::now();
+    Die(lane.decoder.DecodeBatch(jpegs, targets, lane.stream.get()), "DecodeBatch");
+    lane.call_seconds += Seconds(start);
+    lane.images += n;
+    ++lane.calls;
+  }
+  Die(lane.stream.Synchronize(), "cudaStreamSynchronize");
+}
+
+void Scenario(const char* name, const Corpus& corpus, int lanes_count, int batch,
+              const std::vector<int>& sizes, double seconds) {
+  std::vector<Lane> lanes;
+  for (int i = 0; i < lanes_count; ++i) lanes.push_back(MakeLane(corpus, batch));
+  // Warm-up: nvJPEG sizes its buffers on the first batches.
+  for (Lane& lane : lanes)
+    Run(lane, corpus, sizes, 0, Clock::now() + std::chrono::milliseconds(300));
+  for (Lane& lane : lanes) lane.call_seconds = 0, lane.images = 0, lane.calls = 0;
+  const Clock::time_point start = Clock::now();
+  const Clock::time_point deadline =
+      start + std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < lanes_count; ++i) {
+    threads.emplace_back(
+        [&, i] { Run(lanes[i], corpus, sizes, static_cast<size_t>(i) * 397, deadline); });
+  }
+  for (std::thread& t : threads) t.join();
+  const double wall = Seconds(start);
+  int64_t images = 0, calls = 0;
+  double call_seconds = 0;
+  for (const Lane& lane : lanes) {
+    images += lane.images, calls += lane.calls, call_seconds += lane.call_seconds;
+  }
+  std::printf("%-44s %8.0f img/s   DecodeBatch call %6.2f ms (%5.1f us/img), %3.0f%% of wall\n",
+              name, images / wall, 1e3 * call_seconds / calls, 1e6 * call_seconds / images,
+              100 * call_seconds / lanes_count / wall);
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  using namespace ferry;                     // NOLINT(build/namespaces)
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // rows appear as they are measured
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: gpu_jpeg_bench DIR [--files N] [--batch N] [--seconds S]\n");
+    return 2;
+  }
+  size_t files = 2048;
+  int batch = 128;
+  double seconds = 3;
+  std::string only;
+  for (int i = 2; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--files") files = std::strtoul(argv[i + 1], nullptr, 10);
+    if (flag == "--batch") batch = std::atoi(argv[i + 1]);
+    if (flag == "--seconds") seconds = std::atof(argv[i + 1]);
+    if (flag == "--only") only = argv[i + 1];
+  }
+  absl::StatusOr<GpuJpegDecoder> probe = GpuJpegDecoder::Create(0, batch);
+  Die(probe.status(), "GpuJpegDecoder::Create");
+  std::printf("nvJPEG %s, %s backend, %d engines\n", std::string(probe->library_version()).c_str(),
+              std::string(GpuJpegDecoder::BackendName(probe->backend())).c_str(),
+              probe->hardware_engines());
+  const Corpus corpus = Load(argv[1], files, only, *probe);
+  if (corpus.files.size() < static_cast<size_t>(batch)) {
+    std::fprintf(stderr, "gpu_jpeg_bench: fewer than %d decodable files in %s\n", batch, argv[1]);
+    return 1;
+  }
+  // A batch routes a varying number of files: sizes that change every call.
+  std::vector<int> varying;
+  for (int i = 0; i < 16; ++i) varying.push_back(batch / 2 + (i * 37) % (batch / 2 + 1));
+  std::printf("batch %d, %.1f s per row\n", batch, seconds);
+  for (const int lanes : {1, 2, 4}) {
+    Scenario(("fixed size, " + std::to_string(lanes) + " decoder(s)").c_str(), corpus, lanes, batch,
+             {batch}, seconds);
+  }
+  for (const int lanes : {1, 2, 4}) {
+    Scenario(("size changing per call, " + std::to_string(lanes) + " decoder(s)").c_str(), corpus,
+             lanes, batch, varying, seconds);
+  }
+  return 0;
+}
