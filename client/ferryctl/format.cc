@@ -293,6 +293,13 @@ std::string RenderStatus(const StatusReport& report) {
                    absl::StrCat(g.batches_in_flight), absl::StrCat(g.ranks)});
     }
     out += gpus.Render();
+    for (const GpuStatus& g : d.gpus) {
+      if (g.jpeg_gpu_images == 0 && g.jpeg_cpu_images == 0) continue;
+      const int64_t all = g.jpeg_gpu_images + g.jpeg_cpu_images;
+      absl::StrAppend(&out, "GPU ", g.ordinal, " JPEG decode: ",
+                      FormatJpegCounts(g.jpeg_gpu_images, g.jpeg_cpu_images, g.jpeg_fallbacks),
+                      absl::StrFormat("; %.0f%% on the GPU\n", 100.0 * g.jpeg_gpu_images / all));
+    }
     out += "\n";
   }
   out += RenderJobs(report);
@@ -315,6 +322,20 @@ std::string OffReason(const std::string& note) {
 }
 
 }  // namespace
+
+std::string FormatJpegCounts(int64_t gpu_images, int64_t cpu_images,
+                             const std::vector<GpuDecodeStatus::Fallback>& fallbacks) {
+  std::string counts = absl::StrCat(FormatCount(gpu_images), " images decoded on the GPU, ",
+                                    FormatCount(cpu_images), " on the CPU");
+  if (!fallbacks.empty()) {
+    std::vector<std::string> reasons;
+    for (const GpuDecodeStatus::Fallback& f : fallbacks) {
+      reasons.push_back(absl::StrCat(f.reason, " ", FormatCount(f.count)));
+    }
+    absl::StrAppend(&counts, " (not for the GPU: ", absl::StrJoin(reasons, ", "), ")");
+  }
+  return counts;
+}
 
 std::vector<std::string> FormatGpuDecode(const JobStatus& job) {
   if (!job.gpu_decode.has_value()) return {};
@@ -340,16 +361,7 @@ std::vector<std::string> FormatGpuDecode(const JobStatus& job) {
     absl::StrAppend(&split, "; ", cost(g.cpu_ms_per_image, "on a worker"), ", ",
                     cost(g.gpu_ms_per_image, "on the GPU"));
   }
-  std::string counts = absl::StrCat(FormatCount(g.gpu_images), " images decoded on the GPU, ",
-                                    FormatCount(g.cpu_images), " on the CPU");
-  if (!g.fallbacks.empty()) {
-    std::vector<std::string> reasons;
-    for (const JobStatus::GpuDecode::Fallback& f : g.fallbacks) {
-      reasons.push_back(absl::StrCat(f.reason, " ", FormatCount(f.count)));
-    }
-    absl::StrAppend(&counts, " (not for the GPU: ", absl::StrJoin(reasons, ", "), ")");
-  }
-  return {split, counts};
+  return {split, FormatJpegCounts(g.gpu_images, g.cpu_images, g.fallbacks)};
 }
 
 std::string RenderJob(const JobStatus& status) {

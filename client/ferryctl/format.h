@@ -37,6 +37,9 @@ std::string FormatUptime(double seconds);
 std::string FormatRate(double per_second);
 // Thousands separated: 120345 -> "120,345", -1234 -> "-1,234".
 std::string FormatCount(int64_t count);
+// "1,200 images decoded on the GPU, 300 on the CPU (not for the GPU: progressive 12, ...)".
+std::string FormatJpegCounts(int64_t gpu_images, int64_t cpu_images,
+                             const std::vector<GpuDecodeStatus::Fallback>& fallbacks);
 // [0,1,2,3,8,10,11] -> "0-3,8,10-11".
 std::string FormatCpuList(const std::vector<int32_t>& cpus);
 // "imagefolder /data/train" or "tokens /data/t.bin".

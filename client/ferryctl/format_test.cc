@@ -269,7 +269,17 @@ TEST(RenderTest, StatusShowsDaemonNumaAndMemory) {
   EXPECT_THAT(out, HasSubstr("8-11"));
   EXPECT_THAT(out, HasSubstr("3.0 GiB"));
   EXPECT_THAT(out, HasSubstr("2.0 GiB / 20.0 GiB"));
-  EXPECT_THAT(out, HasSubstr("23.7 GiB"));  // 25.5e9 B/s
+  EXPECT_THAT(out, HasSubstr("23.7 GiB"));          // 25.5e9 B/s
+  EXPECT_THAT(out, Not(HasSubstr("JPEG decode")));  // none of its jobs decodes there
+
+  // A GPU whose JPEG decoder took a quarter of the images.
+  report.daemon.gpus[0].jpeg_gpu_images = 1000;
+  report.daemon.gpus[0].jpeg_cpu_images = 3000;
+  report.daemon.gpus[0].jpeg_fallbacks = {{"progressive", 120}, {"not_jpeg", 1}};
+  out = RenderStatus(report);
+  EXPECT_THAT(out, HasSubstr("GPU 0 JPEG decode: 1,000 images decoded on the GPU, 3,000 on the "
+                             "CPU (not for the GPU: progressive 120, not_jpeg 1); 25% on the "
+                             "GPU\n"));
 }
 
 }  // namespace

@@ -269,6 +269,7 @@ absl::Status TransformImageSample(ImageDecoder& decoder, ComposeScratch& compose
   if (split != nullptr) {
     GpuJpegVerdict verdict;
     bool jpeg = SniffImageFormat(bytes) == ImageFormat::kJpeg;
+    plan.cpu_reason = kPlanNotJpeg;
     if (jpeg) {
       verdict = ClassifyForGpuDecode(bytes, split->limits());
       // The bytes travel in the image row: a file larger than the decoded row stays here.
@@ -278,6 +279,7 @@ absl::Status TransformImageSample(ImageDecoder& decoder, ComposeScratch& compose
     } else {
       split->CountNotJpeg();
     }
+    if (jpeg) plan.cpu_reason = static_cast<int32_t>(verdict.reason);
     if (jpeg && split->Route(verdict.reason)) {
       FERRY_RETURN_IF_ERROR(
           RouteToGpu(bytes, verdict, transform, sample_seed, image, program, &plan));

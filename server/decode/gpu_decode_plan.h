@@ -3,7 +3,8 @@
 // row (in place of the pixels) and this plan into the row of the internal field
 // kGpuDecodePlanField; the device stage decodes those bytes (nvJPEG) and resamples the
 // window into the row, so that what follows (normalize, photometric ops) sees the pixels the
-// worker would have written. A plan with on_gpu == 0 marks a row the worker decoded itself.
+// worker would have written. A plan with on_gpu == 0 marks a row the worker decoded itself,
+// and says why (cpu_reason), for the GPU's totals in status.
 // Plain bytes: it crosses PCIe with the batch.
 #ifndef FERRY_SERVER_DECODE_GPU_DECODE_PLAN_H_
 #define FERRY_SERVER_DECODE_GPU_DECODE_PLAN_H_
@@ -20,8 +21,11 @@ struct GpuDecodePlan {
   double x0 = 0, x1 = 0, y0 = 0, y1 = 0;  // SourceWindow (image_transform.h)
   int32_t clamp_x0 = 0, clamp_x1 = 0, clamp_y0 = 0, clamp_y1 = 0;
   int32_t mirror = 0;
-  int32_t reserved = 0;
+  // on_gpu == 0: a GpuJpegReject (kNone: the split gave the file to the workers) or
+  // kPlanNotJpeg.
+  int32_t cpu_reason = 0;
 };
+inline constexpr int32_t kPlanNotJpeg = -1;
 static_assert(sizeof(GpuDecodePlan) == 72);
 
 }  // namespace ferry

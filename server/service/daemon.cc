@@ -98,9 +98,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     job_options.decode_limits.max_sample_bytes = limits.max_sample_bytes();
   }
   job_options.widen_tokens_on_host = config.widen_tokens_on_host();
-  job_options.gpu_decode = config.gpu_decode() == "auto"  ? GpuDecodeMode::kAuto
+  job_options.gpu_decode = config.gpu_decode() == "cpu"   ? GpuDecodeMode::kCpu
                            : config.gpu_decode() == "gpu" ? GpuDecodeMode::kGpu
-                                                          : GpuDecodeMode::kCpu;
+                                                          : GpuDecodeMode::kAuto;
   job_options.default_prefetch_depth = config.default_prefetch_depth();
   job_options.default_prefetch_bytes = config.default_prefetch_bytes();
   job_options.job_idle_timeout = absl::Seconds(config.job_idle_timeout_seconds());

@@ -216,9 +216,8 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
   std::string gpu_decode_note;
   if (cuda && options_.gpu_decode == GpuDecodeMode::kCpu) {
     gpu_decode_note =
-        "GPU JPEG decode is off: the daemon's gpu_decode is \"cpu\" (the default; \"auto\" or "
-        "\"gpu\" "
-        "turn it on)";
+        "GPU JPEG decode is off: the daemon's gpu_decode is \"cpu\" (\"auto\", the default, or "
+        "\"gpu\" turn it on)";
   } else if (cuda) {
     if (absl::Status available = gpus_->GpuDecodeAvailable(); available.ok()) {
       source_options.gpu_decode = std::make_shared<GpuDecodeSplit>(

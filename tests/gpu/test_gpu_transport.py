@@ -66,7 +66,9 @@ def start(config, log_path):
 class GpuTransportTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.daemon = ferry_it.FerryDaemon(config="drain_timeout_seconds: 2\n")
+        # The workers decode every JPEG here, so that GPU jobs' pixels equal CPU jobs' exactly;
+        # test_b and test_b2 run ferryds whose GPU decodes.
+        cls.daemon = ferry_it.FerryDaemon(config='gpu_decode: "cpu"\ndrain_timeout_seconds: 2\n')
         cls.root = ferry_it.make_image_folder(os.path.join(cls.daemon.dir, "images"),
                                               {"a": 9, "b": 8, "c": 7})
 
@@ -501,6 +503,50 @@ class GpuTransportTest(unittest.TestCase):
         self.assertLessEqual(worst, 8)
         self.assertLess(total / count, 0.5)
         self.assertTrue(any(int(s.get("gpu_images", 0)) > 0 for s in status), status)
+
+    def test_b2_auto_decodes_on_the_gpu_while_the_trainer_waits(self):
+        # The defaults: gpu_decode "auto" and reduced-scale CPU decode. A trainer that does
+        # nothing but wait for batches (input-bound) makes the GPU take a share of the JPEGs;
+        # the batches still agree with the workers' decode within docs/data.md's tolerance
+        # (two decoders, and the workers' DCT scaling where it applies).
+        import torch
+        d = self.daemon.dir
+        auto = ferry_it.FerryDaemon(config="drain_timeout_seconds: 2\n")
+        try:
+            self.run_worker("b2_cpu", device="cpu", epochs=8,
+                            save_images=os.path.join(d, "b2_cpu.pt"))
+            gpu = self.run_worker("b2_gpu", device="cuda:0", epochs=8, address=auto.address,
+                                  job_name="auto-decode", save_images=os.path.join(d, "b2_gpu.pt"))
+            import ferry
+            with ferry.Client(auto.address) as client:
+                daemon_status = client.status()
+                status = [j.get("gpu_decode", {}) for j in daemon_status.get("jobs", [])]
+                gpus = daemon_status.get("daemon", {}).get("gpus", [])
+        finally:
+            auto.stop()
+        self.assertTrue(gpu["done"])
+        cpu = torch.load(os.path.join(d, "b2_cpu.pt"))
+        hybrid = torch.load(os.path.join(d, "b2_gpu.pt"))
+        self.assertEqual(set(cpu), set(hybrid))
+        worst, total, count = 0, 0.0, 0
+        for key, ref in cpu.items():
+            diff = (hybrid[key].int() - ref.int()).abs()
+            worst = max(worst, diff.max().item())
+            total += diff.sum().item()
+            count += diff.numel()
+        print("auto (hybrid) vs CPU decode: mean %.4f, max %d levels; status %s"
+              % (total / count, worst, status), flush=True)
+        self.assertLess(total / count, 1.0)
+        self.assertLessEqual(worst, 16)
+        self.assertEqual([s.get("mode") for s in status], ["auto"], status)
+        self.assertGreater(int(status[0].get("gpu_images", 0)), 0, status)
+        self.assertGreater(int(status[0].get("cpu_images", 0)), 0, status)
+        self.assertGreater(status[0].get("demand", 0), 0, status)
+        # The GPU's own totals (ferryctl status) count the images it decoded: those the
+        # workers routed, less any in batches prefetched but never copied.
+        self.assertGreater(int(gpus[0].get("jpeg_gpu_images", 0)), 0, gpus)
+        self.assertLessEqual(int(gpus[0].get("jpeg_gpu_images", 0)),
+                             int(status[0].get("gpu_images", 0)), gpus)
 
     def test_c_two_ranks_on_one_gpu(self):
         logs, procs, outs = [], [], []

@@ -607,6 +607,11 @@ StatusReport FromProto(const v1::GetStatusResponse& response) {
     gpu.h2d_bytes_per_second = g.h2d_bytes_per_second();
     gpu.batches_in_flight = g.batches_in_flight();
     gpu.ranks = g.ranks();
+    gpu.jpeg_gpu_images = g.jpeg_gpu_images();
+    gpu.jpeg_cpu_images = g.jpeg_cpu_images();
+    for (const v1::ReasonCount& f : g.jpeg_fallbacks()) {
+      gpu.jpeg_fallbacks.push_back(GpuDecodeStatus::Fallback{f.reason(), f.count()});
+    }
     report.daemon.gpus.push_back(std::move(gpu));
   }
   for (const v1::JobStatus& j : response.jobs()) report.jobs.push_back(FromProto(j));

@@ -102,6 +102,17 @@ void CudaGpuProvider::FillStatus(ferry::v1::DaemonStatus* status) const {
     s->set_batches_in_flight(
         static_cast<uint32_t>(std::max<int64_t>(0, c.in_flight.load(std::memory_order_relaxed))));
     s->set_ranks(static_cast<uint32_t>(c.stages.load(std::memory_order_relaxed)));
+    s->set_jpeg_gpu_images(c.jpeg_gpu_images.load(std::memory_order_relaxed));
+    s->set_jpeg_cpu_images(c.jpeg_cpu_images.load(std::memory_order_relaxed));
+    for (int r = 1; r <= kNumGpuJpegRejects; ++r) {
+      const int64_t n = c.jpeg_fallbacks[r].load(std::memory_order_relaxed);
+      if (n == 0) continue;
+      ferry::v1::ReasonCount* f = s->add_jpeg_fallbacks();
+      f->set_reason(r == kNumGpuJpegRejects
+                        ? std::string("not_jpeg")
+                        : std::string(GpuJpegRejectName(static_cast<GpuJpegReject>(r))));
+      f->set_count(n);
+    }
   }
 }
 

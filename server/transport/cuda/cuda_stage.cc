@@ -291,6 +291,14 @@ void CudaStage::ReportGpuDecodeTimes() {
   }
 }
 
+void CudaStage::CountCpuImage(int32_t reason) {
+  counters_->jpeg_cpu_images.fetch_add(1, std::memory_order_relaxed);
+  const int index = reason == kPlanNotJpeg ? kNumGpuJpegRejects : reason;
+  if (index > 0 && index <= kNumGpuJpegRejects) {
+    counters_->jpeg_fallbacks[index].fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
 absl::Status CudaStage::EnqueueGpuDecode(CudaStream& stream, const uint8_t* src, uint8_t* dst,
                                          int device_slot, uint32_t num_samples) {
   ReportGpuDecodeTimes();
@@ -309,13 +317,18 @@ absl::Status CudaStage::EnqueueGpuDecode(CudaStream& stream, const uint8_t* src,
   for (uint32_t i = 0; i < num_samples; ++i) {
     GpuDecodePlan plan;
     std::memcpy(&plan, &plans[i], sizeof(plan));
-    if (plan.on_gpu == 0) continue;
+    if (plan.on_gpu == 0) {  // the worker decoded it
+      CountCpuImage(plan.cpu_reason);
+      continue;
+    }
     const absl::Span<const uint8_t> jpeg(image_rows + field.row_bytes * i, plan.jpeg_bytes);
     const GpuJpegVerdict verdict = jpeg_decoder_->Probe(jpeg);
     if (verdict.reason != GpuJpegReject::kNone || verdict.width != plan.width ||
         verdict.height != plan.height) {
-      gpu_decode_->CountFallback(
-          verdict.reason == GpuJpegReject::kNone ? GpuJpegReject::kDecoderRefused : verdict.reason);
+      const GpuJpegReject reason =
+          verdict.reason == GpuJpegReject::kNone ? GpuJpegReject::kDecoderRefused : verdict.reason;
+      gpu_decode_->CountFallback(reason);
+      CountCpuImage(static_cast<int32_t>(reason));
       cpu_rows.push_back(i);
       continue;
     }
@@ -372,12 +385,15 @@ absl::Status CudaStage::EnqueueGpuDecode(CudaStream& stream, const uint8_t* src,
       FERRY_RETURN_IF_ERROR(stream.Record(decode_done_[device_slot]));
       decode_pending_[device_slot] = static_cast<int>(rows.size());
       gpu_decoded_.fetch_add(static_cast<int64_t>(rows.size()), std::memory_order_relaxed);
+      counters_->jpeg_gpu_images.fetch_add(static_cast<int64_t>(rows.size()),
+                                           std::memory_order_relaxed);
     } else {
       // nvJPEG found the data corrupt while decoding: the whole batch on the CPU.
       FERRY_LOG(WARNING) << "GPU " << device_ << ": nvJPEG failed a batch of " << rows.size()
                          << " images (" << decoded.message() << "); decoding them on the CPU";
       for (uint32_t row : rows) {
         gpu_decode_->CountFallback(GpuJpegReject::kDecoderRefused);
+        CountCpuImage(static_cast<int32_t>(GpuJpegReject::kDecoderRefused));
         cpu_rows.push_back(row);
       }
     }

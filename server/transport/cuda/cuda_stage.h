@@ -119,6 +119,9 @@ class CudaStage final : public DeviceStage {
   // nvJPEG refuses, or of a batch it fails, are decoded here on the CPU instead.
   absl::Status EnqueueGpuDecode(CudaStream& stream, const uint8_t* src, uint8_t* dst,
                                 int device_slot, uint32_t num_samples);
+  // Counts an image of the batch decoded on a CPU, with its GpuDecodePlan::cpu_reason, in
+  // the GPU's totals (GpuCounters).
+  void CountCpuImage(int32_t reason);
   // Reports the decode time of batches whose timing events completed (GpuDecodeSplit).
   void ReportGpuDecodeTimes();
   // The watches that report the host slot free and the device slot ready.

@@ -7,8 +7,11 @@
 #ifndef FERRY_SERVER_TRANSPORT_CUDA_GPU_COUNTERS_H_
 #define FERRY_SERVER_TRANSPORT_CUDA_GPU_COUNTERS_H_
 
+#include <array>
 #include <atomic>
 #include <cstdint>
+
+#include "server/decode/jpeg_header.h"
 
 namespace ferry {
 
@@ -23,6 +26,13 @@ struct GpuCounters {
   std::atomic<int64_t> in_flight{0};
   // Stages (ranks) on the GPU.
   std::atomic<int64_t> stages{0};
+  // Images of the jobs whose JPEGs this GPU may decode (gpu_decode_split.h): decoded by its
+  // JPEG decoder, and by CPUs (the workers, or the stage when nvJPEG refused), with the
+  // fallbacks among the latter by GpuJpegReject, [kNumGpuJpegRejects] for files that are
+  // not JPEGs ([kNone]: unused; files the split gave the workers are no fallback).
+  std::atomic<int64_t> jpeg_gpu_images{0};
+  std::atomic<int64_t> jpeg_cpu_images{0};
+  std::array<std::atomic<int64_t>, kNumGpuJpegRejects + 1> jpeg_fallbacks{};
 };
 
 }  // namespace ferry

@@ -496,6 +496,11 @@ struct GpuStatus {
   double h2d_bytes_per_second = 0;  // over the last ~10 s
   uint32_t batches_in_flight = 0;
   uint32_t ranks = 0;
+  // Since ferryd started, over the jobs whose JPEGs this GPU may decode: images its JPEG
+  // decoder decoded, images CPUs decoded, and the reasons of those the GPU could not take.
+  int64_t jpeg_gpu_images = 0;
+  int64_t jpeg_cpu_images = 0;
+  std::vector<GpuDecodeStatus::Fallback> jpeg_fallbacks;
 };
 
 struct DaemonStatus {
