@@ -504,11 +504,13 @@ class GpuTransportTest(unittest.TestCase):
         self.assertLess(total / count, 0.5)
         self.assertTrue(any(int(s.get("gpu_images", 0)) > 0 for s in status), status)
 
-    def test_b2_auto_decodes_on_the_gpu_while_the_trainer_waits(self):
-        # The defaults: gpu_decode "auto" and reduced-scale CPU decode. A trainer that does
-        # nothing but wait for batches (input-bound) makes the GPU take a share of the JPEGs;
-        # the batches still agree with the workers' decode within docs/data.md's tolerance
-        # (two decoders, and the workers' DCT scaling where it applies).
+    def test_b2_auto_leaves_a_trainer_it_keeps_ahead_of_on_the_workers(self):
+        # The defaults: gpu_decode "auto" and reduced-scale CPU decode. This trainer steps
+        # faster than nothing but ferry's workers decode these small JPEGs faster still, so
+        # it seldom waits: "auto" keeps (nearly) every file on the workers, whose decode the
+        # batches match within docs/data.md's tolerance whichever side decoded. (An
+        # input-bound trainer that gets the GPU: gpu_decode_split_test and
+        # bench/gpu_decode_bench.py's ResNet-18 rows.)
         import torch
         d = self.daemon.dir
         auto = ferry_it.FerryDaemon(config="drain_timeout_seconds: 2\n")
@@ -534,19 +536,18 @@ class GpuTransportTest(unittest.TestCase):
             worst = max(worst, diff.max().item())
             total += diff.sum().item()
             count += diff.numel()
-        print("auto (hybrid) vs CPU decode: mean %.4f, max %d levels; status %s"
-              % (total / count, worst, status), flush=True)
+        print("auto vs CPU decode: mean %.4f, max %d levels; status %s; GPU totals %s"
+              % (total / count, worst, status, gpus), flush=True)
         self.assertLess(total / count, 1.0)
         self.assertLessEqual(worst, 16)
         self.assertEqual([s.get("mode") for s in status], ["auto"], status)
-        self.assertGreater(int(status[0].get("gpu_images", 0)), 0, status)
-        self.assertGreater(int(status[0].get("cpu_images", 0)), 0, status)
-        self.assertGreater(status[0].get("demand", 0), 0, status)
-        # The GPU's own totals (ferryctl status) count the images it decoded: those the
-        # workers routed, less any in batches prefetched but never copied.
-        self.assertGreater(int(gpus[0].get("jpeg_gpu_images", 0)), 0, gpus)
-        self.assertLessEqual(int(gpus[0].get("jpeg_gpu_images", 0)),
-                             int(status[0].get("gpu_images", 0)), gpus)
+        on_gpu, on_cpu = int(status[0].get("gpu_images", 0)), int(status[0].get("cpu_images", 0))
+        self.assertLessEqual(on_gpu, 0.1 * (on_gpu + on_cpu), status)
+        self.assertLessEqual(status[0].get("demand", 0), 0.5, status)
+        # The GPU's own totals (ferryctl status) count the images of its batches: at most
+        # those the workers routed (some may sit in batches prefetched, never copied).
+        self.assertLessEqual(int(gpus[0].get("jpeg_gpu_images", 0)), on_gpu, gpus)
+        self.assertGreater(int(gpus[0].get("jpeg_cpu_images", 0)), 0, gpus)
 
     def test_c_two_ranks_on_one_gpu(self):
         logs, procs, outs = [], [], []
