@@ -106,7 +106,16 @@ void GpuDecodeSplit::ReportConsumerWait(double waited, double step) {
 void GpuDecodeSplit::UpdateShareLocked() {
   if (mode_ != GpuDecodeMode::kAuto) return;
   if (c_ > 0 && g_ > 0) {
-    const double denominator = c_ - r_ + workers_ * g_;
+    // The workers also decode every file the GPU cannot take: a share p of all files.
+    int64_t ineligible = not_jpeg_.load(std::memory_order_relaxed);
+    for (int r = 1; r < kNumGpuJpegRejects; ++r) {
+      ineligible += fallbacks_[r].load(std::memory_order_relaxed);
+    }
+    const int64_t eligible = eligible_.load(std::memory_order_relaxed);
+    const double p =
+        eligible > 0 ? static_cast<double>(ineligible) / static_cast<double>(ineligible + eligible)
+                     : 0.0;
+    const double denominator = (1 - p) * (c_ - r_ + workers_ * g_);
     balance_ = denominator > 0 ? std::clamp(c_ / denominator, 0.0, 1.0) : 1.0;
   }
   share_ppm_.store(static_cast<int64_t>(std::lround(demand_ * balance_ * kPpm)),

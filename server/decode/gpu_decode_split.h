@@ -9,10 +9,12 @@
 //   r = CPU seconds a worker spends on an image it routes to the GPU (read, parse, copy),
 //   g = GPU seconds per image of a GPU batch (decode + resample, measured on the stream),
 //   W = the job's workers,
-// so that per image the workers' time ((1 - f) c + f r) / W equals the GPU's f g:
-//   f = c / (c - r + W g), clamped to [0, 1],
+// and p = the share of all files the GPU cannot take (the workers decode those too), so
+// that per file the workers' time (p c + (1 - p)((1 - f) c + f r)) / W equals the GPU's
+// (1 - p) f g:
+//   f = c / ((1 - p)(c - r + W g)), clamped to [0, 1],
 // starting from kInitialShare until both sides have reported. Costs are smoothed
-// (exponentially, per report).
+// (exponentially, per report); p counts every file so far.
 //
 // But the GPU's decode shares the GPU with the trainer (its work time-slices with the
 // trainer's kernels), so in kAuto it only takes files while the trainer waits for batches:

@@ -62,6 +62,12 @@ TEST(GpuDecodeSplitTest, AutoBalancesTheMeasuredCosts) {
     last = split.share();
   }
   EXPECT_NEAR(split.share(), 0.002 / (0.002 - 0.00005 + 16 * 0.0005), 1e-3);
+  // Files the GPU cannot take load the workers: with a fifth of all files such, the GPU
+  // takes a larger share of the rest, f = c / ((1 - p)(c - r + W g)).
+  for (int i = 0; i < 25; ++i) split.Route(GpuJpegReject::kProgressive);  // p = 25 / 125
+  for (int i = 0; i < 100; ++i) split.Route(GpuJpegReject::kNone);
+  split.ReportGpuBatch(100, 0.05);  // recomputes
+  EXPECT_NEAR(split.share(), 0.002 / (0.8 * (0.002 - 0.00005 + 16 * 0.0005)), 1e-3);
   // A GPU much faster than the workers takes everything.
   GpuDecodeSplit fast(GpuDecodeMode::kAuto, 4);
   InputBound(fast);

@@ -1,5 +1,7 @@
 #include "server/decode/gpu/gpu_jpeg_decoder.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <string>
 #include <utility>
 #include <vector>
@@ -80,10 +82,12 @@ struct GpuJpegDecoder::Impl {
   nvjpegJpegStream_t jpeg_stream = nullptr;  // Probe's header parse
   int initialized_batch = 0;  // batch size of the last nvjpegDecodeBatchedInitialize; 0: none
 
-  // DecodeBatch's argument arrays, reused.
+  // DecodeBatch's argument arrays, in the order nvJPEG decodes them (grouped by chroma
+  // subsampling), and each image's subsampling; reused.
   std::vector<const unsigned char*> data;
   std::vector<size_t> lengths;
   std::vector<nvjpegImage_t> images;
+  std::vector<std::pair<int, int>> order;  // (subsampling, index in the batch)
 };
 
 absl::string_view GpuJpegDecoder::BackendName(Backend backend) {
@@ -146,6 +150,7 @@ absl::StatusOr<GpuJpegDecoder> GpuJpegDecoder::Create(const NvJpegLibrary& libra
   impl->data.resize(max_batch);
   impl->lengths.resize(max_batch);
   impl->images.resize(max_batch);
+  impl->order.resize(max_batch);
   return GpuJpegDecoder(std::move(impl));
 }
 
@@ -224,44 +229,60 @@ absl::Status GpuJpegDecoder::DecodeBatch(absl::Span<const absl::Span<const uint8
           ", ", t.bytes, " bytes) cannot hold ", w, "x", h, " RGB: it needs a pitch of at least ",
           row, " and ", t.pitch >= row ? need : row * h, " bytes"));
     }
-    d.data[i] = jpeg.data();
-    d.lengths[i] = jpeg.size();
-    nvjpegImage_t& image = d.images[i];
+    d.order[i] = {static_cast<int>(subsampling), static_cast<int>(i)};
+  }
+  // One nvjpegDecodeBatched per chroma subsampling: on the JPEG engines a batch that mixes
+  // them (4:2:0 with 4:4:4, gray) decodes several times slower than its parts one after
+  // the other (H100, nvJPEG 13: ~4,000 images/s mixed, 19,000-25,000 each alone).
+  std::stable_sort(d.order.begin(), d.order.begin() + static_cast<std::ptrdiff_t>(n));
+  for (size_t k = 0; k < n; ++k) {
+    const size_t i = static_cast<size_t>(d.order[k].second);
+    d.data[k] = jpegs[i].data();
+    d.lengths[k] = jpegs[i].size();
+    nvjpegImage_t& image = d.images[k];
     image = nvjpegImage_t{};
-    image.channel[0] = t.data;
-    image.pitch[0] = t.pitch;
+    image.channel[0] = targets[i].data;
+    image.pitch[0] = targets[i].pitch;
   }
 
   ScopedDevice scope(d.device);
   FERRY_RETURN_IF_ERROR(scope.status());
-  const std::string detail = absl::StrCat(n, " images on device ", d.device);
-  if (d.initialized_batch != static_cast<int>(n)) {
-    d.initialized_batch = 0;
-    FERRY_RETURN_IF_ERROR(
-        NvJpegStatus(lib.nvjpegDecodeBatchedInitialize(d.handle, d.state, static_cast<int>(n),
-                                                       /*max_cpu_threads=*/1, NVJPEG_OUTPUT_RGBI),
-                     "nvjpegDecodeBatchedInitialize", detail));
-    d.initialized_batch = static_cast<int>(n);
-  }
   // The JPEG engines do not keep the stream's order: they may write the targets before
   // work queued on `stream` has run, and nvJPEG may free and reallocate its buffers while
   // that work is pending (seen to hang in cuMemFree with a busy GPU). So on the hardware
-  // backend the stream is drained first, and again after, so that later work on it sees
-  // the pixels; the call blocks until the engines are done in any case.
+  // backend the stream is drained before each group, and after the last, so that later
+  // work on it sees the pixels; the call blocks until the engines are done in any case.
   const bool hardware = d.backend == Backend::kHardware;
-  if (hardware) {
-    FERRY_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize",
-                                     absl::StrCat("before the GPU JPEG decode of ", detail)));
+  for (size_t begin = 0; begin < n;) {
+    size_t end = begin + 1;
+    while (end < n && d.order[end].first == d.order[begin].first) ++end;
+    const int count = static_cast<int>(end - begin);
+    const std::string detail = absl::StrCat(count, " images on device ", d.device);
+    if (d.initialized_batch != count) {
+      d.initialized_batch = 0;
+      FERRY_RETURN_IF_ERROR(
+          NvJpegStatus(lib.nvjpegDecodeBatchedInitialize(d.handle, d.state, count,
+                                                         /*max_cpu_threads=*/1, NVJPEG_OUTPUT_RGBI),
+                       "nvjpegDecodeBatchedInitialize", detail));
+      d.initialized_batch = count;
+    }
+    if (hardware) {
+      FERRY_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize",
+                                       absl::StrCat("before the GPU JPEG decode of ", detail)));
+    }
+    const nvjpegStatus_t s =
+        lib.nvjpegDecodeBatched(d.handle, d.state, d.data.data() + begin, d.lengths.data() + begin,
+                                d.images.data() + begin, stream);
+    if (s != NVJPEG_STATUS_SUCCESS) {
+      d.initialized_batch = 0;  // nvJPEG asks for a new initialisation after a failed batch
+      return NvJpegStatus(s, "nvjpegDecodeBatched", detail);
+    }
+    begin = end;
   }
-  const nvjpegStatus_t s = lib.nvjpegDecodeBatched(d.handle, d.state, d.data.data(),
-                                                   d.lengths.data(), d.images.data(), stream);
-  if (s != NVJPEG_STATUS_SUCCESS) {
-    d.initialized_batch = 0;  // nvJPEG asks for a new initialisation after a failed batch
-    return NvJpegStatus(s, "nvjpegDecodeBatched", detail);
-  }
   if (hardware) {
-    return CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize",
-                      absl::StrCat("after the GPU JPEG decode of ", detail));
+    return CudaStatus(
+        cudaStreamSynchronize(stream), "cudaStreamSynchronize",
+        absl::StrCat("after the GPU JPEG decode of ", n, " images on device ", d.device));
   }
   return absl::OkStatus();
 }
