@@ -468,12 +468,24 @@ class GpuTransportTest(unittest.TestCase):
         self.assertLess(total / count, 2.5)  # as compose_paths_test, which explains it
         self.assertLessEqual(worst, 8.0)
 
+    def image_difference(self, reference_path, other_path):
+        """(mean, max) absolute uint8 difference between two save_images files."""
+        import torch
+        reference, other = torch.load(reference_path), torch.load(other_path)
+        self.assertEqual(set(reference), set(other))
+        worst, total, count = 0, 0.0, 0
+        for key, ref in reference.items():
+            diff = (other[key].int() - ref.int()).abs()
+            worst = max(worst, diff.max().item())
+            total += diff.sum().item()
+            count += diff.numel()
+        return total / count, worst
+
     def test_b_jpeg_decode_on_the_gpu_matches_the_cpus(self):
         # A ferryd whose GPU decodes every JPEG it can (gpu_decode "gpu"), against the CPU
         # decode of this class's ferryd: the same crops and flips (the workers draw them),
         # full-resolution decodes on both sides (full_decode), so the pixels differ only by
         # nvJPEG's IDCT and upsampling against libjpeg-turbo's.
-        import torch
         d = self.daemon.dir
         decoding = ferry_it.FerryDaemon(config='gpu_decode: "gpu"\ndrain_timeout_seconds: 2\n')
         try:
@@ -489,19 +501,12 @@ class GpuTransportTest(unittest.TestCase):
         finally:
             decoding.stop()
         self.assertTrue(gpu["done"])
-        cpu = torch.load(os.path.join(d, "bg_cpu.pt"))
-        on_gpu = torch.load(os.path.join(d, "bg_gpu.pt"))
-        self.assertEqual(set(cpu), set(on_gpu))
-        worst, total, count = 0, 0.0, 0
-        for key, ref in cpu.items():
-            diff = (on_gpu[key].int() - ref.int()).abs()
-            worst = max(worst, diff.max().item())
-            total += diff.sum().item()
-            count += diff.numel()
+        mean, worst = self.image_difference(os.path.join(d, "bg_cpu.pt"),
+                                            os.path.join(d, "bg_gpu.pt"))
         print("GPU vs CPU JPEG decode: mean %.4f, max %d levels; status %s"
-              % (total / count, worst, status), flush=True)
+              % (mean, worst, status), flush=True)
         self.assertLessEqual(worst, 8)
-        self.assertLess(total / count, 0.5)
+        self.assertLess(mean, 0.5)
         self.assertTrue(any(int(s.get("gpu_images", 0)) > 0 for s in status), status)
 
     def test_b2_auto_leaves_a_trainer_it_keeps_ahead_of_on_the_workers(self):
@@ -511,7 +516,6 @@ class GpuTransportTest(unittest.TestCase):
         # batches match within docs/data.md's tolerance whichever side decoded. (An
         # input-bound trainer that gets the GPU: gpu_decode_split_test and
         # bench/gpu_decode_bench.py's ResNet-18 rows.)
-        import torch
         d = self.daemon.dir
         auto = ferry_it.FerryDaemon(config="drain_timeout_seconds: 2\n")
         try:
@@ -527,18 +531,11 @@ class GpuTransportTest(unittest.TestCase):
         finally:
             auto.stop()
         self.assertTrue(gpu["done"])
-        cpu = torch.load(os.path.join(d, "b2_cpu.pt"))
-        hybrid = torch.load(os.path.join(d, "b2_gpu.pt"))
-        self.assertEqual(set(cpu), set(hybrid))
-        worst, total, count = 0, 0.0, 0
-        for key, ref in cpu.items():
-            diff = (hybrid[key].int() - ref.int()).abs()
-            worst = max(worst, diff.max().item())
-            total += diff.sum().item()
-            count += diff.numel()
+        mean, worst = self.image_difference(os.path.join(d, "b2_cpu.pt"),
+                                            os.path.join(d, "b2_gpu.pt"))
         print("auto vs CPU decode: mean %.4f, max %d levels; status %s; GPU totals %s"
-              % (total / count, worst, status, gpus), flush=True)
-        self.assertLess(total / count, 1.0)
+              % (mean, worst, status, gpus), flush=True)
+        self.assertLess(mean, 1.0)
         self.assertLessEqual(worst, 16)
         self.assertEqual([s.get("mode") for s in status], ["auto"], status)
         on_gpu, on_cpu = int(status[0].get("gpu_images", 0)), int(status[0].get("cpu_images", 0))
