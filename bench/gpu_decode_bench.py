@@ -122,7 +122,7 @@ def main():
     p.add_argument("--batches", type=int, default=64)
     p.add_argument("--warmup", type=int, default=32)
     p.add_argument("--train-steps", type=int, default=0,
-                   help="timed ResNet-50 steps per variant and round (0: no training rows)")
+                   help="timed steps per model, variant and round (0: no training rows)")
     p.add_argument("--train-rounds", type=int, default=2)
     p.add_argument("--models", default="resnet50,resnet18",
                    help="torchvision models to train (comma-separated)")

@@ -384,7 +384,6 @@ absl::Status CudaStage::EnqueueGpuDecode(CudaStream& stream, const uint8_t* src,
       FERRY_RETURN_IF_ERROR(stream.Record(*decode_arena.free));
       FERRY_RETURN_IF_ERROR(stream.Record(decode_done_[device_slot]));
       decode_pending_[device_slot] = static_cast<int>(rows.size());
-      gpu_decoded_.fetch_add(static_cast<int64_t>(rows.size()), std::memory_order_relaxed);
       counters_->jpeg_gpu_images.fetch_add(static_cast<int64_t>(rows.size()),
                                            std::memory_order_relaxed);
     } else {

@@ -205,7 +205,6 @@ class CudaStage final : public DeviceStage {
   ImageDecoder fallback_decoder_;          // rows nvJPEG cannot decode
   std::vector<uint8_t> fallback_rgb_;
   std::vector<uint8_t> fallback_row_;
-  std::atomic<int64_t> gpu_decoded_{0};    // images, for FillStatus
   std::unique_ptr<EventWatcher> watcher_;  // last: destroyed first
 };
 
