@@ -58,8 +58,10 @@ std::string SessionSocketPath(const std::string& grpc_socket_path) {
   return absl::StrCat(grpc_socket_path, ".session");
 }
 
-bool IsTrustedDaemonUid(unsigned uid) {
-  if (uid == 0 || uid == geteuid()) return true;
+bool IsTrustedDaemonUid(unsigned uid) { return uid == geteuid() || IsSystemDaemonUid(uid); }
+
+bool IsSystemDaemonUid(unsigned uid) {
+  if (uid == 0) return true;
   // The system daemon's user (deploy/systemd/ferry.sysusers.conf), looked up once.
   static const long ferry_uid = [] {
     struct passwd pw;
@@ -74,8 +76,8 @@ bool IsTrustedDaemonUid(unsigned uid) {
 }
 
 absl::Status CheckSocketDirectory(const std::string& socket_path) {
-  std::string dir = std::filesystem::path(socket_path).parent_path().string();
-  if (dir.empty()) dir = ".";
+  const std::filesystem::path parent = std::filesystem::path(socket_path).parent_path();
+  const std::string dir = parent.empty() ? std::string(".") : parent.string();
   struct stat st;
   if (::stat(dir.c_str(), &st) != 0) {
     return ErrnoStatus(errno, absl::StrCat("stat('", dir, "')"));

@@ -54,6 +54,9 @@ absl::StatusOr<UniqueFd> ListenUnix(const std::string& path, int type, unsigned 
 // root, this process's own, and the system daemon's user `ferry` where it exists.
 bool IsTrustedDaemonUid(unsigned uid);
 
+// The uids the system daemon runs as: root, and the user `ferry` where it exists.
+bool IsSystemDaemonUid(unsigned uid);
+
 // OK when the directory holding `socket_path` can hold only a trusted daemon's sockets:
 // owned by a trusted uid (IsTrustedDaemonUid) and writable by nobody else (group or others
 // may write only to a sticky directory). PERMISSION_DENIED names the directory, its owner

@@ -2,8 +2,9 @@
 //
 //   ferryd [--config FILE] [--listen SOCKET] [--workers N] [--log-level LEVEL]
 //
-// Starts with built-in defaults when no config file exists. SIGTERM or SIGINT drains and
-// exits 0.
+// Without --config, only the system daemon (root or user ferry, no --listen) reads
+// /etc/ferry/ferryd.conf; every other ferryd starts with built-in defaults. SIGTERM or SIGINT
+// drains and exits 0.
 #include <signal.h>
 
 #include <cstdio>
@@ -19,8 +20,10 @@ namespace {
 void Usage(FILE* out) {
   fprintf(out,
           "usage: ferryd [--config FILE] [--listen SOCKET] [--workers N] [--log-level LEVEL]\n"
-          "  --config FILE    config file (protobuf text, ferry.v1.DaemonConfig); default\n"
-          "                   /etc/ferry/ferryd.conf if it exists, else built-in defaults\n"
+          "  --config FILE    config file (protobuf text, ferry.v1.DaemonConfig); default:\n"
+          "                   /etc/ferry/ferryd.conf if it exists for the system daemon (run\n"
+          "                   as root or as user ferry, without --listen), else built-in\n"
+          "                   defaults\n"
           "  --listen SOCKET  Unix socket for the API (overrides unix_socket); default\n"
           "                   /run/ferry/ferryd.sock as root, $XDG_RUNTIME_DIR/ferry/ferryd.sock\n"
           "                   otherwise\n"

@@ -71,11 +71,16 @@ void ApplyDefaults(ferry::v1::DaemonConfig* c) {
   }
 }
 
-absl::StatusOr<LoadedConfig> LoadConfig(const std::string& path) {
+std::string ImplicitConfigPath(bool listen_given, unsigned euid) {
+  return !listen_given && IsSystemDaemonUid(euid) ? kDefaultConfigPath : "";
+}
+
+absl::StatusOr<LoadedConfig> LoadConfig(const std::string& path, const std::string& implicit_path) {
   LoadedConfig loaded;
-  loaded.path = path.empty() ? kDefaultConfigPath : path;
-  std::ifstream in(loaded.path);
-  if (!in) {
+  loaded.path = path.empty() ? implicit_path : path;
+  std::ifstream in;
+  if (!loaded.path.empty()) in.open(loaded.path);
+  if (!in.is_open()) {
     if (!path.empty()) {
       return absl::NotFoundError(absl::StrCat("config file '", path,
                                               "' cannot be read; fix the path given to --config "

@@ -21,10 +21,16 @@ struct LoadedConfig {
   bool from_file = false;
 };
 
-// Reads `path` if given (it must then exist), else kDefaultConfigPath if it exists, else
-// only defaults. INVALID_ARGUMENT with the parser's line and column for a malformed file,
-// or naming the setting whose value is out of range.
-absl::StatusOr<LoadedConfig> LoadConfig(const std::string& path);
+// The file ferryd reads when --config names none: kDefaultConfigPath for the system daemon
+// (no --listen, running as root or as the `ferry` user), and none ("") for every other
+// ferryd, so that an installed package never changes a private daemon's settings.
+std::string ImplicitConfigPath(bool listen_given, unsigned euid);
+
+// Reads `path` if given (it must then exist), else `implicit_path` if it is given and
+// exists, else only defaults. INVALID_ARGUMENT with the parser's line and column for a
+// malformed file, or naming the setting whose value is out of range.
+absl::StatusOr<LoadedConfig> LoadConfig(const std::string& path,
+                                        const std::string& implicit_path = "");
 
 // Fills every unset field of `config` with its default (see config.proto).
 void ApplyDefaults(ferry::v1::DaemonConfig* config);

@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/session_protocol.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -61,6 +62,32 @@ TEST_F(ConfigTest, MissingFileGivenExplicitlyIsAnError) {
   absl::StatusOr<LoadedConfig> loaded = LoadConfig(dir_ + "/absent.conf");
   ASSERT_EQ(loaded.status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(absl::StrContains(loaded.status().message(), "absent.conf"));
+}
+
+TEST_F(ConfigTest, AnImplicitFileIsReadWhenPresentAndSkippedWhenAbsent) {
+  Write("workers_per_node: 3\n");
+  absl::StatusOr<LoadedConfig> loaded = LoadConfig("", path());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_TRUE(loaded->from_file);
+  EXPECT_EQ(loaded->config.workers_per_node(), 3u);
+  loaded = LoadConfig("", dir_ + "/absent.conf");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_FALSE(loaded->from_file);
+  loaded = LoadConfig("", "");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_FALSE(loaded->from_file);
+  EXPECT_EQ(loaded->config.workers_per_node(), 0u);
+}
+
+// An installed package's /etc/ferry/ferryd.conf (dataset_roots, the system socket) must not
+// reach a test's or a user's private ferryd: only the system daemon reads it implicitly.
+TEST(ImplicitConfigPathTest, OnlyTheSystemDaemonReadsTheSystemConfig) {
+  EXPECT_EQ(ImplicitConfigPath(/*listen_given=*/false, /*euid=*/0), kDefaultConfigPath);
+  EXPECT_EQ(ImplicitConfigPath(/*listen_given=*/true, /*euid=*/0), "");
+  if (!IsSystemDaemonUid(54321)) {
+    EXPECT_EQ(ImplicitConfigPath(/*listen_given=*/false, /*euid=*/54321), "");
+  }
+  EXPECT_EQ(ImplicitConfigPath(/*listen_given=*/true, /*euid=*/54321), "");
 }
 
 TEST_F(ConfigTest, MalformedFileNamesTheFileAndTheProblem) {

@@ -58,7 +58,9 @@ size_t RaiseDescriptorLimit() {
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   std::unique_ptr<Daemon> d(new Daemon());
   d->start_time_ = absl::Now();
-  FERRY_ASSIGN_OR_RETURN(d->config_, LoadConfig(options.config_path));
+  FERRY_ASSIGN_OR_RETURN(
+      d->config_,
+      LoadConfig(options.config_path, ImplicitConfigPath(!options.listen.empty(), geteuid())));
   ferry::v1::DaemonConfig& config = d->config_.config;
   if (!options.listen.empty()) config.set_unix_socket(options.listen);
   if (options.workers >= 0) config.set_workers_per_node(static_cast<uint32_t>(options.workers));

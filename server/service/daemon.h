@@ -33,7 +33,7 @@ namespace ferry {
 inline constexpr char kFerryVersion[] = "0.1.0";
 
 struct DaemonOptions {
-  std::string config_path;  // empty: /etc/ferry/ferryd.conf if present, else defaults
+  std::string config_path;  // empty: ImplicitConfigPath (config.h), else defaults
   std::string listen;       // overrides unix_socket
   int workers = -1;         // overrides workers_per_node when >= 0
   std::string log_level;    // overrides log_level when set (ParseLogSeverity checked it)
