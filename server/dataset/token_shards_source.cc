@@ -10,6 +10,7 @@
 #include "common/streaming_copy.h"
 #include "server/dataset/shard_pattern.h"
 #include "server/dataset/token_convert.h"
+#include "server/dataset/token_file_check.h"
 
 namespace ferry {
 namespace {
@@ -57,6 +58,7 @@ absl::StatusOr<std::unique_ptr<TokenShardsSource>> TokenShardsSource::Create(
       return absl::InvalidArgumentError("dataset.token_shards.shards holds an empty path");
     }
     FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, fs.MapFile(path));
+    FERRY_RETURN_IF_ERROR(CheckLooksLikeTokens("token shard", path, file->bytes()));
     const size_t bytes = file->bytes().size();
     if (bytes % token_bytes != 0) {
       return absl::InvalidArgumentError(

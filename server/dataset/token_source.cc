@@ -9,6 +9,7 @@
 #include "common/status_macros.h"
 #include "common/streaming_copy.h"
 #include "server/dataset/token_convert.h"
+#include "server/dataset/token_file_check.h"
 
 namespace ferry {
 namespace {
@@ -34,6 +35,7 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Create(
   const size_t token_bytes = dtypes.token_bytes;
   const DType output = dtypes.output;
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, fs.MapFile(spec.path()));
+  FERRY_RETURN_IF_ERROR(CheckLooksLikeTokens("token file", spec.path(), file->bytes()));
   const size_t bytes = file->bytes().size();
   if (bytes % token_bytes != 0) {
     return absl::InvalidArgumentError(
