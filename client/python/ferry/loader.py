@@ -632,6 +632,36 @@ def _job_spec(dataset, batch_size, transform, shuffle, seed, drop_last, world_si
     return spec
 
 
+# torch DataLoader arguments that ferry.Loader does not take, with what does their job here.
+_DATALOADER_ONLY = {
+    "num_workers": "ferryd's worker threads decode for every rank of the machine: set "
+                   "workers_per_node in ferryd.conf (or ferryd --workers N)",
+    "pin_memory": "batches are already in pinned memory; device=\"cuda\" delivers them on "
+                  "the GPU",
+    "pin_memory_device": "use device=\"cuda:N\"",
+    "prefetch_factor": "use prefetch=N (batches in flight for this rank)",
+    "persistent_workers": "ferryd's workers persist across epochs; leave it out",
+    "sampler": "the sampler runs in ferryd: use shuffle=, seed=, rank= and world_size=",
+    "batch_sampler": "use batch_size= and drop_last=",
+    "collate_fn": "batches arrive collated, as a dict of tensors",
+    "worker_init_fn": "ferryd's workers run no Python; transforms go in transform=",
+    "multiprocessing_context": "ferryd's workers are threads of the daemon; leave it out",
+    "generator": "use seed= (every random draw follows from seed, epoch and sample)",
+    "in_order": "batches always arrive in the sampler's order; leave it out",
+    "snapshot_every_n_steps": "state_dict() may be called after any batch",
+}
+
+
+def _refuse_dataloader_arguments(kwargs):
+    for name in kwargs:
+        if name in _DATALOADER_ONLY:
+            raise TypeError("Loader() takes no %s= (a torch DataLoader argument): %s"
+                            % (name, _DATALOADER_ONLY[name]))
+    if kwargs:
+        raise TypeError("Loader() got an unexpected keyword argument %r"
+                        % (sorted(kwargs)[0],))
+
+
 class Loader:
     """Iterates over one rank's batches of a ferry job, like torch's DataLoader.
 
@@ -690,13 +720,17 @@ class Loader:
     Batches are dicts {field name: tensor}; numpy arrays and torch tensors both support
     DLPack. Iterating again without set_epoch repeats the same epoch. Errors from ferryd
     raise ferry.FerryError; bad arguments raise TypeError/ValueError before any call.
+    DataLoader's own arguments (num_workers, pin_memory, prefetch_factor, sampler, ...)
+    raise a TypeError that names what does their job in ferry.
     A Loader is not thread-safe: iterate it from one thread.
     """
 
     def __init__(self, dataset, batch_size, transform=None, shuffle=False, seed=0,
                  drop_last=False, rank=0, world_size=1, device="cpu", address=None,
                  prefetch=0, job_name=None, as_numpy=False, zero_copy=False, timeout=None,
-                 image_dtype="uint8", mean=None, std=None, on_corrupt_sample="skip"):
+                 image_dtype="uint8", mean=None, std=None, on_corrupt_sample="skip",
+                 **dataloader_arguments):
+        _refuse_dataloader_arguments(dataloader_arguments)
         # Every dataset class of this module has _spec(); image datasets set _IMAGES.
         if not callable(getattr(dataset, "_spec", None)):
             raise TypeError("dataset must be a ferry dataset (ferry.ImageFolder, "

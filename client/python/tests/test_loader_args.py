@@ -86,6 +86,18 @@ class LoaderArgsTest(unittest.TestCase):
         with self.assertRaisesRegex(TypeError, "a ferry dataset"):
             make(dataset="/data")
 
+    def test_dataloader_arguments_name_the_ferry_equivalent(self):
+        for name, value, hint in (("num_workers", 8, "workers_per_node"),
+                                  ("pin_memory", True, "pinned memory"),
+                                  ("prefetch_factor", 2, "prefetch=N"),
+                                  ("persistent_workers", True, "persist across epochs"),
+                                  ("sampler", object(), "shuffle=, seed=, rank="),
+                                  ("collate_fn", len, "collated")):
+            with self.assertRaisesRegex(TypeError, "takes no %s= .*%s" % (name, hint)):
+                make(**{name: value})
+        with self.assertRaisesRegex(TypeError, "unexpected keyword argument 'batchsize'"):
+            make(batchsize=3)
+
     def test_batch_size(self):
         for bad in (0, -1):
             with self.assertRaisesRegex(ValueError, "batch_size"):
