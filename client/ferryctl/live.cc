@@ -255,6 +255,23 @@ std::string ErrorLine(const absl::Status& status, absl::Duration interval) {
 
 }  // namespace
 
+std::string ComposeFrame(const LiveView& view, const absl::Status& refreshed,
+                         const LiveOptions& options, ScreenSize size) {
+  std::string top = options.title.empty() ? "" : options.title + "\n";
+  if (!refreshed.ok()) {
+    // The last answer is stale: the screen shows only why there is no current one.
+    absl::StrAppend(&top, ErrorLine(refreshed, options.interval), "\n");
+    return FitToScreen(top, size);
+  }
+  top = FitToScreen(top, size);
+  const int used = static_cast<int>(std::count(top.begin(), top.end(), '\n'));
+  std::string frame = top;
+  if (size.height == 0 || size.height > used) {
+    frame += view.Render({size.width, size.height == 0 ? 0 : size.height - used});
+  }
+  return frame;
+}
+
 int RunLive(LiveView& view, const LiveOptions& options) {
   absl::Status failed;
   {
@@ -266,15 +283,7 @@ int RunLive(LiveView& view, const LiveOptions& options) {
       absl::Status refreshed = view.Refresh();
       absl::Time next = absl::Now() + options.interval;
       for (;;) {
-        ScreenSize size = terminal.Size();
-        std::string top = options.title.empty() ? "" : options.title + "\n";
-        if (!refreshed.ok()) absl::StrAppend(&top, ErrorLine(refreshed, options.interval), "\n");
-        top = FitToScreen(top, size);
-        const int used = static_cast<int>(std::count(top.begin(), top.end(), '\n'));
-        std::string frame = top;
-        if (size.height > used) {
-          frame += view.Render({size.width, size.height - used});
-        }
+        const std::string frame = ComposeFrame(view, refreshed, options, terminal.Size());
         if (absl::Status drawn = terminal.Draw(frame); !drawn.ok()) {
           failed = drawn;
           break;

@@ -90,10 +90,17 @@ struct LiveOptions {
   std::string title;
 };
 
+// One frame of a live view: the title, then `view` rendered into the rest of `size` (0: no
+// limit). After a failed Refresh (`refreshed`), the title and one line saying why ("ferryd
+// unreachable: ..." for a daemon that is gone, and when it is retried) and nothing else:
+// the last good answer is no longer current, so it is not shown.
+std::string ComposeFrame(const LiveView& view, const absl::Status& refreshed,
+                         const LiveOptions& options, ScreenSize size);
+
 // Runs `view` full screen on stdin/stdout until q, Ctrl-C (exit status 0), SIGTERM or
-// SIGHUP (128 + the signal). A failed Refresh is shown on the first line ("ferryd
-// unreachable: ..." for a daemon that is gone) above the last good frame, and retried
-// next interval. Returns 1 when the terminal cannot be set up or written.
+// SIGHUP (128 + the signal), drawing ComposeFrame every interval and on resize; a failed
+// Refresh is retried next interval. Returns 1 when the terminal cannot be set up or
+// written.
 int RunLive(LiveView& view, const LiveOptions& options);
 
 }  // namespace ferry::ctl

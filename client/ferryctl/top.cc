@@ -201,55 +201,103 @@ std::string RenderTop(const v1::GetStatusResponse& now, const v1::GetStatusRespo
   const bool gpu_decode =
       std::any_of(now.jobs().begin(), now.jobs().end(),
                   [](const v1::JobStatus& job) { return !job.gpu_decode().mode().empty(); });
+  std::vector<Table::Column> columns = {
+      {"JOB"},         {"NAME"},  {"RANK", true},  {"STATE"},        {"SAMPLES/S", true},
+      {"STALL", true}, {"STAGE"}, {"QUEUE", true}, {"LEASED", true}, {"MEMORY", true}};
   constexpr size_t kGpuDecodeColumn = 7;
-  // Rows are made twice at most: again with shorter names when the first does not fit.
-  auto table = [&](size_t name_width) {
-    std::vector<Table::Column> columns = {
-        {"JOB"},         {"NAME"},  {"RANK", true},  {"STATE"},        {"SAMPLES/S", true},
-        {"STALL", true}, {"STAGE"}, {"QUEUE", true}, {"LEASED", true}, {"MEMORY", true}};
-    if (gpu_decode) columns.insert(columns.begin() + kGpuDecodeColumn, {"GPU DEC", true});
-    Table t(std::move(columns));
-    for (const Row& row : rows) {
-      const v1::JobStatus& job = *row.job;
-      std::string name =
-          name_width > 0 ? TruncateLine(job.job().name(), name_width) : job.job().name();
-      const std::string state = FormatJobState(StateFields(job));
-      std::vector<std::string> cells;
-      if (row.rank == nullptr) {
-        cells = {job.job().id(), name, "-", state, "-", "-", "-", "-", "-", "-"};
-      } else {
-        const v1::RankStatus& r = *row.rank;
-        const bool live = r.attached();
-        cells = {job.job().id(),
-                 name,
-                 absl::StrCat(r.rank()),
-                 state,
-                 live ? FormatRate(r.samples_per_second()) : "-",
-                 live ? Percent(r.stall_ratio()) : "-",
-                 live ? FormatLimitingStage(r.limiting_stage()) : "-",
-                 absl::StrCat(r.queue_depth(), "/", r.slots()),
-                 absl::StrCat(r.slots_leased()),
-                 RankMemory(job, r)};
+  if (gpu_decode) columns.insert(columns.begin() + kGpuDecodeColumn, {"GPU DEC", true});
+  std::vector<std::vector<std::string>> cells;
+  for (const Row& row : rows) {
+    const v1::JobStatus& job = *row.job;
+    const std::string state = FormatJobState(StateFields(job));
+    std::vector<std::string> c;
+    if (row.rank == nullptr) {
+      c = {job.job().id(), job.job().name(), "-", state, "-", "-", "-", "-", "-", "-"};
+    } else {
+      const v1::RankStatus& r = *row.rank;
+      const bool live = r.attached();
+      c = {job.job().id(),
+           job.job().name(),
+           absl::StrCat(r.rank()),
+           state,
+           live ? FormatRate(r.samples_per_second()) : "-",
+           live ? Percent(r.stall_ratio()) : "-",
+           live ? FormatLimitingStage(r.limiting_stage()) : "-",
+           absl::StrCat(r.queue_depth(), "/", r.slots()),
+           absl::StrCat(r.slots_leased()),
+           RankMemory(job, r)};
+    }
+    if (gpu_decode) c.insert(c.begin() + kGpuDecodeColumn, GpuDecodeShare(job));
+    cells.push_back(std::move(c));
+  }
+  // The table with the columns in `shown`, names cut to name_width (0: whole).
+  auto table = [&](const std::vector<bool>& shown, size_t name_width) {
+    std::vector<Table::Column> kept;
+    for (size_t i = 0; i < columns.size(); ++i) {
+      if (shown[i]) kept.push_back(columns[i]);
+    }
+    Table t(std::move(kept));
+    for (const std::vector<std::string>& row : cells) {
+      std::vector<std::string> out;
+      for (size_t i = 0; i < row.size(); ++i) {
+        if (!shown[i]) continue;
+        out.push_back(i == 1 && name_width > 0 ? TruncateLine(row[i], name_width) : row[i]);
       }
-      if (gpu_decode) cells.insert(cells.begin() + kGpuDecodeColumn, GpuDecodeShare(job));
-      t.AddRow(std::move(cells));
+      t.AddRow(std::move(out));
     }
     return t.Render();
   };
-  std::string body = rows.empty() ? std::string("no jobs\n") : table(0);
-  if (size.width > 0 && !rows.empty()) {
-    size_t widest = 0, longest_name = 0;
-    for (absl::string_view line : absl::StrSplit(body, '\n')) {
+  auto widest_line = [](const std::string& text) {
+    size_t widest = 0;
+    for (absl::string_view line : absl::StrSplit(text, '\n')) {
       widest = std::max(widest, Columns({line.data(), line.size()}));
     }
-    for (const Row& row : rows)
-      longest_name = std::max(longest_name, Columns(row.job->job().name()));
+    return widest;
+  };
+  std::vector<bool> shown(columns.size(), true);
+  std::string body = rows.empty() ? std::string("no jobs\n") : table(shown, 0);
+  if (size.width > 0 && !rows.empty()) {
+    // As top(1) does on a narrow terminal: names shrink (to kMinNameWidth), then the
+    // columns that matter least go, one at a time, until the table fits; FitToScreen
+    // cuts whatever is still too wide.
     const size_t width = static_cast<size_t>(size.width);
-    if (widest > width && longest_name > kMinNameWidth) {
+    size_t longest_name = 0;
+    for (const std::vector<std::string>& row : cells) {
+      longest_name = std::max(longest_name, Columns(row[1]));
+    }
+    std::vector<std::string> drop_order = {"MEMORY", "LEASED", "QUEUE", "GPU DEC", "STATE"};
+    size_t next_drop = 0;
+    for (;;) {
+      const size_t widest = widest_line(body);
+      if (widest <= width) break;
       const size_t over = widest - width;
-      // NAME is at least as wide as its header.
-      body = table(
-          std::max({kMinNameWidth, size_t{4}, longest_name > over ? longest_name - over : 0}));
+      if (longest_name > kMinNameWidth) {
+        // NAME is at least as wide as its header.
+        const size_t name_width =
+            std::max({kMinNameWidth, size_t{4}, longest_name > over ? longest_name - over : 0});
+        const std::string shorter = table(shown, name_width);
+        if (widest_line(shorter) <= width) {
+          body = shorter;
+          break;
+        }
+      }
+      while (next_drop < drop_order.size()) {
+        const auto it = std::find_if(columns.begin(), columns.end(), [&](const Table::Column& c) {
+          return c.header == drop_order[next_drop];
+        });
+        ++next_drop;
+        if (it != columns.end()) {
+          shown[it - columns.begin()] = false;
+          break;
+        }
+      }
+      const std::string fewer = table(shown, 0);
+      if (next_drop >= drop_order.size() && widest_line(fewer) > width) {
+        // Every droppable column is gone: shrink the names as far as they go.
+        body = longest_name > kMinNameWidth ? table(shown, kMinNameWidth) : fewer;
+        break;
+      }
+      body = fewer;
     }
   }
   std::string out = absl::StrJoin(header, "\n");

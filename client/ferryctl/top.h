@@ -46,7 +46,9 @@ std::string FitToScreen(std::string_view text, ScreenSize size);
 // pinned and per-GPU device memory against their budgets, H2D rate per GPU), then one row
 // per (job, rank), the most stalled attached ranks first. Rates, stall and stage are "-"
 // for a rank with no consumer (an idle job's last rates are not current). `previous` may
-// be null. Every line fits size.width: job names shrink first, then lines are cut.
+// be null. Every line fits size.width, as top(1) fits a narrow terminal: job names shrink
+// first (to 6 characters), then MEMORY, LEASED, QUEUE, GPU DEC and STATE go, in that
+// order, as far as needed; only then are lines cut.
 std::string RenderTop(const v1::GetStatusResponse& now, const v1::GetStatusResponse* previous,
                       ScreenSize size);
 

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "client/ferryctl/live.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -201,6 +202,35 @@ TEST(TopTest, NarrowTerminalShortensNamesThenCutsLines) {
   EXPECT_THAT(rows[0], HasSubstr("8.0 MiB"));  // the last column
 }
 
+TEST(TopTest, EightyColumnsDropTheLeastUsefulColumnsInsteadOfCuttingRows) {
+  v1::GetStatusResponse s = Sample();
+  s.mutable_jobs(0)->mutable_job()->set_name("imagenet-train-resnet50-bf16");
+  s.mutable_jobs(0)->mutable_gpu_decode()->set_mode("auto");
+  s.mutable_jobs(0)->mutable_ranks(1)->set_pinned_bytes(uint64_t{3} << 30);
+  s.mutable_jobs(0)->mutable_ranks(1)->set_device_bytes(uint64_t{2} << 30);
+  const std::string wide = RenderTop(s, nullptr, {});
+  EXPECT_THAT(wide, HasSubstr("MEMORY"));
+  const std::string out = RenderTop(s, nullptr, {80, 0});
+  for (const std::string& line : Lines(out)) {
+    EXPECT_LE(line.size(), 80u) << line;
+  }
+  const std::vector<std::string> rows = Rows(out);
+  ASSERT_EQ(rows.size(), 4u);
+  for (const std::string& row : rows) {
+    EXPECT_THAT(row, Not(testing::EndsWith("~"))) << row;  // no row is cut
+  }
+  // The columns that matter go last: the stage of the most stalled rank is whole.
+  EXPECT_THAT(rows[0], HasSubstr("decode"));
+  EXPECT_THAT(out, HasSubstr("SAMPLES/S"));
+  EXPECT_THAT(out, HasSubstr("STALL"));
+  EXPECT_THAT(out, Not(HasSubstr("MEMORY")));
+  // Each narrower width keeps a subset of the wider one's columns.
+  EXPECT_THAT(RenderTop(s, nullptr, {120, 0}), HasSubstr("MEMORY"));
+  const std::string narrow = RenderTop(s, nullptr, {60, 0});
+  EXPECT_THAT(narrow, Not(HasSubstr("QUEUE")));
+  EXPECT_THAT(narrow, HasSubstr("STAGE"));
+}
+
 TEST(TopTest, ShortTerminalSaysHowManyLinesAreLeft) {
   const std::string out = RenderTop(Sample(), nullptr, {0, 5});
   const std::vector<std::string> lines = Lines(out);
@@ -229,6 +259,26 @@ TEST(TopTest, ParsesTheClientsJsonAndIgnoresUnknownFields) {
   auto bad = ParseStatusJson("{not json");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("GetStatusResponse"));
+}
+
+// A live view of a fixed text, for ComposeFrame.
+class FixedView final : public LiveView {
+ public:
+  absl::Status Refresh() override { return absl::OkStatus(); }
+  std::string Render(ScreenSize size) const override {
+    return FitToScreen("JOB  NAME\nj-1  last-snapshot\n", size);
+  }
+};
+
+TEST(LiveTest, AFailedRefreshClearsTheStaleSnapshot) {
+  FixedView view;
+  const LiveOptions options{.interval = absl::Seconds(2), .title = "ferryctl top"};
+  const std::string good = ComposeFrame(view, absl::OkStatus(), options, {80, 24});
+  EXPECT_EQ(good, "ferryctl top\nJOB  NAME\nj-1  last-snapshot\n");
+  const std::string gone =
+      ComposeFrame(view, absl::UnavailableError("Socket closed"), options, {80, 24});
+  EXPECT_EQ(gone, "ferryctl top\nferryd unreachable: Socket closed (retrying every 2s)\n");
+  EXPECT_THAT(gone, Not(HasSubstr("last-snapshot")));
 }
 
 }  // namespace
