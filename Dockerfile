@@ -1,10 +1,12 @@
 # ferryd in a container: build on Debian 12 from Debian's packages (the same ones
-# deploy/install-deps.sh installs for everyone else), run on debian:12-slim.
+# deploy/install-deps.sh installs for everyone else), make ferry's Debian packages with
+# CPack, and install those on debian:12-slim, as apt would on a host: the image runs what
+# the .debs hold, and apt brings their run-time dependencies.
 #
 #   docker build -t ferry:0.1.0 .                      # with the CUDA transport
 #   docker build -t ferry:0.1.0 --build-arg WITH_CUDA=0 .   # host transport only
 #   docker run --rm --gpus all --ipc=host -v /run/ferry:/run/ferry -v /data:/data:ro \
-#       ferry:0.1.0 --config /etc/ferry/ferryd.conf
+#       -v /etc/ferry/ferryd.conf:/etc/ferry/ferryd.conf:ro ferry:0.1.0
 #
 # The container runs as user ferry (uid/gid 7070; deploy/kubernetes uses the same ids).
 # Kubernetes: deploy/kubernetes/ferryd-daemonset.yaml. Details: docs/operations.md.
@@ -41,42 +43,30 @@ ENV PATH=/usr/local/cuda/bin:$PATH
 COPY . /src
 WORKDIR /src
 # The preset's build dir (build/) and build type; tests and benchmarks are not shipped.
+# The CUDA runtime is linked statically, so the packages need nothing of CUDA's; libcuda
+# stays the host's.
 RUN cmake --preset default -DCMAKE_INSTALL_PREFIX=/usr \
       -DFERRY_BUILD_TESTS=OFF -DFERRY_BUILD_BENCH=OFF \
  && cmake --build --preset default -j"$(nproc)" \
- && DESTDIR=/stage cmake --install build \
- && install -D -m 0644 deploy/ferryd.conf.example /stage/usr/share/doc/ferry/ferryd.conf.example \
- && install -m 0644 docs/*.md /stage/usr/share/doc/ferry/
-# CUDA runtime libraries the binaries link dynamically (none when cudart is linked
-# statically, CMake's default) travel with them; libcuda itself stays the host's.
-RUN mkdir -p /stage/usr/local/lib \
- && find /stage -type f \( -perm -u+x -o -name '*.so*' \) -print0 \
-    | xargs -0 -r ldd 2>/dev/null \
-    | awk '$3 ~ /^\/usr\/local\/cuda/ { print $3 }' | sort -u \
-    | xargs -r cp -L -t /stage/usr/local/lib/
+ && (cd build && cpack) \
+ && mkdir -p /debs && cp build/packages/ferryd_*.deb build/packages/libferry1_*.deb /debs/
 
 # ---- runtime --------------------------------------------------------------------------
 FROM debian:12-slim
 
-# Runtime halves of deploy/install-deps.sh's -dev packages: gRPC 1.51, protobuf 3.21,
-# abseil 20220623, libnuma, libjpeg-turbo, libspng, libsystemd (sd_notify; a no-op without
-# NOTIFY_SOCKET), cpp-httplib (the metrics endpoint).
-RUN apt-get update -qq \
- && apt-get install -y -qq --no-install-recommends \
-      libgrpc++1.51 libprotobuf32 libabsl20220623 libnuma1 libjpeg62-turbo libspng0 libsystemd0 \
-      libcpp-httplib0.11 \
- && rm -rf /var/lib/apt/lists/*
-
-# ferryd -> /usr/sbin, ferryctl -> /usr/bin, libferry.so -> /usr/lib/<multiarch>, the
-# C header and the Python package as the CMake install rules place them. Trainers use
-# the Python package from their own image; this one only runs the daemon.
-COPY --from=build /stage/ /
-RUN ldconfig \
- && groupadd --system --gid 7070 ferry \
+# The user first, with the ids deploy/kubernetes uses: the ferryd package's postinst then
+# finds it and creates none. apt installs the packages and their run-time dependencies
+# (dpkg-shlibdeps' list: gRPC, protobuf, abseil, libnuma, libjpeg-turbo, libspng,
+# libsystemd, cpp-httplib) from Debian. Trainers use the Python package from their own
+# image; this one only runs the daemon (ferryd, ferryctl, /etc/ferry/ferryd.conf).
+COPY --from=build /debs/ /tmp/debs/
+RUN groupadd --system --gid 7070 ferry \
  && useradd --system --uid 7070 --gid ferry --no-create-home --home-dir / \
       --shell /usr/sbin/nologin ferry \
- && install -d -o ferry -g ferry -m 0750 /run/ferry \
- && install -d -m 0755 /etc/ferry
+ && apt-get update -qq \
+ && apt-get install -y -qq --no-install-recommends /tmp/debs/*.deb \
+ && rm -rf /var/lib/apt/lists/* /tmp/debs \
+ && install -d -o ferry -g ferry -m 0750 /run/ferry
 
 # The NVIDIA container toolkit reads these: all GPUs, compute only.
 ENV NVIDIA_VISIBLE_DEVICES=all \
@@ -85,4 +75,6 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
 USER ferry
 # SIGTERM drains consumers for drain_timeout_seconds (default 5 s) before exiting.
 STOPSIGNAL SIGTERM
-ENTRYPOINT ["/usr/sbin/ferryd", "--listen", "/run/ferry/ferryd.sock"]
+# The system daemon: the packaged config (unix_socket /run/ferry/ferryd.sock, dataset_roots);
+# mount your own over /etc/ferry/ferryd.conf.
+ENTRYPOINT ["/usr/sbin/ferryd", "--config", "/etc/ferry/ferryd.conf"]
