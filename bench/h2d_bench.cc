@@ -145,7 +145,8 @@ int Main(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   // Where registration is refused (a container without the right limits), the slab's
   // column shows what the pipeline would get without it: pageable copies.
-  absl::StatusOr<HostRegistration> registered = HostRegistration::Create(slab.data(), slab.size());
+  absl::StatusOr<HostRegistration> registered =
+      HostRegistration::Create(device, slab.data(), slab.size());
   if (!registered.ok()) {
     std::printf("cudaHostRegister of the memfd slab failed (its column is pageable): %s\n",
                 registered.status().ToString().c_str());

@@ -34,6 +34,14 @@ absl::Status Check(cudaError_t error, const char* call, absl::string_view detail
   return CudaStatus(error, call, detail);
 }
 
+// Runs `call` (returning a cudaError_t) with `device` current, then puts the thread's
+// previous context back; returns the error of entering the device when that fails.
+template <typename Call>
+cudaError_t OnDevice(int device, Call call) {
+  ScopedDevice scope(device);
+  return scope.status().ok() ? call() : scope.error();
+}
+
 }  // namespace
 
 absl::StatusOr<int> DeviceCount() {
@@ -101,14 +109,16 @@ CudaStream::~CudaStream() { Release(); }
 void CudaStream::Release() {
   if (stream_ == nullptr) return;
   // Work still queued completes; the stream's resources are freed after it.
-  LogIfFailed(cudaStreamDestroy(stream_), "cudaStreamDestroy", absl::StrCat("device ", device_));
+  LogIfFailed(OnDevice(device_, [&] { return cudaStreamDestroy(stream_); }), "cudaStreamDestroy",
+              absl::StrCat("device ", device_));
   stream_ = nullptr;
 }
 
 absl::Status CudaStream::CopyAsync(void* dst, const void* src, size_t bytes) const {
   if (bytes == 0) return absl::OkStatus();
   // Hot path (every batch): the error's detail is formatted only on failure.
-  const cudaError_t error = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_);
+  const cudaError_t error = OnDevice(
+      device_, [&] { return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_); });
   if (error == cudaSuccess) return absl::OkStatus();
   return Check(error, "cudaMemcpyAsync", absl::StrCat(bytes, " bytes on device ", device_));
 }
@@ -118,20 +128,22 @@ absl::Status CudaStream::Record(const CudaEvent& event) const {
     return absl::InvalidArgumentError(absl::StrCat(
         "cannot record an event of device ", event.device(), " on a stream of device ", device_));
   }
-  const cudaError_t error = cudaEventRecord(event.get(), stream_);
+  const cudaError_t error =
+      OnDevice(device_, [&] { return cudaEventRecord(event.get(), stream_); });
   if (error == cudaSuccess) return absl::OkStatus();
   return Check(error, "cudaEventRecord", absl::StrCat("device ", device_));
 }
 
 absl::Status CudaStream::Wait(const CudaEvent& event) const {
-  const cudaError_t error = cudaStreamWaitEvent(stream_, event.get(), 0);
+  const cudaError_t error =
+      OnDevice(device_, [&] { return cudaStreamWaitEvent(stream_, event.get(), 0); });
   if (error == cudaSuccess) return absl::OkStatus();
   return Check(error, "cudaStreamWaitEvent", absl::StrCat("device ", device_));
 }
 
 absl::Status CudaStream::Synchronize() const {
-  return Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize",
-               absl::StrCat("device ", device_));
+  return Check(OnDevice(device_, [&] { return cudaStreamSynchronize(stream_); }),
+               "cudaStreamSynchronize", absl::StrCat("device ", device_));
 }
 
 // ----------------------------------------------------------------------------------- event
@@ -180,7 +192,8 @@ CudaEvent::~CudaEvent() { Release(); }
 
 void CudaEvent::Release() {
   if (event_ == nullptr) return;
-  LogIfFailed(cudaEventDestroy(event_), "cudaEventDestroy", absl::StrCat("device ", device_));
+  LogIfFailed(OnDevice(device_, [&] { return cudaEventDestroy(event_); }), "cudaEventDestroy",
+              absl::StrCat("device ", device_));
   event_ = nullptr;
 }
 
@@ -191,15 +204,16 @@ absl::StatusOr<EventIpcHandle> CudaEvent::IpcHandle() const {
                 : "only events created with CudaEvent::kInterprocess can be exported");
   }
   cudaIpcEventHandle_t native;
-  FERRY_RETURN_IF_ERROR(Check(cudaIpcGetEventHandle(&native, event_), "cudaIpcGetEventHandle",
-                              absl::StrCat("device ", device_)));
+  FERRY_RETURN_IF_ERROR(
+      Check(OnDevice(device_, [&] { return cudaIpcGetEventHandle(&native, event_); }),
+            "cudaIpcGetEventHandle", absl::StrCat("device ", device_)));
   EventIpcHandle handle;
   std::memcpy(handle.bytes.data(), &native, sizeof(native));
   return handle;
 }
 
 absl::StatusOr<bool> CudaEvent::IsComplete() const {
-  const cudaError_t error = cudaEventQuery(event_);
+  const cudaError_t error = OnDevice(device_, [&] { return cudaEventQuery(event_); });
   if (error == cudaErrorNotReady) {
     (void)cudaGetLastError();
     return false;
@@ -209,8 +223,8 @@ absl::StatusOr<bool> CudaEvent::IsComplete() const {
 }
 
 absl::Status CudaEvent::Synchronize() const {
-  return Check(cudaEventSynchronize(event_), "cudaEventSynchronize",
-               absl::StrCat("device ", device_));
+  return Check(OnDevice(device_, [&] { return cudaEventSynchronize(event_); }),
+               "cudaEventSynchronize", absl::StrCat("device ", device_));
 }
 
 absl::StatusOr<float> ElapsedMillis(const CudaEvent& start, const CudaEvent& end) {
@@ -218,8 +232,9 @@ absl::StatusOr<float> ElapsedMillis(const CudaEvent& start, const CudaEvent& end
     return absl::FailedPreconditionError("ElapsedMillis needs two CudaEvent::kTiming events");
   }
   float ms = 0;
-  FERRY_RETURN_IF_ERROR(
-      Check(cudaEventElapsedTime(&ms, start.get(), end.get()), "cudaEventElapsedTime"));
+  FERRY_RETURN_IF_ERROR(Check(
+      OnDevice(start.device(), [&] { return cudaEventElapsedTime(&ms, start.get(), end.get()); }),
+      "cudaEventElapsedTime"));
   return ms;
 }
 
@@ -288,8 +303,9 @@ absl::StatusOr<MemIpcHandle> DeviceBuffer::IpcHandle() const {
         "a device buffer opened from an IPC handle cannot be exported again");
   }
   cudaIpcMemHandle_t native;
-  FERRY_RETURN_IF_ERROR(Check(cudaIpcGetMemHandle(&native, data_), "cudaIpcGetMemHandle",
-                              absl::StrCat(size_, " bytes on device ", device_)));
+  FERRY_RETURN_IF_ERROR(
+      Check(OnDevice(device_, [&] { return cudaIpcGetMemHandle(&native, data_); }),
+            "cudaIpcGetMemHandle", absl::StrCat(size_, " bytes on device ", device_)));
   MemIpcHandle handle;
   std::memcpy(handle.bytes.data(), &native, sizeof(native));
   return handle;
@@ -297,16 +313,17 @@ absl::StatusOr<MemIpcHandle> DeviceBuffer::IpcHandle() const {
 
 // ---------------------------------------------------------------------------- registration
 
-absl::StatusOr<HostRegistration> HostRegistration::Create(void* data, size_t bytes, Access access) {
+absl::StatusOr<HostRegistration> HostRegistration::Create(int device, void* data, size_t bytes,
+                                                          Access access) {
   if (data == nullptr || bytes == 0) {
     return absl::InvalidArgumentError("cannot page-lock an empty host range");
   }
   unsigned flags = cudaHostRegisterPortable;
   if (access == Access::kReadOnly) flags |= cudaHostRegisterMapped | cudaHostRegisterReadOnly;
-  FERRY_RETURN_IF_ERROR(
-      Check(cudaHostRegister(data, bytes, flags), "cudaHostRegister",
-            absl::StrCat(bytes, " bytes", access == Access::kReadOnly ? ", read-only" : "")));
-  return HostRegistration(data, bytes);
+  FERRY_RETURN_IF_ERROR(Check(
+      OnDevice(device, [&] { return cudaHostRegister(data, bytes, flags); }), "cudaHostRegister",
+      absl::StrCat(bytes, " bytes", access == Access::kReadOnly ? ", read-only" : "")));
+  return HostRegistration(data, bytes, device);
 }
 
 absl::StatusOr<const void*> HostRegistration::DeviceData(int device) const {
@@ -319,13 +336,16 @@ absl::StatusOr<const void*> HostRegistration::DeviceData(int device) const {
 }
 
 HostRegistration::HostRegistration(HostRegistration&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      device_(other.device_) {}
 
 HostRegistration& HostRegistration::operator=(HostRegistration&& other) noexcept {
   if (this != &other) {
     Release();
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    device_ = other.device_;
   }
   return *this;
 }
@@ -334,7 +354,8 @@ HostRegistration::~HostRegistration() { Release(); }
 
 void HostRegistration::Release() {
   if (data_ == nullptr) return;
-  LogIfFailed(cudaHostUnregister(data_), "cudaHostUnregister", absl::StrCat(size_, " bytes"));
+  LogIfFailed(OnDevice(device_, [&] { return cudaHostUnregister(data_); }), "cudaHostUnregister",
+              absl::StrCat(size_, " bytes"));
   data_ = nullptr;
   size_ = 0;
 }

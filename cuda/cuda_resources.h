@@ -4,8 +4,9 @@
 // slab), and a look at the machine's devices.
 //
 // Every owner is made by a static Create (or OpenIpc, for the trainer's side of an IPC
-// handle) returning absl::StatusOr, remembers its device and enters it around each call that
-// needs it, and releases its resource in its destructor, which logs a failure and never
+// handle) returning absl::StatusOr, remembers its device and enters it (ScopedDevice) around
+// every call it makes, its release included, so it may be used and destroyed on any thread;
+// it releases its resource in its destructor, which logs a failure and never
 // throws. Errors read "<cudaCall>(<what>): <cudaErrorName> (<description>)"; out of memory
 // is RESOURCE_EXHAUSTED (see cuda_status.h).
 //
@@ -191,7 +192,9 @@ class DeviceBuffer final {
 };
 
 // Page-locks an existing host range (cudaHostRegister, portable: pinned for every device),
-// so copies from it are DMA at full PCIe speed; cudaHostUnregister on destruction. The
+// so copies from it are DMA at full PCIe speed; cudaHostUnregister on destruction. Both
+// run with `device` current (the device that will copy from it), so registering for GPU 1
+// never creates GPU 0's context. The
 // range must stay mapped for the registration's lifetime. Registration costs time in
 // proportion to the size (hundreds of ms per GiB): do it once per slab, never per batch.
 //
@@ -203,7 +206,7 @@ class HostRegistration final {
 
   // INVALID_ARGUMENT for a null or empty range; ALREADY_EXISTS when part of it is
   // registered already.
-  static absl::StatusOr<HostRegistration> Create(void* data, size_t bytes,
+  static absl::StatusOr<HostRegistration> Create(int device, void* data, size_t bytes,
                                                  Access access = Access::kReadWrite);
 
   // The address kernels on `device` read the range at (cudaHostGetDevicePointer; the
@@ -220,11 +223,13 @@ class HostRegistration final {
   size_t size() const { return size_; }
 
  private:
-  HostRegistration(void* data, size_t size) : data_(data), size_(size) {}
+  HostRegistration(void* data, size_t size, int device)
+      : data_(data), size_(size), device_(device) {}
   void Release();
 
   void* data_ = nullptr;
   size_t size_ = 0;
+  int device_ = 0;
 };
 
 }  // namespace ferry

@@ -75,7 +75,7 @@ TEST(DeviceCount, CountsOrExplains) {
 
 TEST(Owners, RejectEmptyRequestsBeforeTouchingCuda) {
   EXPECT_EQ(DeviceBuffer::Create(0, 0).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(HostRegistration::Create(nullptr, 4096).status().code(),
+  EXPECT_EQ(HostRegistration::Create(0, nullptr, 4096).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

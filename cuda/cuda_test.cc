@@ -87,8 +87,8 @@ TEST_F(CudaTest, OwnersMoveAndCopy) {
   uint8_t* bytes = static_cast<uint8_t*>(region);
   for (size_t i = 0; i < n; ++i) bytes[i] = static_cast<uint8_t>(i * 31 + 7);
   {
-    HostRegistration pinned = ValueOrDie(HostRegistration::Create(region, n));
-    const absl::StatusOr<HostRegistration> again = HostRegistration::Create(region, n);
+    HostRegistration pinned = ValueOrDie(HostRegistration::Create(0, region, n));
+    const absl::StatusOr<HostRegistration> again = HostRegistration::Create(0, region, n);
     EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists) << again.status();
     HostRegistration moved_pin(std::move(pinned));
     EXPECT_EQ(moved_pin.data(), region);
@@ -255,7 +255,7 @@ TEST_F(CudaTest, IpcAcrossProcesses) {
   ASSERT_NE(region, MAP_FAILED);
   uint8_t* next = static_cast<uint8_t*>(region);
   for (size_t i = 0; i < kIpcBytes; ++i) next[i] = Pattern(1, i);
-  std::optional<HostRegistration> pinned(ValueOrDie(HostRegistration::Create(next, kIpcBytes)));
+  std::optional<HostRegistration> pinned(ValueOrDie(HostRegistration::Create(0, next, kIpcBytes)));
   ASSERT_CUDA(
       cudaLaunchHostFunc(stream.get(), SleepOnStream, reinterpret_cast<void*>(intptr_t{300})));
   ASSERT_OK(stream.CopyAsync(buf.data(), next, kIpcBytes));

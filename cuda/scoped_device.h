@@ -1,10 +1,18 @@
-// Makes a device current for the calling thread for one scope and restores the previous
-// one. The CUDA runtime's current device is per thread; ferry's owners remember their
-// device and enter it around every call that allocates, creates or launches, so callers
-// never have to think about which device a thread last touched. Used by ferry_cuda's owners,
-// ferryd's kernel launchers and the client's CUDA ring.
+// Makes a device current for the calling thread for one scope, then puts back exactly what
+// the thread had before: another device's context, or none at all. The CUDA runtime's
+// current device is per thread; ferry's owners remember their device and enter it around
+// every call they make (create, launch, query, synchronise, export, destroy), so no thread
+// ever calls CUDA with another device's context, or none, current, and callers never have
+// to think about which device a thread last touched. Used by ferry_cuda's owners, ferryd's
+// stages and kernel launchers, and the client's CUDA ring (where the trainer's own current
+// device must survive every ferry call).
 //
-// Thread safety: belongs to the thread that made it (the current device is per thread).
+// A thread that had no context keeps none: entering device 1 on a fresh thread never binds
+// (or creates) device 0's context on the way out, as a cudaGetDevice / cudaSetDevice pair
+// would. Entering the device that is already current costs two driver queries and no
+// switch.
+//
+// Thread safety: belongs to the thread that made it (the current context is per thread).
 //
 //   ScopedDevice scope(device);
 //   FERRY_RETURN_IF_ERROR(scope.status());
@@ -14,43 +22,27 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
-#include "cuda/cuda_status.h"
 
 namespace ferry {
 
 class ScopedDevice final {
  public:
-  explicit ScopedDevice(int device) {
-    error_ = cudaGetDevice(&previous_);
-    if (error_ != cudaSuccess) {
-      (void)cudaGetLastError();
-      status_ = CudaStatus(error_, "cudaGetDevice");
-      return;
-    }
-    if (previous_ == device) return;
-    error_ = cudaSetDevice(device);
-    if (error_ != cudaSuccess) {
-      (void)cudaGetLastError();
-      status_ = CudaStatus(error_, "cudaSetDevice", absl::StrCat("device ", device));
-      return;
-    }
-    restore_ = true;
-  }
+  explicit ScopedDevice(int device);
   ScopedDevice(const ScopedDevice&) = delete;
   ScopedDevice& operator=(const ScopedDevice&) = delete;
-  ~ScopedDevice() {
-    if (restore_) cudaSetDevice(previous_);  // cannot fail: previous_ was valid
-  }
+  ~ScopedDevice();
 
+  // OK, or why `device` could not be made current (naming the CUDA call and the device).
   const absl::Status& status() const { return status_; }
   cudaError_t error() const { return error_; }
 
  private:
   cudaError_t error_ = cudaSuccess;
-  int previous_ = 0;
-  bool restore_ = false;
   absl::Status status_;
+  bool restore_ = false;
+  bool exact_ = false;                // the driver's context calls are available
+  void* previous_context_ = nullptr;  // with exact_: a CUcontext; null: the thread had none
+  int previous_device_ = 0;           // without exact_: restored with cudaSetDevice
 };
 
 }  // namespace ferry

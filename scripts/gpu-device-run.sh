@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the checkout root, after `scripts/gpu-bundle.sh tests` (or
-# `bench`) here: the CUDA unit tests and the GPU transport tests, or the GPU benchmarks.
-# Logs go to $OUT.
+# `bench`) here: the CUDA unit tests and the GPU transport tests, or the GPU benchmarks;
+# `multi` (a tests bundle, on a machine of 2 or more GPUs) runs the multi-GPU tests
+# (tests/gpu/test_multi_gpu.py; FERRY_MULTI_GPU_ROUNDS rounds). Logs go to $OUT.
 set -uo pipefail
 source scripts/gpu-env.sh
 nvidia-smi --query-gpu=name,pci.bus_id,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 rc=0
 # Argument: "tests" or "bench", the half the bundle holds.
-[[ ${1:-} == tests || ${1:-} == bench ]] || { echo "usage: gpu-device-run.sh tests|bench" >&2; exit 2; }
+[[ ${1:-} == tests || ${1:-} == bench || ${1:-} == multi ]] ||
+  { echo "usage: gpu-device-run.sh tests|bench|multi" >&2; exit 2; }
+if [[ $1 == multi ]]; then
+  (cd tests/gpu && python3 -m unittest -v test_multi_gpu) > "$OUT/multi_gpu.txt" 2>&1 || rc=1
+  tail -25 "$OUT/multi_gpu.txt"
+fi
 if [[ $1 == tests ]]; then
   for t in cuda_test kernels_test gpu_jpeg_decoder_test; do
     $t > "$OUT/$t.txt" 2>&1 || rc=1

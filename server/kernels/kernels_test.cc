@@ -483,7 +483,7 @@ void CheckGather(size_t row_bytes, size_t header, int64_t count, int blocks, boo
   ASSERT_NE(map, MAP_FAILED);
   {
     HostRegistration registration = ValueOrDie(
-        HostRegistration::Create(map, file_bytes.size(), HostRegistration::Access::kReadOnly));
+        HostRegistration::Create(0, map, file_bytes.size(), HostRegistration::Access::kReadOnly));
     const auto* records = static_cast<const uint8_t*>(ValueOrDie(registration.DeviceData(0)));
     std::vector<int64_t> indices(count);
     for (auto& i : indices) i = static_cast<int64_t>(rng.Next() % num_records);

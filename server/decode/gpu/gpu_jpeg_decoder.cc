@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/base/attributes.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "cuda/cuda_resources.h"
@@ -27,6 +30,13 @@ void LogIfFailed(nvjpegStatus_t status, const char* call, int device) {
                      << NvJpegStatus(status, call, absl::StrCat("device ", device));
 }
 
+// Creating and destroying nvJPEG handles (and the hardware backend's engine sessions behind
+// them) is serialised process-wide: nvJPEG documents its handles and states as usable from
+// many threads, not that two devices may set theirs up at the same instant, and ferryd
+// makes a decoder per GPU stage, whose trainers may all attach together. Decoding is not
+// serialised.
+ABSL_CONST_INIT absl::Mutex lifecycle_mutex(absl::kConstInit);
+
 }  // namespace
 
 // Owns the nvJPEG objects of one decoder; destroys them (on its device) in reverse order of
@@ -38,6 +48,9 @@ struct GpuJpegDecoder::Impl {
   Impl& operator=(const Impl&) = delete;
   ~Impl() {
     ScopedDevice scope(device);
+    // Create holds the lock already when it gives up on a half-made decoder.
+    std::optional<absl::MutexLock> lock;
+    if (!creating) lock.emplace(&lifecycle_mutex);
     if (jpeg_stream != nullptr) {
       LogIfFailed(lib.nvjpegJpegStreamDestroy(jpeg_stream), "nvjpegJpegStreamDestroy", device);
     }
@@ -69,6 +82,7 @@ struct GpuJpegDecoder::Impl {
   }
 
   const NvJpegLibrary& lib;
+  bool creating = true;  // until Create hands the decoder out (it holds lifecycle_mutex)
   const int device;
   const int max_batch;
   const GpuJpegLimits limits;
@@ -118,6 +132,7 @@ absl::StatusOr<GpuJpegDecoder> GpuJpegDecoder::Create(const NvJpegLibrary& libra
   }
   ScopedDevice scope(device);
   FERRY_RETURN_IF_ERROR(scope.status());
+  absl::MutexLock lock(&lifecycle_mutex);
 
   auto impl = std::make_unique<Impl>(library, device, max_batch, options.limits);
   absl::Status hardware = absl::FailedPreconditionError("not asked for (allow_hardware false)");
@@ -151,6 +166,7 @@ absl::StatusOr<GpuJpegDecoder> GpuJpegDecoder::Create(const NvJpegLibrary& libra
   impl->lengths.resize(max_batch);
   impl->images.resize(max_batch);
   impl->order.resize(max_batch);
+  impl->creating = false;
   return GpuJpegDecoder(std::move(impl));
 }
 

@@ -39,6 +39,10 @@ absl::StatusOr<std::unique_ptr<CudaStage>> CudaStage::Create(
     int device, std::string pci_bus_id, const Job& job, const SharedSlab& slab, int num_slots,
     MemoryBudget* pinned_budget, MemoryBudget* device_budget, std::shared_ptr<GpuCounters> counters,
     PinnedMappings* mappings, const GatherOptions& gather) {
+  // Every call below runs on this stage's device, whichever device the calling thread (a
+  // gRPC handler) last touched; each owner also enters its own device.
+  ScopedDevice scope(device);
+  FERRY_RETURN_IF_ERROR(scope.status());
   std::unique_ptr<CudaStage> stage(new CudaStage());
   stage->counters_ = std::move(counters);
   stage->device_ = device;
@@ -52,7 +56,8 @@ absl::StatusOr<std::unique_ptr<CudaStage>> CudaStage::Create(
   FERRY_ASSIGN_OR_RETURN(stage->device_bytes_,
                          device_budget->Reserve(stage->layout_.slot_bytes * num_slots, what));
   // Registered once: every batch of this rank is copied from these pages.
-  FERRY_ASSIGN_OR_RETURN(stage->registration_, HostRegistration::Create(slab.data(), slab.size()));
+  FERRY_ASSIGN_OR_RETURN(stage->registration_,
+                         HostRegistration::Create(device, slab.data(), slab.size()));
   FERRY_ASSIGN_OR_RETURN(stage->stream_, CudaStream::Create(device));
   for (int i = 0; i < num_slots; ++i) {
     FERRY_ASSIGN_OR_RETURN(DeviceBuffer buffer,
@@ -103,9 +108,10 @@ absl::StatusOr<std::unique_ptr<CudaStage>> CudaStage::Create(
       // The jobs are written here and copied from pinned memory: a copy from pageable
       // memory would wait for the stream's earlier work (the decode) first.
       stage->resample_jobs_host_.emplace_back(batch);
-      FERRY_ASSIGN_OR_RETURN(HostRegistration pinned,
-                             HostRegistration::Create(stage->resample_jobs_host_.back().data(),
-                                                      sizeof(ResampleJob) * batch));
+      FERRY_ASSIGN_OR_RETURN(
+          HostRegistration pinned,
+          HostRegistration::Create(device, stage->resample_jobs_host_.back().data(),
+                                   sizeof(ResampleJob) * batch));
       stage->resample_jobs_pinned_.push_back(std::move(pinned));
       FERRY_ASSIGN_OR_RETURN(CudaEvent started, CudaEvent::Create(device, CudaEvent::kTiming));
       FERRY_ASSIGN_OR_RETURN(CudaEvent done, CudaEvent::Create(device, CudaEvent::kTiming));
@@ -129,6 +135,8 @@ absl::StatusOr<std::unique_ptr<CudaStage>> CudaStage::Create(
 }
 
 CudaStage::~CudaStage() {
+  // The last reference may go on any thread (a handler, a worker, the watcher itself).
+  ScopedDevice scope(device_);
   // The watcher must stop before the events and the callbacks go away.
   watcher_.reset();
   auto drain = [this](CudaStream& stream) {
@@ -467,8 +475,11 @@ void CudaStage::WatchCopy(int host_slot, int device_slot, uint64_t token, bool o
     watcher_->Watch(
         IsComplete(ready_[device_slot]), EventWatcher::kDeviceSlotReady,
         [this, host_slot, device_slot, token] {
+          // host_slot_free may drop the last reference to this stage (its pipeline's):
+          // nothing of `this` is read after it.
+          const std::function<void(int, uint64_t)> ready = callbacks_.device_slot_ready;
           callbacks_.host_slot_free(host_slot);
-          callbacks_.device_slot_ready(device_slot, token);
+          ready(device_slot, token);
         },
         /*also_frees_host_slot=*/true);
   }

@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/thread_name.h"
 #include "cuda/cuda_resources.h"
-#include "cuda/scoped_device.h"
 
 namespace ferry {
 namespace {
@@ -30,10 +29,8 @@ class RegisteredRange final : public PinnedRange {
 
 PinnedRangeRegistrar CudaHostRegistrar() {
   return [](void* data, size_t bytes, int device) -> absl::StatusOr<std::unique_ptr<PinnedRange>> {
-    ScopedDevice scope(device);
-    if (!scope.status().ok()) return scope.status();
     absl::StatusOr<HostRegistration> registration =
-        HostRegistration::Create(data, bytes, HostRegistration::Access::kReadOnly);
+        HostRegistration::Create(device, data, bytes, HostRegistration::Access::kReadOnly);
     if (!registration.ok()) return registration.status();
     return std::make_unique<RegisteredRange>(*std::move(registration));
   };
