@@ -2,10 +2,13 @@
 file, iterates epoch 0 of a ferry.Loader on cuda:<rank> against that round's ferryd, and
 writes what it got. Run as `python3 multi_gpu_worker.py '<json config>'`.
 
-Config keys: rank, world_size, root, batch_size, rounds: [{"address", "go", "out"}], and
-optionally job_name. Each round's out (written atomically): {"index": [...], "device": ...}
-or {"error": {"code", "message"}}. The go file lets the test start every rank's Loader at
-the same instant, with torch already imported and CUDA initialized.
+Config keys: rank, world_size, root, batch_size, crop, rounds: [{"address", "go", "out"}],
+and optionally job_name. Each round's out (written atomically): {"index": [...], "device":
+...} or {"error": {"code", "message"}}. The go file lets the test start every rank's Loader
+at the same instant, with torch already imported and CUDA initialized. Batches arrive as
+normalized bfloat16 on the rank's GPU (ferryd's decode, copy and normalize kernels all run
+there), and each is used by a matrix product on the current stream, as a training step
+would while ferryd fills the next slots.
 """
 
 import json
@@ -27,7 +30,7 @@ def main():
     rank = config["rank"]
     device = "cuda:%d" % rank
     torch.cuda.set_device(rank)
-    torch.zeros(1, device=device)  # CUDA initialized before the start signal
+    weight = torch.randn(1024, 1024, device=device)  # CUDA initialized before the start signal
     for number, round_ in enumerate(config["rounds"]):
         deadline = time.monotonic() + 300
         while not os.path.exists(round_["go"]):
@@ -38,14 +41,18 @@ def main():
         try:
             loader = ferry.Loader(
                 ferry.ImageFolder(config["root"]), batch_size=config["batch_size"],
-                transform=ferry.RandomResizedCrop(32, flip=True), shuffle=True, seed=number,
-                rank=rank, world_size=config["world_size"], device=device,
-                address=round_["address"], job_name=config.get("job_name"), timeout=60)
+                transform=ferry.RandomResizedCrop(config["crop"], flip=True), shuffle=True,
+                seed=number, rank=rank, world_size=config["world_size"], device=device,
+                image_dtype="bfloat16", address=round_["address"],
+                job_name=config.get("job_name"), timeout=60)
             loader.set_epoch(0)
             index = []
             for batch in loader:
-                result["device"] = str(batch["image"].device)
+                image = batch["image"]
+                result["device"] = str(image.device)
+                step = image.float().reshape(image.shape[0], -1)[:, :1024] @ weight
                 index += batch["index"].cpu().tolist()
+                float(step.sum())
             loader.close()
             result["index"] = index
         except ferry.FerryError as e:

@@ -2,12 +2,18 @@
 
   (a) one rank per GPU, every rank's Loader started at the same instant against a fresh
       ferryd, FERRY_MULTI_GPU_ROUNDS times (default 50): ferryd never dies, every rank gets
-      its batches on its own GPU, every sample of the epoch arrives exactly once across the
-      ranks, ferryd drains and exits 0 on SIGTERM, and its log holds no CUDA error.
+      its batches (photo-sized JPEGs, cropped to 224 and normalized to bfloat16 on its GPU,
+      JPEGs decoded by the GPU's nvJPEG where ferryd has it) on its own GPU while its GPU
+      computes, every sample of the epoch arrives exactly once across the ranks, ferryd
+      drains and exits 0 on SIGTERM, and its log holds no CUDA error.
+      FERRY_MULTI_GPU_SELF_EXIT=1 (for a ferryd run under a wrapper that does not forward
+      SIGTERM, such as compute-sanitizer): ferryd is not signalled but exits by itself once
+      idle (exit_when_idle_seconds: 15), and the test waits for that.
       Regression test for ferryd's SIGSEGV when trainers on different GPUs attached
       together (CUDA calls made with another device's context, or none, current).
 """
 
+import io
 import json
 import os
 import subprocess
@@ -22,6 +28,7 @@ import ferry_it  # noqa: E402
 
 WORKER = os.path.join(HERE, "multi_gpu_worker.py")
 ROUNDS = int(os.environ.get("FERRY_MULTI_GPU_ROUNDS", "50"))
+SELF_EXIT = os.environ.get("FERRY_MULTI_GPU_SELF_EXIT") == "1"
 CUDA_ERROR_MARKERS = ("CUDA_ERROR", "cudaError", "nvjpeg error", "NVJPEG_STATUS")
 
 
@@ -37,6 +44,26 @@ def skip_reason():
     return None
 
 
+def make_photo_folder(root, per_class, classes=2, seed=0):
+    """root/<c>/<i>.jpg: 480x360 JPEGs of smooth colour with grain (about 40-60 KiB, as
+    costly to decode per pixel as photos), enough for nvJPEG and the resize to work."""
+    import numpy as np
+    from PIL import Image
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:360, 0:480]
+    for c in range(classes):
+        os.makedirs(os.path.join(root, "c%d" % c))
+        for i in range(per_class):
+            base = np.stack([(x * (1 + c) + i * 7) % 256, (y * 2 + i * 13) % 256,
+                             (x + y + c * 50) % 256], axis=-1).astype(np.int16)
+            pixels = np.clip(base + rng.integers(-20, 21, base.shape), 0, 255).astype(np.uint8)
+            out = io.BytesIO()
+            Image.fromarray(pixels).save(out, format="JPEG", quality=90)
+            with open(os.path.join(root, "c%d" % c, "%d.jpg" % i), "wb") as f:
+                f.write(out.getvalue())
+    return root
+
+
 SKIP = skip_reason()
 if SKIP is not None:
     print("GPU tests skipped: %s" % SKIP, flush=True)  # ctest reports the test as skipped
@@ -47,17 +74,17 @@ class MultiGpuTest(unittest.TestCase):
     def test_a_ranks_on_every_gpu_attach_at_the_same_instant(self):
         import torch
         gpus = torch.cuda.device_count()
-        batch = 4
+        batch = 16
         work = ferry_it.short_tempdir("ferry-mgpu-")
-        counts = {"a": gpus * batch * 3 // 2, "b": gpus * batch * 3 - gpus * batch * 3 // 2}
-        root = ferry_it.make_image_folder(os.path.join(work, "images"), counts)
-        images = sum(counts.values())
+        images = gpus * batch * 4  # 4 batches a rank
+        root = make_photo_folder(os.path.join(work, "images"), per_class=images // 2)
         rounds = []
         for n in range(ROUNDS):
             rounds.append({"dir": os.path.join(work, "r%d" % n)})
         procs, logs = [], []
         for rank in range(gpus):
             config = {"rank": rank, "world_size": gpus, "root": root, "batch_size": batch,
+                      "crop": 224,
                       "rounds": [{"address": os.path.join(r["dir"], "ferryd.sock"),
                                   "go": os.path.join(work, "go%d" % n),
                                   "out": os.path.join(work, "out%d.%d.json" % (n, rank))}
@@ -77,14 +104,19 @@ class MultiGpuTest(unittest.TestCase):
 
         crashes = []
         for n in range(ROUNDS):
-            daemon = ferry_it.FerryDaemon(config="drain_timeout_seconds: 2\n")
+            daemon = ferry_it.FerryDaemon(
+                config="drain_timeout_seconds: 2\n" +
+                ("exit_when_idle_seconds: 15\n" if SELF_EXIT else ""),
+                start_timeout=120 if SELF_EXIT else 30)
             # The workers' round n addresses this daemon's socket.
             os.symlink(daemon.dir, os.path.join(work, "r%d" % n))
             outs = [os.path.join(work, "out%d.%d.json" % (n, rank)) for rank in range(gpus)]
             open(os.path.join(work, "go%d" % n), "w").close()
             deadline = time.monotonic() + 120
             while not all(os.path.exists(o) for o in outs):
-                dead = [r for r, p in enumerate(procs) if p.poll() is not None]
+                # A rank that wrote this round's result may have ended (after the last round).
+                dead = [r for r, p in enumerate(procs)
+                        if p.poll() is not None and not os.path.exists(outs[r])]
                 self.assertFalse(dead, "round %d: rank(s) %s exited; log:\n%s" % (
                     n, dead, ferry_it.tail(logs[dead[0]]) if dead else ""))
                 if daemon.process.poll() is not None:
@@ -93,22 +125,44 @@ class MultiGpuTest(unittest.TestCase):
                                 "round %d: no result within 120 s; ferryd:\n%s"
                                 % (n, daemon.log()))
                 time.sleep(0.01)
+            results = [ferry_it.read_json(o) if os.path.exists(o) else {"error": "none"}
+                       for o in outs]
+            if any("error" in r for r in results):
+                # A rank that lost its ferryd (UNAVAILABLE) may see it before we do.
+                try:
+                    daemon.process.wait(10)
+                except subprocess.TimeoutExpired:
+                    pass
             code = daemon.process.poll()
-            log = open(daemon.log_path, errors="replace").read()
+            with open(daemon.log_path, errors="replace") as f:
+                log = f.read()
             if code is not None:
-                crashes.append("round %d: ferryd exited with %d; log:\n%s"
-                               % (n, code, log[-3000:]))
+                crashes.append("round %d: ferryd exited with %d%s; ranks: %s; log:\n%s"
+                               % (n, code, " (SIGSEGV)" if code == -11 else "",
+                                  [r.get("error") for r in results], log[-3000:]))
                 daemon.stop()
                 break
-            results = [ferry_it.read_json(o) for o in outs]
             for rank, result in enumerate(results):
                 self.assertNotIn("error", result, "round %d rank %d; ferryd:\n%s"
                                  % (n, rank, log[-3000:]))
                 self.assertEqual(result["device"], "cuda:%d" % rank)
             seen = sorted(i for r in results for i in r["index"])
             self.assertEqual(seen, list(range(images)), "round %d: every sample once" % n)
-            self.assertEqual(daemon.stop(), 0, "round %d: ferryd's exit; log:\n%s"
-                             % (n, log[-3000:]))
+            if n == 0:
+                gpu_decode = [line for line in log.splitlines() if "JPEG decode on the GPU" in line]
+                print("round 0: %d stages decode JPEGs on their GPU%s" % (
+                    len(gpu_decode), (": " + gpu_decode[0]) if gpu_decode else ""), flush=True)
+            # SIGTERM; the whole log, drain included, is read before stop() removes it.
+            if not SELF_EXIT:
+                daemon.terminate()
+            try:
+                daemon.process.wait(120 if SELF_EXIT else 30)
+            except subprocess.TimeoutExpired:
+                pass
+            with open(daemon.log_path, errors="replace") as f:
+                log = f.read()
+            code = daemon.stop()
+            self.assertEqual(code, 0, "round %d: ferryd's exit; log:\n%s" % (n, log[-3000:]))
             errors = [line for line in log.splitlines()
                       if any(m in line for m in CUDA_ERROR_MARKERS)]
             self.assertEqual(errors, [], "round %d: CUDA errors in ferryd's log" % n)
