@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Sets everything up and runs ferry's demo on this machine (the README's Quick start):
-# installs the Debian packages, builds, writes a small synthetic ImageNet-like dataset,
-# starts ferryd on a private socket, trains a stand-in model on it through the Python
-# Loader, prints the throughput and `ferryctl status`, and stops ferryd.
+# installs the Debian packages, builds what the demo runs (the `demo` target: ferryd,
+# ferryctl, the Python package), writes a small synthetic ImageNet-like dataset with two
+# corrupt files in it, starts ferryd on a private socket, trains a stand-in model on it
+# through the Python Loader (showing `ferryctl job` while it runs), does the same with
+# torch's DataLoader and prints both side by side, and stops ferryd.
 #   bash scripts/demo.sh
 # Knobs (environment): DEMO_CLASSES (10), DEMO_IMAGES_PER_CLASS (100), DEMO_EPOCHS (3),
-# DEMO_BATCH_SIZE (64), DEMO_SKIP_DEPS=1 to skip the apt step, PYTHON (/usr/bin/python3).
+# DEMO_BATCH_SIZE (64), DEMO_BASELINE_WORKERS (4, or the CPUs when fewer; 0 skips the
+# baseline), DEMO_SKIP_DEPS=1
+# to skip the apt step, PYTHON (/usr/bin/python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,7 +25,7 @@ if [[ ${DEMO_SKIP_DEPS:-0} != 1 ]]; then
   bash deploy/install-deps.sh
 fi
 cmake --preset default
-cmake --build --preset default -j"$(nproc)"
+cmake --build --preset default -j"$(nproc)" --target demo
 
 demo=build/demo
 data=$demo/imagenet-${classes}x${per_class}
@@ -35,6 +39,12 @@ else
   rm -rf "$data.partial"
   "$python" examples/make_demo_dataset.py "$data.partial" --classes "$classes" \
     --images-per-class "$per_class" --seed 0
+  # Two corrupt files, as real corpora have: a JPEG cut short and text named .jpg. ferryd
+  # quarantines them and goes on (`ferryctl job` lists them).
+  first_class=$(ls "$data.partial" | head -n 1)
+  first_image=$(ls "$data.partial/$first_class" | head -n 1)
+  head -c 2000 "$data.partial/$first_class/$first_image" >"$data.partial/$first_class/zz_truncated.jpg"
+  echo "not a JPEG: a file that a crawler saved as one" >"$data.partial/$first_class/zz_text.jpg"
   mv "$data.partial" "$data"
 fi
 
@@ -75,7 +85,6 @@ done
 
 echo "== training: $epochs epochs, batch $batch_size, RandomResizedCrop(224, flip), host transport"
 PYTHONPATH=build/python${PYTHONPATH:+:$PYTHONPATH} "$python" examples/train_demo.py "$data" \
-  --address "$socket" --epochs "$epochs" --batch-size "$batch_size"
-
-echo "== ferryctl status"
-build/client/ferryctl/ferryctl --address "$socket" status
+  --address "$socket" --epochs "$epochs" --batch-size "$batch_size" \
+  --ferryctl build/client/ferryctl/ferryctl \
+  --baseline-workers "${DEMO_BASELINE_WORKERS:-$(($(nproc) < 4 ? $(nproc) : 4))}"
