@@ -2,6 +2,11 @@
 # explicit source lists, warnings on for project code only.
 
 set(FERRY_COMMON_WARNINGS -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers)
+# CI builds with warnings as errors (gcc and clang), so that the tree stays warning-free.
+option(FERRY_WARNINGS_AS_ERRORS "Treat warnings in ferry's own code as errors" OFF)
+if(FERRY_WARNINGS_AS_ERRORS)
+  list(APPEND FERRY_COMMON_WARNINGS -Werror)
+endif()
 set(FERRY_CHECK_INCLUDES_SCRIPT ${CMAKE_CURRENT_LIST_DIR}/FerryCheckIncludes.cmake)
 
 # Include boundaries (FerryCheckIncludes.cmake: X/internal/ is private to X/, client/ never

@@ -16,7 +16,7 @@ export ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
 build_asan() {
-  cmake --preset asan
+  cmake --preset asan -DFERRY_WARNINGS_AS_ERRORS="${FERRY_WERROR:-OFF}"
   cmake --build --preset asan -j"$jobs"
 }
 
@@ -33,7 +33,7 @@ for part in "${parts[@]}"; do
       bash scripts/fuzz.sh build-asan "${FERRY_FUZZ_SECONDS:-20}"
       ;;
     tsan)
-      cmake --preset tsan
+      cmake --preset tsan -DFERRY_WARNINGS_AS_ERRORS="${FERRY_WERROR:-OFF}"
       cmake --build --preset tsan -j"$jobs"
       ctest --preset tsan -j"$jobs"   # TSAN_OPTIONS come from the preset
       ;;

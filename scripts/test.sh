@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/install-deps.sh
-cmake --preset default
+# FERRY_WERROR=ON (set by .ci/run): warnings are errors.
+cmake --preset default -DFERRY_WARNINGS_AS_ERRORS="${FERRY_WERROR:-OFF}"
 cmake --build --preset default -j"$(nproc)"
 ctest --preset default -j"$(nproc)"
