@@ -546,6 +546,59 @@ def _parse_device(device):
     raise ValueError("device must be 'cpu' or 'cuda[:N]', got %r" % device)
 
 
+def _launcher_rank():
+    """(rank, world_size, where) of this process as the launcher set it up:
+    torch.distributed's when it is initialized, else $RANK / $WORLD_SIZE (torchrun, SLURM
+    wrappers and most launchers set both); None when neither says."""
+    dist = sys.modules.get("torch.distributed")  # a process group implies torch is imported
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), "torch.distributed"
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if rank is not None and world is not None:
+        try:
+            return int(rank), int(world), "$RANK/$WORLD_SIZE"
+        except ValueError:
+            raise ValueError("$RANK=%r and $WORLD_SIZE=%r must be integers (set by the "
+                             "launcher); pass rank= and world_size= to ferry.Loader"
+                             % (rank, world)) from None
+    return None
+
+
+def _resolve_rank(rank, world_size):
+    """rank and world_size as given, else the launcher's (_launcher_rank), else 0 and 1. A
+    value given that contradicts the launcher's is a ValueError naming both."""
+    launcher = _launcher_rank()
+    if launcher is None:
+        return (0 if rank is None else rank), (1 if world_size is None else world_size)
+    launcher_rank, launcher_world, where = launcher
+    for name, given, theirs in (("rank", rank, launcher_rank),
+                                ("world_size", world_size, launcher_world)):
+        if given is not None and not isinstance(given, bool) and given != theirs:
+            raise ValueError("%s=%r contradicts %s, which says rank %d of %d: leave rank= and "
+                             "world_size= out to take the launcher's, or pass its values"
+                             % (name, given, where, launcher_rank, launcher_world))
+    return (launcher_rank if rank is None else rank,
+            launcher_world if world_size is None else world_size)
+
+
+def _warn_if_not_local_rank_device(device, cuda_ordinal):
+    """Under torchrun ($LOCAL_RANK set), device='cuda' means the current device; one that is
+    not LOCAL_RANK's usually means torch.cuda.set_device was not called, and every rank of
+    the node would then train on GPU 0."""
+    local = os.environ.get("LOCAL_RANK")
+    if cuda_ordinal is None or local is None or not local.isdigit():
+        return
+    named = isinstance(device, str) and device.startswith("cuda:") or (
+        type(device).__name__ == "device" and getattr(device, "index", None) is not None)
+    if named or cuda_ordinal == int(local):
+        return
+    warnings.warn("ferry.Loader: device=%r is cuda:%d, the current CUDA device, but "
+                  "$LOCAL_RANK is %s: call torch.cuda.set_device(local_rank) before making "
+                  "the Loader (or pass device=\"cuda:%s\"), or every rank of this node uses "
+                  "GPU %d" % (device, cuda_ordinal, local, local, cuda_ordinal),
+                  RuntimeWarning, stacklevel=3)
+
+
 def _check_channels(name, value):
     if value is None:
         return None
@@ -680,12 +733,16 @@ class Loader:
       transform: RandomResizedCrop or CenterCrop (required for images, unused for tokens).
       shuffle, seed, drop_last: as torch's DistributedSampler + BatchSampler; every rank
         gets the same number of batches (len(loader)).
-      rank, world_size: this process's place in the training run.
+      rank, world_size: this process's place in the training run (all nodes). Default:
+        torch.distributed's rank and world size when it is initialized, else $RANK and
+        $WORLD_SIZE (torchrun sets both), else 0 and 1, as DistributedSampler reads them. A
+        value given that contradicts the launcher's is a ValueError naming both.
       device: "cpu" (host transport: batches in host memory) or "cuda:N" (GPU transport:
         batches are torch CUDA tensors on this process's device N, as torch numbers it;
         ferryd is told that GPU's PCI bus id, so CUDA_VISIBLE_DEVICES may differ between
         the trainer and ferryd). "cuda" is torch's current device; a torch.device is read
-        the same way. Needs PyTorch with CUDA.
+        the same way. Needs PyTorch with CUDA. Under torchrun, "cuda" that is not
+        $LOCAL_RANK's device warns: call torch.cuda.set_device(local_rank) first.
       image_dtype: "uint8" (default: HWC as decoded), or with device "cuda:N" "float32",
         "float16" or "bfloat16": CHW, normalized on the GPU as (x / 255 - mean) / std.
       mean, std: 3 per-channel numbers for the normalized dtypes; None = torchvision's
@@ -726,7 +783,7 @@ class Loader:
     """
 
     def __init__(self, dataset, batch_size, transform=None, shuffle=False, seed=0,
-                 drop_last=False, rank=0, world_size=1, device="cpu", address=None,
+                 drop_last=False, rank=None, world_size=None, device="cpu", address=None,
                  prefetch=0, job_name=None, as_numpy=False, zero_copy=False, timeout=None,
                  image_dtype="uint8", mean=None, std=None, on_corrupt_sample="skip",
                  **dataloader_arguments):
@@ -750,12 +807,18 @@ class Loader:
             raise TypeError("transform must be ferry.RandomResizedCrop, ferry.CenterCrop or "
                             "ferry.transforms.Compose([...]) (or one ferry.transforms op), got "
                             "%r" % (transform,))
+        if world_size is not None:
+            world_size = _check_int("world_size", world_size, 1, 2**32 - 1)
+        if rank is not None:
+            rank = _check_int("rank", rank, 0)
+        rank, world_size = _resolve_rank(rank, world_size)
         world_size = _check_int("world_size", world_size, 1, 2**32 - 1)
         rank = _check_int("rank", rank, 0)
         if rank >= world_size:
             raise ValueError("rank must be < world_size (%d), got %d" % (world_size, rank))
         seed = _check_int("seed", seed, 0, 2**64 - 1)
         cuda_ordinal = _parse_device(device)
+        _warn_if_not_local_rank_device(device, cuda_ordinal)
         image_output = _image_output(dataset, cuda_ordinal, image_dtype, mean, std)
         if cuda_ordinal is not None and as_numpy is True:
             raise ValueError("as_numpy=True cannot hold GPU batches: use device='cpu', or "

@@ -98,6 +98,71 @@ class LoaderArgsTest(unittest.TestCase):
         with self.assertRaisesRegex(TypeError, "unexpected keyword argument 'batchsize'"):
             make(batchsize=3)
 
+    def test_rank_and_world_size_come_from_the_launcher(self):
+        saved = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+
+        def restore():
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        self.addCleanup(restore)
+        for k in saved:
+            os.environ.pop(k, None)
+        # Nothing set: rank 0 of 1, as DistributedSampler without a process group.
+        self.assertEqual(ferry.loader._resolve_rank(None, None), (0, 1))
+        self.assertEqual(ferry.loader._resolve_rank(2, 4), (2, 4))
+        os.environ.update(RANK="3", WORLD_SIZE="8")
+        self.assertEqual(ferry.loader._resolve_rank(None, None), (3, 8))
+        self.assertEqual(ferry.loader._resolve_rank(3, None), (3, 8))
+        self.assertEqual(ferry.loader._resolve_rank(3, 8), (3, 8))
+        with self.assertRaisesRegex(ValueError, r"rank=1 contradicts \$RANK/\$WORLD_SIZE, "
+                                    r"which says rank 3 of 8"):
+            make(rank=1)
+        with self.assertRaisesRegex(ValueError, r"world_size=4 contradicts .* rank 3 of 8"):
+            make(world_size=4)
+        os.environ["RANK"] = "x"
+        with self.assertRaisesRegex(ValueError, r"\$RANK='x' and \$WORLD_SIZE='8' must be "
+                                    "integers"):
+            make()
+        # An initialized process group wins over the environment.
+        import sys
+        import types
+        dist = types.ModuleType("torch.distributed")
+        dist.is_available = lambda: True
+        dist.is_initialized = lambda: True
+        dist.get_rank = lambda: 5
+        dist.get_world_size = lambda: 6
+        saved_dist = sys.modules.get("torch.distributed")
+        sys.modules["torch.distributed"] = dist
+        try:
+            self.assertEqual(ferry.loader._resolve_rank(None, None), (5, 6))
+            with self.assertRaisesRegex(ValueError, r"rank=0 contradicts torch.distributed, "
+                                        "which says rank 5 of 6"):
+                ferry.loader._resolve_rank(0, None)
+        finally:
+            if saved_dist is None:
+                del sys.modules["torch.distributed"]
+            else:
+                sys.modules["torch.distributed"] = saved_dist
+
+    def test_torchrun_device_that_is_not_the_local_ranks_warns(self):
+        import warnings
+        saved = os.environ.get("LOCAL_RANK")
+        self.addCleanup(lambda: os.environ.pop("LOCAL_RANK", None) if saved is None
+                        else os.environ.__setitem__("LOCAL_RANK", saved))
+        os.environ["LOCAL_RANK"] = "1"
+        with self.assertWarnsRegex(RuntimeWarning, r"call torch.cuda.set_device\(local_rank\)"):
+            ferry.loader._warn_if_not_local_rank_device("cuda", 0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ferry.loader._warn_if_not_local_rank_device("cuda", 1)    # set_device was called
+            ferry.loader._warn_if_not_local_rank_device("cuda:0", 0)  # named on purpose
+            ferry.loader._warn_if_not_local_rank_device("cpu", None)
+            os.environ.pop("LOCAL_RANK")
+            ferry.loader._warn_if_not_local_rank_device("cuda", 0)    # not under torchrun
+
     def test_batch_size(self):
         for bad in (0, -1):
             with self.assertRaisesRegex(ValueError, "batch_size"):
