@@ -2,22 +2,27 @@
 
 #include <cuda.h>
 
+#include <atomic>
+
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_status.h"
 
 namespace ferry {
 namespace {
 
-// The driver's current-context calls, reached through the runtime so that nothing links
-// libcuda (a machine without a driver still runs ferry's host-only paths).
-struct ContextCalls {
-  CUresult (*get)(CUcontext*) = nullptr;
-  CUresult (*set)(CUcontext) = nullptr;
+using GetContext = CUresult (*)(CUcontext*);
+using SetContext = CUresult (*)(CUcontext);
+
+// cuCtxGetCurrent and cuCtxSetCurrent from the driver, looked up once; null where the
+// runtime cannot reach them (no driver).
+struct DriverContextCalls {
+  GetContext get = nullptr;
+  SetContext set = nullptr;
 };
 
-const ContextCalls& Calls() {
-  static const ContextCalls calls = [] {
-    ContextCalls c;
+const DriverContextCalls& Driver() {
+  static const DriverContextCalls calls = [] {
+    DriverContextCalls c;
     void* get = nullptr;
     void* set = nullptr;
     cudaDriverEntryPointQueryResult found_get = cudaDriverEntryPointSymbolNotFound;
@@ -27,8 +32,8 @@ const ContextCalls& Calls() {
         cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &set, 12000, cudaEnableDefault,
                                          &found_set) == cudaSuccess &&
         found_get == cudaDriverEntryPointSuccess && found_set == cudaDriverEntryPointSuccess) {
-      c.get = reinterpret_cast<CUresult (*)(CUcontext*)>(get);
-      c.set = reinterpret_cast<CUresult (*)(CUcontext)>(set);
+      c.get = reinterpret_cast<GetContext>(get);
+      c.set = reinterpret_cast<SetContext>(set);
     }
     (void)cudaGetLastError();
     return c;
@@ -36,15 +41,35 @@ const ContextCalls& Calls() {
   return calls;
 }
 
+bool RealGetContext(void** context) {
+  const GetContext get = Driver().get;
+  CUcontext current = nullptr;
+  if (get == nullptr || get(&current) != CUDA_SUCCESS) return false;
+  *context = current;
+  return true;
+}
+
+bool RealSetContext(void* context) {
+  const SetContext set = Driver().set;
+  return set != nullptr && set(static_cast<CUcontext>(context)) == CUDA_SUCCESS;
+}
+
+constexpr DeviceCalls kRealCalls = {RealGetContext, RealSetContext, cudaGetDevice, cudaSetDevice};
+
+std::atomic<const DeviceCalls*> active_calls{&kRealCalls};
+
 }  // namespace
 
-ScopedDevice::ScopedDevice(int device) {
-  const ContextCalls& calls = Calls();
-  CUcontext previous = nullptr;
-  const bool exact = calls.get != nullptr && calls.get(&previous) == CUDA_SUCCESS;
+void SetDeviceCallsForTesting(const DeviceCalls* calls) {
+  active_calls.store(calls != nullptr ? calls : &kRealCalls, std::memory_order_release);
+}
+
+ScopedDevice::ScopedDevice(int device) : calls_(*active_calls.load(std::memory_order_acquire)) {
+  void* previous = nullptr;
+  const bool exact = calls_.get_context(&previous);
   if (!exact || previous != nullptr) {
     // A context is current (or the driver's calls are unavailable): is it `device`'s?
-    error_ = cudaGetDevice(&previous_device_);
+    error_ = calls_.get_device(&previous_device_);
     if (error_ != cudaSuccess) {
       (void)cudaGetLastError();
       status_ = CudaStatus(error_, "cudaGetDevice");
@@ -52,7 +77,7 @@ ScopedDevice::ScopedDevice(int device) {
     }
     if (previous_device_ == device) return;
   }
-  error_ = cudaSetDevice(device);
+  error_ = calls_.set_device(device);
   if (error_ != cudaSuccess) {
     (void)cudaGetLastError();
     status_ = CudaStatus(error_, "cudaSetDevice", absl::StrCat("device ", device));
@@ -66,8 +91,8 @@ ScopedDevice::ScopedDevice(int device) {
 ScopedDevice::~ScopedDevice() {
   if (!restore_) return;
   if (exact_) {
-    Calls().set(static_cast<CUcontext>(previous_context_));  // a context that was valid, or none
-  } else if (cudaSetDevice(previous_device_) != cudaSuccess) {
+    calls_.set_context(previous_context_);  // a context that was current, or none
+  } else if (calls_.set_device(previous_device_) != cudaSuccess) {
     (void)cudaGetLastError();
   }
 }

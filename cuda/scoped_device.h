@@ -25,6 +25,24 @@
 
 namespace ferry {
 
+// The calls ScopedDevice makes: the driver's current context (cuCtxGetCurrent /
+// cuCtxSetCurrent, reached through the runtime so that nothing links libcuda) and the
+// runtime's current device. A seam: tests without a GPU install fakes
+// (SetDeviceCallsForTesting) to check the scope's contract on many threads at once.
+struct DeviceCalls {
+  // The calling thread's current context into *context (null: none). False when the
+  // driver's calls are unavailable; ScopedDevice then restores by device number.
+  bool (*get_context)(void** context);
+  // Makes `context` current (null: none). Only called with what get_context returned.
+  bool (*set_context)(void* context);
+  cudaError_t (*get_device)(int* device);
+  cudaError_t (*set_device)(int device);
+};
+
+// Replaces the calls every ScopedDevice makes from now on (null: the real ones). For tests;
+// not synchronised with scopes alive on other threads.
+void SetDeviceCallsForTesting(const DeviceCalls* calls);
+
 class ScopedDevice final {
  public:
   explicit ScopedDevice(int device);
@@ -37,12 +55,13 @@ class ScopedDevice final {
   cudaError_t error() const { return error_; }
 
  private:
+  const DeviceCalls& calls_;
   cudaError_t error_ = cudaSuccess;
   absl::Status status_;
   bool restore_ = false;
   bool exact_ = false;                // the driver's context calls are available
-  void* previous_context_ = nullptr;  // with exact_: a CUcontext; null: the thread had none
-  int previous_device_ = 0;           // without exact_: restored with cudaSetDevice
+  void* previous_context_ = nullptr;  // with exact_: the thread's context; null: none
+  int previous_device_ = 0;           // without exact_: restored with set_device
 };
 
 }  // namespace ferry
