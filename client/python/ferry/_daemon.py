@@ -26,11 +26,11 @@ from ferry.errors import FerryError
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
-def find_binary(environ=None, package_dir=_PACKAGE_DIR):
+def find_binary(environ=None, package_dir=_PACKAGE_DIR, system_dirs=("/usr/sbin",)):
     """Path of ferryd: $FERRY_DAEMON, then the one bundled in this package (ferry/_bin/, by
-    a pip install from a ferry build), then PATH (and /usr/sbin), then a build tree (the one
-    this package was copied into, or <repo>/build*/ of the source checkout). Raises
-    FerryError(NOT_FOUND) saying where it looked."""
+    a pip install from a ferry build), then PATH and `system_dirs` (where the ferryd package
+    puts it), then a build tree (the one this package was copied into, or <repo>/build*/ of
+    the source checkout). Raises FerryError(NOT_FOUND) saying where it looked."""
     environ = os.environ if environ is None else environ
     looked = []
     explicit = environ.get("FERRY_DAEMON")
@@ -44,10 +44,11 @@ def find_binary(environ=None, package_dir=_PACKAGE_DIR):
     if os.access(bundled, os.X_OK):
         return bundled
     looked.append("the package (%s)" % bundled)
-    found = shutil.which("ferryd", path=environ.get("PATH", os.defpath) + ":/usr/sbin")
+    found = shutil.which("ferryd", path=":".join([environ.get("PATH", os.defpath)] +
+                                                 list(system_dirs)))
     if found:
         return found
-    looked.append("PATH and /usr/sbin")
+    looked.append("PATH" + "".join(" and " + d for d in system_dirs))
     # <build>/python/ferry -> <build>/server/ferryd
     build = os.path.dirname(os.path.dirname(package_dir))
     tree = [os.path.join(build, "server", "ferryd")]

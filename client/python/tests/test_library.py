@@ -89,7 +89,9 @@ class DaemonBinaryTest(unittest.TestCase):
     def test_not_found_says_where_it_looked(self):
         with tempfile.TemporaryDirectory() as d:
             with self.assertRaises(ferry.FerryError) as cm:
-                _daemon.find_binary({"PATH": d}, os.path.join(d, "python", "ferry"))
+                # No system directory: an installed ferryd package must not answer here.
+                _daemon.find_binary({"PATH": d}, os.path.join(d, "python", "ferry"),
+                                    system_dirs=())
         self.assertEqual(cm.exception.code, "NOT_FOUND")
         self.assertIn("PATH", cm.exception.message)
         self.assertIn(os.path.join(d, "server", "ferryd"), cm.exception.message)
@@ -103,7 +105,8 @@ class DaemonBinaryTest(unittest.TestCase):
                 f.write("#!/bin/sh\n")
             os.chmod(binary, 0o755)
             self.assertEqual(
-                _daemon.find_binary({"PATH": "/nonexistent"}, os.path.join(d, "python", "ferry")),
+                _daemon.find_binary({"PATH": "/nonexistent"}, os.path.join(d, "python", "ferry"),
+                                    system_dirs=()),
                 binary)
 
 
