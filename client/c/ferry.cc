@@ -222,13 +222,18 @@ int ferry_client_get_status(ferry_client_t* client, char** json) {
 
 int ferry_client_attach(ferry_client_t* client, const char* job_id, uint32_t rank,
                         ferry_consumer_t** out) {
+  return ferry_client_attach_on(client, job_id, rank, nullptr, out);
+}
+
+int ferry_client_attach_on(ferry_client_t* client, const char* job_id, uint32_t rank,
+                           const char* device, ferry_consumer_t** out) {
   const char* fn = __func__;
   return Guard(fn, [&]() -> int {
     if (client == nullptr) return NullArgument(fn, "client");
     if (job_id == nullptr) return NullArgument(fn, "job_id");
     if (out == nullptr) return NullArgument(fn, "out");
     *out = nullptr;
-    auto consumer = client->client->Attach(job_id, rank);
+    auto consumer = client->client->Attach(job_id, rank, device == nullptr ? "" : device);
     if (!consumer.ok()) return Fail(consumer.status());
     *out = new ferry_consumer{std::move(*consumer)};
     return FERRY_OK;

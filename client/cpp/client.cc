@@ -478,8 +478,12 @@ class BatchLease {
 // Thread-compatible: the owning Consumer documents one consuming thread.
 class ConsumerImpl {
  public:
-  ConsumerImpl(std::shared_ptr<const ClientImpl> client, std::string job_id, uint32_t rank)
-      : client_(std::move(client)), job_id_(std::move(job_id)), rank_(rank) {}
+  ConsumerImpl(std::shared_ptr<const ClientImpl> client, std::string job_id, uint32_t rank,
+               std::string device)
+      : client_(std::move(client)),
+        job_id_(std::move(job_id)),
+        rank_(rank),
+        device_(std::move(device)) {}
   ~ConsumerImpl() {
     if (stream_) stream_->Cancel();
   }
@@ -497,6 +501,7 @@ class ConsumerImpl {
     v1::AttachRequest request;
     request.set_job_id(job_id_);
     request.set_rank(rank_);
+    request.set_device(device_);
     v1::AttachResponse response;
     const absl::Time give_up = absl::Now() + (retry ? kReattachPatience : kFirstAttachPatience);
     while (true) {
@@ -729,6 +734,7 @@ class ConsumerImpl {
   const std::shared_ptr<const ClientImpl> client_;
   const std::string job_id_;
   const uint32_t rank_;
+  const std::string device_;  // AttachRequest.device; empty: the job spec's
 
   JobInfo job_;
   std::string attach_id_;
@@ -945,7 +951,13 @@ absl::StatusOr<std::string> Client::GetStatusJson() {
 }
 
 absl::StatusOr<std::unique_ptr<Consumer>> Client::Attach(std::string_view job_id, uint32_t rank) {
-  auto impl = std::make_unique<internal::ConsumerImpl>(impl_, std::string(job_id), rank);
+  return Attach(job_id, rank, "");
+}
+
+absl::StatusOr<std::unique_ptr<Consumer>> Client::Attach(std::string_view job_id, uint32_t rank,
+                                                         std::string_view device) {
+  auto impl = std::make_unique<internal::ConsumerImpl>(impl_, std::string(job_id), rank,
+                                                       std::string(device));
   FERRY_RETURN_IF_ERROR(impl->Attach(/*retry=*/false));
   return std::unique_ptr<Consumer>(new Consumer(std::move(impl)));
 }

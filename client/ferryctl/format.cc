@@ -438,6 +438,7 @@ std::string RenderJob(const JobStatus& status) {
   out += "\n";
 
   Table ranks({{"RANK", true},
+               {"DEVICE"},
                {"ATTACHED"},
                {"EPOCH", true},
                {"NEXT", true},
@@ -455,7 +456,8 @@ std::string RenderJob(const JobStatus& status) {
   for (const RankStatus& r : status.ranks) {
     // How the consumer's batches travel: shared-memory channel or the gRPC stream.
     const std::string attached = r.attached ? (r.batch_channel ? "yes, shm" : "yes, grpc") : "no";
-    ranks.AddRow({absl::StrCat(r.rank), attached, absl::StrCat(r.epoch), absl::StrCat(r.next_batch),
+    ranks.AddRow({absl::StrCat(r.rank), r.device.empty() ? "-" : r.device, attached,
+                  absl::StrCat(r.epoch), absl::StrCat(r.next_batch),
                   absl::StrCat(r.batches_delivered), absl::StrCat(r.samples_delivered),
                   FormatRate(r.batches_per_second), FormatRate(r.samples_per_second),
                   absl::StrCat(r.queue_depth), absl::StrCat(r.slots_leased), absl::StrCat(r.slots),

@@ -123,6 +123,20 @@ TEST(RenderTest, JobShowsRanksAndRecentErrors) {
   EXPECT_THAT(out, Not(HasSubstr("copy path")));  // host transport
 }
 
+// The ranks of one run on several GPUs are one job, a row per rank with its GPU.
+TEST(RenderTest, JobShowsEachRanksDevice) {
+  JobStatus s = SampleJob();
+  s.ranks.resize(2);
+  s.ranks[0].rank = 0;
+  s.ranks[0].device = "cuda:0";
+  s.ranks[1].rank = 1;
+  s.ranks[1].device = "cuda:1";
+  const std::string out = RenderJob(s);
+  EXPECT_THAT(out, HasSubstr("RANK  DEVICE"));
+  EXPECT_THAT(out, HasSubstr("   0  cuda:0  yes, shm"));
+  EXPECT_THAT(out, HasSubstr("   1  cuda:1  no"));
+}
+
 TEST(RenderTest, JobShowsEachDistinctCopyPath) {
   JobStatus s = SampleJob();
   for (RankStatus& r : s.ranks) {

@@ -396,7 +396,7 @@ grpc::ServerUnaryReactor* FerryService::Attach(grpc::CallbackServerContext* cont
                                                ferry::v1::AttachResponse* response) {
   auto caller = Authenticate(context);
   if (!caller.ok()) return FinishWith(context, caller.status());
-  auto attached = jobs_->Attach(*caller, request->job_id(), request->rank());
+  auto attached = jobs_->Attach(*caller, request->job_id(), request->rank(), request->device());
   if (!attached.ok()) return FinishWith(context, attached.status());
   response->set_attach_id(attached->attach_id);
   attached->pipeline->job().ToProto(response->mutable_job());

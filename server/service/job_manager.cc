@@ -21,14 +21,19 @@ namespace ferry {
 namespace {
 
 // Where a job's batches go, from JobSpec.device: the one function that reads the device
-// string (the GpuProvider resolves "cuda:N" to its GPU).
+// string (the GpuProvider resolves "cuda:N" to its GPU; "cuda" leaves the GPU to each
+// rank's attach).
 enum class DeviceKind { kCpu, kCuda, kUnknown };
 
 DeviceKind ParseDevice(const std::string& device) {
   if (device == "cpu") return DeviceKind::kCpu;
-  if (device.rfind("cuda:", 0) == 0) return DeviceKind::kCuda;
+  if (device == "cuda" || device.rfind("cuda:", 0) == 0) return DeviceKind::kCuda;
   return DeviceKind::kUnknown;
 }
+
+constexpr int kHost = -1;  // a rank's device when its batches go to the host
+
+std::string DeviceName(int gpu) { return gpu == kHost ? "cpu" : absl::StrCat("cuda:", gpu); }
 
 std::string SpecKey(uint32_t uid, const std::string& name, const ferry::v1::JobSpec& spec) {
   std::string bytes;
@@ -132,10 +137,10 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
           "' needs the GPU transport, but this ferryd was built "
           "without CUDA; use device=\"cpu\" (host transport) or a ferryd built with CUDA"));
     }
-    FERRY_RETURN_IF_ERROR(gpus_->Resolve(spec.device()).status());
+    if (spec.device() != "cuda") FERRY_RETURN_IF_ERROR(gpus_->Resolve(spec.device()).status());
   } else if (device != DeviceKind::kCpu) {
     return absl::InvalidArgumentError(
-        absl::StrCat("device must be \"cpu\" or \"cuda:N\" (got '", spec.device(), "')"));
+        absl::StrCat("device must be \"cpu\", \"cuda\" or \"cuda:N\" (got '", spec.device(), "')"));
   }
   // The daemon's widen_tokens_on_host is the job's own widen_on_host for every GPU job
   // (before the key: a job that asks for it and one that does not are then the same).
@@ -261,7 +266,7 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
   if (auto it = id_by_key_.find(key); it != id_by_key_.end()) {
     return Created{jobs_.at(it->second).job, false};  // another rank won the race
   }
-  jobs_[identity.id] = JobEntry{job, key, {}, absl::Now()};
+  jobs_[identity.id] = JobEntry{job, key, {}, {}, absl::Now()};
   id_by_key_[key] = identity.id;
   FERRY_LOG(INFO) << "created job " << identity.id << " '" << job_name << "' for uid " << caller.uid
                   << ": " << job->source().size() << " samples, "
@@ -431,12 +436,43 @@ std::string JobManager::DescribeMemoryHoldersLocked(const Caller& caller, absl::
   return out;
 }
 
+absl::StatusOr<int> JobManager::RankDeviceLocked(const Job& job, int rank,
+                                                 const std::string& device) const {
+  const ferry::v1::JobSpec& spec = job.spec();
+  if (ParseDevice(spec.device()) != DeviceKind::kCuda || gpus_ == nullptr) {
+    if (!device.empty() && device != "cpu") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job ", job.identity().id, " delivers to the host (device \"cpu\"), but rank ", rank,
+          " asked for ", QuoteForMessage(device, 64),
+          ": GPU ranks need a job made with device \"cuda\""));
+    }
+    return kHost;
+  }
+  const std::string& gpu = device.empty() ? spec.device() : device;
+  if (gpu == "cuda") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job.identity().id,
+        " serves GPUs (device \"cuda\"), and each rank names its own when it attaches "
+        "(AttachRequest.device \"cuda:N\"); rank ",
+        rank, " named none: its ferry client library is older than the job's, upgrade it"));
+  }
+  if (ParseDevice(gpu) != DeviceKind::kCuda) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, " of GPU job ", job.identity().id, " asked for device ",
+        QuoteForMessage(gpu, 64), "; name its GPU: \"cuda:N\" or \"cuda:<PCI bus id>\""));
+  }
+  return gpus_->Resolve(gpu);
+}
+
 absl::StatusOr<JobManager::Attachment> JobManager::Attach(const Caller& caller,
                                                           const std::string& job_id,
-                                                          uint32_t requested_rank) {
+                                                          uint32_t requested_rank,
+                                                          const std::string& device) {
   std::shared_ptr<Job> job;
   int rank = 0;
   int slots = 0;
+  int gpu = kHost;
+  std::shared_ptr<RankPipeline> replaced;  // shut down after the lock
   absl::Time now;
   {
     absl::MutexLock lock(&mutex_);
@@ -458,6 +494,7 @@ absl::StatusOr<JobManager::Attachment> JobManager::Attach(const Caller& caller,
                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return !creating_.contains(key); };
     mutex_.Await(absl::Condition(&settled));
     FERRY_ASSIGN_OR_RETURN(entry, FindOwnedLocked(caller, job_id));  // it may be gone
+    FERRY_ASSIGN_OR_RETURN(gpu, RankDeviceLocked(*entry->job, rank, device));
     if (auto it = entry->ranks.find(rank); it != entry->ranks.end()) {
       if (it->second->bound()) {
         return absl::FailedPreconditionError(
@@ -465,7 +502,23 @@ absl::StatusOr<JobManager::Attachment> JobManager::Attach(const Caller& caller,
                          " already has a live consumer; each rank is "
                          "consumed by one process at a time"));
       }
-      return NewAttachmentLocked(caller, job_id, rank, it->second);
+      if (entry->rank_devices[rank] == gpu) {
+        return NewAttachmentLocked(caller, job_id, rank, it->second);
+      }
+      // The rank moved to another GPU (its trainer restarted there): a new pipeline on that
+      // GPU; the old one goes with its slab and ring.
+      FERRY_LOG(INFO) << "job " << job_id << " rank " << rank << " moves from "
+                      << DeviceName(entry->rank_devices[rank]) << " to " << DeviceName(gpu);
+      replaced = std::move(it->second);
+      entry->ranks.erase(it);
+      entry->rank_devices.erase(rank);
+      for (auto a = attachments_.begin(); a != attachments_.end();) {
+        if (a->second.job_id == job_id && a->second.rank == rank) {
+          attachments_.erase(a++);
+        } else {
+          ++a;
+        }
+      }
     }
     // The slab is allocated once, by this first attach, and reused by every later attach of
     // this rank. A job with the default prefetch takes fewer slots when the budget is short
@@ -489,28 +542,25 @@ absl::StatusOr<JobManager::Attachment> JobManager::Attach(const Caller& caller,
     creating_.insert(key);
   }
 
+  if (replaced != nullptr) {
+    replaced->Shutdown(absl::UnavailableError("the rank attached on another device"));
+    replaced.reset();
+  }
   // Allocating the slab and, for a GPU job, registering it and making the device ring take
   // milliseconds to seconds: the daemon-wide lock is not held meanwhile.
   absl::StatusOr<std::shared_ptr<RankPipeline>> created;
-  const ferry::v1::JobSpec& spec = job->spec();
-  if (ParseDevice(spec.device()) == DeviceKind::kCuda && gpus_ != nullptr) {
-    absl::StatusOr<int> ordinal = gpus_->Resolve(spec.device());
-    if (!ordinal.ok()) {
-      created = ordinal.status();
-    } else {
-      // The slab sits on the GPU's NUMA node and its workers run there.
-      GpuProvider* gpus = gpus_;
-      const Job& job_ref = *job;
-      const int gpu = *ordinal;
-      created = RankPipeline::Create(
-          job, rank, slots, gpus_->NumaNode(gpu), pool_, host_budget_,
-          [gpus, &job_ref, gpu,
-           slots](const SharedSlab& slab) -> absl::StatusOr<std::unique_ptr<DeliveryRing>> {
-            FERRY_ASSIGN_OR_RETURN(std::unique_ptr<DeviceStage> stage,
-                                   gpus->MakeStage(job_ref, gpu, slab, slots));
-            return std::make_unique<DeviceRing>(std::move(stage));
-          });
-    }
+  if (gpu != kHost) {
+    // The slab sits on the GPU's NUMA node and its workers run there.
+    GpuProvider* gpus = gpus_;
+    const Job& job_ref = *job;
+    created = RankPipeline::Create(
+        job, rank, slots, gpus_->NumaNode(gpu), pool_, host_budget_,
+        [gpus, &job_ref, gpu,
+         slots](const SharedSlab& slab) -> absl::StatusOr<std::unique_ptr<DeliveryRing>> {
+          FERRY_ASSIGN_OR_RETURN(std::unique_ptr<DeviceStage> stage,
+                                 gpus->MakeStage(job_ref, gpu, slab, slots));
+          return std::make_unique<DeviceRing>(std::move(stage));
+        });
   } else {
     created = RankPipeline::Create(job, rank, slots, /*numa_node=*/-1, pool_, host_budget_);
   }
@@ -535,6 +585,7 @@ absl::StatusOr<JobManager::Attachment> JobManager::Attach(const Caller& caller,
   }
   std::shared_ptr<RankPipeline>& pipeline = it->second.ranks[rank];
   pipeline = *std::move(created);
+  it->second.rank_devices[rank] = gpu;
   return NewAttachmentLocked(caller, job_id, rank, pipeline);
 }
 
@@ -575,15 +626,22 @@ absl::StatusOr<std::shared_ptr<RankPipeline>> JobManager::FindAttachment(
 
 void JobManager::FillJobStatus(const Job& job, ferry::v1::JobStatus* status) {
   job.ToProto(status->mutable_job());
-  std::vector<std::shared_ptr<RankPipeline>> ranks;
+  std::vector<std::pair<std::shared_ptr<RankPipeline>, int>> ranks;  // and the rank's device
   {
     absl::MutexLock lock(&mutex_);
     auto it = jobs_.find(job.identity().id);
     if (it != jobs_.end()) {
-      for (const auto& [rank, p] : it->second.ranks) ranks.push_back(p);
+      for (const auto& [rank, p] : it->second.ranks) {
+        auto device = it->second.rank_devices.find(rank);
+        ranks.emplace_back(p, device == it->second.rank_devices.end() ? kHost : device->second);
+      }
     }
   }
-  for (const auto& p : ranks) p->FillStatus(status->add_ranks());
+  for (const auto& [p, gpu] : ranks) {
+    ferry::v1::RankStatus* r = status->add_ranks();
+    p->FillStatus(r);
+    r->set_device(DeviceName(gpu));
+  }
   status->set_errors(job.error_count());
   for (auto& r : job.errors_by_reason()) *status->add_errors_by_reason() = std::move(r);
   status->set_samples_decoded(job.samples_decoded());

@@ -99,8 +99,12 @@ class JobManager final {
   // Creates the rank's pipeline (slab) on first attach, without holding the daemon-wide lock
   // (other calls go on meanwhile; a concurrent attach of the same rank waits for it).
   // FAILED_PRECONDITION if the rank has a live consumer; INVALID_ARGUMENT for a rank outside
-  // [0, world_size); NOT_FOUND when the job was deleted meanwhile.
-  absl::StatusOr<Attachment> Attach(const Caller& caller, const std::string& job_id, uint32_t rank);
+  // [0, world_size); NOT_FOUND when the job was deleted meanwhile. `device` is the rank's
+  // GPU for a job of device "cuda" ("cuda:N" or "cuda:<PCI bus id>"; empty: the GPU the
+  // spec names), so the ranks of one run on different GPUs share the job; a rank that
+  // comes back on another GPU gets a new pipeline there. Host jobs: empty or "cpu".
+  absl::StatusOr<Attachment> Attach(const Caller& caller, const std::string& job_id, uint32_t rank,
+                                    const std::string& device = "");
 
   // Slots of each rank's ring: the job's prefetch_depth; without one, the default depth,
   // raised for small batches until default_prefetch_bytes are in flight, up to
@@ -139,6 +143,7 @@ class JobManager final {
     std::shared_ptr<Job> job;
     std::string key;  // uid + name + spec
     std::map<int, std::shared_ptr<RankPipeline>> ranks;
+    std::map<int, int> rank_devices;  // rank -> its pipeline's GPU ordinal, -1: the host
     // When a consumer was last seen bound to one of the ranks (DeleteIdleJobs), or the job
     // was created or attached to.
     absl::Time active_at;
@@ -152,6 +157,10 @@ class JobManager final {
   absl::Status CheckDataset(const ferry::v1::JobSpec& spec) const;
   absl::Status CheckDatasetPath(const std::string& path) const;
   absl::StatusOr<JobEntry*> FindOwnedLocked(const Caller& caller, const std::string& id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The GPU ordinal rank `rank` of `job` attaches to (-1: the host), from the attach's
+  // device or the spec's; errors say which of the two is missing or wrong.
+  absl::StatusOr<int> RankDeviceLocked(const Job& job, int rank, const std::string& device) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Removes a job from the tables; its pipelines are returned to be shut down after the lock.
   std::map<int, std::shared_ptr<RankPipeline>> EraseLocked(const std::string& id)

@@ -4,9 +4,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
@@ -274,6 +276,152 @@ TEST_F(JobManagerTest, JobOverTheBudgetIsResourceExhausted) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(r.status().message(), HasSubstr("host_memory_budget_bytes"));
   EXPECT_THAT(r.status().message(), HasSubstr("114688 bytes"));
+}
+
+// A device stage that holds a ring and copies nothing (no consumer starts an epoch here).
+class IdleStage final : public DeviceStage {
+ public:
+  explicit IdleStage(int slots) : slots_(slots) {}
+  int num_device_slots() const override { return slots_; }
+  void SetCallbacks(Callbacks) override {}
+  absl::Status StartCopy(int, int, uint32_t, bool, uint64_t) override {
+    return absl::UnimplementedError("IdleStage copies nothing");
+  }
+  void WatchReleased(int, uint64_t) override {}
+  void Describe(ferry::v1::AttachResponse*) const override {}
+  absl::Status OpenConsumer(const std::vector<std::string>&) override { return absl::OkStatus(); }
+  void CloseConsumer() override {}
+
+ private:
+  const int slots_;
+};
+
+// Two fake GPUs, "cuda:0" and "cuda:1". MakeStage records which GPU each ring was made on
+// and takes 100 ms, counting how many were being made at once.
+class TwoGpus final : public GpuProvider {
+ public:
+  absl::StatusOr<int> Resolve(const std::string& device) const override {
+    if (device == "cuda:0") return 0;
+    if (device == "cuda:1") return 1;
+    return absl::FailedPreconditionError(absl::StrCat("no GPU '", device, "'"));
+  }
+  absl::Status CheckJob(const Job&) const override { return absl::OkStatus(); }
+  int NumaNode(int) const override { return -1; }
+  absl::StatusOr<std::unique_ptr<DeviceStage>> MakeStage(const Job&, int ordinal, const SharedSlab&,
+                                                         int slots) override {
+    const int now = ++making;
+    int seen = most_at_once.load();
+    while (now > seen && !most_at_once.compare_exchange_weak(seen, now)) {
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+    --making;
+    absl::MutexLock lock(&mutex);
+    made_on.push_back(ordinal);
+    return std::make_unique<IdleStage>(slots);
+  }
+  void FillStatus(ferry::v1::DaemonStatus*) const override {}
+
+  std::atomic<int> making{0};
+  std::atomic<int> most_at_once{0};
+  absl::Mutex mutex;
+  std::vector<int> made_on ABSL_GUARDED_BY(mutex);
+};
+
+std::map<int, std::string> RankDevices(JobManager& m, const Job& job) {
+  ferry::v1::JobStatus status;
+  m.FillJobStatus(job, &status);
+  std::map<int, std::string> out;
+  for (const auto& r : status.ranks()) out[static_cast<int>(r.rank())] = r.device();
+  return out;
+}
+
+// The ranks of one training run on different GPUs share one job (the spec names no GPU:
+// device "cuda"), and each rank's ring is made on its own GPU, both at once.
+TEST_F(JobManagerTest, RanksOnDifferentGpusShareOneJob) {
+  budget_ = std::make_unique<MemoryBudget>("host memory budget", "host_memory_budget_bytes",
+                                           1 << 30, "/etc/ferry/ferryd.conf");
+  JobManager::Options o;
+  o.allow_any_dataset = true;
+  TwoGpus gpus;
+  JobManager m(o, pool_.get(), budget_.get(), &gpus);
+  auto spec = TokensSpec(tokens_);
+  spec.set_device("cuda");
+  spec.set_world_size(2);
+  auto first = m.CreateJob(kAlice, "train", spec);
+  auto second = m.CreateJob(kAlice, "train", spec);  // rank 1's process, same name and spec
+  ASSERT_TRUE(first.ok() && second.ok()) << first.status() << second.status();
+  EXPECT_TRUE(first->created);
+  EXPECT_FALSE(second->created);
+  const std::string id = first->job->identity().id;
+  EXPECT_EQ(second->job->identity().id, id);
+
+  absl::StatusOr<JobManager::Attachment> rank0, rank1;
+  std::thread a([&] { rank0 = m.Attach(kAlice, id, 0, "cuda:0"); });
+  std::thread b([&] { rank1 = m.Attach(kAlice, id, 1, "cuda:1"); });
+  a.join();
+  b.join();
+  ASSERT_TRUE(rank0.ok()) << rank0.status();
+  ASSERT_TRUE(rank1.ok()) << rank1.status();
+  EXPECT_EQ(gpus.most_at_once.load(), 2);  // no lock serialises the two GPUs' rings
+  {
+    absl::MutexLock lock(&gpus.mutex);
+    std::vector<int> made_on = gpus.made_on;
+    std::sort(made_on.begin(), made_on.end());
+    EXPECT_EQ(made_on, (std::vector<int>{0, 1}));
+  }
+  EXPECT_EQ(RankDevices(m, *first->job),
+            (std::map<int, std::string>{{0, "cuda:0"}, {1, "cuda:1"}}));
+  EXPECT_EQ(m.ListJobs(kAlice).size(), 1u);
+
+  // A rank whose trainer comes back on the other GPU gets its ring there.
+  auto moved = m.Attach(kAlice, id, 0, "cuda:1");
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_NE(moved->pipeline, rank0->pipeline);
+  EXPECT_EQ(RankDevices(m, *first->job)[0], "cuda:1");
+  // Attaching again on the same GPU keeps the rank's pipeline.
+  auto again = m.Attach(kAlice, id, 0, "cuda:1");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->pipeline, moved->pipeline);
+}
+
+TEST_F(JobManagerTest, EachRankOfAGpuJobNamesItsGpu) {
+  budget_ = std::make_unique<MemoryBudget>("host memory budget", "host_memory_budget_bytes",
+                                           1 << 30, "/etc/ferry/ferryd.conf");
+  JobManager::Options o;
+  o.allow_any_dataset = true;
+  TwoGpus gpus;
+  JobManager m(o, pool_.get(), budget_.get(), &gpus);
+  auto spec = TokensSpec(tokens_);
+  spec.set_device("cuda");
+  auto job = m.CreateJob(kAlice, "", spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string id = job->job->identity().id;
+  // An older client names no GPU at attach.
+  auto none = m.Attach(kAlice, id, 0);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(none.status().message(), HasSubstr("AttachRequest.device"));
+  EXPECT_THAT(none.status().message(), HasSubstr("upgrade it"));
+  auto wrong = m.Attach(kAlice, id, 0, "cuda:7");
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(wrong.status().message(), HasSubstr("no GPU 'cuda:7'"));
+  EXPECT_EQ(m.Attach(kAlice, id, 0, "tpu:0").status().code(), absl::StatusCode::kInvalidArgument);
+
+  // A job whose spec names its GPU (what older clients send) keeps working unchanged.
+  auto old_style = TokensSpec(tokens_);
+  old_style.set_device("cuda:1");
+  auto old_job = m.CreateJob(kAlice, "", old_style);
+  ASSERT_TRUE(old_job.ok()) << old_job.status();
+  ASSERT_TRUE(m.Attach(kAlice, old_job->job->identity().id, 0).ok());
+  EXPECT_EQ(RankDevices(m, *old_job->job)[0], "cuda:1");
+
+  // A host job has no GPU ranks.
+  auto host = m.CreateJob(kAlice, "", TokensSpec(tokens_));
+  ASSERT_TRUE(host.ok()) << host.status();
+  auto gpu_rank = m.Attach(kAlice, host->job->identity().id, 0, "cuda:0");
+  EXPECT_EQ(gpu_rank.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(gpu_rank.status().message(), HasSubstr("GPU ranks need a job made with device"));
+  ASSERT_TRUE(m.Attach(kAlice, host->job->identity().id, 0, "cpu").ok());
+  EXPECT_EQ(RankDevices(m, *host->job)[0], "cpu");
 }
 
 // A consumer that takes nothing: binding it is what makes a job "in use".

@@ -10,12 +10,19 @@
       SIGTERM, such as compute-sanitizer): ferryd is not signalled but exits by itself once
       idle (exit_when_idle_seconds: 15), and the test waits for that.
       Regression test for ferryd's SIGSEGV when trainers on different GPUs attached
-      together (CUDA calls made with another device's context, or none, current).
+      together (CUDA calls made with another device's context, or none, current). The
+      ranks of a round share one job (the spec names no GPU; each rank names its own at
+      attach), which status shows with a rank per GPU.
+  (b) one job over every GPU, its trainers started together; the trainer on GPU 1 is
+      killed with SIGKILL mid-epoch while the others train on: they finish their epoch,
+      ferryd lives, and a new trainer on GPU 1 resumes from the dead one's state, so that
+      every sample of the epoch arrives exactly once across the ranks.
 """
 
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -27,6 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
 import ferry_it  # noqa: E402
 
 WORKER = os.path.join(HERE, "multi_gpu_worker.py")
+GPU_WORKER = os.path.join(HERE, "gpu_worker.py")
 ROUNDS = int(os.environ.get("FERRY_MULTI_GPU_ROUNDS", "50"))
 SELF_EXIT = os.environ.get("FERRY_MULTI_GPU_SELF_EXIT") == "1"
 CUDA_ERROR_MARKERS = ("CUDA_ERROR", "cudaError", "nvjpeg error", "NVJPEG_STATUS")
@@ -152,6 +160,11 @@ class MultiGpuTest(unittest.TestCase):
                 gpu_decode = [line for line in log.splitlines() if "JPEG decode on the GPU" in line]
                 print("round 0: %d stages decode JPEGs on their GPU%s" % (
                     len(gpu_decode), (": " + gpu_decode[0]) if gpu_decode else ""), flush=True)
+            # One job for the run, a rank on each GPU.
+            jobs = ferry_it.ferryctl(daemon.address, "status").get("jobs", [])
+            self.assertEqual(len(jobs), 1, "round %d: the ranks made %d jobs" % (n, len(jobs)))
+            devices = sorted(r.get("device") for r in jobs[0].get("ranks", []))
+            self.assertEqual(devices, ["cuda:%d" % r for r in range(gpus)], "round %d" % n)
             # SIGTERM; the whole log, drain included, is read before stop() removes it.
             if not SELF_EXIT:
                 daemon.terminate()
@@ -167,8 +180,64 @@ class MultiGpuTest(unittest.TestCase):
                       if any(m in line for m in CUDA_ERROR_MARKERS)]
             self.assertEqual(errors, [], "round %d: CUDA errors in ferryd's log" % n)
         self.assertEqual(crashes, [])
-        print("%d rounds of %d ranks on %d GPUs attaching together: 0 crashes"
+        print("%d rounds of %d ranks on %d GPUs attaching together: 0 crashes, one job each"
               % (ROUNDS, gpus, gpus), flush=True)
+
+    def test_b_kill_one_gpus_trainer_while_the_others_train(self):
+        import torch
+        gpus = torch.cuda.device_count()
+        batch = 8
+        daemon = ferry_it.FerryDaemon(config="drain_timeout_seconds: 2\n")
+        self.addCleanup(daemon.stop)
+        images = gpus * batch * 6  # 6 batches a rank
+        root = make_photo_folder(os.path.join(daemon.dir, "images"), per_class=images // 2)
+
+        def start(name, **config):
+            out = os.path.join(daemon.dir, name + ".json")
+            log = os.path.join(daemon.dir, name + ".log")
+            base = dict(address=daemon.address, root=root, world_size=gpus, batch_size=batch,
+                        seed=3, epochs=1, crop=64, job_name="run", out=out)
+            base.update(config)
+            with open(log, "wb") as f:
+                proc = subprocess.Popen([sys.executable, GPU_WORKER, json.dumps(base)],
+                                        stdin=subprocess.DEVNULL, stdout=f, stderr=f,
+                                        env=ferry_it.worker_env())
+            self.addCleanup(lambda: proc.poll() is None and proc.kill())
+            return proc, out, log
+
+        ready = os.path.join(daemon.dir, "victim.ready")
+        trainers = {}
+        for rank in range(gpus):
+            extra = dict(pause_after=2, ready_file=ready) if rank == 1 else {}
+            trainers[rank] = start("rank%d" % rank, rank=rank, device="cuda:%d" % rank, **extra)
+        victim, victim_out, victim_log = trainers[1]
+        ferry_it.wait_for_file(ready, 120, [victim])
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(30)
+        first = ferry_it.read_json(victim_out)
+        state = first["state"]
+        self.assertEqual(state["batches_done"], 2)
+        results = {}
+        for rank, (proc, out, log) in trainers.items():
+            if rank == 1:
+                continue
+            self.assertEqual(proc.wait(180), 0, "rank %d; log:\n%s\nferryd:\n%s"
+                             % (rank, ferry_it.tail(log), daemon.log()))
+            results[rank] = ferry_it.read_json(out)
+            self.assertTrue(results[rank]["done"], results[rank])
+        self.assertIsNone(daemon.process.poll(), "ferryd died; log:\n%s" % daemon.log())
+        # ferryd frees the dead trainer's rank once its stream ends; a new one resumes.
+        proc, out, log = start("rank1-resumed", rank=1, device="cuda:1", resume=state)
+        self.assertEqual(proc.wait(180), 0, "%s\nferryd:\n%s" % (ferry_it.tail(log), daemon.log()))
+        resumed = ferry_it.read_json(out)
+        self.assertTrue(resumed["done"], resumed)
+        jobs = ferry_it.ferryctl(daemon.address, "status").get("jobs", [])
+        self.assertEqual(len(jobs), 1, jobs)
+        seen = [i for r in results.values() for b in r["epochs"]["0"] for i in b["index"]]
+        seen += [i for b in first["epochs"]["0"] + resumed["epochs"]["0"] for i in b["index"]]
+        self.assertEqual(sorted(seen), list(range(images)), "every sample of the epoch once")
+        print("%d GPUs, one job: the trainer on GPU 1 killed after 2 batches, the others "
+              "finished, the resumed one read the rest; every sample once" % gpus, flush=True)
 
 
 if __name__ == "__main__":

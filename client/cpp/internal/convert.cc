@@ -507,6 +507,7 @@ JobStatus FromProto(const v1::JobStatus& status) {
     rank.slots_leased = r.slots_leased();
     rank.slots = r.slots();
     rank.batch_channel = r.batch_channel();
+    rank.device = r.device();
     switch (r.copy_path()) {
       case ferry::v1::SLOT_COPY:
         rank.copy_path = "slot copy";

@@ -17,8 +17,8 @@ import threading
 from ferry.errors import FerryError
 
 ABI_VERSION = 1  # FERRY_ABI_VERSION this binding was written for
-ABI_MINOR = 2    # FERRY_ABI_MINOR it uses when the library has it (1.1: GPU transport,
-                 # 1.2: ferry_client_quarantine)
+ABI_MINOR = 3    # FERRY_ABI_MINOR it uses when the library has it (1.1: GPU transport,
+                 # 1.2: ferry_client_quarantine, 1.3: ferry_client_attach_on)
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -105,6 +105,8 @@ def _declare(lib):
         "ferry_cuda_pci_bus_id": (c_int, [c_int, out_ptr]),
         "ferry_client_quarantine": (c_int, [c_void_p, c_char_p, ctypes.POINTER(ctypes.c_int64),
                                             ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint32)]),
+        "ferry_client_attach_on": (c_int, [c_void_p, c_char_p, ctypes.c_uint32, c_char_p,
+                                           out_ptr]),
     }
     for name, (restype, argtypes) in optional.items():
         fn = getattr(lib, name, None)

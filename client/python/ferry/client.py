@@ -97,10 +97,21 @@ class Client:
         _lib.check(fn(self._h(), _encode(job_id), array, len(indices), ctypes.byref(added)))
         return added.value
 
-    def attach(self, job_id, rank):
+    def attach(self, job_id, rank, device=None):
+        """Attaches as `rank` of the job; `device` names a GPU rank's GPU ("cuda:<PCI bus id>"
+        or "cuda:N", ferryd's ordinal), required for a job of device "cuda"."""
         handle = ctypes.c_void_p()
-        _lib.check(self._lib.ferry_client_attach(self._h(), _encode(job_id), int(rank),
-                                                 ctypes.byref(handle)))
+        if device:
+            fn = getattr(self._lib, "ferry_client_attach_on", None)
+            if fn is None:
+                raise FerryError("FAILED_PRECONDITION", "this libferry (ABI 1.%d) cannot name a "
+                                 "rank's GPU (ferry_client_attach_on, 1.3): install the "
+                                 "libferry of this ferry package" % _lib.minor())
+            _lib.check(fn(self._h(), _encode(job_id), int(rank), _encode(device),
+                          ctypes.byref(handle)))
+        else:
+            _lib.check(self._lib.ferry_client_attach(self._h(), _encode(job_id), int(rank),
+                                                     ctypes.byref(handle)))
         return Consumer(self._lib, handle)
 
     def close(self):

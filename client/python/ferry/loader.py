@@ -849,11 +849,15 @@ class Loader:
         self._raw_stream = None  # see _current_stream
         self._timeout = timeout
         self._torch_device = None
+        self._attach_device = None  # this rank's GPU, named at every attach
         if cuda_ordinal is not None:
-            # The trainer's ordinal may not be ferryd's: name the GPU by its PCI bus id.
+            # The spec names no GPU, so the ranks of one run on different GPUs share the job;
+            # each rank names its own when it attaches. The trainer's ordinal may not be
+            # ferryd's: the GPU is named by its PCI bus id.
             self._torch_device = _torch_cuda_device(cuda_ordinal)
             from ferry import _lib
-            self._spec["device"] = "cuda:" + _lib.cuda_pci_bus_id(cuda_ordinal)
+            self._spec["device"] = "cuda"
+            self._attach_device = "cuda:" + _lib.cuda_pci_bus_id(cuda_ordinal)
         self._epoch = 0
         self._resume_batch = 0
         self._known_bad = []  # quarantined samples named by a loaded state
@@ -894,7 +898,7 @@ class Loader:
         collected = False
         while True:
             try:
-                return self._client.attach(self.job["id"], self.rank)
+                return self._client.attach(self.job["id"], self.rank, self._attach_device)
             except FerryError as e:
                 if e.code != "FAILED_PRECONDITION" or "live consumer" not in e.message:
                     raise
@@ -1219,7 +1223,8 @@ class Loader:
                 self.job = self._client.create_job(self._spec, name=self._job_name)
                 if self._known_bad:
                     self._client.quarantine(self.job["id"], self._known_bad)
-                self._consumer = self._client.attach(self.job["id"], self.rank)
+                self._consumer = self._client.attach(self.job["id"], self.rank,
+                                                     self._attach_device)
                 self._consumer.start_epoch(self._epoch, self._batches_done)
                 break
             except FerryError as e:

@@ -312,6 +312,20 @@ class EndToEndTest(unittest.TestCase):
                                              seq_len=SEQ))
         self.assertIn("missing.bin", cm.exception.message)
 
+    def test_a_rank_names_its_device_at_attach(self):
+        # Through the C ABI's ferry_client_attach_on: a host job's rank may say "cpu"; a GPU
+        # device for it is refused, naming the job and what to create instead.
+        loader = self.loader(world_size=2)  # starts (or finds) the daemon, makes the job
+        with ferry.Client(loader.address) as client:
+            consumer = client.attach(loader.job["id"], 1, "cpu")
+            consumer.close()
+            with self.assertRaises(ferry.FerryError) as cm:
+                client.attach(loader.job["id"], 1, "cuda:0")
+            self.assertEqual(cm.exception.code, "INVALID_ARGUMENT")
+            self.assertIn("GPU ranks need a job made with device \"cuda\"", cm.exception.message)
+            ranks = {r["rank"]: r.get("device") for r in client.get_job(loader.job["id"])["ranks"]}
+            self.assertEqual(ranks.get(1), "cpu")
+
     def test_ferryctl_tables_and_json(self):
         ctl = ferryctl_binary()
         if not os.access(ctl, os.X_OK):

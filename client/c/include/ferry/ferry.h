@@ -52,8 +52,9 @@ extern "C" {
  * ferry_abi_minor() (a library without that function is minor 0).
  *   1.1: the GPU transport: ferry_field_t.device, ferry_batch_field_sized,
  *        ferry_batch_wait, ferry_batch_release_on, ferry_cuda_pci_bus_id.
- *   1.2: ferry_client_quarantine. */
-#define FERRY_ABI_MINOR 2
+ *   1.2: ferry_client_quarantine.
+ *   1.3: ferry_client_attach_on (a GPU rank names its GPU: jobs of device "cuda"). */
+#define FERRY_ABI_MINOR 3
 
 /* Status codes (absl::StatusCode / grpc::StatusCode values). */
 enum {
@@ -170,6 +171,12 @@ FERRY_API int ferry_client_get_status(ferry_client_t* client, char** json);
  * The consumer keeps what it needs of the client: the client may be freed first. */
 FERRY_API int ferry_client_attach(ferry_client_t* client, const char* job_id, uint32_t rank,
                                   ferry_consumer_t** out);
+/* The same for rank `rank` on GPU `device` ("cuda:<PCI bus id>", see ferry_cuda_pci_bus_id,
+ * or "cuda:N", ferryd's ordinal): required for a job of device "cuda", whose ranks on
+ * different GPUs share it; overrides the GPU of a job of device "cuda:N". NULL or "" is
+ * ferry_client_attach. Since 1.3. */
+FERRY_API int ferry_client_attach_on(ferry_client_t* client, const char* job_id, uint32_t rank,
+                                     const char* device, ferry_consumer_t** out);
 /* Closes the stream: the daemon reclaims the consumer's slots. Batches still held stay
  * readable (memory stays mapped) until freed. */
 FERRY_API void ferry_consumer_free(ferry_consumer_t* consumer);

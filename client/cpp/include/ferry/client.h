@@ -331,9 +331,11 @@ struct JobOptions {
   uint64_t seed = 0;        // Default: 0
   bool drop_last = false;   // Default: false
   uint32_t world_size = 1;  // Default: 1
-  // "cpu" (host transport), "cuda:N" (GPU transport on ferryd's device N) or
-  // "cuda:<PCI bus id>" ("cuda:0000:3b:00.0", the same GPU whatever the numbering; see
-  // CudaPciBusId). Default: "cpu"
+  // "cpu" (host transport), or "cuda" (GPU transport; each rank names its GPU when it
+  // attaches, Client::Attach's `device`, so the ranks of one run on several GPUs share the
+  // job). "cuda:N" (ferryd's device N) or "cuda:<PCI bus id>" ("cuda:0000:3b:00.0", the
+  // same GPU whatever the numbering; see CudaPciBusId) makes a job of that one GPU, as
+  // before ranks named their own. Default: "cpu"
   std::string device = "cpu";
   uint32_t prefetch_depth = 0;  // Slots per rank. Default: 0 = the daemon's default.
   // Device "cuda:..." only. Default: uint8 HWC images.
@@ -387,6 +389,8 @@ struct RankStatus {
   double consumer_wait_seconds = 0;
   int64_t epoch = 0;
   int64_t next_batch = 0;
+  // Where this rank's batches go: "cpu", or "cuda:N" (ferryd's ordinal of its GPU).
+  std::string device;
   // The current (or last) consumer takes batches through the shared-memory batch channel
   // (false: on the gRPC stream; see docs/protocol.md).
   bool batch_channel = false;
@@ -719,6 +723,12 @@ class Client final {
   // when this library was built without CUDA. Call StartEpoch on the result to receive
   // batches.
   absl::StatusOr<std::unique_ptr<Consumer>> Attach(std::string_view job_id, uint32_t rank);
+  // The same for a GPU job's rank on GPU `device`: "cuda:<PCI bus id>" (CudaPciBusId of
+  // this process's ordinal: the same GPU whatever CUDA_VISIBLE_DEVICES says) or "cuda:N"
+  // (ferryd's ordinal). Needed for a job of device "cuda"; for one of device "cuda:N" it
+  // overrides the spec's GPU. Every reattach of the consumer names the same device.
+  absl::StatusOr<std::unique_ptr<Consumer>> Attach(std::string_view job_id, uint32_t rank,
+                                                   std::string_view device);
 
  private:
   explicit Client(std::shared_ptr<internal::ClientImpl> impl);
