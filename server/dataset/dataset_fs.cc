@@ -14,6 +14,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
@@ -375,6 +376,28 @@ absl::StatusOr<size_t> ReadUpTo(const RandomAccessFile& file, uint64_t offset,
     done += std::min(*n, out.size() - done);
   }
   return done;
+}
+
+namespace {
+constexpr char kDatasetChangedPayload[] = "ferry.dev/dataset-changed";
+}  // namespace
+
+absl::Status DatasetChangedError(const std::string& path, uint64_t mapped_bytes) {
+  struct stat st;
+  const std::string now = ::stat(path.c_str(), &st) == 0
+                              ? absl::StrCat("it is now ", st.st_size, " bytes")
+                              : absl::StrCat("it cannot be read now: ", strerror(errno));
+  absl::Status status = absl::DataLossError(absl::StrCat(
+      "dataset file '", path, "' shrank while the job read it (", mapped_bytes,
+      " bytes when the job opened it; ", now,
+      "): a dataset file must not be truncated or rewritten while a job reads it. Write new "
+      "data to a new file (then rename it into place), and create the job again"));
+  status.SetPayload(kDatasetChangedPayload, absl::Cord("1"));
+  return status;
+}
+
+bool IsDatasetChanged(const absl::Status& status) {
+  return status.GetPayload(kDatasetChangedPayload).has_value();
 }
 
 bool IsTransientReadError(const absl::Status& status) {

@@ -190,6 +190,13 @@ std::shared_ptr<const DatasetFs> UnconfinedDatasetFs();
 // ETIMEDOUT). A sample that fails so is not corrupt: the reader waits and tries again.
 bool IsTransientReadError(const absl::Status& status);
 
+// A dataset file changed under a job that reads it (it shrank while mapped): no later
+// sample of it can be trusted, so the job stops with this error (naming the file and what
+// to do) instead of substituting samples. DATA_LOSS, marked so that IsDatasetChanged tells
+// it from a corrupt sample.
+absl::Status DatasetChangedError(const std::string& path, uint64_t mapped_bytes);
+bool IsDatasetChanged(const absl::Status& status);
+
 // The status of a failed system call on `path`: `what` ("cannot open", "cannot read") names
 // the step. The code follows the classes above (RESOURCE_EXHAUSTED for EMFILE, ENFILE,
 // ENOMEM; UNAVAILABLE for EIO, EAGAIN, ESTALE, ETIMEDOUT; absl's mapping otherwise).

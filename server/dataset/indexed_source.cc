@@ -312,15 +312,17 @@ absl::Status IndexedSource::Fill(int64_t index, uint64_t sample_seed,
         bin_->bytes().data() + SequencePointer(s) + offset * static_cast<int64_t>(token_bytes_);
     uint8_t* dst = rows[0] + static_cast<size_t>(pos) * out_bytes;
     int64_t overflow = -1;
-    if (raw_) {
-      // Copied as the file holds them (streamed: raw rows are a GPU job's); int32 ids are
-      // still checked, none may be negative.
-      if (token_bytes_ == 4) overflow = FirstNegative(src, count);
-      if (overflow < 0) StreamingCopy(dst, src, static_cast<size_t>(count) * token_bytes_);
-    } else {
-      overflow = token_bytes_ == 2 ? ConvertTokensTo<uint16_t>(output_dtype_, src, count, dst)
-                                   : ConvertTokensTo<int32_t>(output_dtype_, src, count, dst);
-    }
+    FERRY_RETURN_IF_ERROR(bin_->Read([&] {
+      if (raw_) {
+        // Copied as the file holds them (streamed: raw rows are a GPU job's); int32 ids are
+        // still checked, none may be negative.
+        if (token_bytes_ == 4) overflow = FirstNegative(src, count);
+        if (overflow < 0) StreamingCopy(dst, src, static_cast<size_t>(count) * token_bytes_);
+      } else {
+        overflow = token_bytes_ == 2 ? ConvertTokensTo<uint16_t>(output_dtype_, src, count, dst)
+                                     : ConvertTokensTo<int32_t>(output_dtype_, src, count, dst);
+      }
+    }));
     if (overflow >= 0) {
       return absl::DataLossError(absl::StrCat(
           "token ", first + pos + overflow, " of Megatron data '", bin_->path(), "' (value ",

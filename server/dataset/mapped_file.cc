@@ -9,8 +9,15 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/mapped_read.h"
 
 namespace ferry {
+
+absl::Status MappedFile::Read(absl::FunctionRef<void()> read) const {
+  absl::Status s = GuardMappedRead(bytes_, read);
+  if (s.ok()) return s;
+  return DatasetChangedError(path_, bytes_.size());
+}
 namespace {
 
 // Owner of one mmap: unmaps it when the last MappedFile over it goes.

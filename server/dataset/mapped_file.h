@@ -16,6 +16,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
@@ -35,6 +36,11 @@ class MappedFile final {
   MappedFile& operator=(const MappedFile&) = delete;
 
   absl::Span<const uint8_t> bytes() const { return bytes_; }
+  // Runs `read`, which reads bytes(), so that the file shrinking under the mapping (its
+  // owner truncates it) ends the read with DatasetChangedError instead of a SIGBUS that
+  // would kill ferryd. `read` is abandoned where it faults: it may only copy (see
+  // common/mapped_read.h).
+  absl::Status Read(absl::FunctionRef<void()> read) const;
   // The path the file was first mapped by (another opener may have named it by another
   // link: the file is the same).
   const std::string& path() const { return path_; }

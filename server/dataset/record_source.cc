@@ -153,11 +153,13 @@ absl::Status RecordSource::Fill(int64_t index, uint64_t sample_seed,
   if (rows[0] == nullptr) return absl::OkStatus();  // the device reads it: direct_rows()
   const uint8_t* src =
       file_->bytes().data() + data_offset_ + static_cast<size_t>(index) * row_bytes_;
-  if (stores_ == RowStores::kStreaming) {
-    StreamingCopy(rows[0], src, row_bytes_);
-  } else {
-    std::memcpy(rows[0], src, row_bytes_);
-  }
+  FERRY_RETURN_IF_ERROR(file_->Read([&] {
+    if (stores_ == RowStores::kStreaming) {
+      StreamingCopy(rows[0], src, row_bytes_);
+    } else {
+      std::memcpy(rows[0], src, row_bytes_);
+    }
+  }));
   if constexpr (std::endian::native == std::endian::big) {
     // The file is little-endian; the slot holds host order.
     for (size_t v = 0; v + value_bytes_ <= row_bytes_; v += value_bytes_) {

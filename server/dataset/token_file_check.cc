@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cstring>
 #include <string_view>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/dataset/mapped_file.h"
 
 namespace ferry {
 namespace {
@@ -61,6 +63,14 @@ absl::Status CheckLooksLikeTokens(absl::string_view what, absl::string_view path
   if (looks.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat(what, " '", path, "' does not hold raw token ids: it looks like ", looks));
+}
+
+absl::Status CheckMappedLooksLikeTokens(absl::string_view what, const MappedFile& file) {
+  const absl::Span<const uint8_t> bytes = file.bytes();
+  std::vector<uint8_t> head(std::min(bytes.size(), kTokenCheckBytes));
+  absl::Status read = file.Read([&] { std::memcpy(head.data(), bytes.data(), head.size()); });
+  if (!read.ok()) return read;
+  return CheckLooksLikeTokens(what, file.path(), head);
 }
 
 }  // namespace ferry

@@ -29,6 +29,11 @@ inline constexpr size_t kMinTextVerdictBytes = 512;
 absl::Status CheckLooksLikeTokens(absl::string_view what, absl::string_view path,
                                   absl::Span<const uint8_t> bytes);
 
+// CheckLooksLikeTokens on the head of a mapped file, copied out under MappedFile::Read (a
+// file that shrinks meanwhile is DatasetChangedError, not a fault).
+class MappedFile;
+absl::Status CheckMappedLooksLikeTokens(absl::string_view what, const MappedFile& file);
+
 }  // namespace ferry
 
 #endif  // FERRY_SERVER_DATASET_TOKEN_FILE_CHECK_H_

@@ -35,7 +35,7 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Create(
   const size_t token_bytes = dtypes.token_bytes;
   const DType output = dtypes.output;
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, fs.MapFile(spec.path()));
-  FERRY_RETURN_IF_ERROR(CheckLooksLikeTokens("token file", spec.path(), file->bytes()));
+  FERRY_RETURN_IF_ERROR(CheckMappedLooksLikeTokens("token file", *file));
   const size_t bytes = file->bytes().size();
   if (bytes % token_bytes != 0) {
     return absl::InvalidArgumentError(
@@ -97,13 +97,15 @@ absl::Status TokenSource::Fill(int64_t index, uint64_t sample_seed, absl::Span<u
   const int64_t count = seq_len_ + 1;
   const uint8_t* src = file_->bytes().data() + static_cast<size_t>(index * seq_len_) * token_bytes_;
   int64_t overflow = -1;
-  if (raw_) {
-    // Raw rows are for GPU jobs only: streaming stores (RowStores::kStreaming says why).
-    StreamingCopy(rows[0], src, static_cast<size_t>(count) * token_bytes_);
-  } else {
-    overflow = token_bytes_ == 2 ? ConvertTokensTo<uint16_t>(output_dtype_, src, count, rows[0])
-                                 : ConvertTokensTo<uint32_t>(output_dtype_, src, count, rows[0]);
-  }
+  FERRY_RETURN_IF_ERROR(file_->Read([&] {
+    if (raw_) {
+      // Raw rows are for GPU jobs only: streaming stores (RowStores::kStreaming says why).
+      StreamingCopy(rows[0], src, static_cast<size_t>(count) * token_bytes_);
+    } else {
+      overflow = token_bytes_ == 2 ? ConvertTokensTo<uint16_t>(output_dtype_, src, count, rows[0])
+                                   : ConvertTokensTo<uint32_t>(output_dtype_, src, count, rows[0]);
+    }
+  }));
   if (overflow >= 0) {
     const int64_t token = index * seq_len_ + overflow;
     return absl::DataLossError(

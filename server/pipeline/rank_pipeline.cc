@@ -417,6 +417,11 @@ bool RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index
           filled = true;
           break;
         }
+        if (IsDatasetChanged(s)) {
+          // Not a bad sample: the file under every later sample changed. The job stops.
+          job_->Fail(s);
+          return false;
+        }
         const std::string path = source.Describe(candidate);
         job_->RecordSampleError(candidate, path, s);
         if (job_->fail_on_corrupt_sample()) {

@@ -1,0 +1,107 @@
+// A dataset file truncated by its owner while a job reads it: the readers that map files
+// (tokens, token shards, records) return DatasetChangedError naming the file, instead of
+// the SIGBUS that would end ferryd for every user; the parts still there read as before.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/dataset/dataset_fs.h"
+#include "server/dataset/sample_source.h"
+
+namespace ferry {
+namespace {
+
+using ::testing::HasSubstr;
+
+class TruncatedFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir[] = "/tmp/ferry-truncated-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+  }
+  void TearDown() override {
+    unlink(path_.c_str());
+    rmdir(dir_.c_str());
+  }
+
+  // A file of `tokens` little-endian uint16 ids 0, 1, 2, ... (mod 60000).
+  void WriteTokens(size_t tokens) {
+    path_ = dir_ + "/data.bin";
+    std::vector<uint16_t> ids(tokens);
+    for (size_t i = 0; i < tokens; ++i) ids[i] = static_cast<uint16_t>(i % 60000);
+    std::ofstream(path_, std::ios::binary)
+        .write(reinterpret_cast<const char*>(ids.data()),
+               static_cast<std::streamsize>(ids.size() * 2));
+  }
+
+  // Fills sample `index` of `source` into fresh rows.
+  absl::Status FillOne(const SampleSource& source, int64_t index) {
+    std::vector<std::vector<uint8_t>> storage;
+    std::vector<uint8_t*> rows;
+    for (const FieldLayout& field : source.fields()) {
+      storage.emplace_back(field.row_bytes);
+      rows.push_back(storage.back().data());
+    }
+    auto scratch = source.NewScratch();
+    return source.Fill(index, 0, rows, scratch.get());
+  }
+
+  std::string dir_;
+  std::string path_;
+};
+
+TEST_F(TruncatedFileTest, TokensPastTheNewEndAreDatasetChanged) {
+  WriteTokens(64 * 1024);  // 128 KiB: 32 pages
+  ferry::v1::JobSpec spec;
+  spec.set_batch_size(1);
+  auto* tokens = spec.mutable_dataset()->mutable_tokens();
+  tokens->set_path(path_);
+  tokens->set_token_dtype(ferry::v1::UINT16);
+  tokens->set_seq_len(1023);
+  auto source = MakeSampleSource(spec, UnconfinedDatasetFs());
+  ASSERT_TRUE(source.ok()) << source.status();
+  const int64_t last = (*source)->size() - 1;
+  ASSERT_TRUE(FillOne(**source, last).ok());
+  ASSERT_EQ(truncate(path_.c_str(), 4096), 0);  // the owner cuts it to one page
+  EXPECT_TRUE(FillOne(**source, 0).ok());       // within the page still there
+  const absl::Status cut = FillOne(**source, last);
+  EXPECT_TRUE(IsDatasetChanged(cut)) << cut;
+  EXPECT_EQ(cut.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(cut.message(), HasSubstr(path_));
+  EXPECT_THAT(cut.message(), HasSubstr("shrank while the job read it (131072 bytes when the job "
+                                       "opened it; it is now 4096 bytes)"));
+  EXPECT_THAT(cut.message(), HasSubstr("create the job again"));
+  EXPECT_FALSE(IsDatasetChanged(absl::DataLossError("a corrupt sample")));
+}
+
+TEST_F(TruncatedFileTest, RecordsAndTokenShardsToo) {
+  WriteTokens(64 * 1024);
+  ferry::v1::JobSpec records;
+  records.set_batch_size(1);
+  records.mutable_dataset()->mutable_records()->set_path(path_);
+  records.mutable_dataset()->mutable_records()->set_dtype(ferry::v1::INT64);
+  records.mutable_dataset()->mutable_records()->add_shape(128);  // 1 KiB records
+  ferry::v1::JobSpec shards;
+  shards.set_batch_size(1);
+  shards.mutable_dataset()->mutable_token_shards()->add_shards(path_);
+  shards.mutable_dataset()->mutable_token_shards()->set_token_dtype(ferry::v1::UINT16);
+  shards.mutable_dataset()->mutable_token_shards()->set_seq_len(511);
+  auto by_records = MakeSampleSource(records, UnconfinedDatasetFs());
+  auto by_shards = MakeSampleSource(shards, UnconfinedDatasetFs());
+  ASSERT_TRUE(by_records.ok()) << by_records.status();
+  ASSERT_TRUE(by_shards.ok()) << by_shards.status();
+  ASSERT_EQ(truncate(path_.c_str(), 0), 0);
+  EXPECT_TRUE(IsDatasetChanged(FillOne(**by_records, (*by_records)->size() - 1)));
+  EXPECT_TRUE(IsDatasetChanged(FillOne(**by_shards, (*by_shards)->size() - 1)));
+}
+
+}  // namespace
+}  // namespace ferry
