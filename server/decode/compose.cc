@@ -133,9 +133,34 @@ int RoundHalfEven(double x) { return static_cast<int>(std::nearbyint(x)); }
 void Swap(RgbImage& a, RgbImage& b) { std::swap(a, b); }
 
 // RandomCrop's padding, size check and draws (v2.RandomCrop._get_params), then pad + crop.
-absl::Status RandomCropImage(const ComposeStep& s, Rng& rng, ComposeScratch& scratch) {
+// OK when a step may make a `width` x `height` image: at most `max_pixels`, the per-sample
+// bound every intermediate image of a Compose stays within (Run says which). Checked before
+// the image is allocated, so no sample can take more memory than that.
+absl::Status CheckPixels(absl::string_view step, int64_t width, int64_t height, uint64_t max_pixels,
+                         const RgbImage& from) {
+  if (width > 0 && height > 0 &&
+      static_cast<uint64_t>(width) * static_cast<uint64_t>(height) <= max_pixels) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      step, " would turn this ", from.width, "x", from.height, " image into ", width, "x", height,
+      " (", width * height, " pixels), more than the ", max_pixels,
+      " any step of a transform may make (the larger of max_image_pixels and the output "
+      "size); the sample is skipped as bad. Crop before resizing, or bound the longer side"));
+}
+
+absl::Status RandomCropImage(const ComposeStep& s, Rng& rng, uint64_t max_pixels,
+                             ComposeScratch& scratch) {
   RgbImage& image = scratch.image;
   int left = s.padding[0], top = s.padding[1], right = s.padding[2], bottom = s.padding[3];
+  {
+    // The padded image, as below, in 64 bits: paddings and sizes each fit an int, their
+    // sums may not.
+    int64_t h = int64_t{image.height} + top + bottom, w = int64_t{image.width} + left + right;
+    if (s.pad_if_needed && h < s.size) h = 2 * int64_t{s.size} - h;
+    if (s.pad_if_needed && w < s.size) w = 2 * int64_t{s.size} - w;
+    FERRY_RETURN_IF_ERROR(CheckPixels("RandomCrop's padding", w, h, max_pixels, image));
+  }
   int padded_h = image.height + top + bottom;
   int padded_w = image.width + left + right;
   if (s.pad_if_needed && padded_h < s.size) {
@@ -175,19 +200,22 @@ absl::Status RandomCropImage(const ComposeStep& s, Rng& rng, ComposeScratch& scr
 }
 
 // v2.functional.center_crop: zero padding when the image is smaller, then the centre.
-void CenterCropImage(int size, ComposeScratch& scratch) {
+absl::Status CenterCropImage(int size, uint64_t max_pixels, ComposeScratch& scratch) {
   RgbImage& image = scratch.image;
+  FERRY_RETURN_IF_ERROR(CheckPixels("CenterCrop's padding", std::max(image.width, size),
+                                    std::max(image.height, size), max_pixels, image));
   if (image.width < size || image.height < size) {
     const int dw = std::max(0, size - image.width), dh = std::max(0, size - image.height);
     Pad(image, dw / 2, dh / 2, (dw + 1) / 2, (dh + 1) / 2, PaddingMode::kConstant, {0, 0, 0},
         &scratch.other);
     Swap(scratch.image, scratch.other);
   }
-  if (scratch.image.width == size && scratch.image.height == size) return;
+  if (scratch.image.width == size && scratch.image.height == size) return absl::OkStatus();
   const int top = RoundHalfEven((scratch.image.height - size) / 2.0);
   const int left = RoundHalfEven((scratch.image.width - size) / 2.0);
   Crop(scratch.image, top, left, size, size, &scratch.other);
   Swap(scratch.image, scratch.other);
+  return absl::OkStatus();
 }
 
 void ResizeBox(const CropBox& box, int out_w, int out_h, ComposeScratch& scratch) {
@@ -200,14 +228,17 @@ void ResizeBox(const CropBox& box, int out_w, int out_h, ComposeScratch& scratch
 
 // v2.functional.resize(size) for an int size: the shorter side becomes `size`, the longer
 // int(size * long / short).
-void ResizeShorter(int size, ComposeScratch& scratch) {
+absl::Status ResizeShorter(int size, uint64_t max_pixels, ComposeScratch& scratch) {
   const int w = scratch.image.width, h = scratch.image.height;
   const int shorter = std::min(w, h), longer = std::max(w, h);
-  const int new_longer = static_cast<int>(static_cast<int64_t>(size) * longer / shorter);
-  const int out_w = w <= h ? size : new_longer;
-  const int out_h = w <= h ? new_longer : size;
-  if (out_w == w && out_h == h) return;
+  const int64_t new_longer = static_cast<int64_t>(size) * longer / shorter;
+  FERRY_RETURN_IF_ERROR(CheckPixels(absl::StrCat("Resize(", size, ")"), w <= h ? size : new_longer,
+                                    w <= h ? new_longer : size, max_pixels, scratch.image));
+  const int out_w = w <= h ? size : static_cast<int>(new_longer);
+  const int out_h = w <= h ? static_cast<int>(new_longer) : size;
+  if (out_w == w && out_h == h) return absl::OkStatus();
   ResizeBox(CropBox{0, 0, w, h}, out_w, out_h, scratch);
+  return absl::OkStatus();
 }
 
 std::array<uint8_t, 3> ToU8(const float value[3]) {
@@ -359,6 +390,10 @@ absl::Status ComposedTransform::Run(ImageDecoder& decoder, absl::Span<const uint
                                                    " bytes, not ", sizeof(PhotometricProgram)));
   }
   RgbImage& image = scratch.image;
+  // Every image a step makes stays within this, checked before it is allocated: a sample
+  // costs at most a few times this much memory, whatever its size and the ops' arguments.
+  const uint64_t max_pixels =
+      std::max<uint64_t>(decoder.limits().max_image_pixels, uint64_t(size_) * uint64_t(size_));
   // Decode, with the leading crop when it can run inside the decode.
   if (fused_steps_ > 0) {
     const ImageTransform fused = FusedTransform();
@@ -390,6 +425,8 @@ absl::Status ComposedTransform::Run(ImageDecoder& decoder, absl::Span<const uint
     RgbImage& img = scratch.image;
     switch (s.kind) {
       case Kind::kRandomResizedCrop: {
+        FERRY_RETURN_IF_ERROR(
+            CheckPixels("RandomResizedCrop", s.size, s.size, max_pixels, scratch.image));
         ImageTransform params = ImageTransform::RandomResizedCrop(s.size, false);
         params.scale_min = s.scale[0];
         params.scale_max = s.scale[1];
@@ -400,13 +437,13 @@ absl::Status ComposedTransform::Run(ImageDecoder& decoder, absl::Span<const uint
         break;
       }
       case Kind::kResize:
-        ResizeShorter(s.size, scratch);
+        FERRY_RETURN_IF_ERROR(ResizeShorter(s.size, max_pixels, scratch));
         break;
       case Kind::kCenterCrop:
-        CenterCropImage(s.size, scratch);
+        FERRY_RETURN_IF_ERROR(CenterCropImage(s.size, max_pixels, scratch));
         break;
       case Kind::kRandomCrop:
-        FERRY_RETURN_IF_ERROR(RandomCropImage(s, rng, scratch));
+        FERRY_RETURN_IF_ERROR(RandomCropImage(s, rng, max_pixels, scratch));
         break;
       case Kind::kHorizontalFlip:
         if (rng.Uniform() < s.p) HorizontalFlip(img);

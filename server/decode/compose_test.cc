@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -252,6 +253,61 @@ TEST(ComposeTest, RandomCropPadsThenCropsAsTorchvision) {
   ComposeStep padded = Step(Kind::kRandomCrop, 40);
   padded.pad_if_needed = true;
   EXPECT_EQ(Apply(Make({padded}), png, 0).image.size(), 40u * 40 * 3);
+}
+
+// A 1 x 65,500 panorama (17 KB as a file) under ops whose intermediates would be many GB:
+// each is a bad sample with a clear reason, refused before anything is allocated. The
+// ordinary use of the same ops on the same image still runs.
+TEST(ComposeTest, NoStepMakesAnImageLargerThanTheSampleBound) {
+  const std::vector<uint8_t> panorama = Png(65500, 1, 3);
+  ComposeStep crop = Step(Kind::kRandomCrop, 224);
+  crop.pad_if_needed = true;
+  struct Case {
+    std::vector<ComposeStep> steps;
+    std::string says;
+    std::string bound;  // the larger of max_image_pixels and the output's pixels
+  };
+  ComposeStep huge_pad = Step(Kind::kRandomCrop, 16384);
+  for (int& p : huge_pad.padding) p = 16384;
+  const std::vector<Case> cases = {
+      {{Step(Kind::kResize, 16384), crop, Step(Kind::kHorizontalFlip)},
+       "Resize(16384) would turn this 65500x1 image into 1073152000x16384",
+       "89478485"},
+      {{Step(Kind::kResize, 256), crop},
+       "Resize(256) would turn this 65500x1 image into 16768000x256 (4292608000 pixels)",
+       "89478485"},
+      {{huge_pad},
+       "RandomCrop's padding would turn this 65500x1 image into 98268x32769",
+       "268435456"},
+  };
+  for (const Case& c : cases) {
+    ComposedTransform t = Make(c.steps);
+    ImageDecoder decoder;
+    ComposeScratch scratch;
+    std::vector<uint8_t> row(t.image_row_bytes());
+    const absl::Status s = t.Run(decoder, panorama, 0, scratch, absl::MakeSpan(row), {});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr(c.says));
+    EXPECT_THAT(s.message(),
+                HasSubstr("more than the " + c.bound + " any step of a transform may make"));
+    EXPECT_LT(scratch.image.pixels.capacity() + scratch.other.pixels.capacity(), 1u << 20);
+  }
+  // A lower max_image_pixels lowers the bound (a 300x200 photo resized to 384x256 is over
+  // 70,000 pixels); an output of more pixels than it is always allowed.
+  ImageDecoder strict;
+  strict.set_limits(DecodeLimits{.max_image_pixels = 70000});
+  const std::vector<uint8_t> photo = Png(300, 200, 5);
+  ComposeScratch scratch;
+  // (A flip first: Resize + CenterCrop at the start would be fused into the decode.)
+  const ComposedTransform resize =
+      Make({Step(Kind::kHorizontalFlip), Step(Kind::kResize, 256), Step(Kind::kCenterCrop, 224)});
+  std::vector<uint8_t> row(resize.image_row_bytes());
+  EXPECT_THAT(resize.Run(strict, photo, 0, scratch, absl::MakeSpan(row), {}).message(),
+              HasSubstr("into 384x256 (98304 pixels), more than the 70000"));
+  EXPECT_TRUE(Apply(resize, photo, 0).image.size() == row.size());  // default limits
+  const ComposedTransform big = Make({Step(Kind::kCenterCrop, 300)});
+  row.resize(big.image_row_bytes());
+  EXPECT_TRUE(big.Run(strict, photo, 0, scratch, absl::MakeSpan(row), {}).ok());
 }
 
 TEST(ComposeTest, CenterCropOfASmallerImagePadsWithZeros) {

@@ -378,6 +378,11 @@ void ImageDecoder::set_limits(const DecodeLimits& limits) {
   impl_->limits = limits;
 }
 
+const DecodeLimits& ImageDecoder::limits() const {
+  static const DecodeLimits kDefaults;
+  return impl_ == nullptr ? kDefaults : impl_->limits;
+}
+
 absl::Status ImageDecoder::ReadSize(absl::Span<const uint8_t> image, int* width, int* height) {
   if (impl_ == nullptr) impl_ = std::make_unique<Impl>();
   FERRY_ASSIGN_OR_RETURN(const ImageFormat format, CheckInput(image, impl_->limits));

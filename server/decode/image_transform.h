@@ -144,6 +144,7 @@ class ImageDecoder final {
 
   // Applies to every later call. Default: DecodeLimits{}.
   void set_limits(const DecodeLimits& limits);
+  const DecodeLimits& limits() const;
 
   // Reads the header only (JPEG frame header, PNG IHDR): the size as stored, before any EXIF
   // orientation. INVALID_ARGUMENT with the decoder's message for data truncated before it.

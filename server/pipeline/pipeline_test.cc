@@ -429,6 +429,43 @@ TEST_F(PipelineTest, ReadsThatKeepFailingForTheMachineFailTheJobWithTheReason) {
   p->Unbind(&c);
 }
 
+// A source whose every allocation fails (std::bad_alloc out of Fill): the job stops naming
+// the cause, the process goes on, nothing is quarantined.
+class OutOfMemorySource final : public SampleSource {
+ public:
+  explicit OutOfMemorySource(int64_t n) : inner_(n, {}) {}
+  int64_t size() const override { return inner_.size(); }
+  const std::vector<FieldLayout>& fields() const override { return inner_.fields(); }
+  std::unique_ptr<Scratch> NewScratch() const override { return inner_.NewScratch(); }
+  absl::Status Fill(int64_t, uint64_t, absl::Span<uint8_t* const>, Scratch*) const override {
+    throw std::bad_alloc();
+  }
+  std::string Describe(int64_t index) const override { return inner_.Describe(index); }
+
+ private:
+  FakeSource inner_;
+};
+
+TEST_F(PipelineTest, AFailedAllocationStopsTheJobNotTheProcess) {
+  ferry::v1::JobSpec spec;
+  spec.set_batch_size(4);
+  job_ = *Job::Create(JobIdentity{"joom", "oom", 1000, next_serial_++}, spec,
+                      std::make_unique<OutOfMemorySource>(32));
+  job_->set_transient_retry_limit(absl::Milliseconds(100));
+  auto p = *RankPipeline::Create(job_, 0, 2, -1, pool_.get(), &budget_);
+  RecordingConsumer c;
+  ASSERT_TRUE(p->Bind(&c, 1).ok());
+  ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
+  std::optional<Message> m = c.Next();
+  ASSERT_TRUE(m.has_value());
+  ASSERT_TRUE(std::holds_alternative<absl::Status>(*m)) << "a batch was delivered";
+  const absl::Status& end = std::get<absl::Status>(*m);
+  EXPECT_EQ(end.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(end.message(), HasSubstr("out of memory while making sample"));
+  EXPECT_EQ(job_->quarantined_count(), 0);
+  p->Unbind(&c);
+}
+
 // The same through the real filesystem: JPEGs read while the process is out of descriptors.
 TEST_F(PipelineTest, AnImageJobOutOfDescriptorsPausesAndRecovers) {
   char dir_template[] = "/tmp/ferry_pipeline_fds_XXXXXX";

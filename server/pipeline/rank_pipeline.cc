@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <new>
 #include <utility>
 
 #include "absl/container/inlined_vector.h"
@@ -17,6 +18,19 @@
 
 namespace ferry {
 namespace {
+
+// SampleSource::Fill, with a failed allocation (std::bad_alloc) turned into
+// RESOURCE_EXHAUSTED: a condition of the machine, not of the sample, retried as one
+// (RetryTransient) until the job stops saying so. ferryd itself goes on.
+absl::Status FillOrOutOfMemory(const SampleSource& source, int64_t index, uint64_t sample_seed,
+                               absl::Span<uint8_t* const> rows, SampleSource::Scratch* scratch) {
+  try {
+    return source.Fill(index, sample_seed, rows, scratch);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("out of memory while making sample ", index,
+                                                     " (", source.Describe(index), ")"));
+  }
+}
 
 // Bytes a task of a copy-only source copies at least: below this, handing the task to a
 // worker (queue lock, wake-up) costs more than the copy (64 rows of 4 KiB token windows
@@ -403,8 +417,8 @@ bool RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index
     // without reading it, and still land on the same substitute.
     for (int attempt = 0; attempt < kSubstituteAttempts && !filled; ++attempt) {
       if (!job_->IsQuarantined(candidate)) {
-        absl::Status s = source.Fill(
-            candidate,
+        absl::Status s = FillOrOutOfMemory(
+            source, candidate,
             MixSeed(seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(candidate)),
             absl::MakeConstSpan(rows), scratch);
         if (IsTransientReadError(s)) {
@@ -488,8 +502,8 @@ absl::Status RankPipeline::RetryTransient(const SampleSource& source, int64_t in
       absl::SleepFor(std::min(absl::Milliseconds(20), wake - absl::Now()));
     }
     backoff = std::min(backoff * 2, kLastRetryWait);
-    status = source.Fill(
-        index,
+    status = FillOrOutOfMemory(
+        source, index,
         MixSeed(job_->spec().seed(), static_cast<uint64_t>(epoch), static_cast<uint64_t>(index)),
         rows, scratch);
   }
