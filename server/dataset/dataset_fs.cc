@@ -286,15 +286,26 @@ class RealDatasetFs final : public DatasetFs {
     return fd;
   }
 
-  // Opens the regular file `path` read-only and says which file it is.
+  // Opens the regular file `path` read-only and says which file it is. O_NONBLOCK: a FIFO
+  // (or a device) put where a dataset file should be would otherwise block the open, and
+  // with it a worker thread, until someone writes to it; it is refused instead.
   absl::StatusOr<UniqueFd> OpenRegular(const std::string& path, FileIdentity* identity) const {
-    absl::StatusOr<UniqueFd> fd = Open(path, O_RDONLY);
+    absl::StatusOr<UniqueFd> fd = Open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY);
     if (!fd.ok()) return fd.status();
     struct stat st;
     if (::fstat(fd->get(), &st) != 0) return FileErrnoStatus(errno, "cannot stat", path);
     if (!S_ISREG(st.st_mode)) {
-      return absl::InvalidArgumentError(absl::StrCat(Quoted(path), " is not a regular file"));
+      return absl::InvalidArgumentError(absl::StrCat(Quoted(path), " is not a regular file (",
+                                                     S_ISFIFO(st.st_mode)   ? "a FIFO"
+                                                     : S_ISCHR(st.st_mode)  ? "a character device"
+                                                     : S_ISBLK(st.st_mode)  ? "a block device"
+                                                     : S_ISSOCK(st.st_mode) ? "a socket"
+                                                                            : "not a file",
+                                                     "); a dataset names files"));
     }
+    // Reads of a regular file never block on O_NONBLOCK's account; cleared all the same.
+    const int status_flags = ::fcntl(fd->get(), F_GETFL);
+    if (status_flags >= 0) ::fcntl(fd->get(), F_SETFL, status_flags & ~O_NONBLOCK);
     *identity = IdentityOf(st);
     return fd;
   }

@@ -3,12 +3,16 @@
 #include "server/dataset/dataset_fs.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 
 #include "common/unique_fd.h"
@@ -66,6 +70,30 @@ TEST_F(DatasetFsTest, FilesUnderARootAreRead) {
   EXPECT_EQ(Read(*strict, P("root/train/cat/a.jpg")), "inside");
   EXPECT_EQ(Read(*strict, P("root/train/./cat/../cat/a.jpg")), "inside");
   EXPECT_TRUE(strict->CheckPath(P("root")).ok());
+}
+
+// A FIFO where a dataset file should be: opening it must not wait for a writer (that held
+// a worker, or a CreateJob handler, forever); it is refused as no regular file, mapped or
+// read, confined or not.
+TEST_F(DatasetFsTest, AFifoIsRefusedWithoutBlocking) {
+  ASSERT_EQ(mkfifo(P("root/train/cat/b.jpg").c_str(), 0600), 0);
+  for (const std::shared_ptr<const DatasetFs>& fs : {Confined(false), UnconfinedDatasetFs()}) {
+    auto opened = std::async(std::launch::async, [&] {
+      return std::make_pair(fs->OpenFile(P("root/train/cat/b.jpg")).status(),
+                            fs->MapFile(P("root/train/cat/b.jpg")).status());
+    });
+    if (opened.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+      ADD_FAILURE() << "opening a FIFO blocked";
+      // Unblock the reader: open the FIFO for writing, twice (OpenFile, then MapFile).
+      for (int i = 0; i < 2; ++i) close(open(P("root/train/cat/b.jpg").c_str(), O_WRONLY));
+      opened.wait();
+      continue;
+    }
+    const auto [file, map] = opened.get();
+    EXPECT_EQ(file.code(), absl::StatusCode::kInvalidArgument) << file;
+    EXPECT_THAT(file.message(), HasSubstr("is not a regular file (a FIFO)"));
+    EXPECT_EQ(map.code(), absl::StatusCode::kInvalidArgument) << map;
+  }
 }
 
 TEST_F(DatasetFsTest, PathsOutsideTheRootsAreDeniedNamingTheRootsAndTheConfig) {
