@@ -160,16 +160,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  // Bind the Unix socket ourselves first: it replaces a stale socket file, refuses to steal
-  // a live daemon's socket and sets the mode; gRPC then binds the same path again.
-  {
-    FERRY_ASSIGN_OR_RETURN(
-        UniqueFd probe, ListenUnix(config.unix_socket(), SOCK_STREAM, config.unix_socket_mode()));
-    probe.Reset();
-    unlink(config.unix_socket().c_str());
-  }
-  builder.AddListeningPort(absl::StrCat("unix:", config.unix_socket()),
-                           grpc::InsecureServerCredentials());
+  // The Unix socket is ferryd's own (ListenUnix replaces a stale socket file, refuses to
+  // steal a live daemon's socket and sets the mode), and so is its accept loop
+  // (GrpcAcceptor: gRPC's own stops after one EMFILE); gRPC serves what it accepts.
+  FERRY_ASSIGN_OR_RETURN(UniqueFd listener,
+                         ListenUnix(config.unix_socket(), SOCK_STREAM, config.unix_socket_mode()));
   if (!config.tcp_listen().empty()) {
     builder.AddListeningPort(config.tcp_listen(), grpc::InsecureServerCredentials());
   }
@@ -187,11 +182,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   builder.RegisterService(d->service_.get());
   d->server_ = builder.BuildAndStart();
   if (d->server_ == nullptr) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on unix:", config.unix_socket(),
-                                               config.tcp_listen().empty() ? "" : " or ",
+    return absl::UnavailableError(absl::StrCat("cannot start the gRPC server",
+                                               config.tcp_listen().empty() ? "" : " on ",
                                                config.tcp_listen(), "; see the log above"));
   }
-  chmod(config.unix_socket().c_str(), config.unix_socket_mode());
+  FERRY_ASSIGN_OR_RETURN(d->acceptor_, GrpcAcceptor::Start(std::move(listener), d->server_.get()));
   d->server_->GetHealthCheckService()->SetServingStatus(true);
   if (!config.metrics_listen().empty()) {
     // LoadConfig parsed it and refused a non-loopback address without
@@ -279,6 +274,7 @@ void Daemon::Drain() {
   jobs_->BeginDrain();
   const absl::Time deadline = absl::Now() + absl::Seconds(config_.config.drain_timeout_seconds());
   while (jobs_->LeasedSlots() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  acceptor_.reset();  // no new connections; then the server ends those it has
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
   server_->Wait();
   server_.reset();

@@ -23,6 +23,7 @@
 #include "server/service/channel_poller.h"
 #include "server/service/config.h"
 #include "server/service/ferry_service.h"
+#include "server/service/grpc_acceptor.h"
 #include "server/service/job_manager.h"
 #include "server/service/session_server.h"
 #include "server/topology/topology.h"
@@ -73,6 +74,7 @@ class Daemon final {
   std::unique_ptr<ChannelPoller> channels_;  // reads every Consume stream's batch channel
   std::unique_ptr<FerryService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<GrpcAcceptor> acceptor_;  // feeds server_ the Unix socket's connections
   std::unique_ptr<MetricsServer> metrics_;  // null unless metrics_listen; reads jobs_, pool_
   absl::Notification stop_notify_;
   std::atomic<bool> drain_requested_{false};

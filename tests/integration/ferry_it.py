@@ -88,7 +88,7 @@ class FerryDaemon:
     no config file (built-in defaults).
     """
 
-    def __init__(self, config=None, dir_mode=0o700, start_timeout=30):
+    def __init__(self, config=None, dir_mode=0o700, start_timeout=30, preexec_fn=None):
         self.dir = short_tempdir("ferry-it-")
         os.chmod(self.dir, dir_mode)
         self.address = os.path.join(self.dir, "ferryd.sock")
@@ -104,12 +104,14 @@ class FerryDaemon:
                 f.write(config)
             argv += ["--config", self.config_path]
         self._argv = argv
+        self._preexec_fn = preexec_fn  # run in the child before ferryd (setrlimit, ...)
         self._start(start_timeout)
 
     def _start(self, timeout):
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(self._argv, stdin=subprocess.DEVNULL, stdout=log,
-                                            stderr=log, start_new_session=True)
+                                            stderr=log, start_new_session=True,
+                                            preexec_fn=self._preexec_fn)
         try:
             self._wait_ready(timeout)
         except BaseException:

@@ -115,24 +115,32 @@ class JobSpecTest(unittest.TestCase):
         default = loader._image_output(ferry.ImageFolder("/d"), 0, "float16", None, None)
         self.assertEqual(default, {"dtype": "FLOAT16"})  # ferryd's ImageNet defaults
 
-    def test_loader_sends_the_pci_bus_id_form(self):
+    def test_loader_attaches_its_gpu_by_pci_bus_id(self):
         # Pretend torch sees a GPU and libferry knows its bus id; stop at the connect.
         seen = {}
 
         def fake_create_job(client, spec, name=None):
             seen["spec"] = spec
+            return {"id": "j1", "name": "n", "spec": spec, "batches_per_epoch": "1"}
+
+        def fake_attach(client, job_id, rank, device=None):
+            seen["attach"] = (job_id, rank, device)
             raise ferry.FerryError("UNAVAILABLE", "stop here")
 
         with mock.patch.object(loader, "_torch_cuda_device", lambda n: mock.Mock(index=n)), \
                 mock.patch.object(_lib, "cuda_pci_bus_id", lambda n: "0000:3b:00.0"), \
                 mock.patch("ferry.client.Client.__init__", lambda self, address=None: None), \
                 mock.patch("ferry.client.Client.close", lambda self: None), \
-                mock.patch("ferry.client.Client.create_job", fake_create_job):
+                mock.patch("ferry.client.Client.create_job", fake_create_job), \
+                mock.patch("ferry.client.Client.attach", fake_attach):
             with self.assertRaisesRegex(ferry.FerryError, "stop here"):
                 make(device="cuda:1", image_dtype="float32", mean=(0.5, 0.5, 0.5),
                      std=(0.25, 0.25, 0.25))
         spec = seen["spec"]
-        self.assertEqual(spec["device"], "cuda:0000:3b:00.0")
+        # The job names no GPU (the ranks of a run on several GPUs share it); the rank names
+        # its own by PCI bus id when it attaches.
+        self.assertEqual(spec["device"], "cuda")
+        self.assertEqual(seen["attach"], ("j1", 0, "cuda:0000:3b:00.0"))
         self.assertEqual(spec["image_output"],
                          {"dtype": "FLOAT32", "mean": [0.5, 0.5, 0.5], "std": [0.25] * 3})
         # Everything but the device and image_output matches a cpu job of the same spec.
