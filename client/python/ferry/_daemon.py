@@ -152,9 +152,28 @@ class _DirectoryLock:
                                  "%s: %s; set FERRY_ADDRESS or XDG_RUNTIME_DIR"
                                  % (self.directory, e.strerror))
             try:
-                fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                # O_NOFOLLOW: a link in its place (another user's) is no directory of ours.
+                fd = os.open(self.directory,
+                             os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
             except FileNotFoundError:
                 continue  # removed between the two calls
+            except OSError as e:
+                raise FerryError("PERMISSION_DENIED", "ferryd's socket directory %s is not a "
+                                 "directory (%s): another user may have put a link there; "
+                                 "remove it, or set FERRY_ADDRESS or XDG_RUNTIME_DIR"
+                                 % (self.directory, e.strerror))
+            # Before waiting for its lock or writing into it: the directory must be this
+            # user's and writable by nobody else, or another user could hold the lock (and
+            # make this process wait) or swap what is written there for links.
+            st = os.fstat(fd)
+            if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                os.close(fd)
+                raise FerryError("PERMISSION_DENIED", "ferryd's socket directory %s belongs to "
+                                 "uid %d (you are uid %d) or is writable by others (mode %o): "
+                                 "another user may have made it to receive your jobs. Remove it "
+                                 "(as its owner or root), or set FERRY_ADDRESS or "
+                                 "XDG_RUNTIME_DIR" % (self.directory, st.st_uid, os.geteuid(),
+                                                      st.st_mode & 0o7777))
             while True:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -182,31 +201,54 @@ class _DirectoryLock:
         os.close(self.fd)  # releases the lock
 
 
-def _start(binary, address, idle, timeout):
-    """Starts ferryd on `address` (the lock is held) and waits until it answers."""
+def _open_log(log):
+    """The log opened for appending, never through a link; None when it cannot be."""
+    try:
+        os.makedirs(os.path.dirname(log), mode=0o700, exist_ok=True)
+        return os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                       0o600)
+    except OSError:
+        return None
+
+
+def _start(binary, address, idle, timeout, directory_fd):
+    """Starts ferryd on `address` (the lock is held on its directory, `directory_fd`, which
+    belongs to this user) and waits until it answers."""
     directory = os.path.dirname(address)
     config = os.path.join(directory, "ferryd.conf")
-    with open(config, "w") as f:
+    # Written through the directory's descriptor, never through a link: a leftover (or a
+    # planted) ferryd.conf is removed first (unlink removes a link, not what it names).
+    try:
+        os.unlink("ferryd.conf", dir_fd=directory_fd)
+    except FileNotFoundError:
+        pass
+    fd = os.open("ferryd.conf", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                 os.O_CLOEXEC, 0o600, dir_fd=directory_fd)
+    with os.fdopen(fd, "w") as f:
         # Only this user can reach it. A daemon not on the system socket may read any
         # dataset path its user can (it reads nothing the user could not read anyway).
         f.write("unix_socket_mode: 384  # 0600\n"
                 "exit_when_idle_seconds: %d\n"
                 "remove_socket_directory: true\n" % idle)
     log = log_path()
-    try:
-        os.makedirs(os.path.dirname(log), mode=0o700, exist_ok=True)
-        open(log, "ab").close()
-    except OSError:
+    log_fd = _open_log(log)
+    if log_fd is None:
         log = None
     # Started through sh in the background, so that it is nobody's child (no zombie in a
     # trainer that outlives it) and in a session of its own (a trainer's Ctrl-C or kill is
-    # not for it).
-    launched = subprocess.run(
-        ["/bin/sh", "-c", 'log=$1; shift; "$@" </dev/null >>"$log" 2>&1 & echo $!', "sh",
-         log or os.devnull, binary, "--config", config, "--listen", address],
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, start_new_session=True)
+    # not for it). Its output goes to the log opened above (sh's stdout; not reopened by
+    # path); sh reports ferryd's pid on its stderr.
+    out = log_fd if log_fd is not None else os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
     try:
-        child = int(launched.stdout.strip())
+        launched = subprocess.run(
+            ["/bin/sh", "-c", '"$@" </dev/null 2>&1 & echo $! >&2', "sh",
+             binary, "--config", config, "--listen", address],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.PIPE, text=True,
+            start_new_session=True)
+    finally:
+        os.close(out)
+    try:
+        child = int(launched.stderr.strip())
     except ValueError:
         raise FerryError("UNAVAILABLE", "could not start ferryd (%s): %s"
                          % (binary, launched.stderr.strip()))
@@ -228,7 +270,8 @@ def _start(binary, address, idle, timeout):
             time.sleep(0.05)
     finally:
         try:
-            os.unlink(config)  # read at start; ferryd.conf must not outlive the daemon
+            # Read at start; ferryd.conf must not outlive the daemon.
+            os.unlink("ferryd.conf", dir_fd=directory_fd)
         except FileNotFoundError:
             pass
 
@@ -258,8 +301,9 @@ def ensure(address, timeout=None):
         return OnDemandDaemon(address, pid, started=False)
     binary = find_binary()
     idle = idle_seconds()
-    with _DirectoryLock(os.path.dirname(address), timeout):
+    with _DirectoryLock(os.path.dirname(address), timeout) as lock:
         pid = _answers(address)  # another process may have started it meanwhile
         if pid is not None:
             return OnDemandDaemon(address, pid, started=False)
-        return OnDemandDaemon(address, _start(binary, address, idle, timeout), started=True)
+        return OnDemandDaemon(address, _start(binary, address, idle, timeout, lock.fd),
+                              started=True)

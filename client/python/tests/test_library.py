@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 import ferry
@@ -79,6 +80,43 @@ class MissingDaemonTest(unittest.TestCase):
             self.assertEqual(out, "/run/ferry/ferryd.sock")
         else:
             self.assertEqual(out, "/run/user/4242/ferry/ferryd.sock")
+
+
+class SquattedDirectoryTest(unittest.TestCase):
+    """Another user made this user's on-demand socket directory first (/tmp/ferry-<uid> is
+    guessable), with ferryd.conf a link to a file of the victim's: the Loader refuses the
+    directory at once, naming its owner, and writes nothing through the link."""
+
+    @unittest.skipUnless(os.geteuid() == 0, "needs root to make a directory another uid owns")
+    def test_a_directory_of_another_uid_is_refused_before_anything_is_written(self):
+        nobody = 65534
+        with tempfile.TemporaryDirectory() as d:
+            victim = os.path.join(d, "victim.txt")
+            with open(victim, "w") as f:
+                f.write("precious\n")
+            squatted = os.path.join(d, "ferry")
+            os.mkdir(squatted, 0o777)
+            os.symlink(victim, os.path.join(squatted, "ferryd.conf"))
+            os.chown(squatted, nobody, nobody)
+            os.lchown(os.path.join(squatted, "ferryd.conf"), nobody, nobody)
+            start = time.monotonic()
+            with self.assertRaises(ferry.FerryError) as cm:
+                _daemon.ensure(os.path.join(squatted, "ferryd.sock"), timeout=30)
+            self.assertLess(time.monotonic() - start, 5)  # no wait for a squatter's lock
+            self.assertEqual(cm.exception.code, "PERMISSION_DENIED")
+            self.assertIn("belongs to uid %d" % nobody, cm.exception.message)
+            with open(victim) as f:
+                self.assertEqual(f.read(), "precious\n")
+
+    def test_a_link_in_place_of_the_directory_is_refused(self):
+        with tempfile.TemporaryDirectory() as d:
+            os.mkdir(os.path.join(d, "elsewhere"), 0o700)
+            os.symlink(os.path.join(d, "elsewhere"), os.path.join(d, "ferry"))
+            with self.assertRaises(ferry.FerryError) as cm:
+                _daemon.ensure(os.path.join(d, "ferry", "ferryd.sock"), timeout=30)
+            self.assertEqual(cm.exception.code, "PERMISSION_DENIED")
+            self.assertIn("is not a directory", cm.exception.message)
+            self.assertEqual(os.listdir(os.path.join(d, "elsewhere")), [])
 
 
 class DaemonBinaryTest(unittest.TestCase):
