@@ -1037,6 +1037,11 @@ class Loader:
         # start_epoch may attach again (new slot mappings): views of old slots are stale.
         self._view_cache.clear()
         self._batches_done = first
+        if self._consumer is None:
+            # An earlier reattach gave up (ferryd was gone for too long): try again now.
+            self._reattach(FerryError("UNAVAILABLE", "not attached: the last attempt to "
+                                      "reattach to ferryd gave up"))
+            return self._iterate(self._generation)
         try:
             self._wrap(self._consumer.start_epoch, self._epoch, first)
         except FerryError as e:
