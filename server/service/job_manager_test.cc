@@ -50,6 +50,14 @@ class JobManagerTest : public ::testing::Test {
     o.job_idle_timeout = idle_timeout;
     return std::make_unique<JobManager>(o, pool_.get(), budget_.get());
   }
+  // A manager of any dataset, 1 GiB of host budget, over `gpus` (which must outlive it).
+  std::unique_ptr<JobManager> GpuManager(GpuProvider* gpus) {
+    budget_ = std::make_unique<MemoryBudget>("host memory budget", "host_memory_budget_bytes",
+                                             1 << 30, "/etc/ferry/ferryd.conf");
+    JobManager::Options o;
+    o.allow_any_dataset = true;
+    return std::make_unique<JobManager>(o, pool_.get(), budget_.get(), gpus);
+  }
 
   ferry::v1::JobSpec TokensSpec(const std::string& path, uint32_t seq_len = 16) {
     ferry::v1::JobSpec spec;
@@ -297,7 +305,7 @@ class IdleStage final : public DeviceStage {
 };
 
 // Two fake GPUs, "cuda:0" and "cuda:1". MakeStage records which GPU each ring was made on
-// and takes 100 ms, counting how many were being made at once.
+// and how many were being made at once, waiting for `together` of them.
 class TwoGpus final : public GpuProvider {
  public:
   absl::StatusOr<int> Resolve(const std::string& device) const override {
@@ -313,7 +321,12 @@ class TwoGpus final : public GpuProvider {
     int seen = most_at_once.load();
     while (now > seen && !most_at_once.compare_exchange_weak(seen, now)) {
     }
-    absl::SleepFor(absl::Milliseconds(100));
+    // Stays in until `together` rings are being made at once (or 10 s pass): if nothing
+    // serialises them they all get in, however slowly the machine starts the threads.
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (making.load() < together.load() && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
     --making;
     absl::MutexLock lock(&mutex);
     made_on.push_back(ordinal);
@@ -323,6 +336,7 @@ class TwoGpus final : public GpuProvider {
 
   std::atomic<int> making{0};
   std::atomic<int> most_at_once{0};
+  std::atomic<int> together{1};
   absl::Mutex mutex;
   std::vector<int> made_on ABSL_GUARDED_BY(mutex);
 };
@@ -338,12 +352,9 @@ std::map<int, std::string> RankDevices(JobManager& m, const Job& job) {
 // The ranks of one training run on different GPUs share one job (the spec names no GPU:
 // device "cuda"), and each rank's ring is made on its own GPU, both at once.
 TEST_F(JobManagerTest, RanksOnDifferentGpusShareOneJob) {
-  budget_ = std::make_unique<MemoryBudget>("host memory budget", "host_memory_budget_bytes",
-                                           1 << 30, "/etc/ferry/ferryd.conf");
-  JobManager::Options o;
-  o.allow_any_dataset = true;
   TwoGpus gpus;
-  JobManager m(o, pool_.get(), budget_.get(), &gpus);
+  std::unique_ptr<JobManager> manager = GpuManager(&gpus);
+  JobManager& m = *manager;
   auto spec = TokensSpec(tokens_);
   spec.set_device("cuda");
   spec.set_world_size(2);
@@ -356,10 +367,12 @@ TEST_F(JobManagerTest, RanksOnDifferentGpusShareOneJob) {
   EXPECT_EQ(second->job->identity().id, id);
 
   absl::StatusOr<JobManager::Attachment> rank0, rank1;
+  gpus.together.store(2);
   std::thread a([&] { rank0 = m.Attach(kAlice, id, 0, "cuda:0"); });
   std::thread b([&] { rank1 = m.Attach(kAlice, id, 1, "cuda:1"); });
   a.join();
   b.join();
+  gpus.together.store(1);
   ASSERT_TRUE(rank0.ok()) << rank0.status();
   ASSERT_TRUE(rank1.ok()) << rank1.status();
   EXPECT_EQ(gpus.most_at_once.load(), 2);  // no lock serialises the two GPUs' rings
@@ -385,12 +398,9 @@ TEST_F(JobManagerTest, RanksOnDifferentGpusShareOneJob) {
 }
 
 TEST_F(JobManagerTest, EachRankOfAGpuJobNamesItsGpu) {
-  budget_ = std::make_unique<MemoryBudget>("host memory budget", "host_memory_budget_bytes",
-                                           1 << 30, "/etc/ferry/ferryd.conf");
-  JobManager::Options o;
-  o.allow_any_dataset = true;
   TwoGpus gpus;
-  JobManager m(o, pool_.get(), budget_.get(), &gpus);
+  std::unique_ptr<JobManager> manager = GpuManager(&gpus);
+  JobManager& m = *manager;
   auto spec = TokensSpec(tokens_);
   spec.set_device("cuda");
   auto job = m.CreateJob(kAlice, "", spec);
@@ -574,12 +584,9 @@ class SlowGpus final : public GpuProvider {
 };
 
 TEST_F(JobManagerTest, NoDaemonWideLockIsHeldWhileARankIsCreated) {
-  budget_ = std::make_unique<MemoryBudget>("host memory budget", "host_memory_budget_bytes",
-                                           1 << 30, "/etc/ferry/ferryd.conf");
-  JobManager::Options o;
-  o.allow_any_dataset = true;
   SlowGpus gpus;
-  JobManager m(o, pool_.get(), budget_.get(), &gpus);
+  std::unique_ptr<JobManager> manager = GpuManager(&gpus);
+  JobManager& m = *manager;
   auto spec = TokensSpec(tokens_);
   spec.set_device("cuda:0");
   auto job = m.CreateJob(kAlice, "gpu-job", spec);
