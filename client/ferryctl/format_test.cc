@@ -197,6 +197,13 @@ TEST(RenderTest, JobShowsWhoDecodesTheJpegs) {
             "gpu: every file the GPU can decode goes to it; 2.5 ms/image on a worker, not yet "
             "measured on the GPU");
 
+  // A job shared by the ranks of four GPUs: each GPU's engines decode its rank's files.
+  s.gpu_decode->gpu_ms_per_image = 0.4;
+  s.gpu_decode->decoders = 4;
+  EXPECT_EQ(FormatGpuDecode(s)[0],
+            "gpu: every file the GPU can decode goes to it; 2.5 ms/image on a worker, 0.4 "
+            "ms/image on each of 4 GPUs");
+
   // Off: one line with ferryd's reason, without its "GPU JPEG decode is off" preamble.
   s.gpu_decode =
       JobStatus::GpuDecode{.off = "GPU JPEG decode is off: the daemon's gpu_decode is \"cpu\""};

@@ -48,6 +48,33 @@ GpuDecodeSplit::GpuDecodeSplit(GpuDecodeMode mode, int workers, GpuJpegLimits li
       balance_(InitialBalance(mode)),
       demand_(mode == GpuDecodeMode::kGpu ? 1 : 0) {}
 
+GpuDecodeSplit::Decoder& GpuDecodeSplit::Decoder::operator=(Decoder&& other) noexcept {
+  if (this != &other) {
+    Decoder gone(std::move(*this));
+    split_ = std::exchange(other.split_, nullptr);
+  }
+  return *this;
+}
+
+GpuDecodeSplit::Decoder::~Decoder() {
+  if (split_ == nullptr) return;
+  absl::MutexLock lock(&split_->mutex_);
+  --split_->decoders_;
+  split_->UpdateShareLocked();
+}
+
+GpuDecodeSplit::Decoder GpuDecodeSplit::AddDecoder() {
+  absl::MutexLock lock(&mutex_);
+  ++decoders_;
+  UpdateShareLocked();
+  return Decoder(this);
+}
+
+int GpuDecodeSplit::decoders() const {
+  absl::MutexLock lock(&mutex_);
+  return decoders_;
+}
+
 void GpuDecodeSplit::CountNotJpeg() {
   not_jpeg_.fetch_add(1, std::memory_order_relaxed);
   cpu_.fetch_add(1, std::memory_order_relaxed);
@@ -115,7 +142,7 @@ void GpuDecodeSplit::UpdateShareLocked() {
     const double p =
         eligible > 0 ? static_cast<double>(ineligible) / static_cast<double>(ineligible + eligible)
                      : 0.0;
-    const double denominator = (1 - p) * (c_ - r_ + workers_ * g_);
+    const double denominator = (1 - p) * (c_ - r_ + workers_ * g_ / std::max(1, decoders_));
     balance_ = denominator > 0 ? std::clamp(c_ / denominator, 0.0, 1.0) : 1.0;
   }
   share_ppm_.store(static_cast<int64_t>(std::lround(demand_ * balance_ * kPpm)),
@@ -139,6 +166,7 @@ GpuDecodeSplit::Counts GpuDecodeSplit::counts() const {
   c.demand = demand_;
   c.cpu_seconds_per_image = c_;
   c.gpu_seconds_per_image = g_;
+  c.decoders = decoders_;
   return c;
 }
 

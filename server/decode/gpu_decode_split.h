@@ -9,10 +9,12 @@
 //   r = CPU seconds a worker spends on an image it routes to the GPU (read, parse, copy),
 //   g = GPU seconds per image of a GPU batch (decode + resample, measured on the stream),
 //   W = the job's workers,
+//   G = the GPUs decoding for the job (one per device stage that routes: a job shared by
+//       the ranks of 4 GPUs has 4 decoders, each taking its own rank's files),
 // and p = the share of all files the GPU cannot take (the workers decode those too), so
-// that per file the workers' time (p c + (1 - p)((1 - f) c + f r)) / W equals the GPU's
-// (1 - p) f g:
-//   f = c / ((1 - p)(c - r + W g)), clamped to [0, 1],
+// that per file the workers' time (p c + (1 - p)((1 - f) c + f r)) / W equals the GPUs'
+// (1 - p) f g / G:
+//   f = c / ((1 - p)(c - r + W g / G)), clamped to [0, 1],
 // starting from kInitialShare until both sides have reported. Costs are smoothed
 // (exponentially, per report); p counts every file so far.
 //
@@ -36,6 +38,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
@@ -71,6 +74,23 @@ class GpuDecodeSplit {
   // A file that is not a JPEG (a PNG): the workers decode it.
   void CountNotJpeg();
 
+  // One GPU decoding for the job (G above) while the handle lives. Movable.
+  class Decoder {
+   public:
+    Decoder() = default;
+    Decoder(Decoder&& other) noexcept : split_(std::exchange(other.split_, nullptr)) {}
+    Decoder& operator=(Decoder&& other) noexcept;
+    ~Decoder();
+
+   private:
+    friend class GpuDecodeSplit;
+    explicit Decoder(GpuDecodeSplit* split) : split_(split) {}
+    GpuDecodeSplit* split_ = nullptr;
+  };
+  // The split must outlive the handle.
+  Decoder AddDecoder();
+  int decoders() const;
+
   // Costs as measured (seconds).
   void ReportCpuDecode(double seconds);  // c, per image a worker decoded
   void ReportCpuRoute(double seconds);   // r, per image a worker routed to the GPU
@@ -91,6 +111,7 @@ class GpuDecodeSplit {
     double demand = 0;                 // d (1 in kGpu, 0 in kCpu)
     double cpu_seconds_per_image = 0;  // c (0 before a report)
     double gpu_seconds_per_image = 0;  // g (0 before a report)
+    int decoders = 0;                  // G
   };
   Counts counts() const;
 
@@ -116,6 +137,7 @@ class GpuDecodeSplit {
   double g_ ABSL_GUARDED_BY(mutex_) = 0;
   double balance_ ABSL_GUARDED_BY(mutex_);  // f
   double demand_ ABSL_GUARDED_BY(mutex_);   // d
+  int decoders_ ABSL_GUARDED_BY(mutex_) = 0;  // G
 };
 
 }  // namespace ferry

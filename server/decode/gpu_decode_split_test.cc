@@ -77,6 +77,33 @@ TEST(GpuDecodeSplitTest, AutoBalancesTheMeasuredCosts) {
   EXPECT_EQ(fast.share(), 1.0);
 }
 
+TEST(GpuDecodeSplitTest, AutoCountsEveryGpuThatDecodesForTheJob) {
+  GpuDecodeSplit split(GpuDecodeMode::kAuto, 64);
+  InputBound(split);
+  split.ReportCpuDecode(0.004);
+  split.ReportCpuRoute(0.0002);
+  split.ReportGpuBatch(100, 0.005);  // g = 50 us
+  // No decoder yet counts as one.
+  const double one = 0.004 / (0.004 - 0.0002 + 64 * 0.00005);
+  EXPECT_NEAR(split.share(), one, 1e-6);
+  {
+    GpuDecodeSplit::Decoder a = split.AddDecoder();
+    EXPECT_NEAR(split.share(), one, 1e-6);
+    // Four GPUs' engines decode side by side: a larger share goes to them.
+    std::vector<GpuDecodeSplit::Decoder> more;
+    for (int i = 0; i < 3; ++i) more.push_back(split.AddDecoder());
+    EXPECT_EQ(split.decoders(), 4);
+    EXPECT_EQ(split.counts().decoders, 4);
+    EXPECT_NEAR(split.share(), 0.004 / (0.004 - 0.0002 + 64 * 0.00005 / 4), 1e-6);
+    GpuDecodeSplit::Decoder moved = std::move(more[0]);
+    more.clear();  // two of the four detach; the moved-from handle counts nothing
+    EXPECT_EQ(split.decoders(), 2);
+    EXPECT_NEAR(split.share(), 0.004 / (0.004 - 0.0002 + 64 * 0.00005 / 2), 1e-6);
+  }
+  EXPECT_EQ(split.decoders(), 0);
+  EXPECT_NEAR(split.share(), one, 1e-6);
+}
+
 TEST(GpuDecodeSplitTest, RouteHandsOutTheShareEvenlyFromManyThreads) {
   GpuDecodeSplit split(GpuDecodeMode::kAuto, 8);
   InputBound(split);

@@ -8,8 +8,10 @@
 #include <deque>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 #include <set>
+#include <string>
 #include <thread>
 #include <variant>
 
@@ -613,7 +615,7 @@ TEST(WorkerPoolTest, OwnersAreServedRoundRobin) {
       mutex.Await(absl::Condition(&go));
     });
   }
-  pool->Submit(WorkerPool::kAnyGroup, 99, std::move(blockers));
+  pool->Submit(WorkerPool::kAnyGroup, {99}, std::move(blockers));
   while (parked.load() < workers) absl::SleepFor(absl::Milliseconds(1));
   auto tasks = [&](int owner, int n) {
     std::vector<WorkerPool::Task> out;
@@ -625,8 +627,8 @@ TEST(WorkerPoolTest, OwnersAreServedRoundRobin) {
     }
     return out;
   };
-  pool->Submit(WorkerPool::kAnyGroup, 1, tasks(1, 100));  // a big job first...
-  pool->Submit(WorkerPool::kAnyGroup, 2, tasks(2, 10));   // ...does not starve a small one
+  pool->Submit(WorkerPool::kAnyGroup, {1}, tasks(1, 100));  // a big job first...
+  pool->Submit(WorkerPool::kAnyGroup, {2}, tasks(2, 10));   // ...does not starve a small one
   {
     absl::MutexLock lock(&mutex);
     go = true;
@@ -640,6 +642,63 @@ TEST(WorkerPoolTest, OwnersAreServedRoundRobin) {
     if (order[i] == 2) last_of_2 = static_cast<int>(i);
   }
   EXPECT_LT(last_of_2, 20 + 2 * workers);
+}
+
+TEST(WorkerPoolTest, RanksOfOneJobAreServedRoundRobinAndTheJobTakesOneTurn) {
+  // One worker, held while the queue builds up, so the order is exactly the queue's.
+  Topology topo = *Topology::Read("/sys");
+  auto pool = *WorkerPool::Create(topo, 1);
+  ASSERT_GE(pool->total_threads(), 1);
+  absl::Mutex mutex;
+  bool go = false;
+  std::vector<std::string> order;
+  const int workers = pool->total_threads();
+  std::atomic<int> parked{0};
+  std::vector<WorkerPool::Task> blockers;
+  for (int i = 0; i < workers; ++i) {
+    blockers.push_back([&](WorkerContext&) {
+      parked.fetch_add(1);
+      absl::MutexLock lock(&mutex);
+      mutex.Await(absl::Condition(&go));
+    });
+  }
+  pool->Submit(WorkerPool::kAnyGroup, {99}, std::move(blockers));
+  while (parked.load() < workers) absl::SleepFor(absl::Milliseconds(1));
+  auto tasks = [&](std::string name, int n) {
+    std::vector<WorkerPool::Task> out;
+    for (int i = 0; i < n; ++i) {
+      out.push_back([&, name](WorkerContext&) {
+        absl::MutexLock lock(&mutex);
+        order.push_back(name);
+      });
+    }
+    return out;
+  };
+  // Job 1's rank 0 queued 60 rows before its ranks 1 and 2 (their trainers started later,
+  // on other GPUs) queued 10 each; job 2, of one rank, queued 20.
+  pool->Submit(WorkerPool::kAnyGroup, {1, 0}, tasks("1.0", 60));
+  pool->Submit(WorkerPool::kAnyGroup, {1, 1}, tasks("1.1", 10));
+  pool->Submit(WorkerPool::kAnyGroup, {1, 2}, tasks("1.2", 10));
+  pool->Submit(WorkerPool::kAnyGroup, {2, 0}, tasks("2.0", 20));
+  {
+    absl::MutexLock lock(&mutex);
+    go = true;
+  }
+  pool.reset();
+  ASSERT_EQ(order.size(), 100u);
+  // Each row is one of the last `workers` taken, give or take the workers racing: counted
+  // over a prefix, ranks 1 and 2 keep pace with rank 0, and job 2 with job 1 as a whole.
+  std::map<std::string, int> first60;
+  for (size_t i = 0; i < 60; ++i) ++first60[order[i]];
+  const int slack = 2 * workers;
+  EXPECT_NEAR(first60["2.0"], 20, slack);  // job 2 is done within the first ~40
+  EXPECT_NEAR(first60["1.1"], 10, slack);
+  EXPECT_NEAR(first60["1.2"], 10, slack);
+  std::map<std::string, int> first30;
+  for (size_t i = 0; i < 30; ++i) ++first30[order[i]];
+  EXPECT_NEAR(first30["2.0"], 15, slack);  // half the turns go to each job
+  EXPECT_NEAR(first30["1.1"], 5, slack);   // a third of job 1's to each of its ranks
+  EXPECT_NEAR(first30["1.0"], 5, slack);
 }
 
 TEST_F(PipelineTest, ShutdownEndsTheStreamOnceHeldBatchesAreBack) {

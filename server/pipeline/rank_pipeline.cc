@@ -206,7 +206,7 @@ void RankPipeline::Unbind(BatchConsumer* consumer) {
   if (pid < 0) return;  // not bound
   FERRY_LOG(INFO) << "job " << job_->identity().id << " rank " << rank_ << ": consumer pid " << pid
                   << " detached; its slots are reclaimed";
-  pool_->Submit(group_, job_->identity().serial, std::move(tasks));
+  pool_->Submit(group_, {job_->identity().serial, rank_}, std::move(tasks));
   absl::Status flushed = ring_->Flush();
   if (!flushed.ok()) {
     // Nobody is bound to be told: the next consumer hears it when it binds and starts.
@@ -590,7 +590,7 @@ std::optional<uint32_t> RankPipeline::TakeHeadLocked() {
 }
 
 void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
-  if (!tasks.empty()) pool_->Submit(group_, job_->identity().serial, std::move(tasks));
+  if (!tasks.empty()) pool_->Submit(group_, {job_->identity().serial, rank_}, std::move(tasks));
   if (absl::Status flushed = ring_->Flush(); !flushed.ok()) {
     absl::MutexLock lock(&mutex_);
     FERRY_LOG(ERROR) << "job " << job_->identity().id << " rank " << rank_ << ": " << flushed;

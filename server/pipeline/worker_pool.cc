@@ -74,27 +74,37 @@ double WorkerPool::busy_fraction() const {
   return capacity > 0 ? std::clamp(busy[0] / capacity, 0.0, 1.0) : 0.0;
 }
 
-void WorkerPool::FairQueue::Push(uint64_t owner, Task task) {
-  std::deque<Task>& q = by_owner_[owner];
-  if (q.empty()) turns_.push_back(owner);
+void WorkerPool::FairQueue::Push(Owner owner, Task task) {
+  JobTasks& job = by_job_[owner.job];
+  if (job.turns.empty()) turns_.push_back(owner.job);
+  std::deque<Task>& q = job.by_rank[owner.rank];
+  if (q.empty()) job.turns.push_back(owner.rank);
   q.push_back(std::move(task));
 }
 
 WorkerPool::Task WorkerPool::FairQueue::Pop() {
-  const uint64_t owner = turns_.front();
+  const uint64_t job_id = turns_.front();
   turns_.pop_front();
-  auto it = by_owner_.find(owner);
-  Task task = std::move(it->second.front());
-  it->second.pop_front();
-  if (it->second.empty()) {
-    by_owner_.erase(it);
+  auto job = by_job_.find(job_id);
+  const int rank = job->second.turns.front();
+  job->second.turns.pop_front();
+  auto q = job->second.by_rank.find(rank);
+  Task task = std::move(q->second.front());
+  q->second.pop_front();
+  if (q->second.empty()) {
+    job->second.by_rank.erase(q);
   } else {
-    turns_.push_back(owner);
+    job->second.turns.push_back(rank);
+  }
+  if (job->second.turns.empty()) {
+    by_job_.erase(job);
+  } else {
+    turns_.push_back(job_id);
   }
   return task;
 }
 
-void WorkerPool::Submit(int group, uint64_t owner, std::vector<Task> tasks) {
+void WorkerPool::Submit(int group, Owner owner, std::vector<Task> tasks) {
   absl::MutexLock lock(&mutex_);
   FairQueue& q =
       (group >= 0 && group < static_cast<int>(queues_.size())) ? queues_[group] : any_queue_;

@@ -6,10 +6,13 @@
 // Queues are bounded by construction, not by the pool: a rank only submits the rows of
 // slots it owns, so at most (slots x batch size) tasks per rank are ever queued.
 //
-// Fair sharing: every task has an owner (its job). Each queue serves its owners round-robin,
-// one task at a time, so a job that submitted a thousand rows does not starve one that
-// submitted ten, and a job whose consumer stalls simply stops submitting (its slots stay
-// full) without holding anything another job needs.
+// Fair sharing: every task has an owner, a rank of a job. Each queue serves its jobs
+// round-robin, one task at a time, and within a job its ranks round-robin: a job that
+// submitted a thousand rows does not starve one that submitted ten, nor does one rank of a
+// job shared by several GPUs starve another (its trainer joined later, or on another GPU).
+// A job of eight ranks gets one turn in the queue, as a job of one does. A rank whose
+// consumer stalls simply stops submitting (its slots stay full) without holding anything
+// another rank needs.
 //
 // Thread-safe. Tasks must not block on other tasks.
 #ifndef FERRY_SERVER_PIPELINE_WORKER_POOL_H_
@@ -72,8 +75,12 @@ class WorkerPool final {
 
   // The group serving NUMA node `node`, kAnyGroup for -1 or an unknown node.
   int GroupForNode(int node) const;
-  // Queues `tasks` of `owner` (any id; ferry uses the job's serial) on `group`.
-  void Submit(int group, uint64_t owner, std::vector<Task> tasks);
+  struct Owner {
+    uint64_t job = 0;  // any id; ferry uses the job's serial
+    int rank = 0;
+  };
+  // Queues `tasks` of `owner` on `group`.
+  void Submit(int group, Owner owner, std::vector<Task> tasks);
 
   const std::vector<GroupInfo>& groups() const { return groups_; }
   int total_threads() const;
@@ -91,16 +98,21 @@ class WorkerPool final {
   RecentWindow busy_{1};  // seconds spent in tasks, all threads; thread-safe itself
   std::vector<std::thread> threads_;
   absl::Mutex mutex_;
-  // Tasks of several owners served round-robin. Not thread-safe (the pool's mutex guards it).
+  // Tasks of several owners served round-robin by job, then by rank within the job. Not
+  // thread-safe (the pool's mutex guards it).
   class FairQueue {
    public:
     bool empty() const { return turns_.empty(); }
-    void Push(uint64_t owner, Task task);
+    void Push(Owner owner, Task task);
     Task Pop();  // requires !empty()
 
    private:
-    absl::flat_hash_map<uint64_t, std::deque<Task>> by_owner_;
-    std::deque<uint64_t> turns_;  // owners with queued tasks, next to serve first
+    struct JobTasks {
+      absl::flat_hash_map<int, std::deque<Task>> by_rank;
+      std::deque<int> turns;  // ranks with queued tasks, next to serve first
+    };
+    absl::flat_hash_map<uint64_t, JobTasks> by_job_;
+    std::deque<uint64_t> turns_;  // jobs with queued tasks, next to serve first
   };
 
   std::vector<FairQueue> queues_ ABSL_GUARDED_BY(mutex_);  // per group

@@ -8,7 +8,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/transport/device_ring.h"
@@ -239,6 +241,148 @@ TEST_F(DeviceRingTest, StopDeviceWorkWaitsForACopyBeingStarted) {
   ring_->Filled(1);
   EXPECT_TRUE(ring_->Flush().ok());
   EXPECT_EQ(stage_->copies.size(), 1u);  // the one being started; none after
+}
+
+// A stage whose StartCopy waits for the device, by construction: each call blocks until the
+// test lets it go (or fails it). Thread-safe, as the ring's copy thread calls it.
+class WaitingStage final : public DeviceStage {
+ public:
+  int num_device_slots() const override { return 2; }
+  bool start_copy_waits() const override { return true; }
+  void SetCallbacks(Callbacks callbacks) override { callbacks_ = std::move(callbacks); }
+  absl::Status StartCopy(int host_slot, int, uint32_t, bool, uint64_t) override {
+    absl::MutexLock lock(&mutex_);
+    ++started_;
+    caller_ = std::this_thread::get_id();
+    mutex_.Await(absl::Condition(
+        +[](WaitingStage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mutex_) {
+          return s->go_ > s->done_;
+        },
+        this));
+    ++done_;
+    if (!fail_.ok()) return fail_;
+    copied_.push_back(host_slot);
+    return absl::OkStatus();
+  }
+  void WatchReleased(int, uint64_t) override {}
+  void Describe(ferry::v1::AttachResponse*) const override {}
+  absl::Status OpenConsumer(const std::vector<std::string>&) override { return absl::OkStatus(); }
+  void CloseConsumer() override {}
+
+  void Go(int copies, absl::Status fail = absl::OkStatus()) {
+    absl::MutexLock lock(&mutex_);
+    go_ += copies;
+    fail_ = std::move(fail);
+  }
+  void AwaitStarted(int n) {
+    absl::MutexLock lock(&mutex_);
+    auto started = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return started_ >= n; };
+    mutex_.Await(absl::Condition(&started));
+  }
+  void AwaitCopied(size_t n) {
+    absl::MutexLock lock(&mutex_);
+    auto copied = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return copied_.size() >= n; };
+    mutex_.Await(absl::Condition(&copied));
+  }
+  std::vector<int> copied() {
+    absl::MutexLock lock(&mutex_);
+    return copied_;
+  }
+  std::thread::id caller() {
+    absl::MutexLock lock(&mutex_);
+    return caller_;
+  }
+
+ private:
+  Callbacks callbacks_;
+  absl::Mutex mutex_;
+  int started_ ABSL_GUARDED_BY(mutex_) = 0;
+  int done_ ABSL_GUARDED_BY(mutex_) = 0;
+  int go_ ABSL_GUARDED_BY(mutex_) = 0;
+  absl::Status fail_ ABSL_GUARDED_BY(mutex_);
+  std::vector<int> copied_ ABSL_GUARDED_BY(mutex_);
+  std::thread::id caller_ ABSL_GUARDED_BY(mutex_);
+};
+
+TEST(DeviceRingCopyThreadTest, FlushReturnsWhileAStageThatWaitsCopiesOnTheRingsThread) {
+  auto owned = std::make_unique<WaitingStage>();
+  WaitingStage* stage = owned.get();
+  DeviceRing ring(std::move(owned));
+  ring.SetListener({.host_slot_free = [](int) {}, .progress = [] {}});
+  ring.Enqueue({.ticket = 0, .host_slot = 5, .num_samples = 1});
+  ring.Filled(0);
+  // Returns though the copy cannot finish until Go: the caller (a decode worker) never
+  // waits for the device.
+  ASSERT_TRUE(ring.Flush().ok());
+  stage->AwaitStarted(1);
+  EXPECT_NE(stage->caller(), std::this_thread::get_id());
+  ring.Enqueue({.ticket = 1, .host_slot = 6, .num_samples = 1});
+  ring.Filled(1);
+  ASSERT_TRUE(ring.Flush().ok());  // ordered while the first copy still waits
+  stage->Go(2);
+  stage->AwaitCopied(2);
+  EXPECT_THAT(stage->copied(), ElementsAre(5, 6));  // in the order decided
+}
+
+TEST(DeviceRingCopyThreadTest, ACopyThatFailsOnTheRingsThreadIsReturnedByTheNextFlush) {
+  auto owned = std::make_unique<WaitingStage>();
+  WaitingStage* stage = owned.get();
+  DeviceRing ring(std::move(owned));
+  absl::Notification told;
+  ring.SetListener({.host_slot_free = [](int) {}, .progress = [&told] {
+                      if (!told.HasBeenNotified()) told.Notify();
+                    }});
+  ring.Enqueue({.ticket = 0, .host_slot = 0, .num_samples = 1});
+  ring.Filled(0);
+  ASSERT_TRUE(ring.Flush().ok());
+  stage->Go(1, absl::InternalError("device lost"));
+  told.WaitForNotification();  // the pipeline hears of it as progress, and flushes
+  const absl::Status failed = ring.Flush();
+  EXPECT_EQ(failed.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(failed.message(), HasSubstr("device lost"));
+  EXPECT_TRUE(ring.Flush().ok());  // told once
+  // The ring is stopped: nothing more is copied.
+  ring.Enqueue({.ticket = 1, .host_slot = 1, .num_samples = 1});
+  ring.Filled(1);
+  EXPECT_TRUE(ring.Flush().ok());
+  ring.StopDeviceWork();
+  EXPECT_THAT(stage->copied(), IsEmpty());
+}
+
+TEST(DeviceRingCopyThreadTest, DestroyingTheRingWhileACopyWaitsJoinsTheThreadAfterIt) {
+  auto owned = std::make_unique<WaitingStage>();
+  WaitingStage* stage = owned.get();
+  auto ring = std::make_unique<DeviceRing>(std::move(owned));
+  ring->SetListener({.host_slot_free = [](int) {}, .progress = [] {}});
+  ring->Enqueue({.ticket = 0, .host_slot = 0, .num_samples = 1});
+  ring->Filled(0);
+  ASSERT_TRUE(ring->Flush().ok());
+  stage->AwaitStarted(1);
+  std::thread release([stage] {
+    absl::SleepFor(absl::Milliseconds(20));
+    stage->Go(1);
+  });
+  ring->StopDeviceWork();  // waits for the copy being started
+  ring.reset();
+  release.join();
+}
+
+TEST(DeviceRingCopyThreadTest, AListenerThatDropsTheRingOnTheCopyThreadEndsItCleanly) {
+  auto owned = std::make_unique<WaitingStage>();
+  WaitingStage* stage = owned.get();
+  auto ring = std::make_shared<std::unique_ptr<DeviceRing>>(
+      std::make_unique<DeviceRing>(std::move(owned)));
+  absl::Notification dropped;
+  (*ring)->SetListener({.host_slot_free = [](int) {}, .progress = [ring, &dropped] {
+                          ring->reset();  // the pipeline's last reference goes
+                          dropped.Notify();
+                        }});
+  (*ring)->Enqueue({.ticket = 0, .host_slot = 0, .num_samples = 1});
+  (*ring)->Filled(0);
+  ASSERT_TRUE((*ring)->Flush().ok());
+  stage->Go(1, absl::InternalError("device lost"));
+  dropped.WaitForNotification();
+  absl::SleepFor(absl::Milliseconds(50));  // the detached thread returns without the ring
 }
 
 }  // namespace

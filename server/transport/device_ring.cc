@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/thread_name.h"
 
 namespace ferry {
 
@@ -30,9 +31,24 @@ DeviceRing::DeviceRing(std::unique_ptr<DeviceStage> stage)
     OnDeviceSlotReleased(device_slot, token);
   };
   stage_->SetCallbacks(std::move(callbacks));
+  if (stage_->start_copy_waits()) {
+    copy_thread_ = std::thread([this, alive = alive_] { RunCopyThread(*alive); });
+  }
 }
 
-DeviceRing::~DeviceRing() = default;
+DeviceRing::~DeviceRing() {
+  if (!copy_thread_.joinable()) return;
+  {
+    absl::MutexLock lock(&mutex_);
+    quitting_ = true;
+  }
+  alive_->store(false);
+  if (copy_thread_.get_id() == std::this_thread::get_id()) {
+    copy_thread_.detach();  // inside the listener's progress: the thread returns right after
+  } else {
+    copy_thread_.join();
+  }
+}
 
 void DeviceRing::SetListener(Listener listener) { listener_ = std::move(listener); }
 
@@ -198,6 +214,36 @@ void DeviceRing::CloseConsumer(std::vector<int>* freed) {
 }
 
 absl::Status DeviceRing::Flush() {
+  if (!copy_thread_.joinable()) return StartOrderedCopies();
+  absl::MutexLock lock(&mutex_);  // unlocking wakes the copy thread when there is work
+  return std::exchange(copy_failure_, absl::OkStatus());
+}
+
+void DeviceRing::RunCopyThread(const std::atomic<bool>& alive) {
+  NameThisThread("ferry-copy");
+  for (;;) {
+    {
+      absl::MutexLock lock(&mutex_);
+      auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+        return quitting_ || (!copy_orders_.empty() && !flushing_);
+      };
+      mutex_.Await(absl::Condition(&has_work));
+      if (quitting_) return;
+    }
+    absl::Status s = StartOrderedCopies();
+    if (s.ok()) continue;
+    {
+      absl::MutexLock lock(&mutex_);
+      if (copy_failure_.ok()) copy_failure_ = std::move(s);
+    }
+    // The pipeline flushes when told of progress, and so hears of the failure.
+    const std::function<void()> progress = listener_.progress;
+    if (progress) progress();
+    if (!alive.load()) return;  // the pipeline dropped this ring in progress()
+  }
+}
+
+absl::Status DeviceRing::StartOrderedCopies() {
   std::vector<CopyOrder> orders;
   {
     absl::MutexLock lock(&mutex_);

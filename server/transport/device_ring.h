@@ -18,6 +18,10 @@
 //   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<DeviceStage> stage, gpus->MakeStage(...));
 //   auto ring = std::make_unique<DeviceRing>(std::move(stage));
 //
+// Who starts the copies: the thread that calls Flush, or, when the stage's StartCopy may wait
+// for the device (DeviceStage::start_copy_waits), the ring's own copy thread, which Flush
+// only wakes; a copy that failed there is returned by the next Flush.
+//
 // Thread-safety: thread-safe; its lock is taken inside the pipeline's (delivery_ring.h).
 #ifndef FERRY_SERVER_TRANSPORT_DEVICE_RING_H_
 #define FERRY_SERVER_TRANSPORT_DEVICE_RING_H_
@@ -28,6 +32,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -99,6 +104,12 @@ class DeviceRing final : public DeliveryRing {
   void OnDeviceSlotReady(int device_slot, uint64_t token) ABSL_LOCKS_EXCLUDED(mutex_);
   void OnDeviceSlotReleased(int device_slot, uint64_t token) ABSL_LOCKS_EXCLUDED(mutex_);
   void Progress();
+  // Starts the copies in copy_orders_ and any ordered meanwhile, on the calling thread,
+  // unless another thread is at it (flushing_). The first failure stops the ring.
+  absl::Status StartOrderedCopies() ABSL_LOCKS_EXCLUDED(mutex_);
+  // The copy thread's loop (start_copy_waits stages).
+  // `alive` turns false when the ring is destroyed (maybe by the listener, on that thread).
+  void RunCopyThread(const std::atomic<bool>& alive) ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Constant after construction (listener_: after SetListener, before any other call).
   const int num_slots_;
@@ -113,6 +124,9 @@ class DeviceRing final : public DeliveryRing {
   std::vector<CopyOrder> copy_orders_ ABSL_GUARDED_BY(mutex_);  // in the order decided
   bool flushing_ ABSL_GUARDED_BY(mutex_) = false;  // a thread is starting copies in Flush
   bool stopped_ ABSL_GUARDED_BY(mutex_) = false;   // StopDeviceWork, or a copy failed
+  // A copy that failed on the copy thread, for the next Flush to return (then OK again).
+  absl::Status copy_failure_ ABSL_GUARDED_BY(mutex_);
+  bool quitting_ ABSL_GUARDED_BY(mutex_) = false;  // the destructor stops the copy thread
   // Mirror of stopped_, read by the flushing thread before each StartCopy of the orders it
   // took before a stop.
   std::atomic<bool> copies_stopped_{false};
@@ -128,6 +142,8 @@ class DeviceRing final : public DeliveryRing {
 
   // Last: destroyed first, so no report of it runs into a ring being destroyed.
   const std::unique_ptr<DeviceStage> stage_;
+  const std::shared_ptr<std::atomic<bool>> alive_ = std::make_shared<std::atomic<bool>>(true);
+  std::thread copy_thread_;  // start_copy_waits stages only; joined by the destructor
 };
 
 }  // namespace ferry

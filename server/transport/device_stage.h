@@ -9,7 +9,8 @@
 // the copies under its lock (not necessarily delivery order: a filled batch may go before
 // an earlier one still filling). The stage relies only on that order being the order of
 // its own calls (CudaStage watches its events in stream order). None of them blocks on the
-// device: they enqueue work and return. FillStatus may run concurrently with StartCopy.
+// device, but StartCopy of a stage that says so (start_copy_waits): they enqueue work and
+// return. FillStatus may run concurrently with StartCopy.
 // The stage reports progress through Callbacks, from a thread of its own, holding no lock
 // of its own. Everything the stage needs (device memory, events, streams, pinned
 // registration) is allocated when it is created; nothing after.
@@ -69,6 +70,12 @@ class DeviceStage {
   };
   // Called once, before any other call but num_device_slots.
   virtual void SetCallbacks(Callbacks callbacks) = 0;
+
+  // Whether StartCopy may wait for the device (CudaStage's GPU JPEG decode waits for
+  // nvJPEG's hardware decoder). The ring then calls StartCopy from a thread of its own, so
+  // that the threads that flush it (the decode workers) never wait for a GPU, and each
+  // stage's device work proceeds beside every other's. Constant.
+  virtual bool start_copy_waits() const { return false; }
 
   // Copies host slot `host_slot` (holding `num_samples` rows) into device slot
   // `device_slot`, converts it there and records the slot's "ready" signal after that work;

@@ -567,6 +567,7 @@ JobStatus FromProto(const v1::JobStatus& status) {
     gpu.cpu_ms_per_image = g.cpu_ms_per_image();
     gpu.gpu_ms_per_image = g.gpu_ms_per_image();
     gpu.demand = g.demand();
+    gpu.decoders = g.decoders();
   }
   return out;
 }

@@ -102,6 +102,7 @@ absl::StatusOr<std::unique_ptr<CudaStage>> CudaStage::Create(
       FERRY_ASSIGN_OR_RETURN(arena.free, CudaEvent::Create(device, CudaEvent::kSync));
     }
     stage->gpu_decode_ = job.gpu_decode();
+    stage->counted_decoder_ = job.gpu_decode()->AddDecoder();
     for (size_t i = 0; i < stage->slots_.size(); ++i) {
       FERRY_ASSIGN_OR_RETURN(DeviceBuffer jobs,
                              DeviceBuffer::Create(device, sizeof(ResampleJob) * batch));

@@ -75,6 +75,9 @@ class CudaStage final : public DeviceStage {
   // on gather_source_ is set and constant. A failed registration leaves the rank on the
   // workers' copy for good, with the reason in status and the log.
   bool gather_ready() const override;
+  // With GPU JPEG decode, StartCopy waits for nvJPEG: the ring gives the stage a copy thread
+  // of its own, so each GPU decodes on its own thread beside the others.
+  bool start_copy_waits() const override { return plan_field_ >= 0; }
   void SetCallbacks(Callbacks callbacks) override { callbacks_ = std::move(callbacks); }
   absl::Status StartCopy(int host_slot, int device_slot, uint32_t num_samples, bool gather,
                          uint64_t token) override;
@@ -181,6 +184,7 @@ class CudaStage final : public DeviceStage {
   // then used by StartCopy's thread only.
   int plan_field_ = -1;
   GpuDecodeSplit* gpu_decode_ = nullptr;  // the Job's, which outlives the stage
+  GpuDecodeSplit::Decoder counted_decoder_;  // this GPU among the job's decoders
   std::optional<GpuJpegDecoder> jpeg_decoder_;
   // nvJPEG's stream: on the hardware backend DecodeBatch waits for its stream, which must
   // not hold the slot copies. The copy stream waits for `decoded_` before resampling.

@@ -443,6 +443,8 @@ struct GpuDecodeStatus {
   // Mode "auto": how much the trainers wait for batches, in [0, 1]; the GPU decodes only
   // while they do (gpu_share is this times the share that balances the costs).
   double demand = 0;
+  // GPUs decoding for the job now (one per rank attached on a GPU), side by side.
+  int decoders = 0;
 };
 
 struct JobStatus {
