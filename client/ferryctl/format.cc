@@ -185,7 +185,14 @@ std::string FormatStall(const RankStatus& r) {
   return absl::StrFormat("%.0f%%", 100 * r.stall_ratio);
 }
 
-// "read", "decode", "copy", "trainer"; "-" while ferryd cannot tell.
+// Of the stall window, the share the consumer's main thread waited for a CPU: "31%"; "-"
+// when ferryd cannot read it.
+std::string FormatCpuWait(const RankStatus& r) {
+  if (r.stall_window_seconds <= 0 || r.consumer_cpu_wait_ratio < 0) return "-";
+  return absl::StrFormat("%.0f%%", 100 * r.consumer_cpu_wait_ratio);
+}
+
+// "read", "decode", "copy", "trainer", "trainer_cpu"; "-" while ferryd cannot tell.
 std::string FormatLimit(const RankStatus& r) {
   return r.limiting_stage.empty() ? "-" : r.limiting_stage;
 }
@@ -453,6 +460,7 @@ std::string RenderJob(const JobStatus& status) {
                {"SLOTS", true},
                {"WAIT S", true},
                {"STALL", true},
+               {"CPU WAIT", true},
                {"LIMIT"}});
   std::vector<std::string> notes;
   for (const RankStatus& r : status.ranks) {
@@ -464,7 +472,8 @@ std::string RenderJob(const JobStatus& status) {
                   FormatRate(r.batches_per_second), FormatRate(r.samples_per_second),
                   absl::StrCat(r.queue_depth), absl::StrCat(r.slots_leased), absl::StrCat(r.slots),
                   absl::StrFormat("%.1f", r.consumer_wait_seconds),
-                  r.attached ? FormatStall(r) : "-", r.attached ? FormatLimit(r) : "-"});
+                  r.attached ? FormatStall(r) : "-", r.attached ? FormatCpuWait(r) : "-",
+                  r.attached ? FormatLimit(r) : "-"});
     if (r.attached && !r.limiting_stage_note.empty()) {
       notes.push_back(absl::StrCat("rank ", r.rank, ": ", r.limiting_stage_note, "\n"));
     }

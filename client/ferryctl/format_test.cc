@@ -228,12 +228,13 @@ TEST(RenderTest, StallAndLimitingStageAreShownPerRankAndForTheJob) {
   r2.attached = true;
   r2.stall_ratio = 0.02;
   r2.stall_window_seconds = 10;
-  r2.limiting_stage = "trainer";
+  r2.limiting_stage = "trainer_cpu";
+  r2.consumer_cpu_wait_ratio = 0.31;  // ahead of it, ferry; its main thread short of CPU
   s.ranks.push_back(r2);
   const std::string job = RenderJob(s);
-  EXPECT_THAT(job, HasSubstr("STALL  LIMIT"));
-  EXPECT_THAT(job, HasSubstr("63%  read"));
-  EXPECT_THAT(job, HasSubstr("2%  trainer"));
+  EXPECT_THAT(job, HasSubstr("STALL  CPU WAIT  LIMIT"));
+  EXPECT_THAT(job, HasSubstr("63%         -  read"));  // rank 0's CPU wait is not known
+  EXPECT_THAT(job, HasSubstr("2%       31%  trainer_cpu"));
   EXPECT_THAT(job, HasSubstr("limiting stage:\nrank 0: the trainer waited 63% of the last 10.0 s "
                              "(as it measured)\n"));
   StatusReport report;

@@ -38,6 +38,8 @@ std::string FormatLimitingStage(v1::LimitingStage stage) {
       return "decode";
     case v1::LIMITED_BY_COPY:
       return "copy";
+    case v1::LIMITED_BY_TRAINER_CPU:
+      return "trainer_cpu";
     default:
       return "-";
   }

@@ -122,6 +122,10 @@ const Metric<RankStatus> kRankMetrics[] = {
    "Wall time ferry_rank_stall_ratio is measured over (shorter while the consumer has been "
    "attached for less).",
    [](const RankStatus& r) { return r.stall_window_seconds(); }},
+  {"ferry_rank_consumer_cpu_wait_ratio", "gauge",
+   "Fraction of the same window the consumer's main thread was ready to run but waited for a "
+   "CPU, in [0, 1]; -1 when ferryd cannot read it.",
+   [](const RankStatus& r) { return r.consumer_cpu_wait_ratio(); }},
   {"ferry_rank_consumer_wait_seconds_total", "counter",
    "Time ferryd had no batch ready for a consumer holding fewer than all slots (an upper bound "
    "on its wait).",
@@ -205,6 +209,7 @@ constexpr std::pair<ferry::v1::LimitingStage, absl::string_view> kStages[] = {
     {ferry::v1::LIMITED_BY_READ, "read"},
     {ferry::v1::LIMITED_BY_DECODE, "decode"},
     {ferry::v1::LIMITED_BY_COPY, "copy"},
+    {ferry::v1::LIMITED_BY_TRAINER_CPU, "trainer_cpu"},
 };
 
 // A Prometheus histogram from Histogram's per-bucket counts: running sums as le buckets,

@@ -644,6 +644,29 @@ TEST(WorkerPoolTest, OwnersAreServedRoundRobin) {
   EXPECT_LT(last_of_2, 20 + 2 * workers);
 }
 
+TEST(WorkerPoolTest, WorkersRunAtTheirNiceValueAndOtherThreadsKeepTheirs) {
+  Topology topo = *Topology::Read("/sys");
+  const int before = getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));
+  auto pool = *WorkerPool::Create(topo, 1, /*nice=*/7);
+  absl::Mutex mutex;
+  std::vector<int> seen;
+  std::vector<WorkerPool::Task> tasks;
+  for (int i = 0; i < pool->total_threads(); ++i) {
+    tasks.push_back([&](WorkerContext&) {
+      errno = 0;
+      const int nice = getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));
+      absl::MutexLock lock(&mutex);
+      seen.push_back(errno == 0 ? nice : -100);
+    });
+  }
+  pool->Submit(WorkerPool::kAnyGroup, {1}, std::move(tasks));
+  pool.reset();
+  ASSERT_EQ(seen.size(), static_cast<size_t>(topo.nodes().size()));
+  // Whatever this process's own nice value, a worker adds nothing to 7 (it sets, not adds).
+  for (int nice : seen) EXPECT_EQ(nice, std::max(7, before));
+  EXPECT_EQ(getpriority(PRIO_PROCESS, static_cast<id_t>(gettid())), before);
+}
+
 TEST(WorkerPoolTest, RanksOfOneJobAreServedRoundRobinAndTheJobTakesOneTurn) {
   // One worker, held while the queue builds up, so the order is exactly the queue's.
   Topology topo = *Topology::Read("/sys");

@@ -14,6 +14,7 @@
 #include "common/status_macros.h"
 #include "server/decode/gpu_decode_split.h"
 #include "server/stats/limiting_stage.h"
+#include "server/stats/run_delay.h"
 #include "server/transport/host_ring.h"
 
 namespace ferry {
@@ -176,6 +177,8 @@ absl::Status RankPipeline::TryBind(BatchConsumer* consumer, int pid,
   consumer_since_ = absl::Now();
   last_release_ = absl::InfinitePast();
   wait_reported_ = false;
+  cpu_wait_sample_.reset();
+  cpu_wait_known_ = true;
   window_.Clear();  // the window is this consumer's
   return absl::OkStatus();
 }
@@ -305,6 +308,7 @@ absl::Status RankPipeline::Release(BatchConsumer* consumer, uint32_t slot, int64
       }
     }
     last_release_ = now;
+    SampleConsumerCpuWaitLocked(now);
     FreeHostSlotsLocked(freed);
     ScheduleLocked(&tasks);
   }
@@ -569,6 +573,28 @@ bool RankPipeline::HeadFilledLocked() const {
   return !pending_.empty() && pending_.front().epoch == deliver_epoch_ && pending_.front().filled;
 }
 
+void RankPipeline::SampleConsumerCpuWaitLocked(absl::Time now) {
+  // A read of a small procfs file: a few microseconds, a few times a second at most.
+  constexpr absl::Duration kCpuWaitSampleEvery = absl::Milliseconds(100);
+  if (!cpu_wait_known_ || consumer_pid_ <= 0) return;
+  if (cpu_wait_sample_.has_value() && now - cpu_wait_sample_->at < kCpuWaitSampleEvery) return;
+  absl::StatusOr<absl::Duration> delay = MainThreadRunDelay(consumer_pid_);
+  if (!delay.ok()) {
+    cpu_wait_known_ = false;  // in another PID namespace, gone, or no schedstat
+    return;
+  }
+  if (cpu_wait_sample_.has_value()) {
+    // Spread over the interval since the last sample, as the waits were.
+    const absl::Duration waited = *delay - cpu_wait_sample_->delay;
+    const absl::Duration span = now - cpu_wait_sample_->at;
+    if (waited > absl::ZeroDuration() && span > absl::ZeroDuration()) {
+      window_.Add(kCpuWait, absl::ToDoubleSeconds(std::min(waited, span)), now);
+    }
+  }
+  const int count = cpu_wait_sample_.has_value() ? cpu_wait_sample_->count + 1 : 1;
+  cpu_wait_sample_ = CpuWaitSample{now, *delay, count};
+}
+
 void RankPipeline::NoteStarvedLocked(absl::Time now) {
   const bool on_copy = HeadFilledLocked();
   if (starved_since_ == absl::InfiniteFuture()) {
@@ -710,8 +736,13 @@ void RankPipeline::FillStatus(ferry::v1::RankStatus* status) const {
     f.read_seconds = sums[kReadSeconds];
     f.worker_threads = worker_threads_;
     f.ready_batches = static_cast<int>(status->queue_depth());
+    // Known once two samples were taken: the consumer has released batches for a while.
+    if (cpu_wait_known_ && cpu_wait_sample_.has_value() && cpu_wait_sample_->count >= 2) {
+      f.cpu_wait_seconds = sums[kCpuWait];
+    }
   }
   const LimitingStageVerdict verdict = DecideLimitingStage(f);
+  status->set_consumer_cpu_wait_ratio(CpuWaitRatio(f));
   status->set_stall_ratio(StallRatio(f));
   status->set_stall_window_seconds(f.window_seconds);
   status->set_limiting_stage(verdict.stage);

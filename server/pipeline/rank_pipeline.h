@@ -196,6 +196,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
     kStarvedCopy,    // of that, the next batch filled, its copy not yet complete
     kTaskSeconds,    // worker time on this rank's fill tasks
     kReadSeconds,    // of that, in dataset file reads
+    kCpuWait,        // the consumer's main thread waited for a CPU (run_delay.h)
     kNumWindowFigures
   };
 
@@ -268,6 +269,17 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   absl::Time consumer_since_ ABSL_GUARDED_BY(mutex_);
   // The consumer's last release (its step is the time between two), or InfinitePast.
   absl::Time last_release_ ABSL_GUARDED_BY(mutex_) = absl::InfinitePast();
+  // The consumer's run-queue delay (MainThreadRunDelay) as last sampled, at most every
+  // kCpuWaitSampleEvery by Release; unknown before the first sample and once a sample fails.
+  struct CpuWaitSample {
+    absl::Time at;
+    absl::Duration delay;
+    int count = 0;  // samples taken since Bind
+  };
+  std::optional<CpuWaitSample> cpu_wait_sample_ ABSL_GUARDED_BY(mutex_);
+  bool cpu_wait_known_ ABSL_GUARDED_BY(mutex_) = true;
+  // Samples the consumer's run-queue delay into window_ when the last sample is old enough.
+  void SampleConsumerCpuWaitLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   bool wait_reported_ ABSL_GUARDED_BY(mutex_) = false;
   // Figures over the last seconds (WindowFigure); cleared at Bind. Thread-safe itself:
   // workers add to it without mutex_.

@@ -1,6 +1,11 @@
 #include "server/pipeline/worker_pool.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -25,8 +30,9 @@ SampleSource::Scratch* WorkerContext::ScratchFor(uint64_t job_serial, const Samp
 }
 
 absl::StatusOr<std::unique_ptr<WorkerPool>> WorkerPool::Create(const Topology& topology,
-                                                               int threads_per_node) {
+                                                               int threads_per_node, int nice) {
   std::unique_ptr<WorkerPool> pool(new WorkerPool());
+  pool->nice_ = nice;
   for (const NumaNode& node : topology.nodes()) {
     GroupInfo g;
     g.numa_node = node.id;
@@ -116,6 +122,16 @@ void WorkerPool::Run(int group) {
   if (absl::Status s = PinCurrentThreadToCpus(groups_[group].cpus); !s.ok()) {
     FERRY_LOG(WARNING) << "worker of NUMA node " << groups_[group].numa_node
                        << " runs unpinned: " << s;
+  }
+  // Linux gives each thread its own nice value (setpriority on a thread id). Only ever
+  // lowered: a ferryd started at a higher nice keeps its workers there.
+  const id_t tid = static_cast<id_t>(::gettid());
+  errno = 0;
+  const int current = ::getpriority(PRIO_PROCESS, tid);
+  if (errno == 0 && nice_ > current && ::setpriority(PRIO_PROCESS, tid, nice_) != 0) {
+    FERRY_LOG(WARNING) << "worker of NUMA node " << groups_[group].numa_node
+                       << " keeps its priority, nice " << nice_ << " refused: "
+                       << std::strerror(errno);
   }
   WorkerContext context(group);
   auto has_work = [this, group]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {

@@ -66,9 +66,11 @@ class WorkerPool final {
     int threads = 0;
   };
 
-  // One group per node of `topology`, `threads_per_node` threads each (0: one per CPU).
+  // One group per node of `topology`, `threads_per_node` threads each (0: one per CPU),
+  // each thread at nice value `nice` (0 to 19), below the trainers' (a thread that already
+  // runs at a higher nice value keeps it).
   static absl::StatusOr<std::unique_ptr<WorkerPool>> Create(const Topology& topology,
-                                                            int threads_per_node);
+                                                            int threads_per_node, int nice = 0);
   ~WorkerPool();  // finishes queued tasks, then joins
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
@@ -94,6 +96,7 @@ class WorkerPool final {
   void Run(int group);
 
   std::vector<GroupInfo> groups_;  // constant after Create
+  int nice_ = 0;                   // constant after Create
   const absl::Time created_ = absl::Now();
   RecentWindow busy_{1};  // seconds spent in tasks, all threads; thread-safe itself
   std::vector<std::thread> threads_;

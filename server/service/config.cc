@@ -103,6 +103,13 @@ absl::StatusOr<LoadedConfig> LoadConfig(const std::string& path, const std::stri
         "config file '", loaded.path, "': gather_streams is ", loaded.config.gather_streams(),
         "; use 1 to ", kMaxGatherStreams, " (0 = the default, ", GatherOptions{}.streams, ")"));
   }
+  if (loaded.config.has_worker_nice() &&
+      (loaded.config.worker_nice() < 0 || loaded.config.worker_nice() > 19)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config file '", loaded.path, "': worker_nice is ", loaded.config.worker_nice(),
+        "; use 0 (no change) to 19 (the lowest priority): ferryd cannot raise its "
+        "workers above the trainers"));
+  }
   for (const std::string& root : loaded.config.dataset_roots()) {
     if (root.empty() || root[0] != '/') {
       return absl::InvalidArgumentError(

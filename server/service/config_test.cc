@@ -79,6 +79,20 @@ TEST_F(ConfigTest, AnImplicitFileIsReadWhenPresentAndSkippedWhenAbsent) {
   EXPECT_EQ(loaded->config.workers_per_node(), 0u);
 }
 
+TEST_F(ConfigTest, WorkerNiceOutsideZeroToNineteenIsRefused) {
+  Write("worker_nice: 19\n");
+  absl::StatusOr<LoadedConfig> loaded = LoadConfig(path());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->config.worker_nice(), 19);
+  for (const char* text : {"worker_nice: -5\n", "worker_nice: 20\n"}) {
+    Write(text);
+    loaded = LoadConfig(path());
+    ASSERT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_TRUE(absl::StrContains(loaded.status().message(), "worker_nice is")) << text;
+    EXPECT_TRUE(absl::StrContains(loaded.status().message(), "use 0")) << text;
+  }
+}
+
 // An installed package's /etc/ferry/ferryd.conf (dataset_roots, the system socket) must not
 // reach a test's or a user's private ferryd: only the system daemon reads it implicitly.
 TEST(ImplicitConfigPathTest, OnlyTheSystemDaemonReadsTheSystemConfig) {

@@ -22,6 +22,11 @@ double StallRatio(const LimitingStageFigures& f) {
   return std::clamp(f.wait_seconds / f.window_seconds, 0.0, 1.0);
 }
 
+double CpuWaitRatio(const LimitingStageFigures& f) {
+  if (f.window_seconds <= 0 || f.cpu_wait_seconds < 0) return -1;
+  return std::clamp(f.cpu_wait_seconds / f.window_seconds, 0.0, 1.0);
+}
+
 LimitingStageVerdict DecideLimitingStage(const LimitingStageFigures& f) {
   LimitingStageVerdict v;
   if (!f.consumer) {
@@ -38,9 +43,23 @@ LimitingStageVerdict DecideLimitingStage(const LimitingStageFigures& f) {
       "the trainer waited ", Percent(ratio), " of the last ", Seconds(f.window_seconds),
       f.wait_reported ? " (as it measured)" : " (ferryd's estimate)");
   if (ratio < kStalledRatio) {
+    const double cpu_wait = CpuWaitRatio(f);
+    const std::string ahead = absl::StrCat(waited, "; ferry is ahead (", f.ready_batches,
+                                           " batches ready)");
+    if (cpu_wait >= kCpuStarvedRatio) {
+      v.stage = ferry::v1::LIMITED_BY_TRAINER_CPU;
+      v.note = absl::StrCat(
+          ahead, ", but the trainer's main thread waited for a CPU ", Percent(cpu_wait),
+          " of the time: it is short of CPU, not of batches (give ferryd fewer workers, "
+          "workers_per_node, or the trainers CPUs of their own)");
+      return v;
+    }
     v.stage = ferry::v1::LIMITED_BY_TRAINER;
-    v.note = absl::StrCat(waited, "; ferry is ahead (", f.ready_batches,
-                          " batches ready): the trainer's own step is the limit");
+    v.note = absl::StrCat(ahead, ": the trainer's own step is the limit");
+    if (cpu_wait >= 0) {
+      absl::StrAppend(&v.note, " (its main thread waited for a CPU ", Percent(cpu_wait),
+                      " of the time)");
+    }
     return v;
   }
   const double starved = f.starved_fill_seconds + f.starved_copy_seconds;

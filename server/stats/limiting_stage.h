@@ -9,6 +9,9 @@
 //
 // The rules, in order:
 //   UNSPECIFIED  less than kMinObservedSeconds observed with a consumer.
+//   TRAINER_CPU  the trainer waited less than kStalledRatio of the window for batches, and
+//                its main thread waited for a CPU at least kCpuStarvedRatio of it: ferry is
+//                ahead, the trainer is short of CPU.
 //   TRAINER      the trainer waited less than kStalledRatio of the window: ferry is ahead.
 //   Otherwise the trainer waits, and what it waited for is read from ferryd's own record of
 //   its starvation (the time it had no batch to send), split by the state of the batch next
@@ -42,6 +45,8 @@ struct LimitingStageFigures {
   double read_seconds = 0;          // of which inside dataset file reads
   int worker_threads = 0;           // threads that serve the rank's tasks
   int ready_batches = 0;            // batches ready to send now (queue_depth)
+  // The trainer's main thread waited for a CPU (run_delay.h); negative when not known.
+  double cpu_wait_seconds = -1;
 };
 
 struct LimitingStageVerdict {
@@ -52,9 +57,12 @@ struct LimitingStageVerdict {
 inline constexpr double kMinObservedSeconds = 1.0;
 inline constexpr double kStalledRatio = 0.1;
 inline constexpr double kReadShare = 0.5;
+inline constexpr double kCpuStarvedRatio = 0.1;
 
 // The stall ratio of `f`: wait_seconds / window_seconds in [0, 1] (0 for an empty window).
 double StallRatio(const LimitingStageFigures& f);
+// cpu_wait_seconds / window_seconds in [0, 1]; -1 when not known or the window is empty.
+double CpuWaitRatio(const LimitingStageFigures& f);
 
 LimitingStageVerdict DecideLimitingStage(const LimitingStageFigures& f);
 

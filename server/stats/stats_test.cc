@@ -1,18 +1,28 @@
 // LatencyHistogram buckets, RecentWindow sums over the last seconds, and each rule of
-// DecideLimitingStage.
+// DecideLimitingStage, and the run-queue delay of a thread starved of CPU by construction.
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/stats/latency_histogram.h"
 #include "server/stats/limiting_stage.h"
 #include "server/stats/recent_window.h"
+#include "server/stats/run_delay.h"
 
 namespace ferry {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 TEST(LatencyHistogramTest, CountsFallIntoTheirBucketsAndTheLastTakesTheRest) {
   LatencyHistogram h;
@@ -112,6 +122,80 @@ TEST(LimitingStageTest, ALowStallRatioMeansTheTrainerIsTheLimit) {
   EXPECT_EQ(v.stage, ferry::v1::LIMITED_BY_TRAINER);
   EXPECT_THAT(v.note, HasSubstr("waited 5% of the last 10.0 s (ferryd's estimate)"));
   EXPECT_THAT(v.note, HasSubstr("3 batches ready"));
+}
+
+TEST(LimitingStageTest, ATrainerAheadOfWhichFerryIsButShortOfCpuIsTrainerCpu) {
+  LimitingStageFigures f = Stalled();
+  f.wait_seconds = 0.2;
+  f.ready_batches = 4;
+  f.cpu_wait_seconds = 2.5;  // its main thread waited for a CPU a quarter of the window
+  LimitingStageVerdict v = DecideLimitingStage(f);
+  EXPECT_EQ(v.stage, ferry::v1::LIMITED_BY_TRAINER_CPU);
+  EXPECT_THAT(v.note, HasSubstr("waited for a CPU 25% of the time: it is short of CPU"));
+  EXPECT_EQ(CpuWaitRatio(f), 0.25);
+  // A little run-queue delay is any busy machine's: the trainer is the limit, as before.
+  f.cpu_wait_seconds = 0.3;
+  v = DecideLimitingStage(f);
+  EXPECT_EQ(v.stage, ferry::v1::LIMITED_BY_TRAINER);
+  EXPECT_THAT(v.note, HasSubstr("(its main thread waited for a CPU 3% of the time)"));
+  // Not known: no mention.
+  f.cpu_wait_seconds = -1;
+  v = DecideLimitingStage(f);
+  EXPECT_EQ(v.stage, ferry::v1::LIMITED_BY_TRAINER);
+  EXPECT_THAT(v.note, Not(HasSubstr("CPU")));
+  EXPECT_EQ(CpuWaitRatio(f), -1);
+  // A trainer that waits for batches is told by what it waits for, whatever its CPU.
+  f = Stalled();
+  f.cpu_wait_seconds = 5;
+  EXPECT_NE(DecideLimitingStage(f).stage, ferry::v1::LIMITED_BY_TRAINER_CPU);
+}
+
+TEST(RunDelayTest, SchedstatsSecondFieldIsTheRunQueueDelay) {
+  EXPECT_EQ(*ParseSchedstatRunDelay("123456 7890000 42\n"), absl::Nanoseconds(7890000));
+  EXPECT_EQ(ParseSchedstatRunDelay("garbage").status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(MainThreadRunDelay(getpid()).ok());
+  // A process that is gone (its pid reaped) is NOT_FOUND.
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  ASSERT_GT(child, 0);
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(child, &wstatus, 0), child);
+  EXPECT_EQ(MainThreadRunDelay(child).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(RunDelayTest, AThreadThatSharesItsOnlyCpuWithTwoSpinnersWaitsMostOfTheTime) {
+  // This thread and two spinning threads, all confined to one CPU: whatever the machine's
+  // load, this thread is runnable and off the CPU about two thirds of the time.
+  cpu_set_t original;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(original), &original), 0);
+  int cpu = 0;
+  while (!CPU_ISSET(cpu, &original)) ++cpu;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> spinners;
+  for (int i = 0; i < 2; ++i) {
+    spinners.emplace_back([&] {
+      sched_setaffinity(0, sizeof(one), &one);
+      while (!stop.load(std::memory_order_relaxed)) {
+      }
+    });
+  }
+  // The main thread is the process's: MainThreadRunDelay reads this one when the test runs
+  // on it (gtest's default).
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  const absl::Duration before = *MainThreadRunDelay(getpid());
+  const absl::Time start = absl::Now();
+  while (absl::Now() - start < absl::Milliseconds(600)) {
+  }
+  const absl::Duration waited = *MainThreadRunDelay(getpid()) - before;
+  stop = true;
+  for (std::thread& t : spinners) t.join();
+  ASSERT_EQ(sched_setaffinity(0, sizeof(original), &original), 0);
+  // Ideally 400 ms of 600; a kernel without schedstats reports 0 for every thread.
+  if (waited == absl::ZeroDuration()) GTEST_SKIP() << "the kernel keeps no run-queue delays";
+  EXPECT_GT(waited, absl::Milliseconds(200));
 }
 
 TEST(LimitingStageTest, WaitingMostlyOnReadsIsRead) {

@@ -91,6 +91,8 @@ std::string LimitingStageName(v1::LimitingStage stage) {
       return "decode";
     case v1::LIMITED_BY_COPY:
       return "copy";
+    case v1::LIMITED_BY_TRAINER_CPU:
+      return "trainer_cpu";
     default:
       return "";
   }
@@ -527,6 +529,7 @@ JobStatus FromProto(const v1::JobStatus& status) {
     rank.stall_window_seconds = r.stall_window_seconds();
     rank.limiting_stage = LimitingStageName(r.limiting_stage());
     rank.limiting_stage_note = r.limiting_stage_note();
+    rank.consumer_cpu_wait_ratio = r.consumer_cpu_wait_ratio();
     rank.epoch = r.epoch();
     rank.next_batch = r.next_batch();
     out.ranks.push_back(rank);
