@@ -365,10 +365,10 @@ std::vector<std::string> FormatGpuDecode(const JobStatus& job) {
                   : absl::StrCat("not yet measured ", where);
   };
   if (g.cpu_ms_per_image > 0 || g.gpu_ms_per_image > 0) {
-    absl::StrAppend(&split, "; ", cost(g.cpu_ms_per_image, "on a worker"), ", ",
-                    cost(g.gpu_ms_per_image, g.decoders > 1
-                                                 ? absl::StrCat("on each of ", g.decoders, " GPUs")
-                                                 : "on the GPU"));
+    absl::StrAppend(
+        &split, "; ", cost(g.cpu_ms_per_image, "on a worker"), ", ",
+        cost(g.gpu_ms_per_image,
+             g.decoders > 1 ? absl::StrCat("on each of ", g.decoders, " GPUs") : "on the GPU"));
   }
   return {split, FormatJpegCounts(g.gpu_images, g.cpu_images, g.fallbacks)};
 }

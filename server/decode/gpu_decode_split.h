@@ -135,8 +135,8 @@ class GpuDecodeSplit {
   double c_ ABSL_GUARDED_BY(mutex_) = 0;
   double r_ ABSL_GUARDED_BY(mutex_) = 0;
   double g_ ABSL_GUARDED_BY(mutex_) = 0;
-  double balance_ ABSL_GUARDED_BY(mutex_);  // f
-  double demand_ ABSL_GUARDED_BY(mutex_);   // d
+  double balance_ ABSL_GUARDED_BY(mutex_);    // f
+  double demand_ ABSL_GUARDED_BY(mutex_);     // d
   int decoders_ ABSL_GUARDED_BY(mutex_) = 0;  // G
 };
 

@@ -130,8 +130,8 @@ void WorkerPool::Run(int group) {
   const int current = ::getpriority(PRIO_PROCESS, tid);
   if (errno == 0 && nice_ > current && ::setpriority(PRIO_PROCESS, tid, nice_) != 0) {
     FERRY_LOG(WARNING) << "worker of NUMA node " << groups_[group].numa_node
-                       << " keeps its priority, nice " << nice_ << " refused: "
-                       << std::strerror(errno);
+                       << " keeps its priority, nice " << nice_
+                       << " refused: " << std::strerror(errno);
   }
   WorkerContext context(group);
   auto has_work = [this, group]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {

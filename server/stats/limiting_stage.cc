@@ -44,8 +44,8 @@ LimitingStageVerdict DecideLimitingStage(const LimitingStageFigures& f) {
       f.wait_reported ? " (as it measured)" : " (ferryd's estimate)");
   if (ratio < kStalledRatio) {
     const double cpu_wait = CpuWaitRatio(f);
-    const std::string ahead = absl::StrCat(waited, "; ferry is ahead (", f.ready_batches,
-                                           " batches ready)");
+    const std::string ahead =
+        absl::StrCat(waited, "; ferry is ahead (", f.ready_batches, " batches ready)");
     if (cpu_wait >= kCpuStarvedRatio) {
       v.stage = ferry::v1::LIMITED_BY_TRAINER_CPU;
       v.note = absl::StrCat(

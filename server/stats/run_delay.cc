@@ -31,7 +31,8 @@ absl::StatusOr<absl::Duration> MainThreadRunDelay(int pid) {
   if (fd < 0) {
     const int err = errno;
     return err == ENOENT && ::access(absl::StrCat("/proc/", pid).c_str(), F_OK) == 0
-               ? absl::UnavailableError(absl::StrCat(path, " does not exist: the kernel keeps no "
+               ? absl::UnavailableError(absl::StrCat(path,
+                                                     " does not exist: the kernel keeps no "
                                                      "scheduler statistics (CONFIG_SCHED_INFO)"))
            : err == ENOENT ? absl::NotFoundError(absl::StrCat("no process ", pid))
                            : absl::UnavailableError(absl::StrCat(path, ": ", std::strerror(err)));

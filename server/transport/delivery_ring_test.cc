@@ -255,9 +255,7 @@ class WaitingStage final : public DeviceStage {
     ++started_;
     caller_ = std::this_thread::get_id();
     mutex_.Await(absl::Condition(
-        +[](WaitingStage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mutex_) {
-          return s->go_ > s->done_;
-        },
+        +[](WaitingStage* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mutex_) { return s->go_ > s->done_; },
         this));
     ++done_;
     if (!fail_.ok()) return fail_;
@@ -329,9 +327,11 @@ TEST(DeviceRingCopyThreadTest, ACopyThatFailsOnTheRingsThreadIsReturnedByTheNext
   WaitingStage* stage = owned.get();
   DeviceRing ring(std::move(owned));
   absl::Notification told;
-  ring.SetListener({.host_slot_free = [](int) {}, .progress = [&told] {
-                      if (!told.HasBeenNotified()) told.Notify();
-                    }});
+  ring.SetListener({.host_slot_free = [](int) {},
+                    .progress =
+                        [&told] {
+                          if (!told.HasBeenNotified()) told.Notify();
+                        }});
   ring.Enqueue({.ticket = 0, .host_slot = 0, .num_samples = 1});
   ring.Filled(0);
   ASSERT_TRUE(ring.Flush().ok());
@@ -370,13 +370,15 @@ TEST(DeviceRingCopyThreadTest, DestroyingTheRingWhileACopyWaitsJoinsTheThreadAft
 TEST(DeviceRingCopyThreadTest, AListenerThatDropsTheRingOnTheCopyThreadEndsItCleanly) {
   auto owned = std::make_unique<WaitingStage>();
   WaitingStage* stage = owned.get();
-  auto ring = std::make_shared<std::unique_ptr<DeviceRing>>(
-      std::make_unique<DeviceRing>(std::move(owned)));
+  auto ring =
+      std::make_shared<std::unique_ptr<DeviceRing>>(std::make_unique<DeviceRing>(std::move(owned)));
   absl::Notification dropped;
-  (*ring)->SetListener({.host_slot_free = [](int) {}, .progress = [ring, &dropped] {
-                          ring->reset();  // the pipeline's last reference goes
-                          dropped.Notify();
-                        }});
+  (*ring)->SetListener({.host_slot_free = [](int) {},
+                        .progress =
+                            [ring, &dropped] {
+                              ring->reset();  // the pipeline's last reference goes
+                              dropped.Notify();
+                            }});
   (*ring)->Enqueue({.ticket = 0, .host_slot = 0, .num_samples = 1});
   (*ring)->Filled(0);
   ASSERT_TRUE((*ring)->Flush().ok());

@@ -183,7 +183,7 @@ class CudaStage final : public DeviceStage {
   // GPU JPEG decode (EnqueueGpuDecode); set in Create when the host layout routes JPEGs,
   // then used by StartCopy's thread only.
   int plan_field_ = -1;
-  GpuDecodeSplit* gpu_decode_ = nullptr;  // the Job's, which outlives the stage
+  GpuDecodeSplit* gpu_decode_ = nullptr;     // the Job's, which outlives the stage
   GpuDecodeSplit::Decoder counted_decoder_;  // this GPU among the job's decoders
   std::optional<GpuJpegDecoder> jpeg_decoder_;
   // nvJPEG's stream: on the hardware backend DecodeBatch waits for its stream, which must
