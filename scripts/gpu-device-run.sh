@@ -2,14 +2,27 @@
 # Runs on the GPU machine from the checkout root, after `scripts/gpu-bundle.sh tests` (or
 # `bench`) here: the CUDA unit tests and the GPU transport tests, or the GPU benchmarks;
 # `multi` (a tests bundle, on a machine of 2 or more GPUs) runs the multi-GPU tests
-# (tests/gpu/test_multi_gpu.py; FERRY_MULTI_GPU_ROUNDS rounds). Logs go to $OUT.
+# (tests/gpu/test_multi_gpu.py; FERRY_MULTI_GPU_ROUNDS rounds); `node` (a bench bundle, on
+# a machine of several GPUs) makes the benchmark corpus and runs bench/node_bench.py over
+# every GPU (NODE_BENCH_ARGS adds its options). Logs go to $OUT.
 set -uo pipefail
 source scripts/gpu-env.sh
 nvidia-smi --query-gpu=name,pci.bus_id,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 rc=0
 # Argument: "tests" or "bench", the half the bundle holds.
-[[ ${1:-} == tests || ${1:-} == bench || ${1:-} == multi ]] ||
-  { echo "usage: gpu-device-run.sh tests|bench|multi" >&2; exit 2; }
+[[ ${1:-} == tests || ${1:-} == bench || ${1:-} == multi || ${1:-} == node ]] ||
+  { echo "usage: gpu-device-run.sh tests|bench|multi|node" >&2; exit 2; }
+if [[ $1 == node ]]; then
+  data=/tmp/ferry-node-data
+  if [[ ! -d $data/imagefolder ]]; then
+    python3 bench/make_bench_dataset.py "$data" --images 12800 --classes 50 --no-shards \
+      --photos .device/photos > "$OUT/dataset.txt" 2>&1 || { tail "$OUT/dataset.txt"; exit 1; }
+    tail -3 "$OUT/dataset.txt"
+  fi
+  # shellcheck disable=SC2086
+  python3 bench/node_bench.py --ferryd "$FERRY_DAEMON" --ferryctl "$FERRYCTL" --data "$data" \
+    --json "$OUT/node_bench.json" ${NODE_BENCH_ARGS:-} 2>&1 | tee "$OUT/node_bench.txt" || rc=1
+fi
 if [[ $1 == multi ]]; then
   (cd tests/gpu && python3 -m unittest -v test_multi_gpu) > "$OUT/multi_gpu.txt" 2>&1 || rc=1
   tail -25 "$OUT/multi_gpu.txt"

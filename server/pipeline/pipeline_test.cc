@@ -1,5 +1,6 @@
 // RankPipeline against a fake SampleSource: ordering, bounded prefetch, epoch changes,
 // reclaiming a vanished consumer's slots and substituting unreadable samples.
+#include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -665,6 +666,26 @@ TEST(WorkerPoolTest, WorkersRunAtTheirNiceValueAndOtherThreadsKeepTheirs) {
   // Whatever this process's own nice value, a worker adds nothing to 7 (it sets, not adds).
   for (int nice : seen) EXPECT_EQ(nice, std::max(7, before));
   EXPECT_EQ(getpriority(PRIO_PROCESS, static_cast<id_t>(gettid())), before);
+}
+
+TEST(WorkerPoolTest, WorkersMayRunUnderSchedIdle) {
+  Topology topo = *Topology::Read("/sys");
+  auto pool = *WorkerPool::Create(topo, 1, /*nice=*/0, /*sched_idle=*/true);
+  absl::Mutex mutex;
+  std::vector<int> policies;
+  std::vector<WorkerPool::Task> tasks;
+  for (int i = 0; i < pool->total_threads(); ++i) {
+    tasks.push_back([&](WorkerContext&) {
+      const int policy = sched_getscheduler(0);
+      absl::MutexLock lock(&mutex);
+      policies.push_back(policy);
+    });
+  }
+  pool->Submit(WorkerPool::kAnyGroup, {1}, std::move(tasks));
+  pool.reset();
+  ASSERT_FALSE(policies.empty());
+  for (int policy : policies) EXPECT_EQ(policy, SCHED_IDLE);
+  EXPECT_EQ(sched_getscheduler(0), SCHED_OTHER);  // this thread keeps its own
 }
 
 TEST(WorkerPoolTest, RanksOfOneJobAreServedRoundRobinAndTheJobTakesOneTurn) {

@@ -1,5 +1,6 @@
 #include "server/pipeline/worker_pool.h"
 
+#include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -30,9 +31,11 @@ SampleSource::Scratch* WorkerContext::ScratchFor(uint64_t job_serial, const Samp
 }
 
 absl::StatusOr<std::unique_ptr<WorkerPool>> WorkerPool::Create(const Topology& topology,
-                                                               int threads_per_node, int nice) {
+                                                               int threads_per_node, int nice,
+                                                               bool sched_idle) {
   std::unique_ptr<WorkerPool> pool(new WorkerPool());
   pool->nice_ = nice;
+  pool->sched_idle_ = sched_idle;
   for (const NumaNode& node : topology.nodes()) {
     GroupInfo g;
     g.numa_node = node.id;
@@ -132,6 +135,12 @@ void WorkerPool::Run(int group) {
     FERRY_LOG(WARNING) << "worker of NUMA node " << groups_[group].numa_node
                        << " keeps its priority, nice " << nice_
                        << " refused: " << std::strerror(errno);
+  }
+  sched_param param{};
+  if (sched_idle_ && ::sched_setscheduler(0, SCHED_IDLE, &param) != 0) {
+    FERRY_LOG(WARNING) << "worker of NUMA node " << groups_[group].numa_node
+                       << " keeps its scheduling policy, SCHED_IDLE refused: "
+                       << std::strerror(errno);
   }
   WorkerContext context(group);
   auto has_work = [this, group]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {

@@ -68,9 +68,11 @@ class WorkerPool final {
 
   // One group per node of `topology`, `threads_per_node` threads each (0: one per CPU),
   // each thread at nice value `nice` (0 to 19), below the trainers' (a thread that already
-  // runs at a higher nice value keeps it).
+  // runs at a higher nice value keeps it), and with `sched_idle` under SCHED_IDLE: it runs
+  // only on cores no other thread wants.
   static absl::StatusOr<std::unique_ptr<WorkerPool>> Create(const Topology& topology,
-                                                            int threads_per_node, int nice = 0);
+                                                            int threads_per_node, int nice = 0,
+                                                            bool sched_idle = false);
   ~WorkerPool();  // finishes queued tasks, then joins
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
@@ -97,6 +99,7 @@ class WorkerPool final {
 
   std::vector<GroupInfo> groups_;  // constant after Create
   int nice_ = 0;                   // constant after Create
+  bool sched_idle_ = false;        // constant after Create
   const absl::Time created_ = absl::Now();
   RecentWindow busy_{1};  // seconds spent in tasks, all threads; thread-safe itself
   std::vector<std::thread> threads_;

@@ -77,7 +77,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   FERRY_ASSIGN_OR_RETURN(
       d->pool_,
       WorkerPool::Create(d->topology_, static_cast<int>(config.workers_per_node()),
-                         config.has_worker_nice() ? config.worker_nice() : kDefaultWorkerNice));
+                         config.has_worker_nice() ? config.worker_nice() : kDefaultWorkerNice,
+                         config.worker_sched_idle()));
   d->host_budget_ =
       std::make_unique<MemoryBudget>("host memory budget", "host_memory_budget_bytes",
                                      config.host_memory_budget_bytes(), d->config_.path);
