@@ -228,6 +228,7 @@ def main():
     p.add_argument("--train-steps", type=int, default=50)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--compare-priority", action="store_true")
+    p.add_argument("--skip-train", action="store_true", help="loaders alone only")
     p.add_argument("--json")
     # Internal: one rank of a phase, under torchrun.
     p.add_argument("--rank-phase")
@@ -294,10 +295,11 @@ def main():
                               "cpu_seconds_per_1000": cpu, "ferry_gpu_jpeg_images": decoded}
 
         # 2. DDP ResNet-50.
-        feeds = [("synthetic", "train:synthetic", None), ("ferry", "train:ferry", None),
+        steps = {}
+        feeds = [] if a.skip_train else [("synthetic", "train:synthetic", None), ("ferry", "train:ferry", None),
                  ("ferry, uint8 normalized by the trainer", "train:ferry-uint8", None),
                  ("DataLoader", "train:dataloader", None)]
-        if a.compare_priority:
+        if a.compare_priority and feeds:
             feeds.append(("ferry, workers SCHED_IDLE", "train:ferry",
                           "worker_sched_idle: true\n"))
             feeds.append(("ferry, workers nice 0", "train:ferry", "worker_nice: 0\n"))
@@ -338,7 +340,7 @@ def main():
     print()
     print("| DDP ResNet-50 | step ms | vs synthetic |")
     print("| --- | --- | --- |")
-    syn = statistics.median(steps["synthetic"])
+    syn = statistics.median(steps["synthetic"]) if steps else 1
     for name, values in steps.items():
         print("| %s | %s | %.3fx |" % (name, med([1e3 * v for v in values]),
                                        statistics.median(values) / syn))

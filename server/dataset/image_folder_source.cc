@@ -257,7 +257,7 @@ double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now()
 absl::Status TransformImageSample(ImageDecoder& decoder, ComposeScratch& compose,
                                   absl::Span<const uint8_t> bytes, const ImageTransform& transform,
                                   uint64_t sample_seed, const std::vector<FieldLayout>& fields,
-                                  absl::Span<uint8_t* const> rows) {
+                                  absl::Span<uint8_t* const> rows, bool gpu_batch) {
   const absl::Span<uint8_t> image(rows[0], fields[0].row_bytes);
   const int program_field = FieldIndex(fields, kPhotometricField);
   const absl::Span<uint8_t> program =
@@ -280,7 +280,7 @@ absl::Status TransformImageSample(ImageDecoder& decoder, ComposeScratch& compose
       split->CountNotJpeg();
     }
     if (jpeg) plan.cpu_reason = static_cast<int32_t>(verdict.reason);
-    if (jpeg && split->Route(verdict.reason)) {
+    if (jpeg && split->Route(verdict.reason, gpu_batch)) {
       FERRY_RETURN_IF_ERROR(
           RouteToGpu(bytes, verdict, transform, sample_seed, image, program, &plan));
       std::memcpy(rows[FieldIndex(fields, kGpuDecodePlanField)], &plan, sizeof(plan));
@@ -405,7 +405,7 @@ absl::Status ImageFolderSource::Fill(int64_t index, uint64_t sample_seed,
   }
   absl::Status decoded =
       TransformImageSample(s->decoder, s->compose, absl::MakeConstSpan(s->file.data(), *length),
-                           transform_, sample_seed, fields_, rows);
+                           transform_, sample_seed, fields_, rows, s->gpu_batch);
   if (!decoded.ok()) {
     // The transform and the row size were validated, so what is left is the file's content.
     const absl::StatusCode code = decoded.code() == absl::StatusCode::kInvalidArgument

@@ -48,11 +48,13 @@ std::vector<FieldLayout> ImageSampleFields(const ImageTransform& transform);
 bool GpuDecodable(const ImageTransform& transform);
 
 // Decodes and transforms one image into rows[0] (and the program into rows[3] when
-// `fields` has the internal field), drawing from `sample_seed`. The decoder's status.
+// `fields` has the internal field), drawing from `sample_seed`; of a batch the GPU decodes
+// (`gpu_batch`, a job with SourceOptions::gpu_decode), a JPEG the GPU can take is routed to
+// it instead (server/decode/gpu_decode_plan.h). The decoder's status.
 absl::Status TransformImageSample(ImageDecoder& decoder, ComposeScratch& compose,
                                   absl::Span<const uint8_t> bytes, const ImageTransform& transform,
                                   uint64_t sample_seed, const std::vector<FieldLayout>& fields,
-                                  absl::Span<uint8_t* const> rows);
+                                  absl::Span<uint8_t* const> rows, bool gpu_batch);
 
 class ImageFolderSource final : public SampleSource {
  public:

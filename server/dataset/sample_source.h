@@ -86,10 +86,15 @@ struct DirectRows {
 
 class SampleSource {
  public:
-  // Per-thread mutable state (an image decoder, file buffers). Opaque to callers.
+  // Per-thread mutable state (an image decoder, file buffers). Opaque to callers, but for
+  // what the caller sets before each Fill:
   class Scratch {
    public:
     virtual ~Scratch() = default;
+    // The sample's batch is one whose JPEGs the GPU's decoder takes
+    // (GpuDecodeSplit::RouteBatch): a source that routes JPEGs (SourceOptions::gpu_decode)
+    // sends each it can there. Ignored by the others.
+    bool gpu_batch = false;
   };
 
   virtual ~SampleSource() = default;

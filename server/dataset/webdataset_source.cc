@@ -433,7 +433,7 @@ absl::Status WebDatasetSource::Fill(int64_t index, uint64_t sample_seed,
   }
   absl::Status decoded =
       TransformImageSample(s->decoder, s->compose, absl::MakeConstSpan(image, sample.image_size),
-                           transform_, sample_seed, fields_, rows);
+                           transform_, sample_seed, fields_, rows, s->gpu_batch);
   if (!decoded.ok()) {
     // The transform and the row size were validated, so what is left is the member's content.
     const absl::StatusCode code = decoded.code() == absl::StatusCode::kInvalidArgument

@@ -80,21 +80,24 @@ void GpuDecodeSplit::CountNotJpeg() {
   cpu_.fetch_add(1, std::memory_order_relaxed);
 }
 
-bool GpuDecodeSplit::Route(GpuJpegReject verdict) {
+bool GpuDecodeSplit::RouteBatch() {
+  // Error diffusion: every batch adds the share to an accumulator, and a batch goes to the
+  // GPU when that crosses a whole number. A change of share applies from the next batch on,
+  // with no backlog of turns.
+  const int64_t share = share_ppm_.load(std::memory_order_relaxed);
+  const int64_t before = accumulator_.fetch_add(share, std::memory_order_relaxed);
+  return (before + share) / kPpm > before / kPpm;
+}
+
+bool GpuDecodeSplit::Route(GpuJpegReject verdict, bool gpu_batch) {
   if (verdict != GpuJpegReject::kNone) {
     fallbacks_[static_cast<int>(verdict)].fetch_add(1, std::memory_order_relaxed);
     cpu_.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
   eligible_.fetch_add(1, std::memory_order_relaxed);
-  // Error diffusion: every eligible file adds the share to an accumulator, and a file goes
-  // to the GPU when that crosses a whole number. A change of share applies from the next
-  // file on, with no backlog of turns.
-  const int64_t share = share_ppm_.load(std::memory_order_relaxed);
-  const int64_t before = accumulator_.fetch_add(share, std::memory_order_relaxed);
-  const bool gpu = (before + share) / kPpm > before / kPpm;
-  (gpu ? gpu_ : cpu_).fetch_add(1, std::memory_order_relaxed);
-  return gpu;
+  (gpu_batch ? gpu_ : cpu_).fetch_add(1, std::memory_order_relaxed);
+  return gpu_batch;
 }
 
 void GpuDecodeSplit::CountFallback(GpuJpegReject reason) {

@@ -26,9 +26,13 @@
 // trainer that the workers alone keep ahead of (compute-bound) thus never pays for the GPU
 // decode; an input-bound one gets it within a few batches.
 //
-// Files the GPU cannot take go to the CPU in every mode, counted by reason. The share is a
-// target over many samples: Route() hands out GPU turns so that after n eligible samples
-// round(n share) of them went to the GPU, whatever thread asks.
+// Files the GPU cannot take go to the CPU in every mode, counted by reason. The share is
+// given in whole batches: RouteBatch(), asked once per batch as a rank schedules it, hands
+// out GPU batches so that after n batches round(n share) of them went to the GPU, whatever
+// thread asks; every file of such a batch that the GPU can take goes to it (Route), none of
+// the other batches'. nvJPEG's engines decode a batch of many files several times faster
+// per file than a few, so a thin share of every batch would leave them mostly idle. The
+// share of files follows the share of batches over many batches.
 //
 // Thread safety: every method may be called from any thread.
 #ifndef FERRY_SERVER_DECODE_GPU_DECODE_SPLIT_H_
@@ -65,9 +69,12 @@ class GpuDecodeSplit {
   GpuDecodeMode mode() const { return mode_; }
   const GpuJpegLimits& limits() const { return limits_; }
 
-  // A file the GPU could decode (verdict kNone) or not (its reason): true when this one goes
-  // to the GPU. Counts every call: fallbacks by reason, eligible files, GPU turns.
-  bool Route(GpuJpegReject verdict);
+  // Whether the batch being scheduled is one the GPU's decoder takes (see above).
+  bool RouteBatch();
+  // A file the GPU could decode (verdict kNone) or not (its reason), of a batch RouteBatch
+  // gave the GPU or not: true when this one goes to the GPU. Counts every call: fallbacks by
+  // reason, eligible files, files routed.
+  bool Route(GpuJpegReject verdict, bool gpu_batch);
   // The GPU could not decode a routed file after all (the batch failed): the worker-side
   // decode that replaced it is counted under `reason`.
   void CountFallback(GpuJpegReject reason);
@@ -126,8 +133,8 @@ class GpuDecodeSplit {
   std::atomic<int64_t> gpu_{0};       // of which routed to the GPU
   std::atomic<int64_t> cpu_{0};
   std::array<std::atomic<int64_t>, kNumGpuJpegRejects> fallbacks_{};
-  // The current share in millionths, read by Route without the lock, and Route's
-  // error-diffusion accumulator (millionths of a GPU turn).
+  // The current share in millionths, read by RouteBatch without the lock, and its
+  // error-diffusion accumulator (millionths of a GPU batch).
   std::atomic<int64_t> share_ppm_;
   std::atomic<int64_t> accumulator_{0};
 

@@ -12,8 +12,8 @@ namespace {
 TEST(GpuDecodeSplitTest, ModesCpuAndGpuAreFixed) {
   GpuDecodeSplit cpu(GpuDecodeMode::kCpu, 4), gpu(GpuDecodeMode::kGpu, 4);
   for (int i = 0; i < 100; ++i) {
-    EXPECT_FALSE(cpu.Route(GpuJpegReject::kNone));
-    EXPECT_TRUE(gpu.Route(GpuJpegReject::kNone));
+    EXPECT_FALSE(cpu.Route(GpuJpegReject::kNone, cpu.RouteBatch()));
+    EXPECT_TRUE(gpu.Route(GpuJpegReject::kNone, gpu.RouteBatch()));
   }
   // Measurements do not move a fixed mode.
   gpu.ReportCpuDecode(0.002);
@@ -25,10 +25,10 @@ TEST(GpuDecodeSplitTest, ModesCpuAndGpuAreFixed) {
 
 TEST(GpuDecodeSplitTest, FilesTheGpuCannotTakeGoToTheCpuCountedByReason) {
   GpuDecodeSplit split(GpuDecodeMode::kGpu, 4);
-  EXPECT_FALSE(split.Route(GpuJpegReject::kProgressive));
-  EXPECT_FALSE(split.Route(GpuJpegReject::kCmyk));
-  EXPECT_FALSE(split.Route(GpuJpegReject::kCmyk));
-  EXPECT_TRUE(split.Route(GpuJpegReject::kNone));
+  EXPECT_FALSE(split.Route(GpuJpegReject::kProgressive, true));
+  EXPECT_FALSE(split.Route(GpuJpegReject::kCmyk, true));
+  EXPECT_FALSE(split.Route(GpuJpegReject::kCmyk, true));
+  EXPECT_TRUE(split.Route(GpuJpegReject::kNone, true));
   split.CountFallback(GpuJpegReject::kDecoderRefused);  // the GPU batch failed after all
   const GpuDecodeSplit::Counts c = split.counts();
   EXPECT_EQ(c.fallbacks[static_cast<int>(GpuJpegReject::kProgressive)], 1);
@@ -64,8 +64,8 @@ TEST(GpuDecodeSplitTest, AutoBalancesTheMeasuredCosts) {
   EXPECT_NEAR(split.share(), 0.002 / (0.002 - 0.00005 + 16 * 0.0005), 1e-3);
   // Files the GPU cannot take load the workers: with a fifth of all files such, the GPU
   // takes a larger share of the rest, f = c / ((1 - p)(c - r + W g)).
-  for (int i = 0; i < 25; ++i) split.Route(GpuJpegReject::kProgressive);  // p = 25 / 125
-  for (int i = 0; i < 100; ++i) split.Route(GpuJpegReject::kNone);
+  for (int i = 0; i < 25; ++i) split.Route(GpuJpegReject::kProgressive, true);  // p = 25 / 125
+  for (int i = 0; i < 100; ++i) split.Route(GpuJpegReject::kNone, true);
   split.ReportGpuBatch(100, 0.05);  // recomputes
   EXPECT_NEAR(split.share(), 0.002 / (0.8 * (0.002 - 0.00005 + 16 * 0.0005)), 1e-3);
   // A GPU much faster than the workers takes everything.
@@ -104,7 +104,18 @@ TEST(GpuDecodeSplitTest, AutoCountsEveryGpuThatDecodesForTheJob) {
   EXPECT_NEAR(split.share(), one, 1e-6);
 }
 
-TEST(GpuDecodeSplitTest, RouteHandsOutTheShareEvenlyFromManyThreads) {
+TEST(GpuDecodeSplitTest, EveryFileTheGpuCanTakeOfAGpuBatchGoesToIt) {
+  GpuDecodeSplit split(GpuDecodeMode::kAuto, 8);
+  EXPECT_TRUE(split.Route(GpuJpegReject::kNone, /*gpu_batch=*/true));
+  EXPECT_FALSE(split.Route(GpuJpegReject::kCmyk, true));  // never, whatever the batch
+  EXPECT_FALSE(split.Route(GpuJpegReject::kNone, false));
+  const GpuDecodeSplit::Counts c = split.counts();
+  EXPECT_EQ(c.gpu_images, 1);
+  EXPECT_EQ(c.cpu_images, 2);
+  EXPECT_EQ(c.fallbacks[static_cast<int>(GpuJpegReject::kCmyk)], 1);
+}
+
+TEST(GpuDecodeSplitTest, RouteBatchHandsOutTheShareEvenlyFromManyThreads) {
   GpuDecodeSplit split(GpuDecodeMode::kAuto, 8);
   InputBound(split);
   split.ReportCpuDecode(0.003);
@@ -115,7 +126,7 @@ TEST(GpuDecodeSplitTest, RouteHandsOutTheShareEvenlyFromManyThreads) {
   std::atomic<int> routed{0};
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&] {
-      for (int i = 0; i < 1000; ++i) routed += split.Route(GpuJpegReject::kNone) ? 1 : 0;
+      for (int i = 0; i < 1000; ++i) routed += split.RouteBatch() ? 1 : 0;
     });
   }
   for (std::thread& t : threads) t.join();
@@ -126,7 +137,7 @@ TEST(GpuDecodeSplitTest, RouteHandsOutTheShareEvenlyFromManyThreads) {
   single.ReportCpuDecode(0.003);
   single.ReportGpuBatch(8, 0.003);
   int in_window = 0;
-  for (int i = 0; i < 10; ++i) in_window += single.Route(GpuJpegReject::kNone) ? 1 : 0;
+  for (int i = 0; i < 10; ++i) in_window += single.RouteBatch() ? 1 : 0;
   EXPECT_EQ(in_window, 5);
 }
 
@@ -138,7 +149,7 @@ TEST(GpuDecodeSplitTest, AutoUsesTheGpuOnlyWhileTheTrainerWaits) {
   // Before any trainer has waited, nothing goes to the GPU.
   EXPECT_EQ(split.share(), 0.0);
   EXPECT_EQ(split.counts().demand, 0.0);
-  for (int i = 0; i < 100; ++i) EXPECT_FALSE(split.Route(GpuJpegReject::kNone));
+  for (int i = 0; i < 100; ++i) EXPECT_FALSE(split.RouteBatch());
   // Waits under kInputBoundWait of the step do not count (a trainer ferry keeps ahead of).
   for (int i = 0; i < 50; ++i) split.ReportConsumerWait(0.0015, 0.100);
   EXPECT_EQ(split.share(), 0.0);

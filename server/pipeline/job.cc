@@ -58,17 +58,13 @@ absl::StatusOr<std::shared_ptr<Job>> Job::Create(JobIdentity identity,
   }
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<SampleSource> source,
                          MakeSampleSource(spec, std::move(fs), options));
-  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Job> job,
-                         Create(std::move(identity), spec, std::move(source)));
-  for (const FieldLayout& field : job->layout().fields) {
-    if (field.internal && field.name == kGpuDecodePlanField) job->gpu_decode_ = options.gpu_decode;
-  }
-  return job;
+  return Create(std::move(identity), spec, std::move(source), options.gpu_decode);
 }
 
 absl::StatusOr<std::shared_ptr<Job>> Job::Create(JobIdentity identity,
                                                  const ferry::v1::JobSpec& spec,
-                                                 std::unique_ptr<SampleSource> source) {
+                                                 std::unique_ptr<SampleSource> source,
+                                                 std::shared_ptr<GpuDecodeSplit> gpu_decode) {
   if (spec.batch_size() == 0) {
     return absl::InvalidArgumentError("batch_size must be at least 1 (got 0)");
   }
@@ -100,8 +96,12 @@ absl::StatusOr<std::shared_ptr<Job>> Job::Create(JobIdentity identity,
   }
   FERRY_ASSIGN_OR_RETURN(SlotLayout layout, SlotLayout::Make(source->fields(), options.batch_size));
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Sampler> sampler, Sampler::Create(options));
-  return std::shared_ptr<Job>(
+  std::shared_ptr<Job> job(
       new Job(std::move(identity), spec, std::move(source), std::move(sampler), std::move(layout)));
+  for (const FieldLayout& field : job->layout().fields) {
+    if (field.internal && field.name == kGpuDecodePlanField) job->gpu_decode_ = gpu_decode;
+  }
+  return job;
 }
 
 Job::Job(JobIdentity identity, ferry::v1::JobSpec spec, std::unique_ptr<SampleSource> source,

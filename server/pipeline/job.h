@@ -69,10 +69,11 @@ class Job final {
   static absl::StatusOr<std::shared_ptr<Job>> Create(
       JobIdentity identity, const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
       const SourceOptions& options = SourceOptions());
-  // Same, over an already opened source (tests feed fakes through this).
-  static absl::StatusOr<std::shared_ptr<Job>> Create(JobIdentity identity,
-                                                     const ferry::v1::JobSpec& spec,
-                                                     std::unique_ptr<SampleSource> source);
+  // Same, over an already opened source (tests feed fakes through this); `gpu_decode` is
+  // the job's JPEG routing when the source has the kGpuDecodePlanField.
+  static absl::StatusOr<std::shared_ptr<Job>> Create(
+      JobIdentity identity, const ferry::v1::JobSpec& spec, std::unique_ptr<SampleSource> source,
+      std::shared_ptr<GpuDecodeSplit> gpu_decode = nullptr);
 
   const JobIdentity& identity() const { return identity_; }
   const ferry::v1::JobSpec& spec() const { return spec_; }

@@ -24,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/decode/gpu_decode_split.h"
 #include "server/pipeline/job.h"
 #include "server/pipeline/rank_pipeline.h"
 #include "server/pipeline/worker_pool.h"
@@ -743,6 +744,69 @@ TEST(WorkerPoolTest, RanksOfOneJobAreServedRoundRobinAndTheJobTakesOneTurn) {
   EXPECT_NEAR(first30["2.0"], 15, slack);  // half the turns go to each job
   EXPECT_NEAR(first30["1.1"], 5, slack);   // a third of job 1's to each of its ranks
   EXPECT_NEAR(first30["1.0"], 5, slack);
+}
+
+// A source that routes like an image source of a GPU decode job: it has the plan field, and
+// writes into "value" whether the batch of the row was given to the GPU's decoder.
+class RoutingSource final : public SampleSource {
+ public:
+  explicit RoutingSource(int64_t n) : n_(n) {
+    fields_.push_back(FieldLayout{"value", ferry::v1::INT64, {}, 8});
+    fields_.push_back(FieldLayout{"index", ferry::v1::INT64, {}, 8});
+    FieldLayout plan{kGpuDecodePlanField, ferry::v1::UINT8, {72}, 72};
+    plan.internal = true;
+    fields_.push_back(plan);
+  }
+  int64_t size() const override { return n_; }
+  const std::vector<FieldLayout>& fields() const override { return fields_; }
+  std::unique_ptr<Scratch> NewScratch() const override { return std::make_unique<Scratch>(); }
+  absl::Status Fill(int64_t index, uint64_t, absl::Span<uint8_t* const> rows,
+                    Scratch* scratch) const override {
+    const int64_t gpu = scratch->gpu_batch ? 1 : 0;
+    memcpy(rows[0], &gpu, 8);
+    memcpy(rows[1], &index, 8);
+    return absl::OkStatus();
+  }
+  std::string Describe(int64_t index) const override { return "routing/" + std::to_string(index); }
+
+ private:
+  int64_t n_;
+  std::vector<FieldLayout> fields_;
+};
+
+TEST_F(PipelineTest, TheGpuDecoderTakesWholeBatchesAtTheSplitsShare) {
+  // A split that gives the GPU half the batches: costs measured, the trainer waiting.
+  auto split = std::make_shared<GpuDecodeSplit>(GpuDecodeMode::kAuto, 8);
+  for (int i = 0; i < 20; ++i) split->ReportConsumerWait(1.0, 1.0);
+  split->ReportCpuDecode(0.003);
+  split->ReportCpuRoute(0.0);
+  split->ReportGpuBatch(8, 0.003);  // f = 0.003 / (0.003 + 8 * 0.000375) = 0.5
+  ASSERT_NEAR(split->share(), 0.5, 1e-9);
+  ferry::v1::JobSpec spec;
+  spec.set_batch_size(16);
+  spec.set_seed(5);
+  spec.set_drop_last(true);
+  job_ = *Job::Create(JobIdentity{"jroute", "route", 1000, next_serial_++}, spec,
+                      std::make_unique<RoutingSource>(16 * 20), split);
+  ASSERT_EQ(job_->gpu_decode(), split.get());
+  auto p = *RankPipeline::Create(job_, 0, 3, -1, pool_.get(), &budget_);
+  RecordingConsumer c;
+  ASSERT_TRUE(p->Bind(&c, 1).ok());
+  ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
+  int gpu_batches = 0;
+  for (int b = 0; b < 20; ++b) {
+    auto batch = std::get<ferry::v1::BatchReady>(*c.Next());
+    const SlotLayout& layout = job_->layout();
+    std::vector<int64_t> gpu(16);
+    memcpy(gpu.data(), p->slab().data() + batch.slot() * layout.slot_bytes + layout.offsets[0],
+           16 * 8);
+    // Every row of a batch agrees: the GPU's decoder gets all of it or none.
+    for (int64_t g : gpu) EXPECT_EQ(g, gpu[0]) << "batch " << b;
+    gpu_batches += static_cast<int>(gpu[0]);
+    ASSERT_TRUE(p->Release(&c, batch.slot(), batch.seq()).ok());
+  }
+  EXPECT_EQ(gpu_batches, 10);  // error diffusion over the batches: exactly the share
+  p->Unbind(&c);
 }
 
 TEST_F(PipelineTest, ShutdownEndsTheStreamOnceHeldBatchesAreBack) {

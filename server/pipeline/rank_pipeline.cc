@@ -337,6 +337,8 @@ void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
     job_->sampler().BatchPositions(next_epoch_, rank_, next_batch_, &indices);
     Slot& slot = slots_[s];
     slot.gather = ring_->PlanBatch();
+    GpuDecodeSplit* split = job_->gpu_decode();
+    slot.gpu_decode = split != nullptr && split->RouteBatch();
     slot.state = SlotState::kFilling;
     slot.since = absl::Now();
     slot.generation = generation_;
@@ -362,7 +364,7 @@ void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
     for (size_t begin = 0; begin < n; begin += per_task) {
       const size_t end = std::min(n, begin + per_task);
       tasks->push_back([self, s = static_cast<int>(s), gen = generation_, begin, epoch = slot.epoch,
-                        gather = slot.gather,
+                        gather = slot.gather, gpu_decode = slot.gpu_decode,
                         rows =
                             std::vector<int64_t>(indices.begin() + begin, indices.begin() + end)](
                            WorkerContext& context) mutable {
@@ -371,8 +373,8 @@ void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
         const ReadTally reads_before = ThisThreadReadTally();
         int64_t filled = 0;
         for (size_t i = 0; i < rows.size(); ++i) {
-          filled +=
-              self->FillRow(s, gen, static_cast<int>(begin + i), rows[i], epoch, gather, context);
+          filled += self->FillRow(s, gen, static_cast<int>(begin + i), rows[i], epoch, gather,
+                                  gpu_decode, context);
         }
         self->NoteTask(start, absl::Now(), reads_before, filled, gather);
         self->OnTaskDone(s, gen);
@@ -395,7 +397,7 @@ void RankPipeline::NoteTask(absl::Time start, absl::Time end, const ReadTally& r
 }
 
 bool RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index, int64_t epoch,
-                           bool gather, WorkerContext& context) {
+                           bool gather, bool gpu_decode, WorkerContext& context) {
   if (live_generation_.load(std::memory_order_relaxed) == generation) {
     const SlotLayout& layout = job_->layout();
     const SampleSource& source = job_->source();
@@ -411,6 +413,7 @@ bool RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index
               : base + layout.offsets[f] + static_cast<size_t>(row) * layout.fields[f].row_bytes;
     }
     SampleSource::Scratch* scratch = context.ScratchFor(job_->identity().serial, source);
+    scratch->gpu_batch = gpu_decode;
     const uint64_t seed = job_->spec().seed();
     int64_t candidate = index;
     bool filled = false;
