@@ -363,22 +363,22 @@ void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
     std::shared_ptr<RankPipeline> self = shared_from_this();
     for (size_t begin = 0; begin < n; begin += per_task) {
       const size_t end = std::min(n, begin + per_task);
-      tasks->push_back([self, s = static_cast<int>(s), gen = generation_, begin, epoch = slot.epoch,
-                        gather = slot.gather, gpu_decode = slot.gpu_decode,
-                        rows =
-                            std::vector<int64_t>(indices.begin() + begin, indices.begin() + end)](
-                           WorkerContext& context) mutable {
-        const absl::Time start = absl::Now();
-        self->job_->sampler().MapPositions(epoch, absl::MakeSpan(rows));
-        const ReadTally reads_before = ThisThreadReadTally();
-        int64_t filled = 0;
-        for (size_t i = 0; i < rows.size(); ++i) {
-          filled += self->FillRow(s, gen, static_cast<int>(begin + i), rows[i], epoch, gather,
-                                  gpu_decode, context);
-        }
-        self->NoteTask(start, absl::Now(), reads_before, filled, gather);
-        self->OnTaskDone(s, gen);
-      });
+      tasks->push_back(
+          [self, s = static_cast<int>(s), gen = generation_, begin, epoch = slot.epoch,
+           gather = slot.gather, gpu_decode = slot.gpu_decode,
+           rows = std::vector<int64_t>(indices.begin() + begin, indices.begin() + end)](
+              WorkerContext& context) mutable {
+            const absl::Time start = absl::Now();
+            self->job_->sampler().MapPositions(epoch, absl::MakeSpan(rows));
+            const ReadTally reads_before = ThisThreadReadTally();
+            int64_t filled = 0;
+            for (size_t i = 0; i < rows.size(); ++i) {
+              filled += self->FillRow(s, gen, static_cast<int>(begin + i), rows[i], epoch, gather,
+                                      gpu_decode, context);
+            }
+            self->NoteTask(start, absl::Now(), reads_before, filled, gather);
+            self->OnTaskDone(s, gen);
+          });
     }
   }
 }

@@ -127,7 +127,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
     bool gather = false;  // the ring reads the gathered field's rows (not written here)
     // The GPU's decoder takes this batch's JPEGs (GpuDecodeSplit::RouteBatch).
     bool gpu_decode = false;
-    absl::Time since;     // of the fill, for fill_seconds
+    absl::Time since;  // of the fill, for fill_seconds
   };
   // What the workers filling a host slot count without the pipeline's lock.
   struct FillCounters {
@@ -163,8 +163,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   // True when the row holds a sample (or a substitute) read now; false for a stale row,
   // a zeroed one or a failed job.
   bool FillRow(int slot, uint64_t generation, int row, int64_t index, int64_t epoch, bool gather,
-               bool gpu_decode,
-               WorkerContext& context);
+               bool gpu_decode, WorkerContext& context);
   // A fill task ran from `start` to `end`, filled `filled` rows and read what the thread's
   // ReadTally grew by since `reads_before`: counted for the job and the stall window.
   void NoteTask(absl::Time start, absl::Time end, const ReadTally& reads_before, int64_t filled,
