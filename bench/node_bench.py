@@ -304,7 +304,7 @@ def main():
                           "worker_sched_idle: true\n"))
             feeds.append(("ferry, workers nice 0", "train:ferry", "worker_nice: 0\n"))
         steps = {name: [] for name, _, _ in feeds}
-        for r in range(a.rounds):
+        for r in range(a.rounds if feeds else 0):
             for name, phase, config in (feeds if r % 2 == 0 else feeds[::-1]):
                 ranks = run_phase(a, phase, daemon(config), work)
                 steps[name].append(statistics.median(x["step_seconds"] for x in ranks))
@@ -337,9 +337,10 @@ def main():
         last = decoded[-1]
         print("ferry, images each GPU's JPEG decoder took in its last round: " + ", ".join(
             "GPU %d %d" % (g, n) for g, n in sorted(last.items())))
-    print()
-    print("| DDP ResNet-50 | step ms | vs synthetic |")
-    print("| --- | --- | --- |")
+    if steps:
+        print()
+        print("| DDP ResNet-50 | step ms | vs synthetic |")
+        print("| --- | --- | --- |")
     syn = statistics.median(steps["synthetic"]) if steps else 1
     for name, values in steps.items():
         print("| %s | %s | %.3fx |" % (name, med([1e3 * v for v in values]),
