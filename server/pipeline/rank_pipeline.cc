@@ -95,9 +95,9 @@ absl::StatusOr<std::shared_ptr<RankPipeline>> RankPipeline::Create(
   const std::string what = absl::StrCat("job ", job->identity().id, " rank ", rank, " (", num_slots,
                                         " slots of ", job->layout().slot_bytes, " bytes)");
   FERRY_ASSIGN_OR_RETURN(MemoryBudget::Reservation reservation, budget->Reserve(bytes, what));
-  FERRY_ASSIGN_OR_RETURN(
-      SharedSlab slab,
-      SharedSlab::Create(absl::StrCat(job->identity().id, "-rank", rank), bytes, numa_node));
+  FERRY_ASSIGN_OR_RETURN(SharedSlab slab,
+                         SharedSlab::Create(absl::StrCat(job->identity().id, "-rank", rank), bytes,
+                                            pool->MemoryNodeFor(numa_node)));
   std::unique_ptr<DeliveryRing> ring;
   if (ring_factory) {
     FERRY_ASSIGN_OR_RETURN(ring, ring_factory(slab));
@@ -691,6 +691,9 @@ void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
 void RankPipeline::FillStatus(ferry::v1::RankStatus* status) const {
   absl::MutexLock lock(&mutex_);
   status->set_rank(rank_);
+  status->set_numa_node(group_ >= 0 && group_ < static_cast<int>(pool_->groups().size())
+                            ? pool_->groups()[group_].numa_node
+                            : -1);
   status->set_attached(consumer_ != nullptr);
   status->set_consumer_pid(consumer_pid_);
   status->set_batch_channel(consumer_via_channel_);

@@ -76,8 +76,9 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   // is moved: keep slab.data(), not the reference.
   using RingFactory =
       std::function<absl::StatusOr<std::unique_ptr<DeliveryRing>>(const SharedSlab& slab)>;
-  // Reserves slots x slot_bytes from `budget`, allocates the slab on `numa_node` and makes
-  // its ring: `ring` (a device ring), or a HostRing when null.
+  // Reserves slots x slot_bytes from `budget`, allocates the slab on `numa_node`
+  // (WorkerPool::MemoryNodeFor) and makes its ring: `ring` (a device ring), or a HostRing
+  // when null. The pool's workers of `numa_node` fill its batches (all, for -1).
   static absl::StatusOr<std::shared_ptr<RankPipeline>> Create(std::shared_ptr<Job> job, int rank,
                                                               int num_slots, int numa_node,
                                                               WorkerPool* pool,

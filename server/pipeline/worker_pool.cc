@@ -36,6 +36,7 @@ absl::StatusOr<std::unique_ptr<WorkerPool>> WorkerPool::Create(const Topology& t
   std::unique_ptr<WorkerPool> pool(new WorkerPool());
   pool->nice_ = nice;
   pool->sched_idle_ = sched_idle;
+  pool->binds_memory_ = topology.describes_this_machine();
   for (const NumaNode& node : topology.nodes()) {
     GroupInfo g;
     g.numa_node = node.id;

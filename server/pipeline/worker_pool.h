@@ -79,6 +79,10 @@ class WorkerPool final {
 
   // The group serving NUMA node `node`, kAnyGroup for -1 or an unknown node.
   int GroupForNode(int node) const;
+  // The node whose memory should hold data for NUMA node `node`'s workers: `node` when the
+  // pool's topology is this machine's (Topology::describes_this_machine), else -1 (a fake
+  // topology's nodes may not exist here).
+  int MemoryNodeFor(int node) const { return binds_memory_ ? node : -1; }
   struct Owner {
     uint64_t job = 0;  // any id; ferry uses the job's serial
     int rank = 0;
@@ -100,6 +104,7 @@ class WorkerPool final {
   std::vector<GroupInfo> groups_;  // constant after Create
   int nice_ = 0;                   // constant after Create
   bool sched_idle_ = false;        // constant after Create
+  bool binds_memory_ = false;      // constant after Create
   const absl::Time created_ = absl::Now();
   RecentWindow busy_{1};  // seconds spent in tasks, all threads; thread-safe itself
   std::vector<std::thread> threads_;

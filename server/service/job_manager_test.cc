@@ -397,6 +397,89 @@ TEST_F(JobManagerTest, RanksOnDifferentGpusShareOneJob) {
   EXPECT_EQ(again->pipeline, moved->pipeline);
 }
 
+// Eight fake GPUs on two sockets, as the fake sysfs below lays them out: cuda:0-3 on NUMA
+// node 0, cuda:4-7 on node 1.
+class TwoSocketGpus final : public GpuProvider {
+ public:
+  absl::StatusOr<int> Resolve(const std::string& device) const override {
+    for (int i = 0; i < 8; ++i) {
+      if (device == absl::StrCat("cuda:", i)) return i;
+    }
+    return absl::FailedPreconditionError(absl::StrCat("no GPU '", device, "'"));
+  }
+  absl::Status CheckJob(const Job&) const override { return absl::OkStatus(); }
+  int NumaNode(int ordinal) const override { return ordinal < 4 ? 0 : 1; }
+  absl::StatusOr<std::unique_ptr<DeviceStage>> MakeStage(const Job&, int, const SharedSlab&,
+                                                         int slots) override {
+    return std::make_unique<IdleStage>(slots);
+  }
+  void FillStatus(ferry::v1::DaemonStatus*) const override {}
+};
+
+// A job shared by ranks on GPUs of both sockets of a 2-socket x 4-GPU host (a fake sysfs):
+// the pool has a group of workers per node on that node's CPUs, each rank's batches are
+// filled by the group of its GPU's node, and its slab is placed there (not bound here: the
+// fake topology's nodes are not this machine's).
+TEST_F(JobManagerTest, ASharedJobsRanksAreFilledOnTheirGpusNumaNode) {
+  const std::filesystem::path sys = dir_ / "sys";
+  auto write = [&](const std::string& rel, const std::string& text) {
+    std::filesystem::create_directories((sys / rel).parent_path());
+    std::ofstream(sys / rel) << text;
+  };
+  write("devices/system/node/node0/cpulist", "0-15,32-47\n");
+  write("devices/system/node/node1/cpulist", "16-31,48-63\n");
+  Topology topo = *Topology::Read(sys.string());
+  EXPECT_FALSE(topo.describes_this_machine());
+  pool_ = *WorkerPool::Create(topo, 2);
+  ASSERT_EQ(pool_->groups().size(), 2u);
+  EXPECT_EQ(pool_->groups()[0].numa_node, 0);
+  EXPECT_EQ(pool_->groups()[1].numa_node, 1);
+  EXPECT_EQ(pool_->groups()[1].cpus.front(), 16);
+  EXPECT_EQ(pool_->groups()[1].threads, 2);
+  EXPECT_EQ(pool_->MemoryNodeFor(1), -1);
+
+  TwoSocketGpus gpus;
+  std::unique_ptr<JobManager> manager = GpuManager(&gpus);
+  JobManager& m = *manager;
+  auto spec = TokensSpec(tokens_);
+  spec.set_device("cuda");
+  spec.set_world_size(4);
+  auto created = m.CreateJob(kAlice, "train", spec);
+  ASSERT_TRUE(created.ok()) << created.status();
+  const std::string id = created->job->identity().id;
+  const std::map<int, std::string> devices = {
+      {0, "cuda:1"}, {1, "cuda:3"}, {2, "cuda:4"}, {3, "cuda:7"}};
+  std::vector<JobManager::Attachment> attached;
+  for (const auto& [rank, device] : devices) {
+    auto a = m.Attach(kAlice, id, static_cast<uint32_t>(rank), device);
+    ASSERT_TRUE(a.ok()) << a.status();
+    attached.push_back(*a);
+  }
+  ferry::v1::JobStatus status;
+  m.FillJobStatus(*created->job, &status);
+  ASSERT_EQ(status.ranks_size(), 4);
+  std::map<int, std::pair<std::string, int>> placed;
+  for (const auto& r : status.ranks()) {
+    placed[static_cast<int>(r.rank())] = {r.device(), r.numa_node()};
+  }
+  EXPECT_EQ(placed,
+            (std::map<int, std::pair<std::string, int>>{
+                {0, {"cuda:1", 0}}, {1, {"cuda:3", 0}}, {2, {"cuda:4", 1}}, {3, {"cuda:7", 1}}}));
+  // One job for the four ranks: its sampler, index and status.
+  EXPECT_EQ(m.ListJobs(kAlice).size(), 1u);
+  for (const JobManager::Attachment& a : attached) EXPECT_NE(a.pipeline, nullptr);
+  // A rank's trainer that comes back on the other socket's GPU moves there.
+  auto moved = m.Attach(kAlice, id, 0, "cuda:5");
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  status.Clear();
+  m.FillJobStatus(*created->job, &status);
+  for (const auto& r : status.ranks()) {
+    if (r.rank() == 0) {
+      EXPECT_EQ(r.numa_node(), 1);
+    }
+  }
+}
+
 TEST_F(JobManagerTest, EachRankOfAGpuJobNamesItsGpu) {
   TwoGpus gpus;
   std::unique_ptr<JobManager> manager = GpuManager(&gpus);

@@ -50,6 +50,10 @@ class Topology final {
   std::vector<int> CpusForPciDevice(const std::string& bus_id) const;
   // CPUs of node `node`, or all CPUs for -1 or an unknown node.
   std::vector<int> CpusForNode(int node) const;
+  // Read from the running kernel's sysfs ("/sys"): its nodes are this machine's, and memory
+  // may be bound to them. A topology read from elsewhere (a test's fake sysfs) describes
+  // another machine.
+  bool describes_this_machine() const { return sysfs_root_ == "/sys"; }
 
  private:
   std::vector<NumaNode> nodes_;
