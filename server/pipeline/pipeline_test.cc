@@ -600,48 +600,68 @@ TEST_F(PipelineTest, FailPolicyStopsEveryRankWithTheFileName) {
   r1->Unbind(&c1);
 }
 
+// Holds every worker of a pool (one task each, parked until Release) so that what is
+// submitted meanwhile queues up; the tasks made by Tasks() record their name as they run.
+class HeldWorkers {
+ public:
+  explicit HeldWorkers(WorkerPool& pool) : workers_(pool.total_threads()) {
+    std::vector<WorkerPool::Task> blockers;
+    for (int i = 0; i < workers_; ++i) {
+      blockers.push_back([this](WorkerContext&) {
+        parked_.fetch_add(1);
+        absl::MutexLock lock(&mutex_);
+        mutex_.Await(absl::Condition(&go_));
+      });
+    }
+    pool.Submit(WorkerPool::kAnyGroup, {99}, std::move(blockers));
+    while (parked_.load() < workers_) absl::SleepFor(absl::Milliseconds(1));
+  }
+  int workers() const { return workers_; }
+  std::vector<WorkerPool::Task> Tasks(const std::string& name, int n) {
+    std::vector<WorkerPool::Task> out;
+    for (int i = 0; i < n; ++i) {
+      out.push_back([this, name](WorkerContext&) {
+        absl::MutexLock lock(&mutex_);
+        order_.push_back(name);
+      });
+    }
+    return out;
+  }
+  void Release() {
+    absl::MutexLock lock(&mutex_);
+    go_ = true;
+  }
+  // Once the pool is gone (every task ran).
+  std::vector<std::string> order() {
+    absl::MutexLock lock(&mutex_);
+    return order_;
+  }
+
+ private:
+  const int workers_;
+  std::atomic<int> parked_{0};
+  absl::Mutex mutex_;
+  bool go_ ABSL_GUARDED_BY(mutex_) = false;
+  std::vector<std::string> order_ ABSL_GUARDED_BY(mutex_);
+};
+
 TEST(WorkerPoolTest, OwnersAreServedRoundRobin) {
   Topology topo = *Topology::Read("/sys");
   auto pool = *WorkerPool::Create(topo, 1);
   // Hold every worker so the queue builds up, then let go and record the order.
-  absl::Mutex mutex;
-  bool go = false;
-  std::vector<int> order;
-  const int workers = pool->total_threads();
-  std::atomic<int> parked{0};
-  std::vector<WorkerPool::Task> blockers;
-  for (int i = 0; i < workers; ++i) {
-    blockers.push_back([&](WorkerContext&) {
-      parked.fetch_add(1);
-      absl::MutexLock lock(&mutex);
-      mutex.Await(absl::Condition(&go));
-    });
-  }
-  pool->Submit(WorkerPool::kAnyGroup, {99}, std::move(blockers));
-  while (parked.load() < workers) absl::SleepFor(absl::Milliseconds(1));
-  auto tasks = [&](int owner, int n) {
-    std::vector<WorkerPool::Task> out;
-    for (int i = 0; i < n; ++i) {
-      out.push_back([&, owner](WorkerContext&) {
-        absl::MutexLock lock(&mutex);
-        order.push_back(owner);
-      });
-    }
-    return out;
-  };
-  pool->Submit(WorkerPool::kAnyGroup, {1}, tasks(1, 100));  // a big job first...
-  pool->Submit(WorkerPool::kAnyGroup, {2}, tasks(2, 10));   // ...does not starve a small one
-  {
-    absl::MutexLock lock(&mutex);
-    go = true;
-  }
+  HeldWorkers held(*pool);
+  const int workers = held.workers();
+  pool->Submit(WorkerPool::kAnyGroup, {1}, held.Tasks("1", 100));  // a big job first...
+  pool->Submit(WorkerPool::kAnyGroup, {2}, held.Tasks("2", 10));   // ...does not starve a small one
+  held.Release();
   pool.reset();  // drains the queues, then joins
+  const std::vector<std::string> order = held.order();
   ASSERT_EQ(order.size(), 110u);
   // Owner 2's ten tasks all ran among the first 20 + workers (round-robin, a few workers
   // racing), not after owner 1's hundred.
   int last_of_2 = 0;
   for (size_t i = 0; i < order.size(); ++i) {
-    if (order[i] == 2) last_of_2 = static_cast<int>(i);
+    if (order[i] == "2") last_of_2 = static_cast<int>(i);
   }
   EXPECT_LT(last_of_2, 20 + 2 * workers);
 }
@@ -690,46 +710,21 @@ TEST(WorkerPoolTest, WorkersMayRunUnderSchedIdle) {
 }
 
 TEST(WorkerPoolTest, RanksOfOneJobAreServedRoundRobinAndTheJobTakesOneTurn) {
-  // One worker, held while the queue builds up, so the order is exactly the queue's.
+  // Every worker held while the queue builds up, so the order is the queue's.
   Topology topo = *Topology::Read("/sys");
   auto pool = *WorkerPool::Create(topo, 1);
   ASSERT_GE(pool->total_threads(), 1);
-  absl::Mutex mutex;
-  bool go = false;
-  std::vector<std::string> order;
-  const int workers = pool->total_threads();
-  std::atomic<int> parked{0};
-  std::vector<WorkerPool::Task> blockers;
-  for (int i = 0; i < workers; ++i) {
-    blockers.push_back([&](WorkerContext&) {
-      parked.fetch_add(1);
-      absl::MutexLock lock(&mutex);
-      mutex.Await(absl::Condition(&go));
-    });
-  }
-  pool->Submit(WorkerPool::kAnyGroup, {99}, std::move(blockers));
-  while (parked.load() < workers) absl::SleepFor(absl::Milliseconds(1));
-  auto tasks = [&](std::string name, int n) {
-    std::vector<WorkerPool::Task> out;
-    for (int i = 0; i < n; ++i) {
-      out.push_back([&, name](WorkerContext&) {
-        absl::MutexLock lock(&mutex);
-        order.push_back(name);
-      });
-    }
-    return out;
-  };
+  HeldWorkers held(*pool);
+  const int workers = held.workers();
   // Job 1's rank 0 queued 60 rows before its ranks 1 and 2 (their trainers started later,
   // on other GPUs) queued 10 each; job 2, of one rank, queued 20.
-  pool->Submit(WorkerPool::kAnyGroup, {1, 0}, tasks("1.0", 60));
-  pool->Submit(WorkerPool::kAnyGroup, {1, 1}, tasks("1.1", 10));
-  pool->Submit(WorkerPool::kAnyGroup, {1, 2}, tasks("1.2", 10));
-  pool->Submit(WorkerPool::kAnyGroup, {2, 0}, tasks("2.0", 20));
-  {
-    absl::MutexLock lock(&mutex);
-    go = true;
-  }
+  pool->Submit(WorkerPool::kAnyGroup, {1, 0}, held.Tasks("1.0", 60));
+  pool->Submit(WorkerPool::kAnyGroup, {1, 1}, held.Tasks("1.1", 10));
+  pool->Submit(WorkerPool::kAnyGroup, {1, 2}, held.Tasks("1.2", 10));
+  pool->Submit(WorkerPool::kAnyGroup, {2, 0}, held.Tasks("2.0", 20));
+  held.Release();
   pool.reset();
+  const std::vector<std::string> order = held.order();
   ASSERT_EQ(order.size(), 100u);
   // Each row is one of the last `workers` taken, give or take the workers racing: counted
   // over a prefix, ranks 1 and 2 keep pace with rank 0, and job 2 with job 1 as a whole.
