@@ -1,14 +1,20 @@
 #include "server/metrics/metrics_server.h"
 
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
+#include "common/unique_fd.h"
 #include "gtest/gtest.h"
 #include "server/metrics/prometheus_text.h"
 
@@ -98,6 +104,104 @@ TEST(MetricsServerTest, ServesOnAUnixSocketWithItsModeAndRemovesIt) {
   }
   EXPECT_NE(access(path.c_str(), F_OK), 0) << "socket left behind";
   rmdir(dir_template);
+}
+
+// A TCP connection to 127.0.0.1:`port`, or an invalid fd.
+UniqueFd Connect(int port) {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return UniqueFd();
+  }
+  return fd;
+}
+
+// Everything the server sends until it closes the connection (or `limit` passes).
+std::string ReadUntilClosed(int fd, std::chrono::milliseconds limit) {
+  std::string got;
+  const auto until = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        until - std::chrono::steady_clock::now());
+    pollfd p{fd, POLLIN, 0};
+    if (left.count() <= 0 || poll(&p, 1, static_cast<int>(left.count())) <= 0)
+      return got + "<open>";
+    char buffer[4096];
+    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+    if (n <= 0) return got;
+    got.append(buffer, static_cast<size_t>(n));
+  }
+}
+
+TEST(MetricsServerTest, IdleConnectionsDoNotKeepAScrapeOut) {
+  // Far more idle connections than the bound: each new one closes the oldest idle one, and
+  // a scrape is answered at once (it used to wait for the idle ones to time out, one by one
+  // per answering thread).
+  std::atomic<int> calls{0};
+  MetricsLimits limits;
+  limits.max_connections = 8;
+  limits.request_timeout = absl::Seconds(60);
+  auto server = MetricsServer::Start(Loopback(0), 0600, CountingSource(&calls), limits);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<UniqueFd> idle;
+  for (int i = 0; i < 200; ++i) {
+    idle.push_back(Connect((*server)->bound_port()));
+    ASSERT_TRUE(idle.back().valid());
+  }
+  httplib::Client client("127.0.0.1", (*server)->bound_port());
+  client.set_read_timeout(30);
+  auto response = client.Get("/metrics");
+  ASSERT_TRUE(response) << httplib::to_string(response.error());
+  EXPECT_EQ(response->status, 200);
+  EXPECT_EQ(calls.load(), 1);
+  // The first idle connections were closed to make room.
+  EXPECT_EQ(ReadUntilClosed(idle.front().get(), std::chrono::seconds(10)), "");
+  EXPECT_GE((*server)->dropped(), 190u);
+  EXPECT_EQ((*server)->answered(), 1u);
+}
+
+TEST(MetricsServerTest, AnOversizedRequestHeadIsRefusedAndNotKept) {
+  std::atomic<int> calls{0};
+  MetricsLimits limits;
+  limits.max_request_head_bytes = 4096;
+  auto server = MetricsServer::Start(Loopback(0), 0600, CountingSource(&calls), limits);
+  ASSERT_TRUE(server.ok()) << server.status();
+  UniqueFd fd = Connect((*server)->bound_port());
+  ASSERT_TRUE(fd.valid());
+  std::string request = "GET /metrics HTTP/1.1\r\nHost: x\r\n";
+  while (request.size() < 64 * 1024) request += "X-Padding: " + std::string(100, 'a') + "\r\n";
+  // The server may close before taking all of it: only what it answers matters.
+  (void)send(fd.get(), request.data(), request.size(), MSG_NOSIGNAL);
+  const std::string answer = ReadUntilClosed(fd.get(), std::chrono::seconds(10));
+  EXPECT_EQ(answer.rfind("HTTP/1.1 431 ", 0), 0u) << answer;
+  EXPECT_NE(answer.find("GET /metrics"), std::string::npos) << answer;
+  EXPECT_EQ(calls.load(), 0);
+  // A request just under the bound is answered.
+  UniqueFd ok = Connect((*server)->bound_port());
+  std::string small =
+      "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Padding: " + std::string(3000, 'b') + "\r\n\r\n";
+  ASSERT_EQ(send(ok.get(), small.data(), small.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(small.size()));
+  EXPECT_EQ(ReadUntilClosed(ok.get(), std::chrono::seconds(10)).rfind("HTTP/1.1 200 ", 0), 0u);
+  EXPECT_EQ(calls.load(), 1);
+}
+
+TEST(MetricsServerTest, ARequestNotCompleteInTimeIsClosed) {
+  std::atomic<int> calls{0};
+  MetricsLimits limits;
+  limits.request_timeout = absl::Milliseconds(200);
+  auto server = MetricsServer::Start(Loopback(0), 0600, CountingSource(&calls), limits);
+  ASSERT_TRUE(server.ok()) << server.status();
+  UniqueFd fd = Connect((*server)->bound_port());
+  const std::string partial = "GET /metrics HTTP/1.1\r\nHost: x\r\n";  // no blank line
+  ASSERT_EQ(send(fd.get(), partial.data(), partial.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(partial.size()));
+  EXPECT_EQ(ReadUntilClosed(fd.get(), std::chrono::seconds(20)), "");
+  EXPECT_EQ((*server)->dropped(), 1u);
+  EXPECT_EQ(calls.load(), 0);
 }
 
 TEST(MetricsServerTest, StopsWhenDestroyedAtOnce) {
