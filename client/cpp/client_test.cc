@@ -79,13 +79,19 @@ class TempDir {
 // A scripted session-socket server: accepts one client and runs `script` on it.
 class FakeSessionServer {
  public:
-  FakeSessionServer(const std::string& grpc_socket, std::function<void(int)> script) {
+  FakeSessionServer(const std::string& grpc_socket, std::function<void(int)> script)
+      : FakeSessionServer(grpc_socket, std::vector<std::function<void(int)>>{std::move(script)}) {}
+  // One script per connection, in the order they come; each connection closes when its
+  // script returns.
+  FakeSessionServer(const std::string& grpc_socket, std::vector<std::function<void(int)>> scripts) {
     auto fd = ListenUnix(SessionSocketPath(grpc_socket), SOCK_SEQPACKET, 0600);
     EXPECT_TRUE(fd.ok()) << fd.status();
     listener_ = std::move(*fd);
-    thread_ = std::thread([this, script = std::move(script)] {
-      UniqueFd conn(::accept(listener_.get(), nullptr, nullptr));
-      if (conn.valid()) script(conn.get());
+    thread_ = std::thread([this, scripts = std::move(scripts)] {
+      for (const auto& script : scripts) {
+        UniqueFd conn(::accept(listener_.get(), nullptr, nullptr));
+        if (conn.valid()) script(conn.get());
+      }
     });
   }
   ~FakeSessionServer() { thread_.join(); }
@@ -268,6 +274,63 @@ TEST(SessionTest, DaemonGoneOnceTheSessionSocketCloses) {
   checked_alive.Notify();
   closed.WaitForNotification();
   EXPECT_TRUE((*session)->DaemonGone());
+}
+
+TEST(SessionTest, AfterAByeTheNextUseOpensANewSessionAndTheDaemonIsNotGone) {
+  TempDir dir;
+  const std::string address = dir.path() + "/ferryd.sock";
+  absl::Notification bye_sent;
+  FakeSessionServer server(address,
+                           {[&](int fd) {
+                              (void)SendPacket(fd, "HELLO t1 7");
+                              (void)SendPacket(fd, "BYE idle for 10m with no consumer attached");
+                              bye_sent.Notify();  // and the connection closes, as ferryd closes it
+                            },
+                            [&](int fd) {
+                              (void)SendPacket(fd, "HELLO t2 7");
+                              auto request = RecvPacket(fd);
+                              ASSERT_TRUE(request.ok());
+                              EXPECT_EQ(*request, "FD att-1");
+                              (void)SendPacket(fd, "ERR attachment att-1 does not exist");
+                              (void)RecvPacket(fd);
+                            }});
+  auto session = internal::Session::Open(address);
+  ASSERT_TRUE(session.ok()) << session.status();
+  bye_sent.WaitForNotification();
+  absl::SleepFor(absl::Milliseconds(50));  // the close reaches this end
+  EXPECT_FALSE((*session)->DaemonGone()) << "ferryd said BYE: it closed an idle session";
+  EXPECT_EQ((*session)->token(), "t2");
+  auto refused = (*session)->FetchSlab("att-1");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_FALSE((*session)->DaemonGone());
+  session->reset();
+}
+
+TEST(SessionTest, AByeInPlaceOfAnAnswerAsksAgainOnANewSession) {
+  TempDir dir;
+  const std::string address = dir.path() + "/ferryd.sock";
+  FakeSessionServer server(address,
+                           {[&](int fd) {
+                              (void)SendPacket(fd, "HELLO t1 7");
+                              auto request = RecvPacket(fd);  // closed for idleness as it came
+                              ASSERT_TRUE(request.ok());
+                              (void)SendPacket(fd, "BYE idle for 10m with no consumer attached");
+                            },
+                            [&](int fd) {
+                              (void)SendPacket(fd, "HELLO t2 7");
+                              auto request = RecvPacket(fd);
+                              ASSERT_TRUE(request.ok());
+                              EXPECT_EQ(*request, "FD att-1");
+                              (void)SendPacket(fd, "ERR attachment att-1 does not exist");
+                              (void)RecvPacket(fd);
+                            }});
+  auto session = internal::Session::Open(address);
+  ASSERT_TRUE(session.ok()) << session.status();
+  auto refused = (*session)->FetchSlab("att-1");
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("att-1 does not exist"));
+  EXPECT_EQ((*session)->token(), "t2");
+  session->reset();
 }
 
 TEST(SlabMappingTest, RefusesAFileSmallerThanAnnounced) {

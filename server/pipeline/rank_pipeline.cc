@@ -188,6 +188,11 @@ bool RankPipeline::bound() const {
   return consumer_ != nullptr;
 }
 
+int RankPipeline::consumer_pid() const {
+  absl::MutexLock lock(&mutex_);
+  return consumer_ != nullptr ? consumer_pid_ : 0;
+}
+
 void RankPipeline::Unbind(BatchConsumer* consumer) {
   std::vector<WorkerPool::Task> tasks;
   int pid = -1;

@@ -98,6 +98,8 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   // no more device work (DeliveryRing::StopDeviceWork).
   void Shutdown(const absl::Status& reason);
   bool bound() const;
+  // The process bound to this rank; 0 when none is.
+  int consumer_pid() const;
 
   // INVALID_ARGUMENT for an epoch < 0 or first_batch outside [0, batches_per_epoch].
   absl::Status StartEpoch(BatchConsumer* consumer, int64_t epoch, int64_t first_batch);

@@ -12,6 +12,7 @@
 #include "google/protobuf/text_format.h"
 #include "server/metrics/metrics_address.h"
 #include "server/service/job_manager.h"
+#include "server/service/session_server.h"
 #include "server/transport/gather_options.h"
 
 namespace ferry {
@@ -57,6 +58,10 @@ void ApplyDefaults(ferry::v1::DaemonConfig* c) {
   }
   if (c->max_sessions() == 0) c->set_max_sessions(4096);
   if (c->max_sessions_per_uid() == 0) c->set_max_sessions_per_uid(1024);
+  if (!c->has_session_idle_timeout_seconds()) {
+    c->set_session_idle_timeout_seconds(
+        static_cast<uint32_t>(absl::ToInt64Seconds(SessionLimits().idle_timeout)));
+  }
   if (c->gather_thread_blocks() == 0) {
     c->set_gather_thread_blocks(static_cast<uint32_t>(gather.thread_blocks));
   }

@@ -134,6 +134,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       std::min<size_t>(config.max_sessions(), std::max<size_t>(16, RaiseDescriptorLimit() / 2));
   session_limits.max_sessions_per_uid =
       std::min<size_t>(config.max_sessions_per_uid(), session_limits.max_sessions);
+  session_limits.idle_timeout = absl::Seconds(config.session_idle_timeout_seconds());
   JobManager* jobs = d->jobs_.get();
   FERRY_ASSIGN_OR_RETURN(
       d->sessions_,
@@ -154,7 +155,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
             // are unread at a time, and one Release per slot comes back.
             return BatchChannel::Create(2 * static_cast<uint32_t>(pipeline->num_slots()) + 8);
           },
-          session_limits));
+          session_limits,
+          [jobs](const PeerCredentials& peer) { return jobs->HasConsumer(peer.pid); }));
   FERRY_ASSIGN_OR_RETURN(d->channels_, ChannelPoller::Start());
   Daemon* raw = d.get();
   d->service_ = std::make_unique<FerryService>(

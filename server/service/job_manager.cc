@@ -736,6 +736,16 @@ int JobManager::Consumers() {
   return consumers;
 }
 
+bool JobManager::HasConsumer(int pid) {
+  absl::MutexLock lock(&mutex_);
+  for (auto& [id, entry] : jobs_) {
+    for (const auto& [rank, pipeline] : entry.ranks) {
+      if (pipeline->consumer_pid() == pid) return true;
+    }
+  }
+  return false;
+}
+
 int JobManager::LeasedSlots() {
   std::vector<std::shared_ptr<RankPipeline>> all;
   {

@@ -131,6 +131,8 @@ class JobManager final {
   int LeasedSlots();
   // Ranks with a consumer bound, over all jobs and users.
   int Consumers();
+  // True while process `pid` consumes some rank of some job (its stream is bound).
+  bool HasConsumer(int pid);
 
   // Deletes the jobs that have had no consumer for job_idle_timeout (none when it is zero),
   // as DeleteJob would; returns their ids. Called every second or so: a job's idle time is

@@ -18,30 +18,33 @@
 
 namespace ferry {
 
-absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(const std::string& path,
-                                                                    unsigned mode,
-                                                                    FdProvider fd_provider,
-                                                                    ChannelFactory channel_factory,
-                                                                    SessionLimits limits) {
+absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(
+    const std::string& path, unsigned mode, FdProvider fd_provider, ChannelFactory channel_factory,
+    SessionLimits limits, InUse in_use) {
   FERRY_ASSIGN_OR_RETURN(UniqueFd listener, ListenUnix(path, SOCK_SEQPACKET, mode));
   UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return absl::InternalError("eventfd failed");
-  std::unique_ptr<SessionServer> server(new SessionServer(path, std::move(listener),
-                                                          std::move(wake), std::move(fd_provider),
-                                                          std::move(channel_factory), limits));
+  // One uid may hold at most a quarter of the sessions: one user's clients never lock out
+  // the others (nor, with the administrators' reserve, root).
+  limits.max_sessions_per_uid =
+      std::min(limits.max_sessions_per_uid, std::max<size_t>(1, limits.max_sessions / 4));
+  std::unique_ptr<SessionServer> server(
+      new SessionServer(path, std::move(listener), std::move(wake), std::move(fd_provider),
+                        std::move(channel_factory), limits, std::move(in_use)));
   server->thread_ = std::thread([s = server.get()] { s->Run(); });
   return server;
 }
 
 SessionServer::SessionServer(std::string path, UniqueFd listener, UniqueFd wake,
                              FdProvider provider, ChannelFactory channel_factory,
-                             SessionLimits limits)
+                             SessionLimits limits, InUse in_use)
     : path_(std::move(path)),
       listener_(std::move(listener)),
       wake_(std::move(wake)),
       fd_provider_(std::move(provider)),
       channel_factory_(std::move(channel_factory)),
       limits_(limits),
+      in_use_(std::move(in_use)),
       spare_fd_(::open("/dev/null", O_RDONLY | O_CLOEXEC)) {}
 
 SessionServer::~SessionServer() {
@@ -57,11 +60,12 @@ size_t SessionServer::live_sessions() const {
   return by_token_.size();
 }
 
-std::optional<PeerCredentials> SessionServer::Lookup(const std::string& token) const {
+std::optional<PeerCredentials> SessionServer::Lookup(const std::string& token) {
   absl::MutexLock lock(&mutex_);
   auto it = by_token_.find(token);
   if (it == by_token_.end()) return std::nullopt;
-  return it->second;
+  it->second.active = absl::Now();
+  return it->second.peer;
 }
 
 std::shared_ptr<BatchChannel> SessionServer::TakeChannel(const std::string& token,
@@ -74,7 +78,7 @@ std::shared_ptr<BatchChannel> SessionServer::TakeChannel(const std::string& toke
   std::shared_ptr<BatchChannel> channel = std::move(it->second);
   session->second.erase(it);
   auto peer = by_token_.find(token);  // live: Close drops a session's channels with it
-  if (peer != by_token_.end()) CountWaiting(peer->second.uid, -1);
+  if (peer != by_token_.end()) CountWaiting(peer->second.peer.uid, -1);
   return channel;
 }
 
@@ -95,6 +99,7 @@ void SessionServer::Close(int fd) {
       waiting_channels_.erase(waiting);
     }
   }
+  if (!it->second.administrator) --user_sessions_;
   auto count = sessions_per_uid_.find(it->second.peer.uid);
   if (count != sessions_per_uid_.end() && --count->second == 0) sessions_per_uid_.erase(count);
   sessions_.erase(it);
@@ -112,10 +117,17 @@ void SessionServer::Run() {
     const bool resting = absl::Now() < listener_rests_until;
     fds.push_back({listener_.get(), static_cast<short>(resting ? 0 : POLLIN), 0});
     for (const auto& [fd, session] : sessions_) fds.push_back({fd, POLLIN, 0});
-    const int timeout_ms =
-        resting
-            ? static_cast<int>(absl::ToInt64Milliseconds(listener_rests_until - absl::Now())) + 1
-            : -1;
+    // Idle sessions are looked for every second (or sooner for a shorter timeout).
+    const absl::Duration sweep =
+        std::min(absl::Seconds(1), limits_.idle_timeout / 2) + absl::Milliseconds(1);
+    absl::Time wake_at = absl::InfiniteFuture();
+    if (resting) wake_at = listener_rests_until;
+    if (limits_.idle_timeout > absl::ZeroDuration())
+      wake_at = std::min(wake_at, absl::Now() + sweep);
+    const int timeout_ms = wake_at == absl::InfiniteFuture()
+                               ? -1
+                               : static_cast<int>(std::max<int64_t>(
+                                     0, absl::ToInt64Milliseconds(wake_at - absl::Now()) + 1));
     if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       FERRY_LOG(ERROR) << "session socket poll failed: " << strerror(errno);
@@ -129,6 +141,7 @@ void SessionServer::Run() {
       if (fds[i].revents == 0) continue;
       if (!Serve(fds[i].fd)) Close(fds[i].fd);
     }
+    if (limits_.idle_timeout > absl::ZeroDuration()) CloseIdleSessions(absl::Now());
   }
   absl::MutexLock lock(&mutex_);
   by_token_.clear();
@@ -168,8 +181,13 @@ bool SessionServer::Accept() {
     return true;
   }
   size_t& mine = sessions_per_uid_[peer->uid];
-  if (mine >= limits_.max_sessions_per_uid || sessions_.size() >= limits_.max_sessions) {
-    const bool per_uid = mine >= limits_.max_sessions_per_uid;
+  const bool administrator = peer->uid == 0 || peer->uid == geteuid();
+  // Users share max_sessions; administrators may also take the reserve beyond it.
+  const bool full =
+      administrator ? sessions_.size() >= limits_.max_sessions + limits_.reserved_for_administrators
+                    : user_sessions_ >= limits_.max_sessions;
+  if ((!administrator && mine >= limits_.max_sessions_per_uid) || full) {
+    const bool per_uid = !administrator && mine >= limits_.max_sessions_per_uid;
     if (mine == 0) sessions_per_uid_.erase(peer->uid);
     const std::string why =
         per_uid ? absl::StrCat("uid ", peer->uid, " has ", limits_.max_sessions_per_uid,
@@ -183,11 +201,12 @@ bool SessionServer::Accept() {
     return true;
   }
   ++mine;
-  Session session{std::move(fd), *peer, RandomHex(16)};
+  if (!administrator) ++user_sessions_;
+  Session session{std::move(fd), *peer, RandomHex(16), administrator};
   // Known before the client can learn it: its first RPC may race this thread.
   {
     absl::MutexLock lock(&mutex_);
-    by_token_[session.token] = session.peer;
+    by_token_[session.token] = Known{session.peer, absl::Now()};
   }
   const int key = session.fd.get();
   const std::string hello = absl::StrCat("HELLO ", session.token, " ", getpid());
@@ -216,6 +235,11 @@ bool SessionServer::Serve(int fd) {
   auto message = RecvPacket(fd);
   if (!message.ok()) return false;  // closed or broken: the session ends
   const Session& session = sessions_.at(fd);
+  {
+    absl::MutexLock lock(&mutex_);
+    auto known = by_token_.find(session.token);
+    if (known != by_token_.end()) known->second.active = absl::Now();
+  }
   if (absl::StartsWith(*message, "FD ")) {
     const std::string attach_id = message->substr(3);
     auto provided = fd_provider_(session.peer, attach_id);
@@ -268,6 +292,32 @@ bool SessionServer::ServeChannel(int fd, const std::string& attach_id) {
   // ferryd keeps its mapping and its own wake sockets; the trainer's fds are its now.
   channel->DropHandoverFds();
   return sent;
+}
+
+void SessionServer::CloseIdleSessions(absl::Time now) {
+  std::vector<int> idle;
+  {
+    absl::MutexLock lock(&mutex_);
+    for (const auto& [fd, session] : sessions_) {
+      auto known = by_token_.find(session.token);
+      if (known == by_token_.end() || now - known->second.active < limits_.idle_timeout) continue;
+      if (waiting_channels_.contains(session.token)) continue;
+      idle.push_back(fd);
+    }
+  }
+  for (int fd : idle) {
+    const Session& session = sessions_.at(fd);
+    if (in_use_ != nullptr && in_use_(session.peer)) continue;
+    pollfd pending{fd, POLLIN, 0};
+    if (poll(&pending, 1, 0) != 0) continue;  // a request came: it is served first
+    FERRY_LOG(INFO) << "closing the session of pid " << session.peer.pid << " (uid "
+                    << session.peer.uid << "): idle for "
+                    << absl::FormatDuration(limits_.idle_timeout)
+                    << " with no consumer attached (session_idle_timeout_seconds)";
+    (void)SendPacket(fd, absl::StrCat("BYE idle for ", absl::FormatDuration(limits_.idle_timeout),
+                                      " with no consumer attached; open a new session"));
+    Close(fd);
+  }
 }
 
 }  // namespace ferry

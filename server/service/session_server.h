@@ -19,6 +19,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/batch_channel.h"
 #include "common/session_protocol.h"
 #include "common/unique_fd.h"
@@ -29,8 +30,16 @@ namespace ferry {
 // one user's runaway clients cannot lock other users out, nor take the descriptors ferryd
 // needs to answer anyone.
 struct SessionLimits {
-  size_t max_sessions = 4096;          // Default: 4096 in all
-  size_t max_sessions_per_uid = 1024;  // Default: 1024 per uid
+  size_t max_sessions = 4096;          // in all, for users other than the administrators
+  size_t max_sessions_per_uid = 1024;  // per uid; Start keeps it under max_sessions / 4
+  // Sessions of root and of ferryd's own user beyond max_sessions: the administrator's
+  // `ferryctl status` gets in when other users hold every session.
+  size_t reserved_for_administrators = 16;
+  // A session with nothing in use (SessionServer::InUse says no, no batch channel waiting)
+  // that sent nothing and carried no RPC (Lookup) for this long is closed, after a
+  // "BYE <why>" the client library takes as "open a new session when next used".
+  // Zero keeps idle sessions.
+  absl::Duration idle_timeout = absl::Minutes(10);
 };
 
 class SessionServer final {
@@ -43,15 +52,21 @@ class SessionServer final {
   using ChannelFactory = std::function<absl::StatusOr<std::unique_ptr<BatchChannel>>(
       const PeerCredentials& peer, const std::string& attach_id)>;
 
+  // True while the session of `peer` must stay open however long it is silent (its process
+  // consumes batches of some job). Called on the session thread; must not block.
+  using InUse = std::function<bool(const PeerCredentials& peer)>;
+
   static absl::StatusOr<std::unique_ptr<SessionServer>> Start(
       const std::string& path, unsigned mode, FdProvider fd_provider,
-      ChannelFactory channel_factory, SessionLimits limits = SessionLimits());
+      ChannelFactory channel_factory, SessionLimits limits = SessionLimits(),
+      InUse in_use = nullptr);
   ~SessionServer();  // stops the thread, closes every session, removes the socket file
   SessionServer(const SessionServer&) = delete;
   SessionServer& operator=(const SessionServer&) = delete;
 
-  // Credentials of a live session, nullopt for an unknown or closed one.
-  std::optional<PeerCredentials> Lookup(const std::string& token) const;
+  // Credentials of a live session, nullopt for an unknown or closed one. A lookup is the
+  // session's activity: it is not idle (SessionLimits::idle_timeout) for a while.
+  std::optional<PeerCredentials> Lookup(const std::string& token);
   // The channel session `token` fetched for `attach_id` ("CHANNEL <attach_id>"), handed over
   // once: null when there is none (never fetched, already taken, or the session closed).
   std::shared_ptr<BatchChannel> TakeChannel(const std::string& token, const std::string& attach_id);
@@ -66,8 +81,10 @@ class SessionServer final {
 
  private:
   SessionServer(std::string path, UniqueFd listener, UniqueFd wake, FdProvider provider,
-                ChannelFactory channel_factory, SessionLimits limits);
+                ChannelFactory channel_factory, SessionLimits limits, InUse in_use);
   void Run();
+  // Closes the sessions idle for limits_.idle_timeout at `now`, each after a "BYE".
+  void CloseIdleSessions(absl::Time now);
   // Accepts one pending connection. Out of descriptors, it gives up its spare one to accept
   // and refuse the connection (the listener would otherwise stay readable and the thread
   // spin); false when even that failed and the listener should rest a while.
@@ -89,6 +106,7 @@ class SessionServer final {
   const FdProvider fd_provider_;
   const ChannelFactory channel_factory_;
   const SessionLimits limits_;
+  const InUse in_use_;
   std::thread thread_;
   UniqueFd spare_fd_;  // /dev/null, given up to refuse a connection when out of descriptors
 
@@ -96,13 +114,19 @@ class SessionServer final {
     UniqueFd fd;
     PeerCredentials peer;
     std::string token;
+    bool administrator = false;  // root or ferryd's user: may use the reserve
   };
   // Owned and touched by the session thread only.
   absl::flat_hash_map<int, Session> sessions_;
   absl::flat_hash_map<unsigned, size_t> sessions_per_uid_;  // no zero entries
+  size_t user_sessions_ = 0;  // sessions of users other than the administrators
 
   mutable absl::Mutex mutex_;
-  absl::flat_hash_map<std::string, PeerCredentials> by_token_ ABSL_GUARDED_BY(mutex_);
+  struct Known {
+    PeerCredentials peer;
+    absl::Time active;  // its last request or Lookup
+  };
+  absl::flat_hash_map<std::string, Known> by_token_ ABSL_GUARDED_BY(mutex_);
   // token -> attach_id -> channel fetched but not yet opened by a stream
   absl::flat_hash_map<std::string, absl::flat_hash_map<std::string, std::shared_ptr<BatchChannel>>>
       waiting_channels_ ABSL_GUARDED_BY(mutex_);

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -13,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -21,6 +23,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
@@ -40,14 +43,15 @@ class SessionServerTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
   }
 
-  void StartServer(SessionLimits limits = SessionLimits()) {
+  void StartServer(SessionLimits limits = SessionLimits(), SessionServer::InUse in_use = nullptr) {
     auto server = SessionServer::Start(
         dir_ + "/ferryd.session.sock", 0666,
         [](const PeerCredentials&,
            const std::string& attach_id) -> absl::StatusOr<std::pair<int, uint64_t>> {
           return absl::NotFoundError(absl::StrCat("no attachment '", attach_id, "'"));
         },
-        [](const PeerCredentials&, const std::string&) { return BatchChannel::Create(8); }, limits);
+        [](const PeerCredentials&, const std::string&) { return BatchChannel::Create(8); }, limits,
+        std::move(in_use));
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
   }
@@ -151,44 +155,147 @@ TEST_F(SessionServerTest, AClientThatDoesNotReadItsAnswersIsClosedAndOthersAreSe
   EXPECT_TRUE(ended);
 }
 
-TEST_F(SessionServerTest, SessionsAreBoundedPerUidSoOneUserCannotLockOutAnother) {
-  StartServer(SessionLimits{.max_sessions = 6, .max_sessions_per_uid = 4});
-  std::vector<UniqueFd> mine;
-  for (int i = 0; i < 4; ++i) {
-    mine.push_back(Connect());
-    ASSERT_TRUE(mine.back().valid()) << i;
+// A child process of uid `uid` that opens `count` sessions, reports each greeting ("HELLO"
+// or the refusal) and holds them open until Release kills it.
+class OtherUser {
+ public:
+  OtherUser(const std::string& socket_path, unsigned uid, int count) {
+    int results[2];
+    if (pipe(results) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      close(results[0]);
+      if (setgid(uid) != 0 || setuid(uid) != 0) _exit(2);
+      std::vector<UniqueFd> sessions;
+      std::string report;
+      for (int i = 0; i < count; ++i) {
+        auto fd = ConnectUnix(socket_path, SOCK_SEQPACKET);
+        pollfd p{fd.ok() ? fd->get() : -1, POLLIN, 0};
+        std::string greeting = "no answer";
+        if (fd.ok() && poll(&p, 1, 10000) == 1) {
+          auto packet = RecvPacket(fd->get());
+          if (packet.ok()) greeting = absl::StartsWith(*packet, "HELLO ") ? "HELLO" : *packet;
+        }
+        if (fd.ok()) sessions.push_back(*std::move(fd));
+        report += greeting + "\n";
+      }
+      report += "DONE\n";
+      if (write(results[1], report.data(), report.size()) != static_cast<ssize_t>(report.size())) {
+        _exit(3);
+      }
+      for (;;) pause();
+    }
+    close(results[1]);
+    std::string got;
+    char buffer[4096];
+    ssize_t n;
+    while (!absl::EndsWith(got, "DONE\n") && (n = read(results[0], buffer, sizeof(buffer))) > 0) {
+      got.append(buffer, static_cast<size_t>(n));
+    }
+    close(results[0]);
+    for (absl::string_view line : absl::StrSplit(got, '\n', absl::SkipEmpty())) {
+      if (line != "DONE") greetings_.emplace_back(line);
+    }
   }
-  EXPECT_EQ(Greeting(), absl::StrCat("ERR uid ", geteuid(),
-                                     " has 4 sessions open, the most "
-                                     "ferryd allows one user (max_sessions_per_uid); close idle "
-                                     "clients"));
-  // A session that closes gives its place back.
-  mine.pop_back();
+  ~OtherUser() { Release(); }
+  void Release() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    pid_ = -1;
+  }
+  const std::vector<std::string>& greetings() const { return greetings_; }
+
+ private:
+  pid_t pid_ = -1;
+  std::vector<std::string> greetings_;
+};
+
+TEST_F(SessionServerTest, SessionsAreBoundedPerUidSoOneUserCannotLockOutAnother) {
+  if (geteuid() != 0) GTEST_SKIP() << "not root: cannot connect as other uids";
+  // 8 in all: one uid may hold at most a quarter of them (2), whatever max_sessions_per_uid
+  // says, and root and ferryd's user have 2 more.
+  StartServer(SessionLimits{
+      .max_sessions = 8, .max_sessions_per_uid = 1000, .reserved_for_administrators = 2});
+  const std::string path = server_->path();
+  std::vector<std::unique_ptr<OtherUser>> users;
+  for (unsigned uid : {65534u, 65533u, 65532u, 65531u}) {
+    users.push_back(std::make_unique<OtherUser>(path, uid, 3));
+    EXPECT_EQ(users.back()->greetings(),
+              (std::vector<std::string>{
+                  "HELLO", "HELLO",
+                  absl::StrCat("ERR uid ", uid,
+                               " has 2 sessions open, the most ferryd allows one user "
+                               "(max_sessions_per_uid); close idle clients")}))
+        << "uid " << uid;
+  }
+  // Every session of the users is taken: a fifth user is refused, root is not.
+  OtherUser fifth(path, 65530, 1);
+  EXPECT_EQ(fifth.greetings(),
+            std::vector<std::string>{
+                "ERR ferryd has 8 sessions open, the most it allows (max_sessions); try again "
+                "later"});
+  UniqueFd root_a = Connect();
+  UniqueFd root_b = Connect();
+  EXPECT_TRUE(root_a.valid());
+  EXPECT_TRUE(root_b.valid());
+  EXPECT_TRUE(absl::StartsWith(Greeting(), "ERR ferryd has 8 sessions open")) << "reserve used";
+  // A user's session that closes gives its place back.
+  users[0]->Release();
   bool again = false;
   for (int i = 0; i < 1000 && !again; ++i) {  // ferryd notices the close on its own time
-    UniqueFd fd;
-    again = absl::StartsWith(Greeting(&fd), "HELLO ");
-    if (again) mine.push_back(std::move(fd));
+    OtherUser back(path, 65534, 1);
+    again = back.greetings() == std::vector<std::string>{"HELLO"};
     if (!again) usleep(10000);
   }
-  ASSERT_TRUE(again);
+  EXPECT_TRUE(again);
+}
 
-  if (geteuid() != 0) GTEST_SKIP() << "not root: cannot connect as another uid";
-  // Another uid is greeted while this one is at its bound, up to the bound in all.
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(2);
-    UniqueFd a, b;
-    if (!absl::StartsWith(Greeting(&a), "HELLO ")) _exit(3);
-    if (!absl::StartsWith(Greeting(&b), "HELLO ")) _exit(4);
-    _exit(absl::StrContains(Greeting(), "ferryd has 6 sessions open") ? 0 : 5);
+TEST_F(SessionServerTest, IdleSessionsAreClosedWithAByeUnlessInUseOrActive) {
+  std::atomic<bool> in_use{false};
+  StartServer(SessionLimits{.idle_timeout = absl::Milliseconds(300)},
+              [&](const PeerCredentials&) { return in_use.load(); });
+  // Silent, nothing in use: closed after a BYE.
+  UniqueFd idle = Connect();
+  ASSERT_TRUE(idle.valid());
+  ASSERT_TRUE(Readable(idle.get(), 10000));
+  auto bye = RecvPacket(idle.get());
+  ASSERT_TRUE(bye.ok()) << bye.status();
+  EXPECT_TRUE(absl::StartsWith(*bye, "BYE idle for 300ms")) << *bye;
+  ASSERT_TRUE(Readable(idle.get(), 10000));
+  EXPECT_FALSE(RecvPacket(idle.get()).ok()) << "closed after the BYE";
+
+  // Requests, or RPCs carrying its token (Lookup), keep a session open.
+  std::string token;
+  {
+    auto fd = ConnectUnix(server_->path(), SOCK_SEQPACKET);
+    ASSERT_TRUE(fd.ok());
+    ASSERT_TRUE(Readable(fd->get()));
+    auto hello = RecvPacket(fd->get());
+    ASSERT_TRUE(hello.ok());
+    token = std::vector<std::string>(absl::StrSplit(*hello, ' '))[1];
+    UniqueFd asking = Connect();
+    const absl::Time until = absl::Now() + absl::Seconds(1.5);
+    while (absl::Now() < until) {
+      EXPECT_TRUE(server_->Lookup(token).has_value());
+      EXPECT_EQ(Ask(asking.get(), "FD y"), "ERR NOT_FOUND: no attachment 'y'");
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    // Its process consumes a job: kept, however silent.
+    in_use = true;
+    absl::SleepFor(absl::Seconds(1.5));
+    EXPECT_TRUE(server_->Lookup(token).has_value());
+    EXPECT_EQ(Ask(asking.get(), "FD y"), "ERR NOT_FOUND: no attachment 'y'");
+    EXPECT_FALSE(Readable(fd->get(), 0)) << "no BYE while in use";
+    // Not in use, silent: closed after a BYE.
+    in_use = false;
+    ASSERT_TRUE(Readable(fd->get(), 10000));
+    auto later = RecvPacket(fd->get());
+    ASSERT_TRUE(later.ok());
+    EXPECT_TRUE(absl::StartsWith(*later, "BYE ")) << *later;
+    EXPECT_FALSE(server_->Lookup(token).has_value());
   }
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "2: setuid; 3, 4: no session for uid 65534; 5: the "
-                                       "7th session was not refused";
 }
 
 // Out of descriptors, accept fails and the listener stays readable: the session thread spun

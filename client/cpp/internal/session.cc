@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -18,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/session_protocol.h"
+#include "common/status_macros.h"
 
 namespace ferry::internal {
 namespace {
@@ -66,17 +68,19 @@ absl::Status NoDaemonError(const std::string& grpc_socket, const absl::Status& c
                                    "ferryd', or pass the address"));
 }
 
-Session::Session(UniqueFd fd, std::string path, std::string token, int daemon_pid,
+Session::Session(Greeted greeted, std::string grpc_socket, std::string path,
                  absl::Duration answer_timeout)
-    : path_(std::move(path)),
-      token_(std::move(token)),
-      daemon_pid_(daemon_pid),
+    : grpc_socket_(std::move(grpc_socket)),
+      path_(std::move(path)),
+      daemon_pid_(greeted.daemon_pid),
       answer_timeout_(answer_timeout),
-      fd_(std::move(fd)) {}
+      fd_(std::move(greeted.fd)),
+      token_(std::move(greeted.token)),
+      polled_fd_(fd_.get()) {}
 
-absl::StatusOr<std::unique_ptr<Session>> Session::Open(const std::string& grpc_socket,
-                                                       absl::Duration answer_timeout) {
-  const std::string path = SessionSocketPath(grpc_socket);
+absl::StatusOr<Session::Greeted> Session::Connect(const std::string& grpc_socket,
+                                                  const std::string& path,
+                                                  absl::Duration answer_timeout) {
   absl::StatusOr<UniqueFd> fd = ConnectUnix(path, SOCK_SEQPACKET);
   if (!fd.ok()) {
     const absl::StatusCode code = fd.status().code();
@@ -99,34 +103,97 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Open(const std::string& grpc_s
         absl::StrCat("ferryd at ", grpc_socket, " refused the session: ", hello->substr(4)));
   }
   std::vector<std::string> parts = absl::StrSplit(*hello, ' ');
-  int pid = 0;
+  Greeted greeted;
   if (parts.size() != 3 || parts[0] != "HELLO" || parts[1].empty() ||
-      !absl::SimpleAtoi(parts[2], &pid)) {
+      !absl::SimpleAtoi(parts[2], &greeted.daemon_pid)) {
     return absl::InternalError(absl::StrCat("unexpected greeting '", hello->substr(0, 100), "' on ",
                                             path, "; is it a ferryd of another version?"));
   }
-  return std::unique_ptr<Session>(new Session(std::move(*fd), path, parts[1], pid, answer_timeout));
+  greeted.fd = *std::move(fd);
+  greeted.token = parts[1];
+  return greeted;
+}
+
+absl::StatusOr<std::unique_ptr<Session>> Session::Open(const std::string& grpc_socket,
+                                                       absl::Duration answer_timeout) {
+  const std::string path = SessionSocketPath(grpc_socket);
+  absl::StatusOr<Greeted> greeted = Connect(grpc_socket, path, answer_timeout);
+  if (!greeted.ok()) return greeted.status();
+  return std::unique_ptr<Session>(
+      new Session(*std::move(greeted), grpc_socket, path, answer_timeout));
+}
+
+namespace {
+
+// True when the next packet on `fd` is ferryd's "BYE" (left unread).
+bool ByeIsWaiting(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, 0) != 1 || (p.revents & POLLIN) == 0) return false;
+  char head[4];
+  const ssize_t n = recv(fd, head, sizeof(head), MSG_PEEK | MSG_DONTWAIT);
+  return n == 4 && std::memcmp(head, "BYE ", 4) == 0;
+}
+
+}  // namespace
+
+absl::Status Session::ReconnectLocked() {
+  absl::StatusOr<Greeted> greeted = Connect(grpc_socket_, path_, answer_timeout_);
+  if (!greeted.ok()) return greeted.status();
+  if (greeted->daemon_pid != daemon_pid_) {
+    // Another daemon in ferryd's place knows nothing of this client: the closed session
+    // stays, and its token fails as the restart made it fail.
+    return absl::UnavailableError(absl::StrCat("ferryd (pid ", daemon_pid_, ") at ", path_,
+                                               " was replaced by pid ", greeted->daemon_pid));
+  }
+  fd_ = std::move(greeted->fd);
+  token_ = std::move(greeted->token);
+  polled_fd_.store(fd_.get());
+  unanswered_ = 0;
+  return absl::OkStatus();
+}
+
+void Session::RenewIfClosedLocked() {
+  if (ByeIsWaiting(fd_.get())) (void)ReconnectLocked();
+}
+
+std::string Session::token() {
+  absl::MutexLock lock(&mu_);
+  RenewIfClosedLocked();
+  return token_;
 }
 
 bool Session::DaemonGone() {
-  pollfd p{fd_.get(), POLLRDHUP, 0};
+  const int fd = polled_fd_.load();
+  pollfd p{fd, POLLRDHUP, 0};
   // POLLHUP and POLLERR are reported whether asked or not.
-  return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+  if (poll(&p, 1, 0) != 1 || (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0) return false;
+  return !ByeIsWaiting(fd);
 }
 
 absl::StatusOr<std::string> Session::Ask(const std::string& request, const std::string& what,
                                          std::vector<UniqueFd>* fds) {
   absl::MutexLock lock(&mu_);
-  absl::Status sent = SendPacket(fd_.get(), request);
-  if (!sent.ok()) return Annotate(sent, path_, absl::StrCat("sending ", what));
-  const absl::Time deadline = absl::Now() + answer_timeout_;
-  for (;;) {
-    fds->clear();
-    absl::StatusOr<std::string> answer =
-        RecvWithTimeout(fd_.get(), path_, what, answer_timeout_, deadline, fds);
-    if (absl::IsDeadlineExceeded(answer.status())) ++unanswered_;  // this one comes late
-    if (!answer.ok() || unanswered_ == 0) return answer;
-    --unanswered_;  // the late answer to an earlier request: dropped with its fds
+  RenewIfClosedLocked();
+  for (int attempt = 0;; ++attempt) {
+    absl::Status sent = SendPacket(fd_.get(), request);
+    if (!sent.ok() && !(attempt == 0 && ByeIsWaiting(fd_.get()))) {
+      return Annotate(sent, path_, absl::StrCat("sending ", what));
+    }
+    const absl::Time deadline = absl::Now() + answer_timeout_;
+    for (;;) {
+      fds->clear();
+      absl::StatusOr<std::string> answer =
+          RecvWithTimeout(fd_.get(), path_, what, answer_timeout_, deadline, fds);
+      if (absl::IsDeadlineExceeded(answer.status())) ++unanswered_;  // this one comes late
+      if (answer.ok() && unanswered_ == 0 && attempt == 0 && absl::StartsWith(*answer, "BYE ")) {
+        // ferryd closed the session for idleness as the request went out: once more, on a
+        // new session.
+        FERRY_RETURN_IF_ERROR(ReconnectLocked());
+        break;
+      }
+      if (!answer.ok() || unanswered_ == 0) return answer;
+      --unanswered_;  // the late answer to an earlier request: dropped with its fds
+    }
   }
 }
 

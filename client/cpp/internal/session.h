@@ -3,6 +3,7 @@
 #ifndef FERRY_CLIENT_CPP_INTERNAL_SESSION_H_
 #define FERRY_CLIENT_CPP_INTERNAL_SESSION_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -37,7 +38,10 @@ class Session final {
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
-  const std::string& token() const { return token_; }
+  // The token to put on an RPC. When ferryd closed this session for idleness (it said
+  // "BYE"), a new session is opened first, with the same daemon; if that fails, the old
+  // token is returned and the RPC fails with ferryd's "unknown or closed ferry session".
+  std::string token();
   int daemon_pid() const { return daemon_pid_; }
 
   struct Slab {
@@ -53,28 +57,48 @@ class Session final {
   absl::StatusOr<std::unique_ptr<BatchChannel>> FetchChannel(const std::string& attach_id);
 
   // True once ferryd's end of the session socket is closed (ferryd exited or was killed:
-  // the kernel closes its sockets before its parent can reap it). One poll(2), no wait;
+  // the kernel closes its sockets before its parent can reap it), and not after a "BYE"
+  // (ferryd closed an idle session: the next use opens another). One poll(2), no wait;
   // the GPU transport asks before every batch, since a dead ferryd's device memory is gone.
   bool DaemonGone();
 
  private:
-  Session(UniqueFd fd, std::string path, std::string token, int daemon_pid,
+  struct Greeted {
+    UniqueFd fd;
+    std::string token;
+    int daemon_pid = 0;
+  };
+  // Connects to the session socket `path` (of `grpc_socket`), checks who serves it and
+  // reads the HELLO.
+  static absl::StatusOr<Greeted> Connect(const std::string& grpc_socket, const std::string& path,
+                                         absl::Duration answer_timeout);
+
+  Session(Greeted greeted, std::string grpc_socket, std::string path,
           absl::Duration answer_timeout);
+
+  // Opens a new session with the same daemon in place of this one. UNAVAILABLE when
+  // another daemon answers now.
+  absl::Status ReconnectLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // When ferryd said "BYE" on the session socket, opens a new session in its place.
+  void RenewIfClosedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Sends `request` and returns ferryd's answer to it (with its fds in `fds`).
   // DEADLINE_EXCEEDED after answer_timeout_; `what` names the request in errors.
   absl::StatusOr<std::string> Ask(const std::string& request, const std::string& what,
                                   std::vector<UniqueFd>* fds);
 
-  // Constant after construction. The socket is only read and written under mu_;
-  // DaemonGone polls it without the lock (it must not wait behind a slow request).
+  // Constant after construction.
+  const std::string grpc_socket_;
   const std::string path_;
-  const std::string token_;
   const int daemon_pid_;
   const absl::Duration answer_timeout_;
-  const UniqueFd fd_;
 
   absl::Mutex mu_;  // one request/answer pair at a time
+  // The socket is only read and written under mu_; DaemonGone polls `polled_fd_`, its
+  // number, without the lock (it must not wait behind a slow request).
+  UniqueFd fd_ ABSL_GUARDED_BY(mu_);
+  std::string token_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int> polled_fd_;
   // Requests whose answer did not come in time. ferryd answers every request, in order, so
   // the next this many packets are those late answers: Ask drops them (and their fds)
   // instead of taking one for the answer to its own request.
