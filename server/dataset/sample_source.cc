@@ -98,7 +98,8 @@ constexpr DatasetKind kDatasetKinds[] = {
              "dataset.token_shards.shards must list at least one token file or pattern");
        }
        return ExpandShardPatterns(
-           {d.token_shards().shards().begin(), d.token_shards().shards().end()});
+           {d.token_shards().shards().begin(), d.token_shards().shards().end()},
+           TokenShardsSource::kMaxShards);
      },
      [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
         const SourceOptions& options) -> Opened {

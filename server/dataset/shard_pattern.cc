@@ -19,16 +19,23 @@ absl::Status Bad(const std::string& pattern, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat("shard pattern '", quoted, "': ", why));
 }
 
-absl::Status TooMany(const std::string& pattern) {
+// What a whole shard list may expand to, for messages.
+struct ListBound {
+  size_t names = kMaxShardNames;
+  size_t bytes = kMaxShardNameBytes;
+};
+
+absl::Status TooMany(const std::string& pattern, const ListBound& bound) {
   return Bad(pattern,
-             absl::StrCat("the shard list expands to more than ", kMaxShardNames, " names or ",
-                          kMaxShardNameBytes >> 20, " MiB of names; list fewer, larger shards"));
+             absl::StrCat("the shard list expands to more than ", bound.names, " names or ",
+                          bound.bytes >> 20, " MiB of names; list fewer, larger shards"));
 }
 
 // Alternatives of one brace group's body: "000..146" or "a,b,c".
 // At most `budget` of them: more is TooMany (checked before any is made).
 absl::StatusOr<std::vector<std::string>> Alternatives(const std::string& pattern,
-                                                      const std::string& body, size_t budget) {
+                                                      const std::string& body, size_t budget,
+                                                      const ListBound& bound) {
   std::vector<std::string> out;
   const size_t dots = body.find("..");
   if (dots != std::string::npos && body.find(',') == std::string::npos) {
@@ -39,7 +46,7 @@ absl::StatusOr<std::vector<std::string>> Alternatives(const std::string& pattern
       return Bad(pattern, absl::StrCat("'{", body, "}' is not a range of non-negative integers"));
     }
     if (lo > hi) return Bad(pattern, absl::StrCat("range '{", body, "}' is reversed"));
-    if (hi - lo >= budget) return TooMany(pattern);
+    if (hi - lo >= budget) return TooMany(pattern, bound);
     const size_t width = lo_text.size() > 1 && lo_text[0] == '0' ? lo_text.size() : 0;
     for (uint64_t i = lo; i <= hi; ++i) {
       std::string n = absl::StrCat(i);
@@ -53,10 +60,9 @@ absl::StatusOr<std::vector<std::string>> Alternatives(const std::string& pattern
   return out;
 }
 
-}  // namespace
-
-absl::StatusOr<std::vector<std::string>> ExpandShardPattern(const std::string& pattern,
-                                                            size_t max_names, size_t max_bytes) {
+// ExpandShardPattern within `max_names` and `max_bytes`, what is left of `bound`.
+absl::StatusOr<std::vector<std::string>> Expand(const std::string& pattern, size_t max_names,
+                                                size_t max_bytes, const ListBound& bound) {
   std::vector<std::string> names = {""};
   size_t bytes = 0;  // of all names
   size_t pos = 0;
@@ -70,7 +76,7 @@ absl::StatusOr<std::vector<std::string>> ExpandShardPattern(const std::string& p
         pattern.substr(pos, open == std::string::npos ? std::string::npos : open - pos);
     if (literal.size() > 0 && (names.size() > max_bytes / literal.size() ||
                                bytes + names.size() * literal.size() > max_bytes)) {
-      return TooMany(pattern);
+      return TooMany(pattern, bound);
     }
     bytes += names.size() * literal.size();
     for (std::string& n : names) n += literal;
@@ -79,15 +85,15 @@ absl::StatusOr<std::vector<std::string>> ExpandShardPattern(const std::string& p
     if (close == std::string::npos) return Bad(pattern, "'{' without '}'");
     const std::string body = pattern.substr(open + 1, close - open - 1);
     if (body.find('{') != std::string::npos) return Bad(pattern, "nested '{' is not supported");
-    auto alternatives = Alternatives(pattern, body, max_names / names.size());
+    auto alternatives = Alternatives(pattern, body, max_names / names.size(), bound);
     if (!alternatives.ok()) return alternatives.status();
-    if (names.size() * alternatives->size() > max_names) return TooMany(pattern);
+    if (names.size() * alternatives->size() > max_names) return TooMany(pattern, bound);
     // Every name is copied once per alternative, and each alternative once per name.
     size_t alternative_bytes = 0;
     for (const std::string& a : *alternatives) alternative_bytes += a.size();
     if (bytes > max_bytes / alternatives->size() || alternative_bytes > max_bytes / names.size() ||
         bytes * alternatives->size() + alternative_bytes * names.size() > max_bytes) {
-      return TooMany(pattern);
+      return TooMany(pattern, bound);
     }
     bytes = bytes * alternatives->size() + alternative_bytes * names.size();
     std::vector<std::string> next;
@@ -101,13 +107,21 @@ absl::StatusOr<std::vector<std::string>> ExpandShardPattern(const std::string& p
   return names;
 }
 
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ExpandShardPattern(const std::string& pattern,
+                                                            size_t max_names, size_t max_bytes) {
+  return Expand(pattern, max_names, max_bytes, ListBound{max_names, max_bytes});
+}
+
 absl::StatusOr<std::vector<std::string>> ExpandShardPatterns(
-    const std::vector<std::string>& patterns) {
+    const std::vector<std::string>& patterns, size_t max_names) {
+  const ListBound bound{max_names, kMaxShardNameBytes};
   std::vector<std::string> all;
   size_t bytes = 0;
   for (const std::string& p : patterns) {
-    if (all.size() >= kMaxShardNames) return TooMany(p);
-    auto names = ExpandShardPattern(p, kMaxShardNames - all.size(), kMaxShardNameBytes - bytes);
+    if (all.size() >= max_names) return TooMany(p, bound);
+    auto names = Expand(p, max_names - all.size(), kMaxShardNameBytes - bytes, bound);
     if (!names.ok()) return names.status();
     for (std::string& n : *names) {
       bytes += n.size();

@@ -27,9 +27,10 @@ absl::StatusOr<std::vector<std::string>> ExpandShardPattern(const std::string& p
                                                             size_t max_names = kMaxShardNames,
                                                             size_t max_bytes = kMaxShardNameBytes);
 
-// All patterns expanded, in order, within kMaxShardNames and kMaxShardNameBytes together.
+// All patterns expanded, in order, within `max_names` and kMaxShardNameBytes together
+// (checked before the names are made).
 absl::StatusOr<std::vector<std::string>> ExpandShardPatterns(
-    const std::vector<std::string>& patterns);
+    const std::vector<std::string>& patterns, size_t max_names = kMaxShardNames);
 
 }  // namespace ferry
 

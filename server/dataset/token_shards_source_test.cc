@@ -180,6 +180,17 @@ TEST_F(TokenShardsSourceTest, BadSpecsAndShardsSayWhatIsWrong) {
   spec = Spec("s-{1..0}.bin", 4);
   EXPECT_EQ(TokenShardsSource::Create(spec, false, *fs_).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // More shards than a job may map: refused before the names are made (a million of them
+  // took 332 MB), naming the bound; one pattern or several together.
+  spec = Spec("s-{0..999999}.bin", 4);
+  auto many = TokenShardsSource::Create(spec, false, *fs_);
+  EXPECT_EQ(many.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(many.status().message(), HasSubstr("expands to more than 16384 names"));
+  spec = Spec("s-{0..9999}.bin", 4);
+  spec.add_shards("t-{0..9999}.bin");
+  EXPECT_THAT(TokenShardsSource::Create(spec, false, *fs_).status().message(),
+              HasSubstr("shard pattern 't-{0..9999}.bin': the shard list expands to more than "
+                        "16384 names"));
   // A missing shard is named.
   auto missing = TokenShardsSource::Create(Spec("s-{0..2}.bin", 4), false, *fs_);
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
