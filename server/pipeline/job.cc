@@ -153,12 +153,18 @@ std::string_view SampleErrorReason(const absl::Status& error) {
   }
 }
 
-void Job::RecordSampleError(int64_t index, const std::string& path, const absl::Status& error) {
+int64_t Job::max_quarantined() const {
+  return std::min<int64_t>(source().size() / 2, kMaxQuarantined);
+}
+
+bool Job::RecordSampleError(int64_t index, const std::string& path, const absl::Status& error) {
   const std::string message(error.message());
   absl::MutexLock lock(&errors_mutex_);
   // Two ranks (or a rank and its speculation into the next epoch) may hit the same sample
   // before either quarantined it: count and log it once.
-  if (!quarantine_.insert(index).second) return;
+  if (quarantine_.contains(index)) return true;
+  if (static_cast<int64_t>(quarantine_.size()) >= max_quarantined()) return false;
+  quarantine_.insert(index);
   quarantined_.store(static_cast<int64_t>(quarantine_.size()), std::memory_order_release);
   FERRY_LOG(WARNING) << "job " << identity_.id << ": bad sample " << index << " (" << path
                      << "): " << message
@@ -174,6 +180,7 @@ void Job::RecordSampleError(int64_t index, const std::string& path, const absl::
   e.set_message(message);
   recent_errors_.push_back(std::move(e));
   if (recent_errors_.size() > kMaxRecentErrors) recent_errors_.pop_front();
+  return true;
 }
 
 bool Job::IsQuarantined(int64_t index) const {
@@ -184,8 +191,17 @@ bool Job::IsQuarantined(int64_t index) const {
 
 int64_t Job::quarantined_count() const { return quarantined_.load(std::memory_order_acquire); }
 
-int Job::AddToQuarantine(const std::vector<int64_t>& indices) {
+absl::StatusOr<int> Job::AddToQuarantine(const std::vector<int64_t>& indices) {
   absl::MutexLock lock(&errors_mutex_);
+  int64_t new_ones = 0;
+  for (int64_t index : indices) new_ones += quarantine_.contains(index) ? 0 : 1;
+  if (static_cast<int64_t>(quarantine_.size()) + new_ones > max_quarantined()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "quarantining ", new_ones, " more samples would leave job ", identity_.id, " with ",
+        quarantine_.size() + new_ones, " bad samples of its ", source().size(), ", more than the ",
+        max_quarantined(), " it may hold (half its samples, at most ", kMaxQuarantined,
+        "): the resume state is of another dataset, or the dataset is damaged"));
+  }
   int added = 0;
   for (int64_t index : indices) added += quarantine_.insert(index).second ? 1 : 0;
   quarantined_.store(static_cast<int64_t>(quarantine_.size()), std::memory_order_release);

@@ -96,11 +96,18 @@ class Job final {
   bool fail_on_corrupt_sample() const { return spec_.on_corrupt_sample() == ferry::v1::FAIL; }
   // Records a sample that could not be read or decoded (`error`, its reader's status):
   // counted once, by reason (SampleErrorReason), logged with its path, kept among the
-  // recent errors and quarantined (IsQuarantined is true from now on).
-  void RecordSampleError(int64_t index, const std::string& path, const absl::Status& error);
+  // recent errors and quarantined (IsQuarantined is true from now on). False once more
+  // samples are quarantined than max_quarantined(): the caller fails the job.
+  bool RecordSampleError(int64_t index, const std::string& path, const absl::Status& error);
   // Quarantines samples known bad elsewhere (an earlier ferryd, through a client's resume
-  // state) without counting them as errors here. Returns how many were new.
-  int AddToQuarantine(const std::vector<int64_t>& indices);
+  // state) without counting them as errors here. Returns how many were new; RESOURCE_EXHAUSTED
+  // (adding none) when the quarantine would then hold more than max_quarantined().
+  absl::StatusOr<int> AddToQuarantine(const std::vector<int64_t>& indices);
+  // The most samples the quarantine holds: half of the job's samples (a dataset with more
+  // bad samples than good is not what its spec says), and at most kMaxQuarantined, which
+  // bounds the memory a job's quarantine (and its GetJob) takes.
+  static constexpr int64_t kMaxQuarantined = int64_t{1} << 18;
+  int64_t max_quarantined() const;
   // Every quarantined sample, ascending.
   std::vector<int64_t> quarantined_indices() const;
   // True for a sample already known to be bad: callers go straight to its substitute.

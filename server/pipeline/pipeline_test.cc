@@ -329,25 +329,38 @@ TEST_F(PipelineTest, UnreadableSamplesAreSubstitutedAndCounted) {
 
 // With no readable substitute left, a row is zeros with index -1 (no sample), whatever the
 // slot held before; the batch keeps its size.
-TEST_F(PipelineTest, ARowWithNoReadableSubstituteIsZerosWithIndexMinusOne) {
+// A job whose every sample is bad used to deliver batches of zeros with index -1 forever,
+// logging each row. Once more than half its samples are quarantined the job stops, with a
+// message that names the bound and the last bad file; no batch of such samples arrives.
+TEST_F(PipelineTest, AJobWithMoreBadSamplesThanGoodStopsNamingTheLastOne) {
   absl::flat_hash_set<int64_t> corrupt;
   for (int64_t i = 0; i < 8; ++i) corrupt.insert(i);
   auto p = Make(8, 4, 1, 0, 2, true, corrupt);
-  memset(p->slab().data(), 0xa5, p->slab().size());
   RecordingConsumer c;
   ASSERT_TRUE(p->Bind(&c, 1).ok());
   ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
-  for (int i = 0; i < 2; ++i) {
-    auto b = std::get<ferry::v1::BatchReady>(*c.Next());
-    ASSERT_EQ(b.num_samples(), 4u);
-    EXPECT_EQ(Indices(*p, b), std::vector<int64_t>(4, -1));
-    const uint8_t* values = p->slab().data() + b.slot() * job_->layout().slot_bytes;
-    for (int k = 0; k < 4 * 8; ++k) ASSERT_EQ(values[k], 0) << "byte " << k;
-    ASSERT_TRUE(p->Release(&c, b.slot(), b.seq()).ok());
-  }
-  EXPECT_EQ(job_->error_count(), 8);
-  EXPECT_EQ(job_->substituted_count(), 0);
+  auto m = *c.Next();
+  ASSERT_TRUE(std::holds_alternative<absl::Status>(m)) << "a batch of bad samples came";
+  const absl::Status end = std::get<absl::Status>(m);
+  EXPECT_EQ(end.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(end.message(), HasSubstr("stopped: more than 4 of its 8 samples are bad"));
+  EXPECT_THAT(end.message(), HasSubstr("'fake/"));
+  EXPECT_TRUE(job_->failed());
+  EXPECT_EQ(job_->quarantined_count(), 4);
   p->Unbind(&c);
+}
+
+TEST_F(PipelineTest, TheQuarantineFromAResumeStateIsBoundedByHalfTheSamples) {
+  auto p = Make(10, 2, 1, 0, 2, true);
+  auto added = job_->AddToQuarantine({1, 2, 3});
+  ASSERT_TRUE(added.ok()) << added.status();
+  EXPECT_EQ(*added, 3);
+  EXPECT_EQ(*job_->AddToQuarantine({1, 2, 3, 4}), 1);
+  auto over = job_->AddToQuarantine({5, 6});
+  ASSERT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.status().message(),
+              HasSubstr("would leave job jtest with 6 bad samples of its 10, more than the 5"));
+  EXPECT_EQ(job_->quarantined_count(), 4) << "a refused call adds nothing";
 }
 
 // A FakeSource whose reads fail as they do when ferryd runs out of file descriptors, while

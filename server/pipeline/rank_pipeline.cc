@@ -449,7 +449,16 @@ bool RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index
           return false;
         }
         const std::string path = source.Describe(candidate);
-        job_->RecordSampleError(candidate, path, s);
+        if (!job_->RecordSampleError(candidate, path, s)) {
+          job_->Fail(absl::DataLossError(absl::StrCat(
+              "job ", job_->identity().id, " stopped: more than ", job_->max_quarantined(),
+              " of its ", source.size(), " samples are bad (half of them, at most ",
+              Job::kMaxQuarantined, "); the last, sample ", candidate, " '", path,
+              "': ", s.message(),
+              ". The dataset is damaged or not what the job's spec says (its kind, paths, "
+              "dtype); fix it and create the job again")));
+          return false;
+        }
         if (job_->fail_on_corrupt_sample()) {
           job_->Fail(absl::DataLossError(absl::StrCat(
               "job ", job_->identity().id,
@@ -479,9 +488,10 @@ bool RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index
         const int64_t no_sample = -1;
         memcpy(rows[index_field_], &no_sample, sizeof(no_sample));
       }
-      FERRY_LOG(ERROR) << "job " << job_->identity().id << " rank " << rank_
-                       << ": no readable substitute for sample " << index << "; row " << row
-                       << " of the batch is zeroed, its index -1";
+      FERRY_LOG_EVERY_N_SEC(ERROR, 10)
+          << "job " << job_->identity().id << " rank " << rank_
+          << ": no readable substitute for sample " << index << "; row " << row
+          << " of the batch is zeroed, its index -1 (logged at most every 10 s)";
     }
     return filled;
   }

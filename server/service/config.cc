@@ -70,6 +70,7 @@ void ApplyDefaults(ferry::v1::DaemonConfig* c) {
     c->set_gather_registration_wait_ms(
         static_cast<int32_t>(absl::ToInt64Milliseconds(gather.registration_wait)));
   }
+  if (c->max_jobs_per_uid() == 0) c->set_max_jobs_per_uid(jobs.max_jobs_per_uid);
   if (!c->has_job_idle_timeout_seconds()) {
     c->set_job_idle_timeout_seconds(
         static_cast<uint32_t>(absl::ToInt64Seconds(jobs.job_idle_timeout)));

@@ -110,6 +110,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   job_options.default_prefetch_depth = config.default_prefetch_depth();
   job_options.default_prefetch_bytes = config.default_prefetch_bytes();
   job_options.job_idle_timeout = absl::Seconds(config.job_idle_timeout_seconds());
+  job_options.max_jobs_per_uid = config.max_jobs_per_uid();
   d->pinned_budget_ =
       std::make_unique<MemoryBudget>("pinned memory budget", "pinned_memory_budget_bytes",
                                      config.pinned_memory_budget_bytes(), d->config_.path);

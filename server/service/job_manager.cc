@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -193,14 +194,35 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
       jobs_.erase(it->second);
       id_by_key_.erase(it);
     }
+    int mine = 0;
     for (const auto& [id, entry] : jobs_) {
-      if (entry.job->identity().owner_uid == caller.uid && entry.job->identity().name == job_name) {
+      if (entry.job->identity().owner_uid != caller.uid) continue;
+      ++mine;
+      if (entry.job->identity().name == job_name) {
         return absl::AlreadyExistsError(
             absl::StrCat("a job named '", job_name, "' already exists (", id,
                          ") with a different spec; choose another name or delete that job"));
       }
     }
+    const auto creating = creating_per_uid_.find(caller.uid);
+    const int being_created = creating == creating_per_uid_.end() ? 0 : creating->second;
+    if (!caller.is_root() &&
+        mine + being_created >= static_cast<int64_t>(options_.max_jobs_per_uid)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "uid ", caller.uid, " has ", mine, " jobs", being_created > 0 ? " and " : "",
+          being_created > 0 ? absl::StrCat(being_created, " being created") : "",
+          ", the most ferryd allows one user (max_jobs_per_uid, ", options_.max_jobs_per_uid,
+          " in ", options_.config_path.empty() ? "the built-in defaults" : options_.config_path,
+          "); delete jobs that are done (ferryctl delete JOB)"));
+    }
+    ++creating_per_uid_[caller.uid];
   }
+  // Until this call returns, the job counts against its user's bound.
+  absl::Cleanup created_or_not = [this, uid = caller.uid] {
+    absl::MutexLock lock(&mutex_);
+    auto it = creating_per_uid_.find(uid);
+    if (--it->second == 0) creating_per_uid_.erase(it);
+  };
   // Opening the dataset (listing directories) happens without the lock.
   JobIdentity identity;
   identity.id = absl::StrCat("j", RandomHex(6));
@@ -352,7 +374,7 @@ absl::StatusOr<int> JobManager::Quarantine(const Caller& caller, const std::stri
                        "): the resume state is of another dataset or spec"));
     }
   }
-  const int added = job->AddToQuarantine(indices);
+  FERRY_ASSIGN_OR_RETURN(const int added, job->AddToQuarantine(indices));
   if (added > 0) {
     FERRY_LOG(INFO) << "job " << id << ": " << added
                     << " sample(s) quarantined from a client's resume state";

@@ -68,6 +68,9 @@ class JobManager final {
     // DaemonConfig.job_idle_timeout_seconds: DeleteIdleJobs deletes a job that had no
     // consumer for this long. Zero keeps jobs until deleted. Default: 10 minutes.
     absl::Duration job_idle_timeout = absl::Minutes(10);
+    // DaemonConfig.max_jobs_per_uid: jobs one uid (other than root) may have, counting
+    // those being created. Default: 64.
+    uint32_t max_jobs_per_uid = 64;
   };
 
   // `gpus` serves "cuda:N" devices; null when ferryd was built without CUDA.
@@ -193,6 +196,8 @@ class JobManager final {
   absl::Mutex mutex_;
   std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mutex_);  // by id
   absl::flat_hash_map<std::string, std::string> id_by_key_ ABSL_GUARDED_BY(mutex_);
+  // uid -> CreateJob calls of that uid opening a dataset now (no zero entries).
+  absl::flat_hash_map<unsigned, int> creating_per_uid_ ABSL_GUARDED_BY(mutex_);
   absl::flat_hash_map<std::string, AttachEntry> attachments_ ABSL_GUARDED_BY(mutex_);
   // (job id, rank) whose pipeline an Attach is creating, without the lock; a concurrent
   // Attach of the same rank waits for it.

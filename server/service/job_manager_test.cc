@@ -40,7 +40,8 @@ class JobManagerTest : public ::testing::Test {
 
   std::unique_ptr<JobManager> Manager(std::vector<std::string> roots, bool allow_any,
                                       uint64_t budget = 1 << 30,
-                                      absl::Duration idle_timeout = absl::Minutes(10)) {
+                                      absl::Duration idle_timeout = absl::Minutes(10),
+                                      uint32_t max_jobs_per_uid = 64) {
     budget_ = std::make_unique<MemoryBudget>("host memory budget", "host_memory_budget_bytes",
                                              budget, "/etc/ferry/ferryd.conf");
     JobManager::Options o;
@@ -48,6 +49,7 @@ class JobManagerTest : public ::testing::Test {
     o.allow_any_dataset = allow_any;
     o.config_path = "/etc/ferry/ferryd.conf";
     o.job_idle_timeout = idle_timeout;
+    o.max_jobs_per_uid = max_jobs_per_uid;
     return std::make_unique<JobManager>(o, pool_.get(), budget_.get());
   }
   // A manager of any dataset, 1 GiB of host budget, over `gpus` (which must outlive it).
@@ -582,6 +584,28 @@ TEST_F(JobManagerTest, DeleteFreesTheBudget) {
   ASSERT_TRUE(m->DeleteJob(kAlice, id).ok());
   EXPECT_EQ(budget_->in_use(), 0u);
   EXPECT_EQ(m->DeleteJob(kAlice, id).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobManagerTest, JobsAreBoundedPerUidAndTheRefusalSaysWhatToDo) {
+  auto m = Manager({}, true, 1 << 30, absl::Minutes(10), /*max_jobs_per_uid=*/2);
+  auto first = m->CreateJob(kAlice, "a", TokensSpec(tokens_));
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(m->CreateJob(kAlice, "b", TokensSpec(tokens_)).ok());
+  // The same job again is no new job.
+  ASSERT_TRUE(m->CreateJob(kAlice, "a", TokensSpec(tokens_)).ok());
+  auto third = m->CreateJob(kAlice, "c", TokensSpec(tokens_));
+  ASSERT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted) << third.status();
+  EXPECT_EQ(third.status().message(),
+            "uid 1000 has 2 jobs, the most ferryd allows one user (max_jobs_per_uid, 2 in "
+            "/etc/ferry/ferryd.conf); delete jobs that are done (ferryctl delete JOB)");
+  // Other users, and root, are not held back by alice's jobs.
+  EXPECT_TRUE(m->CreateJob(kBob, "c", TokensSpec(tokens_)).ok());
+  for (const char* name : {"r1", "r2", "r3"}) {
+    EXPECT_TRUE(m->CreateJob(kRoot, name, TokensSpec(tokens_)).ok()) << name;
+  }
+  // A deleted job gives its place back.
+  ASSERT_TRUE(m->DeleteJob(kAlice, first->job->identity().id).ok());
+  EXPECT_TRUE(m->CreateJob(kAlice, "c", TokensSpec(tokens_)).ok());
 }
 
 // A refusal for memory says who holds it: the caller's own jobs by id and name, other

@@ -178,7 +178,9 @@ class ImageFormatsTest(unittest.TestCase):
         good = random_png(random.Random(1), pw.COLOR_RGB, 8, False)
         damaged = bytearray(good)
         damaged[-13] ^= 0x01  # the CRC of the image data chunk (IEND is the last 12 bytes)
-        files = {"good.png": good, "truncated.png": good[:len(good) // 2],
+        # More good files than bad: a job with more bad samples than good stops.
+        files = {"good.png": good, "good_2.png": good, "good_3.png": good, "good_4.png": good,
+                 "truncated.png": good[:len(good) // 2],
                  "damaged_crc.png": bytes(damaged), "gif.jpg": b"GIF89a" + bytes(64)}
         for name, data in files.items():
             with open(os.path.join(root, "c", name), "wb") as f:
@@ -187,7 +189,7 @@ class ImageFormatsTest(unittest.TestCase):
                               transform=ferry.CenterCrop(S, resize=S),
                               address=self.daemon.address, as_numpy=True, timeout=60)
         self.addCleanup(loader.close)
-        self.assertEqual(sum(len(b["index"]) for b in loader), 4)  # substitutes fill in
+        self.assertEqual(sum(len(b["index"]) for b in loader), 7)  # substitutes fill in
         status = ferry_it.ferryctl(self.daemon.address, "job", loader.job["id"])
         messages = {os.path.basename(e["path"]): e["message"] for e in status["recent_errors"]}
         self.assertEqual(set(messages), {"truncated.png", "damaged_crc.png", "gif.jpg"}, status)
