@@ -187,17 +187,35 @@ absl::StatusOr<std::unique_ptr<BlendSource>> BlendSource::Create(
         " (one byte of memory each)",
         blend.samples_per_epoch() == 0 ? ": the sources hold more, so set it lower" : ""));
   }
+  if (options.host_budget != nullptr) {
+    // Reserved before it is built: a blend of billions of positions is refused at once.
+    FERRY_ASSIGN_OR_RETURN(source->index_memory_,
+                           options.host_budget->Reserve(
+                               IndexBytes(static_cast<int64_t>(per_epoch), source->sources_.size()),
+                               absl::StrCat("the table of a blend's ", per_epoch,
+                                            " positions (dataset.blend.samples_per_epoch)")));
+  }
   source->Interleave(static_cast<int64_t>(per_epoch));
   source->drawn_ = std::make_unique<std::atomic<int64_t>[]>(static_cast<size_t>(n));
   return source;
 }
 
+int64_t BlendSource::Stride(size_t sources) {
+  // At most a byte of checkpoints per position whatever the source count, and a scan of
+  // under 64 bytes per lookup for up to 8 sources.
+  return std::max<int64_t>(64, static_cast<int64_t>(std::bit_ceil(8 * sources)));
+}
+
+uint64_t BlendSource::IndexBytes(int64_t samples_per_epoch, size_t sources) {
+  const uint64_t positions = static_cast<uint64_t>(samples_per_epoch);
+  return positions +
+         (positions / static_cast<uint64_t>(Stride(sources)) + 1) * sources * sizeof(int64_t);
+}
+
 void BlendSource::Interleave(int64_t samples_per_epoch) {
   const size_t n = sources_.size();
   source_of_.resize(static_cast<size_t>(samples_per_epoch));
-  // At most a byte of checkpoints per position whatever the source count, and a scan of
-  // under 64 bytes per lookup for up to 8 sources.
-  stride_ = std::max<int64_t>(64, static_cast<int64_t>(std::bit_ceil(8 * n)));
+  stride_ = Stride(n);
   checkpoints_.reserve(static_cast<size_t>(samples_per_epoch / stride_ + 1) * n);
   std::vector<int64_t> count(n, 0);
   for (int64_t p = 0; p < samples_per_epoch; ++p) {

@@ -34,6 +34,7 @@
 #include "common/random.h"
 #include "ferry/v1/ferry.pb.h"
 #include "server/dataset/sample_source.h"
+#include "server/memory/memory_budget.h"
 
 namespace ferry {
 
@@ -76,6 +77,10 @@ class BlendSource final : public SampleSource {
   BlendSource() = default;
   // Assigns every position its source and records the checkpoints.
   void Interleave(int64_t samples_per_epoch);
+  // Positions per checkpoint for `sources` sources, and the bytes Interleave keeps for an
+  // epoch of `samples_per_epoch` positions.
+  static int64_t Stride(size_t sources);
+  static uint64_t IndexBytes(int64_t samples_per_epoch, size_t sources);
   // A source's permutation of one pass, kept while a batch's positions are mapped.
   struct PassOrder {
     uint64_t pass = 0;
@@ -96,6 +101,8 @@ class BlendSource final : public SampleSource {
   int index_field_ = -1;              // the "index" field, rewritten to the blend's index
   bool fill_is_copy_ = true;
   std::unique_ptr<std::atomic<int64_t>[]> drawn_;  // per source, by MapPositions
+  // source_of_ and checkpoints_, in SourceOptions::host_budget
+  MemoryBudget::Reservation index_memory_;
 };
 
 }  // namespace ferry

@@ -87,6 +87,26 @@ class BlendSourceTest : public ::testing::Test {
   std::shared_ptr<const DatasetFs> fs_;
 };
 
+TEST_F(BlendSourceTest, ItsTableOfPositionsCountsAgainstTheHostBudget) {
+  MemoryBudget budget("host memory budget", "host_memory_budget_bytes", 1 << 20,
+                      "/etc/ferry/ferryd.conf");
+  SourceOptions options;
+  options.host_budget = &budget;
+  {
+    auto small = BlendSource::Create(BlendSpec({7, 50}, {1, 1}, 1000), fs_, options);
+    ASSERT_TRUE(small.ok()) << small.status();
+    EXPECT_GE(budget.in_use(), 1000u);  // a byte per position, and the checkpoints
+  }
+  EXPECT_EQ(budget.in_use(), 0u) << "returned with the source";
+  // 2^30 positions need a GiB: refused before any is made (it took 49 s of a handler and
+  // memory outside the budget).
+  auto huge = BlendSource::Create(BlendSpec({7, 50}, {1, 1}, int64_t{1} << 30), fs_, options);
+  ASSERT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
+  EXPECT_THAT(huge.status().message(), HasSubstr("dataset.blend.samples_per_epoch"));
+  EXPECT_THAT(huge.status().message(), HasSubstr("host_memory_budget_bytes"));
+  EXPECT_EQ(budget.in_use(), 0u);
+}
+
 TEST_F(BlendSourceTest, EveryPrefixFollowsTheWeightsWithinOneSample) {
   const std::vector<double> weights = {5, 3, 2};  // normalised to 0.5, 0.3, 0.2
   auto blend = Open(BlendSpec({7, 50, 11}, weights, 1000));

@@ -38,6 +38,8 @@
 
 namespace ferry {
 
+class MemoryBudget;
+
 struct FieldLayout {
   std::string name;
   ferry::v1::DType dtype = ferry::v1::UINT8;
@@ -185,6 +187,10 @@ struct SourceOptions {
   // Guards for the decoders of image datasets (DaemonConfig.decode_limits).
   // Default: DecodeLimits()'s.
   DecodeLimits limits;
+  // The memory a source builds for its job's index (a blend's table of positions) is
+  // reserved from this budget for the source's life (the daemon's host memory budget).
+  // Default: null, not counted.
+  MemoryBudget* host_budget = nullptr;
 };
 
 // Validates `spec` (dataset + transform) and opens the dataset. Errors:

@@ -239,6 +239,7 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
   source_options.device_widens_tokens = cuda;
   source_options.device_images = cuda;
   source_options.limits = options_.decode_limits;
+  source_options.host_budget = host_budget_;
   // JPEGs of a GPU image job may be decoded by the GPU (GpuDecodeSplit), when nvJPEG loads.
   std::string gpu_decode_note;
   if (cuda && options_.gpu_decode == GpuDecodeMode::kCpu) {
