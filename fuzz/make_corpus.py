@@ -92,6 +92,29 @@ def main():
                      exif=b"Exif\0\0" + pw.exif_orientation_block(8))
     put("image_transform_fuzzer", "jpeg_exif8", bytes([12, 4, 3, 1]) + exif_jpeg)
 
+    # compose_fuzzer: chains of ops (compose_fuzzer.cc's layout) on small images; the
+    # panorama declares 1 x 65,500 pixels in its frame header (the scan is then cut short).
+    def op(kind, size=0, pad=0, flags=0, p=50):
+        return bytes([kind, size & 0xff, (size >> 8) & 0xff, pad, flags, p])
+
+    RRC, RESIZE, CENTER, RANDOM_CROP, HFLIP, JITTER, NORMALIZE, ERASING = 0, 1, 2, 3, 4, 6, 9, 10
+    panorama = bytearray(jpegs["baseline"])
+    sof = panorama.index(b"\xff\xc0")
+    panorama[sof + 5:sof + 9] = struct.pack(">HH", 65500, 1)
+    chains = {
+        "resize_center": (1, [op(RESIZE, 255), op(CENTER, 223)], jpegs["baseline"]),
+        "rrc_jitter_normalize": (2 | 4, [op(RRC, 31), op(JITTER), op(NORMALIZE)],
+                                 jpegs["subsampled444"]),
+        "random_crop_reflect": (1, [op(RANDOM_CROP, 31, 4, 0x0f | (2 << 5)), op(HFLIP)],
+                                pngs["png_rgb8"]),
+        "panorama_resize": (1, [op(RESIZE, 4095), op(RANDOM_CROP, 223)], bytes(panorama)),
+        "pad_if_needed_erasing": (2 | 8, [op(RANDOM_CROP, 63, 0, 16), op(NORMALIZE),
+                                          op(ERASING, p=100)], exif_jpeg),
+    }
+    for name, (first, steps, image) in chains.items():
+        assert first & 3 == len(steps) - 1
+        put("compose_fuzzer", name, bytes([first]) + b"".join(steps) + image)
+
     put("exif_fuzzer", "tiff_le", pw.exif_orientation_block(3))
     put("exif_fuzzer", "tiff_be", pw.exif_orientation_block(6, big_endian=True))
     put("exif_fuzzer", "jpeg", exif_jpeg)

@@ -351,9 +351,12 @@ absl::Status JobManager::DeleteJob(const Caller& caller, const std::string& id) 
     FERRY_RETURN_IF_ERROR(FindOwnedLocked(caller, id).status());
     ranks = EraseLocked(id);
   }
+  // ABORTED, not UNAVAILABLE: a client that takes UNAVAILABLE for a lost ferryd and creates
+  // the job again would undo the delete.
   for (auto& [rank, pipeline] : ranks) {
     pipeline->Shutdown(
-        absl::UnavailableError(absl::StrCat("job ", id, " was deleted; create it again to go on")));
+        absl::AbortedError(absl::StrCat("job ", id, " was deleted (ferryctl delete, by uid ",
+                                        caller.uid, "); create it again to go on")));
   }
   FERRY_LOG(INFO) << "deleted job " << id << " (uid " << caller.uid << ")";
   return absl::OkStatus();

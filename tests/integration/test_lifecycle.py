@@ -73,6 +73,26 @@ class LifecycleTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 1)
         self.assertIn("no job '%s'" % job_id, proc.stderr)
 
+    def test_a_loader_whose_job_is_deleted_stops_with_the_reason(self):
+        # It took the broken stream for a lost ferryd and created the job again (5,152
+        # batches after `ferryctl delete`).
+        daemon = self.daemon("job_idle_timeout_seconds: 0\n")
+        loader = ferry.Loader(records(daemon.dir, n=1 << 16), batch_size=16,
+                              address=daemon.address, job_name="deleted-run", as_numpy=True,
+                              timeout=60)
+        self.addCleanup(loader.close)
+        it = iter(loader)
+        next(it)
+        job_id = loader.job["id"]
+        proc = ferry_it.run_ferryctl(daemon.address, "delete", job_id)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        with self.assertRaises(ferry.FerryError) as cm:
+            for _ in it:
+                pass
+        self.assertEqual(cm.exception.code, "ABORTED")
+        self.assertIn("job %s was deleted" % job_id, cm.exception.message)
+        self.assertFalse(daemon_status(daemon).get("jobs"), "the job was created again")
+
     def test_ferryctl_drain_lets_trainers_finish_then_exits_zero(self):
         daemon = self.daemon(None)
         loader = ferry.Loader(records(daemon.dir), batch_size=16, address=daemon.address,
