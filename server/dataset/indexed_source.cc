@@ -20,6 +20,7 @@ using ferry::v1::DType;
 class IndexedScratch final : public SampleSource::Scratch {
  public:
   std::vector<int64_t> starts;
+  std::vector<IndexedSource::Segment> segments;
   std::vector<uint8_t> staging;
 };
 
@@ -79,13 +80,19 @@ absl::StatusOr<std::unique_ptr<IndexedSource>> IndexedSource::Create(
   std::unique_ptr<IndexedSource> source(new IndexedSource());
   FERRY_ASSIGN_OR_RETURN(source->idx_, fs.MapFile(idx_path));
   FERRY_ASSIGN_OR_RETURN(source->bin_, fs.MapFile(bin_path));
-  const absl::Span<const uint8_t> idx = source->idx_->bytes();
+  const absl::Span<const uint8_t> mapped = source->idx_->bytes();
   const std::string what = absl::StrCat("Megatron index '", idx_path, "'");
-  if (idx.size() < kIdxHeaderBytes) {
+  if (mapped.size() < kIdxHeaderBytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, " is ", idx.size(), " bytes, shorter than the ", kIdxHeaderBytes,
+        absl::StrCat(what, " is ", mapped.size(), " bytes, shorter than the ", kIdxHeaderBytes,
                      "-byte MMIDIDX header; is it a Megatron .idx, or was it cut short?"));
   }
+  // The header is copied out of the mapping under its guard (the file may shrink under it),
+  // and parsed from the copy.
+  uint8_t header[kIdxHeaderBytes];
+  FERRY_RETURN_IF_ERROR(
+      source->idx_->Read([&] { std::memcpy(header, mapped.data(), kIdxHeaderBytes); }));
+  const absl::Span<const uint8_t> idx(header, kIdxHeaderBytes);
   if (std::memcmp(idx.data(), kMagic, sizeof(kMagic)) != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(what,
@@ -109,14 +116,14 @@ absl::StatusOr<std::unique_ptr<IndexedSource>> IndexedSource::Create(
   }
   const uint64_t sequences = LoadLittleEndian<uint64_t>(idx.data() + 18);
   const uint64_t documents = LoadLittleEndian<uint64_t>(idx.data() + 26);
-  const uint64_t body = idx.size() - kIdxHeaderBytes;
+  const uint64_t body = mapped.size() - kIdxHeaderBytes;
   // Checked one at a time so that no product overflows: 12 bytes per sequence (length and
   // pointer), 8 per document index, and optionally 1 per sequence (multimodal modes).
   const bool fits = sequences <= body / 12 && documents <= (body - sequences * 12) / 8;
   const uint64_t expected = fits ? kIdxHeaderBytes + sequences * 12 + documents * 8 : 0;
-  if (!fits || (idx.size() != expected && idx.size() != expected + sequences)) {
+  if (!fits || (mapped.size() != expected && mapped.size() != expected + sequences)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, " is ", idx.size(), " bytes, but its header's ", sequences, " sequences and ",
+        what, " is ", mapped.size(), " bytes, but its header's ", sequences, " sequences and ",
         documents, " document indices need ",
         fits ? absl::StrCat(expected, " (or ", expected + sequences, " with sequence modes)")
              : std::string("more"),
@@ -127,20 +134,26 @@ absl::StatusOr<std::unique_ptr<IndexedSource>> IndexedSource::Create(
   if (sequences == 0) {
     return absl::FailedPreconditionError(absl::StrCat(what, " holds no sequence"));
   }
-  if (documents < 2 || source->DocumentIndex(0) != 0 ||
-      source->DocumentIndex(source->num_documents_ - 1) != source->num_sequences_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, "'s document indices must run from 0 to its sequence count ", sequences,
-                     " (got ", documents, " entries",
-                     documents > 0 ? absl::StrCat(", first ", source->DocumentIndex(0), ", last ",
-                                                  source->DocumentIndex(source->num_documents_ - 1))
-                                   : "",
-                     "); the index is corrupt: rebuild it"));
-  }
+  // The entries checked here, read under the mapping's guard.
   const int64_t last = source->num_sequences_ - 1;
-  const int64_t first_pointer = source->SequencePointer(0);
-  const int64_t last_pointer = source->SequencePointer(last);
-  const int64_t last_length = source->SequenceLength(last);
+  int64_t first_document = 0, last_document = 0, first_pointer = 0, last_pointer = 0,
+          last_length = 0;
+  FERRY_RETURN_IF_ERROR(source->idx_->Read([&] {
+    if (documents > 0) {
+      first_document = source->DocumentIndex(0);
+      last_document = source->DocumentIndex(source->num_documents_ - 1);
+    }
+    first_pointer = source->SequencePointer(0);
+    last_pointer = source->SequencePointer(last);
+    last_length = source->SequenceLength(last);
+  }));
+  if (documents < 2 || first_document != 0 || last_document != source->num_sequences_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, "'s document indices must run from 0 to its sequence count ", sequences, " (got ",
+        documents, " entries",
+        documents > 0 ? absl::StrCat(", first ", first_document, ", last ", last_document) : "",
+        "); the index is corrupt: rebuild it"));
+  }
   const int64_t bin_bytes = static_cast<int64_t>(source->bin_->bytes().size());
   if (first_pointer != 0 || last_pointer < 0 || last_length < 0 || last_pointer > bin_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -215,23 +228,24 @@ int64_t IndexedSource::DocumentIndex(int64_t d) const {
                                    d * 8);
 }
 
-absl::Status IndexedSource::CheckSequence(int64_t s) const {
+bool IndexedSource::SequenceFits(int64_t s) const {
   const int64_t pointer = SequencePointer(s);
   const int64_t length = SequenceLength(s);
   const int64_t next = s + 1 < num_sequences_ ? SequencePointer(s + 1) : used_bytes_;
-  if (length < 0 || pointer < 0 || pointer > used_bytes_ ||
-      pointer + length * static_cast<int64_t>(token_bytes_) != next) {
-    return absl::DataLossError(absl::StrCat(
-        "Megatron index '", idx_->path(), "' is corrupt at sequence ", s, " (pointer ", pointer,
-        ", length ", length, ", next pointer ", next,
-        "): sequences must follow each other in the .bin, as Megatron-LM's builder writes "
-        "them; rebuild the index"));
-  }
-  return absl::OkStatus();
+  return length >= 0 && pointer >= 0 && pointer <= used_bytes_ &&
+         pointer + length * static_cast<int64_t>(token_bytes_) == next;
 }
 
-absl::StatusOr<int64_t> IndexedSource::FindSequence(int64_t token) const {
-  const int64_t byte = token * static_cast<int64_t>(token_bytes_);
+IndexedSource::IndexFault IndexedSource::Misfit(int64_t s) const {
+  return {IndexFault::Kind::kSequence, s, SequencePointer(s), SequenceLength(s),
+          s + 1 < num_sequences_ ? SequencePointer(s + 1) : used_bytes_};
+}
+
+IndexedSource::IndexFault IndexedSource::PlanWindow(int64_t first, int64_t n,
+                                                    std::vector<Segment>& segments,
+                                                    std::vector<int64_t>& starts) const {
+  using Kind = IndexFault::Kind;
+  const int64_t byte = first * static_cast<int64_t>(token_bytes_);
   // The last sequence whose pointer is <= byte (empty sequences share the next one's).
   int64_t lo = 0, hi = num_sequences_;  // answer in [lo, hi)
   while (hi - lo > 1) {
@@ -242,15 +256,55 @@ absl::StatusOr<int64_t> IndexedSource::FindSequence(int64_t token) const {
       hi = mid;
     }
   }
-  FERRY_RETURN_IF_ERROR(CheckSequence(lo));
-  const int64_t pointer = SequencePointer(lo);
-  if (byte < pointer || byte >= pointer + SequenceLength(lo) * static_cast<int64_t>(token_bytes_)) {
-    return absl::DataLossError(absl::StrCat("Megatron index '", idx_->path(),
-                                            "' is corrupt: its sequence pointers are not "
-                                            "increasing near sequence ",
-                                            lo, "; rebuild the index"));
+  if (!SequenceFits(lo)) return Misfit(lo);
+  if (byte < SequencePointer(lo) ||
+      byte >= SequencePointer(lo) + SequenceLength(lo) * static_cast<int64_t>(token_bytes_)) {
+    return {Kind::kNotIncreasing, lo, 0, 0, 0};
   }
-  return lo;
+  int64_t s = lo;
+  int64_t offset = first - SequencePointer(s) / static_cast<int64_t>(token_bytes_);
+  segments.clear();
+  starts.assign(1, 0);
+  int64_t document_cursor = -1;  // StartsDocument's place in the document index
+  int64_t pos = 0;
+  while (pos < n) {
+    if (s >= num_sequences_) return {Kind::kEnds, first + pos, 0, 0, 0};
+    if (!SequenceFits(s)) return Misfit(s);
+    if (offset == 0 && pos > 0 && starts.back() != pos && StartsDocument(s, &document_cursor)) {
+      starts.push_back(pos);
+    }
+    const int64_t count = std::min(n - pos, SequenceLength(s) - offset);
+    if (count > 0) {
+      segments.push_back(
+          Segment{SequencePointer(s) + offset * static_cast<int64_t>(token_bytes_), count});
+    }
+    pos += count;
+    offset = 0;
+    ++s;
+  }
+  return {};
+}
+
+absl::Status IndexedSource::FaultStatus(const IndexFault& fault) const {
+  switch (fault.kind) {
+    case IndexFault::Kind::kNone:
+      return absl::OkStatus();
+    case IndexFault::Kind::kSequence:
+      return absl::DataLossError(absl::StrCat(
+          "Megatron index '", idx_->path(), "' is corrupt at sequence ", fault.at, " (pointer ",
+          fault.pointer, ", length ", fault.length, ", next pointer ", fault.next,
+          "): sequences must follow each other in the .bin, as Megatron-LM's builder writes "
+          "them; rebuild the index"));
+    case IndexFault::Kind::kNotIncreasing:
+      return absl::DataLossError(absl::StrCat("Megatron index '", idx_->path(),
+                                              "' is corrupt: its sequence pointers are not "
+                                              "increasing near sequence ",
+                                              fault.at, "; rebuild the index"));
+    case IndexFault::Kind::kEnds:
+      return absl::DataLossError(
+          absl::StrCat("Megatron index '", idx_->path(), "' ends before token ", fault.at));
+  }
+  return absl::InternalError("unknown index fault");
 }
 
 bool IndexedSource::StartsDocument(int64_t s, int64_t* cursor) const {
@@ -290,28 +344,24 @@ absl::Status IndexedSource::Fill(int64_t index, uint64_t sample_seed,
   const int64_t n = seq_len_ + 1;
   const size_t out_bytes = raw_ ? token_bytes_ : DTypeSize(output_dtype_);
   const int64_t first = index * seq_len_;
-  FERRY_ASSIGN_OR_RETURN(int64_t s, FindSequence(first));
-  int64_t offset = first - SequencePointer(s) / static_cast<int64_t>(token_bytes_);
-  // Window positions where a document starts (0 always: the window's first segment).
   IndexedScratch& own = *static_cast<IndexedScratch*>(scratch);
   std::vector<int64_t>& starts = own.starts;
-  starts.assign(1, 0);
-  int64_t document_cursor = -1;  // StartsDocument's place in the document index
+  std::vector<Segment>& segments = own.segments;
+  // The walk through the .idx runs under its mapping's guard (a file truncated under the job
+  // ends it with DatasetChangedError), so it may not allocate: room for a window whose
+  // every token is a sequence of its own.
+  starts.reserve(static_cast<size_t>(n) + 1);
+  segments.reserve(static_cast<size_t>(n) + 1);
+  IndexFault fault;
+  FERRY_RETURN_IF_ERROR(idx_->Read([&] { fault = PlanWindow(first, n, segments, starts); }));
+  if (fault.kind != IndexFault::Kind::kNone) return FaultStatus(fault);
   int64_t pos = 0;
-  while (pos < n) {
-    if (s >= num_sequences_) {
-      return absl::DataLossError(
-          absl::StrCat("Megatron index '", idx_->path(), "' ends before token ", first + pos));
-    }
-    FERRY_RETURN_IF_ERROR(CheckSequence(s));
-    if (offset == 0 && pos > 0 && starts.back() != pos && StartsDocument(s, &document_cursor)) {
-      starts.push_back(pos);
-    }
-    const int64_t count = std::min(n - pos, SequenceLength(s) - offset);
-    const uint8_t* src =
-        bin_->bytes().data() + SequencePointer(s) + offset * static_cast<int64_t>(token_bytes_);
+  for (const Segment& segment : segments) {
+    const int64_t count = segment.tokens;
+    const uint8_t* src = bin_->bytes().data() + segment.byte;
     uint8_t* dst = rows[0] + static_cast<size_t>(pos) * out_bytes;
     int64_t overflow = -1;
+    int32_t overflow_value = 0;
     FERRY_RETURN_IF_ERROR(bin_->Read([&] {
       if (raw_) {
         // Copied as the file holds them (streamed: raw rows are a GPU job's); int32 ids are
@@ -322,17 +372,18 @@ absl::Status IndexedSource::Fill(int64_t index, uint64_t sample_seed,
         overflow = token_bytes_ == 2 ? ConvertTokensTo<uint16_t>(output_dtype_, src, count, dst)
                                      : ConvertTokensTo<int32_t>(output_dtype_, src, count, dst);
       }
+      if (overflow >= 0) {
+        overflow_value =
+            LoadLittleEndian<int32_t>(src + overflow * static_cast<int64_t>(token_bytes_));
+      }
     }));
     if (overflow >= 0) {
       return absl::DataLossError(absl::StrCat(
           "token ", first + pos + overflow, " of Megatron data '", bin_->path(), "' (value ",
-          LoadLittleEndian<int32_t>(src + overflow * static_cast<int64_t>(token_bytes_)),
-          ") is negative or does not fit dataset.indexed.output_dtype ",
+          overflow_value, ") is negative or does not fit dataset.indexed.output_dtype ",
           ferry::v1::DType_Name(output_dtype_)));
     }
     pos += count;
-    offset = 0;
-    ++s;
   }
   // The computed rows go through `staging`, then into the slot as the job's rows want.
   if (position_field_ >= 0 && rows[position_field_] != nullptr) {

@@ -58,17 +58,38 @@ class IndexedSource final : public SampleSource {
   std::string Describe(int64_t index) const override;
   bool FillIsCopy() const override { return true; }
 
+  // A run of a sequence's tokens that a window reads: where in the .bin, how many.
+  struct Segment {
+    int64_t byte;
+    int64_t tokens;
+  };
+
  private:
   IndexedSource() = default;
 
   int64_t SequenceLength(int64_t s) const;
   int64_t SequencePointer(int64_t s) const;
   int64_t DocumentIndex(int64_t d) const;
-  // The sequence holding stream token `token`, or DATA_LOSS.
-  absl::StatusOr<int64_t> FindSequence(int64_t token) const;
-  // OK when sequence s lies where the packed stream needs it: a non-negative length, ending
-  // where sequence s + 1 begins (the .bin's used end for the last).
-  absl::Status CheckSequence(int64_t s) const;
+  // What is wrong with the index where a window's walk through it stopped (PlanWindow),
+  // made into a status outside the guarded read (which may not allocate).
+  struct IndexFault {
+    enum class Kind { kNone, kSequence, kNotIncreasing, kEnds };
+    Kind kind = Kind::kNone;
+    int64_t at = 0;  // the sequence (kSequence, kNotIncreasing), the token (kEnds)
+    int64_t pointer = 0, length = 0, next = 0;  // kSequence: what the index says of it
+  };
+  // The window of `n` tokens from stream token `first`: for each sequence it touches, the
+  // byte in the .bin and the token count, into `segments`; the window positions where a
+  // document starts into `starts` (0 first). Reads only the .idx mapping and writes only
+  // the two vectors, within their capacity (n + 1): it runs inside a guarded read.
+  IndexFault PlanWindow(int64_t first, int64_t n, std::vector<Segment>& segments,
+                        std::vector<int64_t>& starts) const;
+  // The fault for sequence s, which does not fit (SequenceFits).
+  IndexFault Misfit(int64_t s) const;
+  absl::Status FaultStatus(const IndexFault& fault) const;
+  // True when sequence s lies where the packed stream needs it: a non-negative length,
+  // ending where sequence s + 1 begins (the .bin's used end for the last).
+  bool SequenceFits(int64_t s) const;
   // Whether sequence s begins a document. *cursor: -1 on a window's first call (a binary
   // search), then the entry it stopped at, which later calls for larger s walk on from.
   bool StartsDocument(int64_t s, int64_t* cursor) const;

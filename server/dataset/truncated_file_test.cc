@@ -1,5 +1,6 @@
 // A dataset file truncated by its owner while a job reads it: the readers that map files
-// (tokens, token shards, records) return DatasetChangedError naming the file, instead of
+// (tokens, token shards, records, a Megatron .bin and .idx) return DatasetChangedError
+// naming the file, instead of
 // the SIGBUS that would end ferryd for every user; the parts still there read as before.
 #include <fcntl.h>
 #include <unistd.h>
@@ -29,6 +30,8 @@ class TruncatedFileTest : public ::testing::Test {
   }
   void TearDown() override {
     unlink(path_.c_str());
+    unlink((dir_ + "/mega.idx").c_str());
+    unlink((dir_ + "/mega.bin").c_str());
     rmdir(dir_.c_str());
   }
 
@@ -101,6 +104,39 @@ TEST_F(TruncatedFileTest, RecordsAndTokenShardsToo) {
   ASSERT_EQ(truncate(path_.c_str(), 0), 0);
   EXPECT_TRUE(IsDatasetChanged(FillOne(**by_records, (*by_records)->size() - 1)));
   EXPECT_TRUE(IsDatasetChanged(FillOne(**by_shards, (*by_shards)->size() - 1)));
+}
+
+// The index of a Megatron dataset is read on every Fill (the window's sequences and
+// document starts): cutting it short must not end ferryd either.
+TEST_F(TruncatedFileTest, AMegatronIndexCutShortIsDatasetChanged) {
+  constexpr int64_t kSequences = 4096, kTokens = 16;  // an index of about 80 KiB
+  std::string idx("MMIDIDX\0\0", 9);
+  auto put = [&idx](auto value) {
+    idx.append(reinterpret_cast<const char*>(&value), sizeof(value));
+  };
+  put(uint64_t{1});
+  put(uint8_t{8});  // uint16 tokens
+  put(uint64_t{kSequences});
+  put(uint64_t{kSequences + 1});
+  for (int64_t s = 0; s < kSequences; ++s) put(int32_t{kTokens});
+  for (int64_t s = 0; s < kSequences; ++s) put(int64_t{s * kTokens * 2});
+  for (int64_t d = 0; d <= kSequences; ++d) put(int64_t{d});
+  std::ofstream(dir_ + "/mega.idx", std::ios::binary).write(idx.data(), idx.size());
+  WriteTokens(kSequences * kTokens);
+  ASSERT_EQ(rename(path_.c_str(), (dir_ + "/mega.bin").c_str()), 0);
+  path_ = dir_ + "/mega.bin";
+  ferry::v1::JobSpec spec;
+  spec.set_batch_size(1);
+  spec.mutable_dataset()->mutable_indexed()->set_path_prefix(dir_ + "/mega");
+  spec.mutable_dataset()->mutable_indexed()->set_seq_len(kTokens - 1);
+  auto source = MakeSampleSource(spec, UnconfinedDatasetFs());
+  ASSERT_TRUE(source.ok()) << source.status();
+  const int64_t last = (*source)->size() - 1;
+  ASSERT_TRUE(FillOne(**source, last).ok());
+  ASSERT_EQ(truncate((dir_ + "/mega.idx").c_str(), 4096), 0);
+  const absl::Status cut = FillOne(**source, last);
+  EXPECT_TRUE(IsDatasetChanged(cut)) << cut;
+  EXPECT_THAT(cut.message(), HasSubstr(dir_ + "/mega.idx"));
 }
 
 }  // namespace

@@ -294,7 +294,9 @@ TEST_F(SessionServerTest, IdleSessionsAreClosedWithAByeUnlessInUseOrActive) {
     auto later = RecvPacket(fd->get());
     ASSERT_TRUE(later.ok());
     EXPECT_TRUE(absl::StartsWith(*later, "BYE ")) << *later;
-    EXPECT_FALSE(server_->Lookup(token).has_value());
+    ASSERT_TRUE(Readable(fd->get(), 10000));
+    EXPECT_FALSE(RecvPacket(fd->get()).ok()) << "closed after the BYE";
+    EXPECT_FALSE(server_->Lookup(token).has_value()) << "forgotten before its socket closed";
   }
 }
 
