@@ -276,6 +276,17 @@ TEST(SessionTest, DaemonGoneOnceTheSessionSocketCloses) {
   EXPECT_TRUE((*session)->DaemonGone());
 }
 
+// The session a client opens after a BYE: greets with token t2 (the same daemon, pid 7)
+// and answers the slab request for att-1 that it does not exist.
+void RenewedSessionRefusingAtt1(int fd) {
+  (void)SendPacket(fd, "HELLO t2 7");
+  auto request = RecvPacket(fd);
+  ASSERT_TRUE(request.ok());
+  EXPECT_EQ(*request, "FD att-1");
+  (void)SendPacket(fd, "ERR attachment att-1 does not exist");
+  (void)RecvPacket(fd);
+}
+
 TEST(SessionTest, AfterAByeTheNextUseOpensANewSessionAndTheDaemonIsNotGone) {
   TempDir dir;
   const std::string address = dir.path() + "/ferryd.sock";
@@ -286,14 +297,7 @@ TEST(SessionTest, AfterAByeTheNextUseOpensANewSessionAndTheDaemonIsNotGone) {
                               (void)SendPacket(fd, "BYE idle for 10m with no consumer attached");
                               bye_sent.Notify();  // and the connection closes, as ferryd closes it
                             },
-                            [&](int fd) {
-                              (void)SendPacket(fd, "HELLO t2 7");
-                              auto request = RecvPacket(fd);
-                              ASSERT_TRUE(request.ok());
-                              EXPECT_EQ(*request, "FD att-1");
-                              (void)SendPacket(fd, "ERR attachment att-1 does not exist");
-                              (void)RecvPacket(fd);
-                            }});
+                            RenewedSessionRefusingAtt1});
   auto session = internal::Session::Open(address);
   ASSERT_TRUE(session.ok()) << session.status();
   bye_sent.WaitForNotification();
@@ -316,14 +320,7 @@ TEST(SessionTest, AByeInPlaceOfAnAnswerAsksAgainOnANewSession) {
                               ASSERT_TRUE(request.ok());
                               (void)SendPacket(fd, "BYE idle for 10m with no consumer attached");
                             },
-                            [&](int fd) {
-                              (void)SendPacket(fd, "HELLO t2 7");
-                              auto request = RecvPacket(fd);
-                              ASSERT_TRUE(request.ok());
-                              EXPECT_EQ(*request, "FD att-1");
-                              (void)SendPacket(fd, "ERR attachment att-1 does not exist");
-                              (void)RecvPacket(fd);
-                            }});
+                            RenewedSessionRefusingAtt1});
   auto session = internal::Session::Open(address);
   ASSERT_TRUE(session.ok()) << session.status();
   auto refused = (*session)->FetchSlab("att-1");
