@@ -4,14 +4,18 @@
 //
 // Without --config, only the system daemon (root or user ferry, no --listen) reads
 // /etc/ferry/ferryd.conf; every other ferryd starts with built-in defaults. SIGTERM or SIGINT
-// drains and exits 0.
+// drains and exits 0; a second signal while draining, or a drain that takes longer than
+// drain_timeout_seconds + 10 s, exits 1 at once.
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
+#include "absl/time/time.h"
 #include "common/logging.h"
 #include "server/service/daemon.h"
 
@@ -91,6 +95,22 @@ int main(int argc, char** argv) {
   int sig = 0;
   sigwait(&signals, &sig);
   FERRY_LOG(INFO) << "received " << strsignal(sig) << ", draining";
+  // The drain is bounded whatever a worker or a handler is doing: a second signal, or the
+  // stop limit, ends ferryd at once (the kernel then closes its sockets and frees its
+  // memory; trainers see it gone).
+  const absl::Duration limit = (*daemon)->stop_limit();
+  std::thread([signals, limit] {
+    const timespec wait = absl::ToTimespec(limit);
+    const int again = sigtimedwait(&signals, nullptr, &wait);
+    if (again > 0) {
+      FERRY_LOG(ERROR) << "received " << strsignal(again) << " while draining; exiting now";
+    } else {
+      FERRY_LOG(ERROR) << "did not stop within " << absl::FormatDuration(limit)
+                       << " (drain_timeout_seconds and "
+                       << absl::FormatDuration(ferry::Daemon::kStopGrace) << " more); exiting now";
+    }
+    _exit(1);
+  }).detach();
   (*daemon)->Drain();
   return 0;
 }

@@ -281,7 +281,8 @@ void Daemon::Drain() {
   jobs_->BeginDrain();
   const absl::Time deadline = absl::Now() + absl::Seconds(config_.config.drain_timeout_seconds());
   while (jobs_->LeasedSlots() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
-  acceptor_.reset();  // no new connections; then the server ends those it has
+  acceptor_.reset();             // no new connections; then the server ends those it has
+  service_->StopSlowHandlers();  // the server's shutdown waits for every call to finish
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
   server_->Wait();
   server_.reset();

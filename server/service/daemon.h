@@ -48,6 +48,12 @@ class Daemon final {
   // Graceful stop: refuse new work, give consumers up to drain_timeout_seconds to release
   // their batches, then close every stream and the sockets.
   void Drain();
+  // How long Drain may take at most: the drain timeout and kStopGrace for the rest (calls
+  // still running, the workers' last samples). ferryd_main exits regardless after this.
+  static constexpr absl::Duration kStopGrace = absl::Seconds(10);
+  absl::Duration stop_limit() const {
+    return absl::Seconds(config_.config.drain_timeout_seconds()) + kStopGrace;
+  }
 
   const std::string& socket_path() const { return config_.config.unix_socket(); }
 

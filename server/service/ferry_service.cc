@@ -339,16 +339,34 @@ absl::StatusOr<Caller> FerryService::Authenticate(grpc::CallbackServerContext* c
   return Caller{peer->uid, peer->pid};
 }
 
+namespace {
+
+// The call's deadline; InfiniteFuture when the client set none.
+absl::Time Deadline(const grpc::CallbackServerContext* context) {
+  const auto deadline = context->deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
+  return absl::FromChrono(deadline);
+}
+
+}  // namespace
+
 grpc::ServerUnaryReactor* FerryService::CreateJob(grpc::CallbackServerContext* context,
                                                   const ferry::v1::CreateJobRequest* request,
                                                   ferry::v1::CreateJobResponse* response) {
   auto caller = Authenticate(context);
   if (!caller.ok()) return FinishWith(context, caller.status());
-  auto created = jobs_->CreateJob(*caller, request->name(), request->spec());
-  if (!created.ok()) return FinishWith(context, created.status());
-  created->job->ToProto(response->mutable_job());
-  response->set_created(created->created);
-  return FinishWith(context, absl::OkStatus());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // Opening the dataset may take long: off the reactor (HandlerPool).
+  slow_handlers_.Run(caller->uid, Deadline(context),
+                     [this, reactor, caller = *caller, request, response](absl::Status ready) {
+                       if (!ready.ok()) return reactor->Finish(ToGrpcStatus(ready));
+                       auto created = jobs_->CreateJob(caller, request->name(), request->spec());
+                       if (!created.ok()) return reactor->Finish(ToGrpcStatus(created.status()));
+                       created->job->ToProto(response->mutable_job());
+                       response->set_created(created->created);
+                       reactor->Finish(grpc::Status::OK);
+                     });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* FerryService::GetJob(grpc::CallbackServerContext* context,
@@ -396,14 +414,23 @@ grpc::ServerUnaryReactor* FerryService::Attach(grpc::CallbackServerContext* cont
                                                ferry::v1::AttachResponse* response) {
   auto caller = Authenticate(context);
   if (!caller.ok()) return FinishWith(context, caller.status());
-  auto attached = jobs_->Attach(*caller, request->job_id(), request->rank(), request->device());
-  if (!attached.ok()) return FinishWith(context, attached.status());
-  response->set_attach_id(attached->attach_id);
-  attached->pipeline->job().ToProto(response->mutable_job());
-  response->set_num_slots(static_cast<uint32_t>(attached->pipeline->num_slots()));
-  response->set_slot_bytes(attached->pipeline->job().layout().slot_bytes);
-  attached->pipeline->ring().Describe(response);  // the transport, and its slot_bytes
-  return FinishWith(context, absl::OkStatus());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // A slab is allocated, bound and (for a GPU) registered: off the reactor (HandlerPool).
+  slow_handlers_.Run(
+      caller->uid, Deadline(context),
+      [this, reactor, caller = *caller, request, response](absl::Status ready) {
+        if (!ready.ok()) return reactor->Finish(ToGrpcStatus(ready));
+        auto attached =
+            jobs_->Attach(caller, request->job_id(), request->rank(), request->device());
+        if (!attached.ok()) return reactor->Finish(ToGrpcStatus(attached.status()));
+        response->set_attach_id(attached->attach_id);
+        attached->pipeline->job().ToProto(response->mutable_job());
+        response->set_num_slots(static_cast<uint32_t>(attached->pipeline->num_slots()));
+        response->set_slot_bytes(attached->pipeline->job().layout().slot_bytes);
+        attached->pipeline->ring().Describe(response);  // the transport, and its slot_bytes
+        reactor->Finish(grpc::Status::OK);
+      });
+  return reactor;
 }
 
 grpc::ServerBidiReactor<ferry::v1::ConsumeRequest, ferry::v1::ConsumeResponse>*

@@ -13,6 +13,7 @@
 #include "ferry/v1/ferry.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "server/service/channel_poller.h"
+#include "server/service/handler_pool.h"
 #include "server/service/job_manager.h"
 #include "server/service/session_server.h"
 
@@ -56,6 +57,14 @@ class FerryService final : public ferry::v1::Ferry::CallbackService {
                                   const ferry::v1::DrainRequest* request,
                                   ferry::v1::DrainResponse* response) override;
 
+  // CreateJob and Attach calls still waiting for a handler thread end with UNAVAILABLE, and
+  // so do later ones; waits for those running. Before the server shuts down (it waits for
+  // every call to finish).
+  void StopSlowHandlers() { slow_handlers_.Stop(); }
+
+  // Threads that run CreateJob and Attach (HandlerPool).
+  static constexpr int kSlowHandlerThreads = 4;
+
  private:
   // The caller's session token (ferry-session metadata); empty without one.
   static std::string SessionToken(grpc::CallbackServerContext* context);
@@ -67,6 +76,7 @@ class FerryService final : public ferry::v1::Ferry::CallbackService {
   ChannelPoller* const channels_;
   const DaemonStatusFiller daemon_status_;
   const Drainer drainer_;
+  HandlerPool slow_handlers_{kSlowHandlerThreads, "ferry-handler"};
 };
 
 }  // namespace ferry

@@ -7,6 +7,8 @@ import signal
 import time
 import unittest
 
+import numpy as np
+
 import ferry
 import ferry_it
 
@@ -117,6 +119,33 @@ class SigtermTest(unittest.TestCase):
         new = sorted(dev_shm() - shm_before)
         self.assertEqual(new, [], "ferryd or its clients left entries in /dev/shm")
         self.assertEqual([n for n in dev_shm() if "ferry" in n], [])
+
+    def test_a_second_sigterm_while_draining_ends_ferryd_at_once(self):
+        # A drain that waits (here for a held batch, up to 60 s) is cut short by a second
+        # signal: ferryd exits 1 at once, as an administrator who sends it twice expects.
+        os.environ["FERRY_REATTACH_SECONDS"] = "0"
+        self.addCleanup(os.environ.pop, "FERRY_REATTACH_SECONDS", None)
+        daemon = ferry_it.FerryDaemon(config="drain_timeout_seconds: 60\n")
+        self.addCleanup(daemon.stop)
+        path = os.path.join(daemon.dir, "t.bin")
+        (np.arange(1 << 13) % 50000).astype(np.uint16).tofile(path)
+        loader = ferry.Loader(ferry.Tokens(path, seq_len=16), batch_size=4, as_numpy=True,
+                              address=daemon.address, timeout=30)
+        self.addCleanup(loader.close)
+        it = iter(loader)
+        next(it)  # its arrays are the slot's memory: held until the next batch
+        job = ferry_it.ferryctl(daemon.address, "job", loader.job["id"])
+        self.assertGreaterEqual(ferry_it.rank_status(job, 0)["slots_leased"], 1, job)
+        daemon.terminate()
+        self.assertTrue(ferry_it.poll(lambda: "draining" in daemon.log(), 10), daemon.log())
+        time.sleep(0.5)
+        self.assertIsNone(daemon.process.poll(), "the drain did not wait for the held batch")
+        sent = time.monotonic()
+        daemon.process.send_signal(signal.SIGTERM)
+        code = daemon.process.wait(10)
+        self.assertEqual(code, 1, daemon.log())
+        self.assertLess(time.monotonic() - sent, 5)
+        self.assertIn("received Terminated while draining; exiting now", daemon.log())
 
 
 if __name__ == "__main__":

@@ -1,0 +1,122 @@
+#include "server/service/handler_pool.h"
+
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+
+namespace ferry {
+namespace {
+
+constexpr absl::Duration kWait = absl::Seconds(10);
+
+// Holds a pool thread until Release.
+class Blocker {
+ public:
+  HandlerPool::Task Task() {
+    return [this](absl::Status) {
+      started_.Notify();
+      release_.WaitForNotification();
+    };
+  }
+  bool WaitStarted() { return started_.WaitForNotificationWithTimeout(kWait); }
+  void Release() { release_.Notify(); }
+
+ private:
+  absl::Notification started_, release_;
+};
+
+TEST(HandlerPoolTest, OneUsersSlowCallsDoNotHoldUpAnothers) {
+  HandlerPool pool(4, "test-handler");
+  EXPECT_EQ(pool.max_per_uid(), 2u);
+  absl::Notification release;
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 10; ++i) {
+    pool.Run(1000, absl::InfiniteFuture(), [&](absl::Status ready) {
+      EXPECT_TRUE(ready.ok());
+      release.WaitForNotification();
+      ++ran;
+    });
+  }
+  absl::Notification other;
+  pool.Run(1001, absl::InfiniteFuture(), [&](absl::Status ready) {
+    EXPECT_TRUE(ready.ok());
+    other.Notify();
+  });
+  EXPECT_TRUE(other.WaitForNotificationWithTimeout(kWait)) << "held up by uid 1000's calls";
+  EXPECT_EQ(pool.running(1000), 2u) << "one uid runs on at most half of the threads";
+  release.Notify();
+  const absl::Time until = absl::Now() + kWait;
+  while (ran.load() < 10 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(ran.load(), 10);
+}
+
+TEST(HandlerPoolTest, UsersTakeTurns) {
+  HandlerPool pool(1, "test-handler");
+  Blocker blocker;
+  pool.Run(9, absl::InfiniteFuture(), blocker.Task());
+  ASSERT_TRUE(blocker.WaitStarted());
+  absl::Mutex mutex;
+  std::vector<std::string> order;
+  auto record = [&](std::string name) {
+    return [&, name](absl::Status) {
+      absl::MutexLock lock(&mutex);
+      order.push_back(name);
+    };
+  };
+  pool.Run(1, absl::InfiniteFuture(), record("a1"));
+  pool.Run(1, absl::InfiniteFuture(), record("a2"));
+  pool.Run(1, absl::InfiniteFuture(), record("a3"));
+  pool.Run(2, absl::InfiniteFuture(), record("b1"));
+  blocker.Release();
+  absl::MutexLock lock(&mutex);
+  auto all_ran = [&order]() { return order.size() == 4; };
+  ASSERT_TRUE(mutex.AwaitWithTimeout(absl::Condition(&all_ran), kWait));
+  // uid 2's call does not wait for all of uid 1's.
+  EXPECT_EQ(order, (std::vector<std::string>{"a1", "b1", "a2", "a3"}));
+}
+
+TEST(HandlerPoolTest, ACallWhoseDeadlinePassedWhileWaitingIsNotRun) {
+  HandlerPool pool(1, "test-handler");
+  Blocker blocker;
+  pool.Run(1, absl::InfiniteFuture(), blocker.Task());
+  ASSERT_TRUE(blocker.WaitStarted());
+  absl::Notification done;
+  absl::Status got;
+  pool.Run(2, absl::Now() + absl::Milliseconds(10), [&](absl::Status ready) {
+    got = ready;
+    done.Notify();
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  blocker.Release();
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(kWait));
+  EXPECT_EQ(got.code(), absl::StatusCode::kDeadlineExceeded) << got;
+}
+
+TEST(HandlerPoolTest, StopFailsQueuedAndLaterCallsAndWaitsForRunningOnes) {
+  HandlerPool pool(1, "test-handler");
+  Blocker blocker;
+  pool.Run(1, absl::InfiniteFuture(), blocker.Task());
+  ASSERT_TRUE(blocker.WaitStarted());
+  absl::Notification queued_done;
+  absl::Status queued;
+  pool.Run(2, absl::InfiniteFuture(), [&](absl::Status ready) {
+    queued = ready;
+    queued_done.Notify();
+  });
+  std::thread stopper([&] { pool.Stop(); });
+  ASSERT_TRUE(queued_done.WaitForNotificationWithTimeout(kWait)) << "Stop kept a queued call";
+  EXPECT_EQ(queued.code(), absl::StatusCode::kUnavailable) << queued;
+  blocker.Release();
+  stopper.join();
+  absl::Status later;
+  pool.Run(3, absl::InfiniteFuture(), [&](absl::Status ready) { later = ready; });
+  EXPECT_EQ(later.code(), absl::StatusCode::kUnavailable) << later;
+}
+
+}  // namespace
+}  // namespace ferry
