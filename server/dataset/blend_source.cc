@@ -200,6 +200,12 @@ absl::StatusOr<std::unique_ptr<BlendSource>> BlendSource::Create(
   return source;
 }
 
+uint64_t BlendSource::index_bytes() const {
+  uint64_t bytes = 0;
+  for (const auto& source : sources_) bytes += source->index_bytes();
+  return bytes;
+}
+
 int64_t BlendSource::Stride(size_t sources) {
   // At most a byte of checkpoints per position whatever the source count, and a scan of
   // under 64 bytes per lookup for up to 8 sources.

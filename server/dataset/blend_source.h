@@ -56,6 +56,7 @@ class BlendSource final : public SampleSource {
 
   int64_t size() const override { return offsets_.back(); }
   const std::vector<FieldLayout>& fields() const override { return sources_[0]->fields(); }
+  uint64_t index_bytes() const override;  // its sources' (the table is reserved apart)
   std::unique_ptr<Scratch> NewScratch() const override;
   absl::Status Fill(int64_t index, uint64_t sample_seed, absl::Span<uint8_t* const> rows,
                     Scratch* scratch) const override;

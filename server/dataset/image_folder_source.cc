@@ -302,6 +302,13 @@ absl::Status TransformImageSample(ImageDecoder& decoder, ComposeScratch& compose
   return decoded;
 }
 
+uint64_t ImageFolderSource::index_bytes() const {
+  uint64_t bytes = names_.capacity() + name_offsets_.capacity() * sizeof(uint64_t) +
+                   labels_.capacity() * sizeof(int32_t);
+  for (const std::string& c : classes_) bytes += sizeof(c) + c.capacity();
+  return bytes;
+}
+
 absl::StatusOr<std::unique_ptr<ImageFolderSource>> ImageFolderSource::Create(
     const std::string& root, const ImageTransform& transform, const DecodeLimits& limits,
     std::shared_ptr<const DatasetFs> fs) {

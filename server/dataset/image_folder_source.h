@@ -69,6 +69,7 @@ class ImageFolderSource final : public SampleSource {
 
   int64_t size() const override { return static_cast<int64_t>(labels_.size()); }
   const std::vector<FieldLayout>& fields() const override { return fields_; }
+  uint64_t index_bytes() const override;
   std::unique_ptr<Scratch> NewScratch() const override;
   // Errors name the file: the open/read errno as its canonical code (NOT_FOUND,
   // PERMISSION_DENIED, EIO as UNAVAILABLE, ...), UNAVAILABLE for a file that shrank while

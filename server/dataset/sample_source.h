@@ -162,6 +162,11 @@ class SampleSource {
     int64_t samples_drawn = 0;  // positions mapped to it so far (MapPositions)
   };
   virtual std::vector<Part> parts() const { return {}; }
+
+  // Host memory the source keeps to find its samples (file names, tar member indexes): the
+  // job counts it against the host memory budget for its life. (A blend reserves its table
+  // of positions itself, before building it: SourceOptions::host_budget.)
+  virtual uint64_t index_bytes() const { return 0; }
 };
 
 // How the job wants its dataset read. The job fills it (from its device and the daemon's

@@ -188,6 +188,16 @@ absl::StatusOr<WebDatasetSource::ShardResult> WebDatasetSource::IndexShard(
   return result;
 }
 
+uint64_t WebDatasetSource::index_bytes() const {
+  uint64_t bytes = samples_.capacity() * sizeof(Sample) +
+                   name_offsets_.capacity() * sizeof(uint64_t) + names_.capacity() +
+                   shard_begin_.capacity() * sizeof(int64_t) +
+                   shard_identities_.capacity() * sizeof(FileIdentity);
+  for (const std::string& s : shards_) bytes += sizeof(s) + s.capacity();
+  for (const std::string& s : label_spellings_) bytes += sizeof(s) + s.capacity();
+  return bytes;
+}
+
 absl::StatusOr<std::unique_ptr<WebDatasetSource>> WebDatasetSource::Create(
     const ferry::v1::WebDataset& spec, const ImageTransform& transform, const DecodeLimits& limits,
     std::shared_ptr<const DatasetFs> fs) {

@@ -66,6 +66,7 @@ class WebDatasetSource final : public SampleSource {
 
   int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
   const std::vector<FieldLayout>& fields() const override { return fields_; }
+  uint64_t index_bytes() const override;
   std::unique_ptr<Scratch> NewScratch() const override;
   // Errors name "<shard>:<member>": the open/read errno as its canonical code (EIO is
   // UNAVAILABLE: IsTransientReadError); DATA_LOSS for an image member that is empty, over

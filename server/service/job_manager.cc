@@ -269,6 +269,13 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
   }
   job->set_transient_retry_limit(options_.transient_retry_limit);
   if (cuda) FERRY_RETURN_IF_ERROR(gpus_->CheckJob(*job));
+  // What the dataset's index holds (file names, tar members) counts against the budget for
+  // the job's life.
+  FERRY_ASSIGN_OR_RETURN(
+      MemoryBudget::Reservation index_memory,
+      host_budget_->Reserve(job->source().index_bytes(),
+                            absl::StrCat("the index of job '", job_name, "''s ",
+                                         job->source().size(), " samples (file names)")));
   // Refuse now a job whose rank slab can never fit, rather than at every rank's attach: one
   // with its own prefetch_depth needs that many slots, one without at least kMinSlots.
   const uint32_t slots =
@@ -289,7 +296,7 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
   if (auto it = id_by_key_.find(key); it != id_by_key_.end()) {
     return Created{jobs_.at(it->second).job, false};  // another rank won the race
   }
-  jobs_[identity.id] = JobEntry{job, key, {}, {}, absl::Now()};
+  jobs_[identity.id] = JobEntry{job, key, {}, {}, absl::Now(), std::move(index_memory)};
   id_by_key_[key] = identity.id;
   FERRY_LOG(INFO) << "created job " << identity.id << " '" << job_name << "' for uid " << caller.uid
                   << ": " << job->source().size() << " samples, "

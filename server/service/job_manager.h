@@ -152,6 +152,8 @@ class JobManager final {
     // When a consumer was last seen bound to one of the ranks (DeleteIdleJobs), or the job
     // was created or attached to.
     absl::Time active_at;
+    // The dataset's index (SampleSource::index_bytes) in the host memory budget.
+    MemoryBudget::Reservation index_memory;
   };
   struct AttachEntry {
     std::string job_id;

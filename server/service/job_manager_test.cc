@@ -608,6 +608,33 @@ TEST_F(JobManagerTest, JobsAreBoundedPerUidAndTheRefusalSaysWhatToDo) {
   EXPECT_TRUE(m->CreateJob(kAlice, "c", TokensSpec(tokens_)).ok());
 }
 
+// An image folder's index (a name per file) is host memory the job keeps: counted in the
+// budget while the job lives, and refused when it does not fit.
+TEST_F(JobManagerTest, ADatasetsIndexCountsAgainstTheHostBudget) {
+  const std::filesystem::path root = dir_ / "data" / "folder";
+  std::filesystem::create_directories(root / "cls");
+  const std::string long_name(200, 'n');
+  for (int i = 0; i < 1000; ++i) {
+    std::ofstream(root / "cls" / (long_name + std::to_string(i) + ".jpg")) << "x";
+  }
+  ferry::v1::JobSpec spec;
+  spec.mutable_dataset()->mutable_image_folder()->set_root(root.string());
+  spec.mutable_transform()->mutable_center_crop()->set_size(8);
+  spec.set_batch_size(2);
+  auto m = Manager({}, true);
+  auto job = m->CreateJob(kAlice, "folder", spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_GE(budget_->in_use(), 200u * 1000) << "the names are counted before any attach";
+  ASSERT_TRUE(m->DeleteJob(kAlice, job->job->identity().id).ok());
+  EXPECT_EQ(budget_->in_use(), 0u);
+
+  auto small = Manager({}, true, /*budget=*/64 * 1024);
+  auto refused = small->CreateJob(kAlice, "folder", spec);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("the index of job 'folder''s 1000 samples"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("host_memory_budget_bytes"));
+}
+
 // A refusal for memory says who holds it: the caller's own jobs by id and name, other
 // users' by uid only.
 TEST_F(JobManagerTest, ABudgetRefusalNamesTheJobsHoldingMemory) {
