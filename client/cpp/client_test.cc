@@ -188,6 +188,18 @@ TEST(ConnectTest, HelloGivesTokenAndPidAndRpcErrorsNameTheDaemon) {
   client->reset();
 }
 
+TEST(FromGrpcTest, ACallTheDaemonEndedIsUnavailableAndNamesTheCall) {
+  // A ferryd shutting down cancels its calls in flight; callers retry UNAVAILABLE.
+  absl::Status s = internal::FromGrpc(grpc::Status(grpc::StatusCode::CANCELLED, "CANCELLED"),
+                                      "CreateJob to ferryd at /run/ferry/ferryd.sock");
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(s.message(), HasSubstr("CreateJob to ferryd at /run/ferry/ferryd.sock"));
+  EXPECT_THAT(s.message(), HasSubstr("shutting down"));
+  // The daemon's own answers keep their code and text.
+  s = internal::FromGrpc(grpc::Status(grpc::StatusCode::NOT_FOUND, "no job 'x'"), "GetJob");
+  EXPECT_EQ(s, absl::NotFoundError("no job 'x'"));
+}
+
 TEST(SessionTest, FetchSlabReceivesTheMemfd) {
   TempDir dir;
   const std::string address = dir.path() + "/ferryd.sock";

@@ -653,8 +653,13 @@ absl::Status FromGrpc(const grpc::Status& status, std::string_view context) {
   if (status.ok()) return absl::OkStatus();
   auto code = static_cast<absl::StatusCode>(status.error_code());
   switch (code) {
-    case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kCancelled:
+      // The client cancels no call whose status it reports: the server ended it, which a
+      // ferryd does to the calls in flight when it shuts down.
+      return absl::UnavailableError(absl::StrCat(
+          std::string(context), ": ferryd ended the call without an answer (",
+          status.error_message(), "); it is probably shutting down: try again once it is back"));
+    case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kDeadlineExceeded:
       return absl::Status(code, absl::StrCat(std::string(context), ": ", status.error_message()));
     default:

@@ -32,8 +32,10 @@ absl::Status FromJson(std::string_view json, std::string_view what,
                       google::protobuf::Message* message);
 
 // Maps a gRPC status onto the same canonical absl code. Transport failures (UNAVAILABLE,
-// CANCELLED, DEADLINE_EXCEEDED) get `context` prepended, since gRPC's own text ("Socket
-// closed") does not say which daemon or call; the daemon's own messages pass unchanged.
+// DEADLINE_EXCEEDED) get `context` prepended, since gRPC's own text ("Socket closed") does
+// not say which daemon or call; the daemon's own messages pass unchanged. CANCELLED becomes
+// UNAVAILABLE: the client reports no call it cancelled itself, so the daemon ended it (a
+// ferryd shutting down cancels its calls in flight), and trying again is the remedy.
 absl::Status FromGrpc(const grpc::Status& status, std::string_view context);
 
 // Packs each run of consecutive Release requests in `requests` into its first request

@@ -125,8 +125,7 @@ def _answers(address):
             client.status()  # the session socket opens first: wait for the gRPC server too
             return client.daemon_pid
     except FerryError as e:
-        # CANCELLED: a daemon that is stopping (its server cancels calls in flight).
-        if e.code in ("NOT_FOUND", "UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"):
+        if e.code in ("NOT_FOUND", "UNAVAILABLE", "DEADLINE_EXCEEDED"):
             return None
         raise
 
