@@ -150,9 +150,18 @@ absl::Status RecordSource::Fill(int64_t index, uint64_t sample_seed,
         absl::StrCat("Fill needs ", fields_.size(), " rows (data, index), got ", rows.size()));
   }
   std::memcpy(rows[1], &index, sizeof(index));
-  if (rows[0] == nullptr) return absl::OkStatus();  // the device reads it: direct_rows()
   const uint8_t* src =
       file_->bytes().data() + data_offset_ + static_cast<size_t>(index) * row_bytes_;
+  if (rows[0] == nullptr) {
+    // The device reads the row from the mapping (direct_rows()), where pages cut from the
+    // file stay pinned with their old bytes. Touching the row's last byte here makes a file
+    // cut short under the job a DatasetChangedError, as for a copied row, instead of rows
+    // the file no longer has.
+    return file_->Read([&] {
+      const volatile uint8_t* last = src + row_bytes_ - 1;
+      (void)*last;
+    });
+  }
   FERRY_RETURN_IF_ERROR(file_->Read([&] {
     if (stores_ == RowStores::kStreaming) {
       StreamingCopy(rows[0], src, row_bytes_);

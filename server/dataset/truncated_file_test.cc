@@ -106,6 +106,34 @@ TEST_F(TruncatedFileTest, RecordsAndTokenShardsToo) {
   EXPECT_TRUE(IsDatasetChanged(FillOne(**by_shards, (*by_shards)->size() - 1)));
 }
 
+// A GPU rank gathers records from the registered mapping itself: the worker writes only the
+// index (a null data row). The pinned pages keep the bytes the file no longer has, so the
+// worker's Fill must still see the cut.
+TEST_F(TruncatedFileTest, RecordsTheDeviceGathersToo) {
+  WriteTokens(64 * 1024);
+  ferry::v1::JobSpec spec;
+  spec.set_batch_size(1);
+  spec.mutable_dataset()->mutable_records()->set_path(path_);
+  spec.mutable_dataset()->mutable_records()->set_dtype(ferry::v1::INT64);
+  spec.mutable_dataset()->mutable_records()->add_shape(128);  // 1 KiB records, 128 of them
+  auto source = MakeSampleSource(spec, UnconfinedDatasetFs());
+  ASSERT_TRUE(source.ok()) << source.status();
+  ASSERT_TRUE((*source)->direct_rows().has_value());
+  int64_t index = -1;
+  auto fill_index_only = [&](int64_t i) {
+    uint8_t* rows[] = {nullptr, reinterpret_cast<uint8_t*>(&index)};
+    auto scratch = (*source)->NewScratch();
+    return (*source)->Fill(i, 0, rows, scratch.get());
+  };
+  ASSERT_TRUE(fill_index_only(127).ok());
+  EXPECT_EQ(index, 127);
+  ASSERT_EQ(truncate(path_.c_str(), 4096), 0);  // records 0-3 are left
+  EXPECT_TRUE(fill_index_only(3).ok());
+  const absl::Status cut = fill_index_only(4);
+  EXPECT_TRUE(IsDatasetChanged(cut)) << cut;
+  EXPECT_THAT(cut.message(), HasSubstr(path_));
+}
+
 // The index of a Megatron dataset is read on every Fill (the window's sequences and
 // document starts): cutting it short must not end ferryd either.
 TEST_F(TruncatedFileTest, AMegatronIndexCutShortIsDatasetChanged) {

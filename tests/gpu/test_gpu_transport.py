@@ -413,6 +413,48 @@ class GpuTransportTest(unittest.TestCase):
             for loader in loaders:
                 loader.close()
 
+    def test_a_records_gathered_from_a_file_cut_short(self):
+        # The owner truncates a records file that a GPU rank gathers from its pinned page
+        # cache (every batch gathered, so workers write only indices): that job stops with
+        # an error naming the file, and ferryd, its GPU and another job on it go on.
+        import ferry
+        import numpy as np
+        import torch
+        d = self.daemon.dir
+        values = np.random.default_rng(8).integers(-2**62, 2**62, (8191, 33), dtype=np.int64)
+        victim, other_path = os.path.join(d, "cut.i64"), os.path.join(d, "kept.i64")
+        values.tofile(victim)  # 2.1 MB
+        values.tofile(other_path)
+        with ferry_it.FerryDaemon(config="gather_every_batch: true\n") as other:
+            def records(path, seed):
+                return ferry.Loader(ferry.Records(path, dtype="int64", shape=(33,)),
+                                    batch_size=7, shuffle=True, seed=seed, device="cuda:0",
+                                    address=other.address, timeout=60, prefetch=2)
+            cut, kept = records(victim, 4), records(other_path, 5)
+            it = iter(cut)
+            for _ in range(3):
+                next(it)
+            status = ferry_it.ferryctl(other.address, "status")
+            [rank] = [r for j in status["jobs"] if j["job"]["id"] == cut.job["id"]
+                      for r in j.get("ranks", [])]
+            self.assertEqual(rank.get("copy_path"), "PAGE_CACHE_GATHER", rank)
+            os.truncate(victim, 4096)  # 15 records are left
+            with self.assertRaises(ferry.FerryError) as cm:
+                for _ in it:
+                    pass
+            self.assertIn("cut.i64", cm.exception.message)
+            self.assertIn("shrank while the job read it", cm.exception.message)
+            cut.close()
+            self.assertIsNone(other.process.poll(), "ferryd died; log:\n%s" % other.log())
+            n = 0
+            for b in kept:
+                self.assertTrue(torch.equal(b["data"].cpu(),
+                                            torch.from_numpy(values[b["index"].cpu().numpy()])))
+                n += 1
+            self.assertEqual(n, len(kept))
+            kept.close()
+            self.assertNotIn("CUDA_ERROR", other.log())
+
     def test_b_normalize(self):
         import torch
         d = self.daemon.dir
