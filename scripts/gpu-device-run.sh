@@ -34,6 +34,8 @@ if [[ $1 == tests ]]; then
   done
   (cd tests/gpu && python3 -m unittest -v test_gpu_transport) > "$OUT/gpu_transport.txt" 2>&1 || rc=1
   tail -25 "$OUT/gpu_transport.txt"
+  (cd tests/gpu && python3 -m unittest -v test_gpu_kill_loop) > "$OUT/gpu_kill_loop.txt" 2>&1 || rc=1
+  tail -8 "$OUT/gpu_kill_loop.txt"
 fi
 if [[ $1 == bench ]]; then
   h2d_bench > "$OUT/h2d_bench.txt" 2>&1 || rc=1
