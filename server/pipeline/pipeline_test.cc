@@ -846,6 +846,35 @@ TEST_F(PipelineTest, ShutdownEndsTheStreamOnceHeldBatchesAreBack) {
   p->Unbind(&c);
 }
 
+TEST_F(PipelineTest, AStoppedStreamEndsOnceOverdueThoughBatchesAreHeld) {
+  auto p = Make(100, 5, 1, 0, 3, true);
+  RecordingConsumer c;
+  ASSERT_TRUE(p->Bind(&c, 1).ok());
+  ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
+  ASSERT_TRUE(std::holds_alternative<ferry::v1::BatchReady>(*c.Next()));  // kept
+  absl::SleepFor(absl::Milliseconds(50));
+  const absl::Time before = absl::Now();
+  p->Shutdown(absl::AbortedError("job deleted"));
+  while (c.pending() > 0) {
+    auto m = c.Next();
+    ASSERT_TRUE(m.has_value());
+    ASSERT_FALSE(std::holds_alternative<absl::Status>(*m)) << "ended while batches were held";
+  }
+  p->EndStreamIfStoppedBefore(before);  // stopped after this cutoff: not yet
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(c.pending(), 0u);
+  p->EndStreamIfStoppedBefore(absl::Now());
+  auto end = c.Next();
+  ASSERT_TRUE(end.has_value());
+  auto* reason = std::get_if<absl::Status>(&*end);
+  ASSERT_NE(reason, nullptr);
+  EXPECT_EQ(reason->code(), absl::StatusCode::kAborted);
+  p->EndStreamIfStoppedBefore(absl::Now());  // told once
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(c.pending(), 0u);
+  p->Unbind(&c);
+}
+
 // A device stage over host memory: "device" slots are plain buffers, copies are memcpy,
 // and every report comes from another thread, as from a real copy engine. Released signals
 // fire only when the test says so (the trainer's GPU is still using the slot until then).

@@ -220,10 +220,7 @@ void RankPipeline::Unbind(BatchConsumer* consumer) {
     // Nobody is bound to be told: the next consumer hears it when it binds and starts.
     absl::MutexLock lock(&mutex_);
     FERRY_LOG(ERROR) << "job " << job_->identity().id << " rank " << rank_ << ": " << flushed;
-    if (!shutting_down_) {
-      shutting_down_ = true;
-      shutdown_reason_ = flushed;
-    }
+    StopLocked(flushed);
   }
 }
 
@@ -236,13 +233,35 @@ void RankPipeline::Shutdown(const absl::Status& reason) {
                       << ": stopping, consumer pid " << consumer_pid_
                       << " is told once it has released its batches: " << reason;
     }
-    shutting_down_ = true;
-    shutdown_reason_ = reason;
+    StopLocked(reason);
     ++generation_;
     live_generation_.store(generation_, std::memory_order_relaxed);
     // Device work ordered before now may be being started by another thread: the ring
     // waits for it, so that none starts once Shutdown has returned.
     ring_->StopDeviceWork();
+  }
+  Deliver({});
+}
+
+void RankPipeline::StopLocked(const absl::Status& reason) {
+  if (shutting_down_) return;
+  shutting_down_ = true;
+  shutdown_reason_ = reason;
+  stopped_at_ = absl::Now();
+}
+
+void RankPipeline::EndStreamIfStoppedBefore(absl::Time cutoff) {
+  {
+    absl::MutexLock lock(&mutex_);
+    if (!shutting_down_ || shutdown_sent_ || stop_overdue_ || consumer_ == nullptr ||
+        stopped_at_ > cutoff) {
+      return;
+    }
+    stop_overdue_ = true;
+    FERRY_LOG(WARNING) << "job " << job_->identity().id << " rank " << rank_ << ": consumer pid "
+                       << consumer_pid_ << " still holds " << ring_->leased() << " batch(es) "
+                       << absl::FormatDuration(absl::Now() - stopped_at_)
+                       << " after the job stopped; ending its stream (" << shutdown_reason_ << ")";
   }
   Deliver({});
 }
@@ -638,10 +657,7 @@ void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
   if (absl::Status flushed = ring_->Flush(); !flushed.ok()) {
     absl::MutexLock lock(&mutex_);
     FERRY_LOG(ERROR) << "job " << job_->identity().id << " rank " << rank_ << ": " << flushed;
-    if (!shutting_down_) {
-      shutting_down_ = true;
-      shutdown_reason_ = flushed;
-    }
+    StopLocked(flushed);
   }
   absl::MutexLock lock(&mutex_);
   if (delivering_) return;  // the thread delivering now will see our changes
@@ -678,8 +694,8 @@ void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
     }
     const int leased = ring_->leased();
     // A stopping pipeline ends the stream once the consumer has given back every batch it
-    // holds, so no batch in use is cut off.
-    const bool send_shutdown = shutting_down_ && leased == 0 && !shutdown_sent_;
+    // holds, so no batch in use is cut off, or once it had its time (stop_overdue_).
+    const bool send_shutdown = shutting_down_ && (leased == 0 || stop_overdue_) && !shutdown_sent_;
     if (send_shutdown) shutdown_sent_ = true;
     if (!ready.empty()) NoteStarvationLocked(taken.front());
     if (ready.empty() && !send_end && !send_shutdown) {

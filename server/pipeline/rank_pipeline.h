@@ -63,7 +63,8 @@ class BatchConsumer {
   virtual void OnBatchReady(const ferry::v1::BatchReady& batch) = 0;
   virtual void OnEpochEnd(int64_t epoch) = 0;
   // The pipeline stops (job deleted, ferryd draining) and the consumer holds no batch any
-  // more: end the stream with `reason`. Called once per binding.
+  // more, or was given the time to give them back (EndStreamIfStoppedBefore): end the
+  // stream with `reason`. Called once per binding.
   virtual void OnShutdown(const absl::Status& reason) = 0;
   // For status: whether the consumer's batches travel through a shared-memory channel.
   virtual bool via_channel() const { return false; }
@@ -97,6 +98,11 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   // when the job is deleted or ferryd drains. Idempotent. Once it returns, the ring starts
   // no more device work (DeliveryRing::StopDeviceWork).
   void Shutdown(const absl::Status& reason);
+  // A consumer that keeps its batches does not keep the stream of a stopped pipeline open
+  // for ever: when the pipeline stopped (Shutdown, or a failure) before `cutoff` and its
+  // consumer still holds batches, it is told now. The batches stay valid in the consumer
+  // (its mappings hold the memory); the slots are reclaimed once the stream ends.
+  void EndStreamIfStoppedBefore(absl::Time cutoff);
   bool bound() const;
   // The process bound to this rank; 0 when none is.
   int consumer_pid() const;
@@ -185,6 +191,8 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   // Flushes the ring's device work, then sends what can be sent to the bound consumer; see
   // the class comment for the guarantees.
   void Deliver(std::vector<WorkerPool::Task> tasks) ABSL_LOCKS_EXCLUDED(mutex_);
+  // Marks the pipeline stopped for `reason` (the first reason stays).
+  void StopLocked(const absl::Status& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Ends the consumer's starvation (if it was starved) at `now`.
   void NoteStarvationLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Nothing could be sent at `now`: starts the starvation, or moves it to the cause the head
@@ -255,6 +263,9 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   int64_t next_seq_ ABSL_GUARDED_BY(mutex_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mutex_) = false;
   absl::Status shutdown_reason_ ABSL_GUARDED_BY(mutex_);
+  absl::Time stopped_at_ ABSL_GUARDED_BY(mutex_);
+  // EndStreamIfStoppedBefore: the consumer is told though it still holds batches.
+  bool stop_overdue_ ABSL_GUARDED_BY(mutex_) = false;
   bool shutdown_sent_ ABSL_GUARDED_BY(mutex_) = false;
 
   // Metrics.

@@ -110,6 +110,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   job_options.default_prefetch_depth = config.default_prefetch_depth();
   job_options.default_prefetch_bytes = config.default_prefetch_bytes();
   job_options.job_idle_timeout = absl::Seconds(config.job_idle_timeout_seconds());
+  job_options.release_grace = absl::Seconds(config.drain_timeout_seconds());
   job_options.max_jobs_per_uid = config.max_jobs_per_uid();
   d->pinned_budget_ =
       std::make_unique<MemoryBudget>("pinned memory budget", "pinned_memory_budget_bytes",
@@ -248,6 +249,7 @@ void Daemon::NotifyLoop() {
   while (!stop_notify_.WaitForNotificationWithTimeout(period)) {
     const absl::Time now = absl::Now();
     jobs_->DeleteIdleJobs(now);
+    jobs_->EndOverdueStreams(now);
     const int consumers = jobs_->Consumers();
     if (consumers > 0 || sessions_->live_sessions() > 0) idle_since = now;
     if (!exiting && drain_requested_.load() && consumers == 0) {

@@ -357,6 +357,9 @@ absl::Status JobManager::DeleteJob(const Caller& caller, const std::string& id) 
     absl::MutexLock lock(&mutex_);
     FERRY_RETURN_IF_ERROR(FindOwnedLocked(caller, id).status());
     ranks = EraseLocked(id);
+    for (const auto& [rank, pipeline] : ranks) {
+      if (pipeline->bound()) deleted_ranks_.push_back(pipeline);
+    }
   }
   // ABORTED, not UNAVAILABLE: a client that takes UNAVAILABLE for a lost ferryd and creates
   // the job again would undo the delete.
@@ -430,6 +433,26 @@ std::vector<std::string> JobManager::DeleteIdleJobs(absl::Time now) {
                     << " (job_idle_timeout_seconds)";
   }
   return deleted;
+}
+
+void JobManager::EndOverdueStreams(absl::Time now) {
+  std::vector<std::shared_ptr<RankPipeline>> ranks;
+  {
+    absl::MutexLock lock(&mutex_);
+    for (const auto& [id, entry] : jobs_) {
+      if (!entry.job->failed()) continue;
+      for (const auto& [rank, pipeline] : entry.ranks) ranks.push_back(pipeline);
+    }
+    std::erase_if(deleted_ranks_, [&](const std::weak_ptr<RankPipeline>& weak) {
+      std::shared_ptr<RankPipeline> pipeline = weak.lock();
+      if (pipeline == nullptr || !pipeline->bound()) return true;
+      ranks.push_back(std::move(pipeline));
+      return false;
+    });
+  }
+  for (const auto& pipeline : ranks) {
+    pipeline->EndStreamIfStoppedBefore(now - options_.release_grace);
+  }
 }
 
 std::string JobManager::DescribeMemoryHoldersLocked(const Caller& caller, absl::Time now) {

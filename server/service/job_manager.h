@@ -71,6 +71,10 @@ class JobManager final {
     // DaemonConfig.max_jobs_per_uid: jobs one uid (other than root) may have, counting
     // those being created. Default: 64.
     uint32_t max_jobs_per_uid = 64;
+    // DaemonConfig.drain_timeout_seconds: how long the consumer of a stopped rank (its job
+    // deleted or failed) may keep its batches before its stream is ended anyway
+    // (EndOverdueStreams). Default: 5 seconds.
+    absl::Duration release_grace = absl::Seconds(5);
   };
 
   // `gpus` serves "cuda:N" devices; null when ferryd was built without CUDA.
@@ -143,6 +147,11 @@ class JobManager final {
   // creation, or its last attach).
   std::vector<std::string> DeleteIdleJobs(absl::Time now = absl::Now());
 
+  // Ends the streams of stopped ranks (deleted or failed jobs) whose consumers still hold
+  // batches release_grace after the stop (RankPipeline::EndStreamIfStoppedBefore). Called
+  // every second or so.
+  void EndOverdueStreams(absl::Time now = absl::Now());
+
  private:
   struct JobEntry {
     std::shared_ptr<Job> job;
@@ -205,6 +214,8 @@ class JobManager final {
   // Attach of the same rank waits for it.
   absl::flat_hash_set<std::pair<std::string, int>> creating_ ABSL_GUARDED_BY(mutex_);
   uint64_t next_serial_ ABSL_GUARDED_BY(mutex_) = 1;
+  // Ranks of deleted jobs, while a stream still holds them (EndOverdueStreams).
+  std::vector<std::weak_ptr<RankPipeline>> deleted_ranks_ ABSL_GUARDED_BY(mutex_);
   // Why new jobs and attaches are refused (BeginDrain, StopTakingWork); empty while taken.
   std::string refusing_ ABSL_GUARDED_BY(mutex_);
 };

@@ -699,6 +699,50 @@ TEST_F(JobManagerTest, StopTakingWorkRefusesNewJobsAndAttachesButKeepsConsumers)
   EXPECT_EQ(m->Consumers(), 0);
 }
 
+// A consumer that keeps every batch it is sent (a raw stream whose trainer holds them).
+class HoldingConsumer final : public BatchConsumer {
+ public:
+  void OnBatchReady(const ferry::v1::BatchReady&) override { held_.fetch_add(1); }
+  void OnEpochEnd(int64_t) override {}
+  void OnShutdown(const absl::Status& reason) override {
+    reason_ = reason;
+    told_.Notify();
+  }
+  int held() const { return held_.load(); }
+  absl::Notification& told() { return told_; }
+  const absl::Status& reason() const { return reason_; }
+
+ private:
+  std::atomic<int> held_{0};
+  absl::Status reason_;
+  absl::Notification told_;
+};
+
+TEST_F(JobManagerTest, ADeletedJobsConsumerThatKeepsItsBatchesIsToldAfterTheGrace) {
+  auto m = Manager({}, true);
+  auto job = m->CreateJob(kAlice, "held", TokensSpec(tokens_));
+  ASSERT_TRUE(job.ok());
+  const std::string id = job->job->identity().id;
+  auto a = m->Attach(kAlice, id, 0);
+  ASSERT_TRUE(a.ok());
+  HoldingConsumer consumer;
+  ASSERT_TRUE(a->pipeline->Bind(&consumer, 1).ok());
+  ASSERT_TRUE(a->pipeline->StartEpoch(&consumer, 0, 0).ok());
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (consumer.held() == 0 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_GT(consumer.held(), 0);
+  ASSERT_TRUE(m->DeleteJob(kAlice, id).ok());
+  // Within the grace (5 s by default) the consumer may still give its batches back.
+  m->EndOverdueStreams(absl::Now());
+  EXPECT_FALSE(consumer.told().WaitForNotificationWithTimeout(absl::Milliseconds(200)));
+  // After it, the stream ends though the batches are still held.
+  m->EndOverdueStreams(absl::Now() + absl::Seconds(6));
+  ASSERT_TRUE(consumer.told().WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(consumer.reason().code(), absl::StatusCode::kAborted) << consumer.reason();
+  EXPECT_THAT(consumer.reason().message(), HasSubstr("was deleted"));
+  a->pipeline->Unbind(&consumer);
+}
+
 // A GPU transport whose device ring takes as long as the test wants to make (registering a
 // large slab with the driver does take long), then fails.
 class SlowGpus final : public GpuProvider {

@@ -93,6 +93,33 @@ class LifecycleTest(unittest.TestCase):
         self.assertIn("job %s was deleted" % job_id, cm.exception.message)
         self.assertFalse(daemon_status(daemon).get("jobs"), "the job was created again")
 
+    def test_a_raw_stream_that_keeps_its_batches_ends_after_the_grace(self):
+        # A consumer of the C API that holds its batches and never gives them back: the
+        # delete reached it only when it released them, so its stream never ended. Now it is
+        # told drain_timeout_seconds after the delete; what it holds stays readable.
+        daemon = self.daemon("job_idle_timeout_seconds: 0\ndrain_timeout_seconds: 1\n")
+        from ferry.client import Client
+        client = Client(daemon.address)
+        self.addCleanup(client.close)
+        job = client.create_job({"dataset": records(daemon.dir)._spec(), "batch_size": 16,
+                                 "prefetch_depth": 2}, name="held")
+        consumer = client.attach(job["id"], 0)
+        self.addCleanup(consumer.close)
+        consumer.start_epoch(0)
+        held = [consumer.next(30000) for _ in range(2)]  # every slot
+        proc = ferry_it.run_ferryctl(daemon.address, "delete", job["id"])
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        with self.assertRaises(ferry.FerryError) as cm:
+            consumer.next(20000)
+        self.assertEqual(cm.exception.code, "ABORTED", cm.exception.message)
+        self.assertIn("job %s was deleted" % job["id"], cm.exception.message)
+        for i, batch in enumerate(held):
+            self.assertEqual(batch.arrays()["data"].tolist(), list(range(16 * i, 16 * i + 16)))
+        self.assertIn("still holds 2 batch(es)", daemon.log())
+        freed = ferry_it.poll(lambda: int(daemon_status(daemon)["daemon"].get(
+            "host_memory_in_use_bytes", 0)) == 0, 10)
+        self.assertTrue(freed, daemon_status(daemon)["daemon"])
+
     def test_ferryctl_drain_lets_trainers_finish_then_exits_zero(self):
         daemon = self.daemon(None)
         loader = ferry.Loader(records(daemon.dir), batch_size=16, address=daemon.address,
