@@ -455,6 +455,64 @@ class GpuTransportTest(unittest.TestCase):
             kept.close()
             self.assertNotIn("CUDA_ERROR", other.log())
 
+    def test_a_gpu_batches_kept_past_a_delete(self):
+        # A raw GPU consumer keeps every batch and its job is deleted: its stream ends
+        # drain_timeout_seconds later and ferryd frees the rank's device slots, while the
+        # consumer's IPC mappings keep the batches it holds readable and right.
+        import ferry
+        import numpy as np
+        import torch
+        from ferry import _lib
+        from ferry.client import Client
+        path = os.path.join(self.daemon.dir, "records-kept.i64")
+        values = np.arange(64 * 33, dtype=np.int64).reshape(64, 33)
+        values.tofile(path)
+        with ferry_it.FerryDaemon(config="drain_timeout_seconds: 1\n") as other:
+            client = Client(other.address)
+            job = client.create_job({"dataset": ferry.Records(path, dtype="int64",
+                                                              shape=(33,))._spec(),
+                                     "batch_size": 8, "device": "cuda", "prefetch_depth": 2},
+                                    name="kept")
+            consumer = client.attach(job["id"], 0, "cuda:" + _lib.cuda_pci_bus_id(0))
+            consumer.start_epoch(0)
+            held = [consumer.next(30000) for _ in range(2)]
+            stream = torch.cuda.current_stream()
+            tensors = []
+            for b in held:
+                b.wait(stream.cuda_stream)
+                tensors.append(b.cuda_tensors())
+            before = int(ferry_it.ferryctl(other.address, "status")["daemon"]["gpus"][0]
+                         ["device_memory_in_use_bytes"])
+            self.assertGreater(before, 0)
+            proc = ferry_it.run_ferryctl(other.address, "delete", job["id"])
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            with self.assertRaises(ferry.FerryError) as cm:
+                consumer.next(20000)
+            self.assertEqual(cm.exception.code, "ABORTED", cm.exception.message)
+            freed = ferry_it.poll(lambda: int(ferry_it.ferryctl(other.address, "status")
+                                              ["daemon"]["gpus"][0]
+                                              .get("device_memory_in_use_bytes", 0)) == 0, 10)
+            self.assertTrue(freed, "ferryd kept the deleted rank's device slots")
+            # ferryd allocates again where it may: the held batches still read right.
+            again = client.create_job({"dataset": ferry.Records(path, dtype="int64",
+                                                                shape=(33,))._spec(),
+                                       "batch_size": 8, "device": "cuda", "seed": "9"},
+                                      name="after")
+            other_consumer = client.attach(again["id"], 0, "cuda:" + _lib.cuda_pci_bus_id(0))
+            other_consumer.start_epoch(0)
+            self.assertIsNotNone(other_consumer.next(30000))
+            for i, t in enumerate(tensors):
+                self.assertTrue(torch.equal(t["data"].cpu(),
+                                            torch.from_numpy(values[8 * i:8 * i + 8])), i)
+            tensors.clear()
+            held.clear()
+            other_consumer.close()
+            consumer.close()
+            client.close()
+            self.assertIsNone(other.process.poll(), "ferryd died; log:\n%s" % other.log())
+            self.assertIn("still holds 2 batch(es)", other.log())
+            self.assertNotIn("CUDA_ERROR", other.log())
+
     def test_b_normalize(self):
         import torch
         d = self.daemon.dir
