@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/thread_name.h"
 
 namespace ferry {
 
-HandlerPool::HandlerPool(int threads, std::string name)
-    : max_per_uid_(std::max<size_t>(1, static_cast<size_t>(threads) / 2)) {
+HandlerPool::HandlerPool(int threads, std::string name, size_t max_queued_per_uid)
+    : max_per_uid_(std::max<size_t>(1, static_cast<size_t>(threads) / 2)),
+      max_queued_per_uid_(max_queued_per_uid) {
   for (int i = 0; i < std::max(1, threads); ++i) {
     threads_.emplace_back([this, name] {
       NameThisThread(name);
@@ -20,16 +22,25 @@ HandlerPool::HandlerPool(int threads, std::string name)
 HandlerPool::~HandlerPool() { Stop(); }
 
 void HandlerPool::Run(unsigned uid, absl::Time deadline, Task task) {
+  absl::Status refused;
   {
     absl::MutexLock lock(&mutex_);
-    if (!stopping_) {
-      std::deque<Queued>& mine = queued_[uid];
-      if (mine.empty()) turn_.push_back(uid);
-      mine.push_back(Queued{deadline, std::move(task)});
+    auto mine = queued_.find(uid);
+    if (stopping_) {
+      refused = absl::UnavailableError("ferryd is stopping; try again once it is back");
+    } else if (mine != queued_.end() && mine->second.size() >= max_queued_per_uid_) {
+      refused = absl::ResourceExhaustedError(
+          absl::StrCat("uid ", uid, " has ", mine->second.size(),
+                       " CreateJob and Attach calls waiting for ferryd's handler threads, the "
+                       "most one user may have; wait for them to finish before making more"));
+    } else {
+      std::deque<Queued>& calls = queued_[uid];
+      if (calls.empty()) turn_.push_back(uid);
+      calls.push_back(Queued{deadline, std::move(task)});
       return;
     }
   }
-  task(absl::UnavailableError("ferryd is stopping; try again once it is back"));
+  task(std::move(refused));
 }
 
 void HandlerPool::Stop() {

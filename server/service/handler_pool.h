@@ -6,7 +6,8 @@
 //
 // Fair between users: queued calls are taken one uid at a time in turn, and one uid runs on
 // at most half of the threads, so one user's slow CreateJobs never hold up another user's.
-// A call whose deadline passed while it waited is not run.
+// A call whose deadline passed while it waited is not run, and one uid has at most
+// `max_queued_per_uid` calls waiting (more are refused with RESOURCE_EXHAUSTED at once).
 //
 //   pool.Run(caller.uid, deadline, [reactor, ...](absl::Status ready) {
 //     if (!ready.ok()) return reactor->Finish(ToGrpcStatus(ready));  // expired or stopping
@@ -36,12 +37,14 @@ namespace ferry {
 class HandlerPool final {
  public:
   // A call: `ready` is OK when it should do its work, DEADLINE_EXCEEDED when its deadline
-  // passed while it waited, UNAVAILABLE when the pool stops before its turn. Called exactly
-  // once, on a pool thread (or, once the pool has stopped, on the caller's).
+  // passed while it waited, UNAVAILABLE when the pool stops before its turn,
+  // RESOURCE_EXHAUSTED when its uid already has max_queued_per_uid calls waiting. Called
+  // exactly once, on a pool thread (or, when refused at once, on the caller's).
   using Task = std::function<void(absl::Status ready)>;
 
+  static constexpr size_t kDefaultMaxQueuedPerUid = 256;
   // `threads` >= 1, each named `name` (at most 15 characters).
-  HandlerPool(int threads, std::string name);
+  HandlerPool(int threads, std::string name, size_t max_queued_per_uid = kDefaultMaxQueuedPerUid);
   ~HandlerPool();  // Stop()
   HandlerPool(const HandlerPool&) = delete;
   HandlerPool& operator=(const HandlerPool&) = delete;
@@ -67,6 +70,7 @@ class HandlerPool final {
   bool RunnableLocked() const ABSL_SHARED_LOCKS_REQUIRED(mutex_);
 
   const size_t max_per_uid_;
+  const size_t max_queued_per_uid_;
   mutable absl::Mutex mutex_;
   absl::flat_hash_map<unsigned, std::deque<Queued>> queued_ ABSL_GUARDED_BY(mutex_);
   absl::flat_hash_map<unsigned, size_t> running_ ABSL_GUARDED_BY(mutex_);  // no zero entries

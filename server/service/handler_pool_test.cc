@@ -1,12 +1,14 @@
 #include "server/service/handler_pool.h"
 
 #include <atomic>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace ferry {
@@ -28,6 +30,26 @@ class Blocker {
 
  private:
   absl::Notification started_, release_;
+};
+
+// The status one call was given.
+class Recorder {
+ public:
+  HandlerPool::Task Task() {
+    return [this](absl::Status ready) {
+      status_ = std::move(ready);
+      done_.Notify();
+    };
+  }
+  // The status, once the call ran (or was refused) within kWait.
+  std::optional<absl::Status> Wait() {
+    if (!done_.WaitForNotificationWithTimeout(kWait)) return std::nullopt;
+    return status_;
+  }
+
+ private:
+  absl::Status status_;
+  absl::Notification done_;
 };
 
 TEST(HandlerPoolTest, OneUsersSlowCallsDoNotHoldUpAnothers) {
@@ -85,16 +107,13 @@ TEST(HandlerPoolTest, ACallWhoseDeadlinePassedWhileWaitingIsNotRun) {
   Blocker blocker;
   pool.Run(1, absl::InfiniteFuture(), blocker.Task());
   ASSERT_TRUE(blocker.WaitStarted());
-  absl::Notification done;
-  absl::Status got;
-  pool.Run(2, absl::Now() + absl::Milliseconds(10), [&](absl::Status ready) {
-    got = ready;
-    done.Notify();
-  });
+  Recorder late;
+  pool.Run(2, absl::Now() + absl::Milliseconds(10), late.Task());
   absl::SleepFor(absl::Milliseconds(50));
   blocker.Release();
-  ASSERT_TRUE(done.WaitForNotificationWithTimeout(kWait));
-  EXPECT_EQ(got.code(), absl::StatusCode::kDeadlineExceeded) << got;
+  std::optional<absl::Status> got = late.Wait();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->code(), absl::StatusCode::kDeadlineExceeded) << *got;
 }
 
 TEST(HandlerPoolTest, StopFailsQueuedAndLaterCallsAndWaitsForRunningOnes) {
@@ -102,20 +121,45 @@ TEST(HandlerPoolTest, StopFailsQueuedAndLaterCallsAndWaitsForRunningOnes) {
   Blocker blocker;
   pool.Run(1, absl::InfiniteFuture(), blocker.Task());
   ASSERT_TRUE(blocker.WaitStarted());
-  absl::Notification queued_done;
-  absl::Status queued;
-  pool.Run(2, absl::InfiniteFuture(), [&](absl::Status ready) {
-    queued = ready;
-    queued_done.Notify();
-  });
+  Recorder queued;
+  pool.Run(2, absl::InfiniteFuture(), queued.Task());
   std::thread stopper([&] { pool.Stop(); });
-  ASSERT_TRUE(queued_done.WaitForNotificationWithTimeout(kWait)) << "Stop kept a queued call";
-  EXPECT_EQ(queued.code(), absl::StatusCode::kUnavailable) << queued;
+  std::optional<absl::Status> got = queued.Wait();
+  ASSERT_TRUE(got.has_value()) << "Stop kept a queued call";
+  EXPECT_EQ(got->code(), absl::StatusCode::kUnavailable) << *got;
   blocker.Release();
   stopper.join();
-  absl::Status later;
-  pool.Run(3, absl::InfiniteFuture(), [&](absl::Status ready) { later = ready; });
-  EXPECT_EQ(later.code(), absl::StatusCode::kUnavailable) << later;
+  Recorder later;
+  pool.Run(3, absl::InfiniteFuture(), later.Task());
+  got = later.Wait();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->code(), absl::StatusCode::kUnavailable) << *got;
+}
+
+TEST(HandlerPoolTest, OneUsersWaitingCallsAreBoundedAndTheRefusalSaysSo) {
+  HandlerPool pool(1, "test-handler", /*max_queued_per_uid=*/3);
+  Blocker blocker;
+  pool.Run(1, absl::InfiniteFuture(), blocker.Task());
+  ASSERT_TRUE(blocker.WaitStarted());
+  std::vector<Recorder> waiting(3);
+  for (Recorder& r : waiting) pool.Run(1, absl::InfiniteFuture(), r.Task());
+  Recorder refused;
+  pool.Run(1, absl::InfiniteFuture(), refused.Task());
+  std::optional<absl::Status> got = refused.Wait();  // at once, the pool's thread being held
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->code(), absl::StatusCode::kResourceExhausted) << *got;
+  EXPECT_THAT(std::string(got->message()), ::testing::HasSubstr("uid 1 has 3"));
+  Recorder other_user;
+  pool.Run(2, absl::InfiniteFuture(), other_user.Task());
+  blocker.Release();
+  for (Recorder& r : waiting) {
+    got = r.Wait();
+    ASSERT_TRUE(got.has_value());
+    EXPECT_TRUE(got->ok()) << *got;
+  }
+  got = other_user.Wait();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_TRUE(got->ok()) << *got;
 }
 
 }  // namespace
