@@ -174,6 +174,17 @@ class FerryDaemon:
         self.stop()
 
 
+def tokens_loader(daemon, tokens, seq_len, batch_size, name="t.bin"):
+    """A ferry.Loader (numpy batches, 30 s timeout) over a new file `name` in daemon.dir of
+    `tokens` uint16 ids 0, 1, 2, ... (mod 50000)."""
+    import numpy as np
+    import ferry
+    path = os.path.join(daemon.dir, name)
+    (np.arange(tokens) % 50000).astype(np.uint16).tofile(path)
+    return ferry.Loader(ferry.Tokens(path, seq_len=seq_len), batch_size=batch_size,
+                        as_numpy=True, address=daemon.address, timeout=30)
+
+
 def jpeg_bytes(color, size=(48, 40), variant=0):
     """A small JPEG: a solid `color` with a faint per-`variant` stripe, so every file differs
     while its mean colour stays its class's."""

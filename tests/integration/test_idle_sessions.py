@@ -7,8 +7,6 @@ import os
 import time
 import unittest
 
-import numpy as np
-
 import ferry
 import ferry_it
 
@@ -32,10 +30,7 @@ class IdleSessionsTest(unittest.TestCase):
         client.close()
 
         # A slow consumer (3 s between batches, the timeout 1 s) keeps its session.
-        path = os.path.join(daemon.dir, "t.bin")
-        (np.arange(1 << 12) % 50000).astype(np.uint16).tofile(path)
-        loader = ferry.Loader(ferry.Tokens(path, seq_len=64), batch_size=16, as_numpy=True,
-                              address=daemon.address, timeout=30)
+        loader = ferry_it.tokens_loader(daemon, 1 << 12, seq_len=64, batch_size=16)
         self.addCleanup(loader.close)
         before = closed_sessions(daemon)
         seen = []

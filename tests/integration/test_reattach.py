@@ -7,8 +7,6 @@ import os
 import signal
 import unittest
 
-import numpy as np
-
 import ferry
 import ferry_it
 
@@ -19,10 +17,7 @@ class ReattachTest(unittest.TestCase):
         self.addCleanup(os.environ.pop, "FERRY_REATTACH_SECONDS", None)
         daemon = ferry_it.FerryDaemon()
         self.addCleanup(daemon.stop)
-        path = os.path.join(daemon.dir, "t.bin")
-        (np.arange(1 << 16) % 50000).astype(np.uint16).tofile(path)
-        loader = ferry.Loader(ferry.Tokens(path, seq_len=64), batch_size=8, as_numpy=True,
-                              address=daemon.address, timeout=30)
+        loader = ferry_it.tokens_loader(daemon, 1 << 16, seq_len=64, batch_size=8)
         self.addCleanup(loader.close)
         it = iter(loader)
         first = [int(i) for i in next(it)["index"]]

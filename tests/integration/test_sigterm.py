@@ -7,8 +7,6 @@ import signal
 import time
 import unittest
 
-import numpy as np
-
 import ferry
 import ferry_it
 
@@ -127,10 +125,7 @@ class SigtermTest(unittest.TestCase):
         self.addCleanup(os.environ.pop, "FERRY_REATTACH_SECONDS", None)
         daemon = ferry_it.FerryDaemon(config="drain_timeout_seconds: 60\n")
         self.addCleanup(daemon.stop)
-        path = os.path.join(daemon.dir, "t.bin")
-        (np.arange(1 << 13) % 50000).astype(np.uint16).tofile(path)
-        loader = ferry.Loader(ferry.Tokens(path, seq_len=16), batch_size=4, as_numpy=True,
-                              address=daemon.address, timeout=30)
+        loader = ferry_it.tokens_loader(daemon, 1 << 13, seq_len=16, batch_size=4)
         self.addCleanup(loader.close)
         it = iter(loader)
         next(it)  # its arrays are the slot's memory: held until the next batch
