@@ -66,6 +66,9 @@ absl::StatusOr<PinnedMappings::Lease> PinnedMappings::Acquire(const DirectRows& 
   Entry* entry;
   {
     absl::MutexLock lock(&mutex_);
+    auto gone = [this, key = rows.mapping]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return !retiring_.contains(key); };
+    mutex_.Await(absl::Condition(&gone));
     std::unique_ptr<Entry>& slot = entries_[rows.mapping];
     if (slot == nullptr) {
       absl::StatusOr<MemoryBudget::Reservation> reservation =
@@ -100,9 +103,20 @@ absl::StatusOr<PinnedMappings::Lease> PinnedMappings::Acquire(const DirectRows& 
 }
 
 void PinnedMappings::Release(const void* key) {
+  std::unique_ptr<Entry> last;
+  {
+    absl::MutexLock lock(&mutex_);
+    auto it = entries_.find(key);
+    if (it == entries_.end() || --it->second->users > 0) return;
+    last = std::move(it->second);
+    entries_.erase(it);
+    retiring_.insert(key);
+  }
+  // Joins the registering thread (it may be reading a whole file in) and unregisters, a
+  // CUDA call: not under the registry's lock.
+  last.reset();
   absl::MutexLock lock(&mutex_);
-  auto it = entries_.find(key);
-  if (it != entries_.end() && --it->second->users == 0) entries_.erase(it);
+  retiring_.erase(key);
 }
 
 }  // namespace ferry

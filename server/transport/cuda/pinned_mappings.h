@@ -7,8 +7,8 @@
 // registration runs on a thread of its own: Acquire reserves the budget, starts the
 // registration and waits for it at most `wait`; the Lease tells whether it is done. A Lease
 // keeps its mapping registered; the last one to go unregisters it (after the registering
-// thread is done), under the registry's lock, so a new Acquire never races a registration
-// going away.
+// thread is done) without the registry's lock, so other mappings' Acquires go on, while an
+// Acquire of the same mapping waits for it to be gone (a range registers only once).
 //
 //   PinnedMappings mappings(&pinned_budget);  // registers with cudaHostRegister
 //   FERRY_ASSIGN_OR_RETURN(PinnedMappings::Lease lease,
@@ -30,6 +30,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -125,6 +126,8 @@ class PinnedMappings final {
   // State below is protected by mutex_.
   absl::Mutex mutex_;
   absl::flat_hash_map<const void*, std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mutex_);
+  // Mappings whose last Lease is unregistering them now.
+  absl::flat_hash_set<const void*> retiring_ ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace ferry

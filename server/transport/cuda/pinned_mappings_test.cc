@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -277,6 +278,53 @@ TEST(PinnedMappingsTest, LastLeaseGoingWhileRegisteringWaitsForTheRegistration) 
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(40));
   opener.join();
   EXPECT_EQ(fake.unregistered(), 1);
+  EXPECT_EQ(budget.in_use(), 0u);
+}
+
+// The last Lease of a mapping that is still registering waits for the registration, then
+// unregisters it: that holds up no other mapping's Acquire, and an Acquire of the same
+// mapping registers it again once the old registration is gone.
+TEST(PinnedMappingsTest, ALastLeaseUnregisteringHoldsUpOnlyItsOwnMapping) {
+  MemoryBudget budget = PinnedBudget(64 * kPage);
+  FakeRegistrar fake;
+  PinnedMappings mappings(&budget, fake.registrar());
+  FakeFile first(2 * kPage, "/data/a.bin");
+  FakeFile second(2 * kPage, "/data/b.bin");
+  fake.Close();
+  std::unique_ptr<Lease> lease = MustAcquire(mappings, first.rows, absl::ZeroDuration());
+  absl::Notification released;
+  std::thread releaser([&] {
+    lease.reset();  // joins the registering thread, held by the closed registrar
+    released.Notify();
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_FALSE(released.HasBeenNotified());
+  absl::Notification other_acquired, again_acquired;
+  std::unique_ptr<Lease> other, again;
+  std::thread other_thread([&] {
+    other = MustAcquire(mappings, second.rows, absl::ZeroDuration());
+    other_acquired.Notify();
+  });
+  const bool other_went_on = other_acquired.WaitForNotificationWithTimeout(absl::Seconds(10));
+  std::thread again_thread([&] {
+    again = MustAcquire(mappings, first.rows, absl::ZeroDuration());
+    again_acquired.Notify();
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(again_acquired.HasBeenNotified()) << "acquired while the old one was going";
+  fake.Open();
+  releaser.join();
+  other_thread.join();
+  again_thread.join();
+  EXPECT_TRUE(other_went_on) << "another mapping's Acquire waited for the unregistering";
+  EXPECT_EQ(fake.unregistered(), 1);
+  ASSERT_NE(again, nullptr);
+  ASSERT_TRUE(WaitDone(*again));
+  EXPECT_TRUE(again->registration().ok());
+  EXPECT_EQ(fake.calls().size(), 3u);  // first, second, first again
+  other.reset();
+  again.reset();
+  EXPECT_EQ(fake.unregistered(), 3);
   EXPECT_EQ(budget.in_use(), 0u);
 }
 
