@@ -1,5 +1,6 @@
 #include "server/dataset/shard_pattern.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -60,6 +61,31 @@ absl::StatusOr<std::vector<std::string>> Alternatives(const std::string& pattern
   return out;
 }
 
+// How many names `pattern` expands to, counted from its groups' sizes without making any;
+// `limit` + 1 once it is more than `limit`. A malformed group counts as one name (Expand
+// says what is wrong with it).
+size_t CountNames(const std::string& pattern, size_t limit) {
+  size_t count = 1;
+  for (size_t open = pattern.find('{'); open != std::string::npos;
+       open = pattern.find('{', open + 1)) {
+    const size_t close = pattern.find('}', open);
+    if (close == std::string::npos) break;
+    const std::string body = pattern.substr(open + 1, close - open - 1);
+    size_t n = 1;
+    const size_t dots = body.find("..");
+    uint64_t lo, hi;
+    if (dots == std::string::npos || body.find(',') != std::string::npos) {
+      n = static_cast<size_t>(std::count(body.begin(), body.end(), ',')) + 1;
+    } else if (absl::SimpleAtoi(body.substr(0, dots), &lo) &&
+               absl::SimpleAtoi(body.substr(dots + 2), &hi) && lo <= hi) {
+      n = hi - lo >= limit ? limit + 1 : static_cast<size_t>(hi - lo + 1);
+    }
+    if (count > limit / n) return limit + 1;
+    count *= n;
+  }
+  return count;
+}
+
 // ExpandShardPattern within `max_names` and `max_bytes`, what is left of `bound`.
 absl::StatusOr<std::vector<std::string>> Expand(const std::string& pattern, size_t max_names,
                                                 size_t max_bytes, const ListBound& bound) {
@@ -111,12 +137,20 @@ absl::StatusOr<std::vector<std::string>> Expand(const std::string& pattern, size
 
 absl::StatusOr<std::vector<std::string>> ExpandShardPattern(const std::string& pattern,
                                                             size_t max_names, size_t max_bytes) {
-  return Expand(pattern, max_names, max_bytes, ListBound{max_names, max_bytes});
+  const ListBound bound{max_names, max_bytes};
+  if (CountNames(pattern, max_names) > max_names) return TooMany(pattern, bound);
+  return Expand(pattern, max_names, max_bytes, bound);
 }
 
 absl::StatusOr<std::vector<std::string>> ExpandShardPatterns(
     const std::vector<std::string>& patterns, size_t max_names) {
   const ListBound bound{max_names, kMaxShardNameBytes};
+  // The whole list's count first, so that no name is made when it is too long.
+  size_t count = 0;
+  for (const std::string& p : patterns) {
+    count += CountNames(p, max_names);
+    if (count > max_names) return TooMany(p, bound);
+  }
   std::vector<std::string> all;
   size_t bytes = 0;
   for (const std::string& p : patterns) {
