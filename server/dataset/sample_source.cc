@@ -1,6 +1,10 @@
 #include "server/dataset/sample_source.h"
 
+#include <string>
+#include <vector>
+
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "server/dataset/blend_source.h"
 #include "server/dataset/compose_spec.h"
@@ -39,10 +43,15 @@ namespace {
 using ferry::v1::DatasetSpec;
 using Opened = absl::StatusOr<std::unique_ptr<SampleSource>>;
 
-// One entry per dataset kind: the paths its spec names and how it opens. The one place that
-// knows the kinds (MakeSampleSource and DatasetPaths both read it).
+// One entry per dataset kind: its name, the paths its spec names, how it opens and what it
+// holds. The one place on the server that knows the kinds (every function below reads it).
 struct DatasetKind {
   DatasetSpec::KindCase kind;
+  const char* name;        // the DatasetSpec field: "image_folder"
+  const char* path_field;  // where its path goes: "dataset.image_folder.root"; null: none
+  bool images;             // DatasetHasImages
+  // SetWidenOnHost; null for kinds that hold no token ids.
+  void (*widen_on_host)(DatasetSpec* dataset);
   // Every path the spec names, shard patterns expanded; empty ones included (the caller
   // refuses them).
   absl::StatusOr<std::vector<std::string>> (*paths)(const DatasetSpec& dataset);
@@ -53,7 +62,7 @@ struct DatasetKind {
 using Paths = absl::StatusOr<std::vector<std::string>>;
 
 constexpr DatasetKind kDatasetKinds[] = {
-    {DatasetSpec::kImageFolder,
+    {DatasetSpec::kImageFolder, "image_folder", "dataset.image_folder.root", true, nullptr,
      [](const DatasetSpec& d) -> Paths {
        return std::vector<std::string>{d.image_folder().root()};
      },
@@ -78,7 +87,8 @@ constexpr DatasetKind kDatasetKinds[] = {
                                                         options.limits, std::move(fs)));
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
-    {DatasetSpec::kTokens,
+    {DatasetSpec::kTokens, "tokens", "dataset.tokens.path", false,
+     [](DatasetSpec* d) { d->mutable_tokens()->set_widen_on_host(true); },
      [](const DatasetSpec& d) -> Paths { return std::vector<std::string>{d.tokens().path()}; },
      [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
         const SourceOptions& options) -> Opened {
@@ -91,7 +101,8 @@ constexpr DatasetKind kDatasetKinds[] = {
        FERRY_ASSIGN_OR_RETURN(auto source, TokenSource::Create(tokens, raw, *fs));
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
-    {DatasetSpec::kTokenShards,
+    {DatasetSpec::kTokenShards, "token_shards", "dataset.token_shards.shards", false,
+     [](DatasetSpec* d) { d->mutable_token_shards()->set_widen_on_host(true); },
      [](const DatasetSpec& d) -> Paths {
        if (d.token_shards().shards().empty()) {
          return absl::InvalidArgumentError(
@@ -111,7 +122,8 @@ constexpr DatasetKind kDatasetKinds[] = {
        FERRY_ASSIGN_OR_RETURN(auto source, TokenShardsSource::Create(shards, raw, *fs));
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
-    {DatasetSpec::kIndexed,
+    {DatasetSpec::kIndexed, "indexed", "dataset.indexed.path_prefix", false,
+     [](DatasetSpec* d) { d->mutable_indexed()->set_widen_on_host(true); },
      [](const DatasetSpec& d) -> Paths {
        if (d.indexed().path_prefix().empty()) return std::vector<std::string>{""};
        return std::vector<std::string>{d.indexed().path_prefix() + ".bin",
@@ -125,7 +137,7 @@ constexpr DatasetKind kDatasetKinds[] = {
                               IndexedSource::Create(spec.dataset().indexed(), *fs, options));
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
-    {DatasetSpec::kWebdataset,
+    {DatasetSpec::kWebdataset, "webdataset", "dataset.webdataset.shards", true, nullptr,
      [](const DatasetSpec& d) -> Paths {
        if (d.webdataset().shards().empty()) {
          return absl::InvalidArgumentError(
@@ -148,7 +160,7 @@ constexpr DatasetKind kDatasetKinds[] = {
                                                        options.limits, std::move(fs)));
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
-    {DatasetSpec::kRecords,
+    {DatasetSpec::kRecords, "records", "dataset.records.path", false, nullptr,
      [](const DatasetSpec& d) -> Paths { return std::vector<std::string>{d.records().path()}; },
      [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
         const SourceOptions& options) -> Opened {
@@ -156,13 +168,13 @@ constexpr DatasetKind kDatasetKinds[] = {
            auto source, RecordSource::Create(spec.dataset().records(), options.row_stores, *fs));
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
-    {DatasetSpec::kNpy,
+    {DatasetSpec::kNpy, "npy", "dataset.npy.path", false, nullptr,
      [](const DatasetSpec& d) -> Paths { return std::vector<std::string>{d.npy().path()}; },
      [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
         const SourceOptions& options) -> Opened {
        return OpenNpySource(spec.dataset().npy(), options.row_stores, *fs);
      }},
-    {DatasetSpec::kBlend,
+    {DatasetSpec::kBlend, "blend", nullptr, false, nullptr,
      [](const DatasetSpec& d) -> Paths {
        std::vector<std::string> all;
        for (const ferry::v1::BlendSource& s : d.blend().sources()) {
@@ -190,38 +202,60 @@ const DatasetKind* FindKind(DatasetSpec::KindCase kind) {
   return nullptr;
 }
 
+// "dataset.image_folder, dataset.tokens, ... or dataset.blend" (`prefix` before each name),
+// or the path fields of the kinds that have one, in the table's order.
+std::string KindList(const std::string& prefix, bool path_fields) {
+  std::vector<std::string> items;
+  for (const DatasetKind& k : kDatasetKinds) {
+    if (!path_fields) {
+      items.push_back(absl::StrCat(prefix, k.name));
+    } else if (k.path_field != nullptr) {
+      items.push_back(k.path_field);
+    }
+  }
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    absl::StrAppend(&out, i == 0 ? "" : (i + 1 == items.size() ? " or " : ", "), items[i]);
+  }
+  return out;
+}
+
+absl::Status NoKindError() {
+  return absl::InvalidArgumentError(
+      absl::StrCat("dataset must be set: choose ", KindList("dataset.", false)));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(const ferry::v1::JobSpec& spec,
                                                                std::shared_ptr<const DatasetFs> fs,
                                                                const SourceOptions& options) {
   const DatasetKind* kind = FindKind(spec.dataset().kind_case());
-  if (kind == nullptr) {
-    return absl::InvalidArgumentError(
-        "dataset must be set: choose dataset.webdataset, dataset.records, dataset.npy, "
-        "dataset.image_folder, dataset.tokens, dataset.token_shards, dataset.indexed or "
-        "dataset.blend");
-  }
+  if (kind == nullptr) return NoKindError();
   return kind->open(spec, std::move(fs), options);
 }
 
 absl::StatusOr<std::vector<std::string>> DatasetPaths(const ferry::v1::DatasetSpec& dataset) {
   const DatasetKind* kind = FindKind(dataset.kind_case());
-  if (kind == nullptr) {
-    return absl::InvalidArgumentError(
-        "dataset is not set: choose image_folder, tokens, token_shards, indexed, webdataset, "
-        "records, npy or blend");
-  }
+  if (kind == nullptr) return NoKindError();
   FERRY_ASSIGN_OR_RETURN(std::vector<std::string> paths, kind->paths(dataset));
   for (const std::string& p : paths) {
     if (p.empty()) {
       return absl::InvalidArgumentError(
-          "dataset path is empty: give dataset.image_folder.root, dataset.tokens.path, "
-          "dataset.records.path, dataset.npy.path, dataset.webdataset.shards, "
-          "dataset.token_shards.shards or dataset.indexed.path_prefix");
+          absl::StrCat("dataset path is empty: give ", KindList("", true)));
     }
   }
   return paths;
+}
+
+bool DatasetHasImages(const ferry::v1::DatasetSpec& dataset) {
+  const DatasetKind* kind = FindKind(dataset.kind_case());
+  return kind != nullptr && kind->images;
+}
+
+void SetWidenOnHost(ferry::v1::DatasetSpec* dataset) {
+  const DatasetKind* kind = FindKind(dataset->kind_case());
+  if (kind != nullptr && kind->widen_on_host != nullptr) kind->widen_on_host(dataset);
 }
 
 }  // namespace ferry

@@ -212,6 +212,13 @@ absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(
 // INVALID_ARGUMENT when no dataset kind is set, a path is empty or a pattern is malformed.
 absl::StatusOr<std::vector<std::string>> DatasetPaths(const ferry::v1::DatasetSpec& dataset);
 
+// Whether the dataset's samples are images: a transform applies, and JPEGs may be decoded on
+// a GPU. False when no kind is set.
+bool DatasetHasImages(const ferry::v1::DatasetSpec& dataset);
+// Sets widen_on_host on a dataset of token ids (tokens, token_shards, indexed), so that the
+// host widens them rather than the device; other kinds stay as they are.
+void SetWidenOnHost(ferry::v1::DatasetSpec* dataset);
+
 }  // namespace ferry
 
 #endif  // FERRY_SERVER_DATASET_SAMPLE_SOURCE_H_

@@ -384,8 +384,45 @@ TEST(ImageFolderErrorsTest, UnsetRootOrKindIsInvalid) {
   absl::StatusOr<std::unique_ptr<SampleSource>> no_kind =
       MakeSampleSource(ferry::v1::JobSpec(), UnconfinedDatasetFs());
   EXPECT_EQ(no_kind.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(no_kind.status().message(),
-              HasSubstr("dataset.token_shards, dataset.indexed or dataset.blend"));
+  // Every kind is named.
+  for (const char* kind :
+       {"dataset.image_folder, ", "dataset.tokens, ", "dataset.token_shards, ", "dataset.indexed, ",
+        "dataset.webdataset, ", "dataset.records, ", "dataset.npy or ", "dataset.blend"}) {
+    EXPECT_THAT(no_kind.status().message(), HasSubstr(kind));
+  }
+  // An empty path names every kind's path field.
+  ferry::v1::DatasetSpec empty_records;
+  empty_records.mutable_records();
+  absl::StatusOr<std::vector<std::string>> no_path = DatasetPaths(empty_records);
+  EXPECT_EQ(no_path.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(no_path.status().message(),
+              HasSubstr("give dataset.image_folder.root, dataset.tokens.path, "
+                        "dataset.token_shards.shards, dataset.indexed.path_prefix, "
+                        "dataset.webdataset.shards, dataset.records.path or dataset.npy.path"));
+}
+
+TEST(DatasetKindsTest, ImagesAndWidenOnHostFollowTheKind) {
+  ferry::v1::DatasetSpec d;
+  EXPECT_FALSE(DatasetHasImages(d));
+  SetWidenOnHost(&d);  // no kind: nothing set
+  EXPECT_EQ(d.kind_case(), ferry::v1::DatasetSpec::KIND_NOT_SET);
+  d.mutable_image_folder();
+  EXPECT_TRUE(DatasetHasImages(d));
+  d.mutable_webdataset();
+  EXPECT_TRUE(DatasetHasImages(d));
+  d.mutable_tokens();
+  EXPECT_FALSE(DatasetHasImages(d));
+  SetWidenOnHost(&d);
+  EXPECT_TRUE(d.tokens().widen_on_host());
+  d.mutable_token_shards();
+  SetWidenOnHost(&d);
+  EXPECT_TRUE(d.token_shards().widen_on_host());
+  d.mutable_indexed();
+  SetWidenOnHost(&d);
+  EXPECT_TRUE(d.indexed().widen_on_host());
+  d.mutable_records();
+  SetWidenOnHost(&d);
+  EXPECT_EQ(d.kind_case(), ferry::v1::DatasetSpec::kRecords);
 }
 
 // ---------------------------------------------------------------------------------------

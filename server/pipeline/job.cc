@@ -20,7 +20,7 @@ constexpr size_t kMaxRecentErrors = 32;
 
 absl::StatusOr<SlotLayout> SlotLayout::Make(const std::vector<FieldLayout>& fields,
                                             int64_t batch_size) {
-  if (batch_size < 1 || batch_size > kMaxBatchSize) {
+  if (batch_size < 1 || batch_size > int64_t{kMaxBatchSize}) {
     return absl::InvalidArgumentError(
         absl::StrCat("batch_size must be in [1, ", kMaxBatchSize, "] (got ", batch_size, ")"));
   }
@@ -52,10 +52,6 @@ absl::StatusOr<std::shared_ptr<Job>> Job::Create(JobIdentity identity,
                                                  const ferry::v1::JobSpec& spec,
                                                  std::shared_ptr<const DatasetFs> fs,
                                                  const SourceOptions& options) {
-  if (spec.batch_size() < 1 || spec.batch_size() > kMaxBatchSize) {
-    return absl::InvalidArgumentError(absl::StrCat("batch_size must be in [1, ", kMaxBatchSize,
-                                                   "] (got ", spec.batch_size(), ")"));
-  }
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<SampleSource> source,
                          MakeSampleSource(spec, std::move(fs), options));
   return Create(std::move(identity), spec, std::move(source), options.gpu_decode);
@@ -65,9 +61,6 @@ absl::StatusOr<std::shared_ptr<Job>> Job::Create(JobIdentity identity,
                                                  const ferry::v1::JobSpec& spec,
                                                  std::unique_ptr<SampleSource> source,
                                                  std::shared_ptr<GpuDecodeSplit> gpu_decode) {
-  if (spec.batch_size() == 0) {
-    return absl::InvalidArgumentError("batch_size must be at least 1 (got 0)");
-  }
   SamplerOptions options;
   options.num_samples = source->size();
   options.batch_size = spec.batch_size();

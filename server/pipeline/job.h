@@ -17,17 +17,16 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/job_limits.h"
 #include "ferry/v1/ferry.pb.h"
 #include "server/dataset/sample_source.h"
 #include "server/sampler/sampler.h"
 
 namespace ferry {
 
-// The largest batch_size a job may ask for: far above any training batch, and small enough
-// that a row count times any row size ferry accepts is checked arithmetic, never a wrap.
-inline constexpr int64_t kMaxBatchSize = int64_t{1} << 20;
 // The largest slot (one batch, all fields): 1 TiB. Anything larger is a mistake in the spec,
-// and every product of a slot size with a slot count (at most 64) then fits in 64 bits.
+// and every product of a slot size with a slot count (at most kMaxPrefetchDepth) then fits
+// in 64 bits.
 inline constexpr uint64_t kMaxSlotBytes = uint64_t{1} << 40;
 
 // Where each field's rows live inside a slot. Every field block starts on a 256-byte
@@ -44,6 +43,8 @@ struct SlotLayout {
   // naming the field when the slot would exceed kMaxSlotBytes.
   static absl::StatusOr<SlotLayout> Make(const std::vector<FieldLayout>& fields,
                                          int64_t batch_size);
+  // The bytes of a rank's `slots` slots: the one place a slab's size is computed.
+  uint64_t slab_bytes(uint32_t slots) const { return uint64_t{slot_bytes} * slots; }
 };
 
 // Why a sample was bad (JobStatus.errors_by_reason), from its reader's status: "corrupt"

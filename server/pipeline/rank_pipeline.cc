@@ -34,8 +34,8 @@ absl::Status FillOrOutOfMemory(const SampleSource& source, int64_t index, uint64
 }
 
 // Bytes a task of a copy-only source copies at least: below this, handing the task to a
-// worker (queue lock, wake-up) costs more than the copy (64 rows of 4 KiB token windows
-// were 32 tasks a batch, and at 1 MiB batches the pool's queue bounded the batch rate).
+// worker (queue lock, wake-up) costs more than the copy, and with small rows (token
+// windows of a few KiB) the pool's queue rather than the copies would bound the batch rate.
 constexpr size_t kCopyTaskBytes = 128 << 10;
 
 size_t CopyRowsPerTask(const Job& job, int gathered_field) {
@@ -91,7 +91,7 @@ absl::StatusOr<std::shared_ptr<RankPipeline>> RankPipeline::Create(
     std::shared_ptr<Job> job, int rank, int num_slots, int numa_node, WorkerPool* pool,
     MemoryBudget* budget, const RingFactory& ring_factory) {
   if (num_slots < 1) return absl::InvalidArgumentError("prefetch_depth must be at least 1");
-  const size_t bytes = job->layout().slot_bytes * static_cast<size_t>(num_slots);
+  const uint64_t bytes = job->layout().slab_bytes(static_cast<uint32_t>(num_slots));
   const std::string what = absl::StrCat("job ", job->identity().id, " rank ", rank, " (", num_slots,
                                         " slots of ", job->layout().slot_bytes, " bytes)");
   FERRY_ASSIGN_OR_RETURN(MemoryBudget::Reservation reservation, budget->Reserve(bytes, what));

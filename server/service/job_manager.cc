@@ -21,17 +21,6 @@
 namespace ferry {
 namespace {
 
-// Where a job's batches go, from JobSpec.device: the one function that reads the device
-// string (the GpuProvider resolves "cuda:N" to its GPU; "cuda" leaves the GPU to each
-// rank's attach).
-enum class DeviceKind { kCpu, kCuda, kUnknown };
-
-DeviceKind ParseDevice(const std::string& device) {
-  if (device == "cpu") return DeviceKind::kCpu;
-  if (device == "cuda" || device.rfind("cuda:", 0) == 0) return DeviceKind::kCuda;
-  return DeviceKind::kUnknown;
-}
-
 constexpr int kHost = -1;  // a rank's device when its batches go to the host
 
 std::string DeviceName(int gpu) { return gpu == kHost ? "cpu" : absl::StrCat("cuda:", gpu); }
@@ -44,6 +33,13 @@ std::string SpecKey(uint32_t uid, const std::string& name, const ferry::v1::JobS
   spec.SerializeToCodedStream(&coded);
   coded.Trim();
   return absl::StrCat(uid, "/", name, "/", absl::BytesToHexString(bytes));
+}
+
+// Without a name, identical specs share a job: the default name is a digest of the spec.
+std::string DefaultJobName(const ferry::v1::JobSpec& spec) {
+  return absl::StrCat("job-",
+                      absl::Hex(Mix64(std::hash<std::string>{}(SpecKey(0, "", spec))) & 0xffffffffu,
+                                absl::kZeroPad8));
 }
 
 }  // namespace
@@ -109,114 +105,18 @@ uint32_t JobManager::SlotsPerRank(const Job& job) const {
 
 absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
                                                           const std::string& name,
-                                                          ferry::v1::JobSpec spec) {
-  if (name.size() > kMaxJobNameBytes ||
-      !std::all_of(name.begin(), name.end(), [](char c) { return c >= 0x20 && c < 0x7f; })) {
-    return absl::InvalidArgumentError(absl::StrCat("job name ", QuoteForMessage(name, 64),
-                                                   " must be at most ", kMaxJobNameBytes,
-                                                   " printable ASCII characters"));
-  }
-  if (spec.world_size() > kMaxWorldSize) {
-    return absl::InvalidArgumentError(absl::StrCat("world_size must be at most ", kMaxWorldSize,
-                                                   " (got ", spec.world_size(), ")"));
-  }
-  if (spec.batch_size() > kMaxBatchSize) {
-    return absl::InvalidArgumentError(absl::StrCat("batch_size must be in [1, ", kMaxBatchSize,
-                                                   "] (got ", spec.batch_size(), ")"));
-  }
-  if (spec.device().empty()) spec.set_device("cpu");
-  if (spec.world_size() == 0) spec.set_world_size(1);
-  if (spec.batch_size() == 0) {
-    return absl::InvalidArgumentError("batch_size must be at least 1 (got 0)");
-  }
-  const DeviceKind device = ParseDevice(spec.device());
-  const bool cuda = device == DeviceKind::kCuda;
-  if (cuda) {
-    if (gpus_ == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "device '", spec.device(),
-          "' needs the GPU transport, but this ferryd was built "
-          "without CUDA; use device=\"cpu\" (host transport) or a ferryd built with CUDA"));
-    }
-    if (spec.device() != "cuda") FERRY_RETURN_IF_ERROR(gpus_->Resolve(spec.device()).status());
-  } else if (device != DeviceKind::kCpu) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("device must be \"cpu\", \"cuda\" or \"cuda:N\" (got '", spec.device(), "')"));
-  }
-  // The daemon's widen_tokens_on_host is the job's own widen_on_host for every GPU job
-  // (before the key: a job that asks for it and one that does not are then the same).
-  if (cuda && options_.widen_tokens_on_host && spec.dataset().has_tokens()) {
-    spec.mutable_dataset()->mutable_tokens()->set_widen_on_host(true);
-  }
-  if (cuda && options_.widen_tokens_on_host && spec.dataset().has_token_shards()) {
-    spec.mutable_dataset()->mutable_token_shards()->set_widen_on_host(true);
-  }
-  if (cuda && options_.widen_tokens_on_host && spec.dataset().has_indexed()) {
-    spec.mutable_dataset()->mutable_indexed()->set_widen_on_host(true);
-  }
-  if (!cuda && spec.has_image_output() && spec.image_output().dtype() != ferry::v1::UINT8 &&
-      spec.image_output().dtype() != ferry::v1::DTYPE_UNSPECIFIED) {
-    return absl::InvalidArgumentError(
-        "image_output converts images on the GPU; it needs device=\"cuda:N\"");
-  }
-  if (spec.prefetch_depth() > 64) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prefetch_depth must be at most 64 (got ", spec.prefetch_depth(), ")"));
-  }
+                                                          ferry::v1::JobSpec requested) {
+  FERRY_RETURN_IF_ERROR(CheckJobName(name));
+  FERRY_ASSIGN_OR_RETURN(
+      const ferry::v1::JobSpec spec,
+      NormalizeJobSpec(std::move(requested),
+                       SpecDefaults{.widen_tokens_on_host = options_.widen_tokens_on_host}));
+  FERRY_RETURN_IF_ERROR(CheckTransport(spec));
   FERRY_RETURN_IF_ERROR(CheckDataset(spec));
-  // Without a name, identical specs share a job: the default name is a digest of the spec.
-  const std::string job_name =
-      name.empty()
-          ? absl::StrCat("job-", absl::Hex(Mix64(std::hash<std::string>{}(SpecKey(0, "", spec))) &
-                                               0xffffffffu,
-                                           absl::kZeroPad8))
-          : name;
+  const std::string job_name = name.empty() ? DefaultJobName(spec) : name;
   const std::string key = SpecKey(caller.uid, job_name, spec);
-  std::map<int, std::shared_ptr<RankPipeline>> dropped;  // released after the lock
-  {
-    absl::MutexLock lock(&mutex_);
-    if (!refusing_.empty()) return absl::UnavailableError(refusing_);
-    if (auto it = id_by_key_.find(key); it != id_by_key_.end()) {
-      JobEntry& existing = jobs_.at(it->second);
-      if (!existing.job->failed()) return Created{existing.job, false};
-      // A job stopped by the FAIL policy is replaced by a fresh one: the trainer that
-      // creates it again (after the file was fixed) starts clean. Its pipelines already
-      // ended with the failure; dropping them here frees their slabs once unbound.
-      FERRY_LOG(INFO) << "replacing failed job " << it->second;
-      dropped = std::move(existing.ranks);
-      for (auto a = attachments_.begin(); a != attachments_.end();) {
-        if (a->second.job_id == it->second) {
-          attachments_.erase(a++);
-        } else {
-          ++a;
-        }
-      }
-      jobs_.erase(it->second);
-      id_by_key_.erase(it);
-    }
-    int mine = 0;
-    for (const auto& [id, entry] : jobs_) {
-      if (entry.job->identity().owner_uid != caller.uid) continue;
-      ++mine;
-      if (entry.job->identity().name == job_name) {
-        return absl::AlreadyExistsError(
-            absl::StrCat("a job named '", job_name, "' already exists (", id,
-                         ") with a different spec; choose another name or delete that job"));
-      }
-    }
-    const auto creating = creating_per_uid_.find(caller.uid);
-    const int being_created = creating == creating_per_uid_.end() ? 0 : creating->second;
-    if (!caller.is_root() &&
-        mine + being_created >= static_cast<int64_t>(options_.max_jobs_per_uid)) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "uid ", caller.uid, " has ", mine, " jobs", being_created > 0 ? " and " : "",
-          being_created > 0 ? absl::StrCat(being_created, " being created") : "",
-          ", the most ferryd allows one user (max_jobs_per_uid, ", options_.max_jobs_per_uid,
-          " in ", options_.config_path.empty() ? "the built-in defaults" : options_.config_path,
-          "); delete jobs that are done (ferryctl delete JOB)"));
-    }
-    ++creating_per_uid_[caller.uid];
-  }
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Job> existing, FindOrStartCreating(caller, job_name, key));
+  if (existing != nullptr) return Created{std::move(existing), false};
   // Until this call returns, the job counts against its user's bound.
   absl::Cleanup created_or_not = [this, uid = caller.uid] {
     absl::MutexLock lock(&mutex_);
@@ -224,6 +124,88 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
     if (--it->second == 0) creating_per_uid_.erase(it);
   };
   // Opening the dataset (listing directories) happens without the lock.
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, OpenJob(caller, job_name, spec));
+  // What the dataset's index holds (file names, tar members) counts against the budget for
+  // the job's life.
+  FERRY_ASSIGN_OR_RETURN(
+      MemoryBudget::Reservation index_memory,
+      host_budget_->Reserve(job->source().index_bytes(),
+                            absl::StrCat("the index of job '", job_name, "''s ",
+                                         job->source().size(), " samples (file names)")));
+  absl::MutexLock lock(&mutex_);
+  FERRY_RETURN_IF_ERROR(CheckARankFitsLocked(caller, *job));
+  if (auto it = id_by_key_.find(key); it != id_by_key_.end()) {
+    return Created{jobs_.at(it->second).job, false};  // another rank won the race
+  }
+  const std::string& id = job->identity().id;
+  jobs_[id] = JobEntry{job, key, {}, {}, absl::Now(), std::move(index_memory)};
+  id_by_key_[key] = id;
+  FERRY_LOG(INFO) << "created job " << id << " '" << job_name << "' for uid " << caller.uid << ": "
+                  << job->source().size() << " samples, " << job->sampler().batches_per_epoch()
+                  << " batches per epoch and rank";
+  return Created{job, true};
+}
+
+absl::Status JobManager::CheckTransport(const ferry::v1::JobSpec& spec) const {
+  if (ParseJobDevice(spec.device()) != JobDevice::kCuda) return absl::OkStatus();
+  if (gpus_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device '", spec.device(),
+        "' needs the GPU transport, but this ferryd was built "
+        "without CUDA; use device=\"cpu\" (host transport) or a ferryd built with CUDA"));
+  }
+  // "cuda" leaves the GPU to each rank's attach; "cuda:N" names one that must exist.
+  if (spec.device() != "cuda") FERRY_RETURN_IF_ERROR(gpus_->Resolve(spec.device()).status());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Job>> JobManager::FindOrStartCreating(const Caller& caller,
+                                                                     const std::string& job_name,
+                                                                     const std::string& key) {
+  std::map<int, std::shared_ptr<RankPipeline>> dropped;  // released after the lock
+  absl::MutexLock lock(&mutex_);
+  if (!refusing_.empty()) return absl::UnavailableError(refusing_);
+  if (auto it = id_by_key_.find(key); it != id_by_key_.end()) {
+    JobEntry& existing = jobs_.at(it->second);
+    if (!existing.job->failed()) return existing.job;
+    // A job stopped by the FAIL policy is replaced by a fresh one: the trainer that creates
+    // it again (after the file was fixed) starts clean. Its pipelines already ended with the
+    // failure; dropping them here frees their slabs once unbound.
+    const std::string failed = it->second;
+    FERRY_LOG(INFO) << "replacing failed job " << failed;
+    dropped = EraseLocked(failed);
+    for (const auto& [rank, pipeline] : dropped) {
+      if (pipeline->bound()) deleted_ranks_.push_back(pipeline);
+    }
+  }
+  int mine = 0;
+  for (const auto& [id, entry] : jobs_) {
+    if (entry.job->identity().owner_uid != caller.uid) continue;
+    ++mine;
+    if (entry.job->identity().name == job_name) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("a job named '", job_name, "' already exists (", id,
+                       ") with a different spec; choose another name or delete that job"));
+    }
+  }
+  const auto creating = creating_per_uid_.find(caller.uid);
+  const int being_created = creating == creating_per_uid_.end() ? 0 : creating->second;
+  if (!caller.is_root() &&
+      mine + being_created >= static_cast<int64_t>(options_.max_jobs_per_uid)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "uid ", caller.uid, " has ", mine, " jobs", being_created > 0 ? " and " : "",
+        being_created > 0 ? absl::StrCat(being_created, " being created") : "",
+        ", the most ferryd allows one user (max_jobs_per_uid, ", options_.max_jobs_per_uid, " in ",
+        options_.config_path.empty() ? "the built-in defaults" : options_.config_path,
+        "); delete jobs that are done (ferryctl delete JOB)"));
+  }
+  ++creating_per_uid_[caller.uid];
+  return nullptr;
+}
+
+absl::StatusOr<std::shared_ptr<Job>> JobManager::OpenJob(const Caller& caller,
+                                                         const std::string& job_name,
+                                                         const ferry::v1::JobSpec& spec) {
   JobIdentity identity;
   identity.id = absl::StrCat("j", RandomHex(6));
   identity.name = job_name;
@@ -234,6 +216,7 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
   }
   // How the dataset is read follows from where its batches go: a GPU's copy engine reads
   // the slots (streaming stores) and its kernel widens tokens.
+  const bool cuda = ParseJobDevice(spec.device()) == JobDevice::kCuda;
   SourceOptions source_options;
   source_options.row_stores = cuda ? RowStores::kStreaming : RowStores::kOrdinary;
   source_options.device_widens_tokens = cuda;
@@ -257,51 +240,37 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
   }
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Job> job,
                          Job::Create(identity, spec, dataset_fs_, source_options));
-  if (cuda && job->gpu_decode() == nullptr && gpu_decode_note.empty() &&
-      (spec.dataset().has_image_folder() || spec.dataset().has_webdataset())) {
-    gpu_decode_note =
-        "GPU JPEG decode is off for this job: its transform runs ops on the workers after the "
-        "crop (or turns images by EXIF); only a leading RandomResizedCrop or Resize + "
-        "CenterCrop, with the rest on the GPU, can be decoded there";
-  }
-  if (spec.dataset().has_image_folder() || spec.dataset().has_webdataset()) {
+  if (DatasetHasImages(spec.dataset())) {
+    if (cuda && job->gpu_decode() == nullptr && gpu_decode_note.empty()) {
+      gpu_decode_note =
+          "GPU JPEG decode is off for this job: its transform runs ops on the workers after "
+          "the crop (or turns images by EXIF); only a leading RandomResizedCrop or Resize + "
+          "CenterCrop, with the rest on the GPU, can be decoded there";
+    }
     job->set_gpu_decode_note(gpu_decode_note);
   }
   job->set_transient_retry_limit(options_.transient_retry_limit);
   if (cuda) FERRY_RETURN_IF_ERROR(gpus_->CheckJob(*job));
-  // What the dataset's index holds (file names, tar members) counts against the budget for
-  // the job's life.
-  FERRY_ASSIGN_OR_RETURN(
-      MemoryBudget::Reservation index_memory,
-      host_budget_->Reserve(job->source().index_bytes(),
-                            absl::StrCat("the index of job '", job_name, "''s ",
-                                         job->source().size(), " samples (file names)")));
+  return job;
+}
+
+absl::Status JobManager::CheckARankFitsLocked(const Caller& caller, const Job& job) {
   // Refuse now a job whose rank slab can never fit, rather than at every rank's attach: one
   // with its own prefetch_depth needs that many slots, one without at least kMinSlots.
   const uint32_t slots =
-      spec.prefetch_depth() != 0 ? SlotsPerRank(*job) : std::min(SlotsPerRank(*job), kMinSlots);
-  const uint64_t rank_bytes = job->layout().slot_bytes * slots;
+      job.spec().prefetch_depth() != 0 ? SlotsPerRank(job) : std::min(SlotsPerRank(job), kMinSlots);
+  const uint64_t rank_bytes = job.layout().slab_bytes(slots);
   const uint64_t free_bytes =
       host_budget_->limit() - std::min(host_budget_->limit(), host_budget_->in_use());
-  absl::MutexLock lock(&mutex_);
-  if (rank_bytes > free_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "job '", job_name, "' needs ", rank_bytes, " bytes per rank (", slots, " slots of ",
-        job->layout().slot_bytes, " bytes) but the host memory budget has ", free_bytes, " of ",
-        host_budget_->limit(), " bytes free", DescribeMemoryHoldersLocked(caller, absl::Now()),
-        ". Lower batch_size or prefetch_depth, delete jobs that are done (ferryctl delete "
-        "JOB), or raise host_memory_budget_bytes in ",
-        options_.config_path));
-  }
-  if (auto it = id_by_key_.find(key); it != id_by_key_.end()) {
-    return Created{jobs_.at(it->second).job, false};  // another rank won the race
-  }
-  jobs_[identity.id] = JobEntry{job, key, {}, {}, absl::Now(), std::move(index_memory)};
-  id_by_key_[key] = identity.id;
-  FERRY_LOG(INFO) << "created job " << identity.id << " '" << job_name << "' for uid " << caller.uid
-                  << ": " << job->source().size() << " samples, "
-                  << job->sampler().batches_per_epoch() << " batches per epoch and rank";
-  return Created{job, true};
+  if (rank_bytes <= free_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "job '", job.identity().name, "' needs ", rank_bytes, " bytes per rank (", slots,
+      " slots of ", job.layout().slot_bytes, " bytes) but the host memory budget has ", free_bytes,
+      " of ", host_budget_->limit(), " bytes free",
+      DescribeMemoryHoldersLocked(caller, absl::Now()),
+      ". Lower batch_size or prefetch_depth, delete jobs that are done (ferryctl delete JOB), "
+      "or raise host_memory_budget_bytes in ",
+      options_.config_path));
 }
 
 absl::StatusOr<JobManager::JobEntry*> JobManager::FindOwnedLocked(const Caller& caller,
@@ -495,7 +464,7 @@ std::string JobManager::DescribeMemoryHoldersLocked(const Caller& caller, absl::
 absl::StatusOr<int> JobManager::RankDeviceLocked(const Job& job, int rank,
                                                  const std::string& device) const {
   const ferry::v1::JobSpec& spec = job.spec();
-  if (ParseDevice(spec.device()) != DeviceKind::kCuda || gpus_ == nullptr) {
+  if (ParseJobDevice(spec.device()) != JobDevice::kCuda || gpus_ == nullptr) {
     if (!device.empty() && device != "cpu") {
       return absl::InvalidArgumentError(absl::StrCat(
           "job ", job.identity().id, " delivers to the host (device \"cpu\"), but rank ", rank,
@@ -512,7 +481,7 @@ absl::StatusOr<int> JobManager::RankDeviceLocked(const Job& job, int rank,
         "(AttachRequest.device \"cuda:N\"); rank ",
         rank, " named none: its ferry client library is older than the job's, upgrade it"));
   }
-  if (ParseDevice(gpu) != DeviceKind::kCuda) {
+  if (ParseJobDevice(gpu) != JobDevice::kCuda) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", rank, " of GPU job ", job.identity().id, " asked for device ",
         QuoteForMessage(gpu, 64), "; name its GPU: \"cuda:N\" or \"cuda:<PCI bus id>\""));

@@ -22,6 +22,7 @@
 #include "ferry/v1/ferry.pb.h"
 #include "server/memory/memory_budget.h"
 #include "server/pipeline/job.h"
+#include "server/pipeline/job_spec.h"
 #include "server/pipeline/rank_pipeline.h"
 #include "server/pipeline/worker_pool.h"
 #include "server/transport/gpu_provider.h"
@@ -34,11 +35,6 @@ struct Caller {
   int pid = 0;
   bool is_root() const { return uid == 0; }
 };
-
-// Bounds on what a request may ask for (docs/operations.md, "Limits"); batch_size is bounded
-// by kMaxBatchSize (job.h) and shard lists by kMaxShardNames (shard_pattern.h).
-inline constexpr size_t kMaxJobNameBytes = 128;
-inline constexpr uint32_t kMaxWorldSize = 1u << 20;
 
 class JobManager final {
  public:
@@ -170,7 +166,26 @@ class JobManager final {
     uint32_t uid = 0;
   };
 
+  // CreateJob's steps, in order (the spec normalized, NormalizeJobSpec, before them).
+  // A GPU job needs the GPU transport, and the GPU it names must exist.
+  absl::Status CheckTransport(const ferry::v1::JobSpec& spec) const;
+  // Every path the dataset names is under dataset_roots (before any disk access).
   absl::Status CheckDataset(const ferry::v1::JobSpec& spec) const;
+  // The live job of `key`, if there is one; else null, and the caller's job now counts as
+  // being created (creating_per_uid_; the caller takes it back). Refuses a name taken by
+  // another spec and a user at max_jobs_per_uid; replaces a failed job of `key`.
+  absl::StatusOr<std::shared_ptr<Job>> FindOrStartCreating(const Caller& caller,
+                                                           const std::string& job_name,
+                                                           const std::string& key)
+      ABSL_LOCKS_EXCLUDED(mutex_);
+  // Opens the dataset and makes the job (its GPU decode, retry limit, GPU checks).
+  absl::StatusOr<std::shared_ptr<Job>> OpenJob(const Caller& caller, const std::string& job_name,
+                                               const ferry::v1::JobSpec& spec)
+      ABSL_LOCKS_EXCLUDED(mutex_);
+  // RESOURCE_EXHAUSTED, naming what holds the memory, when one rank's slab of `job` cannot
+  // fit the host budget's free bytes.
+  absl::Status CheckARankFitsLocked(const Caller& caller, const Job& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   absl::Status CheckDatasetPath(const std::string& path) const;
   absl::StatusOr<JobEntry*> FindOwnedLocked(const Caller& caller, const std::string& id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);

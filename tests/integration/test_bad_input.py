@@ -102,7 +102,7 @@ class SpecErrorsTest(DaemonTestCase):
         # The daemon checks it too, for clients that do not validate.
         message = self.assertFerryError("INVALID_ARGUMENT", self.client().create_job,
                                         image_spec(self.images, batch_size=0))
-        self.assertIn("batch_size must be at least 1 (got 0)", message)
+        self.assertIn("batch_size must be in [1, 1048576] (got 0)", message)
 
     def test_seq_len_zero(self):
         with self.assertRaisesRegex(ValueError, r"seq_len must be >= 1, got 0"):
