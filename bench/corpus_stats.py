@@ -9,7 +9,7 @@ grayscale, CMYK and PNG (by content, whatever the name) files, and the single-th
 decode rate of Pillow (files read into memory first, then Image.open(...).convert("RGB")
 per file, as torchvision's ImageFolder loader does).
 
-Targets printed alongside, for an ImageNet-like corpus (issue 20; bench/make_bench_dataset.py
+Targets printed alongside, for an ImageNet-like corpus (bench/make_bench_dataset.py
 writes one): mean file 90-120 KiB (ImageNet's training set: about 110 KB a file), shorter
 side 300-500 px, quality 75-95 (ImageNet itself is mostly 4:4:4 at 96: M. Ehrlich,
 "Compression in the ImageNet Dataset"), a few percent progressive, grayscale and CMYK.

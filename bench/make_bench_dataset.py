@@ -30,7 +30,7 @@ Targets (bench/corpus_stats.py reports them for any folder): mean file 90-120 Ki
 (ImageNet's training set: about 110 KB a file over 1.28 M files) at 0.5-0.9 bytes a
 pixel. ImageNet itself is mostly 4:4:4 at quality 96 (M. Ehrlich, "Compression in the
 ImageNet Dataset"), which is where its byte density comes from; this corpus reaches a
-similar density within issue 20's quality range of 75-95. Single-thread Pillow decodes
+similar density within its quality range of 75-95. Single-thread Pillow decodes
 ImageNet's validation JPEGs at 537-726 images/s on current server cores
 (github.com/ternaus/imread_benchmark); corpus_stats.py measures the same rate here.
 

@@ -37,7 +37,7 @@ Measured, each phase a torchrun of its own so no loader lingers into the next:
 Each of the two runs `--rounds` times (the orders alternate); figures are medians with
 (min-max).
 
-Targets (issue 34, reported only): on 4 GPUs, ResNet-50 step <= 1.03x synthetic and
+Targets (reported only, never asserted): on 4 GPUs, ResNet-50 step <= 1.03x synthetic and
 loaders alone >= 3x the DataLoader's images/s; on one GPU with 16 CPUs, >= 6x.
 """
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the anchor benchmarks on the GPU machine, after `scripts/gpu-bundle.sh bench` here:
 #   bash bench/run_anchors.sh [DATA_DIR]     (results: $OUT/anchors.txt and anchors.json)
-# Generates the dataset if missing or older than issue 20's corpus: bench/make_bench_dataset.py,
+# Generates the dataset if missing or an earlier corpus: bench/make_bench_dataset.py,
 # 12,800 ImageNet-like JPEGs (about 105 KiB each) made from the photographs of Debian's
 # python3-skimage, which `scripts/gpu-bundle.sh bench` copies into .device/photos, plus 256 MB of
 # tokens; bench/corpus_stats.py describes it in $OUT/corpus.txt.

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Host-transport JPEG pipeline benchmark on this machine (issue: 2-core CI-class box).
+# Host-transport JPEG pipeline benchmark on this machine (docs/benchmarks.md has its figures
+# on a 2-core CI-class box).
 # Generates the demo dataset if missing, builds, runs host_pipeline_bench.
 #   bash bench/run_host_bench.sh [DATA_DIR]
 set -euo pipefail

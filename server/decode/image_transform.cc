@@ -551,8 +551,8 @@ absl::Status ImageDecoder::Impl::DecodeJpegWindow(absl::Span<const uint8_t> jpeg
   // Smallest DCT scale n/8 at which the source interval still spans >= t.size pixels both
   // ways (PIL's draft mode), so the resize only ever shrinks by less than 2 more (or
   // enlarges). Only n = 1, 2, 4, 8: libjpeg-turbo has SIMD IDCTs for those, while 3/8, 5/8,
-  // 6/8 and 7/8 run plain-C IDCTs (6x6, 12x12, ...) that cost about what the smaller decode
-  // saves (measured: ~10% slower on 500x375 RandomResizedCrop(224), equal on 1024x768).
+  // 6/8 and 7/8 run plain-C IDCTs (6x6, 12x12, ...) that cost at least what the smaller
+  // decode saves.
   int scale_num = 8;
   for (int n = 1; n < 8 && !t.full_decode; n *= 2) {
     if ((x1 - x0) * n >= 8.0 * t.size && (y1 - y0) * n >= 8.0 * t.size) {

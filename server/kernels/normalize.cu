@@ -28,8 +28,7 @@ constexpr int kThreads = 256;
 // move 16 bytes per thread with consecutive lanes on consecutive addresses: loads of the
 // tile's 3 * kTilePixels input bytes, and per channel plane one 16-byte store of 16 /
 // sizeof(output) pixels. (Storing 32 or 64 contiguous bytes per thread instead, with the
-// lanes 32 or 64 bytes apart, ran at 53% / 32% of device-to-device copy bandwidth for
-// bf16 / f32 on an H100.)
+// lanes 32 or 64 bytes apart, reaches only a fraction of device-to-device copy bandwidth.)
 constexpr int kTilePixels = 4096;
 constexpr int kTileBytes = 3 * kTilePixels;  // 12 KiB: 768 16-byte loads, 3 per thread
 
@@ -256,7 +255,7 @@ cudaError_t WidenAs(const void* src, void* dst, int64_t count, cudaStream_t stre
 //
 // The indices come from device memory, or travel in the launch's own parameters (up to
 // 32 KiB of them since CUDA 12.1): then nothing is copied before the kernel runs, which
-// on an H100 is worth a small H2D's latency per batch.
+// saves a small H2D copy's latency per batch.
 struct DeviceIndices {
   const int64_t* __restrict__ at;
   __device__ __forceinline__ int64_t operator[](uint32_t r) const { return at[r]; }

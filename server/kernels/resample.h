@@ -39,11 +39,9 @@ absl::Status CheckResampleJob(const ResampleJob& job);
 // queued. INVALID_ARGUMENT for count < 0, size outside [1, kMaxResampleSize], or null jobs
 // (unless count is 0); an empty batch enqueues nothing.
 //
-// Speed: 0.45 ms for 256 images of 500x375 to 224x224 (RandomResizedCrop, flipped or not;
-// 0.49 ms for Resize(256) + CenterCrop) on an H100. A vertical downscale of up to about 5x
-// keeps the horizontal pass in shared memory and one of up to about 31x per axis keeps the
-// filters' weights there; larger ones (a huge image to a small size) take slower paths
-// with the same result (resample.cu).
+// Speed: a vertical downscale of up to about 5x keeps the horizontal pass in shared memory
+// and one of up to about 31x per axis keeps the filters' weights there; larger ones (a huge
+// image to a small size) take slower paths with the same result (resample.cu).
 absl::Status LaunchResampleWindows(const ResampleJob* jobs, int count, int size, void* stream);
 
 }  // namespace ferry

@@ -329,9 +329,10 @@ TEST_F(PipelineTest, UnreadableSamplesAreSubstitutedAndCounted) {
 
 // With no readable substitute left, a row is zeros with index -1 (no sample), whatever the
 // slot held before; the batch keeps its size.
-// A job whose every sample is bad used to deliver batches of zeros with index -1 forever,
-// logging each row. Once more than half its samples are quarantined the job stops, with a
-// message that names the bound and the last bad file; no batch of such samples arrives.
+// A job whose every sample is bad would otherwise deliver batches of zeros with index -1
+// forever, logging each row. Once more than half its samples are quarantined the job stops,
+// with a message that names the bound and the last bad file; no batch of such samples
+// arrives.
 TEST_F(PipelineTest, AJobWithMoreBadSamplesThanGoodStopsNamingTheLastOne) {
   absl::flat_hash_set<int64_t> corrupt;
   for (int64_t i = 0; i < 8; ++i) corrupt.insert(i);
@@ -1549,8 +1550,8 @@ TEST_F(PipelineTest, SlabCountsAgainstTheBudget) {
   EXPECT_THAT(p.status().message(), HasSubstr("needs 65536 bytes"));
 }
 
-// ---- Stall attribution (issue 23): fakes that make each stage the slow one, and the
-// limiting stage the rank's status names. Only the stage is asserted, never a timing.
+// ---- Stall attribution: fakes that make each stage the slow one, and the limiting stage
+// the rank's status names. Only the stage is asserted, never a timing.
 
 // FakeSource's samples, each taking `cost` of reading (sleeping, counted as a dataset read
 // as RealFile::ReadAt counts one) or of decoding (spinning the CPU, no read).

@@ -21,9 +21,9 @@
 // run for that consumer. The ring is called under the pipeline's lock (lock order: the
 // pipeline's, then the ring's), but for DeliveryRing::Flush.
 //
-// Data stall (RankStatus.stall_ratio, limiting_stage; issue 23): over a RecentWindow of the
-// last 10 s, the time the trainer waited for a batch. Exact when the client reports, with
-// each Release, how long its Next blocked for that batch (`waited`); otherwise ferryd's own
+// Data stall (RankStatus.stall_ratio, limiting_stage): over a RecentWindow of the last
+// 10 s, the time the trainer waited for a batch. Exact when the client reports, with each
+// Release, how long its Next blocked for that batch (`waited`); otherwise ferryd's own
 // estimate, the time it had no batch to send while the consumer held fewer than all its
 // slots (an upper bound: a client that prefetches may still hold batches the trainer has
 // not asked for). Either way, ferryd splits its own starved time by what the batch next in

@@ -1,4 +1,4 @@
-"""The metrics endpoint (issue 23): scraped during a run through ferry.Loader, its families
+"""The metrics endpoint: scraped during a run through ferry.Loader, its families
 are there and its counters equal what `ferryctl status --json` says for the same rank; a
 Unix-socket endpoint; and a non-loopback metrics_listen without metrics_allow_non_loopback
 keeps ferryd from starting, with a message naming the setting."""

@@ -1,4 +1,4 @@
-"""Stall attribution through a real ferryd and the Python Loader (issue 23): the trainer's
+"""Stall attribution through a real ferryd and the Python Loader: the trainer's
 own wait reaches ferryd with its releases, and the rank's limiting stage follows which side
 is slow. Each test makes its slow side overwhelmingly slow by construction, so the outcome
 does not depend on the machine or its load: a trainer that sleeps 100 ms a batch on tiny

@@ -249,7 +249,7 @@ absl::Status GpuJpegDecoder::DecodeBatch(absl::Span<const absl::Span<const uint8
   }
   // One nvjpegDecodeBatched per chroma subsampling: on the JPEG engines a batch that mixes
   // them (4:2:0 with 4:4:4, gray) decodes several times slower than its parts one after
-  // the other (H100, nvJPEG 13: ~4,000 images/s mixed, 19,000-25,000 each alone).
+  // the other (docs/benchmarks.md, "JPEG decode on the GPU").
   std::stable_sort(d.order.begin(), d.order.begin() + static_cast<std::ptrdiff_t>(n));
   for (size_t k = 0; k < n; ++k) {
     const size_t i = static_cast<size_t>(d.order[k].second);
