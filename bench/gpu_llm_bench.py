@@ -9,7 +9,7 @@ Kinds: tokens (one flat uint16 file, the baseline), token_shards (16 uint16 shar
 indexed (Megatron .bin/.idx of uint16 one-sequence documents of 200-2000 tokens; plain and
 with position_ids + cu_seqlens), indexed int32, and a blend of token_shards + indexed +
 tokens (weights 0.5 / 0.3 / 0.2). GB/s counts every delivered field's bytes; the ratio is to
-the pinned cudaMemcpyAsync of one batch's tokens bytes (the figure the issue sets: >= 0.9).
+the pinned cudaMemcpyAsync of one batch's tokens bytes (the target: >= 0.9).
 ferryd runs as a separate process on a private socket; the trainer takes zero-copy views
 and touches nothing, so what is measured is ferry's delivery.
 """

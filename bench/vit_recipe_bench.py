@@ -6,7 +6,7 @@ side by side in one run on the GPU machine. Prints a table; never asserts.
       [--batches 64] [--warmup 32] [--json OUT.json]
 
 Recipe (torchvision's classification reference, "ta_wide" + random erasing, plus
-ColorJitter as the issue asks): RandomResizedCrop(224), RandomHorizontalFlip(),
+ColorJitter): RandomResizedCrop(224), RandomHorizontalFlip(),
 TrivialAugmentWide(), ColorJitter(0.4, 0.4, 0.4), Normalize(ImageNet), RandomErasing(0.25),
 batch 256, delivered as normalized bf16 CHW in GPU memory.
 

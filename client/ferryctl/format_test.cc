@@ -216,7 +216,7 @@ TEST(RenderTest, JobShowsWhoDecodesTheJpegs) {
             (std::vector<std::string>{"off: no libnvjpeg: tried libnvjpeg.so.13"}));
 }
 
-// Issue 23: each rank's stall ratio and limiting stage, and the job's most stalled rank.
+// Stall attribution: each rank's stall ratio and limiting stage, and the job's most stalled rank.
 TEST(RenderTest, StallAndLimitingStageAreShownPerRankAndForTheJob) {
   JobStatus s = SampleJob();
   s.ranks[0].stall_ratio = 0.634;

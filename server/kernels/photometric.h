@@ -40,7 +40,7 @@ namespace ferry {
 // and the rest ignored (the workers never write one). INVALID_ARGUMENT for negative sizes,
 // null pointers (unless the batch is empty) or an image of 2 GiB or more (3 * height *
 // width > INT32_MAX); an empty batch enqueues nothing. float32 results agree with
-// ApplyPhotometricReference to about 1e-5 (kernels_test measures 2e-6 on an H100).
+// ApplyPhotometricReference to about 1e-5.
 absl::Status LaunchPhotometric(const uint8_t* src_hwc, const PhotometricProgram* programs,
                                void* dst_chw, OutputDType dtype, int batch, int height, int width,
                                void* stream);

@@ -389,7 +389,7 @@ class OutOfDescriptorsSource final : public SampleSource {
   FakeSource inner_;
 };
 
-// The bad day the issue reported: out of descriptors, every sample was quarantined and the
+// A bad day: out of descriptors, every sample was quarantined and the
 // trainer got zeroed rows for good. Now the job pauses and resumes with the right samples.
 TEST_F(PipelineTest, ReadsFailingForTheMachineAreRetriedNeverQuarantined) {
   ferry::v1::JobSpec spec;

@@ -18,7 +18,7 @@
 // Why the ring, not the GPU, waits for the consumer's "released" signal: ferryd and the
 // trainer are two CUDA contexts on one GPU. A stream of one context waiting for an event of
 // the other that has not completed yet holds the GPU until the context time slice ends
-// (milliseconds on an H100), once per batch. So a device slot is reused only after its
+// (milliseconds), once per batch. So a device slot is reused only after its
 // released signal has been seen complete on the host, and a batch is delivered only after
 // its ready signal has: neither process ever queues a wait on the other's unfinished work.
 #ifndef FERRY_SERVER_TRANSPORT_DEVICE_STAGE_H_

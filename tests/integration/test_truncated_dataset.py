@@ -1,6 +1,6 @@
-"""A dataset file truncated by its owner while a job reads it (issue: any user of a shared
-ferryd could kill it for everyone with one os.truncate): the job stops with an error that
-names the file and says what to do, the trainer gets it as a FerryError, and ferryd goes on
+"""A dataset file truncated by its owner while a job reads it (one os.truncate by any user
+of a shared ferryd must not kill it for everyone): the job stops with an error that names
+the file and says what to do, the trainer gets it as a FerryError, and ferryd goes on
 serving another trainer's job."""
 
 import os
