@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/job_limits.h"
 #include "common/session_protocol.h"
 #include "ferry/client.h"
 
@@ -84,6 +85,21 @@ extern "C" {
 int ferry_abi_version(void) { return FERRY_ABI_VERSION; }
 
 int ferry_abi_minor(void) { return FERRY_ABI_MINOR; }
+
+uint64_t ferry_job_limit(int limit) {
+  switch (limit) {
+    case FERRY_LIMIT_BATCH_SIZE:
+      return ferry::kMaxBatchSize;
+    case FERRY_LIMIT_WORLD_SIZE:
+      return ferry::kMaxWorldSize;
+    case FERRY_LIMIT_PREFETCH_DEPTH:
+      return ferry::kMaxPrefetchDepth;
+    case FERRY_LIMIT_JOB_NAME_BYTES:
+      return ferry::kMaxJobNameBytes;
+    default:
+      return 0;
+  }
+}
 
 const char* ferry_version(void) { return FERRY_VERSION_STRING; }
 

@@ -29,6 +29,13 @@ int main(void) {
   CHECK(ferry_abi_version() == FERRY_ABI_VERSION);
   CHECK(ferry_abi_minor() == FERRY_ABI_MINOR);
 
+  /* ABI 1.4: ferryd's bounds on a job spec. */
+  CHECK(ferry_job_limit(FERRY_LIMIT_BATCH_SIZE) == 1048576);
+  CHECK(ferry_job_limit(FERRY_LIMIT_WORLD_SIZE) == 1048576);
+  CHECK(ferry_job_limit(FERRY_LIMIT_PREFETCH_DEPTH) == 64);
+  CHECK(ferry_job_limit(FERRY_LIMIT_JOB_NAME_BYTES) == 128);
+  CHECK(ferry_job_limit(0) == 0);
+
   /* ABI 1.1: GPU entry points check their arguments without a device. */
   CHECK(ferry_batch_wait(NULL, NULL) == FERRY_INVALID_ARGUMENT);
   CHECK(strstr(ferry_last_error(), "'batch'") != NULL);

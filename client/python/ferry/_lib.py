@@ -107,6 +107,7 @@ def _declare(lib):
                                             ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint32)]),
         "ferry_client_attach_on": (c_int, [c_void_p, c_char_p, ctypes.c_uint32, c_char_p,
                                            out_ptr]),
+        "ferry_job_limit": (ctypes.c_uint64, [c_int]),
     }
     for name, (restype, argtypes) in optional.items():
         fn = getattr(lib, name, None)
@@ -119,6 +120,20 @@ def minor():
     """FERRY_ABI_MINOR of the loaded library (0 for a library that predates it)."""
     lib = load()
     return lib.ferry_abi_minor() if hasattr(lib, "ferry_abi_minor") else 0
+
+
+# ferry_job_limit's FERRY_LIMIT_* values (ABI 1.4).
+_JOB_LIMITS = {"batch_size": 1, "world_size": 2, "prefetch_depth": 3, "job_name_bytes": 4}
+
+
+def job_limit(name):
+    """ferryd's bound on a job spec's `name` ("batch_size", "world_size", "prefetch_depth",
+    "job_name_bytes"), from libferry (ABI 1.4); None from an older library (ferryd checks
+    it then)."""
+    lib = load()
+    if not hasattr(lib, "ferry_job_limit"):
+        return None
+    return lib.ferry_job_limit(_JOB_LIMITS[name]) or None
 
 
 def require_gpu_abi():

@@ -49,6 +49,17 @@ def _check_int(name, value, minimum=None, maximum=None):
     return value
 
 
+def _job_limit(name):
+    """ferryd's bound on the JobSpec field `name`, as libferry exports it (so that the Loader
+    refuses what ferryd would, with the same number); the field's uint32 range where the
+    library is older or absent (ferryd checks the bound then)."""
+    from ferry import _lib
+    try:
+        return _lib.job_limit(name) or 2**32 - 1
+    except (FerryError, OSError):
+        return 2**32 - 1
+
+
 def _check_bool(name, value):
     if not isinstance(value, bool):
         raise TypeError("%s must be a bool, got %r" % (name, value))
@@ -676,7 +687,7 @@ def _job_spec(dataset, batch_size, transform, shuffle, seed, drop_last, world_si
         "drop_last": _check_bool("drop_last", drop_last),
         "world_size": world_size,
         "device": device,
-        "prefetch_depth": _check_int("prefetch", prefetch, 0, 64),
+        "prefetch_depth": _check_int("prefetch", prefetch, 0, _job_limit("prefetch_depth")),
     }
     if transform is not None and getattr(dataset, "_IMAGES", False):
         spec["transform"] = transform._spec()
@@ -794,7 +805,7 @@ class Loader:
                             "ferry.WebDataset, ferry.Tokens, ferry.TokenShards, "
                             "ferry.IndexedDataset, ferry.Records, ferry.Npy or ferry.Blend), "
                             "got %r" % (dataset,))
-        batch_size = _check_int("batch_size", batch_size, 1, 2**32 - 1)
+        batch_size = _check_int("batch_size", batch_size, 1, _job_limit("batch_size"))
         if on_corrupt_sample not in ("skip", "fail"):
             raise ValueError("on_corrupt_sample must be 'skip' or 'fail', got %r"
                              % (on_corrupt_sample,))
@@ -808,11 +819,11 @@ class Loader:
                             "ferry.transforms.Compose([...]) (or one ferry.transforms op), got "
                             "%r" % (transform,))
         if world_size is not None:
-            world_size = _check_int("world_size", world_size, 1, 2**32 - 1)
+            world_size = _check_int("world_size", world_size, 1, _job_limit("world_size"))
         if rank is not None:
             rank = _check_int("rank", rank, 0)
         rank, world_size = _resolve_rank(rank, world_size)
-        world_size = _check_int("world_size", world_size, 1, 2**32 - 1)
+        world_size = _check_int("world_size", world_size, 1, _job_limit("world_size"))
         rank = _check_int("rank", rank, 0)
         if rank >= world_size:
             raise ValueError("rank must be < world_size (%d), got %d" % (world_size, rank))

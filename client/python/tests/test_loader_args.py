@@ -167,6 +167,11 @@ class LoaderArgsTest(unittest.TestCase):
         for bad in (0, -1):
             with self.assertRaisesRegex(ValueError, "batch_size"):
                 make(batch_size=bad)
+        # ferryd's bound, as libferry exports it: refused before any call.
+        from ferry import _lib
+        self.assertEqual(_lib.job_limit("batch_size"), 1 << 20)
+        with self.assertRaisesRegex(ValueError, r"batch_size must be <= 1048576, got 1048577"):
+            make(batch_size=(1 << 20) + 1)
         for bad in (2.0, "4", True, None):
             with self.assertRaisesRegex(TypeError, "batch_size"):
                 make(batch_size=bad)

@@ -53,8 +53,9 @@ extern "C" {
  *   1.1: the GPU transport: ferry_field_t.device, ferry_batch_field_sized,
  *        ferry_batch_wait, ferry_batch_release_on, ferry_cuda_pci_bus_id.
  *   1.2: ferry_client_quarantine.
- *   1.3: ferry_client_attach_on (a GPU rank names its GPU: jobs of device "cuda"). */
-#define FERRY_ABI_MINOR 3
+ *   1.3: ferry_client_attach_on (a GPU rank names its GPU: jobs of device "cuda").
+ *   1.4: ferry_job_limit. */
+#define FERRY_ABI_MINOR 4
 
 /* Status codes (absl::StatusCode / grpc::StatusCode values). */
 enum {
@@ -238,6 +239,16 @@ FERRY_API int ferry_batch_device(const ferry_batch_t* batch, int* out);
 FERRY_API int ferry_cuda_pci_bus_id(int ordinal, char** out);
 /* FERRY_ABI_MINOR of the loaded library. */
 FERRY_API int ferry_abi_minor(void);
+
+/* The bounds ferryd puts on a job spec, so that a client refuses what ferryd would, with the
+ * same numbers: a FERRY_LIMIT_* value, or 0 for a limit this library does not know. */
+enum {
+  FERRY_LIMIT_BATCH_SIZE = 1,     /* JobSpec.batch_size is in [1, this] */
+  FERRY_LIMIT_WORLD_SIZE = 2,     /* JobSpec.world_size is at most this */
+  FERRY_LIMIT_PREFETCH_DEPTH = 3, /* JobSpec.prefetch_depth is at most this */
+  FERRY_LIMIT_JOB_NAME_BYTES = 4  /* a job name is at most this many printable ASCII bytes */
+};
+FERRY_API uint64_t ferry_job_limit(int limit);
 /* Releases (if not yet) and frees the batch. */
 FERRY_API void ferry_batch_free(ferry_batch_t* batch);
 
