@@ -548,8 +548,8 @@ int Main(int argc, char** argv) {
           "fill input");
   }
   Check(stream.Synchronize(), "fill");
-  const auto mean = ImageNetMean();
-  const auto std_dev = ImageNetStd();
+  const auto mean = kImageNetMean;
+  const auto std_dev = kImageNetStd;
   std::printf(
       "\nNormalize uint8 HWC -> CHW, batch %dx%dx%dx3 (floor: read %zu B + write "
       "3*%d*%d*%d*sizeof)\n",

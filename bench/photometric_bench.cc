@@ -90,8 +90,8 @@ std::vector<PhotometricProgram> Programs(int batch, int height, int width,
           break;
         case PhotometricKind::kNormalize:
           for (int c = 0; c < 3; ++c) {
-            op.v[c] = ImageNetMean()[c];
-            op.w[c] = ImageNetStd()[c];
+            op.v[c] = kImageNetMean[c];
+            op.w[c] = kImageNetStd[c];
           }
           break;
         case PhotometricKind::kErase:
@@ -140,8 +140,8 @@ int Main(int argc, char** argv) {
               w);
   std::printf("%-56s %-5s %9s %9s %8s\n", "kernel", "dtype", "ms", "GB/s", "vs D2D");
 
-  const auto mean = ImageNetMean();
-  const auto std_dev = ImageNetStd();
+  const auto mean = kImageNetMean;
+  const auto std_dev = kImageNetStd;
   auto report = [&](const char* what, OutputDType dtype, double ms) {
     const double bytes = in_bytes + double(in_bytes) * OutputDTypeSize(dtype);
     const double gbps = bytes / (ms * 1e6);

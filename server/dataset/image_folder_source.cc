@@ -134,11 +134,11 @@ absl::StatusOr<ImageTransform> ImageTransformFromSpec(const ferry::v1::Transform
       absl::Status s = CheckSize(rrc.size(), "transform.random_resized_crop.size");
       if (!s.ok()) return s;
       t = ImageTransform::RandomResizedCrop(static_cast<int>(rrc.size()), rrc.flip());
-      s = ResolveRange(rrc.scale_min(), rrc.scale_max(), 0.08, 1.0,
+      s = ResolveRange(rrc.scale_min(), rrc.scale_max(), kDefaultCropScale[0], kDefaultCropScale[1],
                        "transform.random_resized_crop.scale_min",
                        "transform.random_resized_crop.scale_max", &t.scale_min, &t.scale_max);
       if (!s.ok()) return s;
-      s = ResolveRange(rrc.ratio_min(), rrc.ratio_max(), 3.0 / 4.0, 4.0 / 3.0,
+      s = ResolveRange(rrc.ratio_min(), rrc.ratio_max(), kDefaultCropRatio[0], kDefaultCropRatio[1],
                        "transform.random_resized_crop.ratio_min",
                        "transform.random_resized_crop.ratio_max", &t.ratio_min, &t.ratio_max);
       if (!s.ok()) return s;

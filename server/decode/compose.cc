@@ -574,8 +574,8 @@ absl::Status ComposedTransform::WriteProgram(uint64_t sample_seed,
   if (!device_normalized) {
     PhotometricOp op;
     op.kind = static_cast<uint32_t>(PhotometricKind::kNormalize);
-    std::copy(target_.device_mean, target_.device_mean + 3, op.v);
-    std::copy(target_.device_std, target_.device_std + 3, op.w);
+    std::copy(target_.device_mean.begin(), target_.device_mean.end(), op.v);
+    std::copy(target_.device_std.begin(), target_.device_std.end(), op.w);
     push(op);
   }
   std::memcpy(program_row.data(), &program, sizeof(program));

@@ -34,6 +34,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/imagenet.h"
 #include "server/decode/image_ops.h"
 #include "server/decode/image_transform.h"
 
@@ -57,8 +58,8 @@ struct ComposeStep {
   Kind kind = Kind::kHorizontalFlip;
   int size = 0;  // RandomResizedCrop, Resize (shorter side), CenterCrop, RandomCrop
   // RandomResizedCrop.
-  double scale[2] = {0.08, 1.0};
-  double ratio[2] = {3.0 / 4.0, 4.0 / 3.0};
+  double scale[2] = {kDefaultCropScale[0], kDefaultCropScale[1]};
+  double ratio[2] = {kDefaultCropRatio[0], kDefaultCropRatio[1]};
   bool full_decode = false;  // also Resize
   // RandomCrop: padding (left, top, right, bottom), pad_if_needed, fill, padding_mode.
   int padding[4] = {0, 0, 0, 0};
@@ -91,8 +92,8 @@ class ComposedTransform {
     // A GPU converts the images to floats: the trailing photometric ops run there.
     bool device_program = false;
     // The device's normalisation when the ops have no Normalize (image_output's).
-    float device_mean[3] = {0.485f, 0.456f, 0.406f};
-    float device_std[3] = {0.229f, 0.224f, 0.225f};
+    std::array<float, 3> device_mean = kImageNetMean;
+    std::array<float, 3> device_std = kImageNetStd;
     // Turn each image upright by its EXIF orientation first (the dataset's option).
     bool exif_orientation = false;
   };

@@ -35,14 +35,19 @@ namespace ferry {
 class ComposedTransform;  // compose.h
 class GpuDecodeSplit;     // gpu_decode_split.h
 
+// torchvision's RandomResizedCrop defaults: the crop's share of the image's area, and its
+// aspect ratio, each drawn from [min, max]. A spec that leaves them at 0 gets these.
+inline constexpr double kDefaultCropScale[2] = {0.08, 1.0};
+inline constexpr double kDefaultCropRatio[2] = {3.0 / 4.0, 4.0 / 3.0};
+
 struct ImageTransform {
   enum class Kind { kRandomResizedCrop, kResizeCenterCrop };
   Kind kind = Kind::kRandomResizedCrop;
   int size = 224;  // output is size x size x 3
-  double scale_min = 0.08;
-  double scale_max = 1.0;
-  double ratio_min = 3.0 / 4.0;
-  double ratio_max = 4.0 / 3.0;
+  double scale_min = kDefaultCropScale[0];
+  double scale_max = kDefaultCropScale[1];
+  double ratio_min = kDefaultCropRatio[0];
+  double ratio_max = kDefaultCropRatio[1];
   bool flip = false;  // RandomHorizontalFlip(p=0.5)
   int resize = 256;   // kResizeCenterCrop: shorter side before the crop
   // Turn the image upright by its EXIF Orientation first (PIL's ImageOps.exif_transpose;

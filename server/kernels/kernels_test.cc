@@ -106,8 +106,8 @@ void CheckNormalize(const NormalizeCase& tc, OutputDType dtype, uint64_t seed) {
   const size_t guard = 64;  // elements after the output that must stay untouched
   float mean[3], std[3];
   for (int c = 0; c < 3; ++c) {
-    mean[c] = tc.imagenet ? ImageNetMean()[c] : static_cast<float>(rng.Uniform());
-    std[c] = tc.imagenet ? ImageNetStd()[c] : static_cast<float>(0.05 + rng.Uniform());
+    mean[c] = tc.imagenet ? kImageNetMean[c] : static_cast<float>(rng.Uniform());
+    std[c] = tc.imagenet ? kImageNetStd[c] : static_cast<float>(0.05 + rng.Uniform());
   }
   std::vector<uint8_t> host_in(in_bytes);
   for (auto& b : host_in) b = static_cast<uint8_t>(rng.Next() >> 56);
@@ -204,8 +204,8 @@ TEST_F(KernelTest, NormalizeSameResultOnBothPaths) {
   // The kernels run on a non-blocking stream, which does not wait for the legacy stream's
   // memset and copy (cudaMemset returns before it is done): finish them first.
   ASSERT_CUDA(cudaDeviceSynchronize());
-  const auto mean = ImageNetMean();
-  const auto std = ImageNetStd();
+  const auto mean = kImageNetMean;
+  const auto std = kImageNetStd;
   ASSERT_OK(LaunchNormalizeImages(src_aligned, a.data(), OutputDType::kBFloat16, batch, h, w,
                                   mean.data(), std.data(), stream.get()));
   uint8_t* b_unaligned = static_cast<uint8_t*>(b.data()) + 2;

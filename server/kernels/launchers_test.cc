@@ -18,8 +18,8 @@ namespace {
 using ::testing::HasSubstr;
 
 TEST(Launchers, RejectBadArgumentsBeforeTouchingCuda) {
-  const auto mean = ImageNetMean();
-  const auto std = ImageNetStd();
+  const auto mean = kImageNetMean;
+  const auto std = kImageNetStd;
   const float zero_std[3] = {0.2f, 0.0f, 0.2f};
   uint8_t byte = 0;
   EXPECT_EQ(LaunchNormalizeImages(&byte, &byte, OutputDType::kFloat32, -1, 2, 2, mean.data(),

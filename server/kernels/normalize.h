@@ -12,8 +12,8 @@
 // kernel runs surface at the stream's next synchronisation or event query.
 //
 //   FERRY_RETURN_IF_ERROR(LaunchNormalizeImages(staging, slot, OutputDType::kBFloat16, batch,
-//                                               224, 224, ImageNetMean().data(),
-//                                               ImageNetStd().data(), copy_stream.get()));
+//                                               224, 224, kImageNetMean.data(),
+//                                               kImageNetStd.data(), copy_stream.get()));
 //
 // ferryd's alone (library ferry_kernels, over cuda/'s owners): the client libraries never
 // link it, so they carry no device code. This header includes no CUDA header: its users
@@ -27,6 +27,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "common/imagenet.h"
 
 namespace ferry {
 
@@ -34,10 +35,6 @@ enum class OutputDType { kFloat32, kFloat16, kBFloat16 };
 constexpr size_t OutputDTypeSize(OutputDType dtype) {
   return dtype == OutputDType::kFloat32 ? 4 : 2;
 }
-
-// torchvision's ImageNet normalisation (RGB order).
-constexpr std::array<float, 3> ImageNetMean() { return {0.485f, 0.456f, 0.406f}; }
-constexpr std::array<float, 3> ImageNetStd() { return {0.229f, 0.224f, 0.225f}; }
 
 // Writes dst[b][c][y][x] = (src[b][y][x][c] / 255 - mean[c]) / std[c] for a batch of
 // `batch` images of height x width x 3 uint8 (HWC, images back to back) into `dst`

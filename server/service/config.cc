@@ -56,11 +56,14 @@ void ApplyDefaults(ferry::v1::DaemonConfig* c) {
     c->set_read_retry_seconds(
         static_cast<uint32_t>(absl::ToInt64Seconds(jobs.transient_retry_limit)));
   }
-  if (c->max_sessions() == 0) c->set_max_sessions(4096);
-  if (c->max_sessions_per_uid() == 0) c->set_max_sessions_per_uid(1024);
+  const SessionLimits sessions;
+  if (c->max_sessions() == 0) c->set_max_sessions(static_cast<uint32_t>(sessions.max_sessions));
+  if (c->max_sessions_per_uid() == 0) {
+    c->set_max_sessions_per_uid(static_cast<uint32_t>(sessions.max_sessions_per_uid));
+  }
   if (!c->has_session_idle_timeout_seconds()) {
     c->set_session_idle_timeout_seconds(
-        static_cast<uint32_t>(absl::ToInt64Seconds(SessionLimits().idle_timeout)));
+        static_cast<uint32_t>(absl::ToInt64Seconds(sessions.idle_timeout)));
   }
   if (c->gather_thread_blocks() == 0) {
     c->set_gather_thread_blocks(static_cast<uint32_t>(gather.thread_blocks));

@@ -451,8 +451,8 @@ class RandomResizedCrop:
     crop `size` pixels a side, which is faster and differs by a little (docs/data.md,
     "Reduced-scale decode")."""
 
-    def __init__(self, size, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), flip=False,
-                 full_decode=False):
+    def __init__(self, size, scale=transforms._CROP_SCALE, ratio=transforms._CROP_RATIO,
+                 flip=False, full_decode=False):
         self.size = _check_int("RandomResizedCrop size", size, 1, 65535)
         self.scale = _check_range("RandomResizedCrop scale", scale)
         if self.scale[1] > 1.0:

@@ -85,6 +85,11 @@ def _channels(name, value, allow_none=False, integral=False):
     return [_number(name, v) for v in values]
 
 
+# torchvision's RandomResizedCrop defaults (ferry.RandomResizedCrop has the same).
+_CROP_SCALE = (0.08, 1.0)
+_CROP_RATIO = (3.0 / 4.0, 4.0 / 3.0)
+
+
 class _Op:
     """One op of a Compose; also usable alone as a transform."""
 
@@ -101,7 +106,7 @@ class RandomResizedCrop(_Op):
     JPEGs at full resolution as torchvision does (by default a leading RandomResizedCrop
     decodes at the smallest DCT scale that keeps the crop `size` pixels a side)."""
 
-    def __init__(self, size, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), full_decode=False):
+    def __init__(self, size, scale=_CROP_SCALE, ratio=_CROP_RATIO, full_decode=False):
         self.size = _size("RandomResizedCrop size", size)
         self.scale = _pair("RandomResizedCrop scale", scale)
         self.ratio = _pair("RandomResizedCrop ratio", ratio)

@@ -30,8 +30,8 @@ absl::StatusOr<DeviceSlotLayout> DeviceSlotLayout::Make(const SlotLayout& host,
       (output.std_size() != 0 && output.std_size() != 3)) {
     return absl::InvalidArgumentError("image_output.mean and image_output.std take 3 values (RGB)");
   }
-  const auto mean = ImageNetMean();
-  const auto std = ImageNetStd();
+  const auto mean = kImageNetMean;
+  const auto std = kImageNetStd;
   for (int c = 0; c < 3; ++c) {
     layout.mean[c] = output.mean_size() == 3 ? output.mean(c) : mean[c];
     layout.std[c] = output.std_size() == 3 ? output.std(c) : std[c];
