@@ -23,6 +23,7 @@
 #ifndef FERRY_COMMON_SESSION_PROTOCOL_H_
 #define FERRY_COMMON_SESSION_PROTOCOL_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,14 @@ namespace ferry {
 
 inline constexpr char kSessionMetadataKey[] = "ferry-session";
 inline constexpr char kSystemSocketPath[] = "/run/ferry/ferryd.sock";
+
+// What a ferryd understands, for clients of other versions (DaemonStatus.protocol):
+//   0 (absent): ferryds before revision 2;
+//   2: a GPU job's spec names no GPU (device "cuda"), and each rank names its own when it
+//      attaches (AttachRequest.device), so the ranks of a run on different GPUs share the
+//      job.
+inline constexpr uint32_t kDaemonProtocol = 2;
+inline constexpr uint32_t kSharedGpuJobsProtocol = 2;
 
 // Default gRPC socket: /run/ferry/ferryd.sock for root, $XDG_RUNTIME_DIR/ferry/ferryd.sock
 // otherwise, /tmp/ferry-<uid>/ferryd.sock when XDG_RUNTIME_DIR is unset.

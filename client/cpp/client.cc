@@ -865,13 +865,33 @@ absl::StatusOr<v1::GetStatusResponse> CallGetStatus(const internal::ClientImpl& 
   return response;
 }
 
+// A GPU job in this client's form (device "cuda", each rank naming its GPU at attach) goes
+// only to a ferryd that understands it: an older one would read the spec otherwise.
+absl::Status CheckDaemonTakes(const internal::ClientImpl& impl, const v1::JobSpec& spec) {
+  if (spec.device() != "cuda") return absl::OkStatus();
+  FERRY_ASSIGN_OR_RETURN(v1::GetStatusResponse status, CallGetStatus(impl));
+  if (status.daemon().protocol() >= kSharedGpuJobsProtocol) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "ferryd at ", impl.address(), " (pid ", status.daemon().pid(), ", version ",
+      status.daemon().version().empty() ? "unknown" : status.daemon().version(),
+      ") is older than this ferry client: it cannot serve a GPU job whose ranks name their "
+      "own GPUs (device \"cuda\"). Restart ferryd from this ferry's package (ferryctl drain, "
+      "then start it again), or use the ferry client that came with that ferryd"));
+}
+
+absl::StatusOr<v1::Job> CreateChecked(const internal::ClientImpl& impl,
+                                      const v1::CreateJobRequest& request) {
+  FERRY_RETURN_IF_ERROR(CheckDaemonTakes(impl, request.spec()));
+  return CallCreateJob(impl, request);
+}
+
 }  // namespace
 
 absl::StatusOr<JobInfo> Client::CreateJob(const JobOptions& options) {
   v1::CreateJobRequest request;
   request.set_name(options.name);
   *request.mutable_spec() = internal::ToProto(options);
-  FERRY_ASSIGN_OR_RETURN(v1::Job job, CallCreateJob(*impl_, request));
+  FERRY_ASSIGN_OR_RETURN(v1::Job job, CreateChecked(*impl_, request));
   return internal::FromProto(job);
 }
 
@@ -881,7 +901,7 @@ absl::StatusOr<std::string> Client::CreateJobJson(std::string_view name,
   request.set_name(std::string(name));
   FERRY_RETURN_IF_ERROR(
       internal::FromJson(spec_json, "job spec (ferry.v1.JobSpec)", request.mutable_spec()));
-  FERRY_ASSIGN_OR_RETURN(v1::Job job, CallCreateJob(*impl_, request));
+  FERRY_ASSIGN_OR_RETURN(v1::Job job, CreateChecked(*impl_, request));
   return internal::ToJson(job);
 }
 

@@ -19,7 +19,9 @@
 #include "client/cpp/internal/convert.h"
 #include "client/cpp/internal/session.h"
 #include "common/session_protocol.h"
+#include "ferry/v1/ferry.grpc.pb.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 
 namespace ferry {
@@ -198,6 +200,58 @@ TEST(FromGrpcTest, ACallTheDaemonEndedIsUnavailableAndNamesTheCall) {
   // The daemon's own answers keep their code and text.
   s = internal::FromGrpc(grpc::Status(grpc::StatusCode::NOT_FOUND, "no job 'x'"), "GetJob");
   EXPECT_EQ(s, absl::NotFoundError("no job 'x'"));
+}
+
+// A ferryd from before GPU jobs were shared across ranks: its status has no protocol, and
+// it would take device "cuda" for another form of spec.
+class OldFerryd final : public ferry::v1::Ferry::Service {
+ public:
+  grpc::Status GetStatus(grpc::ServerContext*, const ferry::v1::GetStatusRequest*,
+                         ferry::v1::GetStatusResponse* response) override {
+    response->mutable_daemon()->set_version("0.1.0");
+    response->mutable_daemon()->set_pid(4242);
+    return grpc::Status::OK;
+  }
+  grpc::Status CreateJob(grpc::ServerContext*, const ferry::v1::CreateJobRequest* request,
+                         ferry::v1::CreateJobResponse* response) override {
+    created_devices.push_back(request->spec().device());
+    response->mutable_job()->set_id("j1");
+    *response->mutable_job()->mutable_spec() = request->spec();
+    return grpc::Status::OK;
+  }
+  std::vector<std::string> created_devices;
+};
+
+TEST(OldDaemonTest, AGpuJobOfThisClientsFormIsRefusedSayingWhatToDo) {
+  TempDir dir;
+  const std::string address = dir.path() + "/ferryd.sock";
+  OldFerryd old;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + address, grpc::InsecureServerCredentials());
+  builder.RegisterService(&old);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  FakeSessionServer session(address, [](int fd) {
+    (void)SendPacket(fd, "HELLO tok 4242");
+    (void)RecvPacket(fd);  // wait for the client to hang up
+  });
+  auto client = Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::string gpu_job =
+      R"({"batch_size": 8, "device": "cuda", "dataset": {"tokens": {"path": "/d/t.bin"}}})";
+  auto refused = (*client)->CreateJobJson("", gpu_job);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("pid 4242, version 0.1.0"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("older than this ferry client"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("Restart ferryd"));
+  EXPECT_TRUE(old.created_devices.empty()) << "the old ferryd was asked";
+  // What an old ferryd understands goes through.
+  const std::string host_job =
+      R"({"batch_size": 8, "device": "cpu", "dataset": {"tokens": {"path": "/d/t.bin"}}})";
+  EXPECT_TRUE((*client)->CreateJobJson("", host_job).ok());
+  EXPECT_EQ(old.created_devices, std::vector<std::string>{"cpu"});
+  client->reset();
+  server->Shutdown();
 }
 
 TEST(SessionTest, FetchSlabReceivesTheMemfd) {

@@ -325,6 +325,7 @@ ferry::v1::GetStatusResponse Daemon::FullStatus() {
 
 void Daemon::FillDaemonStatus(ferry::v1::DaemonStatus* status) {
   status->set_version(kFerryVersion);
+  status->set_protocol(kDaemonProtocol);
   status->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_time_));
   status->set_pid(static_cast<uint32_t>(getpid()));
   for (const auto& group : pool_->groups()) {
