@@ -23,10 +23,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
 
 import ferry_it  # noqa: E402
+import gpu_skip  # noqa: E402
 
 CYCLES = int(os.environ.get("FERRY_GPU_KILL_CYCLES", "200"))
 RANKS = int(os.environ.get("FERRY_GPU_KILL_RANKS", "4"))
-CUDA_ERROR_MARKERS = ("CUDA_ERROR", "cudaError", "nvjpeg error", "NVJPEG_STATUS")
 
 TRAINER = r"""
 import sys, time
@@ -43,25 +43,7 @@ time.sleep(600)
 """
 
 
-def skip_reason():
-    try:
-        import torch
-    except ImportError:
-        return "PyTorch is not installed"
-    if not torch.cuda.is_available():
-        return "torch.cuda.is_available() is False (no GPU visible)"
-    import ferry
-    from ferry import _lib
-    try:
-        _lib.cuda_pci_bus_id(0)
-    except ferry.FerryError as e:
-        return "libferry cannot use the GPU: %s" % e
-    return None
-
-
-SKIP = skip_reason()
-if SKIP is not None:
-    print("GPU tests skipped: %s" % SKIP, flush=True)  # ctest reports the test as skipped
+SKIP = gpu_skip.announce(gpu_skip.skip_reason())
 
 
 def process_gpu_mib(pid):
@@ -154,7 +136,7 @@ class GpuKillLoopTest(unittest.TestCase):
         self.assertLessEqual(abs(end_mib - start_mib), 2, series)
         self.assertLessEqual(abs(end_bytes - start_bytes), 2 << 20)
         log = daemon.log()
-        for marker in CUDA_ERROR_MARKERS:
+        for marker in gpu_skip.CUDA_ERROR_MARKERS:
             self.assertNotIn(marker, log)
 
 

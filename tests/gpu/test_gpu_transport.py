@@ -25,31 +25,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
 
 import ferry_it  # noqa: E402
+import gpu_skip  # noqa: E402
 
 WORKER = os.path.join(HERE, "gpu_worker.py")
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
 
 
-def skip_reason():
-    try:
-        import torch
-    except ImportError:
-        return "PyTorch is not installed"
-    if not torch.cuda.is_available():
-        return "torch.cuda.is_available() is False (no GPU visible)"
-    import ferry
-    from ferry import _lib
-    try:
-        _lib.cuda_pci_bus_id(0)
-    except ferry.FerryError as e:
-        return "libferry cannot use the GPU: %s" % e
-    return None
-
-
-SKIP = skip_reason()
-if SKIP is not None:
-    print("GPU tests skipped: %s" % SKIP, flush=True)  # ctest reports the test as skipped
+SKIP = gpu_skip.announce(gpu_skip.skip_reason())
 
 
 def start(config, log_path):

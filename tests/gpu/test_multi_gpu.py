@@ -32,24 +32,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
 
 import ferry_it  # noqa: E402
+import gpu_skip  # noqa: E402
 
 WORKER = os.path.join(HERE, "multi_gpu_worker.py")
 GPU_WORKER = os.path.join(HERE, "gpu_worker.py")
 ROUNDS = int(os.environ.get("FERRY_MULTI_GPU_ROUNDS", "50"))
 SELF_EXIT = os.environ.get("FERRY_MULTI_GPU_SELF_EXIT") == "1"
-CUDA_ERROR_MARKERS = ("CUDA_ERROR", "cudaError", "nvjpeg error", "NVJPEG_STATUS")
 
 
-def skip_reason():
-    try:
-        import torch
-    except ImportError:
-        return "PyTorch is not installed"
-    if not torch.cuda.is_available():
-        return "torch.cuda.is_available() is False (no GPU visible)"
-    if torch.cuda.device_count() < 2:
-        return "%d GPU visible; these tests need 2 or more" % torch.cuda.device_count()
-    return None
 
 
 def make_photo_folder(root, per_class, classes=2, seed=0):
@@ -72,9 +62,7 @@ def make_photo_folder(root, per_class, classes=2, seed=0):
     return root
 
 
-SKIP = skip_reason()
-if SKIP is not None:
-    print("GPU tests skipped: %s" % SKIP, flush=True)  # ctest reports the test as skipped
+SKIP = gpu_skip.announce(gpu_skip.skip_reason(min_gpus=2))
 
 
 @unittest.skipIf(SKIP is not None, SKIP or "")
@@ -177,7 +165,7 @@ class MultiGpuTest(unittest.TestCase):
             code = daemon.stop()
             self.assertEqual(code, 0, "round %d: ferryd's exit; log:\n%s" % (n, log[-3000:]))
             errors = [line for line in log.splitlines()
-                      if any(m in line for m in CUDA_ERROR_MARKERS)]
+                      if any(m in line for m in gpu_skip.CUDA_ERROR_MARKERS)]
             self.assertEqual(errors, [], "round %d: CUDA errors in ferryd's log" % n)
         self.assertEqual(crashes, [])
         print("%d rounds of %d ranks on %d GPUs attaching together: 0 crashes, one job each"
