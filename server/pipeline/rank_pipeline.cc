@@ -161,11 +161,7 @@ absl::Status RankPipeline::TryBind(BatchConsumer* consumer, int pid,
     return absl::UnavailableError(
         absl::StrCat("job ", job_->identity().id, " is being deleted or ferryd is stopping"));
   }
-  if (consumer_ != nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", rank_, " of job ", job_->identity().id, " already has a consumer (pid ",
-        consumer_pid_, "); each rank is consumed by one process at a time"));
-  }
+  if (consumer_ != nullptr) return RankHeldError(job_->identity().id, rank_, consumer_pid_);
   FERRY_RETURN_IF_ERROR(ring_->OpenConsumer(released_events));
   consumer_ = consumer;
   recent_deliveries_.clear();  // rates are of this consumer
@@ -241,6 +237,13 @@ void RankPipeline::Shutdown(const absl::Status& reason) {
     ring_->StopDeviceWork();
   }
   Deliver({});
+}
+
+absl::Status RankHeldError(const std::string& job_id, int rank, int pid) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("rank ", rank, " of job ", job_id, " already has a live consumer",
+                   pid != 0 ? absl::StrCat(" (pid ", pid, ")") : "",
+                   "; each rank is consumed by one process at a time"));
 }
 
 void RankPipeline::StopLocked(const absl::Status& reason) {

@@ -70,6 +70,10 @@ class BatchConsumer {
   virtual bool via_channel() const { return false; }
 };
 
+// FAILED_PRECONDITION: rank `rank` of job `job_id` is consumed by process `pid` (0: not
+// known) now. The one wording of this refusal: clients take a rank over on it.
+absl::Status RankHeldError(const std::string& job_id, int rank, int pid);
+
 class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
  public:
   // Makes the delivery ring for a slab, once the slab exists (a device ring registers it).

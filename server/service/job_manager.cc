@@ -521,12 +521,7 @@ absl::StatusOr<JobManager::Attachment> JobManager::Attach(const Caller& caller,
     FERRY_ASSIGN_OR_RETURN(entry, FindOwnedLocked(caller, job_id));  // it may be gone
     FERRY_ASSIGN_OR_RETURN(gpu, RankDeviceLocked(*entry->job, rank, device));
     if (auto it = entry->ranks.find(rank); it != entry->ranks.end()) {
-      if (it->second->bound()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("rank ", rank, " of job ", job_id,
-                         " already has a live consumer; each rank is "
-                         "consumed by one process at a time"));
-      }
+      if (it->second->bound()) return RankHeldError(job_id, rank, it->second->consumer_pid());
       if (entry->rank_devices[rank] == gpu) {
         return NewAttachmentLocked(caller, job_id, rank, it->second);
       }

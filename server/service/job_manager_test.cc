@@ -718,6 +718,26 @@ class HoldingConsumer final : public BatchConsumer {
   absl::Notification told_;
 };
 
+TEST_F(JobManagerTest, ARankHeldByALiveConsumerIsRefusedInOneWordingNamingItsPid) {
+  auto m = Manager({}, true);
+  auto job = m->CreateJob(kAlice, "held-rank", TokensSpec(tokens_));
+  ASSERT_TRUE(job.ok());
+  const std::string id = job->job->identity().id;
+  auto a = m->Attach(kAlice, id, 0);
+  ASSERT_TRUE(a.ok());
+  HoldingConsumer first, second;
+  ASSERT_TRUE(a->pipeline->Bind(&first, 4242).ok());
+  // Refused by the manager (a new attach) and by the pipeline (a second bind) alike.
+  const absl::Status attach = m->Attach(kAlice, id, 0).status();
+  const absl::Status bind = a->pipeline->Bind(&second, 4243);
+  for (const absl::Status& refused : {attach, bind}) {
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+    EXPECT_THAT(refused.message(),
+                HasSubstr("rank 0 of job " + id + " already has a live consumer (pid 4242)"));
+  }
+  a->pipeline->Unbind(&first);
+}
+
 TEST_F(JobManagerTest, ADeletedJobsConsumerThatKeepsItsBatchesIsToldAfterTheGrace) {
   auto m = Manager({}, true);
   auto job = m->CreateJob(kAlice, "held", TokensSpec(tokens_));
