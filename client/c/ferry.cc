@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/error_reason.h"
 #include "common/job_limits.h"
 #include "common/session_protocol.h"
 #include "ferry/client.h"
@@ -31,12 +32,14 @@ struct ferry_batch {
 namespace {
 
 thread_local std::string last_error;
+thread_local std::string last_error_reason;
 
 // sizeof(ferry_field_t) in ABI 1.0: the members up to and including `nbytes`.
 constexpr size_t kFieldV10Size = offsetof(ferry_field_t, nbytes) + sizeof(size_t);
 
 int Fail(const absl::Status& status) {
   last_error = std::string(status.message());
+  last_error_reason = ferry::ReasonOf(status);
   return static_cast<int>(status.code());
 }
 
@@ -104,6 +107,8 @@ uint64_t ferry_job_limit(int limit) {
 const char* ferry_version(void) { return FERRY_VERSION_STRING; }
 
 const char* ferry_last_error(void) { return last_error.c_str(); }
+
+const char* ferry_last_error_reason(void) { return last_error_reason.c_str(); }
 
 const char* ferry_status_name(int code) {
   static const char* const kNames[] = {"OK",

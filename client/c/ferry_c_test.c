@@ -35,6 +35,7 @@ int main(void) {
   CHECK(ferry_job_limit(FERRY_LIMIT_PREFETCH_DEPTH) == 64);
   CHECK(ferry_job_limit(FERRY_LIMIT_JOB_NAME_BYTES) == 128);
   CHECK(ferry_job_limit(0) == 0);
+  CHECK(strcmp(ferry_last_error_reason(), "") == 0);
 
   /* ABI 1.1: GPU entry points check their arguments without a device. */
   CHECK(ferry_batch_wait(NULL, NULL) == FERRY_INVALID_ARGUMENT);

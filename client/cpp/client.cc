@@ -516,7 +516,7 @@ class ConsumerImpl {
         absl::SleepFor(absl::Milliseconds(50));
         continue;
       }
-      return FromGrpc(status, client_->Context("Attach"));
+      return FromGrpc(status, client_->Context("Attach"), &context);
     }
     JobInfo job = FromProto(response.job());
     std::vector<FieldInfo> layout;

@@ -18,6 +18,7 @@
 #include "absl/synchronization/notification.h"
 #include "client/cpp/internal/convert.h"
 #include "client/cpp/internal/session.h"
+#include "common/error_reason.h"
 #include "common/session_protocol.h"
 #include "ferry/v1/ferry.grpc.pb.h"
 #include "gmock/gmock.h"
@@ -250,6 +251,39 @@ TEST(OldDaemonTest, AGpuJobOfThisClientsFormIsRefusedSayingWhatToDo) {
       R"({"batch_size": 8, "device": "cpu", "dataset": {"tokens": {"path": "/d/t.bin"}}})";
   EXPECT_TRUE((*client)->CreateJobJson("", host_job).ok());
   EXPECT_EQ(old.created_devices, std::vector<std::string>{"cpu"});
+  client->reset();
+  server->Shutdown();
+}
+
+// A ferryd whose rank 0 is held: Attach is refused with the reason in trailing metadata.
+class HeldRankFerryd final : public ferry::v1::Ferry::Service {
+ public:
+  grpc::Status Attach(grpc::ServerContext* context, const ferry::v1::AttachRequest*,
+                      ferry::v1::AttachResponse*) override {
+    context->AddTrailingMetadata(kReasonMetadataKey, kReasonRankHeld);
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "rank 0 is held");
+  }
+};
+
+TEST(ReasonTest, AnAttachRefusalCarriesItsReasonToTheCaller) {
+  TempDir dir;
+  const std::string address = dir.path() + "/ferryd.sock";
+  HeldRankFerryd held;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + address, grpc::InsecureServerCredentials());
+  builder.RegisterService(&held);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  FakeSessionServer session(address, [](int fd) {
+    (void)SendPacket(fd, "HELLO tok 4242");
+    (void)RecvPacket(fd);
+  });
+  auto client = Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto consumer = (*client)->Attach("j1", 0);  // retried for a moment, then refused
+  ASSERT_EQ(consumer.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReasonOf(consumer.status()), kReasonRankHeld);
+  EXPECT_EQ(consumer.status().message(), "rank 0 is held");
   client->reset();
   server->Shutdown();
 }

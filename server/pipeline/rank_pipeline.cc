@@ -9,6 +9,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "common/error_reason.h"
 #include "common/logging.h"
 #include "common/random.h"
 #include "common/status_macros.h"
@@ -240,10 +241,11 @@ void RankPipeline::Shutdown(const absl::Status& reason) {
 }
 
 absl::Status RankHeldError(const std::string& job_id, int rank, int pid) {
-  return absl::FailedPreconditionError(
-      absl::StrCat("rank ", rank, " of job ", job_id, " already has a live consumer",
-                   pid != 0 ? absl::StrCat(" (pid ", pid, ")") : "",
-                   "; each rank is consumed by one process at a time"));
+  return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                        "rank ", rank, " of job ", job_id, " already has a live consumer",
+                        pid != 0 ? absl::StrCat(" (pid ", pid, ")") : "",
+                        "; each rank is consumed by one process at a time")),
+                    kReasonRankHeld);
 }
 
 void RankPipeline::StopLocked(const absl::Status& reason) {

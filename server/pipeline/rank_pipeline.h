@@ -70,8 +70,8 @@ class BatchConsumer {
   virtual bool via_channel() const { return false; }
 };
 
-// FAILED_PRECONDITION: rank `rank` of job `job_id` is consumed by process `pid` (0: not
-// known) now. The one wording of this refusal: clients take a rank over on it.
+// FAILED_PRECONDITION with reason kReasonRankHeld: rank `rank` of job `job_id` is consumed
+// by process `pid` (0: not known) now. Clients take a rank over on the reason.
 absl::Status RankHeldError(const std::string& job_id, int rank, int pid);
 
 class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {

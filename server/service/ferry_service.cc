@@ -11,16 +11,27 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/batch_channel.h"
+#include "common/error_reason.h"
 #include "common/logging.h"
 #include "common/session_protocol.h"
 
 namespace ferry {
 namespace {
 
+// Finishes a unary call with `status`, its reason (common/error_reason.h) in the trailing
+// metadata.
+void FinishUnary(grpc::CallbackServerContext* context, grpc::ServerUnaryReactor* reactor,
+                 const absl::Status& status) {
+  if (const std::string reason = ReasonOf(status); !reason.empty()) {
+    context->AddTrailingMetadata(kReasonMetadataKey, reason);
+  }
+  reactor->Finish(ToGrpcStatus(status));
+}
+
 grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context,
                                      const absl::Status& status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
+  FinishUnary(context, reactor, status);
   return reactor;
 }
 
@@ -418,11 +429,11 @@ grpc::ServerUnaryReactor* FerryService::Attach(grpc::CallbackServerContext* cont
   // A slab is allocated, bound and (for a GPU) registered: off the reactor (HandlerPool).
   slow_handlers_.Run(
       caller->uid, Deadline(context),
-      [this, reactor, caller = *caller, request, response](absl::Status ready) {
-        if (!ready.ok()) return reactor->Finish(ToGrpcStatus(ready));
+      [this, context, reactor, caller = *caller, request, response](absl::Status ready) {
+        if (!ready.ok()) return FinishUnary(context, reactor, ready);
         auto attached =
             jobs_->Attach(caller, request->job_id(), request->rank(), request->device());
-        if (!attached.ok()) return reactor->Finish(ToGrpcStatus(attached.status()));
+        if (!attached.ok()) return FinishUnary(context, reactor, attached.status());
         response->set_attach_id(attached->attach_id);
         attached->pipeline->job().ToProto(response->mutable_job());
         response->set_num_slots(static_cast<uint32_t>(attached->pipeline->num_slots()));

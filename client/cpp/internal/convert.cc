@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/error_reason.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace ferry {
@@ -649,8 +650,16 @@ absl::Status FromJson(std::string_view json, std::string_view what,
   return absl::OkStatus();
 }
 
-absl::Status FromGrpc(const grpc::Status& status, std::string_view context) {
+absl::Status FromGrpc(const grpc::Status& status, std::string_view context,
+                      const grpc::ClientContext* call) {
   if (status.ok()) return absl::OkStatus();
+  if (call != nullptr) {
+    const auto& trailers = call->GetServerTrailingMetadata();
+    if (auto it = trailers.find(kReasonMetadataKey); it != trailers.end()) {
+      return WithReason(FromGrpc(status, context),
+                        absl::string_view(it->second.data(), it->second.size()));
+    }
+  }
   auto code = static_cast<absl::StatusCode>(status.error_code());
   switch (code) {
     case absl::StatusCode::kCancelled:

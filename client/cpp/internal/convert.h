@@ -13,6 +13,7 @@
 #include "ferry/client.h"
 #include "ferry/v1/ferry.pb.h"
 #include "google/protobuf/message.h"
+#include "grpcpp/client_context.h"
 #include "grpcpp/support/status.h"
 
 namespace ferry::internal {
@@ -35,8 +36,10 @@ absl::Status FromJson(std::string_view json, std::string_view what,
 // DEADLINE_EXCEEDED) get `context` prepended, since gRPC's own text ("Socket closed") does
 // not say which daemon or call; the daemon's own messages pass unchanged. CANCELLED becomes
 // UNAVAILABLE: the client reports no call it cancelled itself, so the daemon ended it (a
-// ferryd shutting down cancels its calls in flight), and trying again is the remedy.
-absl::Status FromGrpc(const grpc::Status& status, std::string_view context);
+// ferryd shutting down cancels its calls in flight), and trying again is the remedy. The
+// reason in `call`'s trailing metadata, if any, rides on the result (common/error_reason.h).
+absl::Status FromGrpc(const grpc::Status& status, std::string_view context,
+                      const grpc::ClientContext* call = nullptr);
 
 // Packs each run of consecutive Release requests in `requests` into its first request
 // (ConsumeRequest.releases), in order, leaving every other request as it is: what the

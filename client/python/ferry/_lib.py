@@ -108,6 +108,7 @@ def _declare(lib):
         "ferry_client_attach_on": (c_int, [c_void_p, c_char_p, ctypes.c_uint32, c_char_p,
                                            out_ptr]),
         "ferry_job_limit": (ctypes.c_uint64, [c_int]),
+        "ferry_last_error_reason": (ctypes.c_char_p, []),
     }
     for name, (restype, argtypes) in optional.items():
         fn = getattr(lib, name, None)
@@ -204,8 +205,10 @@ def check(code):
     """Raises FerryError for a non-zero status code from the C layer."""
     if code != 0:
         lib = load()
+        reason = (lib.ferry_last_error_reason() or b"").decode() if hasattr(
+            lib, "ferry_last_error_reason") else ""
         raise FerryError(lib.ferry_status_name(code).decode(),
-                         lib.ferry_last_error().decode(errors="replace"), code)
+                         lib.ferry_last_error().decode(errors="replace"), code, reason)
 
 
 def take_string(ptr):

@@ -911,7 +911,7 @@ class Loader:
             try:
                 return self._client.attach(self.job["id"], self.rank, self._attach_device)
             except FerryError as e:
-                if e.code != "FAILED_PRECONDITION" or "live consumer" not in e.message:
+                if e.reason != "RANK_HELD":
                     raise
                 refusal = e
             if not collected:
@@ -924,7 +924,7 @@ class Loader:
                                  "close it (loader.close()) or delete it, then create this one "
                                  "(a notebook cell run again: call close() on the old Loader "
                                  "first)" % (self.rank, name, self.job.get("id")),
-                                 refusal.code_value)
+                                 refusal.code_value, refusal.reason)
             if time.monotonic() > deadline:
                 pid = self._consumer_pid()
                 raise FerryError("FAILED_PRECONDITION", "rank %d of job %r (%s) is being "
@@ -932,7 +932,7 @@ class Loader:
                                  "process, or use another rank or job_name"
                                  % (self.rank, name, self.job.get("id"),
                                     "process %d" % pid if pid else "another process"),
-                                 refusal.code_value)
+                                 refusal.code_value, refusal.reason)
             time.sleep(0.05)
 
     def _consumer_pid(self):

@@ -208,6 +208,7 @@ class EndToEndTest(unittest.TestCase):
             with self.assertRaises(ferry.FerryError) as cm:
                 self.loader(job_name="other-process")
         self.assertIn("being consumed by process %d" % proc.pid, str(cm.exception))
+        self.assertEqual(cm.exception.reason, "RANK_HELD")  # what code acts on
 
     def test_zero_copy_views_are_read_only_and_correct(self):
         loader = self.loader(zero_copy=True)

@@ -54,7 +54,7 @@ extern "C" {
  *        ferry_batch_wait, ferry_batch_release_on, ferry_cuda_pci_bus_id.
  *   1.2: ferry_client_quarantine.
  *   1.3: ferry_client_attach_on (a GPU rank names its GPU: jobs of device "cuda").
- *   1.4: ferry_job_limit. */
+ *   1.4: ferry_job_limit, ferry_last_error_reason. */
 #define FERRY_ABI_MINOR 4
 
 /* Status codes (absl::StatusCode / grpc::StatusCode values). */
@@ -126,6 +126,11 @@ FERRY_API const char* ferry_version(void);
 /* Message of the last failed call on this thread ("" if none). Valid until the next
  * ferry_* call on this thread. */
 FERRY_API const char* ferry_last_error(void);
+/* Machine-readable reason of the last failed call on this thread, for the failures a
+ * client acts on, else "" (ABI 1.4). Valid as ferry_last_error's message is.
+ *   "RANK_HELD": FAILED_PRECONDITION from attach, the rank is consumed by a live process;
+ *                the same process takes it over once its earlier consumer has ended. */
+FERRY_API const char* ferry_last_error_reason(void);
 /* "OK", "NOT_FOUND", ... for a status code; "UNKNOWN" for anything else. Static storage. */
 FERRY_API const char* ferry_status_name(int code);
 /* "uint8", "int64", ...; "unspecified" for anything else. Static storage. */
