@@ -17,6 +17,7 @@
 #include "client/cpp/internal/cuda_ring.h"
 #include "client/cpp/internal/session.h"
 #include "common/batch_channel.h"
+#include "common/error_reason.h"
 #include "common/session_protocol.h"
 #include "common/status_macros.h"
 #include "common/thread_name.h"
@@ -509,14 +510,13 @@ class ConsumerImpl {
       client_->Prepare(&context, /*quick=*/false);
       grpc::Status status = client_->stub().Attach(&context, request, &response);
       if (status.ok()) break;
-      const auto code = status.error_code();
-      if ((code == grpc::StatusCode::FAILED_PRECONDITION ||
-           code == grpc::StatusCode::ALREADY_EXISTS || code == grpc::StatusCode::ABORTED) &&
-          absl::Now() < give_up) {
+      absl::Status refused = FromGrpc(status, client_->Context("Attach"), &context);
+      // Only a rank still held waits (by its reason): every other refusal is final.
+      if (ReasonOf(refused) == kReasonRankHeld && absl::Now() < give_up) {
         absl::SleepFor(absl::Milliseconds(50));
         continue;
       }
-      return FromGrpc(status, client_->Context("Attach"), &context);
+      return refused;
     }
     JobInfo job = FromProto(response.job());
     std::vector<FieldInfo> layout;

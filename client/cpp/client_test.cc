@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -255,14 +256,20 @@ TEST(OldDaemonTest, AGpuJobOfThisClientsFormIsRefusedSayingWhatToDo) {
   server->Shutdown();
 }
 
-// A ferryd whose rank 0 is held: Attach is refused with the reason in trailing metadata.
+// A ferryd whose rank 0 is held: Attach is refused with the reason in trailing metadata
+// (rank 1: FAILED_PRECONDITION for another cause, with no reason).
 class HeldRankFerryd final : public ferry::v1::Ferry::Service {
  public:
-  grpc::Status Attach(grpc::ServerContext* context, const ferry::v1::AttachRequest*,
+  grpc::Status Attach(grpc::ServerContext* context, const ferry::v1::AttachRequest* request,
                       ferry::v1::AttachResponse*) override {
+    ++attaches[request->rank()];
+    if (request->rank() == 1) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "rank 1 named no GPU");
+    }
     context->AddTrailingMetadata(kReasonMetadataKey, kReasonRankHeld);
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "rank 0 is held");
   }
+  std::atomic<int> attaches[2] = {0, 0};
 };
 
 TEST(ReasonTest, AnAttachRefusalCarriesItsReasonToTheCaller) {
@@ -284,6 +291,12 @@ TEST(ReasonTest, AnAttachRefusalCarriesItsReasonToTheCaller) {
   ASSERT_EQ(consumer.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(ReasonOf(consumer.status()), kReasonRankHeld);
   EXPECT_EQ(consumer.status().message(), "rank 0 is held");
+  EXPECT_GT(held.attaches[0].load(), 1) << "a held rank is asked again while it may let go";
+  // Any other refusal is final: asked once.
+  auto other = (*client)->Attach("j1", 1);
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReasonOf(other.status()), "");
+  EXPECT_EQ(held.attaches[1].load(), 1);
   client->reset();
   server->Shutdown();
 }
