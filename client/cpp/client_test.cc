@@ -204,6 +204,38 @@ TEST(FromGrpcTest, ACallTheDaemonEndedIsUnavailableAndNamesTheCall) {
   EXPECT_EQ(s, absl::NotFoundError("no job 'x'"));
 }
 
+// `service` behind a gRPC socket in a fresh directory, with a session socket that greets
+// one client as ferryd pid 4242 would; `client` connected to both.
+class FakeFerryd {
+ public:
+  explicit FakeFerryd(grpc::Service* service)
+      : address_(dir_.path() + "/ferryd.sock"), session_(address_, [](int fd) {
+          (void)SendPacket(fd, "HELLO tok 4242");
+          (void)RecvPacket(fd);  // wait for the client to hang up
+        }) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("unix:" + address_, grpc::InsecureServerCredentials());
+    builder.RegisterService(service);
+    server_ = builder.BuildAndStart();
+    EXPECT_NE(server_, nullptr);
+    auto client = Client::Connect(address_);
+    EXPECT_TRUE(client.ok()) << client.status();
+    if (client.ok()) client_ = *std::move(client);
+  }
+  ~FakeFerryd() {
+    client_.reset();  // the session server's script ends when the client hangs up
+    if (server_ != nullptr) server_->Shutdown();
+  }
+  Client* client() { return client_.get(); }
+
+ private:
+  TempDir dir_;
+  const std::string address_;
+  FakeSessionServer session_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<Client> client_;
+};
+
 // A ferryd from before GPU jobs were shared across ranks: its status has no protocol, and
 // it would take device "cuda" for another form of spec.
 class OldFerryd final : public ferry::v1::Ferry::Service {
@@ -225,23 +257,13 @@ class OldFerryd final : public ferry::v1::Ferry::Service {
 };
 
 TEST(OldDaemonTest, AGpuJobOfThisClientsFormIsRefusedSayingWhatToDo) {
-  TempDir dir;
-  const std::string address = dir.path() + "/ferryd.sock";
   OldFerryd old;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + address, grpc::InsecureServerCredentials());
-  builder.RegisterService(&old);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
-  FakeSessionServer session(address, [](int fd) {
-    (void)SendPacket(fd, "HELLO tok 4242");
-    (void)RecvPacket(fd);  // wait for the client to hang up
-  });
-  auto client = Client::Connect(address);
-  ASSERT_TRUE(client.ok()) << client.status();
+  FakeFerryd ferryd(&old);
+  Client* client = ferryd.client();
+  ASSERT_NE(client, nullptr);
   const std::string gpu_job =
       R"({"batch_size": 8, "device": "cuda", "dataset": {"tokens": {"path": "/d/t.bin"}}})";
-  auto refused = (*client)->CreateJobJson("", gpu_job);
+  auto refused = client->CreateJobJson("", gpu_job);
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
   EXPECT_THAT(refused.status().message(), HasSubstr("pid 4242, version 0.1.0"));
   EXPECT_THAT(refused.status().message(), HasSubstr("older than this ferry client"));
@@ -250,10 +272,8 @@ TEST(OldDaemonTest, AGpuJobOfThisClientsFormIsRefusedSayingWhatToDo) {
   // What an old ferryd understands goes through.
   const std::string host_job =
       R"({"batch_size": 8, "device": "cpu", "dataset": {"tokens": {"path": "/d/t.bin"}}})";
-  EXPECT_TRUE((*client)->CreateJobJson("", host_job).ok());
+  EXPECT_TRUE(client->CreateJobJson("", host_job).ok());
   EXPECT_EQ(old.created_devices, std::vector<std::string>{"cpu"});
-  client->reset();
-  server->Shutdown();
 }
 
 // A ferryd whose rank 0 is held: Attach is refused with the reason in trailing metadata
@@ -273,32 +293,20 @@ class HeldRankFerryd final : public ferry::v1::Ferry::Service {
 };
 
 TEST(ReasonTest, AnAttachRefusalCarriesItsReasonToTheCaller) {
-  TempDir dir;
-  const std::string address = dir.path() + "/ferryd.sock";
   HeldRankFerryd held;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + address, grpc::InsecureServerCredentials());
-  builder.RegisterService(&held);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
-  FakeSessionServer session(address, [](int fd) {
-    (void)SendPacket(fd, "HELLO tok 4242");
-    (void)RecvPacket(fd);
-  });
-  auto client = Client::Connect(address);
-  ASSERT_TRUE(client.ok()) << client.status();
-  auto consumer = (*client)->Attach("j1", 0);  // retried for a moment, then refused
+  FakeFerryd ferryd(&held);
+  Client* client = ferryd.client();
+  ASSERT_NE(client, nullptr);
+  auto consumer = client->Attach("j1", 0);  // retried for a moment, then refused
   ASSERT_EQ(consumer.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(ReasonOf(consumer.status()), kReasonRankHeld);
   EXPECT_EQ(consumer.status().message(), "rank 0 is held");
   EXPECT_GT(held.attaches[0].load(), 1) << "a held rank is asked again while it may let go";
   // Any other refusal is final: asked once.
-  auto other = (*client)->Attach("j1", 1);
+  auto other = client->Attach("j1", 1);
   EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(ReasonOf(other.status()), "");
   EXPECT_EQ(held.attaches[1].load(), 1);
-  client->reset();
-  server->Shutdown();
 }
 
 TEST(SessionTest, FetchSlabReceivesTheMemfd) {
