@@ -26,6 +26,11 @@ class Blocker {
     };
   }
   bool WaitStarted() { return started_.WaitForNotificationWithTimeout(kWait); }
+  // Runs the blocking call as `uid` on `pool` and waits until it holds a thread.
+  bool Hold(HandlerPool& pool, unsigned uid) {
+    pool.Run(uid, absl::InfiniteFuture(), Task());
+    return WaitStarted();
+  }
   void Release() { release_.Notify(); }
 
  private:
@@ -80,8 +85,7 @@ TEST(HandlerPoolTest, OneUsersSlowCallsDoNotHoldUpAnothers) {
 TEST(HandlerPoolTest, UsersTakeTurns) {
   HandlerPool pool(1, "test-handler");
   Blocker blocker;
-  pool.Run(9, absl::InfiniteFuture(), blocker.Task());
-  ASSERT_TRUE(blocker.WaitStarted());
+  ASSERT_TRUE(blocker.Hold(pool, 9));
   absl::Mutex mutex;
   std::vector<std::string> order;
   auto record = [&](std::string name) {
@@ -105,8 +109,7 @@ TEST(HandlerPoolTest, UsersTakeTurns) {
 TEST(HandlerPoolTest, ACallWhoseDeadlinePassedWhileWaitingIsNotRun) {
   HandlerPool pool(1, "test-handler");
   Blocker blocker;
-  pool.Run(1, absl::InfiniteFuture(), blocker.Task());
-  ASSERT_TRUE(blocker.WaitStarted());
+  ASSERT_TRUE(blocker.Hold(pool, 1));
   Recorder late;
   pool.Run(2, absl::Now() + absl::Milliseconds(10), late.Task());
   absl::SleepFor(absl::Milliseconds(50));
@@ -119,8 +122,7 @@ TEST(HandlerPoolTest, ACallWhoseDeadlinePassedWhileWaitingIsNotRun) {
 TEST(HandlerPoolTest, StopFailsQueuedAndLaterCallsAndWaitsForRunningOnes) {
   HandlerPool pool(1, "test-handler");
   Blocker blocker;
-  pool.Run(1, absl::InfiniteFuture(), blocker.Task());
-  ASSERT_TRUE(blocker.WaitStarted());
+  ASSERT_TRUE(blocker.Hold(pool, 1));
   Recorder queued;
   pool.Run(2, absl::InfiniteFuture(), queued.Task());
   std::thread stopper([&] { pool.Stop(); });
@@ -139,8 +141,7 @@ TEST(HandlerPoolTest, StopFailsQueuedAndLaterCallsAndWaitsForRunningOnes) {
 TEST(HandlerPoolTest, OneUsersWaitingCallsAreBoundedAndTheRefusalSaysSo) {
   HandlerPool pool(1, "test-handler", /*max_queued_per_uid=*/3);
   Blocker blocker;
-  pool.Run(1, absl::InfiniteFuture(), blocker.Task());
-  ASSERT_TRUE(blocker.WaitStarted());
+  ASSERT_TRUE(blocker.Hold(pool, 1));
   std::vector<Recorder> waiting(3);
   for (Recorder& r : waiting) pool.Run(1, absl::InfiniteFuture(), r.Task());
   Recorder refused;
