@@ -228,7 +228,9 @@ void RankPipeline::Shutdown(const absl::Status& reason) {
     if (consumer_ != nullptr) {
       FERRY_LOG(INFO) << "job " << job_->identity().id << " rank " << rank_
                       << ": stopping, consumer pid " << consumer_pid_
-                      << " is told once it has released its batches: " << reason;
+                      << " is told once it has released its batches, or when its time to "
+                         "release them is up: "
+                      << reason;
     }
     StopLocked(reason);
     ++generation_;
