@@ -9,18 +9,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/random.h"
+#include "common/status_macros.h"
 
 namespace ferry {
-namespace {
-
-// Samples in the epoch's order after padding (ceil) or cutting (floor) to a multiple of world.
-int64_t TotalSize(const SamplerOptions& o) {
-  const int64_t full = o.num_samples / o.world_size;
-  const bool partial = o.num_samples % o.world_size != 0;
-  return (o.drop_last || !partial ? full : full + 1) * o.world_size;
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<Sampler>> Sampler::Create(const SamplerOptions& options) {
   if (options.num_samples <= 0) {
@@ -35,7 +26,12 @@ absl::StatusOr<std::unique_ptr<Sampler>> Sampler::Create(const SamplerOptions& o
     return absl::InvalidArgumentError(
         absl::StrCat("world_size must be at least 1 (got ", options.world_size, ")"));
   }
-  std::unique_ptr<Sampler> sampler(new Sampler(options));
+  FERRY_ASSIGN_OR_RETURN(EpochLayout fresh, EpochLayout::Make({.num_positions = options.num_samples,
+                                                               .world_size = options.world_size,
+                                                               .batch_size = options.batch_size,
+                                                               .drop_last = options.drop_last,
+                                                               .contiguous = options.contiguous}));
+  std::unique_ptr<Sampler> sampler(new Sampler(options, std::move(fresh)));
   if (sampler->batches_per_epoch() == 0) {
     // Only reachable with drop_last: without it every rank gets at least one (short) batch.
     return absl::FailedPreconditionError(
@@ -47,19 +43,20 @@ absl::StatusOr<std::unique_ptr<Sampler>> Sampler::Create(const SamplerOptions& o
   return sampler;
 }
 
-Sampler::Sampler(const SamplerOptions& options) : options_(options) {}
+Sampler::Sampler(const SamplerOptions& options, EpochLayout fresh)
+    : options_(options), fresh_(std::move(fresh)) {}
 
-int64_t Sampler::samples_per_rank() const { return TotalSize(options_) / options_.world_size; }
-
-int64_t Sampler::batches_per_epoch() const {
-  const int64_t per_rank = samples_per_rank();
-  const int64_t full = per_rank / options_.batch_size;
-  const bool partial = per_rank % options_.batch_size != 0;
-  return options_.drop_last || !partial ? full : full + 1;
+absl::StatusOr<std::shared_ptr<const EpochLayout>> Sampler::ResumedLayout(
+    std::vector<PositionRange> consumed) const {
+  EpochLayout::Options o = fresh_.options();
+  o.consumed = std::move(consumed);
+  FERRY_ASSIGN_OR_RETURN(EpochLayout layout, EpochLayout::Make(std::move(o)));
+  return std::make_shared<const EpochLayout>(std::move(layout));
 }
 
-void Sampler::BatchIndices(int64_t epoch, int64_t rank, int64_t batch, std::vector<int64_t>* out) {
-  BatchPositions(epoch, rank, batch, out);
+void Sampler::BatchIndices(int64_t epoch, int64_t rank, int64_t batch, std::vector<int64_t>* out,
+                           const EpochLayout* layout) {
+  BatchPositions(epoch, rank, batch, out, layout);
   MapPositions(epoch, absl::MakeSpan(*out));
 }
 
@@ -67,37 +64,25 @@ void Sampler::MapPositions(int64_t epoch, absl::Span<int64_t> positions) const {
   if (options_.map_positions) options_.map_positions(epoch, positions);
 }
 
-void Sampler::BatchPositions(int64_t epoch, int64_t rank, int64_t batch,
-                             std::vector<int64_t>* out) {
-  if (rank < 0 || rank >= options_.world_size || batch < 0 || batch >= batches_per_epoch()) {
+void Sampler::BatchPositions(int64_t epoch, int64_t rank, int64_t batch, std::vector<int64_t>* out,
+                             const EpochLayout* layout) {
+  if (layout == nullptr) layout = &fresh_;
+  if (rank < 0 || rank >= options_.world_size || batch < 0 || batch >= layout->batches()) {
     // A caller bug (requests are validated at the service edge); continuing would hand out
     // indices of another rank or past the dataset.
     std::fprintf(stderr,
                  "ferry: Sampler::BatchPositions(epoch=%lld, rank=%lld, batch=%lld) out of range "
-                 "(world_size=%lld, batches_per_epoch=%lld)\n",
+                 "(world_size=%lld, batches in the epoch=%lld)\n",
                  static_cast<long long>(epoch), static_cast<long long>(rank),
                  static_cast<long long>(batch), static_cast<long long>(options_.world_size),
-                 static_cast<long long>(batches_per_epoch()));
+                 static_cast<long long>(layout->batches()));
     std::abort();
   }
-  const int64_t per_rank = samples_per_rank();
-  const int64_t begin = batch * options_.batch_size;
-  const int64_t end = std::min(begin + options_.batch_size, per_rank);
-  out->clear();
-  out->reserve(static_cast<size_t>(end - begin));
-  // Where this rank's j-th sample lies in the epoch's (padded or cut) order.
-  const int64_t first = options_.contiguous ? rank * per_rank : rank;
-  const int64_t stride = options_.contiguous ? 1 : options_.world_size;
-  if (!options_.shuffle && !options_.epoch_order) {
-    for (int64_t j = begin; j < end; ++j) {
-      out->push_back((first + j * stride) % options_.num_samples);
-    }
-  } else {
-    absl::MutexLock lock(&mutex_);
-    for (int64_t j = begin; j < end; ++j) {
-      out->push_back(Position(epoch, first + j * stride));
-    }
-  }
+  // Where the batch lies in the epoch's order, then what the order holds there.
+  layout->BatchPositions(rank, batch, out);
+  if (!options_.shuffle && !options_.epoch_order) return;
+  absl::MutexLock lock(&mutex_);
+  for (int64_t& p : *out) p = Position(epoch, p);
 }
 
 int64_t Sampler::Position(int64_t epoch, int64_t pos) {

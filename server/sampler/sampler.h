@@ -23,6 +23,10 @@
 //   std::vector<int64_t> ids;
 //   sampler.BatchIndices(epoch, rank, batch, &ids);
 //
+// Resuming: an epoch that an earlier run began (on any world size and batch size) is dealt
+// from the positions that run left, through a layout from ResumedLayout
+// (common/epoch_layout.h); the order itself never depends on the world size.
+//
 // Thread-safe: BatchIndices may be called concurrently (it caches one epoch's permutation
 // under a mutex).
 #ifndef FERRY_SERVER_SAMPLER_SAMPLER_H_
@@ -37,6 +41,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "common/epoch_layout.h"
 
 namespace ferry {
 
@@ -71,28 +76,41 @@ class Sampler final {
   Sampler(const Sampler&) = delete;
   Sampler& operator=(const Sampler&) = delete;
 
-  int64_t samples_per_rank() const;
-  int64_t batches_per_epoch() const;  // per rank, identical for all ranks
+  int64_t samples_per_rank() const { return fresh_.per_rank(); }
+  // Of a fresh epoch, per rank, identical for all ranks.
+  int64_t batches_per_epoch() const { return fresh_.batches(); }
   const SamplerOptions& options() const { return options_; }
+  // How a fresh epoch is dealt.
+  const EpochLayout& fresh_layout() const { return fresh_; }
 
-  // Global sample indices of batch `batch` (0-based) of `rank` in `epoch`. Requires
-  // 0 <= rank < world_size and 0 <= batch < batches_per_epoch().
-  void BatchIndices(int64_t epoch, int64_t rank, int64_t batch, std::vector<int64_t>* out);
+  // The layout of an epoch of which the positions `consumed` were delivered already (by an
+  // earlier run). INVALID_ARGUMENT when the ranges are not sorted, disjoint and inside
+  // [0, num_samples).
+  absl::StatusOr<std::shared_ptr<const EpochLayout>> ResumedLayout(
+      std::vector<PositionRange> consumed) const;
+
+  // Global sample indices of batch `batch` (0-based) of `rank` in `epoch`, dealt by `layout`
+  // (null: a fresh epoch). Requires 0 <= rank < world_size and 0 <= batch < the layout's
+  // batches().
+  void BatchIndices(int64_t epoch, int64_t rank, int64_t batch, std::vector<int64_t>* out,
+                    const EpochLayout* layout = nullptr);
 
   // BatchIndices in two steps, so that the mapping of a blend's positions (the costlier
   // part) can run on many threads: the batch's positions (its indices when the options
   // have no map_positions), then MapPositions replaces any run of them by their indices.
-  void BatchPositions(int64_t epoch, int64_t rank, int64_t batch, std::vector<int64_t>* out);
+  void BatchPositions(int64_t epoch, int64_t rank, int64_t batch, std::vector<int64_t>* out,
+                      const EpochLayout* layout = nullptr);
   void MapPositions(int64_t epoch, absl::Span<int64_t> positions) const;
 
  private:
-  explicit Sampler(const SamplerOptions& options);
+  Sampler(const SamplerOptions& options, EpochLayout fresh);
   // order[pos % num_samples] of the epoch (shuffled, or from epoch_order); recomputes the
   // cached permutation on a new epoch. Aborts when epoch_order breaks its contract.
   int64_t Position(int64_t epoch, int64_t pos) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void CheckEpochOrder(int64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const SamplerOptions options_;
+  const EpochLayout fresh_;
   absl::Mutex mutex_;
   int64_t cached_epoch_ ABSL_GUARDED_BY(mutex_) = -1;
   std::vector<int64_t> permutation_ ABSL_GUARDED_BY(mutex_);

@@ -401,6 +401,38 @@ TEST(SamplerTest, ContiguousContractHoldsForManyShapes) {
   EXPECT_GT(checked, 250);
 }
 
+TEST(SamplerTest, AResumedEpochDealsTheRestOfTheSameShuffledOrder) {
+  // 4 ranks of batch 3 take 2 batches of a shuffled epoch; 3 ranks of batch 5 take the rest.
+  std::unique_ptr<Sampler> four = MakeSampler(
+      {.num_samples = 50, .batch_size = 3, .world_size = 4, .shuffle = true, .seed = 9});
+  std::unique_ptr<Sampler> three = MakeSampler(
+      {.num_samples = 50, .batch_size = 5, .world_size = 3, .shuffle = true, .seed = 9});
+  ASSERT_NE(four, nullptr);
+  ASSERT_NE(three, nullptr);
+  std::multiset<int64_t> seen;
+  std::vector<int64_t> ids;
+  for (int64_t rank = 0; rank < 4; ++rank) {
+    for (int64_t batch = 0; batch < 2; ++batch) {
+      four->BatchIndices(7, rank, batch, &ids);
+      seen.insert(ids.begin(), ids.end());
+    }
+  }
+  absl::StatusOr<std::shared_ptr<const EpochLayout>> rest =
+      three->ResumedLayout(four->fresh_layout().ConsumedAfter(2));
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  EXPECT_EQ((*rest)->batches(), 2);  // 26 left: 9 per rank (one padding entry), 5 + 4
+  for (int64_t rank = 0; rank < 3; ++rank) {
+    for (int64_t batch = 0; batch < (*rest)->batches(); ++batch) {
+      three->BatchIndices(7, rank, batch, &ids, rest->get());
+      seen.insert(ids.begin(), ids.end());
+    }
+  }
+  std::set<int64_t> distinct(seen.begin(), seen.end());
+  EXPECT_EQ(distinct.size(), 50u);   // every sample
+  EXPECT_EQ(seen.size(), 50u + 1u);  // once, and one padding entry
+  EXPECT_FALSE(three->ResumedLayout({{40, 60}}).ok());
+}
+
 TEST(SamplerDeathTest, BrokenEpochOrderAborts) {
   SamplerOptions short_order = {.num_samples = 10, .batch_size = 4, .world_size = 2};
   short_order.epoch_order = [](int64_t, std::vector<int64_t>* order) { order->assign(9, 0); };
