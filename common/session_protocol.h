@@ -42,7 +42,8 @@ inline constexpr char kSystemSocketPath[] = "/run/ferry/ferryd.sock";
 //   2: a GPU job's spec names no GPU (device "cuda"), and each rank names its own when it
 //      attaches (AttachRequest.device), so the ranks of a run on different GPUs share the
 //      job.
-inline constexpr uint32_t kDaemonProtocol = 2;
+//   3: ResumeEpoch, the rest of an epoch begun on another number of ranks or batch size.
+inline constexpr uint32_t kDaemonProtocol = 3;
 inline constexpr uint32_t kSharedGpuJobsProtocol = 2;
 
 // Default gRPC socket: /run/ferry/ferryd.sock for root, $XDG_RUNTIME_DIR/ferry/ferryd.sock

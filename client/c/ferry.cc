@@ -285,6 +285,83 @@ int ferry_consumer_start_epoch(ferry_consumer_t* consumer, int64_t epoch, int64_
   });
 }
 
+int ferry_consumer_resume_epoch(ferry_consumer_t* consumer, int64_t epoch,
+                                const ferry_range_t* consumed, size_t num_consumed,
+                                int64_t first_batch, int64_t* batches) {
+  const char* fn = __func__;
+  return Guard(fn, [&]() -> int {
+    if (consumer == nullptr) return NullArgument(fn, "consumer");
+    if (consumed == nullptr && num_consumed > 0) return NullArgument(fn, "consumed");
+    std::vector<ferry::EpochRange> ranges;
+    ranges.reserve(num_consumed);
+    for (size_t i = 0; i < num_consumed; ++i)
+      ranges.push_back({consumed[i].begin, consumed[i].end});
+    auto resumed = consumer->consumer->ResumeEpoch(epoch, ranges, first_batch);
+    if (!resumed.ok()) return Fail(resumed.status());
+    if (batches != nullptr) *batches = *resumed;
+    return FERRY_OK;
+  });
+}
+
+int ferry_consumer_epoch_batches(const ferry_consumer_t* consumer, int64_t* out) {
+  if (consumer == nullptr) return NullArgument(__func__, "consumer");
+  if (out == nullptr) return NullArgument(__func__, "out");
+  *out = consumer->consumer->epoch_batches();
+  return FERRY_OK;
+}
+
+int ferry_job_epoch_info(const ferry_consumer_t* consumer, ferry_epoch_info_t* out) {
+  if (consumer == nullptr) return NullArgument(__func__, "consumer");
+  if (out == nullptr) return NullArgument(__func__, "out");
+  if (out->struct_size < sizeof(ferry_epoch_info_t)) {
+    return Fail(absl::InvalidArgumentError(
+        "ferry_job_epoch_info: out->struct_size must be sizeof(ferry_epoch_info_t)"));
+  }
+  const ferry::EpochProgress p = ferry::EpochProgress::Of(consumer->consumer->job());
+  out->positions = p.positions;
+  out->world_size = p.world_size;
+  out->batch_size = p.batch_size;
+  out->drop_last = p.drop_last ? 1 : 0;
+  out->contiguous_ranks = p.contiguous_ranks ? 1 : 0;
+  out->consumed = nullptr;
+  out->num_consumed = 0;
+  return FERRY_OK;
+}
+
+int ferry_epoch_consumed(const ferry_epoch_info_t* info, int64_t batches_done, ferry_range_t* out,
+                         size_t capacity, size_t* count) {
+  const char* fn = __func__;
+  return Guard(fn, [&]() -> int {
+    if (info == nullptr) return NullArgument(fn, "info");
+    if (count == nullptr) return NullArgument(fn, "count");
+    if (out == nullptr && capacity > 0) return NullArgument(fn, "out");
+    if (info->consumed == nullptr && info->num_consumed > 0) return NullArgument(fn, "consumed");
+    if (info->struct_size < sizeof(ferry_epoch_info_t)) {
+      return Fail(absl::InvalidArgumentError(
+          "ferry_epoch_consumed: info->struct_size must be sizeof(ferry_epoch_info_t)"));
+    }
+    ferry::EpochProgress p;
+    p.positions = info->positions;
+    p.world_size = info->world_size;
+    p.batch_size = info->batch_size;
+    p.drop_last = info->drop_last != 0;
+    p.contiguous_ranks = info->contiguous_ranks != 0;
+    for (size_t i = 0; i < info->num_consumed; ++i) {
+      p.consumed.push_back({info->consumed[i].begin, info->consumed[i].end});
+    }
+    auto consumed = p.ConsumedAfter(batches_done);
+    if (!consumed.ok()) return Fail(consumed.status());
+    *count = consumed->size();
+    if (consumed->size() > capacity) {
+      return Fail(absl::ResourceExhaustedError(absl::StrCat(
+          "ferry_epoch_consumed: ", consumed->size(), " ranges do not fit in ", capacity)));
+    }
+    for (size_t i = 0; i < consumed->size(); ++i)
+      out[i] = {(*consumed)[i].begin, (*consumed)[i].end};
+    return FERRY_OK;
+  });
+}
+
 int ferry_consumer_next(ferry_consumer_t* consumer, int64_t timeout_ms, ferry_batch_t** out) {
   const char* fn = __func__;
   return Guard(fn, [&]() -> int {

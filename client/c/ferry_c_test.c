@@ -37,6 +37,46 @@ int main(void) {
   CHECK(ferry_job_limit(0) == 0);
   CHECK(strcmp(ferry_last_error_reason(), "") == 0);
 
+  /* ABI 1.5: the positions a run consumed, on any world size, with no daemon. 4 ranks of
+   * batch 2 after 2 batches of a 30-position epoch: [0, 16). Resumed from there on 3 ranks
+   * of batch 3 with drop_last, after 1 batch: [0, 25). */
+  {
+    ferry_epoch_info_t info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    info.positions = 30;
+    info.world_size = 4;
+    info.batch_size = 2;
+    ferry_range_t out[8];
+    size_t count = 0;
+    CHECK(ferry_epoch_consumed(&info, 2, out, 8, &count) == FERRY_OK);
+    CHECK(count == 1 && out[0].begin == 0 && out[0].end == 16);
+    ferry_range_t done = {0, 16};
+    info.consumed = &done;
+    info.num_consumed = 1;
+    info.world_size = 3;
+    info.batch_size = 3;
+    info.drop_last = 1;
+    CHECK(ferry_epoch_consumed(&info, 1, out, 8, &count) == FERRY_OK);
+    CHECK(count == 1 && out[0].begin == 0 && out[0].end == 25);
+    /* WebDataset ranks read contiguous runs: 3 ranks of 10, one batch of 2 each. */
+    info.consumed = NULL;
+    info.num_consumed = 0;
+    info.batch_size = 2;
+    info.drop_last = 0;
+    info.contiguous_ranks = 1;
+    CHECK(ferry_epoch_consumed(&info, 1, out, 2, &count) == FERRY_RESOURCE_EXHAUSTED);
+    CHECK(count == 3);
+    CHECK(ferry_epoch_consumed(&info, 1, out, 8, &count) == FERRY_OK);
+    CHECK(count == 3 && out[1].begin == 10 && out[1].end == 12 && out[2].begin == 20);
+    ferry_range_t bad[2] = {{5, 9}, {2, 4}};
+    info.consumed = bad;
+    info.num_consumed = 2;
+    CHECK(ferry_epoch_consumed(&info, 1, out, 8, &count) == FERRY_INVALID_ARGUMENT);
+    CHECK(strstr(ferry_last_error(), "sorted, disjoint") != NULL);
+    CHECK(ferry_consumer_resume_epoch(NULL, 0, NULL, 0, 0, NULL) == FERRY_INVALID_ARGUMENT);
+  }
+
   /* ABI 1.1: GPU entry points check their arguments without a device. */
   CHECK(ferry_batch_wait(NULL, NULL) == FERRY_INVALID_ARGUMENT);
   CHECK(strstr(ferry_last_error(), "'batch'") != NULL);

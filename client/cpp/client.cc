@@ -17,6 +17,7 @@
 #include "client/cpp/internal/cuda_ring.h"
 #include "client/cpp/internal/session.h"
 #include "common/batch_channel.h"
+#include "common/epoch_layout.h"
 #include "common/error_reason.h"
 #include "common/session_protocol.h"
 #include "common/status_macros.h"
@@ -599,22 +600,42 @@ class ConsumerImpl {
     state_ = State::kIdle;
     error_ = absl::OkStatus();
     next_seq_ = 0;
+    resumed_ = false;  // ferryd forgets a resume at every attach
     return absl::OkStatus();
   }
 
   absl::Status StartEpoch(int64_t epoch, int64_t first_batch) {
-    if (epoch < 0 || first_batch < 0 || first_batch > job_.batches_per_epoch) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "StartEpoch(epoch=", epoch, ", first_batch=", first_batch,
-          "): epoch must be >= 0 and first_batch in [0, ", job_.batches_per_epoch, "]"));
+    return ResumeEpoch(epoch, {}, first_batch).status();
+  }
+
+  absl::StatusOr<int64_t> ResumeEpoch(int64_t epoch, const std::vector<EpochRange>& consumed,
+                                      int64_t first_batch) {
+    if (epoch < 0 || first_batch < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("StartEpoch(epoch=", epoch,
+                                                     ", first_batch=", first_batch,
+                                                     "): epoch and first_batch must be >= 0"));
     }
-    if (state_ == State::kInEpoch && next_batch_ == job_.batches_per_epoch) {
+    if (state_ == State::kInEpoch && next_batch_ == epoch_batches_) {
       // Every batch was taken; only the EpochEnd is still in flight.
       auto last = Next(absl::Seconds(5));
       if (last.ok() && !last->has_value()) state_ = State::kEpochDone;
     }
     if (state_ == State::kInEpoch || state_ == State::kBroken) {
       FERRY_RETURN_IF_ERROR(Attach(/*retry=*/true));
+    }
+    int64_t batches = job_.batches_per_epoch;
+    // ferryd keeps a resume for this attach only: say it again after a reattach, and undo
+    // it when this epoch is dealt whole.
+    if (!consumed.empty() || resumed_) {
+      absl::StatusOr<int64_t> resumed = CallResumeEpoch(epoch, consumed);
+      if (!resumed.ok()) return Break(resumed.status());
+      batches = *resumed;
+      resumed_ = !consumed.empty();
+    }
+    if (first_batch > batches) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StartEpoch(epoch=", epoch, ", first_batch=", first_batch,
+                       "): first_batch must be in [0, ", batches, "]"));
     }
     v1::ConsumeRequest request;
     request.mutable_start_epoch()->set_epoch(epoch);
@@ -624,7 +645,8 @@ class ConsumerImpl {
     state_ = State::kInEpoch;
     epoch_ = epoch;
     next_batch_ = first_batch;
-    return absl::OkStatus();
+    epoch_batches_ = batches;
+    return batches;
   }
 
   absl::StatusOr<std::optional<Batch>> Next(absl::Duration timeout) {
@@ -652,10 +674,10 @@ class ConsumerImpl {
     }
     const ChannelMessage& ready = **message;
     if (ready.kind == ChannelMessage::kEpochEnd) {
-      if (ready.epoch != epoch_ || next_batch_ != job_.batches_per_epoch) {
-        return Break(absl::InternalError(absl::StrCat(
-            "ferryd ended epoch ", ready.epoch, " while this consumer was in ", "epoch ", epoch_,
-            " at batch ", next_batch_, " of ", job_.batches_per_epoch)));
+      if (ready.epoch != epoch_ || next_batch_ != epoch_batches_) {
+        return Break(absl::InternalError(
+            absl::StrCat("ferryd ended epoch ", ready.epoch, " while this consumer was in ",
+                         "epoch ", epoch_, " at batch ", next_batch_, " of ", epoch_batches_)));
       }
       state_ = State::kEpochDone;
       waited_ = absl::ZeroDuration();  // for the epoch's end, not a batch
@@ -718,6 +740,7 @@ class ConsumerImpl {
   }
 
   const JobInfo& job() const { return job_; }
+  int64_t epoch_batches() const { return epoch_batches_; }
   uint32_t rank() const { return rank_; }
   uint32_t num_slots() const { return num_slots_; }
   int device() const { return ring_ ? ring_->device() : -1; }
@@ -729,6 +752,32 @@ class ConsumerImpl {
     state_ = State::kBroken;
     error_ = error;
     return error;
+  }
+
+  // ResumeEpoch on this attach; an older ferryd has no such call.
+  absl::StatusOr<int64_t> CallResumeEpoch(int64_t epoch, const std::vector<EpochRange>& consumed) {
+    v1::ResumeEpochRequest request;
+    request.set_attach_id(attach_id_);
+    request.set_epoch(epoch);
+    for (const EpochRange& r : consumed) {
+      v1::PositionRange* range = request.add_consumed();
+      range->set_begin(r.begin);
+      range->set_end(r.end);
+    }
+    grpc::ClientContext context;
+    client_->Prepare(&context, /*quick=*/true);
+    v1::ResumeEpochResponse response;
+    grpc::Status status = client_->stub().ResumeEpoch(&context, request, &response);
+    if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ferryd at ", client_->address(),
+          " is older than this ferry client: it cannot resume an epoch begun on another number "
+          "of ranks or batch size. Restart ferryd from this ferry's package (ferryctl drain, "
+          "then start it again), or resume at the world size and batch size the state was "
+          "saved with"));
+    }
+    if (!status.ok()) return FromGrpc(status, client_->Context("ResumeEpoch"), &context);
+    return response.batches();
   }
 
   const std::shared_ptr<const ClientImpl> client_;
@@ -748,6 +797,8 @@ class ConsumerImpl {
   absl::Status error_;
   int64_t epoch_ = 0;
   int64_t next_batch_ = 0;
+  int64_t epoch_batches_ = 0;  // of epoch_, per rank
+  bool resumed_ = false;       // a ResumeEpoch holds for this attach
   int64_t next_seq_ = 0;
   absl::Duration waited_;  // by Next, for the batch it hands out next
 };
@@ -778,6 +829,48 @@ absl::Status Batch::ReleaseOn(void* stream) {
 }
 
 // ---------------------------------------------------------------------------------------
+// EpochProgress
+
+namespace {
+
+absl::StatusOr<EpochLayout> LayoutOf(const EpochProgress& p) {
+  std::vector<PositionRange> consumed;
+  consumed.reserve(p.consumed.size());
+  for (const EpochRange& r : p.consumed) consumed.push_back({r.begin, r.end});
+  return EpochLayout::Make({.num_positions = p.positions,
+                            .world_size = p.world_size,
+                            .batch_size = p.batch_size,
+                            .drop_last = p.drop_last,
+                            .contiguous = p.contiguous_ranks,
+                            .consumed = std::move(consumed)});
+}
+
+}  // namespace
+
+EpochProgress EpochProgress::Of(const JobInfo& job, std::vector<EpochRange> consumed) {
+  EpochProgress p;
+  p.positions = job.samples_per_epoch;
+  p.world_size = job.spec.world_size == 0 ? 1 : job.spec.world_size;
+  p.batch_size = job.spec.batch_size;
+  p.drop_last = job.spec.drop_last;
+  p.contiguous_ranks = job.contiguous_ranks;
+  p.consumed = std::move(consumed);
+  return p;
+}
+
+absl::StatusOr<std::vector<EpochRange>> EpochProgress::ConsumedAfter(int64_t batches_done) const {
+  FERRY_ASSIGN_OR_RETURN(const EpochLayout layout, LayoutOf(*this));
+  std::vector<EpochRange> out;
+  for (const PositionRange& r : layout.ConsumedAfter(batches_done)) out.push_back({r.begin, r.end});
+  return out;
+}
+
+absl::StatusOr<int64_t> EpochProgress::Batches() const {
+  FERRY_ASSIGN_OR_RETURN(const EpochLayout layout, LayoutOf(*this));
+  return layout.batches();
+}
+
+// ---------------------------------------------------------------------------------------
 // Consumer
 
 Consumer::Consumer(std::unique_ptr<internal::ConsumerImpl> impl) : impl_(std::move(impl)) {}
@@ -789,6 +882,12 @@ int Consumer::device() const { return impl_->device(); }
 absl::Status Consumer::StartEpoch(int64_t epoch, int64_t first_batch) {
   return impl_->StartEpoch(epoch, first_batch);
 }
+absl::StatusOr<int64_t> Consumer::ResumeEpoch(int64_t epoch,
+                                              const std::vector<EpochRange>& consumed,
+                                              int64_t first_batch) {
+  return impl_->ResumeEpoch(epoch, consumed, first_batch);
+}
+int64_t Consumer::epoch_batches() const { return impl_->epoch_batches(); }
 absl::StatusOr<std::optional<Batch>> Consumer::Next(absl::Duration timeout) {
   return impl_->Next(timeout);
 }

@@ -113,6 +113,7 @@ void Job::ToProto(ferry::v1::Job* job) const {
   job->set_owner_uid(identity_.owner_uid);
   job->set_num_samples(source_->size());
   job->set_samples_per_epoch(sampler_->options().num_samples);
+  job->set_contiguous_ranks(sampler_->options().contiguous);
   job->set_batches_per_epoch(sampler_->batches_per_epoch());
   for (size_t f = 0; f < layout_.fields.size(); ++f) {
     if (layout_.fields[f].internal) continue;

@@ -276,10 +276,6 @@ void RankPipeline::EndStreamIfStoppedBefore(absl::Time cutoff) {
 absl::Status RankPipeline::StartEpoch(BatchConsumer* consumer, int64_t epoch, int64_t first_batch) {
   if (epoch < 0)
     return absl::InvalidArgumentError(absl::StrCat("epoch must be >= 0 (got ", epoch, ")"));
-  if (first_batch < 0 || first_batch > batches_per_epoch_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "first_batch must be in [0, ", batches_per_epoch_, "] (got ", first_batch, ")"));
-  }
   if (job_->failed()) {
     Shutdown(job_->failure());
     return absl::OkStatus();  // the consumer hears the failure through OnShutdown
@@ -288,6 +284,11 @@ absl::Status RankPipeline::StartEpoch(BatchConsumer* consumer, int64_t epoch, in
   {
     absl::MutexLock lock(&mutex_);
     if (consumer_ != consumer) return absl::FailedPreconditionError("consumer is not bound");
+    const int64_t batches = BatchesLocked(epoch);
+    if (first_batch < 0 || first_batch > batches) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("first_batch must be in [0, ", batches, "] (got ", first_batch, ")"));
+    }
     // Is (epoch, first_batch) exactly what comes next in the prefetched order?
     bool matches;
     if (!pending_.empty()) {
@@ -296,13 +297,7 @@ absl::Status RankPipeline::StartEpoch(BatchConsumer* consumer, int64_t epoch, in
       matches = active_ && next_epoch_ == epoch && next_batch_ == first_batch;
     }
     if (!matches) {
-      ++generation_;
-      live_generation_.store(generation_, std::memory_order_relaxed);
-      // Filling slots are freed by OnSlotFilled when their generation turns out stale.
-      std::vector<int> freed;
-      ring_->DropQueued(&freed);
-      FreeHostSlotsLocked(freed);
-      pending_.clear();
+      DropPrefetchLocked();
       next_epoch_ = epoch;
       next_batch_ = first_batch;
     }
@@ -315,6 +310,55 @@ absl::Status RankPipeline::StartEpoch(BatchConsumer* consumer, int64_t epoch, in
   }
   Deliver(std::move(tasks));
   return absl::OkStatus();
+}
+
+void RankPipeline::DropPrefetchLocked() {
+  ++generation_;
+  live_generation_.store(generation_, std::memory_order_relaxed);
+  // Filling slots are freed by OnSlotFilled when their generation turns out stale.
+  std::vector<int> freed;
+  ring_->DropQueued(&freed);
+  FreeHostSlotsLocked(freed);
+  pending_.clear();
+  active_ = false;  // nothing is scheduled until the next StartEpoch
+}
+
+int64_t RankPipeline::ResumeEpoch(int64_t epoch, std::shared_ptr<const EpochLayout> layout) {
+  if (layout != nullptr && layout->consumed().empty()) layout = nullptr;  // a whole epoch
+  absl::MutexLock lock(&mutex_);
+  const EpochLayout* before = LayoutLocked(epoch);
+  const bool same = before == nullptr
+                        ? layout == nullptr
+                        : layout != nullptr && before->consumed() == layout->consumed();
+  if (!same) {
+    // Batches prefetched under the old layout may not be what the consumer asks for.
+    if (active_) DropPrefetchLocked();
+    resume_epoch_ = layout == nullptr ? -1 : epoch;
+    resume_layout_ = std::move(layout);
+  }
+  return BatchesLocked(epoch);
+}
+
+void RankPipeline::ForgetResume() {
+  absl::MutexLock lock(&mutex_);
+  if (resume_layout_ == nullptr) return;
+  if (active_) DropPrefetchLocked();
+  resume_epoch_ = -1;
+  resume_layout_ = nullptr;
+}
+
+std::shared_ptr<const EpochLayout> RankPipeline::ResumeLayout(int64_t epoch) const {
+  absl::MutexLock lock(&mutex_);
+  return epoch == resume_epoch_ ? resume_layout_ : nullptr;
+}
+
+const EpochLayout* RankPipeline::LayoutLocked(int64_t epoch) const {
+  return epoch == resume_epoch_ ? resume_layout_.get() : nullptr;
+}
+
+int64_t RankPipeline::BatchesLocked(int64_t epoch) const {
+  const EpochLayout* layout = LayoutLocked(epoch);
+  return layout == nullptr ? batches_per_epoch_ : layout->batches();
 }
 
 absl::Status RankPipeline::Release(BatchConsumer* consumer, uint32_t slot, int64_t seq,
@@ -356,16 +400,17 @@ void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
   std::vector<int64_t> indices;
   for (size_t s = 0; s < slots_.size(); ++s) {
     if (slots_[s].state != SlotState::kFree) continue;
-    if (next_batch_ >= batches_per_epoch_) {
+    if (next_batch_ >= BatchesLocked(next_epoch_)) {
       // Run ahead into the next epoch only; further would fill slots the trainer may never
       // ask for.
       if (next_epoch_ > deliver_epoch_) return;
       ++next_epoch_;
       next_batch_ = 0;
-      if (batches_per_epoch_ == 0) return;
+      if (BatchesLocked(next_epoch_) == 0) return;
     }
     // Positions only: each task maps its own (a blend's mapping runs on the workers).
-    job_->sampler().BatchPositions(next_epoch_, rank_, next_batch_, &indices);
+    job_->sampler().BatchPositions(next_epoch_, rank_, next_batch_, &indices,
+                                   LayoutLocked(next_epoch_));
     Slot& slot = slots_[s];
     slot.gather = ring_->PlanBatch();
     GpuDecodeSplit* split = job_->gpu_decode();
@@ -695,7 +740,7 @@ void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
       ready.push_back(std::move(b));
       taken.push_back(now);
     }
-    if (producing && deliver_batch_ >= batches_per_epoch_ && !epoch_end_sent_) {
+    if (producing && deliver_batch_ >= BatchesLocked(deliver_epoch_) && !epoch_end_sent_) {
       send_end = true;
       epoch_end_sent_ = true;
     }

@@ -111,8 +111,18 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   // The process bound to this rank; 0 when none is.
   int consumer_pid() const;
 
-  // INVALID_ARGUMENT for an epoch < 0 or first_batch outside [0, batches_per_epoch].
+  // INVALID_ARGUMENT for an epoch < 0 or first_batch outside [0, batches of the epoch].
   absl::Status StartEpoch(BatchConsumer* consumer, int64_t epoch, int64_t first_batch);
+
+  // Deals `epoch` by `layout` (the rest of an epoch an earlier run began; null: deals it
+  // whole again) until the next call or ForgetResume; every other epoch is dealt whole.
+  // Returns the epoch's batches (per rank). Batches prefetched under another layout are
+  // dropped. Requires epoch >= 0.
+  int64_t ResumeEpoch(int64_t epoch, std::shared_ptr<const EpochLayout> layout);
+  // A new attach of the rank: forgets the last consumer's ResumeEpoch.
+  void ForgetResume();
+  // The layout the rank deals `epoch` by when it resumes that epoch, else null.
+  std::shared_ptr<const EpochLayout> ResumeLayout(int64_t epoch) const;
   // INVALID_ARGUMENT unless `slot` is leased to the consumer under `seq`. `complete`: see
   // DeliveryRing::Release. `waited`: how long the trainer's Next blocked before this batch
   // was handed to it, when the client measured it (ConsumeRequest.Release.wait_us); from
@@ -171,6 +181,13 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   // The head of pending_'s consumer slot, leased under the next seq, when it can be sent.
   std::optional<uint32_t> TakeHeadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
+  // The layout `epoch` is dealt by (null: whole), and its batches per rank.
+  const EpochLayout* LayoutLocked(int64_t epoch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  int64_t BatchesLocked(int64_t epoch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Forgets every batch scheduled and not yet delivered (slots still filling are freed once
+  // they finish) and makes the next StartEpoch schedule from its own position.
+  void DropPrefetchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+
   // Takes free slots and hands their rows to the pool. Requires mutex_.
   void ScheduleLocked(std::vector<WorkerPool::Task>* tasks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // True when the row holds a sample (or a substitute) read now; false for a stale row,
@@ -225,7 +242,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   WorkerPool* const pool_;
   const int group_;
   const std::unique_ptr<DeliveryRing> ring_;
-  const int64_t batches_per_epoch_;
+  const int64_t batches_per_epoch_;  // of a fresh epoch
   // The field the ring may read from the dataset itself (DeliveryRing::gathered_field):
   // its rows are not written here for the batches it gathers. -1 when none.
   const int gathered_field_;
@@ -260,6 +277,9 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   int64_t deliver_epoch_ ABSL_GUARDED_BY(mutex_) = 0;  // next batch to deliver
   int64_t deliver_batch_ ABSL_GUARDED_BY(mutex_) = 0;
   bool epoch_end_sent_ ABSL_GUARDED_BY(mutex_) = false;
+  // The epoch the consumer resumes (ResumeEpoch) and its layout; -1 and null: none.
+  int64_t resume_epoch_ ABSL_GUARDED_BY(mutex_) = -1;
+  std::shared_ptr<const EpochLayout> resume_layout_ ABSL_GUARDED_BY(mutex_);
   BatchConsumer* consumer_ ABSL_GUARDED_BY(mutex_) = nullptr;
   int consumer_pid_ ABSL_GUARDED_BY(mutex_) = 0;
   bool consumer_via_channel_ ABSL_GUARDED_BY(mutex_) = false;  // of the last consumer

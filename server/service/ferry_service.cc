@@ -403,6 +403,22 @@ grpc::ServerUnaryReactor* FerryService::Quarantine(grpc::CallbackServerContext* 
   return FinishWith(context, added.status());
 }
 
+grpc::ServerUnaryReactor* FerryService::ResumeEpoch(grpc::CallbackServerContext* context,
+                                                    const ferry::v1::ResumeEpochRequest* request,
+                                                    ferry::v1::ResumeEpochResponse* response) {
+  auto caller = Authenticate(context);
+  if (!caller.ok()) return FinishWith(context, caller.status());
+  std::vector<PositionRange> consumed;
+  consumed.reserve(static_cast<size_t>(request->consumed_size()));
+  for (const ferry::v1::PositionRange& r : request->consumed()) {
+    consumed.push_back({r.begin(), r.end()});
+  }
+  auto batches =
+      jobs_->ResumeEpoch(*caller, request->attach_id(), request->epoch(), std::move(consumed));
+  if (batches.ok()) response->set_batches(*batches);
+  return FinishWith(context, batches.status());
+}
+
 grpc::ServerUnaryReactor* FerryService::ListJobs(grpc::CallbackServerContext* context,
                                                  const ferry::v1::ListJobsRequest* request,
                                                  ferry::v1::ListJobsResponse* response) {

@@ -53,6 +53,9 @@ class FerryService final : public ferry::v1::Ferry::CallbackService {
   grpc::ServerUnaryReactor* Quarantine(grpc::CallbackServerContext* context,
                                        const ferry::v1::QuarantineRequest* request,
                                        ferry::v1::QuarantineResponse* response) override;
+  grpc::ServerUnaryReactor* ResumeEpoch(grpc::CallbackServerContext* context,
+                                        const ferry::v1::ResumeEpochRequest* request,
+                                        ferry::v1::ResumeEpochResponse* response) override;
   grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
                                   const ferry::v1::DrainRequest* request,
                                   ferry::v1::DrainResponse* response) override;

@@ -622,6 +622,7 @@ JobManager::Attachment JobManager::NewAttachmentLocked(
       ++it;
     }
   }
+  pipeline->ForgetResume();  // a resume is the last consumer's
   Attachment a;
   a.attach_id = RandomHex(16);
   a.pipeline = pipeline;
@@ -642,6 +643,52 @@ absl::StatusOr<std::shared_ptr<RankPipeline>> JobManager::FindAttachment(
   }
   FERRY_ASSIGN_OR_RETURN(JobEntry * entry, FindOwnedLocked(caller, it->second.job_id));
   return entry->ranks.at(it->second.rank);
+}
+
+absl::StatusOr<int64_t> JobManager::ResumeEpoch(const Caller& caller, const std::string& attach_id,
+                                                int64_t epoch,
+                                                std::vector<PositionRange> consumed) {
+  if (epoch < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("epoch must be >= 0 (got ", epoch, ")"));
+  }
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<RankPipeline> pipeline, FindAttachment(caller, attach_id));
+  const Job& job = pipeline->job();
+  std::shared_ptr<const EpochLayout> layout;
+  if (!consumed.empty()) {
+    absl::StatusOr<std::shared_ptr<const EpochLayout>> made =
+        job.sampler().ResumedLayout(std::move(consumed));
+    if (!made.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "resuming epoch ", epoch, " of job ", job.identity().id, ": ", made.status().message(),
+          "; the resume state is of another dataset or spec"));
+    }
+    layout = *std::move(made);
+  }
+  std::vector<std::shared_ptr<RankPipeline>> others;
+  {
+    absl::MutexLock lock(&mutex_);
+    auto it = jobs_.find(job.identity().id);
+    if (it != jobs_.end()) {
+      for (const auto& [rank, p] : it->second.ranks) {
+        if (p != pipeline) others.push_back(p);
+      }
+    }
+  }
+  // The ranks of one run resume from one state: another attached rank resuming this epoch
+  // from other positions means its trainer loaded another state. (Dealing an epoch whole
+  // again is a loop iterating it once more, which ranks do one after another.)
+  for (const std::shared_ptr<RankPipeline>& other : others) {
+    if (layout == nullptr) break;
+    const std::vector<PositionRange>& mine = layout->consumed();
+    std::shared_ptr<const EpochLayout> theirs = other->ResumeLayout(epoch);
+    if (theirs == nullptr || !other->bound() || theirs->consumed() == mine) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", pipeline->rank(), " of job ", job.identity().id, " resumes epoch ", epoch,
+        " after positions ", FormatRanges(mine), " but rank ", other->rank(),
+        " (attached now) resumes it after ", FormatRanges(theirs->consumed()),
+        ": every rank of a run must load the same state_dict (the one state a run saved)"));
+  }
+  return pipeline->ResumeEpoch(epoch, std::move(layout));
 }
 
 void JobManager::FillJobStatus(const Job& job, ferry::v1::JobStatus* status) {

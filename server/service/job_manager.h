@@ -95,6 +95,13 @@ class JobManager final {
   absl::StatusOr<int> Quarantine(const Caller& caller, const std::string& id,
                                  const std::vector<int64_t>& indices);
 
+  // RankPipeline::ResumeEpoch for the rank of `attach_id`, dealing the positions of `epoch`
+  // not in `consumed`. INVALID_ARGUMENT naming the ranges when they are not sorted disjoint
+  // ranges of the epoch; FAILED_PRECONDITION when another rank of the job is attached and
+  // resumes the epoch from other positions. Returns the epoch's batches per rank.
+  absl::StatusOr<int64_t> ResumeEpoch(const Caller& caller, const std::string& attach_id,
+                                      int64_t epoch, std::vector<PositionRange> consumed);
+
   struct Attachment {
     std::string attach_id;
     std::shared_ptr<RankPipeline> pipeline;

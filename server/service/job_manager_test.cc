@@ -571,6 +571,48 @@ TEST_F(JobManagerTest, IdleJobsAreDeletedAndTheirMemoryReturned) {
   EXPECT_TRUE(keep->DeleteIdleJobs(absl::Now() + absl::Hours(24 * 365)).empty());
 }
 
+TEST_F(JobManagerTest, ResumeEpochDealsTheRestAndRefusesRanksOfAnotherState) {
+  auto m = Manager({}, true);
+  auto job = m->CreateJob(kAlice, "", TokensSpec(tokens_));  // 255 windows, 2 ranks of 8
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string id = job->job->identity().id;
+  auto a0 = m->Attach(kAlice, id, 0);
+  auto a1 = m->Attach(kAlice, id, 1);
+  ASSERT_TRUE(a0.ok() && a1.ok());
+  IdleConsumer c0, c1;
+  ASSERT_TRUE(a0->pipeline->Bind(&c0, 1).ok());
+  ASSERT_TRUE(a1->pipeline->Bind(&c1, 2).ok());
+
+  // 4 ranks of batch 8 took 3 batches of epoch 2 (96 windows): 159 left, 80 per rank.
+  auto batches = m->ResumeEpoch(kAlice, a0->attach_id, 2, {{0, 96}});
+  ASSERT_TRUE(batches.ok()) << batches.status();
+  EXPECT_EQ(*batches, 10);
+  EXPECT_EQ(a0->pipeline->ResumeLayout(2)->remaining(), 159);
+  EXPECT_EQ(a0->pipeline->ResumeLayout(3), nullptr);  // the epochs after are whole
+
+  auto other = m->ResumeEpoch(kAlice, a1->attach_id, 2, {{0, 64}});
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(other.status().message(), HasSubstr("must load the same state_dict"));
+  EXPECT_THAT(other.status().message(), HasSubstr("[0, 96)"));
+  EXPECT_TRUE(m->ResumeEpoch(kAlice, a1->attach_id, 2, {{0, 96}}).ok());
+
+  auto outside = m->ResumeEpoch(kAlice, a1->attach_id, 2, {{0, 300}});
+  EXPECT_EQ(outside.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(outside.status().message(), HasSubstr("another dataset or spec"));
+  EXPECT_EQ(m->ResumeEpoch(kBob, a1->attach_id, 2, {}).status().code(),
+            absl::StatusCode::kPermissionDenied);
+
+  // The epoch dealt whole again (a loop that iterates it once more), and a new attach of a
+  // rank forgets its resume.
+  EXPECT_EQ(*m->ResumeEpoch(kAlice, a1->attach_id, 2, {}), 16);
+  EXPECT_EQ(a1->pipeline->ResumeLayout(2), nullptr);
+  a0->pipeline->Unbind(&c0);
+  auto again = m->Attach(kAlice, id, 0);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->pipeline->ResumeLayout(2), nullptr);
+  a1->pipeline->Unbind(&c1);
+}
+
 TEST_F(JobManagerTest, DeleteFreesTheBudget) {
   auto m = Manager({}, true);
   auto job = m->CreateJob(kAlice, "done", TokensSpec(tokens_));

@@ -23,7 +23,7 @@ class IdleSessionsTest(unittest.TestCase):
         self.addCleanup(client.close)
         self.assertEqual(client.status()["daemon"]["pid"], daemon.pid)
         # What this ferryd understands, for clients of other versions (kDaemonProtocol).
-        self.assertEqual(client.status()["daemon"]["protocol"], 2)
+        self.assertEqual(client.status()["daemon"]["protocol"], 3)
         self.assertTrue(ferry_it.poll(lambda: closed_sessions(daemon) >= 1, 20),
                         "the idle session was never closed; log:\n%s" % daemon.log())
         # The next call goes through on a new session.

@@ -488,6 +488,7 @@ JobInfo FromProto(const v1::Job& job) {
   info.owner_uid = job.owner_uid();
   info.num_samples = job.num_samples();
   info.samples_per_epoch = job.samples_per_epoch();
+  info.contiguous_ranks = job.contiguous_ranks();
   info.batches_per_epoch = job.batches_per_epoch();
   for (const v1::Field& f : job.fields()) info.fields.push_back(FromProto(f));
   info.slot_bytes = job.slot_bytes();

@@ -54,8 +54,10 @@ extern "C" {
  *        ferry_batch_wait, ferry_batch_release_on, ferry_cuda_pci_bus_id.
  *   1.2: ferry_client_quarantine.
  *   1.3: ferry_client_attach_on (a GPU rank names its GPU: jobs of device "cuda").
- *   1.4: ferry_job_limit, ferry_last_error_reason. */
-#define FERRY_ABI_MINOR 4
+ *   1.4: ferry_job_limit, ferry_last_error_reason.
+ *   1.5: resuming on another world size: ferry_consumer_resume_epoch,
+ *        ferry_consumer_epoch_batches, ferry_epoch_consumed, ferry_job_epoch_info. */
+#define FERRY_ABI_MINOR 5
 
 /* Status codes (absl::StatusCode / grpc::StatusCode values). */
 enum {
@@ -193,6 +195,47 @@ FERRY_API int ferry_consumer_num_slots(const ferry_consumer_t* consumer, uint32_
  * previous epoch was left unfinished). */
 FERRY_API int ferry_consumer_start_epoch(ferry_consumer_t* consumer, int64_t epoch,
                                          int64_t first_batch);
+/* Positions [begin, end) of an epoch's order. The order is a function of the job's seed
+ * and the epoch, never of the world size, so a run's progress through an epoch is the set
+ * of positions it consumed (docs/data.md, "Resuming on another number of GPUs"). */
+typedef struct ferry_range {
+  int64_t begin;
+  int64_t end;
+} ferry_range_t;
+/* Resuming on another world size or batch size: requests the rest of `epoch` after an
+ * earlier run consumed `consumed` (num_consumed sorted disjoint ranges of the epoch's
+ * positions, from ferry_epoch_consumed of that run). What is left is dealt to the job's
+ * ranks as a fresh epoch is; this rank gets batches [first_batch, *batches) of it, and
+ * *batches is the same for every rank (may be NULL). Every rank must pass the same ranges
+ * (FAILED_PRECONDITION otherwise, and from a ferryd too old to resume). num_consumed 0:
+ * ferry_consumer_start_epoch. Since 1.5. */
+FERRY_API int ferry_consumer_resume_epoch(ferry_consumer_t* consumer, int64_t epoch,
+                                          const ferry_range_t* consumed, size_t num_consumed,
+                                          int64_t first_batch, int64_t* batches);
+/* Batches per rank of the epoch last started (start_epoch or resume_epoch). Since 1.5. */
+FERRY_API int ferry_consumer_epoch_batches(const ferry_consumer_t* consumer, int64_t* out);
+/* How a run's ranks are dealt an epoch: from the job (ferry_job_epoch_info) and the
+ * ranges the epoch resumed after (none for a fresh epoch). */
+typedef struct ferry_epoch_info {
+  size_t struct_size; /* sizeof(ferry_epoch_info_t) */
+  int64_t positions;  /* the epoch's positions: the job's samples_per_epoch */
+  int64_t world_size;
+  int64_t batch_size;
+  int drop_last;
+  int contiguous_ranks; /* each rank reads a contiguous run of the order (WebDataset) */
+  const ferry_range_t* consumed;
+  size_t num_consumed;
+} ferry_epoch_info_t;
+/* The job's figures for ferry_epoch_consumed, `consumed` left empty. Since 1.5. */
+FERRY_API int ferry_job_epoch_info(const ferry_consumer_t* consumer, ferry_epoch_info_t* out);
+/* The positions the run has consumed once every rank took its first `batches_done` batches:
+ * info->consumed plus what the ranks were dealt, merged into *count ranges written to
+ * out[0..capacity). At most info->num_consumed + info->world_size + 1 ranges; with a
+ * smaller capacity returns FERRY_RESOURCE_EXHAUSTED and sets *count to the number needed.
+ * INVALID_ARGUMENT when a field is out of range or the ranges are not sorted, disjoint and
+ * inside the epoch. Needs no daemon. Since 1.5. */
+FERRY_API int ferry_epoch_consumed(const ferry_epoch_info_t* info, int64_t batches_done,
+                                   ferry_range_t* out, size_t capacity, size_t* count);
 /* Waits for the next batch: *out = a batch, or NULL at the end of the epoch. timeout_ms < 0
  * waits forever; on timeout returns FERRY_DEADLINE_EXCEEDED and nothing is lost. */
 FERRY_API int ferry_consumer_next(ferry_consumer_t* consumer, int64_t timeout_ms,

@@ -363,6 +363,41 @@ struct FieldInfo {
   uint64_t row_bytes = 0;      // bytes per sample
 };
 
+struct JobInfo;
+
+// Positions [begin, end) of an epoch's order: the order is a function of the job's seed and
+// the epoch only, never of the world size, so a run's progress through an epoch is the set
+// of positions it consumed.
+struct EpochRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  friend bool operator==(const EpochRange& a, const EpochRange& b) {
+    return a.begin == b.begin && a.end == b.end;
+  }
+};
+
+// Which positions of an epoch a run has consumed, for a resume state that holds on any world
+// size and batch size (docs/data.md, "Resuming on another number of GPUs"). The run's
+// ranks were dealt the positions left after `consumed` (empty for a fresh epoch) as
+// Consumer::ResumeEpoch deals them.
+struct EpochProgress {
+  int64_t positions = 0;  // JobInfo::samples_per_epoch
+  int64_t world_size = 1;
+  int64_t batch_size = 1;
+  bool drop_last = false;
+  bool contiguous_ranks = false;  // JobInfo::contiguous_ranks
+  std::vector<EpochRange> consumed;
+
+  // The run's options as its job has them, after `consumed`.
+  static EpochProgress Of(const JobInfo& job, std::vector<EpochRange> consumed = {});
+  // The positions consumed once every rank took its first `batches_done` batches of the
+  // epoch: `consumed` plus what the ranks were dealt, merged. INVALID_ARGUMENT when a field
+  // is out of range or `consumed` is not sorted disjoint ranges of the epoch.
+  absl::StatusOr<std::vector<EpochRange>> ConsumedAfter(int64_t batches_done) const;
+  // Batches per rank in the epoch.
+  absl::StatusOr<int64_t> Batches() const;
+};
+
 struct JobInfo {
   std::string id;
   std::string name;
@@ -370,7 +405,10 @@ struct JobInfo {
   uint32_t owner_uid = 0;
   int64_t num_samples = 0;        // sample indices lie in [0, num_samples)
   int64_t samples_per_epoch = 0;  // all ranks' (num_samples except for a blend)
-  int64_t batches_per_epoch = 0;  // per rank
+  int64_t batches_per_epoch = 0;  // per rank, of a fresh epoch
+  // Each rank reads a contiguous run of the epoch's order (WebDataset) instead of every
+  // world_size-th position; see EpochProgress.
+  bool contiguous_ranks = false;
   std::vector<FieldInfo> fields;
   uint64_t slot_bytes = 0;
   int64_t create_time_unix_ms = 0;
@@ -661,6 +699,20 @@ class Consumer final {
   // batches still held from the old one stay readable but their slots are no longer
   // protected). INVALID_ARGUMENT when first_batch is out of range.
   absl::Status StartEpoch(int64_t epoch, int64_t first_batch);
+
+  // Resuming on another world size or batch size: asks for the rest of `epoch` after an
+  // earlier run delivered the positions `consumed` of the epoch's order (sorted disjoint
+  // ranges of [0, job().samples_per_epoch), from EpochProgress::ConsumedAfter of that run).
+  // The positions left are dealt to the job's ranks as a fresh epoch is, and this rank gets
+  // batches [first_batch, n) of that deal; returns n, the same for every rank. Every rank of
+  // the run must pass the same ranges: FAILED_PRECONDITION when another attached rank
+  // resumes the epoch from other positions, or when ferryd is too old to resume;
+  // INVALID_ARGUMENT when the ranges are not positions of this job's epoch. Empty
+  // `consumed`: StartEpoch. Otherwise as StartEpoch.
+  absl::StatusOr<int64_t> ResumeEpoch(int64_t epoch, const std::vector<EpochRange>& consumed,
+                                      int64_t first_batch);
+  // Batches of the epoch last started (StartEpoch or ResumeEpoch), per rank.
+  int64_t epoch_batches() const;
 
   // The next batch of the epoch, or nullopt after its last batch. Errors: FAILED_PRECONDITION
   // before StartEpoch; DEADLINE_EXCEEDED when nothing arrived within `timeout` (nothing is
