@@ -91,11 +91,13 @@ def main():
             if not config.get("resume") or epoch != first_epoch:
                 loader.set_epoch(epoch)
             records = out["epochs"].setdefault(str(epoch), [])
-            for batch in loader:
+            # A resumed epoch goes on at the state's batch (same world and batch size).
+            first = (loader.state_dict()["batches_done"]
+                     if config.get("resume") and epoch == first_epoch else 0)
+            for index, batch in enumerate(loader, first):
                 records.append(record(batch))
                 if config.get("save_images"):
-                    saved["%d:%d" % (epoch, loader.state_dict()["batches_done"] - 1)] = \
-                        batch["image"].cpu()
+                    saved["%d:%d" % (epoch, index)] = batch["image"].cpu()
                 if model is not None and len(out["train"]["losses"]) < config["train"]:
                     loss = torch.nn.functional.cross_entropy(
                         model(batch["image"].float()), batch["label"])

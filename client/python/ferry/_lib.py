@@ -62,6 +62,52 @@ def candidates(environ=None, package_dir=_PACKAGE_DIR):
     return out
 
 
+class Range(ctypes.Structure):
+    """ferry_range_t: positions [begin, end) of an epoch's order."""
+    _fields_ = [("begin", ctypes.c_int64), ("end", ctypes.c_int64)]
+
+
+class EpochInfo(ctypes.Structure):
+    """ferry_epoch_info_t (ABI 1.5)."""
+    _fields_ = [("struct_size", ctypes.c_size_t), ("positions", ctypes.c_int64),
+                ("world_size", ctypes.c_int64), ("batch_size", ctypes.c_int64),
+                ("drop_last", ctypes.c_int), ("contiguous_ranks", ctypes.c_int),
+                ("consumed", ctypes.POINTER(Range)), ("num_consumed", ctypes.c_size_t)]
+
+
+def ranges(pairs):
+    """A ctypes array of Range from [[begin, end], ...]."""
+    pairs = list(pairs)
+    return (Range * max(1, len(pairs)))(*[Range(int(b), int(e)) for b, e in pairs])
+
+
+def require_resume_abi():
+    """Raises unless the loaded libferry resumes on another world size (ABI 1.5)."""
+    if not hasattr(load(), "ferry_epoch_consumed"):
+        raise FerryError("FAILED_PRECONDITION", "the loaded libferry (ABI minor %d) predates "
+                         "elastic resume (1.5): install libferry from this ferry's package"
+                         % minor())
+
+
+def epoch_consumed(info, batches_done):
+    """ferry_epoch_consumed: the consumed ranges [[begin, end], ...] once every rank of the run
+    `info` describes (a dict: positions, world_size, batch_size, drop_last, contiguous_ranks,
+    consumed) took its first batches_done batches. Needs no daemon."""
+    require_resume_abi()
+    lib = load()
+    base = list(info.get("consumed", ()))
+    arr = ranges(base)
+    c = EpochInfo(ctypes.sizeof(EpochInfo), int(info["positions"]), int(info["world_size"]),
+                  int(info["batch_size"]), int(bool(info["drop_last"])),
+                  int(bool(info["contiguous_ranks"])), arr, len(base))
+    capacity = len(base) + int(info["world_size"]) + 1
+    out = (Range * capacity)()
+    count = ctypes.c_size_t()
+    check(lib.ferry_epoch_consumed(ctypes.byref(c), int(batches_done), out, capacity,
+                                   ctypes.byref(count)))
+    return [[out[i].begin, out[i].end] for i in range(count.value)]
+
+
 def _declare(lib):
     c_int, c_char_p, c_void_p = ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p
     out_ptr = ctypes.POINTER(c_void_p)
@@ -109,6 +155,14 @@ def _declare(lib):
                                            out_ptr]),
         "ferry_job_limit": (ctypes.c_uint64, [c_int]),
         "ferry_last_error_reason": (ctypes.c_char_p, []),
+        "ferry_consumer_resume_epoch": (c_int, [c_void_p, ctypes.c_int64,
+                                                ctypes.POINTER(Range), ctypes.c_size_t,
+                                                ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)]),
+        "ferry_consumer_epoch_batches": (c_int, [c_void_p, ctypes.POINTER(ctypes.c_int64)]),
+        "ferry_job_epoch_info": (c_int, [c_void_p, ctypes.POINTER(EpochInfo)]),
+        "ferry_epoch_consumed": (c_int, [ctypes.POINTER(EpochInfo), ctypes.c_int64,
+                                         ctypes.POINTER(Range), ctypes.c_size_t,
+                                         ctypes.POINTER(ctypes.c_size_t)]),
     }
     for name, (restype, argtypes) in optional.items():
         fn = getattr(lib, name, None)

@@ -151,6 +151,29 @@ class Consumer:
     def start_epoch(self, epoch, first_batch=0):
         _lib.check(self._lib.ferry_consumer_start_epoch(self._h(), int(epoch), int(first_batch)))
 
+    def resume_epoch(self, epoch, consumed, first_batch=0):
+        """The rest of `epoch` after a run consumed the positions `consumed` ([[begin, end],
+        ...], sorted and disjoint; see ferry_consumer_resume_epoch): starts it at
+        first_batch and returns its batches per rank."""
+        _lib.require_resume_abi()
+        consumed = list(consumed)
+        batches = ctypes.c_int64()
+        _lib.check(self._lib.ferry_consumer_resume_epoch(
+            self._h(), int(epoch), _lib.ranges(consumed), len(consumed), int(first_batch),
+            ctypes.byref(batches)))
+        return batches.value
+
+    def epoch_info(self):
+        """How the job deals an epoch, for _lib.epoch_consumed: positions, world_size,
+        batch_size, drop_last, contiguous_ranks (and consumed: none)."""
+        _lib.require_resume_abi()
+        info = _lib.EpochInfo()
+        info.struct_size = ctypes.sizeof(_lib.EpochInfo)
+        _lib.check(self._lib.ferry_job_epoch_info(self._h(), ctypes.byref(info)))
+        return {"positions": info.positions, "world_size": info.world_size,
+                "batch_size": info.batch_size, "drop_last": bool(info.drop_last),
+                "contiguous_ranks": bool(info.contiguous_ranks), "consumed": []}
+
     def next(self, timeout_ms=-1):
         """The next Batch, or None at the end of the epoch. FerryError DEADLINE_EXCEEDED when
         nothing arrived within timeout_ms (nothing is lost; call again)."""

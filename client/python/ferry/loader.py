@@ -12,7 +12,7 @@ import weakref
 
 import numpy as np
 
-from ferry import _daemon, transforms
+from ferry import _daemon, _resume, transforms
 from ferry.errors import FerryError
 
 # How often a waiting iterator returns to Python, so Ctrl-C is handled promptly.
@@ -871,6 +871,11 @@ class Loader:
             self._attach_device = "cuda:" + _lib.cuda_pci_bus_id(cuda_ordinal)
         self._epoch = 0
         self._resume_batch = 0
+        # A loaded state's positions of self._epoch that the next iteration leaves out (None:
+        # none), and those the current iteration's deal left out with its batches per rank.
+        self._resume_from = None
+        self._epoch_base = []
+        self._epoch_batches = 0
         self._known_bad = []  # quarantined samples named by a loaded state
         self._last_quarantined = []  # what ferryd said last (see _quarantined)
         self._batches_done = 0
@@ -885,6 +890,8 @@ class Loader:
             self.job = self._client.create_job(self._spec, name=job_name)
             self._consumer = self._attach_rank()
             self._len = self._consumer.batches_per_epoch
+            self._epoch_batches = self._len
+            self._epoch_info = self._consumer.epoch_info()  # for state_dict without ferryd
         except BaseException:
             self.close()
             raise
@@ -993,27 +1000,54 @@ class Loader:
         epoch = _check_int("epoch", epoch, 0)
         if epoch != self._epoch:
             self._resume_batch = 0
+            self._resume_from = None
         self._epoch = epoch
 
     def state_dict(self):
-        """Position for an exact resume: the epoch and how many of its batches were taken,
-        and the samples ferryd has quarantined so far (a ferryd started later reads none of
-        them either, so the batches stay those of an uninterrupted run)."""
-        state = {"epoch": self._epoch, "batches_done": self._batches_done}
-        state["quarantined"] = self._quarantined()
-        return state
+        """Position for an exact resume, on any world size and batch size: the epoch and the
+        positions of its order the whole run has consumed (the same on every rank of a run in
+        step, so any rank's state will do), how this run was dealt them, what fixes the order
+        (dataset, seed, shuffle), and the samples ferryd has quarantined so far (a ferryd
+        started later reads none of them either). A JSON-able dict with a checksum; docs/data.md, "Resuming on
+        another number of GPUs"."""
+        if self._resume_from is not None:  # loaded and not iterated yet
+            base, done, batches = self._resume_from, self._resume_batch, 0
+        else:
+            base, done, batches = self._epoch_base, self._batches_done, self._epoch_batches
+        return _resume.make(self._epoch, self._epoch_info, base, done, batches, self._spec,
+                            self._quarantined())
 
     def load_state_dict(self, state):
-        """Makes the next iteration resume after state["batches_done"] batches of
-        state["epoch"]; a state taken after the last batch of an epoch resumes at the first
-        batch of the next. Passes the state's quarantined samples on to ferryd."""
-        epoch = _check_int("state['epoch']", state["epoch"], 0)
-        done = _check_int("state['batches_done']", state["batches_done"], 0, self._len)
-        if done == self._len:
-            epoch, done = epoch + 1, 0
+        """Makes the next iteration resume where `state` (from state_dict) is. With the world
+        size, batch size and drop_last the state was saved with, the run continues its deal
+        at the same batch; with others, the positions of the epoch not yet consumed are dealt
+        to this run's ranks as a fresh epoch is, so every sample of the epoch is delivered
+        once across the two runs. A state taken after the last batch of an epoch resumes at
+        the first batch of the next. Every rank of the run must load the same state.
+        ValueError naming what differs for a state of another dataset, seed or shuffle.
+        Passes the state's quarantined samples on to ferryd.
+
+        The older form {"epoch", "batches_done"} is read as saved at this Loader's world
+        size and batch size (it does not say which it was)."""
+        if not isinstance(state, dict):
+            raise TypeError("state must be a dict from state_dict(), got %r" % (state,))
         quarantined = [_check_int("state['quarantined'] entries", i, 0)
                        for i in state.get("quarantined", ())]
+        if "format" in state:
+            plan = _resume.read(state, self._epoch_info, self._spec)
+            epoch, base, done = plan.epoch, plan.base, plan.first_batch
+        else:
+            epoch = _check_int("state['epoch']", state["epoch"], 0)
+            done = _check_int("state['batches_done']", state["batches_done"], 0, self._len)
+            base = []
+            warnings.warn("ferry: this resume state has no world size or batch size (it was "
+                          "saved by an older ferry); it is read as saved with world_size=%d "
+                          "and batch_size=%d. If it was not, samples are lost or repeated in "
+                          "this epoch" % (self.world_size, self.batch_size), stacklevel=2)
+            if done == self._len:
+                epoch, done = epoch + 1, 0
         self._epoch, self._resume_batch, self._batches_done = epoch, done, done
+        self._resume_from = base
         self._known_bad = sorted(set(self._known_bad) | set(quarantined))
         if self._known_bad:
             self._client.quarantine(self.job["id"], self._known_bad)
@@ -1045,6 +1079,8 @@ class Loader:
             raise FerryError("FAILED_PRECONDITION", "the ferry.Loader is closed")
         self._generation += 1
         first, self._resume_batch = self._resume_batch, 0
+        base, self._resume_from = self._resume_from or [], None
+        self._epoch_base = base
         # start_epoch may attach again (new slot mappings): views of old slots are stale.
         self._view_cache.clear()
         self._batches_done = first
@@ -1054,12 +1090,21 @@ class Loader:
                                       "reattach to ferryd gave up"))
             return self._iterate(self._generation)
         try:
-            self._wrap(self._consumer.start_epoch, self._epoch, first)
+            self._wrap(self._start_epoch, first)
         except FerryError as e:
             if e.code != "UNAVAILABLE":
                 raise
             self._reattach(e)  # starts the epoch at `first` on the new daemon
         return self._iterate(self._generation)
+
+    def _start_epoch(self, first):
+        """Starts self._epoch at batch `first` of its deal (after self._epoch_base)."""
+        if self._epoch_base:
+            self._epoch_batches = self._consumer.resume_epoch(self._epoch, self._epoch_base,
+                                                              first)
+        else:
+            self._consumer.start_epoch(self._epoch, first)
+            self._epoch_batches = self._len
 
     def _release_held(self, held, held_by):
         """Releases the batch the caller had; a batch of a consumer that is gone (ferryd
@@ -1241,7 +1286,7 @@ class Loader:
                     self._client.quarantine(self.job["id"], self._known_bad)
                 self._consumer = self._client.attach(self.job["id"], self.rank,
                                                      self._attach_device)
-                self._consumer.start_epoch(self._epoch, self._batches_done)
+                self._start_epoch(self._batches_done)
                 break
             except FerryError as e:
                 Loader._cleanup_quietly(self._consumer, self._client)

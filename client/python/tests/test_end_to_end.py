@@ -122,7 +122,9 @@ class EndToEndTest(unittest.TestCase):
         for _ in range(3):
             next(it)
         state = loader.state_dict()
-        self.assertEqual(state, {"epoch": 2, "batches_done": 3, "quarantined": []})
+        keys = ("epoch", "batches_done", "consumed", "quarantined")
+        self.assertEqual({k: state[k] for k in keys},
+                         {"epoch": 2, "batches_done": 3, "consumed": [[0, 12]], "quarantined": []})
         del it
         loader.load_state_dict(state)
         self.assertEqual(self.indices(loader), full[3 * 4:])
@@ -155,7 +157,7 @@ class EndToEndTest(unittest.TestCase):
         loader.set_epoch(1)
         self.assertEqual(self.indices(loader), epoch1)
         end = loader.state_dict()
-        self.assertEqual((end["epoch"], end["batches_done"]), (1, len(loader)))
+        self.assertEqual((end["epoch"], end["batches_done"], end["consumed"]), (2, 0, []))
         resumed.load_state_dict(end)
         self.assertEqual(self.indices(resumed), epoch2)  # no set_epoch: the next epoch
         resumed.load_state_dict(end)
