@@ -17,6 +17,9 @@
       killed with SIGKILL mid-epoch while the others train on: they finish their epoch,
       ferryd lives, and a new trainer on GPU 1 resumes from the dead one's state, so that
       every sample of the epoch arrives exactly once across the ranks.
+  (c) elastic resume on GPUs: the trainers of every GPU save their state after 2 batches and
+      are killed; the run resumes on GPU 0 alone with another batch size, and across the two
+      runs every sample of the epoch arrives exactly once.
 """
 
 import io
@@ -226,6 +229,51 @@ class MultiGpuTest(unittest.TestCase):
         self.assertEqual(sorted(seen), list(range(images)), "every sample of the epoch once")
         print("%d GPUs, one job: the trainer on GPU 1 killed after 2 batches, the others "
               "finished, the resumed one read the rest; every sample once" % gpus, flush=True)
+
+    def test_c_a_run_on_every_gpu_resumes_on_one(self):
+        import torch
+        gpus = torch.cuda.device_count()
+        batch = 8
+        daemon = ferry_it.FerryDaemon(config="drain_timeout_seconds: 2\n")
+        self.addCleanup(daemon.stop)
+        images = gpus * batch * 6
+        root = make_photo_folder(os.path.join(daemon.dir, "images"), per_class=images // 2)
+
+        def start(name, **config):
+            out = os.path.join(daemon.dir, name + ".json")
+            log = os.path.join(daemon.dir, name + ".log")
+            base = dict(address=daemon.address, root=root, world_size=gpus, batch_size=batch,
+                        seed=3, epochs=1, crop=64, out=out)
+            base.update(config)
+            with open(log, "wb") as f:
+                proc = subprocess.Popen([sys.executable, GPU_WORKER, json.dumps(base)],
+                                        stdin=subprocess.DEVNULL, stdout=f, stderr=f,
+                                        env=ferry_it.worker_env())
+            self.addCleanup(lambda: proc.poll() is None and proc.kill())
+            return proc, out, log
+
+        trainers = [start("rank%d" % r, rank=r, device="cuda:%d" % r, pause_after=2,
+                          ready_file=os.path.join(daemon.dir, "rank%d.ready" % r))
+                    for r in range(gpus)]
+        for r, (proc, _, _) in enumerate(trainers):
+            ferry_it.wait_for_file(os.path.join(daemon.dir, "rank%d.ready" % r), 120, [proc])
+        first = []
+        for proc, out, _ in trainers:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+            first.append(ferry_it.read_json(out))
+        state = first[0]["state"]
+        self.assertEqual(state["consumed"], [[0, 2 * batch * gpus]])
+        proc, out, log = start("alone", rank=0, world_size=1, batch_size=5, device="cuda:0",
+                               resume=state)
+        self.assertEqual(proc.wait(180), 0, "%s\nferryd:\n%s" % (ferry_it.tail(log), daemon.log()))
+        alone = ferry_it.read_json(out)
+        self.assertTrue(alone["done"], alone)
+        seen = [i for r in first + [alone] for b in r["epochs"]["0"] for i in b["index"]]
+        self.assertEqual(sorted(seen), list(range(images)), "every sample of the epoch once")
+        self.assertTrue(all(b["device"] == "cuda:0" for b in alone["epochs"]["0"]))
+        print("%d GPUs saved after 2 batches of %d; resumed on 1 GPU with batch 5: every "
+              "sample once" % (gpus, batch), flush=True)
 
 
 if __name__ == "__main__":
