@@ -326,11 +326,11 @@ void RankPipeline::DropPrefetchLocked() {
 int64_t RankPipeline::ResumeEpoch(int64_t epoch, std::shared_ptr<const EpochLayout> layout) {
   if (layout != nullptr && layout->consumed().empty()) layout = nullptr;  // a whole epoch
   absl::MutexLock lock(&mutex_);
-  const EpochLayout* before = LayoutLocked(epoch);
-  const bool same = before == nullptr
-                        ? layout == nullptr
-                        : layout != nullptr && before->consumed() == layout->consumed();
-  if (!same) {
+  // A null layout undoes whatever resume was set, for any epoch.
+  const bool changes = layout == nullptr ? resume_layout_ != nullptr
+                                         : resume_epoch_ != epoch || resume_layout_ == nullptr ||
+                                               resume_layout_->consumed() != layout->consumed();
+  if (changes) {
     // Batches prefetched under the old layout may not be what the consumer asks for.
     if (active_) DropPrefetchLocked();
     resume_epoch_ = layout == nullptr ? -1 : epoch;

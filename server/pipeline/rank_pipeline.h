@@ -114,8 +114,8 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   // INVALID_ARGUMENT for an epoch < 0 or first_batch outside [0, batches of the epoch].
   absl::Status StartEpoch(BatchConsumer* consumer, int64_t epoch, int64_t first_batch);
 
-  // Deals `epoch` by `layout` (the rest of an epoch an earlier run began; null: deals it
-  // whole again) until the next call or ForgetResume; every other epoch is dealt whole.
+  // Deals `epoch` by `layout` (the rest of an epoch an earlier run began) until the next
+  // call or ForgetResume; every other epoch is dealt whole. Null: every epoch is dealt whole.
   // Returns the epoch's batches (per rank). Batches prefetched under another layout are
   // dropped. Requires epoch >= 0.
   int64_t ResumeEpoch(int64_t epoch, std::shared_ptr<const EpochLayout> layout);

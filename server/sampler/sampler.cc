@@ -18,14 +18,7 @@ absl::StatusOr<std::unique_ptr<Sampler>> Sampler::Create(const SamplerOptions& o
     return absl::InvalidArgumentError(
         absl::StrCat("num_samples must be at least 1 (got ", options.num_samples, ")"));
   }
-  if (options.batch_size <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch_size must be at least 1 (got ", options.batch_size, ")"));
-  }
-  if (options.world_size <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("world_size must be at least 1 (got ", options.world_size, ")"));
-  }
+  // The layout checks batch_size and world_size.
   FERRY_ASSIGN_OR_RETURN(EpochLayout fresh, EpochLayout::Make({.num_positions = options.num_samples,
                                                                .world_size = options.world_size,
                                                                .batch_size = options.batch_size,

@@ -606,6 +606,10 @@ TEST_F(JobManagerTest, ResumeEpochDealsTheRestAndRefusesRanksOfAnotherState) {
   // rank forgets its resume.
   EXPECT_EQ(*m->ResumeEpoch(kAlice, a1->attach_id, 2, {}), 16);
   EXPECT_EQ(a1->pipeline->ResumeLayout(2), nullptr);
+  // Dealing the next epoch whole undoes the resume of this one too (a loop that comes back
+  // to epoch 2 later gets it whole).
+  EXPECT_EQ(*m->ResumeEpoch(kAlice, a0->attach_id, 3, {}), 16);
+  EXPECT_EQ(a0->pipeline->ResumeLayout(2), nullptr);
   a0->pipeline->Unbind(&c0);
   auto again = m->Attach(kAlice, id, 0);
   ASSERT_TRUE(again.ok()) << again.status();

@@ -174,6 +174,20 @@ class MultiGpuTest(unittest.TestCase):
         print("%d rounds of %d ranks on %d GPUs attaching together: 0 crashes, one job each"
               % (ROUNDS, gpus, gpus), flush=True)
 
+    def start_trainer(self, daemon, name, **config):
+        """A gpu_worker.py trainer (seed 3, one epoch, crops of 64) writing <name>.json and
+        <name>.log in daemon.dir: (process, out path, log path)."""
+        out = os.path.join(daemon.dir, name + ".json")
+        log = os.path.join(daemon.dir, name + ".log")
+        base = dict(address=daemon.address, seed=3, epochs=1, crop=64, out=out)
+        base.update(config)
+        with open(log, "wb") as f:
+            proc = subprocess.Popen([sys.executable, GPU_WORKER, json.dumps(base)],
+                                    stdin=subprocess.DEVNULL, stdout=f, stderr=f,
+                                    env=ferry_it.worker_env())
+        self.addCleanup(lambda: proc.poll() is None and proc.kill())
+        return proc, out, log
+
     def test_b_kill_one_gpus_trainer_while_the_others_train(self):
         import torch
         gpus = torch.cuda.device_count()
@@ -184,17 +198,8 @@ class MultiGpuTest(unittest.TestCase):
         root = make_photo_folder(os.path.join(daemon.dir, "images"), per_class=images // 2)
 
         def start(name, **config):
-            out = os.path.join(daemon.dir, name + ".json")
-            log = os.path.join(daemon.dir, name + ".log")
-            base = dict(address=daemon.address, root=root, world_size=gpus, batch_size=batch,
-                        seed=3, epochs=1, crop=64, job_name="run", out=out)
-            base.update(config)
-            with open(log, "wb") as f:
-                proc = subprocess.Popen([sys.executable, GPU_WORKER, json.dumps(base)],
-                                        stdin=subprocess.DEVNULL, stdout=f, stderr=f,
-                                        env=ferry_it.worker_env())
-            self.addCleanup(lambda: proc.poll() is None and proc.kill())
-            return proc, out, log
+            return self.start_trainer(daemon, name, root=root, world_size=gpus,
+                                      batch_size=batch, job_name="run", **config)
 
         ready = os.path.join(daemon.dir, "victim.ready")
         trainers = {}
@@ -240,17 +245,9 @@ class MultiGpuTest(unittest.TestCase):
         root = make_photo_folder(os.path.join(daemon.dir, "images"), per_class=images // 2)
 
         def start(name, **config):
-            out = os.path.join(daemon.dir, name + ".json")
-            log = os.path.join(daemon.dir, name + ".log")
-            base = dict(address=daemon.address, root=root, world_size=gpus, batch_size=batch,
-                        seed=3, epochs=1, crop=64, out=out)
-            base.update(config)
-            with open(log, "wb") as f:
-                proc = subprocess.Popen([sys.executable, GPU_WORKER, json.dumps(base)],
-                                        stdin=subprocess.DEVNULL, stdout=f, stderr=f,
-                                        env=ferry_it.worker_env())
-            self.addCleanup(lambda: proc.poll() is None and proc.kill())
-            return proc, out, log
+            config.setdefault("world_size", gpus)
+            config.setdefault("batch_size", batch)
+            return self.start_trainer(daemon, name, root=root, **config)
 
         trainers = [start("rank%d" % r, rank=r, device="cuda:%d" % r, pause_after=2,
                           ready_file=os.path.join(daemon.dir, "rank%d.ready" % r))
