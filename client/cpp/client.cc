@@ -57,12 +57,21 @@ class ClientImpl {
   ClientImpl(std::string address, std::unique_ptr<Session> session)
       : address_(std::move(address)),
         session_(std::move(session)),
-        channel_(grpc::CreateChannel(absl::StrCat("unix:", address_),
-                                     grpc::InsecureChannelCredentials())),
+        channel_(grpc::CreateCustomChannel(absl::StrCat("unix:", address_),
+                                           grpc::InsecureChannelCredentials(), ChannelArgs())),
         stub_(v1::Ferry::NewStub(channel_)) {}
 
   const std::string& address() const { return address_; }
   Session& session() const { return *session_; }
+
+  // A connection of this client's own: gRPC's process-wide subchannel pool would hand a new
+  // Client the connection of an earlier one, which after a ferryd restart is a dead socket
+  // until gRPC notices (the new client's first call failing with "Broken pipe").
+  static grpc::ChannelArguments ChannelArgs() {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    return args;
+  }
   v1::Ferry::Stub& stub() const { return *stub_; }
 
   // Adds the session token (and for quick calls a deadline) to a call's context.

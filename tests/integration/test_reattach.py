@@ -1,7 +1,9 @@
 """A Loader whose ferryd stays away longer than the reattach patience raises a FerryError;
 iterating it again once ferryd is back attaches again and delivers the epoch, as iterating
 again always does (it used to raise AttributeError: 'NoneType' object has no attribute
-'start_epoch')."""
+'start_epoch'). A new Loader in a process whose earlier Loaders used a ferryd that was then
+killed and started again connects to the new one (it used to fail its first call with
+UNAVAILABLE "Broken pipe": gRPC handed it the dead connection of an earlier client)."""
 
 import os
 import signal
@@ -33,6 +35,23 @@ class ReattachTest(unittest.TestCase):
         self.assertEqual(len(set(again)), len(again))
         self.assertEqual(again[:8], first)  # the same epoch, from its start
 
+    def test_new_loaders_after_ferryd_restarts_connect_to_the_new_ferryd(self):
+        import numpy as np
+        daemon = ferry_it.FerryDaemon()
+        self.addCleanup(daemon.stop)
+        path = os.path.join(daemon.dir, "t.bin")
+        (np.arange(1 << 14) % 50000).astype(np.uint16).tofile(path)
+        for _ in range(5):
+            # A run of 4 ranks, each mid-epoch when the run stops.
+            loaders = [ferry.Loader(ferry.Tokens(path, seq_len=64), batch_size=8, rank=r,
+                                    world_size=4, address=daemon.address, as_numpy=True,
+                                    timeout=30) for r in range(4)]
+            iterators = [iter(loader) for loader in loaders]
+            for it in iterators:
+                self.assertEqual(len(next(it)["index"]), 8)
+            for loader in loaders:
+                loader.close()
+            daemon.restart(signal.SIGKILL)
 
 if __name__ == "__main__":
     unittest.main()
