@@ -80,7 +80,7 @@ class GpuKillLoopTest(unittest.TestCase):
 
     def kill_loop(self, daemon, dataset, batch_size, transform=None, image_output=None):
         from ferry.client import Client
-        from ferry.loader import _job_spec
+        from ferry._spec import _job_spec
         client = Client(daemon.address)
         self.addCleanup(client.close)
         spec = _job_spec(dataset, batch_size, transform, True, 1, False, RANKS, 2, image_output,

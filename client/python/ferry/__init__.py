@@ -14,8 +14,10 @@ Pure Python over libferry.so's C ABI (ctypes): nothing is compiled per Python ve
 
 from ferry import transforms
 from ferry.errors import FerryError
-from ferry.loader import (Blend, CenterCrop, ImageFolder, IndexedDataset, Loader, Npy,
-                          RandomResizedCrop, Records, TokenShards, Tokens, WebDataset)
+from ferry.crops import CenterCrop, RandomResizedCrop
+from ferry.datasets import (Blend, ImageFolder, IndexedDataset, Npy, Records, TokenShards, Tokens,
+                            WebDataset)
+from ferry.loader import Loader
 
 __version__ = "0.1.0"
 

@@ -11,7 +11,7 @@ import unittest
 from unittest import mock
 
 import ferry
-from ferry import _lib, loader
+from ferry import _lib, _placement, _spec, loader
 
 NOWHERE = "/nonexistent/ferry-test/ferryd.sock"
 
@@ -40,27 +40,27 @@ def torch_cuda_usable():
 
 class DeviceArgsTest(unittest.TestCase):
     def test_device_forms(self):
-        self.assertIsNone(loader._parse_device("cpu"))
-        self.assertEqual(loader._parse_device("cuda:3"), 3)
+        self.assertIsNone(_placement._parse_device("cpu"))
+        self.assertEqual(_placement._parse_device("cuda:3"), 3)
         for bad in ("cuda:", "cuda:-1", "gpu:0", "cuda:0000:3b:00.0", "CPU"):
             with self.assertRaisesRegex(ValueError, "'cpu' or 'cuda\\[:N\\]'"):
                 make(device=bad)
         with self.assertRaises(TypeError):
             make(device=0)
         # "cuda" is the current device, as torch has it.
-        with mock.patch.object(loader, "_current_cuda_ordinal", lambda d: 2):
-            self.assertEqual(loader._parse_device("cuda"), 2)
+        with mock.patch.object(_placement, "_current_cuda_ordinal", lambda d: 2):
+            self.assertEqual(_placement._parse_device("cuda"), 2)
 
     @unittest.skipUnless(HAVE_TORCH, "needs torch")
     def test_torch_device_objects(self):
         import torch
-        self.assertIsNone(loader._parse_device(torch.device("cpu")))
-        self.assertEqual(loader._parse_device(torch.device("cuda", 1)), 1)
-        self.assertEqual(loader._parse_device(torch.device("cuda:3")), 3)
-        with mock.patch.object(loader, "_current_cuda_ordinal", lambda d: 5):
-            self.assertEqual(loader._parse_device(torch.device("cuda")), 5)
+        self.assertIsNone(_placement._parse_device(torch.device("cpu")))
+        self.assertEqual(_placement._parse_device(torch.device("cuda", 1)), 1)
+        self.assertEqual(_placement._parse_device(torch.device("cuda:3")), 3)
+        with mock.patch.object(_placement, "_current_cuda_ordinal", lambda d: 5):
+            self.assertEqual(_placement._parse_device(torch.device("cuda")), 5)
         with self.assertRaisesRegex(ValueError, "'cpu' or 'cuda\\[:N\\]'"):
-            loader._parse_device(torch.device("meta"))
+            _placement._parse_device(torch.device("meta"))
 
     def test_image_dtype(self):
         with self.assertRaisesRegex(ValueError, "image_dtype must be one of"):
@@ -96,15 +96,15 @@ class JobSpecTest(unittest.TestCase):
                     transform=ferry.CenterCrop(8), shuffle=True, seed=7, drop_last=False,
                     world_size=1, prefetch=4, image_output=None)
         args.update(kwargs)
-        return loader._job_spec(**args)
+        return _spec._job_spec(**args)
 
     def test_uint8_has_no_image_output(self):
-        out = loader._image_output(ferry.ImageFolder("/d"), 0, "uint8", None, None)
+        out = _spec._image_output(ferry.ImageFolder("/d"), 0, "uint8", None, None)
         self.assertIsNone(out)
         self.assertNotIn("image_output", self.spec())
 
     def test_normalized_image_output_in_json(self):
-        out = loader._image_output(ferry.ImageFolder("/d"), 0, "bfloat16",
+        out = _spec._image_output(ferry.ImageFolder("/d"), 0, "bfloat16",
                                    [0.485, 0.456, 0.406], (0.229, 0.224, 0.225))
         spec = json.loads(json.dumps(self.spec(image_output=out,
                                                device="cuda:0000:3b:00.0")))
@@ -112,7 +112,7 @@ class JobSpecTest(unittest.TestCase):
         self.assertEqual(spec["image_output"]["dtype"], "BFLOAT16")
         self.assertEqual(spec["image_output"]["mean"], [0.485, 0.456, 0.406])
         self.assertEqual(spec["image_output"]["std"], [0.229, 0.224, 0.225])
-        default = loader._image_output(ferry.ImageFolder("/d"), 0, "float16", None, None)
+        default = _spec._image_output(ferry.ImageFolder("/d"), 0, "float16", None, None)
         self.assertEqual(default, {"dtype": "FLOAT16"})  # ferryd's ImageNet defaults
 
     def test_loader_attaches_its_gpu_by_pci_bus_id(self):
@@ -144,7 +144,7 @@ class JobSpecTest(unittest.TestCase):
         self.assertEqual(spec["image_output"],
                          {"dtype": "FLOAT32", "mean": [0.5, 0.5, 0.5], "std": [0.25] * 3})
         # Everything but the device and image_output matches a cpu job of the same spec.
-        cpu = loader._job_spec(ferry.ImageFolder("/data"), 4, ferry.CenterCrop(8), False, 0,
+        cpu = _spec._job_spec(ferry.ImageFolder("/data"), 4, ferry.CenterCrop(8), False, 0,
                                False, 1, 0, None)
         for key in cpu:
             if key != "device":

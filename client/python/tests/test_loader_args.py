@@ -5,6 +5,7 @@ import os
 import unittest
 
 import ferry
+from ferry import _placement
 
 NOWHERE = "/nonexistent/ferry-test/ferryd.sock"
 
@@ -111,12 +112,12 @@ class LoaderArgsTest(unittest.TestCase):
         for k in saved:
             os.environ.pop(k, None)
         # Nothing set: rank 0 of 1, as DistributedSampler without a process group.
-        self.assertEqual(ferry.loader._resolve_rank(None, None), (0, 1))
-        self.assertEqual(ferry.loader._resolve_rank(2, 4), (2, 4))
+        self.assertEqual(_placement._resolve_rank(None, None), (0, 1))
+        self.assertEqual(_placement._resolve_rank(2, 4), (2, 4))
         os.environ.update(RANK="3", WORLD_SIZE="8")
-        self.assertEqual(ferry.loader._resolve_rank(None, None), (3, 8))
-        self.assertEqual(ferry.loader._resolve_rank(3, None), (3, 8))
-        self.assertEqual(ferry.loader._resolve_rank(3, 8), (3, 8))
+        self.assertEqual(_placement._resolve_rank(None, None), (3, 8))
+        self.assertEqual(_placement._resolve_rank(3, None), (3, 8))
+        self.assertEqual(_placement._resolve_rank(3, 8), (3, 8))
         with self.assertRaisesRegex(ValueError, r"rank=1 contradicts \$RANK/\$WORLD_SIZE, "
                                     r"which says rank 3 of 8"):
             make(rank=1)
@@ -137,10 +138,10 @@ class LoaderArgsTest(unittest.TestCase):
         saved_dist = sys.modules.get("torch.distributed")
         sys.modules["torch.distributed"] = dist
         try:
-            self.assertEqual(ferry.loader._resolve_rank(None, None), (5, 6))
+            self.assertEqual(_placement._resolve_rank(None, None), (5, 6))
             with self.assertRaisesRegex(ValueError, r"rank=0 contradicts torch.distributed, "
                                         "which says rank 5 of 6"):
-                ferry.loader._resolve_rank(0, None)
+                _placement._resolve_rank(0, None)
         finally:
             if saved_dist is None:
                 del sys.modules["torch.distributed"]
@@ -154,14 +155,14 @@ class LoaderArgsTest(unittest.TestCase):
                         else os.environ.__setitem__("LOCAL_RANK", saved))
         os.environ["LOCAL_RANK"] = "1"
         with self.assertWarnsRegex(RuntimeWarning, r"call torch.cuda.set_device\(local_rank\)"):
-            ferry.loader._warn_if_not_local_rank_device("cuda", 0)
+            _placement._warn_if_not_local_rank_device("cuda", 0)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            ferry.loader._warn_if_not_local_rank_device("cuda", 1)    # set_device was called
-            ferry.loader._warn_if_not_local_rank_device("cuda:0", 0)  # named on purpose
-            ferry.loader._warn_if_not_local_rank_device("cpu", None)
+            _placement._warn_if_not_local_rank_device("cuda", 1)    # set_device was called
+            _placement._warn_if_not_local_rank_device("cuda:0", 0)  # named on purpose
+            _placement._warn_if_not_local_rank_device("cpu", None)
             os.environ.pop("LOCAL_RANK")
-            ferry.loader._warn_if_not_local_rank_device("cuda", 0)    # not under torchrun
+            _placement._warn_if_not_local_rank_device("cuda", 0)    # not under torchrun
 
     def test_batch_size(self):
         for bad in (0, -1):
