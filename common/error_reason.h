@@ -19,6 +19,10 @@ namespace ferry {
 // take it over once its earlier consumer's stream has ended.
 inline constexpr char kReasonRankHeld[] = "RANK_HELD";
 
+// Consumer::Next's wait ended before a batch came (DEADLINE_EXCEEDED); nothing is lost:
+// calling Next again goes on waiting.
+inline constexpr char kReasonNoBatchYet[] = "NO_BATCH_YET";
+
 // gRPC trailing metadata that carries the reason.
 inline constexpr char kReasonMetadataKey[] = "ferry-reason";
 

@@ -677,9 +677,10 @@ class ConsumerImpl {
 
     if (!message.ok()) return Break(message.status());
     if (!message->has_value()) {
-      return absl::DeadlineExceededError(absl::StrCat("no batch from ferryd within ",
-                                                      absl::FormatDuration(timeout), " (epoch ",
-                                                      epoch_, ", batch ", next_batch_, ")"));
+      return WithReason(absl::DeadlineExceededError(absl::StrCat(
+                            "no batch from ferryd within ", absl::FormatDuration(timeout),
+                            " (epoch ", epoch_, ", batch ", next_batch_, ")")),
+                        kReasonNoBatchYet);
     }
     const ChannelMessage& ready = **message;
     if (ready.kind == ChannelMessage::kEpochEnd) {

@@ -107,6 +107,10 @@ class LifecycleTest(unittest.TestCase):
         self.addCleanup(consumer.close)
         consumer.start_epoch(0)
         held = [consumer.next(30000) for _ in range(2)]  # every slot
+        with self.assertRaises(ferry.FerryError) as waiting:
+            consumer.next(100)  # nothing can come while every slot is held
+        self.assertEqual((waiting.exception.code, waiting.exception.reason),
+                         ("DEADLINE_EXCEEDED", "NO_BATCH_YET"))
         proc = ferry_it.run_ferryctl(daemon.address, "delete", job["id"])
         self.assertEqual(proc.returncode, 0, proc.stderr)
         with self.assertRaises(ferry.FerryError) as cm:

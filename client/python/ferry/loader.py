@@ -567,7 +567,7 @@ class Loader:
                 if e.code == "UNAVAILABLE":
                     self._reattach(e)  # ferryd restarted: continue where this epoch was
                     continue
-                if e.code != "DEADLINE_EXCEEDED" or "no batch from ferryd" not in e.message:
+                if e.reason != "NO_BATCH_YET":
                     raise
             waited += _POLL_MS / 1000.0
             if self._timeout is not None and waited >= self._timeout:
