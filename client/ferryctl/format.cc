@@ -463,6 +463,7 @@ std::string RenderJob(const JobStatus& status) {
                {"CPU WAIT", true},
                {"LIMIT"}});
   std::vector<std::string> notes;
+  std::vector<std::string> resumed;  // ranks resuming an epoch begun on another world size
   for (const RankStatus& r : status.ranks) {
     // How the consumer's batches travel: shared-memory channel or the gRPC stream.
     const std::string attached = r.attached ? (r.batch_channel ? "yes, shm" : "yes, grpc") : "no";
@@ -477,9 +478,15 @@ std::string RenderJob(const JobStatus& status) {
     if (r.attached && !r.limiting_stage_note.empty()) {
       notes.push_back(absl::StrCat("rank ", r.rank, ": ", r.limiting_stage_note, "\n"));
     }
+    if (r.resumed_after_positions > 0) {
+      resumed.push_back(absl::StrCat(
+          "rank ", r.rank, ": epoch ", r.epoch, " goes on after the ", r.resumed_after_positions,
+          " positions an earlier run delivered (", r.epoch_batches, " batches a rank)\n"));
+    }
   }
   out += status.ranks.empty() ? "no ranks attached yet\n" : ranks.Render();
   if (!notes.empty()) out += absl::StrCat("\nlimiting stage:\n", absl::StrJoin(notes, ""));
+  if (!resumed.empty()) out += absl::StrCat("\nresumed:\n", absl::StrJoin(resumed, ""));
   if (!status.recent_errors.empty()) {
     out += "\nrecent sample errors:\n";
     Table errors({{"INDEX", true}, {"PATH"}, {"MESSAGE"}});

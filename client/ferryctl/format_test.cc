@@ -137,6 +137,16 @@ TEST(RenderTest, JobShowsEachRanksDevice) {
   EXPECT_THAT(out, HasSubstr("   1  cuda:1  no"));
 }
 
+TEST(RenderTest, JobSaysWhichRanksResumeAnEpochBegunElsewhere) {
+  JobStatus s = SampleJob();
+  EXPECT_THAT(RenderJob(s), Not(HasSubstr("resumed:")));
+  s.ranks[0].epoch = 3;
+  s.ranks[0].epoch_batches = 21;
+  s.ranks[0].resumed_after_positions = 640;
+  EXPECT_THAT(RenderJob(s), HasSubstr("resumed:\nrank 0: epoch 3 goes on after the 640 positions "
+                                      "an earlier run delivered (21 batches a rank)"));
+}
+
 TEST(RenderTest, JobShowsEachDistinctCopyPath) {
   JobStatus s = SampleJob();
   for (RankStatus& r : s.ranks) {

@@ -801,6 +801,10 @@ void RankPipeline::FillStatus(ferry::v1::RankStatus* status) const {
   status->set_fill_seconds(absl::ToDoubleSeconds(fill_time_));
   status->set_epoch(deliver_epoch_);
   status->set_next_batch(deliver_batch_);
+  status->set_epoch_batches(BatchesLocked(deliver_epoch_));
+  if (const EpochLayout* layout = LayoutLocked(deliver_epoch_); layout != nullptr) {
+    status->set_resumed_after_positions(layout->options().num_positions - layout->remaining());
+  }
   handoff_latency_.ToProto(status->mutable_handoff_latency());
 
   // The stall window: figures since the later of the window's start and the Bind, the

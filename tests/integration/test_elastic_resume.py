@@ -185,6 +185,11 @@ class ElasticResumeTest(unittest.TestCase):
         for loader in run2:
             loader.load_state_dict(state)
         part2 = self.take(run2, 2)
+        # ferryctl says which ranks resume an epoch begun elsewhere, and after how much.
+        rank = ferry_it.rank_status(ferry_it.ferryctl(self.daemon.address, "job",
+                                                      run2[0].job["id"]), 0)
+        self.assertEqual(int(rank.get("resumed_after_positions", 0)), 8, rank)
+        self.assertEqual(int(rank.get("epoch_batches", 0)), 6, rank)  # 17 left over 3 ranks
         state2 = run2[0].state_dict()
         self.assertEqual(state2["consumed"], [[0, 14]])
         self.take_closing(run2, 0)

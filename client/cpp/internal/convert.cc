@@ -534,6 +534,8 @@ JobStatus FromProto(const v1::JobStatus& status) {
     rank.consumer_cpu_wait_ratio = r.consumer_cpu_wait_ratio();
     rank.epoch = r.epoch();
     rank.next_batch = r.next_batch();
+    rank.epoch_batches = r.epoch_batches();
+    rank.resumed_after_positions = r.resumed_after_positions();
     out.ranks.push_back(rank);
   }
   out.errors = status.errors();

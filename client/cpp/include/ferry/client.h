@@ -427,6 +427,9 @@ struct RankStatus {
   double consumer_wait_seconds = 0;
   int64_t epoch = 0;
   int64_t next_batch = 0;
+  int64_t epoch_batches = 0;  // of `epoch`, for this rank
+  // Positions of the epoch an earlier run delivered, when this one resumes it (0: whole).
+  int64_t resumed_after_positions = 0;
   // Where this rank's batches go: "cpu", or "cuda:N" (ferryd's ordinal of its GPU).
   std::string device;
   // The current (or last) consumer takes batches through the shared-memory batch channel
