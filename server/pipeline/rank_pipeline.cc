@@ -326,25 +326,25 @@ void RankPipeline::DropPrefetchLocked() {
 int64_t RankPipeline::ResumeEpoch(int64_t epoch, std::shared_ptr<const EpochLayout> layout) {
   if (layout != nullptr && layout->consumed().empty()) layout = nullptr;  // a whole epoch
   absl::MutexLock lock(&mutex_);
-  // A null layout undoes whatever resume was set, for any epoch.
-  const bool changes = layout == nullptr ? resume_layout_ != nullptr
-                                         : resume_epoch_ != epoch || resume_layout_ == nullptr ||
-                                               resume_layout_->consumed() != layout->consumed();
-  if (changes) {
-    // Batches prefetched under the old layout may not be what the consumer asks for.
-    if (active_) DropPrefetchLocked();
-    resume_epoch_ = layout == nullptr ? -1 : epoch;
-    resume_layout_ = std::move(layout);
-  }
+  SetResumeLocked(epoch, std::move(layout));
   return BatchesLocked(epoch);
 }
 
 void RankPipeline::ForgetResume() {
   absl::MutexLock lock(&mutex_);
-  if (resume_layout_ == nullptr) return;
+  SetResumeLocked(-1, nullptr);
+}
+
+void RankPipeline::SetResumeLocked(int64_t epoch, std::shared_ptr<const EpochLayout> layout) {
+  // A null layout undoes whatever resume was set, for any epoch.
+  const bool changes = layout == nullptr ? resume_layout_ != nullptr
+                                         : resume_epoch_ != epoch || resume_layout_ == nullptr ||
+                                               resume_layout_->consumed() != layout->consumed();
+  if (!changes) return;
+  // Batches prefetched under the old layout may not be what the consumer asks for.
   if (active_) DropPrefetchLocked();
-  resume_epoch_ = -1;
-  resume_layout_ = nullptr;
+  resume_epoch_ = layout == nullptr ? -1 : epoch;
+  resume_layout_ = std::move(layout);
 }
 
 std::shared_ptr<const EpochLayout> RankPipeline::ResumeLayout(int64_t epoch) const {

@@ -184,6 +184,10 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   // The layout `epoch` is dealt by (null: whole), and its batches per rank.
   const EpochLayout* LayoutLocked(int64_t epoch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   int64_t BatchesLocked(int64_t epoch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // ResumeEpoch and ForgetResume: deals `epoch` by `layout` from now on (null: every epoch
+  // whole), dropping what was prefetched when that changes the deal.
+  void SetResumeLocked(int64_t epoch, std::shared_ptr<const EpochLayout> layout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Forgets every batch scheduled and not yet delivered (slots still filling are freed once
   // they finish) and makes the next StartEpoch schedule from its own position.
   void DropPrefetchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);

@@ -664,29 +664,30 @@ absl::StatusOr<int64_t> JobManager::ResumeEpoch(const Caller& caller, const std:
     }
     layout = *std::move(made);
   }
-  std::vector<std::shared_ptr<RankPipeline>> others;
-  {
-    absl::MutexLock lock(&mutex_);
-    auto it = jobs_.find(job.identity().id);
-    if (it != jobs_.end()) {
-      for (const auto& [rank, p] : it->second.ranks) {
-        if (p != pipeline) others.push_back(p);
+  if (layout != nullptr) {
+    // The ranks of one run resume from one state: another attached rank resuming this
+    // epoch from other positions means its trainer loaded another state. (Dealing an epoch
+    // whole again is a loop iterating it once more, which ranks do one after another.)
+    std::vector<std::shared_ptr<RankPipeline>> others;
+    {
+      absl::MutexLock lock(&mutex_);
+      auto it = jobs_.find(job.identity().id);
+      if (it != jobs_.end()) {
+        for (const auto& [rank, p] : it->second.ranks) {
+          if (p != pipeline) others.push_back(p);
+        }
       }
     }
-  }
-  // The ranks of one run resume from one state: another attached rank resuming this epoch
-  // from other positions means its trainer loaded another state. (Dealing an epoch whole
-  // again is a loop iterating it once more, which ranks do one after another.)
-  for (const std::shared_ptr<RankPipeline>& other : others) {
-    if (layout == nullptr) break;
     const std::vector<PositionRange>& mine = layout->consumed();
-    std::shared_ptr<const EpochLayout> theirs = other->ResumeLayout(epoch);
-    if (theirs == nullptr || !other->bound() || theirs->consumed() == mine) continue;
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", pipeline->rank(), " of job ", job.identity().id, " resumes epoch ", epoch,
-        " after positions ", FormatRanges(mine), " but rank ", other->rank(),
-        " (attached now) resumes it after ", FormatRanges(theirs->consumed()),
-        ": every rank of a run must load the same state_dict (the one state a run saved)"));
+    for (const std::shared_ptr<RankPipeline>& other : others) {
+      std::shared_ptr<const EpochLayout> theirs = other->ResumeLayout(epoch);
+      if (theirs == nullptr || !other->bound() || theirs->consumed() == mine) continue;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", pipeline->rank(), " of job ", job.identity().id, " resumes epoch ", epoch,
+          " after positions ", FormatRanges(mine), " but rank ", other->rank(),
+          " (attached now) resumes it after ", FormatRanges(theirs->consumed()),
+          ": every rank of a run must load the same state_dict (the one state a run saved)"));
+    }
   }
   return pipeline->ResumeEpoch(epoch, std::move(layout));
 }

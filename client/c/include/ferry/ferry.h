@@ -131,7 +131,9 @@ FERRY_API const char* ferry_last_error(void);
 /* Machine-readable reason of the last failed call on this thread, for the failures a
  * client acts on, else "" (ABI 1.4). Valid as ferry_last_error's message is.
  *   "RANK_HELD": FAILED_PRECONDITION from attach, the rank is consumed by a live process;
- *                the same process takes it over once its earlier consumer has ended. */
+ *                the same process takes it over once its earlier consumer has ended.
+ *   "NO_BATCH_YET": DEADLINE_EXCEEDED from ferry_consumer_next, nothing arrived within
+ *                timeout_ms; nothing is lost, call it again. */
 FERRY_API const char* ferry_last_error_reason(void);
 /* "OK", "NOT_FOUND", ... for a status code; "UNKNOWN" for anything else. Static storage. */
 FERRY_API const char* ferry_status_name(int code);
