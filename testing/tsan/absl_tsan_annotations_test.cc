@@ -2,6 +2,7 @@
 // absl::Mutex (Lock, Await, LockWhen, CondVar) and absl::Notification are not reported, and
 // accesses that no lock orders still are. Built and run only in the TSan preset.
 
+#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -99,13 +100,24 @@ TEST(AbslTsanAnnotationsTest, ReaderLocksOrderAgainstWriters) {
 
 // The same shapes with one side not taking the lock (or taking another) must be reported:
 // the annotations must not order what abseil does not.
+//
+// TSan can miss a race whose two accesses run at the same instant on two cores (each reads
+// the shadow word before the other writes it), so the other thread's write comes first in
+// time: the main thread waits for a relaxed flag, which orders nothing for TSan.
+void WaitForRelaxed(const std::atomic<bool>& flag) {
+  while (!flag.load(std::memory_order_relaxed)) std::this_thread::yield();
+}
+
 void UnguardedWriteRace() {
   absl::Mutex mu;
   int counter = 0;
+  std::atomic<bool> written{false};
   std::thread other([&] {
     absl::MutexLock lock(&mu);
     ++counter;
+    written.store(true, std::memory_order_relaxed);
   });
+  WaitForRelaxed(written);
   ++counter;  // no lock
   other.join();
 }
@@ -113,10 +125,13 @@ void UnguardedWriteRace() {
 void TwoDifferentMutexesRace() {
   absl::Mutex a, b;
   int counter = 0;
+  std::atomic<bool> written{false};
   std::thread other([&] {
     absl::MutexLock lock(&a);
     ++counter;
+    written.store(true, std::memory_order_relaxed);
   });
+  WaitForRelaxed(written);
   {
     absl::MutexLock lock(&b);
     ++counter;
