@@ -55,6 +55,9 @@ absl::StatusOr<EpochLayout> EpochLayout::Make(Options options) {
     return absl::InvalidArgumentError(
         absl::StrCat("batch_size must be at least 1 (got ", options.batch_size, ")"));
   }
+  if (options.contiguous && options.micro_batches) {
+    return absl::InvalidArgumentError("an epoch is dealt contiguous or in micro-batches, not both");
+  }
   std::vector<PositionRange> merged;
   int64_t previous_end = 0;
   for (const PositionRange& r : options.consumed) {
@@ -105,8 +108,20 @@ void EpochLayout::BatchPositions(int64_t rank, int64_t batch, std::vector<int64_
   const int64_t end = std::min(begin + options_.batch_size, per_rank_);
   out->clear();
   out->reserve(static_cast<size_t>(std::max<int64_t>(0, end - begin)));
-  const int64_t first = options_.contiguous ? rank * per_rank_ : rank;
-  const int64_t stride = options_.contiguous ? 1 : options_.world_size;
+  int64_t first = options_.contiguous ? rank * per_rank_ : rank;
+  int64_t stride = options_.contiguous ? 1 : options_.world_size;
+  if (options_.micro_batches) {
+    // Entry j of this rank's share is entry first + j of L: global batch g's entries of
+    // this rank start at g * G + rank * b, where b is batch_size, or ceil(tail / W) in the
+    // short last global batch.
+    const int64_t global = options_.world_size * options_.batch_size;
+    const int64_t full = remaining_ / global;
+    const int64_t b =
+        batch < full ? options_.batch_size
+                     : (remaining_ - full * global + options_.world_size - 1) / options_.world_size;
+    first = batch * global + rank * b - begin;
+    stride = 1;
+  }
   if (left_.size() == 1) {  // the common case: one run of positions left
     const int64_t base = left_[0].begin;
     for (int64_t j = begin; j < end; ++j) out->push_back(base + (first + j * stride) % remaining_);

@@ -12,6 +12,12 @@
 //     [r * per_rank, (r + 1) * per_rank) (contiguous), per_rank = (padded or cut size) / W;
 //   * each rank's share is cut into batches of batch_size, the last one short, or with
 //     drop_last dropped when short.
+// With micro_batches, L is dealt as Megatron-LM's MegatronPretrainingSampler deals it: in
+// global batches of G = W * batch_size entries, rank r taking entries [r * batch_size,
+// (r + 1) * batch_size) of each; the short last global batch (g < G entries) is dropped with
+// drop_last, otherwise padded by repeating L's head to W * ceil(g / W) entries and dealt in
+// runs of ceil(g / W). The batch counts and ConsumedAfter are the strided dealing's; only
+// which entries a rank gets differs.
 // A fresh epoch is the case of nothing consumed. Every rank gets the same number of batches.
 //
 // After every rank took its first k batches, the run has consumed ConsumedAfter(k): the
@@ -57,6 +63,8 @@ class EpochLayout final {
     int64_t batch_size = 1;
     bool drop_last = false;
     bool contiguous = false;
+    // Deal global batches of micro-batches (see above); not with contiguous.
+    bool micro_batches = false;
     // Sorted, disjoint, non-empty ranges inside [0, num_positions); adjacent ones are
     // merged. Empty: a fresh epoch.
     std::vector<PositionRange> consumed;

@@ -21,6 +21,7 @@ struct RunShape {
   int64_t batch_size;
   bool drop_last;
   bool contiguous;
+  bool micro_batches = false;
 };
 
 EpochLayout MustMake(int64_t n, const RunShape& run, std::vector<PositionRange> consumed) {
@@ -29,6 +30,7 @@ EpochLayout MustMake(int64_t n, const RunShape& run, std::vector<PositionRange> 
                                                           .batch_size = run.batch_size,
                                                           .drop_last = run.drop_last,
                                                           .contiguous = run.contiguous,
+                                                          .micro_batches = run.micro_batches,
                                                           .consumed = std::move(consumed)});
   EXPECT_TRUE(layout.ok()) << layout.status();
   return *std::move(layout);
@@ -37,8 +39,42 @@ EpochLayout MustMake(int64_t n, const RunShape& run, std::vector<PositionRange> 
 // torch.utils.data.DistributedSampler + BatchSampler over an explicit list of what is left,
 // written the way torch writes it: result[rank][batch] = entries of `left`. Entries past
 // the list's size are padding; `real` gets those that are not.
+// Megatron-LM's MegatronPretrainingSampler over the list of what is left, written the way it
+// is written: global batches of W * B entries, rank r taking entries [r * B, (r + 1) * B) of
+// each. The short last global batch (g entries) is dropped with drop_last; without it ferry
+// pads it by repeating the list's head to W * ceil(g / W) entries, dealt in runs of
+// ceil(g / W) (Megatron would hand out unequal slices, which DDP cannot take).
+std::vector<std::vector<std::vector<int64_t>>> MegatronReference(const std::vector<int64_t>& left,
+                                                                 const RunShape& run) {
+  const int64_t w = run.world_size, b = run.batch_size;
+  const int64_t r = static_cast<int64_t>(left.size());
+  std::vector<std::vector<std::vector<int64_t>>> out(static_cast<size_t>(w));
+  std::vector<int64_t> batch;
+  for (int64_t i = 0; i < r; ++i) {
+    batch.push_back(left[static_cast<size_t>(i)]);
+    if (static_cast<int64_t>(batch.size()) == w * b) {
+      for (int64_t rank = 0; rank < w; ++rank) {
+        out[static_cast<size_t>(rank)].emplace_back(batch.begin() + rank * b,
+                                                    batch.begin() + (rank + 1) * b);
+      }
+      batch.clear();
+    }
+  }
+  if (!batch.empty() && !run.drop_last) {
+    const int64_t g = static_cast<int64_t>(batch.size());
+    const int64_t each = (g + w - 1) / w;
+    for (int64_t i = g; i < each * w; ++i) batch.push_back(left[static_cast<size_t>((i - g) % r)]);
+    for (int64_t rank = 0; rank < w; ++rank) {
+      out[static_cast<size_t>(rank)].emplace_back(batch.begin() + rank * each,
+                                                  batch.begin() + (rank + 1) * each);
+    }
+  }
+  return out;
+}
+
 std::vector<std::vector<std::vector<int64_t>>> Reference(const std::vector<int64_t>& left,
                                                          const RunShape& run) {
+  if (run.micro_batches) return MegatronReference(left, run);
   const int64_t w = run.world_size;
   std::vector<int64_t> indices = left;
   const int64_t r = static_cast<int64_t>(left.size());
@@ -104,6 +140,28 @@ TEST(EpochLayoutTest, AResumedEpochDealsWhatIsLeft) {
   EXPECT_EQ(out[1], 324);
 }
 
+TEST(EpochLayoutTest, MicroBatchesAreMegatronsPretrainingSamplersDeal) {
+  // 2 ranks, micro-batch 2: global batches [0, 4), [4, 8); the short tail [8, 9) padded.
+  const EpochLayout layout = MustMake(9, {2, 2, false, false, /*micro_batches=*/true}, {});
+  EXPECT_EQ(layout.batches(), 3);
+  std::vector<int64_t> out;
+  layout.BatchPositions(0, 0, &out);
+  EXPECT_THAT(out, ElementsAre(0, 1));
+  layout.BatchPositions(1, 0, &out);
+  EXPECT_THAT(out, ElementsAre(2, 3));
+  layout.BatchPositions(1, 1, &out);
+  EXPECT_THAT(out, ElementsAre(6, 7));
+  layout.BatchPositions(0, 2, &out);
+  EXPECT_THAT(out, ElementsAre(8));
+  layout.BatchPositions(1, 2, &out);
+  EXPECT_THAT(out, ElementsAre(0));  // padding
+  EXPECT_THAT(layout.ConsumedAfter(1), ElementsAre(PositionRange{0, 4}));
+  const EpochLayout dropped = MustMake(9, {2, 2, true, false, true}, {});
+  EXPECT_EQ(dropped.batches(), 2);
+  EXPECT_FALSE(
+      EpochLayout::Make({.num_positions = 9, .contiguous = true, .micro_batches = true}).ok());
+}
+
 TEST(EpochLayoutTest, RefusesRangesThatAreNotSortedDisjointAndInside) {
   for (std::vector<PositionRange> bad : std::vector<std::vector<PositionRange>>{
            {{5, 3}}, {{0, 0}}, {{-1, 2}}, {{0, 11}}, {{4, 6}, {5, 7}}, {{6, 8}, {0, 2}}}) {
@@ -134,7 +192,9 @@ TEST(EpochLayoutTest, ChainsOfResumesDeliverEveryPositionOnce) {
   const int64_t sizes[] = {1, 2, 3, 7, 13, 27, 64, 101};
   for (int trial = 0; trial < 4000; ++trial) {
     const int64_t n = sizes[rng.Below(std::size(sizes))];
-    const bool contiguous = rng.Below(4) == 0;  // one dealing per dataset, as in ferry
+    const uint64_t dealing = rng.Below(4);  // one dealing per dataset, as in ferry
+    const bool contiguous = dealing == 0;
+    const bool micro_batches = dealing == 1;
     const int runs = 1 + static_cast<int>(rng.Below(4));
     std::vector<PositionRange> consumed;
     std::map<int64_t, int> delivered;
@@ -143,7 +203,8 @@ TEST(EpochLayoutTest, ChainsOfResumesDeliverEveryPositionOnce) {
     std::string trace;
     for (int i = 0; i < runs; ++i) {
       const RunShape run{1 + static_cast<int64_t>(rng.Below(9)),
-                         1 + static_cast<int64_t>(rng.Below(8)), rng.Below(3) == 0, contiguous};
+                         1 + static_cast<int64_t>(rng.Below(8)), rng.Below(3) == 0, contiguous,
+                         micro_batches};
       const EpochLayout layout = MustMake(n, run, consumed);
       const std::vector<int64_t> left = Left(n, consumed);
       const auto reference = Reference(left, run);
@@ -152,7 +213,8 @@ TEST(EpochLayoutTest, ChainsOfResumesDeliverEveryPositionOnce) {
           last ? layout.batches()
                : static_cast<int64_t>(rng.Below(static_cast<uint64_t>(layout.batches()) + 1));
       absl::StrAppend(&trace, " run(W=", run.world_size, " B=", run.batch_size,
-                      " drop=", run.drop_last, " contiguous=", contiguous, " k=", k, ")");
+                      " drop=", run.drop_last, " contiguous=", contiguous, " micro=", micro_batches,
+                      " k=", k, ")");
       SCOPED_TRACE("n=" + std::to_string(n) + trace);
       std::vector<int64_t> out;
       for (int64_t rank = 0; rank < run.world_size; ++rank) {

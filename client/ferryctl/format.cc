@@ -115,6 +115,12 @@ std::string DescribeDataset(const TokenShardsOptions& shards) {
 std::string DescribeDataset(const IndexedOptions& indexed) {
   return absl::StrCat("indexed ", indexed.path_prefix);
 }
+std::string DescribeDataset(const MegatronGptOptions& megatron) {
+  static const char* const kSplits[] = {"train", "valid", "test"};
+  return absl::StrCat("megatron_gpt ", absl::StrJoin(megatron.path_prefixes, " "), " (",
+                      kSplits[static_cast<int>(megatron.split_name) % 3], " split, seq ",
+                      megatron.sequence_length, ", seed ", megatron.random_seed, ")");
+}
 std::string DescribeDataset(const BlendOptions& blend) {
   return absl::StrCat("blend of ", blend.sources.size(), " sources");
 }

@@ -1,16 +1,13 @@
-// The `indexed` dataset: a Megatron-LM indexed dataset, `<prefix>.bin` (token ids) plus
-// `<prefix>.idx` (MMIDIDX version 1: a 34-byte header, then int32 sequence lengths, int64
-// sequence byte pointers into the .bin, int64 document indices (the first sequence of each
-// document, then the sequence count), optionally int8 sequence modes). Both files are mapped
-// through DatasetFs::MapFile and read in place.
+// The `indexed` dataset: a Megatron-LM indexed dataset, `<prefix>.bin` plus `<prefix>.idx`
+// (IndexedFiles), mapped through DatasetFs::MapFile and read in place, packed ferry's way.
+// (`megatron_gpt` reads the same files as Megatron-Core's GPTDataset does.)
 //
 // The sequences are packed in file order into one stream of tokens, cut into windows of
 // seq_len + 1 tokens starting at i * seq_len (as `tokens`); a document may continue from one
 // window into the next. Each window also reports where documents start inside it
 // (position_ids, cu_seqlens: see ferry.v1.IndexedDataset and docs/data.md).
 //
-// Cost of opening: the header and four entries of the index are read and the file sizes
-// checked against it, O(1) whatever the corpus size; no array is parsed or copied. A sample
+// Cost of opening: IndexedFiles::Open's, O(1) whatever the corpus size. A sample
 // finds its first sequence by binary search over the mapped pointers (O(log sequences)) and
 // checks every sequence it touches (its length, its pointer, that it ends where the next
 // begins), so a corrupt index fails that sample with DATA_LOSS naming the file and never
@@ -23,19 +20,18 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "ferry/v1/ferry.pb.h"
-#include "server/dataset/mapped_file.h"
+#include "server/dataset/indexed_files.h"
 #include "server/dataset/sample_source.h"
 
 namespace ferry {
 
 class IndexedSource final : public SampleSource {
  public:
-  static constexpr size_t kIdxHeaderBytes = 34;
-
   // Errors: INVALID_ARGUMENT naming the field (dataset.indexed.*) or saying what is wrong
   // with the .idx (magic, version, dtype code, sizes that disagree with its header, document
   // indices not from 0 to the sequence count) or the .bin (shorter than the index says);
@@ -65,11 +61,8 @@ class IndexedSource final : public SampleSource {
   };
 
  private:
-  IndexedSource() = default;
+  explicit IndexedSource(IndexedFiles files) : files_(std::move(files)) {}
 
-  int64_t SequenceLength(int64_t s) const;
-  int64_t SequencePointer(int64_t s) const;
-  int64_t DocumentIndex(int64_t d) const;
   // What is wrong with the index where a window's walk through it stopped (PlanWindow),
   // made into a status outside the guarded read (which may not allocate).
   struct IndexFault {
@@ -87,24 +80,16 @@ class IndexedSource final : public SampleSource {
   // The fault for sequence s, which does not fit (SequenceFits).
   IndexFault Misfit(int64_t s) const;
   absl::Status FaultStatus(const IndexFault& fault) const;
-  // True when sequence s lies where the packed stream needs it: a non-negative length,
-  // ending where sequence s + 1 begins (the .bin's used end for the last).
-  bool SequenceFits(int64_t s) const;
   // Whether sequence s begins a document. *cursor: -1 on a window's first call (a binary
   // search), then the entry it stopped at, which later calls for larger s walk on from.
   bool StartsDocument(int64_t s, int64_t* cursor) const;
 
   // Constant after construction.
-  std::shared_ptr<const MappedFile> idx_;
-  std::shared_ptr<const MappedFile> bin_;
-  size_t token_bytes_ = 0;  // 2 (uint16) or 4 (int32)
+  IndexedFiles files_;
   ferry::v1::DType output_dtype_ = ferry::v1::INT64;
   bool raw_ = false;  // "tokens" holds the file's ids (device_dtype set)
   RowStores row_stores_ = RowStores::kOrdinary;
   int64_t seq_len_ = 0;
-  int64_t num_sequences_ = 0;
-  int64_t num_documents_ = 0;  // entries of the document index (documents + 1)
-  int64_t used_bytes_ = 0;     // of the .bin: the end of the last sequence
   int64_t num_samples_ = 0;
   int position_field_ = -1;
   int cu_field_ = -1;

@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/dataset/megatron_gpt.h"
+#include "server/dataset/megatron_gpt_source.h"
 
 namespace ferry::megatron {
 namespace {
@@ -318,6 +319,197 @@ TEST(MegatronGptReferenceTest, BlendsMatchMegatronCore) {
         CheckSample(corpora[d], sources[d], sample[static_cast<size_t>(j)], ref, split + "/", j,
                     Options());
       }
+    }
+  }
+}
+
+// The `megatron_gpt` dataset kind end to end: MegatronGptSource, opened on the corpora's
+// files as ferryd opens them, fills every row of every split equal to Megatron-Core's
+// sample of the same index, field for field.
+struct SourceCase {
+  std::string npz;
+  std::vector<std::string> corpora;
+  std::vector<double> weights;
+  std::string split;
+  std::vector<int64_t> sizes;  // train, valid, test
+  bool reset = false;
+  bool no_extra = false;
+};
+
+ferry::v1::MegatronGptDataset SpecOf(const SourceCase& c, int split) {
+  ferry::v1::MegatronGptDataset spec;
+  for (const std::string& corpus : c.corpora) {
+    spec.add_path_prefixes(kReferences + "/corpora/" + corpus);
+  }
+  for (double w : c.weights) spec.add_weights(w);
+  spec.set_sequence_length(8);
+  spec.set_split(c.split);
+  spec.set_split_name(static_cast<ferry::v1::MegatronGptDataset::Split>(split));
+  spec.set_num_samples(static_cast<uint64_t>(c.sizes[static_cast<size_t>(split)]));
+  spec.set_random_seed(1234);
+  spec.set_eod_token(2);
+  spec.set_pad_token(1);
+  spec.set_reset_position_ids(c.reset);
+  spec.set_reset_attention_mask(c.reset);
+  spec.set_eod_mask_loss(c.reset);
+  spec.set_create_attention_mask(true);
+  spec.set_no_extra_token(c.no_extra);
+  return spec;
+}
+
+// Row `i` of field `f` of a source's fill, as T.
+template <typename T>
+T RowValue(const std::vector<std::vector<uint8_t>>& rows, size_t f, size_t i) {
+  T v;
+  std::memcpy(&v, rows[f].data() + i * sizeof(T), sizeof(T));
+  return v;
+}
+
+TEST(MegatronGptReferenceTest, TheMegatronGptDatasetDeliversMegatronCoresSamples) {
+  const SourceCase cases[] = {
+      {"a_one_seq_per_doc", {"one_seq_per_doc"}, {}, "1,0,0", {20, 0, 0}},
+      {"b_multi_seq_per_doc", {"multi_seq_per_doc"}, {}, "1,0,0", {11, 0, 0}},
+      {"c_empty_and_1tok_docs", {"edge_docs"}, {}, "1,0,0", {12, 0, 0}},
+      {"d_reset_flags", {"multi_seq_per_doc"}, {}, "1,0,0", {18, 0, 0}, /*reset=*/true},
+      {"e_no_extra_token", {"one_seq_per_doc"}, {}, "1,0,0", {11, 0, 0}, false, /*no_extra=*/true},
+      {"f_split_969_30_1", {"split_600"}, {}, "969,30,1", {48, 16, 8}},
+      {"g1_blend3",
+       {"blend_src0", "blend_src1", "blend_src2"},
+       {0.7, 0.2, 0.1},
+       "90,10,0",
+       {40, 8, 0}},
+      {"g2_blend9",
+       {"blend_src0", "blend_src1", "blend_src2", "blend_src3", "blend_src4", "blend_src5",
+        "blend_src6", "blend_src7", "blend_src8"},
+       {3, 1.5, 0.25, 7, 2, 0.5, 1, 4.75, 0.1},
+       "1,0,0",
+       {64, 0, 0}},
+      {"i_int32_corpus", {"int32_corpus"}, {}, "1,0,0", {5, 0, 0}},
+  };
+  const char* kSplits[] = {"train", "valid", "test"};
+  for (const SourceCase& c : cases) {
+    SCOPED_TRACE(c.npz);
+    const auto ref = ReadNpz(kReferences + "/" + c.npz + ".npz");
+    for (int k = 0; k < 3; ++k) {
+      const std::string split = kSplits[k];
+      if (ref.count(split + "/tokens") == 0) continue;
+      SCOPED_TRACE(split);
+      absl::StatusOr<std::unique_ptr<MegatronGptSource>> source =
+          MegatronGptSource::Create(SpecOf(c, k), *UnconfinedDatasetFs());
+      ASSERT_TRUE(source.ok()) << source.status();
+      const int64_t n = 8;
+      ASSERT_EQ((*source)->size(), ref.at(split + "/tokens").shape[0]);
+      const std::vector<FieldLayout>& fields = (*source)->fields();
+      ASSERT_EQ(fields.size(), 6u);  // tokens labels loss_mask position_ids attention_mask index
+      std::vector<std::vector<uint8_t>> rows;
+      std::vector<uint8_t*> pointers;
+      for (const FieldLayout& f : fields) rows.emplace_back(f.row_bytes);
+      for (auto& r : rows) pointers.push_back(r.data());
+      auto scratch = (*source)->NewScratch();
+      for (int64_t i = 0; i < (*source)->size(); ++i) {
+        SCOPED_TRACE("sample " + std::to_string(i));
+        ASSERT_TRUE((*source)->Fill(i, 0, pointers, scratch.get()).ok());
+        for (int64_t j = 0; j < n; ++j) {
+          const size_t at = static_cast<size_t>(i * n + j);
+          const size_t col = static_cast<size_t>(j);
+          ASSERT_EQ(RowValue<int64_t>(rows, 0, col), ref.at(split + "/tokens").At<int64_t>(at));
+          ASSERT_EQ(RowValue<int64_t>(rows, 1, col), ref.at(split + "/labels").At<int64_t>(at));
+          ASSERT_EQ(RowValue<float>(rows, 2, col), ref.at(split + "/loss_mask").At<float>(at));
+          ASSERT_EQ(RowValue<int64_t>(rows, 3, col),
+                    ref.at(split + "/position_ids").At<int64_t>(at));
+        }
+        for (int64_t m = 0; m < n * n; ++m) {
+          ASSERT_EQ(
+              rows[4][static_cast<size_t>(m)],
+              ref.at(split + "/attention_mask").At<uint8_t>(static_cast<size_t>(i * n * n + m)))
+              << "attention_mask " << m / n << "," << m % n;
+        }
+        ASSERT_EQ(RowValue<int64_t>(rows, 5, 0), i);
+      }
+    }
+  }
+}
+
+TEST(MegatronGptReferenceTest, TheMegatronGptDatasetRefusesWhatMegatronRefuses) {
+  const SourceCase one{"", {"one_seq_per_doc"}, {}, "1,0,0", {20, 0, 0}};
+  ferry::v1::MegatronGptDataset spec = SpecOf(one, 0);
+  spec.set_sequence_length(1);  // build_sample_idx asserts seq_length > 1 (case h_seq_len_1)
+  auto refused = MegatronGptSource::Create(spec, *UnconfinedDatasetFs());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), testing::HasSubstr("sequence_length"));
+  EXPECT_THAT(refused.status().message(), testing::HasSubstr("at least 2"));
+
+  spec = SpecOf(one, 1);  // "1,0,0" builds no valid split
+  refused = MegatronGptSource::Create(spec, *UnconfinedDatasetFs());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), testing::HasSubstr("valid split weight 0"));
+
+  const SourceCase blend{"", {"blend_src0", "blend_src1"}, {0.5, 0.5}, "1,0,0", {0, 0, 0}};
+  refused = MegatronGptSource::Create(SpecOf(blend, 0), *UnconfinedDatasetFs());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), testing::HasSubstr("num_samples must be set"));
+
+  spec = SpecOf(blend, 0);
+  spec.set_num_samples(10);
+  spec.add_weights(1.0);
+  refused = MegatronGptSource::Create(spec, *UnconfinedDatasetFs());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), testing::HasSubstr("3 entries for 2 path_prefixes"));
+
+  spec = SpecOf(one, 0);
+  spec.set_random_seed(uint64_t{1} << 32);
+  refused = MegatronGptSource::Create(spec, *UnconfinedDatasetFs());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), testing::HasSubstr("random_seed"));
+
+  spec = SpecOf(one, 0);
+  spec.set_path_prefixes(0, kReferences + "/corpora/no_such_corpus");
+  refused = MegatronGptSource::Create(spec, *UnconfinedDatasetFs());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), testing::HasSubstr("no_such_corpus"));
+}
+
+TEST(MegatronGptReferenceTest, CuSeqlensMarkTheSegmentsOfResetAttentionMask) {
+  // Case d's samples with cu_seqlens: the segments are where Megatron's reset mask cuts.
+  const SourceCase c{"d_reset_flags", {"multi_seq_per_doc"}, {}, "1,0,0", {18, 0, 0}, true};
+  ferry::v1::MegatronGptDataset spec = SpecOf(c, 0);
+  spec.set_cu_seqlens(true);
+  spec.set_output_dtype(ferry::v1::INT32);
+  auto source = MegatronGptSource::Create(spec, *UnconfinedDatasetFs());
+  ASSERT_TRUE(source.ok()) << source.status();
+  const auto ref = ReadNpz(kReferences + "/d_reset_flags.npz");
+  const std::vector<FieldLayout>& fields = (*source)->fields();
+  ASSERT_EQ(fields[5].name, "cu_seqlens");
+  ASSERT_EQ(fields[6].name, "num_seqs");
+  std::vector<std::vector<uint8_t>> rows;
+  std::vector<uint8_t*> pointers;
+  for (const FieldLayout& f : fields) rows.emplace_back(f.row_bytes);
+  for (auto& r : rows) pointers.push_back(r.data());
+  auto scratch = (*source)->NewScratch();
+  const int64_t n = 8;
+  for (int64_t i = 0; i < (*source)->size(); ++i) {
+    ASSERT_TRUE((*source)->Fill(i, 0, pointers, scratch.get()).ok());
+    // Row r's segment starts at the first column it may attend to.
+    std::vector<int32_t> starts;
+    for (int64_t r = 0; r < n; ++r) {
+      int64_t first = 0;
+      while (
+          ref.at("train/attention_mask").At<bool>(static_cast<size_t>(i * n * n + r * n + first))) {
+        ++first;
+      }
+      if (starts.empty() || starts.back() != first) starts.push_back(static_cast<int32_t>(first));
+    }
+    const int32_t count = RowValue<int32_t>(rows, 6, 0);
+    ASSERT_EQ(count, static_cast<int32_t>(starts.size())) << "sample " << i;
+    for (size_t k = 0; k < starts.size(); ++k) {
+      EXPECT_EQ(RowValue<int32_t>(rows, 5, k), starts[k]) << "sample " << i;
+    }
+    for (int64_t k = count; k <= n; ++k) {
+      EXPECT_EQ(RowValue<int32_t>(rows, 5, static_cast<size_t>(k)), n) << "sample " << i;
+    }
+    for (int64_t j = 0; j < n; ++j) {  // INT32 tokens are Megatron's values
+      ASSERT_EQ(RowValue<int32_t>(rows, 0, static_cast<size_t>(j)),
+                ref.at("train/tokens").At<int64_t>(static_cast<size_t>(i * n + j)));
     }
   }
 }

@@ -10,6 +10,7 @@
 #include "server/dataset/compose_spec.h"
 #include "server/dataset/image_folder_source.h"
 #include "server/dataset/indexed_source.h"
+#include "server/dataset/megatron_gpt_source.h"
 #include "server/dataset/npy_source.h"
 #include "server/dataset/record_source.h"
 #include "server/dataset/shard_pattern.h"
@@ -22,6 +23,7 @@ namespace ferry {
 size_t DTypeSize(ferry::v1::DType dtype) {
   switch (dtype) {
     case ferry::v1::UINT8:
+    case ferry::v1::BOOL:
       return 1;
     case ferry::v1::UINT16:
     case ferry::v1::FLOAT16:
@@ -173,6 +175,24 @@ constexpr DatasetKind kDatasetKinds[] = {
      [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
         const SourceOptions& options) -> Opened {
        return OpenNpySource(spec.dataset().npy(), options.row_stores, *fs);
+     }},
+    {DatasetSpec::kMegatronGpt, "megatron_gpt", "dataset.megatron_gpt.path_prefixes", false,
+     nullptr,
+     [](const DatasetSpec& d) -> Paths {
+       std::vector<std::string> paths;
+       for (const std::string& prefix : d.megatron_gpt().path_prefixes()) {
+         if (prefix.empty()) return std::vector<std::string>{""};
+         paths.push_back(prefix + ".bin");
+         paths.push_back(prefix + ".idx");
+       }
+       if (paths.empty()) return std::vector<std::string>{""};
+       return paths;
+     },
+     [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
+        const SourceOptions& options) -> Opened {
+       FERRY_ASSIGN_OR_RETURN(
+           auto source, MegatronGptSource::Create(spec.dataset().megatron_gpt(), *fs, options));
+       return std::unique_ptr<SampleSource>(std::move(source));
      }},
     {DatasetSpec::kBlend, "blend", nullptr, false, nullptr,
      [](const DatasetSpec& d) -> Paths {

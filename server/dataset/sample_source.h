@@ -23,6 +23,7 @@
 #define FERRY_SERVER_DATASET_SAMPLE_SOURCE_H_
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/streaming_copy.h"
 #include "ferry/v1/ferry.pb.h"
 #include "server/dataset/dataset_fs.h"
 #include "server/decode/gpu_decode_split.h"
@@ -68,6 +70,15 @@ inline constexpr char kGpuDecodePlanField[] = "gpu_decode_plan";
 // engine reads next (a row left dirty in the workers' caches slows the DMA that reads it:
 // common/streaming_copy.h), kOrdinary for slots a trainer's CPU reads.
 enum class RowStores { kOrdinary, kStreaming };
+
+// Writes `bytes` computed at `src` into a slot row as `stores` says.
+inline void StoreRow(RowStores stores, uint8_t* dst, const uint8_t* src, size_t bytes) {
+  if (stores == RowStores::kStreaming) {
+    StreamingCopy(dst, src, bytes);
+  } else {
+    std::memcpy(dst, src, bytes);
+  }
+}
 
 // A field that is a plain slice of a read-only file mapping: sample i's row is the
 // row_bytes at records + record * row_bytes, where `record` is the int64 the source writes
@@ -137,6 +148,12 @@ class SampleSource {
   // (seed, epoch, shuffle) and the dataset. Called only when HasStreamOrder().
   virtual void StreamOrder(uint64_t seed, int64_t epoch, bool shuffle,
                            std::vector<int64_t>* order) const {}
+
+  // Sources whose index order is already the training order of Megatron-LM's pretraining
+  // sampler (megatron_gpt: the dataset shuffles itself) return true: the job's sampler keeps
+  // that order (the job's shuffle must be off) and deals it in global batches of
+  // micro-batches, rank r taking micro-batch r of each (SamplerOptions::micro_batches).
+  virtual bool DealsMicroBatches() const { return false; }
 
   // Sources whose epoch is not a permutation of their samples (a blend draws each epoch's
   // positions from its sources by weight) return true: the job's sampler then deals

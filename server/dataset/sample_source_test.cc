@@ -385,9 +385,9 @@ TEST(ImageFolderErrorsTest, UnsetRootOrKindIsInvalid) {
       MakeSampleSource(ferry::v1::JobSpec(), UnconfinedDatasetFs());
   EXPECT_EQ(no_kind.status().code(), absl::StatusCode::kInvalidArgument);
   // Every kind is named.
-  for (const char* kind :
-       {"dataset.image_folder, ", "dataset.tokens, ", "dataset.token_shards, ", "dataset.indexed, ",
-        "dataset.webdataset, ", "dataset.records, ", "dataset.npy or ", "dataset.blend"}) {
+  for (const char* kind : {"dataset.image_folder, ", "dataset.tokens, ", "dataset.token_shards, ",
+                           "dataset.indexed, ", "dataset.webdataset, ", "dataset.records, ",
+                           "dataset.npy, ", "dataset.megatron_gpt or ", "dataset.blend"}) {
     EXPECT_THAT(no_kind.status().message(), HasSubstr(kind));
   }
   // An empty path names every kind's path field.
@@ -398,7 +398,8 @@ TEST(ImageFolderErrorsTest, UnsetRootOrKindIsInvalid) {
   EXPECT_THAT(no_path.status().message(),
               HasSubstr("give dataset.image_folder.root, dataset.tokens.path, "
                         "dataset.token_shards.shards, dataset.indexed.path_prefix, "
-                        "dataset.webdataset.shards, dataset.records.path or dataset.npy.path"));
+                        "dataset.webdataset.shards, dataset.records.path, dataset.npy.path or "
+                        "dataset.megatron_gpt.path_prefixes"));
 }
 
 TEST(DatasetKindsTest, ImagesAndWidenOnHostFollowTheKind) {

@@ -78,6 +78,15 @@ absl::StatusOr<std::shared_ptr<Job>> Job::Create(JobIdentity identity,
     };
     options.contiguous = true;
   }
+  if (source->DealsMicroBatches()) {
+    if (options.shuffle) {
+      return absl::InvalidArgumentError(
+          "shuffle must be off for a dataset in Megatron-LM's own order "
+          "(dataset.megatron_gpt shuffles its samples itself, from its random_seed); set "
+          "shuffle=False");
+    }
+    options.micro_batches = true;
+  }
   if (source->MapsPositions()) {
     // The sampler deals the blend's positions; the source maps each to a sample.
     const SampleSource* mapped = source.get();

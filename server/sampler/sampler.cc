@@ -19,11 +19,13 @@ absl::StatusOr<std::unique_ptr<Sampler>> Sampler::Create(const SamplerOptions& o
         absl::StrCat("num_samples must be at least 1 (got ", options.num_samples, ")"));
   }
   // The layout checks batch_size and world_size.
-  FERRY_ASSIGN_OR_RETURN(EpochLayout fresh, EpochLayout::Make({.num_positions = options.num_samples,
-                                                               .world_size = options.world_size,
-                                                               .batch_size = options.batch_size,
-                                                               .drop_last = options.drop_last,
-                                                               .contiguous = options.contiguous}));
+  FERRY_ASSIGN_OR_RETURN(EpochLayout fresh,
+                         EpochLayout::Make({.num_positions = options.num_samples,
+                                            .world_size = options.world_size,
+                                            .batch_size = options.batch_size,
+                                            .drop_last = options.drop_last,
+                                            .contiguous = options.contiguous,
+                                            .micro_batches = options.micro_batches}));
   std::unique_ptr<Sampler> sampler(new Sampler(options, std::move(fresh)));
   if (sampler->batches_per_epoch() == 0) {
     // Only reachable with drop_last: without it every rank gets at least one (short) batch.

@@ -17,7 +17,9 @@
 // A dataset stored as streams (WebDataset tar shards) supplies its own epoch order through
 // `epoch_order` and sets `contiguous`, so that each rank reads a run of whole shards. A
 // dataset whose epoch is not a permutation of its samples (a blend) maps each dealt position
-// to a sample through `map_positions`; num_samples then counts positions.
+// to a sample through `map_positions`; num_samples then counts positions. A dataset already in
+// Megatron-LM's training order sets `micro_batches` (and no shuffle): rank r takes micro-batch
+// r of each global batch of world * batch_size positions.
 //
 //   Sampler sampler({.num_samples = n, .batch_size = 256, .world_size = 8, ...});
 //   std::vector<int64_t> ids;
@@ -59,6 +61,9 @@ struct SamplerOptions {
   std::function<void(int64_t epoch, std::vector<int64_t>* order)> epoch_order;
   // Deal contiguous runs of the order to ranks instead of striding (see above). Default: false.
   bool contiguous = false;
+  // Deal the order in global batches of micro-batches, as Megatron-LM's
+  // MegatronPretrainingSampler does (EpochLayout::Options::micro_batches). Default: false.
+  bool micro_batches = false;
   // When set, the order holds positions, not samples: BatchIndices hands the positions it
   // deals to map_positions, which replaces each by its sample, a pure function of
   // (epoch, position) (a blend maps its positions to the samples of its sources). Called

@@ -15,6 +15,7 @@ namespace ferry {
 size_t DTypeSize(DType dtype) {
   switch (dtype) {
     case DType::kUint8:
+    case DType::kBool:
       return 1;
     case DType::kUint16:
     case DType::kFloat16:
@@ -49,6 +50,8 @@ std::string_view DTypeName(DType dtype) {
       return "bfloat16";
     case DType::kFloat32:
       return "float32";
+    case DType::kBool:
+      return "bool";
     default:
       return "unspecified";
   }
@@ -148,6 +151,29 @@ void SetDataset(const IndexedOptions& indexed, v1::DatasetSpec* d) {
   i->set_position_ids(indexed.position_ids);
   i->set_cu_seqlens(indexed.cu_seqlens);
   i->set_widen_on_host(indexed.widen_on_host);
+}
+void SetDataset(const MegatronGptOptions& megatron, v1::DatasetSpec* d) {
+  v1::MegatronGptDataset* m = d->mutable_megatron_gpt();
+  for (const std::string& prefix : megatron.path_prefixes) m->add_path_prefixes(prefix);
+  for (double w : megatron.weights) m->add_weights(w);
+  m->set_sequence_length(megatron.sequence_length);
+  m->set_split(megatron.split);
+  m->set_split_name(static_cast<v1::MegatronGptDataset::Split>(megatron.split_name));
+  m->set_num_samples(megatron.num_samples);
+  m->set_random_seed(megatron.random_seed);
+  m->set_eod_token(megatron.eod_token);
+  if (megatron.pad_token.has_value()) m->set_pad_token(*megatron.pad_token);
+  m->set_reset_position_ids(megatron.reset_position_ids);
+  m->set_reset_attention_mask(megatron.reset_attention_mask);
+  m->set_eod_mask_loss(megatron.eod_mask_loss);
+  m->set_create_attention_mask(megatron.create_attention_mask);
+  m->set_no_extra_token(megatron.no_extra_token);
+  m->set_keep_partial_validation_sequence(megatron.keep_partial_validation_sequence);
+  if (megatron.mid_level_dataset_surplus.has_value()) {
+    m->set_mid_level_dataset_surplus(*megatron.mid_level_dataset_surplus);
+  }
+  m->set_cu_seqlens(megatron.cu_seqlens);
+  m->set_output_dtype(ToProto(megatron.output_dtype));
 }
 void SetDataset(const BlendOptions& blend, v1::DatasetSpec* d) {
   v1::BlendDataset* b = d->mutable_blend();
@@ -417,6 +443,30 @@ JobOptions FromProto(const v1::JobSpec& spec) {
     }
     blend.samples_per_epoch = spec.dataset().blend().samples_per_epoch();
     options.dataset = std::move(blend);
+  } else if (spec.dataset().has_megatron_gpt()) {
+    const v1::MegatronGptDataset& m = spec.dataset().megatron_gpt();
+    MegatronGptOptions megatron;
+    megatron.path_prefixes.assign(m.path_prefixes().begin(), m.path_prefixes().end());
+    megatron.weights.assign(m.weights().begin(), m.weights().end());
+    megatron.sequence_length = m.sequence_length();
+    megatron.split = m.split();
+    megatron.split_name = static_cast<MegatronGptOptions::Split>(m.split_name());
+    megatron.num_samples = m.num_samples();
+    megatron.random_seed = m.random_seed();
+    megatron.eod_token = m.eod_token();
+    if (m.has_pad_token()) megatron.pad_token = m.pad_token();
+    megatron.reset_position_ids = m.reset_position_ids();
+    megatron.reset_attention_mask = m.reset_attention_mask();
+    megatron.eod_mask_loss = m.eod_mask_loss();
+    megatron.create_attention_mask = m.create_attention_mask();
+    megatron.no_extra_token = m.no_extra_token();
+    megatron.keep_partial_validation_sequence = m.keep_partial_validation_sequence();
+    if (m.has_mid_level_dataset_surplus()) {
+      megatron.mid_level_dataset_surplus = m.mid_level_dataset_surplus();
+    }
+    megatron.cu_seqlens = m.cu_seqlens();
+    megatron.output_dtype = FromProto(m.output_dtype());
+    options.dataset = std::move(megatron);
   } else {
     std::visit([&options](auto&& one) { options.dataset = std::move(one); },
                DatasetFromProto(spec.dataset()));

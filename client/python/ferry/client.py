@@ -23,9 +23,10 @@ NUMPY_DTYPES = {
     6: np.dtype("<f2"),
     7: np.dtype("<u2"),
     8: np.dtype("<f4"),
+    9: np.dtype(np.bool_),
 }
 DTYPE_NAMES = {1: "uint8", 2: "uint16", 3: "uint32", 4: "int32", 5: "int64", 6: "float16",
-               7: "bfloat16", 8: "float32"}
+               7: "bfloat16", 8: "float32", 9: "bool"}
 
 
 def default_address():
@@ -218,6 +219,7 @@ _TORCH_VIEWS = {
     6: ("<f2", "float16"),
     7: ("<i2", "bfloat16"),
     8: ("<f4", "float32"),
+    9: ("|b1", "bool"),
 }
 
 

@@ -56,8 +56,9 @@ extern "C" {
  *   1.3: ferry_client_attach_on (a GPU rank names its GPU: jobs of device "cuda").
  *   1.4: ferry_job_limit, ferry_last_error_reason.
  *   1.5: resuming on another world size: ferry_consumer_resume_epoch,
- *        ferry_consumer_epoch_batches, ferry_epoch_consumed, ferry_job_epoch_info. */
-#define FERRY_ABI_MINOR 5
+ *        ferry_consumer_epoch_batches, ferry_epoch_consumed, ferry_job_epoch_info.
+ *   1.6: FERRY_DTYPE_BOOL (fields of megatron_gpt jobs). */
+#define FERRY_ABI_MINOR 6
 
 /* Status codes (absl::StatusCode / grpc::StatusCode values). */
 enum {
@@ -90,7 +91,8 @@ enum {
   FERRY_DTYPE_INT64 = 5,
   FERRY_DTYPE_FLOAT16 = 6,
   FERRY_DTYPE_BFLOAT16 = 7,
-  FERRY_DTYPE_FLOAT32 = 8
+  FERRY_DTYPE_FLOAT32 = 8,
+  FERRY_DTYPE_BOOL = 9 /* one byte, 0 or 1; since 1.6 */
 };
 
 typedef struct ferry_client ferry_client_t;

@@ -51,6 +51,7 @@ enum class DType : int {
   kFloat16 = 6,
   kBFloat16 = 7,
   kFloat32 = 8,
+  kBool = 9,  // one byte, 0 or 1
 };
 
 // Bytes per element; 0 for kUnspecified or an unknown value.
@@ -113,6 +114,33 @@ struct IndexedOptions {
   bool cu_seqlens = false;    // Default: false
   // As TokensOptions::widen_on_host. Default: false.
   bool widen_on_host = false;
+};
+
+// Megatron-Core's GPTDataset (one prefix) or BlendedDataset (several, with weights) over
+// Megatron-LM indexed datasets: sample i is sample i of Megatron's dataset for the same files,
+// split, seed, sequence length and blend, field for field; ranks are dealt as Megatron's
+// MegatronPretrainingSampler deals them, and the job's shuffle must be off
+// (ferry.v1.MegatronGptDataset; docs/data.md, "Megatron-Core's samples").
+struct MegatronGptOptions {
+  std::vector<std::string> path_prefixes;  // Megatron's --data-path, without .bin / .idx
+  std::vector<double> weights;             // one per prefix; empty for one prefix
+  uint32_t sequence_length = 0;            // Required, >= 2.
+  std::string split;                       // Default: empty = "969, 30, 1"
+  enum class Split { kTrain = 0, kValid = 1, kTest = 2 };
+  Split split_name = Split::kTrain;
+  uint64_t num_samples = 0;  // Default: 0 = one epoch of one prefix; required for a blend
+  uint64_t random_seed = 0;
+  int64_t eod_token = 0;             // tokenizer.eod
+  std::optional<int64_t> pad_token;  // tokenizer.pad. Default: unset = -1
+  bool reset_position_ids = false;
+  bool reset_attention_mask = false;
+  bool eod_mask_loss = false;
+  bool create_attention_mask = false;  // "attention_mask" kBool [1, S, S]
+  bool no_extra_token = false;         // add_extra_token_to_sequence=False
+  bool keep_partial_validation_sequence = false;
+  std::optional<double> mid_level_dataset_surplus;  // Default: unset = 0.005
+  bool cu_seqlens = false;                          // "cu_seqlens" and "num_seqs"
+  DType output_dtype = DType::kInt64;               // kInt64 or kInt32
 };
 
 // WebDataset tar shards: a sample is the members sharing a basename; fields "image",
@@ -321,7 +349,7 @@ struct JobOptions {
   std::string name;
   // Required.
   std::variant<std::monostate, ImageFolderOptions, TokensOptions, WebDatasetOptions, RecordsOptions,
-               NpyOptions, TokenShardsOptions, IndexedOptions, BlendOptions>
+               NpyOptions, TokenShardsOptions, IndexedOptions, BlendOptions, MegatronGptOptions>
       dataset;
   // Required for image datasets; ignored for tokens.
   std::variant<std::monostate, RandomResizedCropOptions, CenterCropOptions, ComposeOptions>
