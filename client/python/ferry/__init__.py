@@ -15,15 +15,15 @@ Pure Python over libferry.so's C ABI (ctypes): nothing is compiled per Python ve
 from ferry import transforms
 from ferry.errors import FerryError
 from ferry.crops import CenterCrop, RandomResizedCrop
-from ferry.datasets import (Blend, ImageFolder, IndexedDataset, Npy, Records, TokenShards, Tokens,
-                            WebDataset)
+from ferry.datasets import (Blend, ImageFolder, IndexedDataset, MegatronGPT, Npy, Records,
+                            TokenShards, Tokens, WebDataset)
 from ferry.loader import Loader
 
 __version__ = "0.1.0"
 
 __all__ = ["Blend", "CenterCrop", "Client", "FerryError", "ImageFolder", "IndexedDataset", "Loader",
-           "Npy", "RandomResizedCrop", "Records", "TokenShards", "Tokens", "WebDataset",
-           "default_address", "transforms"]
+           "MegatronGPT", "Npy", "RandomResizedCrop", "Records", "TokenShards", "Tokens",
+           "WebDataset", "default_address", "transforms"]
 
 
 def __getattr__(name):

@@ -235,6 +235,129 @@ class IndexedDataset:
             self.path_prefix, self.seq_len, self.position_ids, self.cu_seqlens)
 
 
+class MegatronGPT:
+    """Megatron-Core's GPTDataset (one path prefix) or BlendedDataset (several, with
+    `weights`) over Megatron-LM indexed datasets (.bin/.idx), for one split: sample i is
+    sample i of the dataset Megatron-Core's BlendedMegatronDatasetBuilder builds from the same
+    files, split string, random_seed, sequence_length, blend and num_samples, field for
+    field (docs/data.md, "Megatron-Core's samples"). Arguments are GPTDatasetConfig's:
+    split "969, 30, 1" and random_seed 1234 are Megatron-LM's --split and --seed defaults;
+    eod_token and pad_token are the tokenizer's (pad_token None: a tokenizer without one);
+    num_samples is the split's size (train_iters * global_batch_size; None: one epoch of the
+    corpus, one prefix only).
+
+    The order is Megatron's own: use it with shuffle=False (the default), and batch_size is
+    the micro-batch size: rank r gets micro-batch r of each global batch of world_size *
+    batch_size samples, as Megatron's MegatronPretrainingSampler deals them (drop_last=True
+    drops the short last global batch, as Megatron does). Batches: "tokens", "labels",
+    "position_ids" (output_dtype[B, S]), "loss_mask" (float32[B, S]), with
+    create_attention_mask=True "attention_mask" (bool[B, 1, S, S], True where masked), with
+    cu_seqlens=True "cu_seqlens" (int32[B, S + 1]) and "num_seqs" (int32[B]): the segments
+    reset_attention_mask makes (a new one after each EOD), and "index" (int64[B])."""
+
+    _SPLITS = {"train": "TRAIN", "valid": "VALID", "test": "TEST"}
+
+    def __init__(self, path_prefixes, sequence_length, eod_token, weights=None,
+                 split="969, 30, 1", split_name="train", num_samples=None, random_seed=1234,
+                 pad_token=None, reset_position_ids=False, reset_attention_mask=False,
+                 eod_mask_loss=False, create_attention_mask=False,
+                 add_extra_token_to_sequence=True, drop_last_partial_validation_sequence=True,
+                 mid_level_dataset_surplus=0.005, cu_seqlens=False, output_dtype="int64"):
+        if isinstance(path_prefixes, (str, os.PathLike)):
+            path_prefixes = [path_prefixes]
+        if not isinstance(path_prefixes, (list, tuple)) or not path_prefixes:
+            raise TypeError("MegatronGPT path_prefixes must be a path or a non-empty list of "
+                            "paths, got %r" % (path_prefixes,))
+        self.path_prefixes = []
+        for i, prefix in enumerate(path_prefixes):
+            prefix = _check_path("MegatronGPT path_prefixes[%d]" % i, prefix)
+            for ext in (".bin", ".idx"):
+                if prefix.endswith(ext):
+                    raise ValueError("MegatronGPT path_prefixes[%d] is the path without %s, "
+                                     "got %r" % (i, ext, prefix))
+            self.path_prefixes.append(prefix)
+        if weights is None:
+            if len(self.path_prefixes) > 1:
+                raise ValueError("MegatronGPT with %d path_prefixes needs one weight each "
+                                 "(Megatron's blend)" % len(self.path_prefixes))
+            self.weights = []
+        else:
+            weights = list(weights)
+            if len(weights) != len(self.path_prefixes):
+                raise ValueError("MegatronGPT weights has %d entries for %d path_prefixes"
+                                 % (len(weights), len(self.path_prefixes)))
+            for i, w in enumerate(weights):
+                if isinstance(w, bool) or not isinstance(w, numbers.Real) or not w > 0:
+                    raise ValueError("MegatronGPT weights[%d] must be a number > 0, got %r"
+                                     % (i, w))
+            self.weights = [float(w) for w in weights]
+        self.sequence_length = _check_int("sequence_length", sequence_length, 2, 2**20)
+        self.eod_token = _check_int("eod_token", eod_token)
+        if not isinstance(split, str) or not split.strip():
+            raise TypeError("MegatronGPT split must be a string like \"969, 30, 1\", got %r"
+                            % (split,))
+        self.split = split
+        if split_name not in self._SPLITS:
+            raise ValueError("MegatronGPT split_name must be one of %s, got %r"
+                             % (sorted(self._SPLITS), split_name))
+        self.split_name = split_name
+        if num_samples is None:
+            if self.weights:
+                raise ValueError("MegatronGPT num_samples must be given for a blend (weights): "
+                                 "Megatron's builder shares that size out by weight")
+            self.num_samples = None
+        else:
+            self.num_samples = _check_int("num_samples", num_samples, 1, 2**57)
+        self.random_seed = _check_int("random_seed", random_seed, 0, 2**32 - 1)
+        self.pad_token = None if pad_token is None else _check_int("pad_token", pad_token)
+        self.reset_position_ids = _check_bool("reset_position_ids", reset_position_ids)
+        self.reset_attention_mask = _check_bool("reset_attention_mask", reset_attention_mask)
+        self.eod_mask_loss = _check_bool("eod_mask_loss", eod_mask_loss)
+        self.create_attention_mask = _check_bool("create_attention_mask", create_attention_mask)
+        self.add_extra_token_to_sequence = _check_bool("add_extra_token_to_sequence",
+                                                       add_extra_token_to_sequence)
+        self.drop_last_partial_validation_sequence = _check_bool(
+            "drop_last_partial_validation_sequence", drop_last_partial_validation_sequence)
+        if (isinstance(mid_level_dataset_surplus, bool)
+                or not isinstance(mid_level_dataset_surplus, numbers.Real)
+                or not mid_level_dataset_surplus >= 0):
+            raise ValueError("MegatronGPT mid_level_dataset_surplus must be a number >= 0, got "
+                             "%r" % (mid_level_dataset_surplus,))
+        self.mid_level_dataset_surplus = float(mid_level_dataset_surplus)
+        self.cu_seqlens = _check_bool("cu_seqlens", cu_seqlens)
+        if output_dtype not in Tokens._OUTPUT_DTYPES:
+            raise ValueError("MegatronGPT output_dtype must be one of %s, got %r"
+                             % (sorted(Tokens._OUTPUT_DTYPES), output_dtype))
+        self.output_dtype = output_dtype
+
+    def _spec(self):
+        spec = {"path_prefixes": self.path_prefixes, "sequence_length": self.sequence_length,
+                "split": self.split, "split_name": self._SPLITS[self.split_name],
+                "random_seed": self.random_seed, "eod_token": self.eod_token,
+                "mid_level_dataset_surplus": self.mid_level_dataset_surplus,
+                "output_dtype": Tokens._OUTPUT_DTYPES[self.output_dtype]}
+        if self.weights:
+            spec["weights"] = self.weights
+        if self.num_samples is not None:
+            spec["num_samples"] = self.num_samples
+        if self.pad_token is not None:
+            spec["pad_token"] = self.pad_token
+        for flag in ("reset_position_ids", "reset_attention_mask", "eod_mask_loss",
+                     "create_attention_mask", "cu_seqlens"):
+            if getattr(self, flag):
+                spec[flag] = True
+        if not self.add_extra_token_to_sequence:
+            spec["no_extra_token"] = True
+        if not self.drop_last_partial_validation_sequence:
+            spec["keep_partial_validation_sequence"] = True
+        return {"megatron_gpt": spec}
+
+    def __repr__(self):
+        return "MegatronGPT(%r, sequence_length=%d, split=%r, split_name=%r, num_samples=%r)" % (
+            self.path_prefixes if len(self.path_prefixes) > 1 else self.path_prefixes[0],
+            self.sequence_length, self.split, self.split_name, self.num_samples)
+
+
 class Blend:
     """Several datasets mixed by weight, deterministically (Megatron-LM's BlendedDataset):
 
