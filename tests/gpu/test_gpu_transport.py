@@ -243,6 +243,37 @@ class GpuTransportTest(unittest.TestCase):
                     self.assertEqual(cb[k].dtype, gb[k].dtype, (name, k))
                     self.assertTrue(torch.equal(cb[k], gb[k]), (name, k))
 
+    def test_a_megatron_gpt_on_the_gpu_is_megatrons(self):
+        # Megatron-Core's blend of 3 (testing/megatron_core/references/g1_blend3) delivered to
+        # cuda:0: every field, the bool attention_mask included, equals Megatron's rows.
+        import numpy as np
+        import torch
+        import ferry
+        refs = os.path.join(os.path.dirname(os.path.dirname(HERE)), "testing", "megatron_core",
+                            "references")
+        with np.load(os.path.join(refs, "g1_blend3.npz")) as npz:
+            ref = {k.split("/")[1]: npz[k] for k in npz.files
+                   if k.startswith("train/") and k.count("/") == 1}
+        dataset = ferry.MegatronGPT([os.path.join(refs, "corpora", "blend_src%d" % d)
+                                     for d in range(3)], 8, eod_token=2, pad_token=1,
+                                    weights=[0.7, 0.2, 0.1], split="90,10,0", num_samples=40,
+                                    create_attention_mask=True, cu_seqlens=True)
+        loader = ferry.Loader(dataset, batch_size=4, drop_last=True, device="cuda:0",
+                              address=self.daemon.address, timeout=60)
+        count = 0
+        for batch in loader:
+            rows = batch["index"].cpu().numpy()
+            self.assertEqual(list(rows), list(range(count, count + 4)))
+            for field in ("tokens", "labels", "loss_mask", "position_ids", "attention_mask"):
+                self.assertEqual(batch[field].device.type, "cuda", field)
+                got = batch[field].cpu().numpy()
+                self.assertEqual(got.dtype, ref[field].dtype, field)
+                np.testing.assert_array_equal(got, ref[field][rows], field)
+            self.assertEqual(batch["attention_mask"].dtype, torch.bool)
+            count += 4
+        loader.close()
+        self.assertEqual(count, len(ref["tokens"]) // 4 * 4)
+
     def records_on(self, address, path, device, step_seconds=0, **dataset):
         """Two shuffled epochs of `path` as int64 records of 33 values on `device`: per batch
         (data, index) on the CPU, and the copy path status reports for the job's rank. With
