@@ -45,5 +45,8 @@ if [[ $1 == bench ]]; then
   python3 bench/gpu_bench.py --ferryd "$FERRY_DAEMON" --images /tmp/ferry-images --prefetch 0,8 2>&1 \
     | tee "$OUT/gpu_bench.txt"
   python3 bench/gpu_step_bench.py --ferryd "$FERRY_DAEMON" 2>&1 | tee "$OUT/gpu_step_bench.txt"
+  python3 bench/make_scale_corpora.py /tmp/ferry-scale --photos .device/photos >/dev/null &&
+    reduced_scale_bench /tmp/ferry-scale/photos /tmp/ferry-scale/detailed /tmp/ferry-scale/camera \
+      2>&1 | tee "$OUT/reduced_scale_bench.txt"
 fi
 exit $rc

@@ -534,6 +534,19 @@ void ResizeBilinearAntialias(const uint8_t* src, int src_w, int src_h, int src_s
                   row_bytes, accum.data());
 }
 
+int JpegDctScale(const SourceWindow& window, const ImageTransform& t) {
+  // PIL's draft mode picks the scale the same way. Only n = 1, 2, 4, 8: libjpeg-turbo has
+  // SIMD IDCTs for those, while 3/8, 5/8, 6/8 and 7/8 run plain-C IDCTs (6x6, 12x12, ...)
+  // that cost at least what the smaller decode saves.
+  for (int n = std::max(1, t.smallest_dct_scale); n < 8 && !t.full_decode; n *= 2) {
+    if ((window.x1 - window.x0) * n >= 8.0 * t.size &&
+        (window.y1 - window.y0) * n >= 8.0 * t.size) {
+      return n;
+    }
+  }
+  return 8;
+}
+
 absl::Status ImageDecoder::Impl::DecodeJpegWindow(absl::Span<const uint8_t> jpeg,
                                                   const ImageTransform& t, Rng& rng,
                                                   absl::Span<uint8_t> out) {
@@ -548,18 +561,7 @@ absl::Status ImageDecoder::Impl::DecodeJpegWindow(absl::Span<const uint8_t> jpeg
   const int clamp_y0 = win.clamp_y0, clamp_y1 = win.clamp_y1;
   const bool mirror = win.mirror;
 
-  // Smallest DCT scale n/8 at which the source interval still spans >= t.size pixels both
-  // ways (PIL's draft mode), so the resize only ever shrinks by less than 2 more (or
-  // enlarges). Only n = 1, 2, 4, 8: libjpeg-turbo has SIMD IDCTs for those, while 3/8, 5/8,
-  // 6/8 and 7/8 run plain-C IDCTs (6x6, 12x12, ...) that cost at least what the smaller
-  // decode saves.
-  int scale_num = 8;
-  for (int n = 1; n < 8 && !t.full_decode; n *= 2) {
-    if ((x1 - x0) * n >= 8.0 * t.size && (y1 - y0) * n >= 8.0 * t.size) {
-      scale_num = n;
-      break;
-    }
-  }
+  const int scale_num = JpegDctScale(win, t);
   d.cinfo.scale_num = static_cast<unsigned int>(scale_num);
   d.cinfo.scale_denom = 8;
   if (!d.Guarded([&] { jpeg_calc_output_dimensions(&d.cinfo); })) return d.Fail();

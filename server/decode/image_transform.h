@@ -56,8 +56,13 @@ struct ImageTransform {
   bool exif_orientation = false;
   // Decode JPEGs at full resolution (DCT scale 8/8) whatever the crop: pixels as torchvision's
   // full-resolution decode + crop + resize, at more CPU cost. Default: false (the smallest
-  // scale that keeps the crop at least `size` pixels a side; see DecodeAndTransform).
+  // scale, down to smallest_dct_scale, that keeps the crop at least `size` pixels a side).
   bool full_decode = false;
+  // The smallest DCT scale, in eighths (1, 2, 4 or 8), a JPEG may be decoded at when its
+  // crop allows; 8 decodes at full resolution like full_decode. Default: 4 (1/2): the 1/4
+  // and 1/8 scales differ from a full decode several times more than 1/2 followed by an
+  // antialiased shrink, for a few percent of speed (docs/data.md, "Reduced-scale decode").
+  int smallest_dct_scale = 4;
 
   // Set for a composed transform (transform.compose): it replaces everything above except
   // `size`, which is its output side; DecodeAndTransform does not take it (compose.h runs it).
@@ -111,6 +116,14 @@ struct SourceWindow {
 // the same draws from `rng` in the same order: crop (RandomResizedCrop only), then flip.
 // Another decoder (the GPU's) that resamples this window gets DecodeAndTransform's pixels.
 SourceWindow PlanSourceWindow(int width, int height, const ImageTransform& t, Rng& rng);
+
+// The DCT scale, in eighths (1, 2, 4 or 8), DecodeAndTransform decodes a JPEG at for `window`:
+// the smallest n >= t.smallest_dct_scale at which the window still spans at least t.size
+// pixels both ways (8 with full_decode); the resize after it shrinks by less than 2 more (or
+// enlarges) unless smallest_dct_scale held n up. For a crop of side c and smallest_dct_scale
+// 1 that is n = 1 when c >= 8 * size, 2 when c >= 4 * size, 4 when c >= 2 * size, else 8;
+// with the default 4, n = 4 when c >= 2 * size, else 8.
+int JpegDctScale(const SourceWindow& window, const ImageTransform& t);
 
 // The resampling of DecodeAndTransform at full resolution (DCT scale 8/8, or a PNG): `rgb`
 // (width x height RGB HWC, tightly packed) through `window` to size x size RGB in `out`.
