@@ -191,8 +191,8 @@ class ImageDecoder final {
 // t.size*t.size*3 bytes of RGB HWC into `out`. A corrupt or truncated file returns
 // INVALID_ARGUMENT with the decoder's message; `out` may then hold partial data.
 //
-// JPEG: only the part of the image the output depends on is decoded, at the smallest libjpeg
-// DCT scale (1/8, 1/4, 1/2 or 1) at which the crop still has at least t.size pixels per side;
+// JPEG: only the part of the image the output depends on is decoded, at the DCT scale
+// JpegDctScale gives (1/2 when the crop has at least 2 * t.size pixels per side, else 1);
 // the result matches a full decode + crop + resize within JPEG/scaling tolerance.
 // Consequently damage that lies entirely below or beside the decoded region (e.g. a baseline
 // JPEG cut short under a crop near its top) is not detected: the output is then still

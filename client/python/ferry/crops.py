@@ -8,8 +8,8 @@ from ferry._checks import _check_bool, _check_int, _check_range
 class RandomResizedCrop:
     """torchvision's RandomResizedCrop(size, scale, ratio), then RandomHorizontalFlip(0.5)
     when flip is set. full_decode: decode each JPEG at full resolution as torchvision does;
-    by default ferry decodes at the smallest DCT scale (1/2, 1/4, 1/8) that still gives the
-    crop `size` pixels a side, which is faster and differs by a little (docs/data.md,
+    by default ferry decodes at half resolution where that still gives the crop `size`
+    pixels a side, which is faster and differs by a little (docs/data.md,
     "Reduced-scale decode")."""
 
     def __init__(self, size, scale=transforms._CROP_SCALE, ratio=transforms._CROP_RATIO,

@@ -104,7 +104,7 @@ class _Op:
 class RandomResizedCrop(_Op):
     """v2.RandomResizedCrop(size, scale, ratio), antialiased bilinear. full_decode: decode
     JPEGs at full resolution as torchvision does (by default a leading RandomResizedCrop
-    decodes at the smallest DCT scale that keeps the crop `size` pixels a side)."""
+    decodes at half resolution where that keeps the crop `size` pixels a side)."""
 
     def __init__(self, size, scale=_CROP_SCALE, ratio=_CROP_RATIO, full_decode=False):
         self.size = _size("RandomResizedCrop size", size)
