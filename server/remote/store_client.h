@@ -1,0 +1,98 @@
+// Reads objects from object storage (the S3 API: AWS, MinIO, Ceph, R2, GCS's XML API) and
+// from plain HTTP(S) servers: an object's size and version (HEAD), and byte ranges of it
+// (GET with Range), with retries.
+//
+// Contract:
+//  * Locations are "s3://bucket/key" (signed with SigV4 when credentials are given, on the
+//    configured endpoint, bucket in the path or the host name) or "http(s)://..." URLs.
+//  * Transient failures (no connection, a reset or stalled transfer, HTTP 429 and 5xx) are
+//    retried up to max_attempts times with exponential backoff and full jitter; a transfer
+//    broken midway resumes from the last byte received, so nothing is fetched twice.
+//  * Errors name the location and say what to do; they never hold the credentials.
+//
+//   StoreClient store({.endpoint = "http://127.0.0.1:9000", .credentials = credentials});
+//   FERRY_ASSIGN_OR_RETURN(ObjectLocation where, ObjectLocation::Parse("s3://data/a.tar"));
+//   FERRY_ASSIGN_OR_RETURN(StoreClient::ObjectInfo info, store.Head(where));
+//   FERRY_RETURN_IF_ERROR(store.Read(where, 0, info.size, fd));
+//
+// Thread-safe: calls may run on many threads at once (each uses its own connection).
+#ifndef FERRY_SERVER_REMOTE_STORE_CLIENT_H_
+#define FERRY_SERVER_REMOTE_STORE_CLIENT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "server/remote/sigv4.h"
+
+namespace ferry {
+
+// Where an object is.
+struct ObjectLocation {
+  enum class Kind { kS3, kHttp };
+  Kind kind = Kind::kS3;
+  std::string bucket;  // kS3
+  std::string key;     // kS3: the object's key, unencoded
+  std::string url;     // kHttp: the URL as given
+
+  // INVALID_ARGUMENT naming the text when it is neither form (or has no bucket or key).
+  static absl::StatusOr<ObjectLocation> Parse(absl::string_view text);
+  // Whether a dataset path names a remote object rather than a local file.
+  static bool IsRemote(absl::string_view path);
+  std::string ToString() const;  // "s3://bucket/key" or the URL
+};
+
+struct StoreOptions {
+  // The S3 endpoint, scheme included. Default: empty = "https://s3.<region>.amazonaws.com".
+  std::string endpoint;
+  std::string region = "us-east-1";
+  // Where the bucket goes: the path ("endpoint/bucket/key", what most S3-compatible stores
+  // want) or the host name ("bucket.endpoint-host/key", AWS's preference). Default: kAuto =
+  // the host name on AWS's endpoint unless the bucket has a dot, the path elsewhere.
+  enum class Addressing { kAuto, kPath, kVirtualHost };
+  Addressing addressing = Addressing::kAuto;
+  // Unset: unsigned requests (public buckets, HTTP servers).
+  std::optional<AwsCredentials> credentials;
+  int max_attempts = 5;
+  absl::Duration first_backoff = absl::Milliseconds(100);
+  absl::Duration max_backoff = absl::Seconds(10);
+  absl::Duration connect_timeout = absl::Seconds(10);
+  // A transfer that moves less than 1 KiB/s for this long is abandoned and retried.
+  absl::Duration stall_timeout = absl::Seconds(30);
+};
+
+class StoreClient final {
+ public:
+  explicit StoreClient(StoreOptions options);
+
+  struct ObjectInfo {
+    uint64_t size = 0;
+    std::string etag;  // the version the cache keys the object by ("" when the server has none)
+  };
+  // NOT_FOUND for a missing object, PERMISSION_DENIED when the credentials may not read it,
+  // UNAVAILABLE when the store did not answer after max_attempts.
+  absl::StatusOr<ObjectInfo> Head(const ObjectLocation& location) const;
+
+  // Writes bytes [offset, offset + length) of the object to `fd` at file offsets [0, length).
+  // Errors as Head's; OUT_OF_RANGE for a range past the object's end; DATA_LOSS when the
+  // server sends other bytes than asked for.
+  absl::Status Read(const ObjectLocation& location, uint64_t offset, uint64_t length, int fd) const;
+
+  // The URL a request for `location` goes to (the bucket placed as options say).
+  std::string UrlOf(const ObjectLocation& location) const;
+
+ private:
+  // Runs attempts until one succeeds or fails for good.
+  absl::Status Run(const ObjectLocation& location, bool head, uint64_t offset, uint64_t length,
+                   int fd, ObjectInfo* info) const;
+
+  StoreOptions options_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_SERVER_REMOTE_STORE_CLIENT_H_

@@ -1,0 +1,288 @@
+#include "server/remote/store_client.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+
+namespace ferry {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// An object store of one object at /bucket/dir/obj.bin (and /plain.bin for plain URLs) that
+// serves ranges and misbehaves as each test asks.
+class FakeStore {
+ public:
+  FakeStore() {
+    for (int i = 0; i < 100000; ++i) object_.push_back(static_cast<char>('a' + i * 7 % 26));
+    auto serve = [this](const httplib::Request& req, httplib::Response& res) {
+      int n;
+      {
+        absl::MutexLock lock(&mutex_);
+        n = ++requests_;
+        requests_seen_.push_back(req);
+      }
+      if (n <= fail_first_) {
+        res.status = 503;
+        Body(res, "<Error><Code>SlowDown</Code></Error>");
+        return;
+      }
+      if (status_ != 200) {
+        res.status = status_;
+        res.set_content(absl::StrCat("<Error><Code>", code_, "</Code></Error>"), "application/xml");
+        return;
+      }
+      res.set_header("ETag", "\"abc123\"");
+      if (n <= break_first_ && req.method == "GET") {
+        // Half of what was asked, then the connection drops.
+        const auto range = req.ranges.empty() ? std::pair<ssize_t, ssize_t>{0, -1} : req.ranges[0];
+        const size_t begin = static_cast<size_t>(range.first);
+        res.status = 206;
+        res.set_header("Content-Range",
+                       absl::StrCat("bytes ", begin, "-", object_.size() - 1, "/", object_.size()));
+        // Chunked, so that the server does not apply the range to it a second time.
+        res.set_chunked_content_provider("application/octet-stream",
+                                         [this, begin](size_t offset, httplib::DataSink& sink) {
+                                           if (offset > 0) return false;  // drop the connection
+                                           sink.write(object_.data() + begin, 5000);
+                                           return true;
+                                         });
+        return;
+      }
+      res.set_content(object_, "application/octet-stream");
+    };
+    server_.Get("/bucket/dir/obj.bin", serve);
+    server_.Get("/plain.bin", serve);
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~FakeStore() {
+    server_.stop();
+    thread_.join();
+  }
+
+  // An error body as a store sends it: whole, whatever range was asked for (chunked, so
+  // that the server library does not cut it to the range).
+  static void Body(httplib::Response& res, std::string text) {
+    res.set_chunked_content_provider(
+        "application/xml", [text = std::move(text)](size_t offset, httplib::DataSink& sink) {
+          if (offset == 0) sink.write(text.data(), text.size());
+          sink.done();
+          return true;
+        });
+  }
+
+  std::string endpoint() const { return absl::StrCat("http://127.0.0.1:", port_); }
+  const std::string& object() const { return object_; }
+  int requests() {
+    absl::MutexLock lock(&mutex_);
+    return requests_;
+  }
+  std::vector<httplib::Request> requests_seen() {
+    absl::MutexLock lock(&mutex_);
+    return requests_seen_;
+  }
+
+  int fail_first_ = 0;
+  int break_first_ = 0;
+  int status_ = 200;
+  std::string code_;
+
+ private:
+  httplib::Server server_;
+  std::thread thread_;
+  int port_ = 0;
+  std::string object_;
+  absl::Mutex mutex_;
+  int requests_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::vector<httplib::Request> requests_seen_ ABSL_GUARDED_BY(mutex_);
+};
+
+class StoreClientTest : public ::testing::Test {
+ protected:
+  StoreOptions Options() {
+    return {.endpoint = store_.endpoint(),
+            .max_attempts = 3,
+            .first_backoff = absl::Milliseconds(1),
+            .max_backoff = absl::Milliseconds(5)};
+  }
+  static ObjectLocation S3() { return *ObjectLocation::Parse("s3://bucket/dir/obj.bin"); }
+
+  // A temporary file, its bytes read back by Contents.
+  int TempFile() {
+    char path[] = "/tmp/store_client_test_XXXXXX";
+    const int fd = ::mkstemp(path);
+    ::unlink(path);
+    fds_.push_back(fd);
+    return fd;
+  }
+  static std::string Contents(int fd) {
+    std::string out;
+    char buffer[65536];
+    ssize_t n;
+    off_t at = 0;
+    while ((n = ::pread(fd, buffer, sizeof buffer, at)) > 0) {
+      out.append(buffer, static_cast<size_t>(n));
+      at += n;
+    }
+    return out;
+  }
+  void TearDown() override {
+    for (int fd : fds_) ::close(fd);
+  }
+
+  FakeStore store_;
+  std::vector<int> fds_;
+};
+
+TEST_F(StoreClientTest, HeadGivesTheSizeAndVersion) {
+  StoreClient client(Options());
+  auto info = client.Head(S3());
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->size, store_.object().size());
+  EXPECT_EQ(info->etag, "\"abc123\"");
+}
+
+TEST_F(StoreClientTest, ReadsARangeIntoTheFile) {
+  StoreClient client(Options());
+  const int fd = TempFile();
+  ASSERT_TRUE(client.Read(S3(), 1000, 30000, fd).ok());
+  EXPECT_EQ(Contents(fd), store_.object().substr(1000, 30000));
+  const auto seen = store_.requests_seen();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].get_header_value("Range"), "bytes=1000-30999");
+  // A plain URL: no signature, no bucket in the path.
+  const int plain = TempFile();
+  ASSERT_TRUE(
+      client.Read(*ObjectLocation::Parse(store_.endpoint() + "/plain.bin"), 0, 100, plain).ok());
+  EXPECT_EQ(Contents(plain), store_.object().substr(0, 100));
+}
+
+TEST_F(StoreClientTest, TransientErrorsAreRetried) {
+  store_.fail_first_ = 2;
+  StoreClient client(Options());
+  const int fd = TempFile();
+  ASSERT_TRUE(client.Read(S3(), 0, 5000, fd).ok());
+  EXPECT_EQ(Contents(fd), store_.object().substr(0, 5000));
+  EXPECT_EQ(store_.requests(), 3);
+}
+
+TEST_F(StoreClientTest, ABrokenTransferResumesWhereItStopped) {
+  store_.break_first_ = 1;
+  StoreClient client(Options());
+  const int fd = TempFile();
+  ASSERT_TRUE(client.Read(S3(), 2000, 50000, fd).ok());
+  EXPECT_EQ(Contents(fd), store_.object().substr(2000, 50000));
+  const auto seen = store_.requests_seen();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[1].get_header_value("Range"), "bytes=7000-51999") << "the rest, not it all";
+}
+
+TEST_F(StoreClientTest, GivesUpAfterMaxAttemptsNamingTheObject) {
+  store_.fail_first_ = 100;
+  StoreClient client(Options());
+  const int fd = TempFile();
+  const absl::Status s = client.Read(S3(), 0, 1000, fd);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(s.message(), HasSubstr("s3://bucket/dir/obj.bin"));
+  EXPECT_THAT(s.message(), HasSubstr("after 3 attempts"));
+  EXPECT_THAT(s.message(), HasSubstr("SlowDown"));
+  EXPECT_EQ(store_.requests(), 3);
+}
+
+TEST_F(StoreClientTest, MissingAndForbiddenObjectsSayWhatToDo) {
+  StoreOptions options = Options();
+  options.credentials = AwsCredentials{"AKIDEXAMPLE", "very-secret-key", "session-token"};
+  StoreClient client(options);
+  store_.status_ = 404;
+  store_.code_ = "NoSuchKey";
+  auto missing = client.Head(S3());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("s3://bucket/dir/obj.bin"));
+  store_.status_ = 403;
+  store_.code_ = "AccessDenied";
+  const int fd = TempFile();
+  const absl::Status forbidden = client.Read(S3(), 0, 1000, fd);
+  EXPECT_EQ(forbidden.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(forbidden.message(), HasSubstr("check the credentials"));
+  EXPECT_THAT(forbidden.message(), HasSubstr("AccessDenied")) << forbidden;
+  for (const char* secret : {"very-secret-key", "session-token"}) {
+    EXPECT_THAT(forbidden.message(), Not(HasSubstr(secret)));
+    EXPECT_THAT(missing.status().message(), Not(HasSubstr(secret)));
+  }
+  EXPECT_EQ(store_.requests(), 2) << "4xx answers are not retried";
+}
+
+TEST_F(StoreClientTest, SignedRequestsCarryWhatWasSigned) {
+  StoreOptions options = Options();
+  const AwsCredentials credentials{"AKIDEXAMPLE", "very-secret-key", ""};
+  options.credentials = credentials;
+  options.region = "eu-west-1";
+  StoreClient client(options);
+  const int fd = TempFile();
+  ASSERT_TRUE(client.Read(S3(), 5, 10, fd).ok());
+  const auto seen = store_.requests_seen();
+  ASSERT_EQ(seen.size(), 1u);
+  const httplib::Request& r = seen[0];
+  // Sign what arrived, at the time it says: the same Authorization, so nothing signed was
+  // changed on the way (host with its port, range, the path as encoded).
+  const std::string date = r.get_header_value("x-amz-date");  // 20261129T091500Z
+  ASSERT_EQ(date.size(), 16u);
+  const absl::Time at = absl::FromCivil(
+      absl::CivilSecond(std::stoi(date.substr(0, 4)), std::stoi(date.substr(4, 2)),
+                        std::stoi(date.substr(6, 2)), std::stoi(date.substr(9, 2)),
+                        std::stoi(date.substr(11, 2)), std::stoi(date.substr(13, 2))),
+      absl::UTCTimeZone());
+  std::vector<Header> again = {{"host", r.get_header_value("Host")},
+                               {"range", r.get_header_value("Range")}};
+  SignV4({.method = "GET", .path = r.path, .region = "eu-west-1"}, credentials, at, &again);
+  std::string expected;
+  for (const Header& h : again) {
+    if (h.first == "authorization") expected = h.second;
+  }
+  EXPECT_EQ(r.get_header_value("Authorization"), expected);
+  EXPECT_THAT(expected, HasSubstr("/eu-west-1/s3/aws4_request"));
+  EXPECT_EQ(r.path, "/bucket/dir/obj.bin");
+}
+
+TEST_F(StoreClientTest, BucketsGoInThePathOrTheHostName) {
+  const ObjectLocation where = *ObjectLocation::Parse("s3://my-data/shards/train 0.tar");
+  EXPECT_EQ(StoreClient({.region = "us-west-2"}).UrlOf(where),
+            "https://my-data.s3.us-west-2.amazonaws.com/shards/train%200.tar");
+  EXPECT_EQ(StoreClient({.endpoint = "http://minio:9000"}).UrlOf(where),
+            "http://minio:9000/my-data/shards/train%200.tar");
+  EXPECT_EQ(StoreClient({.endpoint = "https://r2.example/",
+                         .addressing = StoreOptions::Addressing::kVirtualHost})
+                .UrlOf(where),
+            "https://my-data.r2.example/shards/train%200.tar");
+  const ObjectLocation dotted = *ObjectLocation::Parse("s3://my.data/x");
+  EXPECT_EQ(StoreClient({}).UrlOf(dotted), "https://s3.us-east-1.amazonaws.com/my.data/x");
+}
+
+TEST_F(StoreClientTest, LocationsParseOrSayWhy) {
+  EXPECT_TRUE(ObjectLocation::IsRemote("s3://b/k"));
+  EXPECT_TRUE(ObjectLocation::IsRemote("https://h/p"));
+  EXPECT_FALSE(ObjectLocation::IsRemote("/data/train.bin"));
+  for (const char* bad : {"s3://bucket", "s3:///key", "s3://bucket/", "ftp://h/x", "http:///x"}) {
+    auto parsed = ObjectLocation::Parse(bad);
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(parsed.status().message(), HasSubstr(bad));
+  }
+  EXPECT_EQ(ObjectLocation::Parse("s3://b/a/b.tar")->key, "a/b.tar");
+}
+
+}  // namespace
+}  // namespace ferry
