@@ -355,7 +355,10 @@ absl::Status MegatronGptSource::Fill(int64_t index, uint64_t sample_seed,
         absl::StrCat("Fill needs ", fields_.size(), " rows, got ", rows.size()));
   }
   MegatronScratch& own = *static_cast<MegatronScratch*>(scratch);
-  const auto [gpt, sample] = Locate(index);
+  // Not a structured binding: the lambda below captures it (clang 14 refuses bindings).
+  const std::pair<const Gpt*, int64_t> located = Locate(index);
+  const Gpt* gpt = located.first;
+  const int64_t sample = located.second;
   absl::Status status;
   own.text.clear();
   megatron::GptSampleText(
