@@ -237,9 +237,9 @@ Response Attempt(const StoreOptions& options, const std::string& url,
   curl_easy_setopt(h, CURLOPT_HEADERDATA, &r);
   curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, &OnBody);
   curl_easy_setopt(h, CURLOPT_WRITEDATA, &transfer);
-  // Signed S3 requests stay where they are signed for; plain URLs may redirect.
-  curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION,
-                   location.kind == ObjectLocation::Kind::kHttp ? 1L : 0L);
+  // No redirects: a request goes only where the job's path (checked against the daemon's
+  // allowed prefixes) says.
+  curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
   if (head) curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
   r.curl = curl_easy_perform(h);
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r.http);
@@ -302,6 +302,11 @@ absl::Status StoreClient::Run(const ObjectLocation& location, bool head, uint64_
     if (r.http == 416) {
       return absl::OutOfRangeError(absl::StrCat("bytes [", offset, ", ", offset + length,
                                                 ") lie past the end of '", where, "'"));
+    }
+    if (r.http >= 300 && r.http < 400) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the server of '", where, "' redirected (HTTP ", r.http,
+                       "); ferry follows no redirects: give the object's final URL"));
     }
     if (r.http != 200 && r.http != 206) {
       return absl::FailedPreconditionError(absl::StrCat("the store answered HTTP ", r.http, " ",

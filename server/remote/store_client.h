@@ -8,6 +8,7 @@
 //  * Transient failures (no connection, a reset or stalled transfer, HTTP 429 and 5xx) are
 //    retried up to max_attempts times with exponential backoff and full jitter; a transfer
 //    broken midway resumes from the last byte received, so nothing is fetched twice.
+//  * Redirects are not followed (a request goes only where the location says).
 //  * Errors name the location and say what to do; they never hold the credentials.
 //
 //   StoreClient store({.endpoint = "http://127.0.0.1:9000", .credentials = credentials});

@@ -65,6 +65,9 @@ class FakeStore {
     };
     server_.Get("/bucket/dir/obj.bin", serve);
     server_.Get("/plain.bin", serve);
+    server_.Get("/moved.bin", [](const httplib::Request&, httplib::Response& res) {
+      res.set_redirect("http://169.254.169.254/latest/meta-data/");
+    });
     port_ = server_.bind_to_any_port("127.0.0.1");
     thread_ = std::thread([this] { server_.listen_after_bind(); });
     while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -224,6 +227,15 @@ TEST_F(StoreClientTest, MissingAndForbiddenObjectsSayWhatToDo) {
     EXPECT_THAT(missing.status().message(), Not(HasSubstr(secret)));
   }
   EXPECT_EQ(store_.requests(), 2) << "4xx answers are not retried";
+}
+
+TEST_F(StoreClientTest, RedirectsAreNotFollowed) {
+  StoreClient client(Options());
+  const int fd = TempFile();
+  const absl::Status s =
+      client.Read(*ObjectLocation::Parse(store_.endpoint() + "/moved.bin"), 0, 100, fd);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("redirected"));
 }
 
 TEST_F(StoreClientTest, SignedRequestsCarryWhatWasSigned) {

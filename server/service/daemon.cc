@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <utility>
@@ -112,6 +113,40 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   job_options.job_idle_timeout = absl::Seconds(config.job_idle_timeout_seconds());
   job_options.release_grace = absl::Seconds(config.drain_timeout_seconds());
   job_options.max_jobs_per_uid = config.max_jobs_per_uid();
+  if (config.has_remote()) {
+    const ferry::v1::RemoteStorage& remote = config.remote();
+    const std::string where = absl::StrCat("config file '", d->config_.path, "': remote");
+    if (remote.cache_dir().empty() || remote.cache_bytes() == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where,
+                       " needs cache_dir and cache_bytes (the node cache of remote "
+                       "objects)"));
+    }
+    absl::StatusOr<std::unique_ptr<ObjectCache>> cache =
+        ObjectCache::Open({.dir = remote.cache_dir(), .capacity_bytes = remote.cache_bytes()});
+    if (!cache.ok()) {
+      return absl::Status(cache.status().code(),
+                          absl::StrCat(where, ".cache_dir: ", cache.status().message()));
+    }
+    job_options.remote_cache = std::shared_ptr<ObjectCache>(*std::move(cache));
+    StoreOptions store;
+    store.endpoint = remote.s3_endpoint();
+    store.region = remote.s3_region();
+    for (const char* name : {"AWS_REGION", "AWS_DEFAULT_REGION"}) {
+      const char* value = std::getenv(name);
+      if (store.region.empty() && value != nullptr && *value != '\0') store.region = value;
+    }
+    if (store.region.empty()) store.region = "us-east-1";
+    const char* id = std::getenv("AWS_ACCESS_KEY_ID");
+    const char* secret = std::getenv("AWS_SECRET_ACCESS_KEY");
+    const char* token = std::getenv("AWS_SESSION_TOKEN");
+    if (id != nullptr && secret != nullptr && *id != '\0') {
+      store.credentials = AwsCredentials{id, secret, token != nullptr ? token : ""};
+    }
+    job_options.remote_store = std::make_shared<const StoreClient>(std::move(store));
+    job_options.remote_allowed_prefixes.assign(remote.allowed_prefixes().begin(),
+                                               remote.allowed_prefixes().end());
+  }
   d->pinned_budget_ =
       std::make_unique<MemoryBudget>("pinned memory budget", "pinned_memory_budget_bytes",
                                      config.pinned_memory_budget_bytes(), d->config_.path);

@@ -8,6 +8,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
@@ -16,6 +17,7 @@
 #include "common/status_macros.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "server/remote/remote_dataset_fs.h"
 #include "server/transport/device_ring.h"
 
 namespace ferry {
@@ -59,18 +61,20 @@ JobManager::JobManager(Options options, WorkerPool* pool, MemoryBudget* host_bud
     : options_(std::move(options)), pool_(pool), host_budget_(host_budget), gpus_(gpus) {
   if (options_.allow_any_dataset) {
     dataset_fs_ = StoppableDatasetFs(UnconfinedDatasetFs(), stopping_);
-    return;
+  } else if (!options_.dataset_roots.empty()) {  // a system daemon without roots reads nothing
+    DatasetAccess access;
+    access.roots = options_.dataset_roots;
+    access.follow_symlinks_within_roots = options_.follow_symlinks_within_roots;
+    access.config_path = options_.config_path;
+    absl::StatusOr<std::shared_ptr<const DatasetFs>> fs = MakeDatasetFs(access);
+    if (fs.ok()) {
+      dataset_fs_ = StoppableDatasetFs(*std::move(fs), stopping_);
+    } else {
+      dataset_fs_error_ = fs.status();
+    }
   }
-  if (options_.dataset_roots.empty()) return;  // a system daemon without roots reads nothing
-  DatasetAccess access;
-  access.roots = options_.dataset_roots;
-  access.follow_symlinks_within_roots = options_.follow_symlinks_within_roots;
-  access.config_path = options_.config_path;
-  absl::StatusOr<std::shared_ptr<const DatasetFs>> fs = MakeDatasetFs(access);
-  if (fs.ok()) {
-    dataset_fs_ = StoppableDatasetFs(*std::move(fs), stopping_);
-  } else {
-    dataset_fs_error_ = fs.status();
+  if (dataset_fs_ != nullptr && options_.remote_cache != nullptr) {
+    dataset_fs_ = MakeRemoteDatasetFs(dataset_fs_, options_.remote_cache, options_.remote_store);
   }
 }
 
@@ -83,6 +87,25 @@ absl::Status JobManager::CheckDataset(const ferry::v1::JobSpec& spec) const {
 }
 
 absl::Status JobManager::CheckDatasetPath(const std::string& path) const {
+  if (ObjectLocation::IsRemote(path) && options_.remote_cache == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dataset path '", path.substr(0, 512),
+        "' is remote, and this ferryd reads no remote datasets: give it a `remote` section "
+        "(cache_dir, cache_bytes) in ",
+        options_.config_path.empty() ? std::string("its config file") : options_.config_path));
+  }
+  if (ObjectLocation::IsRemote(path)) {
+    bool allowed = options_.remote_allowed_prefixes.empty() && options_.allow_any_dataset;
+    for (const std::string& prefix : options_.remote_allowed_prefixes) {
+      allowed = allowed || absl::StartsWith(path, prefix);
+    }
+    if (!allowed) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("dataset path '", path.substr(0, 512),
+                       "' is not under any of remote.allowed_prefixes; add its prefix there in ",
+                       options_.config_path));
+    }
+  }
   if (dataset_fs_ == nullptr) {
     if (!dataset_fs_error_.ok()) return dataset_fs_error_;
     return absl::PermissionDeniedError(

@@ -20,11 +20,13 @@
 #include "absl/synchronization/mutex.h"
 #include "ferry/v1/config.pb.h"
 #include "ferry/v1/ferry.pb.h"
+#include "server/cache/object_cache.h"
 #include "server/memory/memory_budget.h"
 #include "server/pipeline/job.h"
 #include "server/pipeline/job_spec.h"
 #include "server/pipeline/rank_pipeline.h"
 #include "server/pipeline/worker_pool.h"
+#include "server/remote/store_client.h"
 #include "server/transport/gpu_provider.h"
 
 namespace ferry {
@@ -41,7 +43,14 @@ class JobManager final {
   // The daemon's settings for jobs. The defaults here are DaemonConfig's too: ApplyDefaults
   // (config.cc) takes them from Options{}.
   struct Options {
-    std::vector<std::string> dataset_roots;     // empty: see allow_any_dataset
+    std::vector<std::string> dataset_roots;  // empty: see allow_any_dataset
+    // DaemonConfig.remote: the node cache and the store client remote dataset paths are read
+    // through. Null: remote paths are refused.
+    std::shared_ptr<ObjectCache> remote_cache;
+    std::shared_ptr<const StoreClient> remote_store;
+    // RemoteStorage.allowed_prefixes; empty: every remote path when allow_any_dataset, none
+    // otherwise.
+    std::vector<std::string> remote_allowed_prefixes;
     bool allow_any_dataset = false;             // per-user daemon with no roots configured
     bool follow_symlinks_within_roots = false;  // DaemonConfig's (DatasetAccess)
     std::string config_path;                    // for error messages

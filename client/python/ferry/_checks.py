@@ -35,12 +35,24 @@ def _check_bool(name, value):
     return value
 
 
+_REMOTE_SCHEMES = ("s3://", "http://", "https://")
+
+
+def _is_remote(path):
+    """Whether a dataset path names an object in a store ("s3://bucket/key") or on an HTTP(S)
+    server, which ferryd fetches into its node cache (docs/operations.md, "Remote
+    datasets")."""
+    return isinstance(path, str) and path.startswith(_REMOTE_SCHEMES)
+
+
 def _check_path(name, value):
     if not isinstance(value, (str, os.PathLike)):
         raise TypeError("%s must be a path (str or os.PathLike), got %r" % (name, value))
     value = os.fspath(value)
     if not value:
         raise ValueError("%s must not be empty" % name)
+    if _is_remote(value):
+        return value
     return os.path.abspath(value)  # ferryd resolves paths itself: it needs absolute ones
 
 

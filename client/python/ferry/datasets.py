@@ -4,7 +4,7 @@ arguments and gives the dataset part of the job spec."""
 import numbers
 import os
 
-from ferry._checks import _check_bool, _check_int, _check_path
+from ferry._checks import _check_bool, _check_int, _check_path, _is_remote
 
 
 class ImageFolder:
@@ -36,6 +36,8 @@ class ImageFolder:
 def _absolute_shard_pattern(pattern):
     """Makes a shard pattern absolute without touching its brace groups: only the directory
     before the first '{' is resolved ("data/{a,b}.tar" -> "/cwd/data/{a,b}.tar")."""
+    if _is_remote(pattern):
+        return pattern
     brace = pattern.find("{")
     head, rest = (pattern, "") if brace < 0 else (pattern[:brace], pattern[brace:])
     directory, slash, name = head.rpartition("/")

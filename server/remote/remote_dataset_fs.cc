@@ -1,0 +1,113 @@
+#include "server/remote/remote_dataset_fs.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "server/dataset/mapped_file.h"
+
+namespace ferry {
+namespace {
+
+// A cached object read with pread, holding its cache entry.
+class CachedFile final : public RandomAccessFile {
+ public:
+  CachedFile(std::string path, const FileIdentity& identity, ObjectCache::Pin pin)
+      : RandomAccessFile(std::move(path), identity), pin_(std::move(pin)) {}
+
+  absl::StatusOr<size_t> ReadAt(uint64_t offset, absl::Span<uint8_t> out) const override {
+    while (true) {
+      const ssize_t n = ::pread(pin_.fd(), out.data(), out.size(), static_cast<off_t>(offset));
+      if (n >= 0) return static_cast<size_t>(n);
+      if (errno != EINTR) return FileErrnoStatus(errno, "cannot read", path());
+    }
+  }
+
+ private:
+  const ObjectCache::Pin pin_;
+};
+
+class RemoteDatasetFs final : public DatasetFs {
+ public:
+  RemoteDatasetFs(std::shared_ptr<const DatasetFs> local, std::shared_ptr<ObjectCache> cache,
+                  std::shared_ptr<const StoreClient> store)
+      : local_(std::move(local)), cache_(std::move(cache)), store_(std::move(store)) {}
+
+  absl::Status CheckPath(const std::string& path) const override {
+    if (!ObjectLocation::IsRemote(path)) return local_->CheckPath(path);
+    return ObjectLocation::Parse(path).status();
+  }
+
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFile(
+      const std::string& path) const override {
+    if (!ObjectLocation::IsRemote(path)) return local_->OpenFile(path);
+    FERRY_ASSIGN_OR_RETURN(ObjectCache::Pin pin, Fetch(path));
+    struct stat st;
+    if (::fstat(pin.fd(), &st) != 0) return FileErrnoStatus(errno, "cannot stat", pin.path());
+    const FileIdentity identity{
+        static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+        static_cast<uint64_t>(st.st_size),
+        static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+    return std::unique_ptr<RandomAccessFile>(new CachedFile(path, identity, std::move(pin)));
+  }
+
+  absl::StatusOr<std::shared_ptr<const MappedFile>> MapFile(
+      const std::string& path) const override {
+    if (!ObjectLocation::IsRemote(path)) return local_->MapFile(path);
+    FERRY_ASSIGN_OR_RETURN(ObjectCache::Pin pin, Fetch(path));
+    // The cache's file, mapped once for every job (the registry shares it), under the
+    // object's name; the mapping holds the cache entry.
+    FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> mapped,
+                           UnconfinedDatasetFs()->MapFile(pin.path()));
+    struct Owner {
+      std::shared_ptr<const MappedFile> mapped;
+      ObjectCache::Pin pin;
+    };
+    auto owner = std::make_shared<Owner>(Owner{mapped, std::move(pin)});
+    return std::make_shared<const MappedFile>(path, mapped->identity(), mapped->bytes(),
+                                              std::shared_ptr<const void>(owner));
+  }
+
+  absl::StatusOr<std::vector<Entry>> ListDirectory(const std::string& path) const override {
+    if (!ObjectLocation::IsRemote(path)) return local_->ListDirectory(path);
+    return absl::UnimplementedError(
+        absl::StrCat("'", path,
+                     "' names a remote folder; listing object storage is not supported yet: give "
+                     "the objects (shards) by name or brace pattern"));
+  }
+
+  bool Stopping() const override { return local_->Stopping(); }
+
+ private:
+  // The object's cache entry, fetched whole when absent, after a HEAD with this
+  // filesystem's credentials.
+  absl::StatusOr<ObjectCache::Pin> Fetch(const std::string& path) const {
+    FERRY_ASSIGN_OR_RETURN(const ObjectLocation where, ObjectLocation::Parse(path));
+    FERRY_ASSIGN_OR_RETURN(const StoreClient::ObjectInfo info, store_->Head(where));
+    ObjectCache::Key key;
+    key.store = where.kind == ObjectLocation::Kind::kS3 ? store_->UrlOf(where) : where.url;
+    key.object = where.ToString();
+    key.version = info.etag.empty() ? absl::StrCat("size ", info.size) : info.etag;
+    return cache_->Get(key, info.size,
+                       [&](int fd) { return store_->Read(where, 0, info.size, fd); });
+  }
+
+  const std::shared_ptr<const DatasetFs> local_;
+  const std::shared_ptr<ObjectCache> cache_;
+  const std::shared_ptr<const StoreClient> store_;
+};
+
+}  // namespace
+
+std::shared_ptr<const DatasetFs> MakeRemoteDatasetFs(std::shared_ptr<const DatasetFs> local,
+                                                     std::shared_ptr<ObjectCache> cache,
+                                                     std::shared_ptr<const StoreClient> store) {
+  return std::make_shared<RemoteDatasetFs>(std::move(local), std::move(cache), std::move(store));
+}
+
+}  // namespace ferry

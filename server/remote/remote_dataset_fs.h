@@ -1,0 +1,35 @@
+// A job's DatasetFs that also reads remote objects ("s3://bucket/key", "http(s)://..."):
+// each is fetched whole into the node's ObjectCache (one download per node, whichever job
+// asks first) and then opened or mapped from there; local paths go to the wrapped DatasetFs.
+//
+// Contract:
+//  * Opening or mapping a remote object asks the store for its size and version (a HEAD
+//    with this filesystem's credentials) every time, so that a job is served a cached copy
+//    only once the store has let these credentials read that very version; a new version
+//    is another cache entry.
+//  * The file or mapping returned holds the cache entry (it is not evicted) while it lives.
+//  * Remote "directories" cannot be listed yet: ListDirectory of a remote path fails with
+//    UNIMPLEMENTED (image folders under a prefix need object listing).
+//
+//   auto fs = MakeRemoteDatasetFs(local_fs, cache, store);
+//   FERRY_ASSIGN_OR_RETURN(auto shard, fs->MapFile("s3://corpus/train-000042.bin"));
+//
+// Thread-safe, as every DatasetFs.
+#ifndef FERRY_SERVER_REMOTE_REMOTE_DATASET_FS_H_
+#define FERRY_SERVER_REMOTE_REMOTE_DATASET_FS_H_
+
+#include <memory>
+
+#include "server/cache/object_cache.h"
+#include "server/dataset/dataset_fs.h"
+#include "server/remote/store_client.h"
+
+namespace ferry {
+
+std::shared_ptr<const DatasetFs> MakeRemoteDatasetFs(std::shared_ptr<const DatasetFs> local,
+                                                     std::shared_ptr<ObjectCache> cache,
+                                                     std::shared_ptr<const StoreClient> store);
+
+}  // namespace ferry
+
+#endif  // FERRY_SERVER_REMOTE_REMOTE_DATASET_FS_H_
