@@ -1,7 +1,6 @@
 #include "server/cache/object_cache.h"
 
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -24,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "server/cache/sha256.h"
 
 namespace ferry {
 namespace {
@@ -38,19 +38,6 @@ absl::Status Errno(const std::string& what) {
                       : e == EACCES || e == EPERM ? absl::StatusCode::kPermissionDenied
                                                   : absl::StatusCode::kInternal,
                       absl::StrCat(what, ": ", std::strerror(e)));
-}
-
-std::string Sha256Hex(const std::string& text) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  EVP_Digest(text.data(), text.size(), digest, &length, EVP_sha256(), nullptr);
-  static const char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned int i = 0; i < length; ++i) {
-    out.push_back(kHex[digest[i] >> 4]);
-    out.push_back(kHex[digest[i] & 15]);
-  }
-  return out;
 }
 
 // Writes all of `text` to a new file at `path` and flushes it to the disk.

@@ -8,27 +8,10 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/cache/sha256.h"
 
 namespace ferry {
 namespace {
-
-std::string Hex(const unsigned char* bytes, size_t n) {
-  static const char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(2 * n);
-  for (size_t i = 0; i < n; ++i) {
-    out.push_back(kHex[bytes[i] >> 4]);
-    out.push_back(kHex[bytes[i] & 15]);
-  }
-  return out;
-}
-
-std::string Sha256Hex(absl::string_view text) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int n = 0;
-  EVP_Digest(text.data(), text.size(), digest, &n, EVP_sha256(), nullptr);
-  return Hex(digest, n);
-}
 
 std::string HmacSha256(absl::string_view key, absl::string_view data) {
   unsigned char out[EVP_MAX_MD_SIZE];
@@ -112,10 +95,9 @@ void SignV4(const SigV4Request& request, const AwsCredentials& credentials, absl
   key = HmacSha256(key, "aws4_request");
   const std::string signature = HmacSha256(key, string_to_sign);
   headers->push_back(
-      {"authorization", absl::StrCat("AWS4-HMAC-SHA256 Credential=", credentials.access_key_id, "/",
-                                     scope, ",SignedHeaders=", signed_headers, ",Signature=",
-                                     Hex(reinterpret_cast<const unsigned char*>(signature.data()),
-                                         signature.size()))});
+      {"authorization",
+       absl::StrCat("AWS4-HMAC-SHA256 Credential=", credentials.access_key_id, "/", scope,
+                    ",SignedHeaders=", signed_headers, ",Signature=", LowerHex(signature))});
 }
 
 }  // namespace ferry
