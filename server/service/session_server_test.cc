@@ -8,9 +8,11 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -155,41 +157,84 @@ TEST_F(SessionServerTest, AClientThatDoesNotReadItsAnswersIsClosedAndOthersAreSe
   EXPECT_TRUE(ended);
 }
 
+// What a forked child of this test does between fork and _exit, with async-signal-safe calls
+// only: the server's threads may hold the allocator's or the logger's lock at the instant of
+// the fork, and a child that allocates would wait for that lock forever.
+class ForkedClient {
+ public:
+  explicit ForkedClient(const std::string& socket_path) {
+    address_.sun_family = AF_UNIX;
+    socket_path.copy(address_.sun_path, sizeof(address_.sun_path) - 1);
+  }
+
+  // A connected session and the first packet it received (NUL-terminated in `packet`, empty
+  // when none came within 10 s); -1 when it could not connect.
+  int Open(char (&packet)[512]) const {
+    packet[0] = '\0';
+    const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    if (connect(fd, reinterpret_cast<const sockaddr*>(&address_), sizeof(address_)) != 0) {
+      close(fd);
+      return -1;
+    }
+    Receive(fd, packet);
+    return fd;
+  }
+
+  // Sends `request` on `fd` and receives the answer into `packet` (empty when none came).
+  static void Ask(int fd, const char* request, char (&packet)[512]) {
+    packet[0] = '\0';
+    if (send(fd, request, strlen(request), MSG_NOSIGNAL) < 0) return;
+    Receive(fd, packet);
+  }
+
+  static bool StartsWith(const char* text, const char* prefix) {
+    return strncmp(text, prefix, strlen(prefix)) == 0;
+  }
+
+ private:
+  static void Receive(int fd, char (&packet)[512]) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 10000) != 1) return;
+    const ssize_t n = recv(fd, packet, sizeof(packet) - 1, 0);  // passed fds are dropped
+    packet[n > 0 ? n : 0] = '\0';
+  }
+
+  sockaddr_un address_{};
+};
+
 // A child process of uid `uid` that opens `count` sessions, reports each greeting ("HELLO"
 // or the refusal) and holds them open until Release kills it.
 class OtherUser {
  public:
   OtherUser(const std::string& socket_path, unsigned uid, int count) {
+    const ForkedClient client(socket_path);
     int results[2];
     if (pipe(results) != 0) return;
     pid_ = fork();
     if (pid_ == 0) {
       close(results[0]);
       if (setgid(uid) != 0 || setuid(uid) != 0) _exit(2);
-      std::vector<UniqueFd> sessions;
-      std::string report;
       for (int i = 0; i < count; ++i) {
-        auto fd = ConnectUnix(socket_path, SOCK_SEQPACKET);
-        pollfd p{fd.ok() ? fd->get() : -1, POLLIN, 0};
-        std::string greeting = "no answer";
-        if (fd.ok() && poll(&p, 1, 10000) == 1) {
-          auto packet = RecvPacket(fd->get());
-          if (packet.ok()) greeting = absl::StartsWith(*packet, "HELLO ") ? "HELLO" : *packet;
+        char packet[512];
+        const int fd = client.Open(packet);  // held open until the process is killed
+        const char* greeting = fd < 0 || packet[0] == '\0'                  ? "no answer"
+                               : ForkedClient::StartsWith(packet, "HELLO ") ? "HELLO"
+                                                                            : packet;
+        if (write(results[1], greeting, strlen(greeting)) < 0 || write(results[1], "\n", 1) < 0) {
+          _exit(3);
         }
-        if (fd.ok()) sessions.push_back(*std::move(fd));
-        report += greeting + "\n";
       }
-      report += "DONE\n";
-      if (write(results[1], report.data(), report.size()) != static_cast<ssize_t>(report.size())) {
-        _exit(3);
-      }
+      if (write(results[1], "DONE\n", 5) < 0) _exit(3);
       for (;;) pause();
     }
     close(results[1]);
     std::string got;
     char buffer[4096];
-    ssize_t n;
-    while (!absl::EndsWith(got, "DONE\n") && (n = read(results[0], buffer, sizeof(buffer))) > 0) {
+    ssize_t n = 0;
+    pollfd p{results[0], POLLIN, 0};
+    while (!absl::EndsWith(got, "DONE\n") && poll(&p, 1, 30000) == 1 &&
+           (n = read(results[0], buffer, sizeof(buffer))) > 0) {
       got.append(buffer, static_cast<size_t>(n));
     }
     close(results[0]);
@@ -381,13 +426,16 @@ TEST_F(SessionServerTest, WaitingChannelsAreCappedPerUidSoOneUserCannotLockOutAn
 
   // Another user is not affected by this uid's channels (needs root to be someone else).
   if (geteuid() != 0) GTEST_SKIP() << "not root: cannot connect as another uid";
+  const ForkedClient client(server_->path());
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
     if (setgid(65534) != 0 || setuid(65534) != 0) _exit(2);
-    UniqueFd fd = Connect();
-    if (!fd.valid()) _exit(3);
-    _exit(absl::StartsWith(Ask(fd.get(), "CHANNEL c"), "OK ") ? 0 : 1);
+    char packet[512];
+    const int fd = client.Open(packet);
+    if (fd < 0 || !ForkedClient::StartsWith(packet, "HELLO ")) _exit(3);
+    ForkedClient::Ask(fd, "CHANNEL c", packet);
+    _exit(ForkedClient::StartsWith(packet, "OK ") ? 0 : 1);
   }
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
