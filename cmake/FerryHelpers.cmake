@@ -69,12 +69,36 @@ endfunction()
 # step through a test with full debug information.
 set(FERRY_TEST_COPTS -Og -g1 CACHE STRING "Extra compile options for the tests' own sources")
 
+# The headers nearly every test includes (gtest, gmock, the standard library, abseil's
+# basics), parsed once per build into a precompiled header that every ferry_cc_test reuses,
+# instead of once per test: a fresh build compiles about 70 tests. The tests' own flags are
+# the header's (FERRY_TEST_COPTS, warnings, -pthread, gtest's definitions); what a test's DEPS add
+# (include paths, definitions) must not change these headers, and does not.
+function(ferry_test_precompiled_header)
+  if(TARGET ferry_test_pch)
+    return()
+  endif()
+  set(anchor ${PROJECT_BINARY_DIR}/ferry_test_pch.cc)
+  if(NOT EXISTS ${anchor})
+    file(WRITE ${anchor} "// Compiles the tests' precompiled header (cmake/FerryHelpers.cmake).\n")
+  endif()
+  add_library(ferry_test_pch OBJECT ${anchor})
+  target_link_libraries(ferry_test_pch PRIVATE GTest::gtest GTest::gtest_main absl::status)
+  target_compile_options(ferry_test_pch PRIVATE ${FERRY_COMMON_WARNINGS} ${FERRY_TEST_COPTS} -pthread)
+  target_precompile_headers(ferry_test_pch PRIVATE
+    <algorithm> <atomic> <cstdint> <cstring> <filesystem> <fstream> <memory> <string> <thread>
+    <vector> <gtest/gtest.h> <gmock/gmock.h> <absl/status/status.h> <absl/status/statusor.h>
+    <absl/strings/str_cat.h> <absl/synchronization/mutex.h> <absl/time/time.h>)
+endfunction()
+
 # ferry_cc_test(NAME <target> SRCS ... DEPS ... [LABELS ...])
 function(ferry_cc_test)
   cmake_parse_arguments(F "" "NAME" "SRCS;DEPS;LABELS;ENV" ${ARGN})
   add_executable(${F_NAME} ${F_SRCS})
   target_link_libraries(${F_NAME} PRIVATE ${F_DEPS} GTest::gtest GTest::gtest_main)
-  target_compile_options(${F_NAME} PRIVATE ${FERRY_COMMON_WARNINGS} ${FERRY_TEST_COPTS})
+  target_compile_options(${F_NAME} PRIVATE ${FERRY_COMMON_WARNINGS} ${FERRY_TEST_COPTS} -pthread)
+  ferry_test_precompiled_header()
+  target_precompile_headers(${F_NAME} REUSE_FROM ferry_test_pch)
   ferry_check_includes(${F_NAME} SRCS ${F_SRCS})
   add_test(NAME ${F_NAME} COMMAND ${F_NAME})
   set_tests_properties(${F_NAME} PROPERTIES TIMEOUT 300)
