@@ -4,7 +4,9 @@
 #   deploy/install-deps.sh            build + test + runtime dependencies, clang with its
 #                                     sanitizer and libFuzzer runtimes (scripts/sanitize.sh),
 #                                     and what the install tests use (venv, pip, setuptools,
-#                                     wheel; dpkg-dev for CPack's dependency scan)
+#                                     wheel; dpkg-dev for CPack's dependency scan; Node.js
+#                                     and npm for the S3-compatible test server, unless the
+#                                     machine has them already)
 set -euo pipefail
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; fi
@@ -17,3 +19,6 @@ $SUDO apt-get install -y -qq --no-install-recommends \
   libgtest-dev libgmock-dev libbenchmark-dev clang clang-format libclang-rt-14-dev \
   python3 python3-numpy python3-torch python3-torchvision python3-pil python3-pytest \
   python3-venv python3-pip python3-setuptools python3-wheel dpkg-dev
+if ! command -v npm > /dev/null; then
+  $SUDO apt-get install -y -qq --no-install-recommends nodejs npm
+fi

@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/install-deps.sh
+# The S3-compatible server the remote-dataset tests read from (testing/s3rver, npm).
+npm ci --prefix testing/s3rver --no-audit --no-fund --loglevel=error
 # FERRY_WERROR=ON (set by .ci/run): warnings are errors.
 cmake --preset default -DFERRY_WARNINGS_AS_ERRORS="${FERRY_WERROR:-OFF}"
 cmake --build --preset default -j"$(nproc)"

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <deque>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -16,6 +17,7 @@
 #include "client/cpp/internal/convert.h"
 #include "client/cpp/internal/cuda_ring.h"
 #include "client/cpp/internal/session.h"
+#include "client/cpp/internal/store_credentials.h"
 #include "common/batch_channel.h"
 #include "common/epoch_layout.h"
 #include "common/error_reason.h"
@@ -988,9 +990,16 @@ absl::Status CheckDaemonTakes(const internal::ClientImpl& impl, const v1::JobSpe
       "then start it again), or use the ferry client that came with that ferryd"));
 }
 
+// A spec that reads s3:// objects goes with the trainer's credentials, when it has some
+// (internal/store_credentials.h), so the job reads as this user and not as ferryd.
 absl::StatusOr<v1::Job> CreateChecked(const internal::ClientImpl& impl,
-                                      const v1::CreateJobRequest& request) {
+                                      v1::CreateJobRequest request) {
   FERRY_RETURN_IF_ERROR(CheckDaemonTakes(impl, request.spec()));
+  if (internal::SpecReadsS3(request.spec()) && !request.has_store_credentials()) {
+    FERRY_ASSIGN_OR_RETURN(std::optional<v1::StoreCredentials> mine,
+                           internal::TrainerStoreCredentials(std::getenv));
+    if (mine.has_value()) *request.mutable_store_credentials() = *std::move(mine);
+  }
   return CallCreateJob(impl, request);
 }
 

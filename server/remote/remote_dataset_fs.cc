@@ -7,7 +7,9 @@
 #include <string>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "server/dataset/mapped_file.h"
 
@@ -39,13 +41,13 @@ class RemoteDatasetFs final : public DatasetFs {
       : local_(std::move(local)), cache_(std::move(cache)), store_(std::move(store)) {}
 
   absl::Status CheckPath(const std::string& path) const override {
-    if (!ObjectLocation::IsRemote(path)) return local_->CheckPath(path);
+    if (!ObjectLocation::IsRemote(path)) return Local(path)->CheckPath(path);
     return ObjectLocation::Parse(path).status();
   }
 
   absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFile(
       const std::string& path) const override {
-    if (!ObjectLocation::IsRemote(path)) return local_->OpenFile(path);
+    if (!ObjectLocation::IsRemote(path)) return Local(path)->OpenFile(path);
     FERRY_ASSIGN_OR_RETURN(ObjectCache::Pin pin, Fetch(path));
     struct stat st;
     if (::fstat(pin.fd(), &st) != 0) return FileErrnoStatus(errno, "cannot stat", pin.path());
@@ -58,7 +60,7 @@ class RemoteDatasetFs final : public DatasetFs {
 
   absl::StatusOr<std::shared_ptr<const MappedFile>> MapFile(
       const std::string& path) const override {
-    if (!ObjectLocation::IsRemote(path)) return local_->MapFile(path);
+    if (!ObjectLocation::IsRemote(path)) return Local(path)->MapFile(path);
     FERRY_ASSIGN_OR_RETURN(ObjectCache::Pin pin, Fetch(path));
     // The cache's file, mapped once for every job (the registry shares it), under the
     // object's name; the mapping holds the cache entry.
@@ -74,21 +76,37 @@ class RemoteDatasetFs final : public DatasetFs {
   }
 
   absl::StatusOr<std::vector<Entry>> ListDirectory(const std::string& path) const override {
-    if (!ObjectLocation::IsRemote(path)) return local_->ListDirectory(path);
+    if (!ObjectLocation::IsRemote(path)) return Local(path)->ListDirectory(path);
     return absl::UnimplementedError(
         absl::StrCat("'", path,
                      "' names a remote folder; listing object storage is not supported yet: give "
                      "the objects (shards) by name or brace pattern"));
   }
 
-  bool Stopping() const override { return local_->Stopping(); }
+  bool Stopping() const override { return local_ != nullptr && local_->Stopping(); }
 
  private:
-  // The object's cache entry, fetched whole when absent, after a HEAD with this
-  // filesystem's credentials.
+  // The filesystem local paths go to; one that refuses them when there is none.
+  const DatasetFs* Local(const std::string& path) const {
+    return local_ != nullptr ? local_.get() : &refusing_;
+  }
+
+  // The object's size and version as the store told these credentials, asked once.
+  absl::StatusOr<StoreClient::ObjectInfo> Head(const ObjectLocation& where,
+                                               const std::string& path) const {
+    {
+      absl::MutexLock lock(&mutex_);
+      if (auto it = heads_.find(path); it != heads_.end()) return it->second;
+    }
+    FERRY_ASSIGN_OR_RETURN(StoreClient::ObjectInfo info, store_->Head(where));
+    absl::MutexLock lock(&mutex_);
+    return heads_.try_emplace(path, std::move(info)).first->second;
+  }
+
+  // The object's cache entry, fetched whole when absent, once these credentials may read it.
   absl::StatusOr<ObjectCache::Pin> Fetch(const std::string& path) const {
     FERRY_ASSIGN_OR_RETURN(const ObjectLocation where, ObjectLocation::Parse(path));
-    FERRY_ASSIGN_OR_RETURN(const StoreClient::ObjectInfo info, store_->Head(where));
+    FERRY_ASSIGN_OR_RETURN(const StoreClient::ObjectInfo info, Head(where, path));
     ObjectCache::Key key;
     key.store = where.kind == ObjectLocation::Kind::kS3 ? store_->UrlOf(where) : where.url;
     key.object = where.ToString();
@@ -97,9 +115,37 @@ class RemoteDatasetFs final : public DatasetFs {
                        [&](int fd) { return store_->Read(where, 0, info.size, fd); });
   }
 
+  // What local paths meet on a daemon that reads none.
+  class NoLocalFs final : public DatasetFs {
+   public:
+    absl::Status CheckPath(const std::string& path) const override { return Refuse(path); }
+    absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFile(
+        const std::string& path) const override {
+      return Refuse(path);
+    }
+    absl::StatusOr<std::shared_ptr<const MappedFile>> MapFile(
+        const std::string& path) const override {
+      return Refuse(path);
+    }
+    absl::StatusOr<std::vector<Entry>> ListDirectory(const std::string& path) const override {
+      return Refuse(path);
+    }
+    bool Stopping() const override { return false; }
+
+   private:
+    static absl::Status Refuse(const std::string& path) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "dataset path '", path.substr(0, 512),
+          "' is local, and this ferryd reads only remote datasets (no dataset_roots)"));
+    }
+  };
+
   const std::shared_ptr<const DatasetFs> local_;
+  const NoLocalFs refusing_;
   const std::shared_ptr<ObjectCache> cache_;
   const std::shared_ptr<const StoreClient> store_;
+  mutable absl::Mutex mutex_;
+  mutable absl::flat_hash_map<std::string, StoreClient::ObjectInfo> heads_ ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace

@@ -3,11 +3,14 @@
 // asks first) and then opened or mapped from there; local paths go to the wrapped DatasetFs.
 //
 // Contract:
-//  * Opening or mapping a remote object asks the store for its size and version (a HEAD
-//    with this filesystem's credentials) every time, so that a job is served a cached copy
-//    only once the store has let these credentials read that very version; a new version
+//  * A job is served a cached object only once the store has let this filesystem's
+//    credentials read that very version: the first open of each object asks the store for
+//    its size and version (a HEAD), and the answer is remembered for this filesystem's life
+//    (one per job), so the object's version stays the same for the whole job. A new version
 //    is another cache entry.
 //  * The file or mapping returned holds the cache entry (it is not evicted) while it lives.
+//  * A null `local` reads no local paths (PERMISSION_DENIED): a daemon with remote datasets
+//    and no dataset_roots.
 //  * Remote "directories" cannot be listed yet: ListDirectory of a remote path fails with
 //    UNIMPLEMENTED (image folders under a prefix need object listing).
 //

@@ -1,6 +1,7 @@
 #include "server/remote/store_client.h"
 
 #include <curl/curl.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -339,6 +340,16 @@ absl::Status StoreClient::Run(const ObjectLocation& location, bool head, uint64_
 absl::StatusOr<StoreClient::ObjectInfo> StoreClient::Head(const ObjectLocation& location) const {
   ObjectInfo info;
   absl::Status s = Run(location, /*head=*/true, 0, 0, -1, &info);
+  if (absl::IsPermissionDenied(s)) {
+    // A HEAD's answer has no body, so no reason (SignatureDoesNotMatch, AccessDenied,
+    // InvalidAccessKeyId, ExpiredToken): a one-byte GET brings the store's own.
+    const int devnull = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (devnull >= 0) {
+      absl::Status reason = Run(location, /*head=*/false, 0, 1, devnull, nullptr);
+      ::close(devnull);
+      if (absl::IsPermissionDenied(reason)) return reason;
+    }
+  }
   if (!s.ok()) return s;
   return info;
 }

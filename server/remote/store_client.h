@@ -86,6 +86,8 @@ class StoreClient final {
   // The URL a request for `location` goes to (the bucket placed as options say).
   std::string UrlOf(const ObjectLocation& location) const;
 
+  const StoreOptions& options() const { return options_; }
+
  private:
   // Runs attempts until one succeeds or fails for good.
   absl::Status Run(const ObjectLocation& location, bool head, uint64_t offset, uint64_t length,

@@ -41,7 +41,7 @@ class FakeStore {
       }
       if (status_ != 200) {
         res.status = status_;
-        res.set_content(absl::StrCat("<Error><Code>", code_, "</Code></Error>"), "application/xml");
+        Body(res, absl::StrCat("<Error><Code>", code_, "</Code></Error>"));
         return;
       }
       res.set_header("ETag", "\"abc123\"");
@@ -227,6 +227,13 @@ TEST_F(StoreClientTest, MissingAndForbiddenObjectsSayWhatToDo) {
     EXPECT_THAT(missing.status().message(), Not(HasSubstr(secret)));
   }
   EXPECT_EQ(store_.requests(), 2) << "4xx answers are not retried";
+  // A refused HEAD has no body; the store's reason comes from a one-byte GET.
+  store_.code_ = "SignatureDoesNotMatch";
+  auto refused = client.Head(S3());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(refused.status().message(), HasSubstr("SignatureDoesNotMatch")) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("s3://bucket/dir/obj.bin"));
+  EXPECT_EQ(store_.requests(), 4);
 }
 
 TEST_F(StoreClientTest, RedirectsAreNotFollowed) {

@@ -368,15 +368,27 @@ grpc::ServerUnaryReactor* FerryService::CreateJob(grpc::CallbackServerContext* c
   if (!caller.ok()) return FinishWith(context, caller.status());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // Opening the dataset may take long: off the reactor (HandlerPool).
-  slow_handlers_.Run(caller->uid, Deadline(context),
-                     [this, reactor, caller = *caller, request, response](absl::Status ready) {
-                       if (!ready.ok()) return reactor->Finish(ToGrpcStatus(ready));
-                       auto created = jobs_->CreateJob(caller, request->name(), request->spec());
-                       if (!created.ok()) return reactor->Finish(ToGrpcStatus(created.status()));
-                       created->job->ToProto(response->mutable_job());
-                       response->set_created(created->created);
-                       reactor->Finish(grpc::Status::OK);
-                     });
+  slow_handlers_.Run(
+      caller->uid, Deadline(context),
+      [this, reactor, caller = *caller, request, response](absl::Status ready) {
+        if (!ready.ok()) return reactor->Finish(ToGrpcStatus(ready));
+        std::optional<AwsCredentials> credentials;
+        if (request->has_store_credentials()) {
+          const ferry::v1::StoreCredentials& given = request->store_credentials();
+          if (given.access_key_id().empty() || given.secret_access_key().empty()) {
+            return reactor->Finish(ToGrpcStatus(
+                absl::InvalidArgumentError("store_credentials need both access_key_id and "
+                                           "secret_access_key")));
+          }
+          credentials = AwsCredentials{given.access_key_id(), given.secret_access_key(),
+                                       given.session_token()};
+        }
+        auto created = jobs_->CreateJob(caller, request->name(), request->spec(), credentials);
+        if (!created.ok()) return reactor->Finish(ToGrpcStatus(created.status()));
+        created->job->ToProto(response->mutable_job());
+        response->set_created(created->created);
+        reactor->Finish(grpc::Status::OK);
+      });
   return reactor;
 }
 

@@ -73,9 +73,19 @@ JobManager::JobManager(Options options, WorkerPool* pool, MemoryBudget* host_bud
       dataset_fs_error_ = fs.status();
     }
   }
-  if (dataset_fs_ != nullptr && options_.remote_cache != nullptr) {
-    dataset_fs_ = MakeRemoteDatasetFs(dataset_fs_, options_.remote_cache, options_.remote_store);
+}
+
+std::shared_ptr<const DatasetFs> JobManager::JobDatasetFs(
+    const std::optional<AwsCredentials>& store_credentials) const {
+  if (options_.remote_cache == nullptr) return dataset_fs_;
+  std::shared_ptr<const StoreClient> store = options_.remote_store;
+  if (store_credentials.has_value()) {
+    StoreOptions own = store->options();
+    own.credentials = store_credentials;
+    store = std::make_shared<const StoreClient>(std::move(own));
   }
+  return StoppableDatasetFs(MakeRemoteDatasetFs(dataset_fs_, options_.remote_cache, store),
+                            stopping_);
 }
 
 JobManager::~JobManager() { BeginDrain(); }
@@ -105,6 +115,7 @@ absl::Status JobManager::CheckDatasetPath(const std::string& path) const {
                        "' is not under any of remote.allowed_prefixes; add its prefix there in ",
                        options_.config_path));
     }
+    return ObjectLocation::Parse(path).status();
   }
   if (dataset_fs_ == nullptr) {
     if (!dataset_fs_error_.ok()) return dataset_fs_error_;
@@ -126,9 +137,9 @@ uint32_t JobManager::SlotsPerRank(const Job& job) const {
       options_.default_prefetch_depth, std::min<uint64_t>(for_bytes, kMaxDefaultPrefetch)));
 }
 
-absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
-                                                          const std::string& name,
-                                                          ferry::v1::JobSpec requested) {
+absl::StatusOr<JobManager::Created> JobManager::CreateJob(
+    const Caller& caller, const std::string& name, ferry::v1::JobSpec requested,
+    const std::optional<AwsCredentials>& store_credentials) {
   FERRY_RETURN_IF_ERROR(CheckJobName(name));
   FERRY_ASSIGN_OR_RETURN(
       const ferry::v1::JobSpec spec,
@@ -147,7 +158,8 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(const Caller& caller,
     if (--it->second == 0) creating_per_uid_.erase(it);
   };
   // Opening the dataset (listing directories) happens without the lock.
-  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, OpenJob(caller, job_name, spec));
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Job> job,
+                         OpenJob(caller, job_name, spec, store_credentials));
   // What the dataset's index holds (file names, tar members) counts against the budget for
   // the job's life.
   FERRY_ASSIGN_OR_RETURN(
@@ -226,9 +238,9 @@ absl::StatusOr<std::shared_ptr<Job>> JobManager::FindOrStartCreating(const Calle
   return nullptr;
 }
 
-absl::StatusOr<std::shared_ptr<Job>> JobManager::OpenJob(const Caller& caller,
-                                                         const std::string& job_name,
-                                                         const ferry::v1::JobSpec& spec) {
+absl::StatusOr<std::shared_ptr<Job>> JobManager::OpenJob(
+    const Caller& caller, const std::string& job_name, const ferry::v1::JobSpec& spec,
+    const std::optional<AwsCredentials>& store_credentials) {
   JobIdentity identity;
   identity.id = absl::StrCat("j", RandomHex(6));
   identity.name = job_name;
@@ -261,8 +273,9 @@ absl::StatusOr<std::shared_ptr<Job>> JobManager::OpenJob(const Caller& caller,
       gpu_decode_note = std::string(available.message());
     }
   }
-  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Job> job,
-                         Job::Create(identity, spec, dataset_fs_, source_options));
+  FERRY_ASSIGN_OR_RETURN(
+      std::shared_ptr<Job> job,
+      Job::Create(identity, spec, JobDatasetFs(store_credentials), source_options));
   if (DatasetHasImages(spec.dataset())) {
     if (cuda && job->gpu_decode() == nullptr && gpu_decode_note.empty()) {
       gpu_decode_note =

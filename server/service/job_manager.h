@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -93,9 +94,12 @@ class JobManager final {
     std::shared_ptr<Job> job;
     bool created = false;
   };
-  // Idempotent: the same caller uid, name and spec return the existing job.
-  absl::StatusOr<Created> CreateJob(const Caller& caller, const std::string& name,
-                                    ferry::v1::JobSpec spec);
+  // Idempotent: the same caller uid, name and spec return the existing job. A new job reads
+  // s3:// objects with `store_credentials` (the trainer's), or the daemon's own when unset;
+  // they live in memory with the job and nowhere else.
+  absl::StatusOr<Created> CreateJob(
+      const Caller& caller, const std::string& name, ferry::v1::JobSpec spec,
+      const std::optional<AwsCredentials>& store_credentials = std::nullopt);
   absl::StatusOr<std::shared_ptr<Job>> GetJob(const Caller& caller, const std::string& id);
   std::vector<std::shared_ptr<Job>> ListJobs(const Caller& caller);
   absl::Status DeleteJob(const Caller& caller, const std::string& id);
@@ -195,9 +199,14 @@ class JobManager final {
                                                            const std::string& key)
       ABSL_LOCKS_EXCLUDED(mutex_);
   // Opens the dataset and makes the job (its GPU decode, retry limit, GPU checks).
-  absl::StatusOr<std::shared_ptr<Job>> OpenJob(const Caller& caller, const std::string& job_name,
-                                               const ferry::v1::JobSpec& spec)
-      ABSL_LOCKS_EXCLUDED(mutex_);
+  absl::StatusOr<std::shared_ptr<Job>> OpenJob(
+      const Caller& caller, const std::string& job_name, const ferry::v1::JobSpec& spec,
+      const std::optional<AwsCredentials>& store_credentials) ABSL_LOCKS_EXCLUDED(mutex_);
+  // The filesystem one job reads through: dataset_fs_, and remote objects through the node
+  // cache with `store_credentials` (or the daemon's own), each object's HEAD remembered for
+  // the job. Null when the job may read nothing.
+  std::shared_ptr<const DatasetFs> JobDatasetFs(
+      const std::optional<AwsCredentials>& store_credentials) const;
   // RESOURCE_EXHAUSTED, naming what holds the memory, when one rank's slab of `job` cannot
   // fit the host budget's free bytes.
   absl::Status CheckARankFitsLocked(const Caller& caller, const Job& job)
@@ -224,9 +233,9 @@ class JobManager final {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const Options options_;
-  // Every file a job opens goes through it (dataset_roots). Null when no job may read
-  // anything: a system daemon without roots, or roots that are unusable (dataset_fs_error_
-  // says why).
+  // Every local file a job opens goes through it (dataset_roots). Null when no job may read
+  // a local file: a system daemon without roots, or roots that are unusable
+  // (dataset_fs_error_ says why).
   std::shared_ptr<const DatasetFs> dataset_fs_;
   // Set by BeginDrain; dataset_fs_->Stopping() reports it to dataset indexing.
   const std::shared_ptr<std::atomic<bool>> stopping_ = std::make_shared<std::atomic<bool>>(false);

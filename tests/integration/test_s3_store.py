@@ -1,0 +1,180 @@
+"""s3:// shards on a real S3-compatible server (s3rver, testing/s3rver/serve.js, which checks
+every request's SigV4 signature against its key's secret) read with the trainer's own
+credentials: from its environment or a profile of its shared credentials file, sent with
+the job to a ferryd that has none of its own. A job whose credentials the store refuses is
+refused, though another job already brought the objects into the node's cache, and no
+secret appears in what ferryd says, shows or logs."""
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+import unittest
+import urllib.request
+
+import numpy as np
+
+import ferry
+import ferry_it
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SERVE = os.path.join(ROOT, "testing", "s3rver", "serve.js")
+ALICE = ("AKIDALICEFERRY", "alice-secret-never-shown")
+AWS_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                 "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_REGION",
+                 "AWS_DEFAULT_REGION")
+
+
+class S3Server:
+    """serve.js on an unused port, storing under a temporary directory; a private bucket
+    "bucket" that ALICE's key pair may read; objects are uploaded unsigned."""
+
+    def __init__(self):
+        if not os.path.isdir(os.path.join(ROOT, "testing", "s3rver", "node_modules")):
+            raise RuntimeError(
+                "s3rver is not installed: run `npm ci --prefix testing/s3rver` "
+                "(scripts/test.sh does)")
+        self.dir = tempfile.mkdtemp(prefix="ferry-s3rver-")
+        self.process = subprocess.Popen(
+            ["node", SERVE, self.dir, "bucket", "%s:%s" % ALICE], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+        line = self.process.stdout.readline()
+        if not line.startswith("PORT "):
+            self.stop()
+            raise RuntimeError("s3rver did not start: %r %s" % (line, self.process.stderr.read()))
+        self.endpoint = "http://127.0.0.1:%d" % int(line.split()[1])
+
+    def put(self, key, data):
+        request = urllib.request.Request("%s/bucket/%s" % (self.endpoint, key), data=data,
+                                         method="PUT")
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            assert answer.status == 200, answer.status
+
+    def stop(self):
+        self.process.kill()
+        self.process.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def trainer_environment(**values):
+    """The AWS variables of this process (the trainer's) set to `values` only."""
+    saved = {name: os.environ.get(name) for name in AWS_VARIABLES + ("HOME",)}
+    for name in AWS_VARIABLES:
+        os.environ.pop(name, None)
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+class S3StoreTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.store = S3Server()
+        rng = np.random.default_rng(11)
+        cls.local = ferry_it.short_tempdir("ferry-s3-")
+        for i, n in enumerate((4001, 2900, 3333)):
+            tokens = rng.integers(0, 2**16, size=n, dtype=np.uint16)
+            tokens.tofile(os.path.join(cls.local, "shard-%d.bin" % i))
+            cls.store.put("train/shard-%d.bin" % i, tokens.tobytes())
+        config = ('remote { cache_dir: "%%s/cache" cache_bytes: 100000000 s3_endpoint: "%s" }'
+                  % cls.store.endpoint)
+        with trainer_environment():  # ferryd itself has no credentials
+            cls.daemon = ferry_it.FerryDaemon(config=lambda d: config % d)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.stop()
+        cls.store.stop()
+        shutil.rmtree(cls.local, ignore_errors=True)
+
+    def batches(self, shards, batch_size):
+        loader = ferry.Loader(ferry.TokenShards(shards, 31), batch_size=batch_size,
+                              address=self.daemon.address, as_numpy=True, timeout=60)
+        try:
+            return [b["tokens"].copy() for b in loader]
+        finally:
+            loader.close()
+
+    def assert_same_as_local(self, batch_size):
+        local = self.batches(os.path.join(self.local, "shard-{0..2}.bin"), batch_size)
+        remote = self.batches("s3://bucket/train/shard-{0..2}.bin", batch_size)
+        self.assertEqual(len(remote), len(local))
+        for a, b in zip(local, remote):
+            np.testing.assert_array_equal(a, b)
+
+    def assert_no_secret_shown(self):
+        status = ferry_it.run_ferryctl(self.daemon.address, "status", "--json").stdout
+        jobs = ferry_it.run_ferryctl(self.daemon.address, "jobs", "--json").stdout
+        with open(self.daemon.log_path) as f:
+            log = f.read()
+        for text in (status, jobs, log):
+            self.assertNotIn(ALICE[1], text)
+            self.assertNotIn("wrong-secret", text)
+
+    def test_the_trainers_environment_credentials(self):
+        with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
+            self.assert_same_as_local(16)
+        self.assert_no_secret_shown()
+
+    def test_a_profile_of_the_trainers_shared_credentials_file(self):
+        home = tempfile.mkdtemp(prefix="ferry-home-")
+        try:
+            os.makedirs(os.path.join(home, ".aws"))
+            with open(os.path.join(home, ".aws", "credentials"), "w") as f:
+                f.write("[default]\naws_access_key_id = AKIDNOBODY\naws_secret_access_key = x\n"
+                        "[training]\naws_access_key_id = %s\naws_secret_access_key = %s\n"
+                        % ALICE)
+            with trainer_environment(HOME=home, AWS_PROFILE="training"):
+                self.assert_same_as_local(9)
+        finally:
+            shutil.rmtree(home)
+
+    def test_a_wrong_secret_is_refused_though_another_job_cached_the_objects(self):
+        with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
+            self.assertTrue(self.batches("s3://bucket/train/shard-{0..2}.bin", 12))
+        # Another job (another batch size) of a trainer whose secret is wrong: the store
+        # refuses its HEAD, so the cached objects are not served to it.
+        with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY="wrong-secret"):
+            with self.assertRaises(ferry.FerryError) as raised:
+                self.batches("s3://bucket/train/shard-{0..2}.bin", 13)
+        self.assertEqual(raised.exception.code, "PERMISSION_DENIED")
+        message = str(raised.exception)
+        self.assertIn("s3://bucket/train/shard-0.bin", message)
+        self.assertIn("SignatureDoesNotMatch", message)
+        self.assert_no_secret_shown()
+
+    def test_no_credentials_anywhere_is_refused_by_the_store(self):
+        home = tempfile.mkdtemp(prefix="ferry-home-")  # no ~/.aws
+        try:
+            with trainer_environment(HOME=home):
+                with self.assertRaises(ferry.FerryError) as raised:
+                    self.batches("s3://bucket/train/shard-{0..2}.bin", 14)
+        finally:
+            shutil.rmtree(home)
+        self.assertEqual(raised.exception.code, "PERMISSION_DENIED")
+        self.assertIn("AccessDenied", str(raised.exception))
+
+    def test_an_unknown_profile_is_named_by_the_trainer(self):
+        home = tempfile.mkdtemp(prefix="ferry-home-")
+        try:
+            os.makedirs(os.path.join(home, ".aws"))
+            with open(os.path.join(home, ".aws", "credentials"), "w") as f:
+                f.write("[default]\naws_access_key_id = A\naws_secret_access_key = B\n")
+            with trainer_environment(HOME=home, AWS_PROFILE="nosuch"):
+                with self.assertRaises(ferry.FerryError) as raised:
+                    self.batches("s3://bucket/train/shard-{0..2}.bin", 16)
+            self.assertIn("[nosuch]", str(raised.exception))
+        finally:
+            shutil.rmtree(home)
+
+
+if __name__ == "__main__":
+    unittest.main()
