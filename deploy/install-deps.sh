@@ -15,7 +15,7 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
   build-essential cmake ninja-build pkg-config git ca-certificates \
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev \
-  libnuma-dev libjpeg62-turbo-dev libspng-dev libsystemd-dev libarchive-dev libcpp-httplib-dev libcurl4-openssl-dev \
+  libnuma-dev libjpeg62-turbo-dev libspng-dev libsystemd-dev libarchive-dev libcpp-httplib-dev libcurl4-openssl-dev libexpat1-dev \
   libgtest-dev libgmock-dev libbenchmark-dev clang clang-format libclang-rt-14-dev \
   python3 python3-numpy python3-torch python3-torchvision python3-pil python3-pytest \
   python3-venv python3-pip python3-setuptools python3-wheel dpkg-dev

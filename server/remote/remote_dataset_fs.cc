@@ -1,6 +1,5 @@
 #include "server/remote/remote_dataset_fs.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -8,6 +7,8 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
@@ -48,39 +49,80 @@ class RemoteDatasetFs final : public DatasetFs {
   absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFile(
       const std::string& path) const override {
     if (!ObjectLocation::IsRemote(path)) return Local(path)->OpenFile(path);
-    FERRY_ASSIGN_OR_RETURN(ObjectCache::Pin pin, Fetch(path));
-    struct stat st;
-    if (::fstat(pin.fd(), &st) != 0) return FileErrnoStatus(errno, "cannot stat", pin.path());
-    const FileIdentity identity{
-        static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
-        static_cast<uint64_t>(st.st_size),
-        static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
-    return std::unique_ptr<RandomAccessFile>(new CachedFile(path, identity, std::move(pin)));
+    FERRY_ASSIGN_OR_RETURN(Fetched fetched, Fetch(path));
+    return std::unique_ptr<RandomAccessFile>(
+        new CachedFile(path, fetched.identity, std::move(fetched.pin)));
   }
 
   absl::StatusOr<std::shared_ptr<const MappedFile>> MapFile(
       const std::string& path) const override {
     if (!ObjectLocation::IsRemote(path)) return Local(path)->MapFile(path);
-    FERRY_ASSIGN_OR_RETURN(ObjectCache::Pin pin, Fetch(path));
+    FERRY_ASSIGN_OR_RETURN(Fetched fetched, Fetch(path));
     // The cache's file, mapped once for every job (the registry shares it), under the
     // object's name; the mapping holds the cache entry.
     FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> mapped,
-                           UnconfinedDatasetFs()->MapFile(pin.path()));
+                           UnconfinedDatasetFs()->MapFile(fetched.pin.path()));
     struct Owner {
       std::shared_ptr<const MappedFile> mapped;
       ObjectCache::Pin pin;
     };
-    auto owner = std::make_shared<Owner>(Owner{mapped, std::move(pin)});
-    return std::make_shared<const MappedFile>(path, mapped->identity(), mapped->bytes(),
+    auto owner = std::make_shared<Owner>(Owner{mapped, std::move(fetched.pin)});
+    return std::make_shared<const MappedFile>(path, fetched.identity, mapped->bytes(),
                                               std::shared_ptr<const void>(owner));
   }
 
   absl::StatusOr<std::vector<Entry>> ListDirectory(const std::string& path) const override {
     if (!ObjectLocation::IsRemote(path)) return Local(path)->ListDirectory(path);
-    return absl::UnimplementedError(
-        absl::StrCat("'", path,
-                     "' names a remote folder; listing object storage is not supported yet: give "
-                     "the objects (shards) by name or brace pattern"));
+    FERRY_ASSIGN_OR_RETURN(const ObjectLocation where, ObjectLocation::Parse(path));
+    if (where.kind != ObjectLocation::Kind::kS3) {
+      return absl::UnimplementedError(
+          absl::StrCat("'", path,
+                       "' names a folder on an HTTP server, which cannot be listed: give the "
+                       "objects (shards) by name or brace pattern, or put them in an S3 bucket"));
+    }
+    std::string dir = where.key;
+    if (!absl::EndsWith(dir, "/")) dir += '/';
+    {
+      absl::MutexLock lock(&mutex_);
+      if (auto it = listed_.find(ListedKey(where.bucket, dir)); it != listed_.end()) {
+        std::vector<Entry> entries = std::move(it->second);
+        listed_.erase(it);
+        return entries;
+      }
+    }
+    // Everything under the folder, listed once; the entries of its subfolders wait for the
+    // ListDirectory calls that follow (an image folder's classes), each handed out once.
+    FERRY_ASSIGN_OR_RETURN(const StoreClient::Listing listing,
+                           store_->List(where.bucket, dir, /*delimit=*/false));
+    if (listing.objects.empty()) {
+      return absl::NotFoundError(absl::StrCat("dataset path '", path,
+                                              "' does not exist: no object's key in bucket '",
+                                              where.bucket, "' starts with '", dir, "'"));
+    }
+    absl::flat_hash_map<std::string, std::vector<Entry>> tree;  // folder key -> its entries
+    for (const ListedObject& object : listing.objects) {
+      absl::string_view rest = absl::string_view(object.key).substr(dir.size());
+      std::string parent = dir;
+      bool usable = true;
+      for (size_t slash; usable && (slash = rest.find('/')) != absl::string_view::npos;) {
+        usable = slash > 0;  // "a//b" names no path
+        std::string child = absl::StrCat(parent, rest.substr(0, slash), "/");
+        if (usable && !tree.contains(child)) {
+          tree[parent].push_back(Entry{std::string(rest.substr(0, slash)), EntryType::kDirectory});
+          tree[child];
+        }
+        parent = std::move(child);
+        rest.remove_prefix(slash + 1);
+      }
+      // A key ending in '/' is a folder marker, not a file.
+      if (usable && !rest.empty())
+        tree[parent].push_back(Entry{std::string(rest), EntryType::kFile});
+    }
+    std::vector<Entry> entries = std::move(tree[dir]);
+    tree.erase(dir);
+    absl::MutexLock lock(&mutex_);
+    for (auto& [folder, below] : tree) listed_[ListedKey(where.bucket, folder)] = std::move(below);
+    return entries;
   }
 
   bool Stopping() const override { return local_ != nullptr && local_->Stopping(); }
@@ -103,16 +145,29 @@ class RemoteDatasetFs final : public DatasetFs {
     return heads_.try_emplace(path, std::move(info)).first->second;
   }
 
+  struct Fetched {
+    ObjectCache::Pin pin;
+    // The object's version, not its cache file's (whose modification time marks its
+    // recency): the same for every open of that version, also after it was evicted and
+    // fetched again.
+    FileIdentity identity;
+  };
+
   // The object's cache entry, fetched whole when absent, once these credentials may read it.
-  absl::StatusOr<ObjectCache::Pin> Fetch(const std::string& path) const {
+  absl::StatusOr<Fetched> Fetch(const std::string& path) const {
     FERRY_ASSIGN_OR_RETURN(const ObjectLocation where, ObjectLocation::Parse(path));
     FERRY_ASSIGN_OR_RETURN(const StoreClient::ObjectInfo info, Head(where, path));
     ObjectCache::Key key;
     key.store = where.kind == ObjectLocation::Kind::kS3 ? store_->UrlOf(where) : where.url;
     key.object = where.ToString();
     key.version = info.etag.empty() ? absl::StrCat("size ", info.size) : info.etag;
-    return cache_->Get(key, info.size,
-                       [&](int fd) { return store_->Read(where, 0, info.size, fd); });
+    FERRY_ASSIGN_OR_RETURN(ObjectCache::Pin pin, cache_->Get(key, info.size, [&](int fd) {
+      return store_->Read(where, 0, info.size, fd);
+    }));
+    return Fetched{
+        std::move(pin),
+        FileIdentity{
+            .device = 0, .inode = absl::HashOf(key.Canonical()), .size = info.size, .mtime_ns = 0}};
   }
 
   // What local paths meet on a daemon that reads none.
@@ -140,12 +195,18 @@ class RemoteDatasetFs final : public DatasetFs {
     }
   };
 
+  static std::string ListedKey(const std::string& bucket, const std::string& folder) {
+    return absl::StrCat(bucket, "/", folder);
+  }
+
   const std::shared_ptr<const DatasetFs> local_;
   const NoLocalFs refusing_;
   const std::shared_ptr<ObjectCache> cache_;
   const std::shared_ptr<const StoreClient> store_;
   mutable absl::Mutex mutex_;
   mutable absl::flat_hash_map<std::string, StoreClient::ObjectInfo> heads_ ABSL_GUARDED_BY(mutex_);
+  // "bucket/folder/" -> the entries of a folder listed with its parent, not yet asked for.
+  mutable absl::flat_hash_map<std::string, std::vector<Entry>> listed_ ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace

@@ -11,8 +11,12 @@
 //  * The file or mapping returned holds the cache entry (it is not evicted) while it lives.
 //  * A null `local` reads no local paths (PERMISSION_DENIED): a daemon with remote datasets
 //    and no dataset_roots.
-//  * Remote "directories" cannot be listed yet: ListDirectory of a remote path fails with
-//    UNIMPLEMENTED (image folders under a prefix need object listing).
+//  * ListDirectory of "s3://bucket/folder" lists every object whose key starts with
+//    "folder/" (ListObjectsV2, all pages) and answers with the folder's files and
+//    subfolders (the '/'-separated parts of the keys); the subfolders' entries are kept
+//    and handed out, once each, to the ListDirectory calls that follow, so that an image
+//    folder of many classes costs one listing. NOT_FOUND when no key starts so; HTTP
+//    folders cannot be listed (UNIMPLEMENTED).
 //
 //   auto fs = MakeRemoteDatasetFs(local_fs, cache, store);
 //   FERRY_ASSIGN_OR_RETURN(auto shard, fs->MapFile("s3://corpus/train-000042.bin"));

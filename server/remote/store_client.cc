@@ -16,7 +16,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
+#include "server/remote/s3_listing.h"
 
 namespace ferry {
 namespace {
@@ -113,7 +115,9 @@ std::string StoreClient::UrlOf(const ObjectLocation& location) const {
   if (virtual_host) {
     return absl::StrCat(e.scheme, "://", location.bucket, ".", e.host, e.base_path, "/", key);
   }
-  return absl::StrCat(e.scheme_host, e.base_path, "/", UriEncode(location.bucket, false), "/", key);
+  const std::string bucket_url =
+      absl::StrCat(e.scheme_host, e.base_path, "/", UriEncode(location.bucket, false));
+  return key.empty() ? bucket_url : absl::StrCat(bucket_url, "/", key);  // the bucket: a listing
 }
 
 struct Response {
@@ -137,7 +141,11 @@ struct Transfer {
   uint64_t start = 0;   // the object byte this attempt asked for first
   CURL* handle = nullptr;
   Response* response = nullptr;
+  std::string* text = nullptr;  // a listing: the whole body goes here instead of fd
 };
+
+// The most bytes of one listing page ferry takes (S3 sends 1,000 keys, ~300 KiB).
+constexpr size_t kMaxListingBytes = 64 << 20;
 
 size_t OnHeader(char* data, size_t size, size_t count, void* user) {
   auto* r = static_cast<Response*>(user);
@@ -173,6 +181,11 @@ size_t OnBody(char* data, size_t size, size_t count, void* user) {
     body.append(data, std::min(n, size_t{1024} - std::min(body.size(), size_t{1024})));
     return n;
   }
+  if (t->text != nullptr) {
+    if (t->text->size() + n > kMaxListingBytes) return 0;  // aborts the transfer
+    t->text->append(data, n);
+    return n;
+  }
   if (status == 200 && t->start > 0) {
     t->response->ignored_range = true;  // these bytes start at the object's first
     return 0;
@@ -195,10 +208,12 @@ size_t OnBody(char* data, size_t size, size_t count, void* user) {
   return take == room && n > take ? 0 : n;  // stop once all that was asked arrived
 }
 
-// One attempt of a request to `url`; `fd` -1 for HEAD. Appends the body to fd at *written.
-Response Attempt(const StoreOptions& options, const std::string& url,
+// One attempt of a request to `url` (with the canonical query string `query`, "" for
+// none); `fd` -1 for HEAD. Appends the body to fd at *written, or to *text when given (no
+// Range then).
+Response Attempt(const StoreOptions& options, const std::string& url, const std::string& query,
                  const ObjectLocation& location, bool head, uint64_t offset, uint64_t length,
-                 int fd, uint64_t* written) {
+                 int fd, uint64_t* written, std::string* text) {
   Response r;
   CURL* h = curl_easy_init();
   if (h == nullptr) {
@@ -208,7 +223,7 @@ Response Attempt(const StoreOptions& options, const std::string& url,
   }
   std::vector<Header> headers;
   const uint64_t from = offset + (written != nullptr ? *written : 0);
-  if (!head) {
+  if (!head && text == nullptr) {
     headers.push_back({"range", absl::StrCat("bytes=", from, "-", offset + length - 1)});
   }
   if (location.kind == ObjectLocation::Kind::kS3 && options.credentials.has_value()) {
@@ -216,16 +231,18 @@ Response Attempt(const StoreOptions& options, const std::string& url,
     headers.push_back({"host", e.host});
     std::string path = e.base_path;  // the URL's path: already encoded
     if (path.empty()) path = "/";
-    SignV4({.method = head ? "HEAD" : "GET", .path = path, .region = options.region},
-           *options.credentials, absl::Now(), &headers);
+    SignV4(
+        {.method = head ? "HEAD" : "GET", .path = path, .query = query, .region = options.region},
+        *options.credentials, absl::Now(), &headers);
   }
+  const std::string full_url = query.empty() ? url : absl::StrCat(url, "?", query);
   curl_slist* list = nullptr;
   for (const Header& hd : headers) {
     list = curl_slist_append(list, absl::StrCat(hd.first, ": ", hd.second).c_str());
   }
   char error[CURL_ERROR_SIZE] = {0};
-  Transfer transfer{fd, written, length, from, h, &r};
-  curl_easy_setopt(h, CURLOPT_URL, url.c_str());
+  Transfer transfer{fd, written, length, from, h, &r, text};
+  curl_easy_setopt(h, CURLOPT_URL, full_url.c_str());
   curl_easy_setopt(h, CURLOPT_HTTPHEADER, list);
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(h, CURLOPT_ERRORBUFFER, error);
@@ -253,7 +270,8 @@ Response Attempt(const StoreOptions& options, const std::string& url,
 }  // namespace
 
 absl::Status StoreClient::Run(const ObjectLocation& location, bool head, uint64_t offset,
-                              uint64_t length, int fd, ObjectInfo* info) const {
+                              uint64_t length, int fd, ObjectInfo* info, const std::string& query,
+                              std::string* text) const {
   const std::string where = location.ToString();
   uint64_t written = 0;
   std::string last;
@@ -267,13 +285,14 @@ absl::Status StoreClient::Run(const ObjectLocation& location, bool head, uint64_
       absl::SleepFor(bound * std::uniform_real_distribution<double>(0, 1)(jitter));
     }
     const uint64_t before = written;
-    const Response r = Attempt(options_, UrlOf(location), location, head, offset, length,
-                               head ? -1 : fd, &written);
+    if (text != nullptr) text->clear();  // a listing is fetched whole by each attempt
+    const Response r = Attempt(options_, UrlOf(location), query, location, head, offset, length,
+                               head ? -1 : fd, &written, text);
     if (r.write_errno != 0) {
       return absl::InternalError(absl::StrCat("cannot write '", where,
                                               "' into the cache: ", std::strerror(r.write_errno)));
     }
-    const bool got_all = head || written >= length;
+    const bool got_all = head || text != nullptr || written >= length;
     const bool complete_early = r.curl == CURLE_WRITE_ERROR && got_all;  // we stopped it
     if (r.ignored_range) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -314,6 +333,11 @@ absl::Status StoreClient::Run(const ObjectLocation& location, bool head, uint64_
                                                         S3ErrorCode(r.error_body), " for '", where,
                                                         "'"));
     }
+    if (text != nullptr) {
+      if (r.curl == CURLE_OK) return absl::OkStatus();
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the listing of '", where, "' is larger than ", kMaxListingBytes, " bytes a page"));
+    }
     if (head) {
       if (r.content_length < 0) {
         return absl::FailedPreconditionError(
@@ -337,15 +361,48 @@ absl::Status StoreClient::Run(const ObjectLocation& location, bool head, uint64_
       absl::StrCat("could not read '", where, "' after ", attempts, " attempts: ", last));
 }
 
+absl::StatusOr<StoreClient::Listing> StoreClient::List(const std::string& bucket,
+                                                       const std::string& prefix,
+                                                       bool delimit) const {
+  ObjectLocation where;
+  where.kind = ObjectLocation::Kind::kS3;
+  where.bucket = bucket;  // no key: requests go to the bucket
+  Listing listing;
+  std::string token;
+  std::string body;
+  do {
+    // The canonical query string: names sorted, values encoded.
+    std::string query;
+    if (!token.empty())
+      absl::StrAppend(&query, "continuation-token=", UriEncode(token, false), "&");
+    if (delimit) absl::StrAppend(&query, "delimiter=%2F&");
+    absl::StrAppend(&query, "list-type=2&prefix=", UriEncode(prefix, false));
+    absl::Status s = Run(where, /*head=*/false, 0, 0, -1, nullptr, query, &body);
+    if (!s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrReplaceAll(s.message(), {{"read 's3://", "list 's3://"}}));
+    }
+    absl::StatusOr<ListPage> page = ParseListObjectsV2(body);
+    if (!page.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the store's listing of 's3://", bucket, "/", prefix, "': ", page.status().message()));
+    }
+    for (ListedObject& o : page->objects) listing.objects.push_back(std::move(o));
+    for (std::string& p : page->common_prefixes) listing.prefixes.push_back(std::move(p));
+    token = page->truncated ? page->next_token : "";
+  } while (!token.empty());
+  return listing;
+}
+
 absl::StatusOr<StoreClient::ObjectInfo> StoreClient::Head(const ObjectLocation& location) const {
   ObjectInfo info;
-  absl::Status s = Run(location, /*head=*/true, 0, 0, -1, &info);
+  absl::Status s = Run(location, /*head=*/true, 0, 0, -1, &info, "", nullptr);
   if (absl::IsPermissionDenied(s)) {
     // A HEAD's answer has no body, so no reason (SignatureDoesNotMatch, AccessDenied,
     // InvalidAccessKeyId, ExpiredToken): a one-byte GET brings the store's own.
     const int devnull = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
     if (devnull >= 0) {
-      absl::Status reason = Run(location, /*head=*/false, 0, 1, devnull, nullptr);
+      absl::Status reason = Run(location, /*head=*/false, 0, 1, devnull, nullptr, "", nullptr);
       ::close(devnull);
       if (absl::IsPermissionDenied(reason)) return reason;
     }
@@ -357,7 +414,7 @@ absl::StatusOr<StoreClient::ObjectInfo> StoreClient::Head(const ObjectLocation& 
 absl::Status StoreClient::Read(const ObjectLocation& location, uint64_t offset, uint64_t length,
                                int fd) const {
   if (length == 0) return absl::OkStatus();
-  return Run(location, /*head=*/false, offset, length, fd, nullptr);
+  return Run(location, /*head=*/false, offset, length, fd, nullptr, "", nullptr);
 }
 
 }  // namespace ferry

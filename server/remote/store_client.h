@@ -1,6 +1,6 @@
 // Reads objects from object storage (the S3 API: AWS, MinIO, Ceph, R2, GCS's XML API) and
-// from plain HTTP(S) servers: an object's size and version (HEAD), and byte ranges of it
-// (GET with Range), with retries.
+// from plain HTTP(S) servers: an object's size and version (HEAD), byte ranges of it (GET
+// with Range), and a bucket's keys under a prefix (ListObjectsV2), with retries.
 //
 // Contract:
 //  * Locations are "s3://bucket/key" (signed with SigV4 when credentials are given, on the
@@ -23,11 +23,13 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "server/remote/s3_listing.h"
 #include "server/remote/sigv4.h"
 
 namespace ferry {
@@ -83,15 +85,27 @@ class StoreClient final {
   // server sends other bytes than asked for.
   absl::Status Read(const ObjectLocation& location, uint64_t offset, uint64_t length, int fd) const;
 
+  // The objects of `bucket` whose keys start with `prefix`, every page of the listing
+  // (ListObjectsV2). With `delimit`, keys with a '/' after the prefix are rolled up into
+  // `prefixes` (one per "directory", ending in '/'). Errors as Head's, naming the prefix;
+  // FAILED_PRECONDITION for an answer that is not a listing.
+  struct Listing {
+    std::vector<ListedObject> objects;
+    std::vector<std::string> prefixes;
+  };
+  absl::StatusOr<Listing> List(const std::string& bucket, const std::string& prefix,
+                               bool delimit) const;
+
   // The URL a request for `location` goes to (the bucket placed as options say).
   std::string UrlOf(const ObjectLocation& location) const;
 
   const StoreOptions& options() const { return options_; }
 
  private:
-  // Runs attempts until one succeeds or fails for good.
+  // Runs attempts until one succeeds or fails for good. With `text`, a GET of the whole
+  // answer to `query` into *text (a listing) instead of bytes of the object into fd.
   absl::Status Run(const ObjectLocation& location, bool head, uint64_t offset, uint64_t length,
-                   int fd, ObjectInfo* info) const;
+                   int fd, ObjectInfo* info, const std::string& query, std::string* text) const;
 
   StoreOptions options_;
 };

@@ -64,6 +64,23 @@ class FakeStore {
       res.set_content(object_, "application/octet-stream");
     };
     server_.Get("/bucket/dir/obj.bin", serve);
+    // ListObjectsV2: page i+1 follows the token "page <i>"; the first fails once (503).
+    server_.Get("/bucket", [this](const httplib::Request& req, httplib::Response& res) {
+      bool fail;
+      {
+        absl::MutexLock lock(&mutex_);
+        requests_seen_.push_back(req);
+        fail = ++requests_ == 1;
+      }
+      if (fail || req.get_param_value("list-type") != "2") {
+        res.status = fail ? 503 : 400;
+        Body(res, "<Error><Code>SlowDown</Code></Error>");
+        return;
+      }
+      const std::string token = req.get_param_value("continuation-token");
+      const size_t page = token.empty() ? 0 : std::stoul(token.substr(5)) + 1;
+      res.set_content(listing_pages_.at(page), "application/xml");
+    });
     server_.Get("/plain.bin", serve);
     server_.Get("/moved.bin", [](const httplib::Request&, httplib::Response& res) {
       res.set_redirect("http://169.254.169.254/latest/meta-data/");
@@ -99,6 +116,7 @@ class FakeStore {
     return requests_seen_;
   }
 
+  std::vector<std::string> listing_pages_;
   int fail_first_ = 0;
   int break_first_ = 0;
   int status_ = 200;
@@ -234,6 +252,34 @@ TEST_F(StoreClientTest, MissingAndForbiddenObjectsSayWhatToDo) {
   EXPECT_THAT(refused.status().message(), HasSubstr("SignatureDoesNotMatch")) << refused.status();
   EXPECT_THAT(refused.status().message(), HasSubstr("s3://bucket/dir/obj.bin"));
   EXPECT_EQ(store_.requests(), 4);
+}
+
+TEST_F(StoreClientTest, ListsEveryPageOfAPrefix) {
+  store_.listing_pages_ = {
+      "<ListBucketResult><IsTruncated>true</IsTruncated><NextContinuationToken>page 0"
+      "</NextContinuationToken><Contents><Key>data/a b.jpg</Key><Size>3</Size></Contents>"
+      "</ListBucketResult>",
+      "<ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>data/c/d.jpg</Key>"
+      "<Size>4</Size><ETag>\"e\"</ETag></Contents></ListBucketResult>"};
+  StoreOptions options = Options();
+  options.credentials = AwsCredentials{"AKIDEXAMPLE", "very-secret-key", ""};
+  StoreClient client(options);
+  auto listing = client.List("bucket", "data/", /*delimit=*/false);
+  ASSERT_TRUE(listing.ok()) << listing.status();
+  ASSERT_EQ(listing->objects.size(), 2u);
+  EXPECT_EQ(listing->objects[0].key, "data/a b.jpg");
+  EXPECT_EQ(listing->objects[1].key, "data/c/d.jpg");
+  EXPECT_EQ(listing->objects[1].etag, "\"e\"");
+  const std::vector<httplib::Request> seen = store_.requests_seen();
+  ASSERT_EQ(seen.size(), 3u) << "a 503, then two pages";
+  EXPECT_EQ(seen[1].get_param_value("prefix"), "data/");
+  EXPECT_EQ(seen[2].get_param_value("continuation-token"), "page 0");
+  EXPECT_THAT(seen[2].get_header_value("Authorization"), HasSubstr("Credential=AKIDEXAMPLE/"));
+  // An answer that is not a listing is named as such.
+  store_.listing_pages_ = {"<Oops/>"};
+  auto bad = client.List("bucket", "data/", false);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(bad.status().message(), HasSubstr("s3://bucket/data/"));
 }
 
 TEST_F(StoreClientTest, RedirectsAreNotFollowed) {

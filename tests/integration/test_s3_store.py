@@ -6,9 +6,11 @@ refused, though another job already brought the objects into the node's cache, a
 secret appears in what ferryd says, shows or logs."""
 
 import contextlib
+import io
 import os
 import shutil
 import subprocess
+import tarfile
 import tempfile
 import unittest
 import urllib.request
@@ -84,6 +86,25 @@ class S3StoreTest(unittest.TestCase):
             tokens = rng.integers(0, 2**16, size=n, dtype=np.uint16)
             tokens.tofile(os.path.join(cls.local, "shard-%d.bin" % i))
             cls.store.put("train/shard-%d.bin" % i, tokens.tobytes())
+        # An image folder of 3 classes (its keys listed by ferryd) and WebDataset shards.
+        cls.images = ferry_it.make_image_folder(os.path.join(cls.local, "images"),
+                                                {"cat": 7, "dog": 5, "emu": 6})
+        for directory, _, files in os.walk(cls.images):
+            for name in files:
+                path = os.path.join(directory, name)
+                with open(path, "rb") as f:
+                    cls.store.put(os.path.relpath(path, cls.local), f.read())
+        for s in range(2):
+            path = os.path.join(cls.local, "wds-%d.tar" % s)
+            with tarfile.open(path, "w") as tar:
+                for n in range(5):
+                    for ext, data in ((".jpg", ferry_it.jpeg_bytes((40 * n, 90, 30 * s), variant=n)),
+                                      (".cls", str(n + 10 * s).encode())):
+                        info = tarfile.TarInfo("%d_%06d%s" % (s, n, ext))
+                        info.size = len(data)
+                        tar.addfile(info, io.BytesIO(data))
+            with open(path, "rb") as f:
+                cls.store.put("wds/shard-%d.tar" % s, f.read())
         config = ('remote { cache_dir: "%%s/cache" cache_bytes: 100000000 s3_endpoint: "%s" }'
                   % cls.store.endpoint)
         with trainer_environment():  # ferryd itself has no credentials
@@ -123,6 +144,37 @@ class S3StoreTest(unittest.TestCase):
         with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
             self.assert_same_as_local(16)
         self.assert_no_secret_shown()
+
+    def image_batches(self, dataset):
+        loader = ferry.Loader(dataset, batch_size=4, address=self.daemon.address,
+                              as_numpy=True, timeout=60, transform=ferry.CenterCrop(24))
+        try:
+            return [{k: b[k].copy() for k in ("image", "label")} for b in loader]
+        finally:
+            loader.close()
+
+    def assert_same_images(self, local, remote):
+        self.assertEqual(len(remote), len(local))
+        for a, b in zip(local, remote):
+            np.testing.assert_array_equal(a["label"], b["label"])
+            np.testing.assert_array_equal(a["image"], b["image"])
+
+    def test_an_image_folder_under_a_prefix_is_listed_and_read(self):
+        local = self.image_batches(ferry.ImageFolder(self.images))
+        self.assertEqual(sum(len(b["label"]) for b in local), 18)
+        with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
+            remote = self.image_batches(ferry.ImageFolder("s3://bucket/images"))
+            self.assert_same_images(local, remote)
+            with self.assertRaises(ferry.FerryError) as raised:
+                self.image_batches(ferry.ImageFolder("s3://bucket/no-such-folder"))
+        self.assertEqual(raised.exception.code, "NOT_FOUND")
+        self.assertIn("no-such-folder/", str(raised.exception))
+
+    def test_webdataset_shards(self):
+        local = self.image_batches(ferry.WebDataset(os.path.join(self.local, "wds-{0..1}.tar")))
+        with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
+            remote = self.image_batches(ferry.WebDataset("s3://bucket/wds/shard-{0..1}.tar"))
+        self.assert_same_images(local, remote)
 
     def test_a_profile_of_the_trainers_shared_credentials_file(self):
         home = tempfile.mkdtemp(prefix="ferry-home-")
