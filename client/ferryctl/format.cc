@@ -277,6 +277,24 @@ std::string RenderStatus(const StatusReport& report) {
       {"workers", absl::StrFormat("%u threads, %.0f%% busy over the last 10 s; ferryd used "
                                   "%.1f CPU seconds",
                                   d.workers, 100 * d.workers_busy_fraction, d.cpu_seconds)});
+  if (d.remote.has_value()) {
+    const RemoteStatus& r = *d.remote;
+    info.AddRow(
+        {"remote cache",
+         absl::StrCat(FormatBytes(r.cache_bytes), " of ", FormatBytes(r.cache_capacity_bytes),
+                      " in ", r.cache_entries, " objects (", r.cache_pinned_entries,
+                      " being read); ", r.cache_hits, " hits, ", r.cache_misses, " downloads, ",
+                      r.cache_evictions, " evicted")});
+    std::vector<std::string> retries;
+    for (const RemoteStatus::Retries& c : r.retries) {
+      if (c.count > 0) retries.push_back(absl::StrCat(c.count, " ", c.cause));
+    }
+    info.AddRow({"remote reads",
+                 absl::StrCat(FormatBytes(r.downloaded_bytes), " downloaded in ", r.requests,
+                              " requests (", r.requests_in_flight, " now); retried: ",
+                              retries.empty() ? "none" : absl::StrJoin(retries, ", "), "; ",
+                              r.failures, " failed")});
+  }
   out += info.Render();
   out += "\n";
   Table numa({{"NUMA NODE", true}, {"CPUS"}, {"WORKERS", true}});

@@ -280,6 +280,25 @@ TEST(RenderTest, StatusShowsDaemonNumaAndMemory) {
   EXPECT_THAT(out, HasSubstr("0-3"));
   EXPECT_THAT(out, HasSubstr("no jobs"));
   EXPECT_THAT(out, Not(HasSubstr("WORKER CPUS")));  // no GPU table without GPUs
+  EXPECT_THAT(out, Not(HasSubstr("remote")));        // nor remote rows without remote reads
+
+  RemoteStatus& remote = report.daemon.remote.emplace();
+  remote.cache_bytes = uint64_t{3} << 30;
+  remote.cache_capacity_bytes = uint64_t{100} << 30;
+  remote.cache_entries = 40;
+  remote.cache_pinned_entries = 2;
+  remote.cache_hits = 900;
+  remote.cache_misses = 40;
+  remote.downloaded_bytes = uint64_t{3} << 30;
+  remote.requests = 85;
+  remote.retries = {{"connection", 0}, {"throttled", 4}, {"server", 1}, {"short", 0}};
+  remote.failures = 1;
+  out = RenderStatus(report);
+  EXPECT_THAT(out, HasSubstr("remote cache   3.0 GiB of 100.0 GiB in 40 objects (2 being read); "
+                             "900 hits, 40 downloads, 0 evicted"));
+  EXPECT_THAT(out, HasSubstr("remote reads   3.0 GiB downloaded in 85 requests (0 now); "
+                             "retried: 4 throttled, 1 server; 1 failed"));
+  report.daemon.remote.reset();
 
   GpuStatus gpu;
   gpu.ordinal = 0;

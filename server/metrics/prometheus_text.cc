@@ -280,6 +280,48 @@ void WriteGpuDecode(Writer* w, const GetStatusResponse& status) {
   }
 }
 
+// The node cache of remote datasets and the transfers that fill it.
+void WriteRemote(Writer* w, const ferry::v1::RemoteStatus& r) {
+  w->Family("ferry_remote_cache_bytes", "gauge",
+            "Bytes the node cache of remote objects holds (entries being filled included).");
+  w->Sample("ferry_remote_cache_bytes", "", static_cast<double>(r.cache_bytes()));
+  w->Family("ferry_remote_cache_capacity_bytes", "gauge", "remote.cache_bytes.");
+  w->Sample("ferry_remote_cache_capacity_bytes", "", static_cast<double>(r.cache_capacity_bytes()));
+  w->Family("ferry_remote_cache_entries", "gauge",
+            "Objects in the node cache; state=\"pinned\": being read, never evicted.");
+  w->Sample("ferry_remote_cache_entries", Labels({{"state", "all"}}),
+            static_cast<double>(r.cache_entries()));
+  w->Sample("ferry_remote_cache_entries", Labels({{"state", "pinned"}}),
+            static_cast<double>(r.cache_pinned_entries()));
+  w->Family("ferry_remote_cache_lookups_total", "counter",
+            "Opens of remote objects: result=\"hit\" served from the cache, \"miss\" "
+            "downloaded.");
+  w->Sample("ferry_remote_cache_lookups_total", Labels({{"result", "hit"}}),
+            static_cast<double>(r.cache_hits()));
+  w->Sample("ferry_remote_cache_lookups_total", Labels({{"result", "miss"}}),
+            static_cast<double>(r.cache_misses()));
+  w->Family("ferry_remote_cache_evictions_total", "counter",
+            "Entries evicted from the node cache to make room.");
+  w->Sample("ferry_remote_cache_evictions_total", "", static_cast<double>(r.cache_evictions()));
+  w->Family("ferry_remote_downloaded_bytes_total", "counter",
+            "Bytes received from object stores and HTTP servers.");
+  w->Sample("ferry_remote_downloaded_bytes_total", "", static_cast<double>(r.downloaded_bytes()));
+  w->Family("ferry_remote_requests_total", "counter", "Requests sent to stores (attempts).");
+  w->Sample("ferry_remote_requests_total", "", static_cast<double>(r.requests()));
+  w->Family("ferry_remote_requests_in_flight", "gauge", "Requests being answered now.");
+  w->Sample("ferry_remote_requests_in_flight", "", r.requests_in_flight());
+  w->Family("ferry_remote_retries_total", "counter",
+            "Attempts that failed and were tried again, by cause (connection, throttled, "
+            "server, short).");
+  for (const ferry::v1::ReasonCount& retries : r.retries()) {
+    w->Sample("ferry_remote_retries_total", Labels({{"cause", retries.reason()}}),
+              static_cast<double>(retries.count()));
+  }
+  w->Family("ferry_remote_failures_total", "counter",
+            "Requests that failed for good (missing, refused, out of retries).");
+  w->Sample("ferry_remote_failures_total", "", static_cast<double>(r.failures()));
+}
+
 void WriteDaemon(Writer* w, const DaemonStatus& d, int jobs) {
   w->Family("ferry_build_info", "gauge", "ferryd's version; always 1.");
   w->Sample("ferry_build_info", Labels({{"version", d.version()}}), 1);
@@ -314,6 +356,7 @@ void WriteDaemon(Writer* w, const DaemonStatus& d, int jobs) {
   w->Sample("ferry_draining", "", d.draining() ? 1 : 0);
   w->Family("ferry_cuda_available", "gauge", "1 when ferryd can use GPUs.");
   w->Sample("ferry_cuda_available", "", d.cuda_available() ? 1 : 0);
+  if (d.has_remote()) WriteRemote(w, d.remote());
 }
 
 }  // namespace

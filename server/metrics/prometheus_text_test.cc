@@ -28,6 +28,21 @@ ferry::v1::GetStatusResponse SampleStatus() {
   d->set_host_memory_budget_bytes(uint64_t{8} << 30);
   d->set_pinned_memory_in_use_bytes(4096);
   d->set_pinned_memory_budget_bytes(uint64_t{8} << 30);
+  ferry::v1::RemoteStatus* remote = d->mutable_remote();
+  remote->set_cache_bytes(uint64_t{3} << 30);
+  remote->set_cache_capacity_bytes(uint64_t{100} << 30);
+  remote->set_cache_entries(40);
+  remote->set_cache_pinned_entries(2);
+  remote->set_cache_hits(900);
+  remote->set_cache_misses(40);
+  remote->set_downloaded_bytes(uint64_t{3} << 30);
+  remote->set_requests(85);
+  remote->set_requests_in_flight(3);
+  for (const char* cause : {"connection", "throttled", "server", "short"}) {
+    ferry::v1::ReasonCount* retries = remote->add_retries();
+    retries->set_reason(cause);
+    retries->set_count(cause[0] == 't' ? 4 : 0);
+  }
   d->set_consumers(2);
   ferry::v1::GpuStatus* gpu = d->add_gpus();
   gpu->set_ordinal(1);
@@ -173,6 +188,7 @@ TEST(PrometheusTextTest, FamiliesHaveConventionalNamesAndTypes) {
 TEST(PrometheusTextTest, WithoutJobsEveryFamilyIsStillDeclared) {
   ferry::v1::GetStatusResponse empty;
   empty.mutable_daemon()->set_version("0.1.0");
+  empty.mutable_daemon()->mutable_remote();  // remote datasets configured, nothing read yet
   const std::string text = StatusToPrometheus(empty);
   EXPECT_EQ(Families(text), Families(StatusToPrometheus(SampleStatus())));
   EXPECT_THAT(text, Not(HasSubstr("ferry_rank_batches_delivered_total{")));
@@ -194,6 +210,19 @@ TEST(PrometheusTextTest, RankSeriesCarryJobAndRankLabels) {
   EXPECT_THAT(text, HasSubstr("ferry_build_info{version=\"0.1.0\"} 1\n"));
   // The scrape target's `job` label is Prometheus' own.
   EXPECT_THAT(text, Not(HasSubstr("{job=")));
+}
+
+TEST(PrometheusTextTest, RemoteReadsExportTheCacheAndTheTransfers) {
+  const std::string text = StatusToPrometheus(SampleStatus());
+  EXPECT_THAT(text, HasSubstr("\nferry_remote_cache_bytes 3221225472\n"));
+  EXPECT_THAT(text, HasSubstr("\nferry_remote_cache_entries{state=\"pinned\"} 2\n"));
+  EXPECT_THAT(text, HasSubstr("\nferry_remote_cache_lookups_total{result=\"hit\"} 900\n"));
+  EXPECT_THAT(text, HasSubstr("\nferry_remote_retries_total{cause=\"throttled\"} 4\n"));
+  EXPECT_THAT(text, HasSubstr("\nferry_remote_requests_in_flight 3\n"));
+  ferry::v1::GetStatusResponse local = SampleStatus();
+  local.mutable_daemon()->clear_remote();
+  EXPECT_THAT(StatusToPrometheus(local), Not(HasSubstr("ferry_remote_")))
+      << "no remote families from a ferryd that reads no remote datasets";
 }
 
 TEST(PrometheusTextTest, BadSamplesByReasonExportTheFixedReasonsAndNewOnes) {

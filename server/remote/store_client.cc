@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -100,7 +101,10 @@ std::string ObjectLocation::ToString() const {
   return kind == Kind::kS3 ? absl::StrCat("s3://", bucket, "/", key) : url;
 }
 
-StoreClient::StoreClient(StoreOptions options) : options_(std::move(options)) { GlobalInit(); }
+StoreClient::StoreClient(StoreOptions options) : options_(std::move(options)) {
+  GlobalInit();
+  if (options_.counters == nullptr) options_.counters = std::make_shared<StoreCounters>();
+}
 
 std::string StoreClient::UrlOf(const ObjectLocation& location) const {
   if (location.kind == ObjectLocation::Kind::kHttp) return location.url;
@@ -273,6 +277,9 @@ absl::Status StoreClient::Run(const ObjectLocation& location, bool head, uint64_
                               uint64_t length, int fd, ObjectInfo* info, const std::string& query,
                               std::string* text) const {
   const std::string where = location.ToString();
+  StoreCounters& counters = *options_.counters;
+  // Every return but success's counts as a failure.
+  absl::Cleanup failed = [&counters] { counters.failures.fetch_add(1, std::memory_order_relaxed); };
   uint64_t written = 0;
   std::string last;
   thread_local std::mt19937_64 jitter(std::random_device{}());
@@ -286,8 +293,13 @@ absl::Status StoreClient::Run(const ObjectLocation& location, bool head, uint64_
     }
     const uint64_t before = written;
     if (text != nullptr) text->clear();  // a listing is fetched whole by each attempt
+    counters.requests.fetch_add(1, std::memory_order_relaxed);
+    counters.in_flight.fetch_add(1, std::memory_order_relaxed);
     const Response r = Attempt(options_, UrlOf(location), query, location, head, offset, length,
                                head ? -1 : fd, &written, text);
+    counters.in_flight.fetch_sub(1, std::memory_order_relaxed);
+    counters.downloaded_bytes.fetch_add((written - before) + (text != nullptr ? text->size() : 0),
+                                        std::memory_order_relaxed);
     if (r.write_errno != 0) {
       return absl::InternalError(absl::StrCat("cannot write '", where,
                                               "' into the cache: ", std::strerror(r.write_errno)));
@@ -302,10 +314,16 @@ absl::Status StoreClient::Run(const ObjectLocation& location, bool head, uint64_
     if (r.curl != CURLE_OK && !complete_early) {
       last = absl::StrCat(r.curl_error, " (", where, ")");
       if (r.curl == CURLE_UNSUPPORTED_PROTOCOL || r.curl == CURLE_URL_MALFORMAT) break;
-      continue;  // connection refused, reset, timed out, stalled: try again
+      // Connection refused, reset, timed out, stalled: try again (a transfer that brought
+      // some bytes resumes after them).
+      (written > before ? counters.retried_short : counters.retried_connection)
+          .fetch_add(1, std::memory_order_relaxed);
+      continue;
     }
     if (TransientHttp(r.http)) {
       last = absl::StrCat("HTTP ", r.http, " ", S3ErrorCode(r.error_body));
+      (r.http == 429 || r.http == 503 ? counters.retried_throttled : counters.retried_server)
+          .fetch_add(1, std::memory_order_relaxed);
       continue;
     }
     if (r.http == 404) {
@@ -334,7 +352,10 @@ absl::Status StoreClient::Run(const ObjectLocation& location, bool head, uint64_
                                                         "'"));
     }
     if (text != nullptr) {
-      if (r.curl == CURLE_OK) return absl::OkStatus();
+      if (r.curl == CURLE_OK) {
+        std::move(failed).Cancel();
+        return absl::OkStatus();
+      }
       return absl::FailedPreconditionError(absl::StrCat(
           "the listing of '", where, "' is larger than ", kMaxListingBytes, " bytes a page"));
     }
@@ -345,6 +366,7 @@ absl::Status StoreClient::Run(const ObjectLocation& location, bool head, uint64_
       }
       info->size = static_cast<uint64_t>(r.content_length);
       info->etag = r.etag;
+      std::move(failed).Cancel();
       return absl::OkStatus();
     }
     if (r.http == 206 && r.range_start >= 0 &&
@@ -353,7 +375,11 @@ absl::Status StoreClient::Run(const ObjectLocation& location, bool head, uint64_
                                               where, "' when asked for bytes from ",
                                               offset + before));
     }
-    if (written >= length) return absl::OkStatus();
+    if (written >= length) {
+      std::move(failed).Cancel();
+      return absl::OkStatus();
+    }
+    counters.retried_short.fetch_add(1, std::memory_order_relaxed);
     last = absl::StrCat("the transfer ended after ", written, " of ", length, " bytes");
     // The next attempt asks for the rest.
   }

@@ -20,7 +20,9 @@
 #ifndef FERRY_SERVER_REMOTE_STORE_CLIENT_H_
 #define FERRY_SERVER_REMOTE_STORE_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -49,6 +51,20 @@ struct ObjectLocation {
   std::string ToString() const;  // "s3://bucket/key" or the URL
 };
 
+// What a ferryd's store clients did, counted together (every job's client shares one).
+// Thread-safe; read by status and metrics.
+struct StoreCounters {
+  std::atomic<uint64_t> requests{0};          // attempts sent
+  std::atomic<uint64_t> downloaded_bytes{0};  // object and listing bytes received
+  std::atomic<int64_t> in_flight{0};          // requests being answered now
+  std::atomic<uint64_t> failures{0};          // requests that failed for good
+  // Attempts that failed and were tried again, by cause.
+  std::atomic<uint64_t> retried_connection{0};  // refused, reset, timed out, stalled
+  std::atomic<uint64_t> retried_throttled{0};   // HTTP 429, 503 (SlowDown)
+  std::atomic<uint64_t> retried_server{0};      // other 5xx
+  std::atomic<uint64_t> retried_short{0};       // a transfer cut midway: resumed
+};
+
 struct StoreOptions {
   // The S3 endpoint, scheme included. Default: empty = "https://s3.<region>.amazonaws.com".
   std::string endpoint;
@@ -66,6 +82,8 @@ struct StoreOptions {
   absl::Duration connect_timeout = absl::Seconds(10);
   // A transfer that moves less than 1 KiB/s for this long is abandoned and retried.
   absl::Duration stall_timeout = absl::Seconds(30);
+  // Where the client counts its requests; unset: a counter of its own.
+  std::shared_ptr<StoreCounters> counters;
 };
 
 class StoreClient final {
@@ -100,6 +118,7 @@ class StoreClient final {
   std::string UrlOf(const ObjectLocation& location) const;
 
   const StoreOptions& options() const { return options_; }
+  const StoreCounters& counters() const { return *options_.counters; }
 
  private:
   // Runs attempts until one succeeds or fails for good. With `text`, a GET of the whole

@@ -199,6 +199,15 @@ TEST_F(StoreClientTest, TransientErrorsAreRetried) {
   ASSERT_TRUE(client.Read(S3(), 0, 5000, fd).ok());
   EXPECT_EQ(Contents(fd), store_.object().substr(0, 5000));
   EXPECT_EQ(store_.requests(), 3);
+  const StoreCounters& counted = client.counters();
+  EXPECT_EQ(counted.requests.load(), 3u);
+  EXPECT_EQ(counted.retried_throttled.load(), 2u) << "two 503 SlowDown";
+  EXPECT_EQ(counted.retried_connection.load() + counted.retried_server.load() +
+                counted.retried_short.load(),
+            0u);
+  EXPECT_EQ(counted.downloaded_bytes.load(), 5000u) << "error bodies are not counted";
+  EXPECT_EQ(counted.failures.load(), 0u);
+  EXPECT_EQ(counted.in_flight.load(), 0);
 }
 
 TEST_F(StoreClientTest, ABrokenTransferResumesWhereItStopped) {
@@ -210,6 +219,8 @@ TEST_F(StoreClientTest, ABrokenTransferResumesWhereItStopped) {
   const auto seen = store_.requests_seen();
   ASSERT_EQ(seen.size(), 2u);
   EXPECT_EQ(seen[1].get_header_value("Range"), "bytes=7000-51999") << "the rest, not it all";
+  EXPECT_EQ(client.counters().retried_short.load(), 1u);
+  EXPECT_EQ(client.counters().downloaded_bytes.load(), 50000u) << "nothing fetched twice";
 }
 
 TEST_F(StoreClientTest, GivesUpAfterMaxAttemptsNamingTheObject) {
@@ -222,6 +233,7 @@ TEST_F(StoreClientTest, GivesUpAfterMaxAttemptsNamingTheObject) {
   EXPECT_THAT(s.message(), HasSubstr("after 3 attempts"));
   EXPECT_THAT(s.message(), HasSubstr("SlowDown"));
   EXPECT_EQ(store_.requests(), 3);
+  EXPECT_EQ(client.counters().failures.load(), 1u);
 }
 
 TEST_F(StoreClientTest, MissingAndForbiddenObjectsSayWhatToDo) {

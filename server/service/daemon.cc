@@ -380,6 +380,7 @@ void Daemon::FillDaemonStatus(ferry::v1::DaemonStatus* status) {
   status->set_consumers(static_cast<uint32_t>(jobs_->Consumers()));
   status->set_workers_busy_fraction(pool_->busy_fraction());
   status->set_workers(static_cast<uint32_t>(pool_->total_threads()));
+  jobs_->FillRemoteStatus(status);
   struct rusage usage;
   if (getrusage(RUSAGE_SELF, &usage) == 0) {
     auto seconds = [](const timeval& t) { return t.tv_sec + t.tv_usec * 1e-6; };

@@ -90,6 +90,35 @@ std::shared_ptr<const DatasetFs> JobManager::JobDatasetFs(
 
 JobManager::~JobManager() { BeginDrain(); }
 
+void JobManager::FillRemoteStatus(ferry::v1::DaemonStatus* status) const {
+  if (options_.remote_cache == nullptr) return;
+  ferry::v1::RemoteStatus* remote = status->mutable_remote();
+  const ObjectCache::Stats cache = options_.remote_cache->stats();
+  remote->set_cache_bytes(cache.bytes);
+  remote->set_cache_capacity_bytes(cache.capacity_bytes);
+  remote->set_cache_entries(cache.entries);
+  remote->set_cache_pinned_entries(cache.pinned_entries);
+  remote->set_cache_hits(cache.hits);
+  remote->set_cache_misses(cache.misses);
+  remote->set_cache_evictions(cache.evictions);
+  const StoreCounters& store = options_.remote_store->counters();
+  auto read = [](const auto& counter) { return counter.load(std::memory_order_relaxed); };
+  remote->set_downloaded_bytes(read(store.downloaded_bytes));
+  remote->set_requests(read(store.requests));
+  remote->set_requests_in_flight(
+      static_cast<uint32_t>(std::max<int64_t>(0, read(store.in_flight))));
+  remote->set_failures(read(store.failures));
+  for (const auto& [reason, counter] : {std::pair<const char*, const std::atomic<uint64_t>*>{
+                                            "connection", &store.retried_connection},
+                                        {"throttled", &store.retried_throttled},
+                                        {"server", &store.retried_server},
+                                        {"short", &store.retried_short}}) {
+    ferry::v1::ReasonCount* retries = remote->add_retries();
+    retries->set_reason(reason);
+    retries->set_count(static_cast<int64_t>(read(*counter)));
+  }
+}
+
 absl::Status JobManager::CheckDataset(const ferry::v1::JobSpec& spec) const {
   FERRY_ASSIGN_OR_RETURN(std::vector<std::string> paths, DatasetPaths(spec.dataset()));
   for (const std::string& path : paths) FERRY_RETURN_IF_ERROR(CheckDatasetPath(path));

@@ -101,6 +101,9 @@ class JobManager final {
       const Caller& caller, const std::string& name, ferry::v1::JobSpec spec,
       const std::optional<AwsCredentials>& store_credentials = std::nullopt);
   absl::StatusOr<std::shared_ptr<Job>> GetJob(const Caller& caller, const std::string& id);
+  // The node cache's and the store clients' counters into status->remote; nothing when this
+  // ferryd reads no remote datasets.
+  void FillRemoteStatus(ferry::v1::DaemonStatus* status) const;
   std::vector<std::shared_ptr<Job>> ListJobs(const Caller& caller);
   absl::Status DeleteJob(const Caller& caller, const std::string& id);
   // Job::AddToQuarantine for the caller's job; INVALID_ARGUMENT naming an index outside

@@ -7,6 +7,7 @@ secret appears in what ferryd says, shows or logs."""
 
 import contextlib
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -175,6 +176,27 @@ class S3StoreTest(unittest.TestCase):
         with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
             remote = self.image_batches(ferry.WebDataset("s3://bucket/wds/shard-{0..1}.tar"))
         self.assert_same_images(local, remote)
+
+    def remote_status(self):
+        status = json.loads(ferry_it.run_ferryctl(self.daemon.address, "status", "--json").stdout)
+        return status["daemon"]["remote"]
+
+    def test_a_second_job_downloads_nothing_and_status_shows_the_cache(self):
+        with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
+            self.assertTrue(self.batches("s3://bucket/train/shard-{0..2}.bin", 10))
+            before = self.remote_status()
+            self.assertTrue(self.batches("s3://bucket/train/shard-{0..2}.bin", 11))
+            after = self.remote_status()
+        self.assertEqual(after["downloaded_bytes"], before["downloaded_bytes"], "0 bytes downloaded")
+        self.assertEqual(after.get("cache_misses"), before.get("cache_misses"))
+        self.assertGreaterEqual(int(after["cache_hits"]) - int(before.get("cache_hits", 0)), 3)
+        self.assertEqual(int(after["cache_capacity_bytes"]), 100000000)
+        self.assertGreaterEqual(int(after["cache_bytes"]), 4001 * 2 + 2900 * 2 + 3333 * 2)
+        self.assertEqual({r["reason"] for r in after["retries"]},
+                         {"connection", "throttled", "server", "short"})
+        text = ferry_it.run_ferryctl(self.daemon.address, "status").stdout
+        self.assertIn("remote cache", text)
+        self.assertIn("remote reads", text)
 
     def test_a_profile_of_the_trainers_shared_credentials_file(self):
         home = tempfile.mkdtemp(prefix="ferry-home-")

@@ -652,6 +652,24 @@ StatusReport FromProto(const v1::GetStatusResponse& response) {
   report.daemon.workers_busy_fraction = d.workers_busy_fraction();
   report.daemon.cpu_seconds = d.cpu_seconds();
   report.daemon.workers = d.workers();
+  if (d.has_remote()) {
+    const v1::RemoteStatus& r = d.remote();
+    RemoteStatus& remote = report.daemon.remote.emplace();
+    remote.cache_bytes = r.cache_bytes();
+    remote.cache_capacity_bytes = r.cache_capacity_bytes();
+    remote.cache_entries = r.cache_entries();
+    remote.cache_pinned_entries = r.cache_pinned_entries();
+    remote.cache_hits = r.cache_hits();
+    remote.cache_misses = r.cache_misses();
+    remote.cache_evictions = r.cache_evictions();
+    remote.downloaded_bytes = r.downloaded_bytes();
+    remote.requests = r.requests();
+    remote.requests_in_flight = r.requests_in_flight();
+    for (const v1::ReasonCount& c : r.retries()) {
+      remote.retries.push_back(RemoteStatus::Retries{c.reason(), c.count()});
+    }
+    remote.failures = r.failures();
+  }
   for (const v1::GpuStatus& g : d.gpus()) {
     GpuStatus gpu;
     gpu.ordinal = g.ordinal();

@@ -581,6 +581,27 @@ struct GpuStatus {
   std::vector<GpuDecodeStatus::Fallback> jpeg_fallbacks;
 };
 
+// The node cache of remote datasets and the transfers that fill it (counters since ferryd
+// started, unless said "now").
+struct RemoteStatus {
+  uint64_t cache_bytes = 0;  // now
+  uint64_t cache_capacity_bytes = 0;
+  uint64_t cache_entries = 0;         // now
+  uint64_t cache_pinned_entries = 0;  // now: being read
+  uint64_t cache_hits = 0;
+  uint64_t cache_misses = 0;  // opens that downloaded
+  uint64_t cache_evictions = 0;
+  uint64_t downloaded_bytes = 0;
+  uint64_t requests = 0;
+  uint32_t requests_in_flight = 0;  // now
+  struct Retries {
+    std::string cause;  // "connection", "throttled", "server", "short"
+    int64_t count = 0;
+  };
+  std::vector<Retries> retries;
+  uint64_t failures = 0;
+};
+
 struct DaemonStatus {
   std::string version;
   double uptime_seconds = 0;
@@ -602,6 +623,7 @@ struct DaemonStatus {
   double workers_busy_fraction = 0;
   double cpu_seconds = 0;
   uint32_t workers = 0;
+  std::optional<RemoteStatus> remote;  // unset: ferryd reads no remote datasets
 };
 
 struct StatusReport {
