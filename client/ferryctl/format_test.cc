@@ -280,7 +280,7 @@ TEST(RenderTest, StatusShowsDaemonNumaAndMemory) {
   EXPECT_THAT(out, HasSubstr("0-3"));
   EXPECT_THAT(out, HasSubstr("no jobs"));
   EXPECT_THAT(out, Not(HasSubstr("WORKER CPUS")));  // no GPU table without GPUs
-  EXPECT_THAT(out, Not(HasSubstr("remote")));        // nor remote rows without remote reads
+  EXPECT_THAT(out, Not(HasSubstr("remote")));       // nor remote rows without remote reads
 
   RemoteStatus& remote = report.daemon.remote.emplace();
   remote.cache_bytes = uint64_t{3} << 30;
