@@ -6,6 +6,9 @@
 //   node testing/s3rver/serve.js DIR BUCKET ACCESS_KEY_ID:SECRET...
 // Stores its objects under DIR, creates BUCKET, accepts each key pair given, and prints
 // "PORT <n>" once it listens on 127.0.0.1 (an unused port). Runs until killed.
+// S3RVER_FLAKY=1 makes it a store having a bad day, deterministically: every second read
+// request is answered 503 SlowDown, and every sixth cut after its first 4 KiB (the
+// connection closed mid-body).
 'use strict';
 
 const http = require('http');
@@ -27,7 +30,30 @@ const s3rver = new S3rver({
   configureBuckets: [{ name: bucket, configs: [] }],
 });
 const app = s3rver.callback();
+const flaky = process.env.S3RVER_FLAKY === '1';
+let reads = 0;
 const server = http.createServer((request, response) => {
+  if (flaky && request.method !== 'PUT') {
+    reads += 1;
+    if (reads % 2 === 0) {
+      const body = '<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>';
+      response.writeHead(503, { 'Content-Type': 'application/xml', 'Content-Length': body.length });
+      response.end(request.method === 'HEAD' ? undefined : body);
+      return;
+    }
+    if (reads % 6 === 3 && request.method === 'GET') {
+      let sent = 0;
+      const write = response.write.bind(response);
+      response.write = (chunk, ...rest) => {
+        sent += chunk.length;
+        if (sent > 4096) {
+          response.socket.destroy();
+          return false;
+        }
+        return write(chunk, ...rest);
+      };
+    }
+  }
   if (request.method !== 'PUT' && !('authorization' in request.headers)) {
     const body = '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>' +
       '<Message>Access Denied</Message></Error>';

@@ -33,7 +33,7 @@ class S3Server:
     """serve.js on an unused port, storing under a temporary directory; a private bucket
     "bucket" that ALICE's key pair may read; objects are uploaded unsigned."""
 
-    def __init__(self):
+    def __init__(self, flaky=False):
         if not os.path.isdir(os.path.join(ROOT, "testing", "s3rver", "node_modules")):
             raise RuntimeError(
                 "s3rver is not installed: run `npm ci --prefix testing/s3rver` "
@@ -41,7 +41,8 @@ class S3Server:
         self.dir = tempfile.mkdtemp(prefix="ferry-s3rver-")
         self.process = subprocess.Popen(
             ["node", SERVE, self.dir, "bucket", "%s:%s" % ALICE], stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True)
+            stderr=subprocess.PIPE, text=True,
+            env=dict(os.environ, S3RVER_FLAKY="1" if flaky else "0"))
         line = self.process.stdout.readline()
         if not line.startswith("PORT "):
             self.stop()
@@ -77,24 +78,38 @@ def trainer_environment(**values):
                 os.environ[name] = value
 
 
+def upload_image_folder(store, local):
+    """An image folder of 3 classes under <local>/images, put under images/ in the bucket."""
+    images = ferry_it.make_image_folder(os.path.join(local, "images"),
+                                        {"cat": 7, "dog": 5, "emu": 6})
+    for directory, _, files in os.walk(images):
+        for name in files:
+            path = os.path.join(directory, name)
+            with open(path, "rb") as f:
+                store.put(os.path.relpath(path, local), f.read())
+    return images
+
+
+def remote_config(store, cache_bytes):
+    config = ('remote { cache_dir: "%%s/cache" cache_bytes: %d s3_endpoint: "%s" }'
+              % (cache_bytes, store.endpoint))
+    return lambda d: config % d
+
+
 class S3StoreTest(unittest.TestCase):
+    FLAKY = False  # FlakyStoreTest runs every test again against a store having a bad day
+
     @classmethod
     def setUpClass(cls):
-        cls.store = S3Server()
+        cls.store = S3Server(flaky=cls.FLAKY)
         rng = np.random.default_rng(11)
         cls.local = ferry_it.short_tempdir("ferry-s3-")
         for i, n in enumerate((4001, 2900, 3333)):
             tokens = rng.integers(0, 2**16, size=n, dtype=np.uint16)
             tokens.tofile(os.path.join(cls.local, "shard-%d.bin" % i))
             cls.store.put("train/shard-%d.bin" % i, tokens.tobytes())
-        # An image folder of 3 classes (its keys listed by ferryd) and WebDataset shards.
-        cls.images = ferry_it.make_image_folder(os.path.join(cls.local, "images"),
-                                                {"cat": 7, "dog": 5, "emu": 6})
-        for directory, _, files in os.walk(cls.images):
-            for name in files:
-                path = os.path.join(directory, name)
-                with open(path, "rb") as f:
-                    cls.store.put(os.path.relpath(path, cls.local), f.read())
+        # An image folder (its keys listed by ferryd) and WebDataset shards.
+        cls.images = upload_image_folder(cls.store, cls.local)
         for s in range(2):
             path = os.path.join(cls.local, "wds-%d.tar" % s)
             with tarfile.open(path, "w") as tar:
@@ -106,10 +121,8 @@ class S3StoreTest(unittest.TestCase):
                         tar.addfile(info, io.BytesIO(data))
             with open(path, "rb") as f:
                 cls.store.put("wds/shard-%d.tar" % s, f.read())
-        config = ('remote { cache_dir: "%%s/cache" cache_bytes: 100000000 s3_endpoint: "%s" }'
-                  % cls.store.endpoint)
         with trainer_environment():  # ferryd itself has no credentials
-            cls.daemon = ferry_it.FerryDaemon(config=lambda d: config % d)
+            cls.daemon = ferry_it.FerryDaemon(config=remote_config(cls.store, 100000000))
 
     @classmethod
     def tearDownClass(cls):
@@ -248,6 +261,76 @@ class S3StoreTest(unittest.TestCase):
             self.assertIn("[nosuch]", str(raised.exception))
         finally:
             shutil.rmtree(home)
+
+
+class FlakyStoreTest(S3StoreTest):
+    """Every test of S3StoreTest against a store that answers every second read 503 SlowDown
+    and cuts every sixth transfer midway: the same samples, each once; the retries counted
+    by cause."""
+
+    FLAKY = True
+
+    def test_the_retries_are_counted_by_cause(self):
+        with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
+            self.assert_same_as_local(15)
+        retries = {r["reason"]: int(r["count"]) for r in self.remote_status()["retries"]}
+        self.assertGreater(retries["throttled"], 0)
+        self.assertGreater(retries["short"] + retries["connection"], 0)
+
+
+class SmallCacheTest(unittest.TestCase):
+    """A node cache smaller than the image folder: each epoch still delivers every image
+    once, as the local folder has it, by evicting what no worker reads."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.store = S3Server()
+        cls.local = ferry_it.short_tempdir("ferry-s3-")
+        cls.images = upload_image_folder(cls.store, cls.local)
+        folder_bytes = sum(os.path.getsize(os.path.join(d, n))
+                           for d, _, names in os.walk(cls.images) for n in names)
+        with trainer_environment():
+            cls.daemon = ferry_it.FerryDaemon(
+                config=remote_config(cls.store, int(folder_bytes * 0.4)))
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.stop()
+        cls.store.stop()
+        shutil.rmtree(cls.local, ignore_errors=True)
+
+    def epochs(self, root, count):
+        loader = ferry.Loader(ferry.ImageFolder(root), batch_size=4, shuffle=True, seed=5,
+                              address=self.daemon.address, as_numpy=True, timeout=60,
+                              transform=ferry.CenterCrop(24))
+        try:
+            out = []
+            for epoch in range(count):
+                loader.set_epoch(epoch)
+                images = {}
+                for b in loader:
+                    for i, index in enumerate(b["index"].tolist()):
+                        self.assertNotIn(index, images, "delivered twice")
+                        images[index] = (int(b["label"][i]), b["image"][i].copy())
+                out.append(images)
+            return out
+        finally:
+            loader.close()
+
+    def test_every_epoch_is_exact_though_the_cache_holds_less_than_the_folder(self):
+        local = self.epochs(self.images, 1)[0]
+        with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
+            remote = self.epochs("s3://bucket/images", 2)
+        for images in remote:
+            self.assertEqual(sorted(images), sorted(local))
+            for index, (label, image) in images.items():
+                self.assertEqual(label, local[index][0])
+                np.testing.assert_array_equal(image, local[index][1])
+        status = json.loads(ferry_it.run_ferryctl(self.daemon.address, "status", "--json").stdout)
+        remote_status = status["daemon"]["remote"]
+        self.assertGreater(int(remote_status["cache_evictions"]), 0)
+        self.assertLessEqual(int(remote_status["cache_bytes"]),
+                             int(remote_status["cache_capacity_bytes"]))
 
 
 if __name__ == "__main__":
