@@ -2,9 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/hash/hash.h"
@@ -210,6 +214,29 @@ class RemoteDatasetFs final : public DatasetFs {
 };
 
 }  // namespace
+
+void FetchAhead(const DatasetFs& fs, const std::vector<std::string>& paths, int connections,
+                uint64_t max_bytes) {
+  std::vector<const std::string*> remote;
+  for (const std::string& path : paths) {
+    if (ObjectLocation::IsRemote(path)) remote.push_back(&path);
+  }
+  std::atomic<size_t> next{0};
+  std::atomic<uint64_t> fetched{0};
+  auto fetch = [&] {
+    while (fetched.load() < max_bytes && !fs.Stopping()) {
+      const size_t i = next.fetch_add(1);
+      if (i >= remote.size()) return;
+      absl::StatusOr<std::unique_ptr<RandomAccessFile>> file = fs.OpenFile(*remote[i]);
+      if (file.ok()) fetched.fetch_add((*file)->size());
+    }
+  };
+  std::vector<std::thread> threads;
+  const size_t count = std::min(remote.size(), static_cast<size_t>(std::max(1, connections)));
+  for (size_t t = 1; t < count; ++t) threads.emplace_back(fetch);
+  if (count > 0) fetch();
+  for (std::thread& thread : threads) thread.join();
+}
 
 std::shared_ptr<const DatasetFs> MakeRemoteDatasetFs(std::shared_ptr<const DatasetFs> local,
                                                      std::shared_ptr<ObjectCache> cache,

@@ -25,13 +25,24 @@
 #ifndef FERRY_SERVER_REMOTE_REMOTE_DATASET_FS_H_
 #define FERRY_SERVER_REMOTE_REMOTE_DATASET_FS_H_
 
+#include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "server/cache/object_cache.h"
 #include "server/dataset/dataset_fs.h"
 #include "server/remote/store_client.h"
 
 namespace ferry {
+
+// Opens the remote ones of `paths` (objects: shards, .bin/.idx files) through `fs`, up to
+// `connections` at once, starting them in the order given, and stops starting more once
+// the opened objects' bytes reach `max_bytes` (or fs.Stopping()); returns when those
+// started are done. The cache then holds them before a job's indexing opens them one by
+// one. Best effort: what fails here fails again, with its error, where the job opens it.
+void FetchAhead(const DatasetFs& fs, const std::vector<std::string>& paths, int connections,
+                uint64_t max_bytes);
 
 std::shared_ptr<const DatasetFs> MakeRemoteDatasetFs(std::shared_ptr<const DatasetFs> local,
                                                      std::shared_ptr<ObjectCache> cache,

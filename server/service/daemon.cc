@@ -146,6 +146,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     job_options.remote_store = std::make_shared<const StoreClient>(std::move(store));
     job_options.remote_allowed_prefixes.assign(remote.allowed_prefixes().begin(),
                                                remote.allowed_prefixes().end());
+    if (remote.fetch_connections() > 0) {
+      job_options.remote_fetch_connections =
+          static_cast<int>(std::min<uint32_t>(remote.fetch_connections(), 256));
+    }
   }
   d->pinned_budget_ =
       std::make_unique<MemoryBudget>("pinned memory budget", "pinned_memory_budget_bytes",

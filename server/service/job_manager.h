@@ -52,6 +52,9 @@ class JobManager final {
     // RemoteStorage.allowed_prefixes; empty: every remote path when allow_any_dataset, none
     // otherwise.
     std::vector<std::string> remote_allowed_prefixes;
+    // RemoteStorage.fetch_connections: downloads at once when a job fetches its objects
+    // ahead of indexing them (FetchAhead).
+    int remote_fetch_connections = 16;
     bool allow_any_dataset = false;             // per-user daemon with no roots configured
     bool follow_symlinks_within_roots = false;  // DaemonConfig's (DatasetAccess)
     std::string config_path;                    // for error messages
