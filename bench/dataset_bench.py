@@ -182,12 +182,20 @@ def read_all(paths):
 # ---------------------------------------------------------------------------------------
 # ferryd and runs
 
-def start_ferryd(binary, workdir, ferry):
+def start_ferryd(binary, workdir, ferry, config=None, env=None):
+    """A private ferryd on <workdir>/ferryd.sock (with `config`, DaemonConfig text, when
+    given), once it answers: (process, socket, log path)."""
     sock = os.path.join(workdir, "ferryd.sock")
     log_path = os.path.join(workdir, "ferryd.log")
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([binary, "--listen", sock], stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT)
+    argv = [binary, "--listen", sock]
+    if config is not None:
+        config_path = os.path.join(workdir, "ferryd.conf")
+        with open(config_path, "w") as f:
+            f.write(config)
+        argv += ["--config", config_path]
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 30
     while True:
         if proc.poll() is not None:

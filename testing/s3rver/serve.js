@@ -6,7 +6,8 @@
 //   node testing/s3rver/serve.js DIR BUCKET ACCESS_KEY_ID:SECRET...
 // Stores its objects under DIR, creates BUCKET, accepts each key pair given, and prints
 // "PORT <n>" once it listens on 127.0.0.1 (an unused port). Runs until killed.
-// S3RVER_FLAKY=1 makes it a store having a bad day, deterministically: every second read
+// S3RVER_PUBLIC=1 serves unsigned reads too (a public bucket: benchmarks compare ferry
+// with a plain HTTP client). S3RVER_FLAKY=1 makes it a store having a bad day, deterministically: every second read
 // request is answered 503 SlowDown, and every sixth cut after its first 4 KiB (the
 // connection closed mid-body).
 'use strict';
@@ -31,6 +32,7 @@ const s3rver = new S3rver({
 });
 const app = s3rver.callback();
 const flaky = process.env.S3RVER_FLAKY === '1';
+const publicReads = process.env.S3RVER_PUBLIC === '1';
 let reads = 0;
 const server = http.createServer((request, response) => {
   if (flaky && request.method !== 'PUT') {
@@ -54,7 +56,7 @@ const server = http.createServer((request, response) => {
       };
     }
   }
-  if (request.method !== 'PUT' && !('authorization' in request.headers)) {
+  if (!publicReads && request.method !== 'PUT' && !('authorization' in request.headers)) {
     const body = '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>' +
       '<Message>Access Denied</Message></Error>';
     response.writeHead(403, { 'Content-Type': 'application/xml', 'Content-Length': body.length });
