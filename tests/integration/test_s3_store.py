@@ -96,7 +96,18 @@ def remote_config(store, cache_bytes):
     return lambda d: config % d
 
 
-class S3StoreTest(unittest.TestCase):
+class StoreTestCase(unittest.TestCase):
+    """A test class's s3rver (cls.store), local copies of its data (cls.local) and ferryd
+    (cls.daemon), made by setUpClass."""
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.stop()
+        cls.store.stop()
+        shutil.rmtree(cls.local, ignore_errors=True)
+
+
+class S3StoreTest(StoreTestCase):
     FLAKY = False  # FlakyStoreTest runs every test again against a store having a bad day
 
     @classmethod
@@ -123,12 +134,6 @@ class S3StoreTest(unittest.TestCase):
                 cls.store.put("wds/shard-%d.tar" % s, f.read())
         with trainer_environment():  # ferryd itself has no credentials
             cls.daemon = ferry_it.FerryDaemon(config=remote_config(cls.store, 100000000))
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.daemon.stop()
-        cls.store.stop()
-        shutil.rmtree(cls.local, ignore_errors=True)
 
     def batches(self, shards, batch_size):
         loader = ferry.Loader(ferry.TokenShards(shards, 31), batch_size=batch_size,
@@ -278,7 +283,7 @@ class FlakyStoreTest(S3StoreTest):
         self.assertGreater(retries["short"] + retries["connection"], 0)
 
 
-class SmallCacheTest(unittest.TestCase):
+class SmallCacheTest(StoreTestCase):
     """A node cache smaller than the image folder: each epoch still delivers every image
     once, as the local folder has it, by evicting what no worker reads."""
 
@@ -292,12 +297,6 @@ class SmallCacheTest(unittest.TestCase):
         with trainer_environment():
             cls.daemon = ferry_it.FerryDaemon(
                 config=remote_config(cls.store, int(folder_bytes * 0.4)))
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.daemon.stop()
-        cls.store.stop()
-        shutil.rmtree(cls.local, ignore_errors=True)
 
     def epochs(self, root, count):
         loader = ferry.Loader(ferry.ImageFolder(root), batch_size=4, shuffle=True, seed=5,
