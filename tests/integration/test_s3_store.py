@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import tempfile
 import unittest
@@ -20,6 +21,10 @@ import numpy as np
 
 import ferry
 import ferry_it
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "testing"))
+import megatron_indexed  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SERVE = os.path.join(ROOT, "testing", "s3rver", "serve.js")
@@ -132,6 +137,20 @@ class S3StoreTest(StoreTestCase):
                         tar.addfile(info, io.BytesIO(data))
             with open(path, "rb") as f:
                 cls.store.put("wds/shard-%d.tar" % s, f.read())
+        # One file of each mapped kind: raw tokens, a Megatron indexed dataset, fixed-size
+        # records, a .npy array.
+        tokens = rng.integers(0, 2**16, size=5000, dtype=np.uint16)
+        tokens.tofile(os.path.join(cls.local, "tokens.bin"))
+        documents = [[list(rng.integers(1, 999, size=int(n))) for n in rng.integers(5, 90, 3)]
+                     for _ in range(40)]
+        megatron_indexed.write_indexed(os.path.join(cls.local, "wiki"), documents)
+        rng.integers(0, 2**31, size=(300, 6), dtype=np.int32).tofile(
+            os.path.join(cls.local, "records.bin"))
+        np.save(os.path.join(cls.local, "array.npy"),
+                rng.standard_normal((250, 3, 4)).astype(np.float32))
+        for name in ("tokens.bin", "wiki.bin", "wiki.idx", "records.bin", "array.npy"):
+            with open(os.path.join(cls.local, name), "rb") as f:
+                cls.store.put("kinds/" + name, f.read())
         with trainer_environment():  # ferryd itself has no credentials
             cls.daemon = ferry_it.FerryDaemon(config=remote_config(cls.store, 100000000))
 
@@ -215,6 +234,34 @@ class S3StoreTest(StoreTestCase):
         text = ferry_it.run_ferryctl(self.daemon.address, "status").stdout
         self.assertIn("remote cache", text)
         self.assertIn("remote reads", text)
+
+    def test_every_mapped_kind_reads_as_the_local_file(self):
+        def kinds(where):
+            return {
+                "tokens": ferry.Tokens(where + "tokens.bin", 63),
+                "indexed": ferry.IndexedDataset(where + "wiki", 31, position_ids=True),
+                "megatron_gpt": ferry.MegatronGPT([where + "wiki"], 16, eod_token=0,
+                                                  num_samples=100),
+                "records": ferry.Records(where + "records.bin", "int32", (6,)),
+                "npy": ferry.Npy(where + "array.npy"),
+            }
+        local, remote = kinds(self.local + "/"), kinds("s3://bucket/kinds/")
+        with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
+            for name in local:
+                got = []
+                for dataset in (local[name], remote[name]):
+                    loader = ferry.Loader(dataset, batch_size=8, address=self.daemon.address,
+                                          as_numpy=True, timeout=60)
+                    try:
+                        got.append([{k: v.copy() for k, v in b.items()} for b in loader])
+                    finally:
+                        loader.close()
+                self.assertTrue(got[0], name)
+                self.assertEqual(len(got[0]), len(got[1]), name)
+                for a, b in zip(*got):
+                    self.assertEqual(sorted(a), sorted(b), name)
+                    for k in a:
+                        np.testing.assert_array_equal(a[k], b[k], err_msg=name)
 
     def test_a_profile_of_the_trainers_shared_credentials_file(self):
         home = tempfile.mkdtemp(prefix="ferry-home-")
