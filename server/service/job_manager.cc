@@ -302,9 +302,18 @@ absl::StatusOr<std::shared_ptr<Job>> JobManager::OpenJob(
       gpu_decode_note = std::string(available.message());
     }
   }
-  FERRY_ASSIGN_OR_RETURN(
-      std::shared_ptr<Job> job,
-      Job::Create(identity, spec, JobDatasetFs(store_credentials), source_options));
+  std::shared_ptr<const DatasetFs> fs = JobDatasetFs(store_credentials);
+  if (options_.remote_cache != nullptr && !spec.dataset().has_image_folder()) {
+    // Remote objects come into the cache in parallel, before indexing opens them in turn
+    // (an image folder's path is a folder: its images are fetched as workers read them).
+    absl::StatusOr<std::vector<std::string>> paths = DatasetPaths(spec.dataset());
+    if (paths.ok()) {
+      FetchAhead(*fs, *paths, options_.remote_fetch_connections,
+                 options_.remote_cache->stats().capacity_bytes / 2);
+    }
+  }
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Job> job,
+                         Job::Create(identity, spec, std::move(fs), source_options));
   if (DatasetHasImages(spec.dataset())) {
     if (cuda && job->gpu_decode() == nullptr && gpu_decode_note.empty()) {
       gpu_decode_note =

@@ -6,6 +6,9 @@
 //   node testing/s3rver/serve.js DIR BUCKET ACCESS_KEY_ID:SECRET...
 // Stores its objects under DIR, creates BUCKET, accepts each key pair given, and prints
 // "PORT <n>" once it listens on 127.0.0.1 (an unused port). Runs until killed.
+// S3RVER_GATHER=N holds the first GETs of objects until N of them are in flight together
+// (or 10 s passed), so that a test sees a client's parallelism whatever the machine's load;
+// GET /__stats answers {"most_gets_at_once": ...}.
 // S3RVER_PUBLIC=1 serves unsigned reads too (a public bucket: benchmarks compare ferry
 // with a plain HTTP client). S3RVER_FLAKY=1 makes it a store having a bad day, deterministically: every second read
 // request is answered 503 SlowDown, and every sixth cut after its first 4 KiB (the
@@ -33,8 +36,45 @@ const s3rver = new S3rver({
 const app = s3rver.callback();
 const flaky = process.env.S3RVER_FLAKY === '1';
 const publicReads = process.env.S3RVER_PUBLIC === '1';
+const gather = Number(process.env.S3RVER_GATHER || 0);
+let gets = 0;
+let mostGets = 0;
+let gathered = gather <= 1;
+const held = [];
+function releaseHeld() {
+  gathered = true;
+  held.splice(0).forEach((run) => run());
+}
 let reads = 0;
 const server = http.createServer((request, response) => {
+  if (request.url === '/__stats') {
+    response.writeHead(200, { 'Content-Type': 'application/json' });
+    response.end(JSON.stringify({ most_gets_at_once: mostGets }));
+    return;
+  }
+  if (request.method === 'GET' && !request.url.includes('list-type')) {
+    gets += 1;
+    mostGets = Math.max(mostGets, gets);
+    response.on('close', () => {
+      gets -= 1;
+    });
+    if (!gathered) {
+      if (gets >= gather) {
+        releaseHeld();
+      } else {
+        const timer = setTimeout(releaseHeld, 10000);
+        held.push(() => {
+          clearTimeout(timer);
+          serve(request, response);
+        });
+        return;
+      }
+    }
+  }
+  serve(request, response);
+});
+
+function serve(request, response) {
   if (flaky && request.method !== 'PUT') {
     reads += 1;
     if (reads % 2 === 0) {
@@ -64,7 +104,7 @@ const server = http.createServer((request, response) => {
     return;
   }
   app(request, response);
-});
+}
 s3rver
   .configureBuckets()
   .then(() => new Promise((resolve) => server.listen(0, '127.0.0.1', resolve)))

@@ -38,7 +38,8 @@ class S3Server:
     """serve.js on an unused port, storing under a temporary directory; a private bucket
     "bucket" that ALICE's key pair may read; objects are uploaded unsigned."""
 
-    def __init__(self, flaky=False):
+    def __init__(self, **env):
+        """env: serve.js's settings (S3RVER_FLAKY, S3RVER_GATHER)."""
         if not os.path.isdir(os.path.join(ROOT, "testing", "s3rver", "node_modules")):
             raise RuntimeError(
                 "s3rver is not installed: run `npm ci --prefix testing/s3rver` "
@@ -47,7 +48,7 @@ class S3Server:
         self.process = subprocess.Popen(
             ["node", SERVE, self.dir, "bucket", "%s:%s" % ALICE], stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True,
-            env=dict(os.environ, S3RVER_FLAKY="1" if flaky else "0"))
+            env=dict(os.environ, **env))
         line = self.process.stdout.readline()
         if not line.startswith("PORT "):
             self.stop()
@@ -117,7 +118,7 @@ class S3StoreTest(StoreTestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.store = S3Server(flaky=cls.FLAKY)
+        cls.store = S3Server(S3RVER_FLAKY="1" if cls.FLAKY else "0")
         rng = np.random.default_rng(11)
         cls.local = ferry_it.short_tempdir("ferry-s3-")
         for i, n in enumerate((4001, 2900, 3333)):
@@ -328,6 +329,42 @@ class FlakyStoreTest(S3StoreTest):
         retries = {r["reason"]: int(r["count"]) for r in self.remote_status()["retries"]}
         self.assertGreater(retries["throttled"], 0)
         self.assertGreater(retries["short"] + retries["connection"], 0)
+
+
+class FetchAheadTest(StoreTestCase):
+    """A new job downloads the shards its spec names several at once (the store holds the
+    first GETs until 4 are in flight, so the test does not depend on timing)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.store = S3Server(S3RVER_GATHER="4")
+        cls.local = ferry_it.short_tempdir("ferry-s3-")
+        rng = np.random.default_rng(3)
+        for i in range(6):
+            path = os.path.join(cls.local, "shard-%d.bin" % i)
+            rng.integers(0, 2**16, size=3000 + 17 * i, dtype=np.uint16).tofile(path)
+            with open(path, "rb") as f:
+                cls.store.put("train/shard-%d.bin" % i, f.read())
+        with trainer_environment():
+            cls.daemon = ferry_it.FerryDaemon(config=remote_config(cls.store, 100000000))
+
+    def test_the_shards_download_in_parallel(self):
+        batches = []
+        with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
+            for shards in (os.path.join(self.local, "shard-{0..5}.bin"),
+                           "s3://bucket/train/shard-{0..5}.bin"):
+                loader = ferry.Loader(ferry.TokenShards(shards, 31), batch_size=8,
+                                      address=self.daemon.address, as_numpy=True, timeout=60)
+                try:
+                    batches.append([b["tokens"].copy() for b in loader])
+                finally:
+                    loader.close()
+        self.assertEqual(len(batches[0]), len(batches[1]))
+        for a, b in zip(*batches):
+            np.testing.assert_array_equal(a, b)
+        with urllib.request.urlopen(self.store.endpoint + "/__stats", timeout=30) as answer:
+            stats = json.loads(answer.read())
+        self.assertGreaterEqual(stats["most_gets_at_once"], 4)
 
 
 class SmallCacheTest(StoreTestCase):
