@@ -9,6 +9,8 @@
 // S3RVER_GATHER=N holds the first GETs of objects until N of them are in flight together
 // (or 10 s passed), so that a test sees a client's parallelism whatever the machine's load;
 // GET /__stats answers {"most_gets_at_once": ...}.
+// S3RVER_STALL_FIRST=TEXT: the first GET of each object whose path holds TEXT sends 4 KiB
+// and then nothing more, never ending (a transfer a test kills its client in).
 // S3RVER_PUBLIC=1 serves unsigned reads too (a public bucket: benchmarks compare ferry
 // with a plain HTTP client). S3RVER_FLAKY=1 makes it a store having a bad day, deterministically: every second read
 // request is answered 503 SlowDown, and every sixth cut after its first 4 KiB (the
@@ -45,6 +47,8 @@ function releaseHeld() {
   gathered = true;
   held.splice(0).forEach((run) => run());
 }
+const stallFirst = process.env.S3RVER_STALL_FIRST || '';
+const stalled = new Set();
 let reads = 0;
 const server = http.createServer((request, response) => {
   if (request.url === '/__stats') {
@@ -75,6 +79,19 @@ const server = http.createServer((request, response) => {
 });
 
 function serve(request, response) {
+  if (stallFirst && request.method === 'GET' && request.url.includes(stallFirst) &&
+      !stalled.has(request.url)) {
+    stalled.add(request.url);
+    let sent = 0;
+    const write = response.write.bind(response);
+    response.write = (chunk, ...rest) => {
+      const part = chunk.subarray(0, Math.max(0, 4096 - sent));
+      sent += part.length;
+      if (part.length > 0) write(part, ...rest);
+      return false;  // no 'drain' follows: the transfer stalls here
+    };
+    response.end = () => response;  // and never ends
+  }
   if (flaky && request.method !== 'PUT') {
     reads += 1;
     if (reads % 2 === 0) {

@@ -367,6 +367,66 @@ class FetchAheadTest(StoreTestCase):
         self.assertGreaterEqual(stats["most_gets_at_once"], 4)
 
 
+class KillMidDownloadTest(StoreTestCase):
+    """ferryd killed while it downloads an object, then restarted: the partial download is
+    deleted, never served, and the object is fetched again whole."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.store = S3Server(S3RVER_STALL_FIRST="big")
+        cls.local = ferry_it.short_tempdir("ferry-s3-")
+        path = os.path.join(cls.local, "big.bin")
+        np.random.default_rng(9).integers(0, 2**16, size=40000, dtype=np.uint16).tofile(path)
+        with open(path, "rb") as f:
+            cls.store.put("train/big.bin", f.read())
+        with trainer_environment():
+            cls.daemon = ferry_it.FerryDaemon(config=remote_config(cls.store, 100000000))
+
+    def temporary_files(self):
+        cache = os.path.join(self.daemon.dir, "cache")
+        return [os.path.join(d, n) for d, _, names in os.walk(cache) for n in names
+                if ".tmp." in n]
+
+    def test_a_partial_download_is_never_served(self):
+        trainer = subprocess.Popen(
+            [sys.executable, "-c",
+             "import ferry, sys\n"
+             "loader = ferry.Loader(ferry.TokenShards(sys.argv[1], 31), batch_size=8,"
+             " address=sys.argv[2], timeout=120)\n"
+             "for batch in loader: pass\n",
+             "s3://bucket/train/big.bin", self.daemon.address],
+            env=dict(os.environ, AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            # The store sends the first 4 KiB and stalls: ferryd holds a partial temporary file.
+            def partial():
+                for path in self.temporary_files():
+                    try:
+                        if os.path.getsize(path) > 0:
+                            return True
+                    except OSError:  # renamed or deleted since it was listed
+                        pass
+                return False
+            self.assertTrue(ferry_it.poll(partial, timeout=60), "no partial download to kill")
+            self.daemon.restart()
+        finally:
+            trainer.kill()
+            trainer.wait()
+        self.assertEqual(self.temporary_files(), [], "the restarted ferryd deleted the leftover")
+        batches = []
+        with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
+            for shard in (os.path.join(self.local, "big.bin"), "s3://bucket/train/big.bin"):
+                loader = ferry.Loader(ferry.TokenShards(shard, 31), batch_size=8,
+                                      address=self.daemon.address, as_numpy=True, timeout=60)
+                try:
+                    batches.append([b["tokens"].copy() for b in loader])
+                finally:
+                    loader.close()
+        self.assertEqual(len(batches[0]), len(batches[1]))
+        for a, b in zip(*batches):
+            np.testing.assert_array_equal(a, b)
+
+
 class SmallCacheTest(StoreTestCase):
     """A node cache smaller than the image folder: each epoch still delivers every image
     once, as the local folder has it, by evicting what no worker reads."""
