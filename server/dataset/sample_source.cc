@@ -52,6 +52,7 @@ struct DatasetKind {
   const char* name;        // the DatasetSpec field: "image_folder"
   const char* path_field;  // where its path goes: "dataset.image_folder.root"; null: none
   bool images;             // DatasetHasImages
+  bool folders;            // its paths name folders, not files (DatasetFilePaths)
   // SetWidenOnHost; null for kinds that hold no token ids.
   void (*widen_on_host)(DatasetSpec* dataset);
   // Every path the spec names, shard patterns expanded; empty ones included (the caller
@@ -64,7 +65,7 @@ struct DatasetKind {
 using Paths = absl::StatusOr<std::vector<std::string>>;
 
 constexpr DatasetKind kDatasetKinds[] = {
-    {DatasetSpec::kImageFolder, "image_folder", "dataset.image_folder.root", true, nullptr,
+    {DatasetSpec::kImageFolder, "image_folder", "dataset.image_folder.root", true, true, nullptr,
      [](const DatasetSpec& d) -> Paths {
        return std::vector<std::string>{d.image_folder().root()};
      },
@@ -89,7 +90,7 @@ constexpr DatasetKind kDatasetKinds[] = {
                                                         options.limits, std::move(fs)));
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
-    {DatasetSpec::kTokens, "tokens", "dataset.tokens.path", false,
+    {DatasetSpec::kTokens, "tokens", "dataset.tokens.path", false, false,
      [](DatasetSpec* d) { d->mutable_tokens()->set_widen_on_host(true); },
      [](const DatasetSpec& d) -> Paths { return std::vector<std::string>{d.tokens().path()}; },
      [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
@@ -103,7 +104,7 @@ constexpr DatasetKind kDatasetKinds[] = {
        FERRY_ASSIGN_OR_RETURN(auto source, TokenSource::Create(tokens, raw, *fs));
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
-    {DatasetSpec::kTokenShards, "token_shards", "dataset.token_shards.shards", false,
+    {DatasetSpec::kTokenShards, "token_shards", "dataset.token_shards.shards", false, false,
      [](DatasetSpec* d) { d->mutable_token_shards()->set_widen_on_host(true); },
      [](const DatasetSpec& d) -> Paths {
        if (d.token_shards().shards().empty()) {
@@ -124,7 +125,7 @@ constexpr DatasetKind kDatasetKinds[] = {
        FERRY_ASSIGN_OR_RETURN(auto source, TokenShardsSource::Create(shards, raw, *fs));
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
-    {DatasetSpec::kIndexed, "indexed", "dataset.indexed.path_prefix", false,
+    {DatasetSpec::kIndexed, "indexed", "dataset.indexed.path_prefix", false, false,
      [](DatasetSpec* d) { d->mutable_indexed()->set_widen_on_host(true); },
      [](const DatasetSpec& d) -> Paths {
        if (d.indexed().path_prefix().empty()) return std::vector<std::string>{""};
@@ -139,7 +140,7 @@ constexpr DatasetKind kDatasetKinds[] = {
                               IndexedSource::Create(spec.dataset().indexed(), *fs, options));
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
-    {DatasetSpec::kWebdataset, "webdataset", "dataset.webdataset.shards", true, nullptr,
+    {DatasetSpec::kWebdataset, "webdataset", "dataset.webdataset.shards", true, false, nullptr,
      [](const DatasetSpec& d) -> Paths {
        if (d.webdataset().shards().empty()) {
          return absl::InvalidArgumentError(
@@ -162,7 +163,7 @@ constexpr DatasetKind kDatasetKinds[] = {
                                                        options.limits, std::move(fs)));
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
-    {DatasetSpec::kRecords, "records", "dataset.records.path", false, nullptr,
+    {DatasetSpec::kRecords, "records", "dataset.records.path", false, false, nullptr,
      [](const DatasetSpec& d) -> Paths { return std::vector<std::string>{d.records().path()}; },
      [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
         const SourceOptions& options) -> Opened {
@@ -170,13 +171,13 @@ constexpr DatasetKind kDatasetKinds[] = {
            auto source, RecordSource::Create(spec.dataset().records(), options.row_stores, *fs));
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
-    {DatasetSpec::kNpy, "npy", "dataset.npy.path", false, nullptr,
+    {DatasetSpec::kNpy, "npy", "dataset.npy.path", false, false, nullptr,
      [](const DatasetSpec& d) -> Paths { return std::vector<std::string>{d.npy().path()}; },
      [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
         const SourceOptions& options) -> Opened {
        return OpenNpySource(spec.dataset().npy(), options.row_stores, *fs);
      }},
-    {DatasetSpec::kMegatronGpt, "megatron_gpt", "dataset.megatron_gpt.path_prefixes", false,
+    {DatasetSpec::kMegatronGpt, "megatron_gpt", "dataset.megatron_gpt.path_prefixes", false, false,
      nullptr,
      [](const DatasetSpec& d) -> Paths {
        std::vector<std::string> paths;
@@ -194,7 +195,7 @@ constexpr DatasetKind kDatasetKinds[] = {
            auto source, MegatronGptSource::Create(spec.dataset().megatron_gpt(), *fs, options));
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
-    {DatasetSpec::kBlend, "blend", nullptr, false, nullptr,
+    {DatasetSpec::kBlend, "blend", nullptr, false, false, nullptr,
      [](const DatasetSpec& d) -> Paths {
        std::vector<std::string> all;
        for (const ferry::v1::BlendSource& s : d.blend().sources()) {
@@ -266,6 +267,12 @@ absl::StatusOr<std::vector<std::string>> DatasetPaths(const ferry::v1::DatasetSp
     }
   }
   return paths;
+}
+
+absl::StatusOr<std::vector<std::string>> DatasetFilePaths(const ferry::v1::DatasetSpec& dataset) {
+  const DatasetKind* kind = FindKind(dataset.kind_case());
+  if (kind != nullptr && kind->folders) return std::vector<std::string>();
+  return DatasetPaths(dataset);
 }
 
 bool DatasetHasImages(const ferry::v1::DatasetSpec& dataset) {

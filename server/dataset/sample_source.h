@@ -229,6 +229,9 @@ absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(
 // INVALID_ARGUMENT when no dataset kind is set, a path is empty or a pattern is malformed.
 absl::StatusOr<std::vector<std::string>> DatasetPaths(const ferry::v1::DatasetSpec& dataset);
 
+// DatasetPaths' files: none for a kind whose path is a folder (an image folder's root).
+absl::StatusOr<std::vector<std::string>> DatasetFilePaths(const ferry::v1::DatasetSpec& dataset);
+
 // Whether the dataset's samples are images: a transform applies, and JPEGs may be decoded on
 // a GPU. False when no kind is set.
 bool DatasetHasImages(const ferry::v1::DatasetSpec& dataset);

@@ -303,10 +303,10 @@ absl::StatusOr<std::shared_ptr<Job>> JobManager::OpenJob(
     }
   }
   std::shared_ptr<const DatasetFs> fs = JobDatasetFs(store_credentials);
-  if (options_.remote_cache != nullptr && !spec.dataset().has_image_folder()) {
+  if (options_.remote_cache != nullptr) {
     // Remote objects come into the cache in parallel, before indexing opens them in turn
-    // (an image folder's path is a folder: its images are fetched as workers read them).
-    absl::StatusOr<std::vector<std::string>> paths = DatasetPaths(spec.dataset());
+    // (an image folder's images are fetched as workers read them).
+    absl::StatusOr<std::vector<std::string>> paths = DatasetFilePaths(spec.dataset());
     if (paths.ok()) {
       FetchAhead(*fs, *paths, options_.remote_fetch_connections,
                  options_.remote_cache->stats().capacity_bytes / 2);

@@ -112,6 +112,23 @@ class StoreTestCase(unittest.TestCase):
         cls.store.stop()
         shutil.rmtree(cls.local, ignore_errors=True)
 
+    def batches(self, shards, batch_size):
+        """The token batches of TokenShards(shards, 31), read through cls.daemon with the
+        trainer's environment as it is."""
+        loader = ferry.Loader(ferry.TokenShards(shards, 31), batch_size=batch_size,
+                              address=self.daemon.address, as_numpy=True, timeout=60)
+        try:
+            return [b["tokens"].copy() for b in loader]
+        finally:
+            loader.close()
+
+    def assert_same_tokens(self, local, remote, batch_size=8):
+        expected, got = self.batches(local, batch_size), self.batches(remote, batch_size)
+        self.assertEqual(len(got), len(expected))
+        for a, b in zip(expected, got):
+            np.testing.assert_array_equal(a, b)
+
+
 
 class S3StoreTest(StoreTestCase):
     FLAKY = False  # FlakyStoreTest runs every test again against a store having a bad day
@@ -155,20 +172,9 @@ class S3StoreTest(StoreTestCase):
         with trainer_environment():  # ferryd itself has no credentials
             cls.daemon = ferry_it.FerryDaemon(config=remote_config(cls.store, 100000000))
 
-    def batches(self, shards, batch_size):
-        loader = ferry.Loader(ferry.TokenShards(shards, 31), batch_size=batch_size,
-                              address=self.daemon.address, as_numpy=True, timeout=60)
-        try:
-            return [b["tokens"].copy() for b in loader]
-        finally:
-            loader.close()
-
     def assert_same_as_local(self, batch_size):
-        local = self.batches(os.path.join(self.local, "shard-{0..2}.bin"), batch_size)
-        remote = self.batches("s3://bucket/train/shard-{0..2}.bin", batch_size)
-        self.assertEqual(len(remote), len(local))
-        for a, b in zip(local, remote):
-            np.testing.assert_array_equal(a, b)
+        self.assert_same_tokens(os.path.join(self.local, "shard-{0..2}.bin"),
+                                "s3://bucket/train/shard-{0..2}.bin", batch_size)
 
     def assert_no_secret_shown(self):
         status = ferry_it.run_ferryctl(self.daemon.address, "status", "--json").stdout
@@ -349,19 +355,9 @@ class FetchAheadTest(StoreTestCase):
             cls.daemon = ferry_it.FerryDaemon(config=remote_config(cls.store, 100000000))
 
     def test_the_shards_download_in_parallel(self):
-        batches = []
         with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
-            for shards in (os.path.join(self.local, "shard-{0..5}.bin"),
-                           "s3://bucket/train/shard-{0..5}.bin"):
-                loader = ferry.Loader(ferry.TokenShards(shards, 31), batch_size=8,
-                                      address=self.daemon.address, as_numpy=True, timeout=60)
-                try:
-                    batches.append([b["tokens"].copy() for b in loader])
-                finally:
-                    loader.close()
-        self.assertEqual(len(batches[0]), len(batches[1]))
-        for a, b in zip(*batches):
-            np.testing.assert_array_equal(a, b)
+            self.assert_same_tokens(os.path.join(self.local, "shard-{0..5}.bin"),
+                                    "s3://bucket/train/shard-{0..5}.bin")
         with urllib.request.urlopen(self.store.endpoint + "/__stats", timeout=30) as answer:
             stats = json.loads(answer.read())
         self.assertGreaterEqual(stats["most_gets_at_once"], 4)
@@ -413,18 +409,9 @@ class KillMidDownloadTest(StoreTestCase):
             trainer.kill()
             trainer.wait()
         self.assertEqual(self.temporary_files(), [], "the restarted ferryd deleted the leftover")
-        batches = []
         with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
-            for shard in (os.path.join(self.local, "big.bin"), "s3://bucket/train/big.bin"):
-                loader = ferry.Loader(ferry.TokenShards(shard, 31), batch_size=8,
-                                      address=self.daemon.address, as_numpy=True, timeout=60)
-                try:
-                    batches.append([b["tokens"].copy() for b in loader])
-                finally:
-                    loader.close()
-        self.assertEqual(len(batches[0]), len(batches[1]))
-        for a, b in zip(*batches):
-            np.testing.assert_array_equal(a, b)
+            self.assert_same_tokens(os.path.join(self.local, "big.bin"),
+                                    "s3://bucket/train/big.bin")
 
 
 class SmallCacheTest(StoreTestCase):
