@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Remote datasets: WebDataset shards of ImageNet-like JPEGs and token shards in an
-S3-compatible store (s3rver on this machine, testing/s3rver), read through ferryd's node
+"""Remote datasets: WebDataset shards of ImageNet-like JPEGs, the same JPEGs as an image
+folder of one object each, and token shards in an S3-compatible store (s3rver on this machine, testing/s3rver), read through ferryd's node
 cache, next to the store's own GET throughput and the same shards on local disk. Prints a
 table; never asserts.
 
@@ -12,15 +12,19 @@ Rows, all in one run on one machine:
                 HTTP client (no ferry): the store's throughput with the connections ferryd
                 uses (remote.fetch_connections).
   cold          a ferryd with an empty cache: the job's creation (which fetches the shards
-                ahead, then indexes them) and its first epoch, from the Loader's creation
-                to the last batch. Shard MB/s vs GET peak (target >= 0.9x), then the
-                slower of GET peak and the warm epoch over the cold epoch's time (1.00x:
-                fetching adds nothing to what the store or the pipeline costs anyway).
+                ahead, then indexes them; for the image folder, lists the keys) and its
+                first epoch, from the Loader's creation to the last batch, the images
+                fetched ahead of the workers in the sampler's order (remote.read_ahead_*).
+                MB/s vs GET peak (target >= 0.9x), then the slower of GET peak and the
+                warm epoch over the cold epoch's time (1.00x: fetching adds nothing to
+                what the store or the pipeline costs anyway).
+  cold, no RA   the same with read_ahead_objects 0 (image folder only): each image is
+                fetched by the worker that decodes it.
   warm          a second job (another batch size) on the same ferryd: its creation and
                 epoch, served from the cache; images/s vs local (target >= 0.95x), and
                 the bytes it downloaded (target 0).
   local         the same shards on local disk (in the page cache), a fresh ferryd.
-The image pipeline: WebDataset, batch 64, RandomResizedCrop(224, flip), shuffle, device
+The image pipeline: WebDataset or image folder, batch 64, RandomResizedCrop(224, flip), shuffle, device
 "cpu"; the trainer touches each batch's shape only. Tokens: TokenShards(seq_len 2048),
 batch 16. CPU: ferryd's and this process's CPU seconds (user + system) over the row, and
 for GET peak this process's alone. The store runs on the same machine: its CPU competes
@@ -150,6 +154,10 @@ def main():
                             "--images", str(a.images), "--classes", "20", "--shard-size", "100",
                             "--tokens-mb", "0"], check=True, stdout=subprocess.DEVNULL)
         shards = sorted(os.listdir(os.path.join(data, "shards")))
+        folder = os.path.join(data, "imagefolder")
+        image_paths = sorted(os.path.join(d, n) for d, _, names in os.walk(folder)
+                             for n in names)
+        image_keys = [os.path.relpath(p, folder) for p in image_paths]
         shard_paths = [os.path.join(data, "shards", s) for s in shards]
         token_paths = []
         tokens_dir = os.path.join(work, "tokens")
@@ -167,22 +175,28 @@ def main():
             store.put("wds/" + os.path.basename(path), path)
         for path in token_paths:
             store.put("tokens/" + os.path.basename(path), path)
-        for path in shard_paths + token_paths:  # the local rows read from the page cache
+        for path, key in zip(image_paths, image_keys):
+            store.put("images/" + key, path)
+        for path in shard_paths + token_paths + image_paths:  # local rows: the page cache
             with open(path, "rb") as f:
                 while f.read(1 << 24):
                     pass
         shard_bytes = sum(os.path.getsize(p) for p in shard_paths)
         token_bytes = sum(os.path.getsize(p) for p in token_paths)
-        print("%d WebDataset shards (%.0f MiB, %d images) and %d token shards (%.0f MiB) in "
-              "s3rver at %s; %d connections; %d CPUs" % (
-                  len(shards), shard_bytes / 2**20, a.images, len(token_paths),
-                  token_bytes / 2**20, store.endpoint, a.connections, os.cpu_count()))
+        image_bytes = sum(os.path.getsize(p) for p in image_paths)
+        print("%d WebDataset shards (%.0f MiB, %d images), the images as objects (%.0f MiB) "
+              "and %d token shards (%.0f MiB) in s3rver at %s; %d connections; %d CPUs" % (
+                  len(shards), shard_bytes / 2**20, a.images, image_bytes / 2**20,
+                  len(token_paths), token_bytes / 2**20, store.endpoint, a.connections,
+                  os.cpu_count()))
 
         crop = ferry.RandomResizedCrop(224, flip=True)
         kinds = [
             ("webdataset", shards, shard_bytes, 64, crop,
              lambda prefix: ferry.WebDataset(prefix + "wds/{%s}" % ",".join(shards)),
              ferry.WebDataset(shard_paths)),
+            ("image_folder", image_keys, image_bytes, 64, crop,
+             lambda prefix: ferry.ImageFolder(prefix + "images"), ferry.ImageFolder(folder)),
             ("token_shards", [os.path.basename(p) for p in token_paths], token_bytes, 16, None,
              lambda prefix: ferry.TokenShards(
                  [prefix + "tokens/" + os.path.basename(p) for p in token_paths], 2048),
@@ -190,18 +204,29 @@ def main():
         ]
         rows = []
         for name, keys, nbytes, batch, transform, remote, local in kinds:
-            folder = "wds/" if name == "webdataset" else "tokens/"
-            mbs, seconds, _ = get_peak(store, [folder + k for k in keys], a.connections)
+            prefix = {"webdataset": "wds/", "image_folder": "images/"}.get(name, "tokens/")
+            mbs, seconds, _ = get_peak(store, [prefix + k for k in keys], a.connections)
             rows.append((name, "GET peak", seconds, None, None, "%.0f MB/s" % mbs, "1.00x", ""))
             peak = mbs
-            workdir = os.path.join(work, "ferryd-" + name)
-            os.makedirs(workdir)
-            config = ('remote { cache_dir: "%s/cache" cache_bytes: %d s3_endpoint: "%s" '
-                      'fetch_connections: %d }' % (workdir, 4 * (shard_bytes + token_bytes),
-                                                   store.endpoint, a.connections))
             env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-            proc, sock, _ = start_ferryd(ferryd, workdir, ferry, config, env)
-            procs.append(proc)
+
+            def remote_ferryd(suffix, settings=""):
+                workdir = os.path.join(work, "ferryd-%s%s" % (name, suffix))
+                os.makedirs(workdir)
+                config = ('remote { cache_dir: "%s/cache" cache_bytes: %d s3_endpoint: "%s" '
+                          'fetch_connections: %d %s }' % (
+                              workdir, 4 * (shard_bytes + token_bytes + image_bytes),
+                              store.endpoint, a.connections, settings))
+                proc, sock, _ = start_ferryd(ferryd, workdir, ferry, config, env)
+                procs.append(proc)
+                return proc, sock
+
+            if name == "image_folder":
+                proc, sock = remote_ferryd("-no-ra", "read_ahead_objects: 0")
+                t, n, cpu = epoch(ferry, sock, remote("s3://bucket/"), batch, transform, proc)
+                no_ra_row = (name, "cold, no RA", t, n, cpu, "%.0f MB/s" % (nbytes / t / 1e6),
+                             "%.2fx" % (nbytes / t / 1e6 / peak), "")
+            proc, sock = remote_ferryd("")
             t, n, cpu = epoch(ferry, sock, remote("s3://bucket/"), batch, transform, proc)
             cold_mbs = nbytes / t / 1e6
             cold_row = len(rows)
@@ -222,14 +247,16 @@ def main():
             rows[cold_row] = (name, "cold", t, n, cpu, "%.0f MB/s" % cold_mbs,
                               "%.2fx, %.2fx" % (cold_mbs / peak, max(seconds, t_warm) / t),
                               "%.0f MiB" % (before / 2**20))
+            if name == "image_folder":
+                rows.append(no_ra_row)
             rows.append((name, "warm", t_warm, n_warm, cpu_warm, "%.0f samples/s" % warm_rate,
                          "%.2fx local" % (warm_rate / local_rate), "%d B" % got))
             rows.append((name, "local", t_local, n_local, cpu_local,
                          "%.0f samples/s" % local_rate, "1.00x", ""))
-        print("%-13s %-9s %8s %8s %8s %16s %14s %12s" % (
+        print("%-13s %-11s %8s %8s %8s %16s %14s %12s" % (
             "kind", "row", "seconds", "samples", "CPU s", "rate", "ratio", "downloaded"))
         for name, row, t, n, cpu, rate, ratio, got in rows:
-            print("%-13s %-9s %8.2f %8s %8s %16s %14s %12s" % (
+            print("%-13s %-11s %8.2f %8s %8s %16s %14s %12s" % (
                 name, row, t, "" if n is None else n, "" if cpu is None else "%.1f" % cpu,
                 rate, ratio, got))
     finally:

@@ -40,6 +40,8 @@ std::string FormatLimitingStage(v1::LimitingStage stage) {
       return "copy";
     case v1::LIMITED_BY_TRAINER_CPU:
       return "trainer_cpu";
+    case v1::LIMITED_BY_REMOTE_READ:
+      return "remote_read";
     default:
       return "-";
   }

@@ -30,8 +30,8 @@ struct ScreenSize {
 // ferryctl does not know are ignored.
 absl::StatusOr<v1::GetStatusResponse> ParseStatusJson(std::string_view json);
 
-// "trainer", "trainer_cpu", "read", "decode", "copy"; "-" when not known (no consumer, too little
-// seen).
+// "trainer", "trainer_cpu", "read", "remote_read", "decode", "copy"; "-" when not known (no
+// consumer, too little seen).
 std::string FormatLimitingStage(v1::LimitingStage stage);
 
 // Cuts `line` to at most `width` characters (UTF-8 code points), ending it with "~" when

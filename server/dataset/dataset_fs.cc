@@ -377,6 +377,11 @@ void TallyRead(uint64_t bytes, int64_t nanos) {
   this_thread_reads.nanos += nanos;
 }
 
+void TallyRemoteWait(int64_t nanos) {
+  this_thread_reads.nanos += nanos;
+  this_thread_reads.remote_nanos += nanos;
+}
+
 absl::StatusOr<size_t> ReadUpTo(const RandomAccessFile& file, uint64_t offset,
                                 absl::Span<uint8_t> out) {
   size_t done = 0;

@@ -103,11 +103,15 @@ absl::StatusOr<size_t> ReadUpTo(const RandomAccessFile& file, uint64_t offset,
 struct ReadTally {
   uint64_t bytes = 0;
   int64_t nanos = 0;
+  int64_t remote_nanos = 0;  // of nanos, waiting for a remote object (TallyRemoteWait)
 };
 // The calling thread's running totals (never reset: callers take differences).
 ReadTally ThisThreadReadTally();
 // Adds a read to the calling thread's tally (RealFile::ReadAt; fakes that stand for reads).
 void TallyRead(uint64_t bytes, int64_t nanos);
+// Adds a wait for a remote object to come into the node cache (an open of a remote dataset
+// file): a read of no bytes yet, and remote.
+void TallyRemoteWait(int64_t nanos);
 
 class MappedFile;
 

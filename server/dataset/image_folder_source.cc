@@ -426,6 +426,12 @@ absl::Status ImageFolderSource::Fill(int64_t index, uint64_t sample_seed,
   return absl::OkStatus();
 }
 
+std::string ImageFolderSource::FileOf(int64_t index) const {
+  std::string path;
+  if (index >= 0 && index < size()) AppendPath(index, &path);
+  return path;
+}
+
 std::string ImageFolderSource::Describe(int64_t index) const {
   if (index < 0 || index >= size()) {
     return absl::StrCat(root_, " (sample ", index, " out of range)");

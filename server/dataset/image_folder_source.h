@@ -79,6 +79,7 @@ class ImageFolderSource final : public SampleSource {
   absl::Status Fill(int64_t index, uint64_t sample_seed, absl::Span<uint8_t* const> rows,
                     Scratch* scratch) const override;
   std::string Describe(int64_t index) const override;
+  std::string FileOf(int64_t index) const override;
 
   const std::vector<std::string>& classes() const { return classes_; }
   const ImageTransform& transform() const { return transform_; }

@@ -130,6 +130,11 @@ class SampleSource {
   // Human-readable location of a sample ("<root>/<class>/<file>"), for error reports.
   virtual std::string Describe(int64_t index) const = 0;
 
+  // The file a Fill of `index` opens (an image's file, a WebDataset shard), for reading
+  // files ahead of the workers (ReadAhead); empty for sources that open their files when the
+  // job is created (mapped kinds), and for an index outside [0, size()).
+  virtual std::string FileOf(int64_t index) const { return {}; }
+
   // True when Fill only copies the sample's bytes (tokens, records, arrays: no decoding), so
   // its cost is a few microseconds per row and the pipeline hands a worker many rows at
   // once: dispatching a task costs more than copying a small row.

@@ -343,6 +343,11 @@ std::string WebDatasetSource::LabelName(int64_t index) const {
                       label_spellings_[spelling == kNoLabel ? 0 : spelling]);
 }
 
+std::string WebDatasetSource::FileOf(int64_t index) const {
+  if (index < 0 || index >= size()) return {};
+  return shards_[samples_[index].shard];
+}
+
 std::string WebDatasetSource::Describe(int64_t index) const {
   if (index < 0 || index >= size()) {
     return absl::StrCat("webdataset sample ", index, " (out of range; ", size(), " samples)");

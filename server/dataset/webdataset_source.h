@@ -77,6 +77,7 @@ class WebDatasetSource final : public SampleSource {
                     Scratch* scratch) const override;
   // "<shard path>:<image member name>".
   std::string Describe(int64_t index) const override;
+  std::string FileOf(int64_t index) const override;
 
   bool HasStreamOrder() const override { return true; }
   // The epoch's order, a permutation of [0, size()):

@@ -210,6 +210,7 @@ constexpr std::pair<ferry::v1::LimitingStage, absl::string_view> kStages[] = {
     {ferry::v1::LIMITED_BY_DECODE, "decode"},
     {ferry::v1::LIMITED_BY_COPY, "copy"},
     {ferry::v1::LIMITED_BY_TRAINER_CPU, "trainer_cpu"},
+    {ferry::v1::LIMITED_BY_REMOTE_READ, "remote_read"},
 };
 
 // A Prometheus histogram from Histogram's per-bucket counts: running sums as le buckets,

@@ -115,6 +115,11 @@ Job::Job(JobIdentity identity, ferry::v1::JobSpec spec, std::unique_ptr<SampleSo
       layout_(std::move(layout)),
       create_time_(absl::Now()) {}
 
+void Job::StartReadAhead(std::shared_ptr<const DatasetFs> fs, const ReadAhead::Options& options) {
+  if (source_->size() == 0 || source_->FileOf(0).empty()) return;
+  read_ahead_ = std::make_unique<ReadAhead>(std::move(fs), options);
+}
+
 void Job::ToProto(ferry::v1::Job* job) const {
   job->set_id(identity_.id);
   job->set_name(identity_.name);

@@ -20,6 +20,7 @@
 #include "common/job_limits.h"
 #include "ferry/v1/ferry.pb.h"
 #include "server/dataset/sample_source.h"
+#include "server/pipeline/read_ahead.h"
 #include "server/sampler/sampler.h"
 
 namespace ferry {
@@ -92,6 +93,13 @@ class Job final {
 
   // Fills `job` (the API view) with identity, spec and layout.
   void ToProto(ferry::v1::Job* job) const;
+
+  // ---- Reading files ahead of the workers, for a job whose files are remote: the job's
+  // ReadAhead over `fs`, which the ranks feed in their batch order. Call once, before any
+  // rank attaches; ignored for a source that opens no file as it reads (FileOf).
+  void StartReadAhead(std::shared_ptr<const DatasetFs> fs, const ReadAhead::Options& options);
+  // Null when the job does not read ahead.
+  ReadAhead* read_ahead() const { return read_ahead_.get(); }
 
   // ---- Bad samples (JobSpec.on_corrupt_sample).
   bool fail_on_corrupt_sample() const { return spec_.on_corrupt_sample() == ferry::v1::FAIL; }
@@ -194,6 +202,7 @@ class Job final {
   std::atomic<bool> paused_{false};
   std::atomic<int64_t> transient_errors_{0};
   std::shared_ptr<GpuDecodeSplit> gpu_decode_;  // set in Create, constant after
+  std::unique_ptr<ReadAhead> read_ahead_;       // set before ranks attach, constant after
   std::string gpu_decode_note_;
   std::atomic<int64_t> transient_retry_limit_ms_{
       absl::ToInt64Milliseconds(kDefaultTransientRetryLimit)};

@@ -39,7 +39,7 @@ namespace {
 using ::testing::HasSubstr;
 
 // Sample i has fields value = i * 10 and index = i. Samples in `corrupt` fail to read.
-class FakeSource final : public SampleSource {
+class FakeSource : public SampleSource {
  public:
   FakeSource(int64_t n, absl::flat_hash_set<int64_t> corrupt)
       : n_(n), corrupt_(std::move(corrupt)) {
@@ -74,6 +74,52 @@ class FakeSource final : public SampleSource {
   int64_t n_;
   absl::flat_hash_set<int64_t> corrupt_;
   std::vector<FieldLayout> fields_;
+};
+
+// FakeSource whose sample i lives in file "file-<i / per_file>".
+class FileBackedSource final : public FakeSource {
+ public:
+  FileBackedSource(int64_t n, int64_t per_file) : FakeSource(n, {}), per_file_(per_file) {}
+  std::string FileOf(int64_t index) const override {
+    return absl::StrCat("file-", index / per_file_);
+  }
+
+ private:
+  const int64_t per_file_;
+};
+
+// Records the files opened, in order; each is empty.
+class OpenRecordingFs final : public DatasetFs {
+ public:
+  absl::Status CheckPath(const std::string&) const override { return absl::OkStatus(); }
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFile(
+      const std::string& path) const override {
+    absl::MutexLock lock(&mutex_);
+    opened_.push_back(path);
+    return std::unique_ptr<RandomAccessFile>(new Empty(path));
+  }
+  absl::StatusOr<std::shared_ptr<const MappedFile>> MapFile(const std::string&) const override {
+    return absl::UnimplementedError("not here");
+  }
+  absl::StatusOr<std::vector<Entry>> ListDirectory(const std::string&) const override {
+    return absl::UnimplementedError("not here");
+  }
+  // The opens so far, once there are `count` (or after 10 s).
+  std::vector<std::string> Opened(size_t count) const {
+    absl::MutexLock lock(&mutex_);
+    auto enough = [&]() ABSL_SHARED_LOCKS_REQUIRED(mutex_) { return opened_.size() >= count; };
+    mutex_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+    return opened_;
+  }
+
+ private:
+  class Empty final : public RandomAccessFile {
+   public:
+    explicit Empty(std::string path) : RandomAccessFile(std::move(path), FileIdentity{}) {}
+    absl::StatusOr<size_t> ReadAt(uint64_t, absl::Span<uint8_t>) const override { return 0; }
+  };
+  mutable absl::Mutex mutex_;
+  mutable std::vector<std::string> opened_ ABSL_GUARDED_BY(mutex_);
 };
 
 struct EpochEndMsg {
@@ -198,6 +244,41 @@ TEST_F(PipelineTest, DeliversEveryBatchInOrderThenEpochEnd) {
   ASSERT_TRUE(end.has_value());
   EXPECT_EQ(std::get<EpochEndMsg>(*end).epoch, 0);
   p->Unbind(&c);
+}
+
+TEST_F(PipelineTest, FilesOfTheBatchesAfterTheSlotsAreReadAheadInTheSamplersOrder) {
+  ferry::v1::JobSpec spec;
+  spec.set_batch_size(4);
+  spec.set_world_size(2);
+  spec.set_shuffle(true);
+  spec.set_seed(11);
+  spec.set_drop_last(true);
+  // 80 samples, 2 a file: 10 batches a rank and epoch.
+  job_ = *Job::Create(JobIdentity{"jahead", "ahead", 1000, next_serial_++}, spec,
+                      std::make_unique<FileBackedSource>(80, 2));
+  auto fs = std::make_shared<OpenRecordingFs>();
+  job_->StartReadAhead(fs, {.connections = 1, .max_files = 1000, .max_bytes = 1 << 20, .ranks = 2});
+  ASSERT_NE(job_->read_ahead(), nullptr);
+  auto p = RankPipeline::Create(job_, /*rank=*/1, /*slots=*/2, -1, pool_.get(), &budget_);
+  ASSERT_TRUE(p.ok()) << p.status();
+  RecordingConsumer c;
+  ASSERT_TRUE((*p)->Bind(&c, 1).ok());
+  ASSERT_TRUE((*p)->StartEpoch(&c, 3, 0).ok());
+  // The two slots take batches 0 and 1 of epoch 3; the read-ahead goes on from batch 2 to
+  // the end of epoch 4, and no further.
+  std::vector<std::string> expected;
+  for (int64_t epoch = 3; epoch <= 4; ++epoch) {
+    for (int64_t batch = epoch == 3 ? 2 : 0; batch < 10; ++batch) {
+      for (const int64_t index : Expected(epoch, 1, batch)) {
+        const std::string file = absl::StrCat("file-", index / 2);
+        if (expected.empty() || expected.back() != file) expected.push_back(file);
+      }
+    }
+  }
+  EXPECT_EQ(fs->Opened(expected.size()), expected);
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(fs->Opened(0).size(), expected.size());
+  (*p)->Unbind(&c);
 }
 
 TEST_F(PipelineTest, PrefetchIsBoundedBySlots) {
@@ -1557,7 +1638,7 @@ TEST_F(PipelineTest, SlabCountsAgainstTheBudget) {
 // as RealFile::ReadAt counts one) or of decoding (spinning the CPU, no read).
 class SlowSource final : public SampleSource {
  public:
-  enum class Slow { kRead, kDecode };
+  enum class Slow { kRead, kRemoteRead, kDecode };
   SlowSource(int64_t n, Slow slow, absl::Duration cost) : n_(n), slow_(slow), cost_(cost) {
     fields_.push_back(FieldLayout{"value", ferry::v1::INT64, {}, 8});
     fields_.push_back(FieldLayout{"index", ferry::v1::INT64, {}, 8});
@@ -1571,6 +1652,10 @@ class SlowSource final : public SampleSource {
     if (slow_ == Slow::kRead) {
       absl::SleepFor(cost_);
       TallyRead(4096, absl::ToInt64Nanoseconds(absl::Now() - start));
+    } else if (slow_ == Slow::kRemoteRead) {  // an object comes into the cache, then is read
+      absl::SleepFor(cost_);
+      TallyRemoteWait(absl::ToInt64Nanoseconds(absl::Now() - start));
+      TallyRead(4096, 1000);
     } else {
       volatile uint64_t x = 0;
       while (absl::Now() - start < cost_) x = x + 1;
@@ -1633,6 +1718,15 @@ class StallTest : public PipelineTest {
     return status;
   }
 };
+
+TEST_F(StallTest, ReadsWaitingForARemoteStoreAreNamedRemoteRead) {
+  std::shared_ptr<Job> job = StallJob(
+      std::make_unique<SlowSource>(64, SlowSource::Slow::kRemoteRead, absl::Milliseconds(5)));
+  auto p = *RankPipeline::Create(job, 0, 2, -1, pool_.get(), &budget_);
+  const ferry::v1::RankStatus s = Consume(*p, absl::ZeroDuration(), /*report=*/true);
+  EXPECT_EQ(s.limiting_stage(), ferry::v1::LIMITED_BY_REMOTE_READ) << s.limiting_stage_note();
+  EXPECT_THAT(s.limiting_stage_note(), HasSubstr("waited for the remote store"));
+}
 
 TEST_F(StallTest, SlowReadsAreNamedRead) {
   std::shared_ptr<Job> job =

@@ -396,6 +396,11 @@ void RankPipeline::FreeHostSlotsLocked(const std::vector<int>& freed) {
 }
 
 void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
+  ScheduleSlotsLocked(tasks);
+  ReadAheadLocked();
+}
+
+void RankPipeline::ScheduleSlotsLocked(std::vector<WorkerPool::Task>* tasks) {
   if (!active_ || shutting_down_) return;
   std::vector<int64_t> indices;
   for (size_t s = 0; s < slots_.size(); ++s) {
@@ -459,6 +464,40 @@ void RankPipeline::ScheduleLocked(std::vector<WorkerPool::Task>* tasks) {
   }
 }
 
+void RankPipeline::ReadAheadLocked() {
+  ReadAhead* ahead = job_->read_ahead();
+  if (ahead == nullptr || !active_ || shutting_down_) return;
+  // The first batch the workers have not started: files of earlier ones leave the window.
+  const ReadAhead::BatchKey next{next_epoch_, next_batch_};
+  if (ahead_generation_ != generation_) {  // another deal, or another position in it
+    ahead->Reset(rank_);
+    ahead_generation_ = generation_;
+    ahead_ = next;
+  }
+  ahead->Reached(rank_, next);
+  if (ahead_ < next) ahead_ = next;
+  std::vector<int64_t> positions;
+  std::vector<std::string> files;
+  while (ahead->HasRoom(rank_)) {
+    if (ahead_.batch >= BatchesLocked(ahead_.epoch)) {
+      if (ahead_.epoch > next_epoch_) return;  // no further than the epoch after
+      ahead_ = ReadAhead::BatchKey{ahead_.epoch + 1, 0};
+      if (BatchesLocked(ahead_.epoch) == 0) return;
+    }
+    job_->sampler().BatchPositions(ahead_.epoch, rank_, ahead_.batch, &positions,
+                                   LayoutLocked(ahead_.epoch));
+    job_->sampler().MapPositions(ahead_.epoch, absl::MakeSpan(positions));
+    files.clear();
+    for (const int64_t index : positions) {
+      if (job_->IsQuarantined(index)) continue;
+      std::string file = job_->source().FileOf(index);
+      if (!file.empty()) files.push_back(std::move(file));
+    }
+    ahead->Add(rank_, ahead_, files);
+    ++ahead_.batch;
+  }
+}
+
 void RankPipeline::NoteTask(absl::Time start, absl::Time end, const ReadTally& reads_before,
                             int64_t filled, bool gather) {
   const ReadTally reads = ThisThreadReadTally();
@@ -470,6 +509,8 @@ void RankPipeline::NoteTask(absl::Time start, absl::Time end, const ReadTally& r
   const absl::Duration read = absl::Nanoseconds(reads.nanos - reads_before.nanos);
   // Spread like the task: the reads happened somewhere inside it.
   if (read > absl::ZeroDuration()) window_.AddInterval(kReadSeconds, end - read, end);
+  const absl::Duration remote = absl::Nanoseconds(reads.remote_nanos - reads_before.remote_nanos);
+  if (remote > absl::ZeroDuration()) window_.AddInterval(kRemoteSeconds, end - remote, end);
 }
 
 bool RankPipeline::FillRow(int slot, uint64_t generation, int row, int64_t index, int64_t epoch,
@@ -827,6 +868,7 @@ void RankPipeline::FillStatus(ferry::v1::RankStatus* status) const {
     f.starved_copy_seconds = sums[kStarvedCopy];
     f.task_seconds = sums[kTaskSeconds];
     f.read_seconds = sums[kReadSeconds];
+    f.remote_read_seconds = sums[kRemoteSeconds];
     f.worker_threads = worker_threads_;
     f.ready_batches = static_cast<int>(status->queue_depth());
     // Known once two samples were taken: the consumer has released batches for a while.

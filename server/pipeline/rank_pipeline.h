@@ -50,6 +50,7 @@
 #include "server/memory/memory_budget.h"
 #include "server/memory/shared_slab.h"
 #include "server/pipeline/job.h"
+#include "server/pipeline/read_ahead.h"
 #include "server/pipeline/worker_pool.h"
 #include "server/stats/latency_histogram.h"
 #include "server/stats/recent_window.h"
@@ -192,8 +193,14 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   // they finish) and makes the next StartEpoch schedule from its own position.
   void DropPrefetchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
-  // Takes free slots and hands their rows to the pool. Requires mutex_.
+  // Takes free slots and hands their rows to the pool (ScheduleSlotsLocked), then reads
+  // ahead.
   void ScheduleLocked(std::vector<WorkerPool::Task>* tasks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void ScheduleSlotsLocked(std::vector<WorkerPool::Task>* tasks)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Adds the files of the batches after those scheduled to the job's ReadAhead, while the
+  // rank's lane has room, at most into the epoch after the one being scheduled.
+  void ReadAheadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // True when the row holds a sample (or a substitute) read now; false for a stale row,
   // a zeroed one or a failed job.
   bool FillRow(int slot, uint64_t generation, int row, int64_t index, int64_t epoch, bool gather,
@@ -234,6 +241,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
     kStarvedCopy,    // of that, the next batch filled, its copy not yet complete
     kTaskSeconds,    // worker time on this rank's fill tasks
     kReadSeconds,    // of that, in dataset file reads
+    kRemoteSeconds,  // of those, waiting for remote objects to come into the node cache
     kCpuWait,        // the consumer's main thread waited for a CPU (run_delay.h)
     kNumWindowFigures
   };
@@ -290,6 +298,9 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   bool delivering_ ABSL_GUARDED_BY(mutex_) = false;
   int64_t next_seq_ ABSL_GUARDED_BY(mutex_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mutex_) = false;
+  // The next batch whose files go to the job's ReadAhead, for the deal of ahead_generation_.
+  ReadAhead::BatchKey ahead_ ABSL_GUARDED_BY(mutex_);
+  uint64_t ahead_generation_ ABSL_GUARDED_BY(mutex_) = 0;
   absl::Status shutdown_reason_ ABSL_GUARDED_BY(mutex_);
   absl::Time stopped_at_ ABSL_GUARDED_BY(mutex_);
   // EndStreamIfStoppedBefore: the consumer is told though it still holds batches.

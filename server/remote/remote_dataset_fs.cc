@@ -15,6 +15,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "server/dataset/mapped_file.h"
 
@@ -28,9 +30,13 @@ class CachedFile final : public RandomAccessFile {
       : RandomAccessFile(std::move(path), identity), pin_(std::move(pin)) {}
 
   absl::StatusOr<size_t> ReadAt(uint64_t offset, absl::Span<uint8_t> out) const override {
+    const absl::Time start = absl::Now();
     while (true) {
       const ssize_t n = ::pread(pin_.fd(), out.data(), out.size(), static_cast<off_t>(offset));
-      if (n >= 0) return static_cast<size_t>(n);
+      if (n >= 0) {
+        TallyRead(static_cast<uint64_t>(n), absl::ToInt64Nanoseconds(absl::Now() - start));
+        return static_cast<size_t>(n);
+      }
       if (errno != EINTR) return FileErrnoStatus(errno, "cannot read", path());
     }
   }
@@ -158,7 +164,14 @@ class RemoteDatasetFs final : public DatasetFs {
   };
 
   // The object's cache entry, fetched whole when absent, once these credentials may read it.
+  // The time it takes is the calling thread's remote wait (TallyRemoteWait).
   absl::StatusOr<Fetched> Fetch(const std::string& path) const {
+    const absl::Time start = absl::Now();
+    absl::StatusOr<Fetched> fetched = FetchUntimed(path);
+    TallyRemoteWait(absl::ToInt64Nanoseconds(absl::Now() - start));
+    return fetched;
+  }
+  absl::StatusOr<Fetched> FetchUntimed(const std::string& path) const {
     FERRY_ASSIGN_OR_RETURN(const ObjectLocation where, ObjectLocation::Parse(path));
     FERRY_ASSIGN_OR_RETURN(const StoreClient::ObjectInfo info, Head(where, path));
     ObjectCache::Key key;

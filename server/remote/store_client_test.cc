@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
+#include "server/remote/remote_dataset_fs.h"
 
 namespace ferry {
 namespace {
@@ -347,6 +349,29 @@ TEST_F(StoreClientTest, BucketsGoInThePathOrTheHostName) {
             "https://my-data.r2.example/shards/train%200.tar");
   const ObjectLocation dotted = *ObjectLocation::Parse("s3://my.data/x");
   EXPECT_EQ(StoreClient({}).UrlOf(dotted), "https://s3.us-east-1.amazonaws.com/my.data/x");
+}
+
+TEST_F(StoreClientTest, AWorkersWaitForAnObjectIsARemoteReadAndItsReadsAreLocalOnes) {
+  char dir[] = "/tmp/store_client_test_cache_XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  auto cache = ObjectCache::Open({.dir = dir, .capacity_bytes = 1 << 20});
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  std::shared_ptr<const DatasetFs> fs =
+      MakeRemoteDatasetFs(nullptr, *std::move(cache), std::make_shared<StoreClient>(Options()));
+  const ReadTally before = ThisThreadReadTally();
+  auto file = fs->OpenFile("s3://bucket/dir/obj.bin");
+  ASSERT_TRUE(file.ok()) << file.status();
+  const ReadTally opened = ThisThreadReadTally();
+  EXPECT_GT(opened.remote_nanos, before.remote_nanos);  // the HEAD and the download
+  EXPECT_EQ(opened.nanos - before.nanos, opened.remote_nanos - before.remote_nanos);
+  EXPECT_EQ(opened.bytes, before.bytes);
+  std::vector<uint8_t> out(1000);
+  ASSERT_EQ(*ReadUpTo(**file, 10, absl::MakeSpan(out)), out.size());
+  const ReadTally read = ThisThreadReadTally();
+  EXPECT_EQ(read.bytes - opened.bytes, 1000u);  // read from the cache: a local read
+  EXPECT_EQ(read.remote_nanos, opened.remote_nanos);
+  file->reset();
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(StoreClientTest, LocationsParseOrSayWhy) {

@@ -150,6 +150,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       job_options.remote_fetch_connections =
           static_cast<int>(std::min<uint32_t>(remote.fetch_connections(), 256));
     }
+    if (remote.has_read_ahead_objects()) {
+      job_options.remote_read_ahead_objects = remote.read_ahead_objects();
+    }
+    if (remote.read_ahead_bytes() > 0) {
+      job_options.remote_read_ahead_bytes = remote.read_ahead_bytes();
+    }
   }
   d->pinned_budget_ =
       std::make_unique<MemoryBudget>("pinned memory budget", "pinned_memory_budget_bytes",

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -118,6 +119,18 @@ void JobManager::FillRemoteStatus(ferry::v1::DaemonStatus* status) const {
     retries->set_count(static_cast<int64_t>(read(*counter)));
   }
 }
+
+namespace {
+
+// Whether any path the dataset names (a file, shard or folder) is a remote object's.
+bool DatasetReadsRemote(const ferry::v1::DatasetSpec& dataset) {
+  absl::StatusOr<std::vector<std::string>> paths = DatasetPaths(dataset);
+  return paths.ok() && absl::c_any_of(*paths, [](const std::string& path) {
+           return ObjectLocation::IsRemote(path);
+         });
+}
+
+}  // namespace
 
 absl::Status JobManager::CheckDataset(const ferry::v1::JobSpec& spec) const {
   FERRY_ASSIGN_OR_RETURN(std::vector<std::string> paths, DatasetPaths(spec.dataset()));
@@ -312,8 +325,17 @@ absl::StatusOr<std::shared_ptr<Job>> JobManager::OpenJob(
                  options_.remote_cache->stats().capacity_bytes / 2);
     }
   }
-  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Job> job,
-                         Job::Create(identity, spec, std::move(fs), source_options));
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, Job::Create(identity, spec, fs, source_options));
+  if (options_.remote_cache != nullptr && options_.remote_read_ahead_objects > 0 &&
+      DatasetReadsRemote(spec.dataset())) {
+    job->StartReadAhead(
+        std::move(fs),
+        ReadAhead::Options{.connections = options_.remote_fetch_connections,
+                           .max_files = options_.remote_read_ahead_objects,
+                           .max_bytes = std::min(options_.remote_read_ahead_bytes,
+                                                 options_.remote_cache->stats().capacity_bytes / 4),
+                           .ranks = static_cast<int>(std::max<uint32_t>(1, spec.world_size()))});
+  }
   if (DatasetHasImages(spec.dataset())) {
     if (cuda && job->gpu_decode() == nullptr && gpu_decode_note.empty()) {
       gpu_decode_note =

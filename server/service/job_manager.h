@@ -55,6 +55,10 @@ class JobManager final {
     // RemoteStorage.fetch_connections: downloads at once when a job fetches its objects
     // ahead of indexing them (FetchAhead).
     int remote_fetch_connections = 16;
+    // RemoteStorage.read_ahead_objects and read_ahead_bytes, per job (ReadAhead); 0 objects:
+    // no reading ahead.
+    int64_t remote_read_ahead_objects = 512;
+    uint64_t remote_read_ahead_bytes = 2ull << 30;
     bool allow_any_dataset = false;             // per-user daemon with no roots configured
     bool follow_symlinks_within_roots = false;  // DaemonConfig's (DatasetAccess)
     std::string config_path;                    // for error messages

@@ -94,12 +94,18 @@ LimitingStageVerdict DecideLimitingStage(const LimitingStageFigures& f) {
           : "";
   const std::string reads = absl::StrCat("; workers spent ", Percent(read_share), " of their ",
                                          Seconds(f.task_seconds), " on its tasks in dataset reads");
-  if (read_share >= kReadShare) {
-    v.stage = ferry::v1::LIMITED_BY_READ;
-  } else {
-    v.stage = ferry::v1::LIMITED_BY_DECODE;
-  }
   v.note = absl::StrCat(waited, filling, reads, busy);
+  if (read_share < kReadShare) {
+    v.stage = ferry::v1::LIMITED_BY_DECODE;
+  } else if (f.remote_read_seconds >= kReadShare * f.read_seconds) {
+    v.stage = ferry::v1::LIMITED_BY_REMOTE_READ;
+    absl::StrAppend(&v.note, "; ", Percent(std::min(1.0, f.remote_read_seconds / f.read_seconds)),
+                    " of the reads waited for the remote store (raise the remote section's "
+                    "fetch_connections or read_ahead_objects; ferryctl status shows the "
+                    "transfers)");
+  } else {
+    v.stage = ferry::v1::LIMITED_BY_READ;
+  }
   return v;
 }
 

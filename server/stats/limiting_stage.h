@@ -18,6 +18,9 @@
 //   in order while it had none:
 //   COPY         the next batch was filled and its copy to the GPU not complete (waiting
 //                for a free device slot, or copying) more often than it was still filling.
+//   REMOTE_READ  it was filling, the workers spent at least kReadShare of their time on the
+//                rank's tasks inside dataset file reads, and at least kReadShare of those
+//                waiting for a remote store to bring objects into the node cache.
 //   READ         it was filling, and the workers spent at least kReadShare of their time on
 //                the rank's tasks inside dataset file reads.
 //   DECODE       it was filling, the workers mostly not reading: they are saturated
@@ -43,6 +46,7 @@ struct LimitingStageFigures {
   double starved_copy_seconds = 0;  // ferryd had no batch to send, the next one copying
   double task_seconds = 0;          // worker time spent on the rank's fill tasks
   double read_seconds = 0;          // of which inside dataset file reads
+  double remote_read_seconds = 0;   // of those, waiting for remote objects (node cache fills)
   int worker_threads = 0;           // threads that serve the rank's tasks
   int ready_batches = 0;            // batches ready to send now (queue_depth)
   // The trainer's main thread waited for a CPU (run_delay.h); negative when not known.

@@ -208,6 +208,22 @@ TEST(LimitingStageTest, WaitingMostlyOnReadsIsRead) {
   EXPECT_THAT(v.note, HasSubstr("workers busy 80% of 2 threads"));
 }
 
+TEST(LimitingStageTest, ReadsMostlyWaitingForTheRemoteStoreAreRemoteRead) {
+  LimitingStageFigures f = Stalled();
+  f.read_seconds = 12;
+  f.remote_read_seconds = 9;
+  LimitingStageVerdict v = DecideLimitingStage(f);
+  EXPECT_EQ(v.stage, ferry::v1::LIMITED_BY_REMOTE_READ);
+  EXPECT_THAT(v.note, HasSubstr("75% of their 16.0 s on its tasks in dataset reads"));
+  EXPECT_THAT(v.note, HasSubstr("75% of the reads waited for the remote store"));
+  EXPECT_THAT(v.note, HasSubstr("read_ahead_objects"));
+  f.remote_read_seconds = 5;  // most reads are local ones (cache hits, local files)
+  EXPECT_EQ(DecideLimitingStage(f).stage, ferry::v1::LIMITED_BY_READ);
+  f.read_seconds = 4;  // few reads at all: the workers decode
+  f.remote_read_seconds = 4;
+  EXPECT_EQ(DecideLimitingStage(f).stage, ferry::v1::LIMITED_BY_DECODE);
+}
+
 TEST(LimitingStageTest, WaitingOnBusyWorkersNotReadingIsDecode) {
   const LimitingStageVerdict v = DecideLimitingStage(Stalled());
   EXPECT_EQ(v.stage, ferry::v1::LIMITED_BY_DECODE);

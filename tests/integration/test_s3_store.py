@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import unittest
 import urllib.request
 
@@ -96,9 +97,10 @@ def upload_image_folder(store, local):
     return images
 
 
-def remote_config(store, cache_bytes):
-    config = ('remote { cache_dir: "%%s/cache" cache_bytes: %d s3_endpoint: "%s" }'
-              % (cache_bytes, store.endpoint))
+def remote_config(store, cache_bytes, settings=""):
+    """settings: more RemoteStorage fields, in text format."""
+    config = ('remote { cache_dir: "%%s/cache" cache_bytes: %d s3_endpoint: "%s" %s }'
+              % (cache_bytes, store.endpoint, settings))
     return lambda d: config % d
 
 
@@ -361,6 +363,63 @@ class FetchAheadTest(StoreTestCase):
         with urllib.request.urlopen(self.store.endpoint + "/__stats", timeout=30) as answer:
             stats = json.loads(answer.read())
         self.assertGreaterEqual(stats["most_gets_at_once"], 4)
+
+
+def store_stats(store):
+    with urllib.request.urlopen(store.endpoint + "/__stats", timeout=30) as answer:
+        return json.loads(answer.read())
+
+
+class ReadAheadTest(StoreTestCase):
+    """While an epoch runs, ferryd fetches the images of the ranks' next batches in the order
+    the sampler deals them, ahead of the workers: the trainer holds its first batch, and
+    meanwhile the store serves every image of the epoch, one at a time (fetch_connections 1),
+    in the order the batches then deliver them; the rest of the epoch downloads nothing."""
+
+    PREFETCH = 2
+
+    @classmethod
+    def setUpClass(cls):
+        cls.store = S3Server()
+        cls.local = ferry_it.short_tempdir("ferry-s3-")
+        cls.images = upload_image_folder(cls.store, cls.local)
+        with trainer_environment():
+            cls.daemon = ferry_it.FerryDaemon(config=remote_config(
+                cls.store, 100000000, "fetch_connections: 1 read_ahead_objects: 1000"))
+
+    def test_the_next_batches_images_are_fetched_in_the_samplers_order(self):
+        samples = ferry_it.expected_samples(self.images)
+        count = len(samples)
+        with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
+            loader = ferry.Loader(ferry.ImageFolder("s3://bucket/images"), batch_size=2,
+                                  shuffle=True, seed=3, prefetch=self.PREFETCH,
+                                  address=self.daemon.address, as_numpy=True, timeout=60,
+                                  transform=ferry.CenterCrop(24))
+        try:
+            batches = iter(loader)
+            order = next(batches)["index"].tolist()
+            deadline = time.monotonic() + 60
+            while len(store_stats(self.store)["gets"]) < count:
+                self.assertLess(time.monotonic(), deadline,
+                                "the images of the batches after the first were not fetched "
+                                "while the trainer held its first batch: %s"
+                                % store_stats(self.store)["gets"])
+                time.sleep(0.05)
+            for batch in batches:
+                order.extend(batch["index"].tolist())
+        finally:
+            loader.close()
+        self.assertEqual(sorted(order), list(range(count)))
+        gets = store_stats(self.store)["gets"]
+        self.assertEqual(len(gets), count, "an image was downloaded twice, or late")
+        keys = ["/bucket/" + os.path.relpath(samples[i][0], self.local) for i in order]
+        self.assertEqual(sorted(gets), sorted(keys))
+        # The workers fetch the images of the batches they start themselves (at most the
+        # slots, and one more once the trainer gave its first batch back); the read-ahead
+        # fetched all the others, in the order they were delivered.
+        by_workers = set(keys[:2 * (self.PREFETCH + 1)])
+        self.assertEqual([k for k in gets if k not in by_workers],
+                         [k for k in keys if k not in by_workers])
 
 
 class KillMidDownloadTest(StoreTestCase):

@@ -475,9 +475,9 @@ struct RankStatus {
   uint64_t batches_gathered = 0;
   // Over the last stall_window_seconds: the fraction of wall time the trainer waited for a
   // batch (exact when the client reports its waits, as this library does), the stage that
-  // limits the rank ("trainer", "trainer_cpu", "read", "decode", "copy"; empty while
-  // unknown) and why, and the fraction of it the consumer's main thread waited for a CPU
-  // (-1: not known; "trainer_cpu" when high while the stall ratio is low).
+  // limits the rank ("trainer", "trainer_cpu", "read", "remote_read", "decode", "copy";
+  // empty while unknown) and why, and the fraction of it the consumer's main thread waited
+  // for a CPU (-1: not known; "trainer_cpu" when high while the stall ratio is low).
   double stall_ratio = 0;
   double stall_window_seconds = 0;
   std::string limiting_stage;

@@ -1,0 +1,172 @@
+// ReadAhead: each rank's lane opened in batch order, lanes in turn, bounded in files and
+// bytes, and files the workers reached first left to them.
+#include "server/pipeline/read_ahead.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ferry {
+namespace {
+
+using ::testing::ElementsAre;
+
+// Every file is `bytes` long. Records the opens as they start; with `hold_first`, the
+// first open waits until Release().
+class RecordingFs final : public DatasetFs {
+ public:
+  explicit RecordingFs(uint64_t bytes, bool hold_first = false)
+      : bytes_(bytes), held_(!hold_first) {}
+
+  absl::Status CheckPath(const std::string&) const override { return absl::OkStatus(); }
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFile(
+      const std::string& path) const override {
+    absl::MutexLock lock(&mutex_);
+    opened_.push_back(path);
+    if (opened_.size() == 1) {
+      auto released = [this]() ABSL_SHARED_LOCKS_REQUIRED(mutex_) { return held_; };
+      mutex_.AwaitWithTimeout(absl::Condition(&released), absl::Seconds(10));
+    }
+    if (path.find("missing") != std::string::npos) return absl::NotFoundError(path);
+    return std::unique_ptr<RandomAccessFile>(new Empty(path, bytes_));
+  }
+  absl::StatusOr<std::shared_ptr<const MappedFile>> MapFile(const std::string&) const override {
+    return absl::UnimplementedError("not here");
+  }
+  absl::StatusOr<std::vector<Entry>> ListDirectory(const std::string&) const override {
+    return absl::UnimplementedError("not here");
+  }
+
+  void Release() {
+    absl::MutexLock lock(&mutex_);
+    held_ = true;
+  }
+  // The opens started so far, once there are `count` (or after 10 s).
+  std::vector<std::string> Opened(size_t count) const {
+    absl::MutexLock lock(&mutex_);
+    auto enough = [&]() ABSL_SHARED_LOCKS_REQUIRED(mutex_) { return opened_.size() >= count; };
+    mutex_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+    return opened_;
+  }
+
+ private:
+  class Empty final : public RandomAccessFile {
+   public:
+    Empty(std::string path, uint64_t bytes)
+        : RandomAccessFile(std::move(path), FileIdentity{.size = bytes}) {}
+    absl::StatusOr<size_t> ReadAt(uint64_t, absl::Span<uint8_t>) const override { return 0; }
+  };
+
+  const uint64_t bytes_;
+  mutable absl::Mutex mutex_;
+  bool held_ ABSL_GUARDED_BY(mutex_);
+  mutable std::vector<std::string> opened_ ABSL_GUARDED_BY(mutex_);
+};
+
+// Waits until the read-ahead has opened (or failed) `count` files.
+ReadAhead::Stats WaitForOpens(const ReadAhead& ahead, int64_t count) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  ReadAhead::Stats stats = ahead.stats();
+  while (stats.opened + stats.failed < count && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+    stats = ahead.stats();
+  }
+  return stats;
+}
+
+TEST(ReadAheadTest, OpensALanesFilesInBatchOrderUpToItsShareOfTheWindow) {
+  auto fs = std::make_shared<RecordingFs>(10);
+  ReadAhead ahead(fs, {.connections = 1, .max_files = 6, .max_bytes = 1 << 20, .ranks = 2});
+  ASSERT_TRUE(ahead.HasRoom(0));
+  ahead.Add(0, {0, 0}, {"a", "b"});
+  ASSERT_TRUE(ahead.HasRoom(0));  // 2 files of the lane's 3
+  ahead.Add(0, {0, 1}, {"c", "d"});
+  EXPECT_FALSE(ahead.HasRoom(0));
+  EXPECT_TRUE(ahead.HasRoom(1));   // the other rank's share is its own
+  EXPECT_FALSE(ahead.HasRoom(2));  // no such rank
+  EXPECT_THAT(fs->Opened(4), ElementsAre("a", "b", "c", "d"));
+  ReadAhead::Stats stats = WaitForOpens(ahead, 4);
+  EXPECT_EQ(stats.opened, 4);
+  EXPECT_EQ(stats.in_window, 4);
+  EXPECT_EQ(stats.bytes_in_window, 40u);
+  ahead.Reached(0, {0, 1});  // the workers start batch 1: batch 0's files leave
+  EXPECT_TRUE(ahead.HasRoom(0));
+  stats = ahead.stats();
+  EXPECT_EQ(stats.in_window, 2);
+  EXPECT_EQ(stats.bytes_in_window, 20u);
+  EXPECT_EQ(stats.skipped, 0);
+}
+
+TEST(ReadAheadTest, ALaneIsFullOnceTheBytesOfItsOpenedFilesReachItsShare) {
+  auto fs = std::make_shared<RecordingFs>(100);
+  ReadAhead ahead(fs, {.connections = 2, .max_files = 100, .max_bytes = 500, .ranks = 2});
+  for (int64_t batch = 0; batch < 3; ++batch) {
+    ASSERT_TRUE(ahead.HasRoom(1));
+    ahead.Add(1, {0, batch}, {"f" + std::to_string(batch)});
+  }
+  WaitForOpens(ahead, 3);
+  EXPECT_FALSE(ahead.HasRoom(1));  // 300 bytes open, over the lane's 250
+  ahead.Reached(1, {0, 2});
+  EXPECT_TRUE(ahead.HasRoom(1));  // 100
+  EXPECT_TRUE(ahead.HasRoom(0));
+}
+
+TEST(ReadAheadTest, FilesOfBatchesTheWorkersStartedAreLeftToThem) {
+  auto fs = std::make_shared<RecordingFs>(10, /*hold_first=*/true);
+  ReadAhead ahead(fs, {.connections = 1, .max_files = 100, .max_bytes = 1 << 20, .ranks = 1});
+  ahead.Add(0, {0, 0}, {"a"});
+  ASSERT_THAT(fs->Opened(1), ElementsAre("a"));  // held open
+  ahead.Add(0, {0, 1}, {"b"});
+  ahead.Add(0, {0, 2}, {"c"});
+  ahead.Add(0, {1, 0}, {"d"});
+  ahead.Reached(0, {0, 2});  // the workers got to batch 2 before "b" was opened here
+  fs->Release();
+  EXPECT_THAT(fs->Opened(3), ElementsAre("a", "c", "d"));
+  const ReadAhead::Stats stats = WaitForOpens(ahead, 3);
+  EXPECT_EQ(stats.skipped, 1);
+  EXPECT_EQ(stats.in_window, 2);          // c and d
+  EXPECT_EQ(stats.bytes_in_window, 20u);  // "a" opened after it left the lane counts nothing
+}
+
+TEST(ReadAheadTest, LanesAreOpenedInTurn) {
+  auto fs = std::make_shared<RecordingFs>(10, /*hold_first=*/true);
+  ReadAhead ahead(fs, {.connections = 1, .max_files = 100, .max_bytes = 1 << 20, .ranks = 2});
+  ahead.Add(0, {0, 0}, {"a0", "a1", "a2"});
+  ASSERT_THAT(fs->Opened(1), ElementsAre("a0"));
+  ahead.Add(1, {0, 0}, {"b0", "b1", "b2"});
+  fs->Release();
+  EXPECT_THAT(fs->Opened(6), ElementsAre("a0", "b0", "a1", "b1", "a2", "b2"));
+}
+
+TEST(ReadAheadTest, ASampleInTheSameFileAsThePreviousOneAddsNothing) {
+  auto fs = std::make_shared<RecordingFs>(10);
+  ReadAhead ahead(fs, {.connections = 1, .max_files = 100, .max_bytes = 1 << 20, .ranks = 1});
+  ahead.Add(0, {0, 0}, {"shard-0", "shard-0", "shard-1"});
+  ahead.Add(0, {0, 1}, {"shard-1", "shard-2"});
+  ahead.Add(0, {0, 1}, {"again"});  // not after the last batch added: ignored
+  EXPECT_THAT(fs->Opened(3), ElementsAre("shard-0", "shard-1", "shard-2"));
+  EXPECT_EQ(WaitForOpens(ahead, 3).in_window, 3);
+  EXPECT_EQ(ahead.LastAdded(0), (ReadAhead::BatchKey{0, 1}));
+}
+
+TEST(ReadAheadTest, FailedOpensAreCountedAndResetEmptiesTheLane) {
+  auto fs = std::make_shared<RecordingFs>(10);
+  ReadAhead ahead(fs, {.connections = 1, .max_files = 100, .max_bytes = 1 << 20, .ranks = 1});
+  ahead.Add(0, {0, 0}, {"missing", "here"});
+  ReadAhead::Stats stats = WaitForOpens(ahead, 2);
+  EXPECT_EQ(stats.failed, 1);
+  EXPECT_EQ(stats.opened, 1);
+  ahead.Reset(0);
+  EXPECT_EQ(ahead.stats().in_window, 0);
+  EXPECT_FALSE(ahead.LastAdded(0).has_value());
+  ahead.Add(0, {0, 0}, {"again"});  // after a reset any batch starts the lane
+  EXPECT_THAT(fs->Opened(3), ElementsAre("missing", "here", "again"));
+}
+
+}  // namespace
+}  // namespace ferry
