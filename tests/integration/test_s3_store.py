@@ -6,6 +6,7 @@ refused, though another job already brought the objects into the node's cache, a
 secret appears in what ferryd says, shows or logs."""
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -30,6 +31,8 @@ import megatron_indexed  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SERVE = os.path.join(ROOT, "testing", "s3rver", "serve.js")
 ALICE = ("AKIDALICEFERRY", "alice-secret-never-shown")
+BOB = ("AKIDBOBFERRY", "bob-secret-never-shown")
+NOBODY = 65534
 AWS_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
                  "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_REGION",
                  "AWS_DEFAULT_REGION")
@@ -39,15 +42,17 @@ class S3Server:
     """serve.js on an unused port, storing under a temporary directory; a private bucket
     "bucket" that ALICE's key pair may read; objects are uploaded unsigned."""
 
-    def __init__(self, **env):
-        """env: serve.js's settings (S3RVER_FLAKY, S3RVER_GATHER)."""
+    def __init__(self, users=(ALICE,), **env):
+        """users: the key pairs the store accepts. env: serve.js's settings (S3RVER_FLAKY,
+        S3RVER_GATHER)."""
         if not os.path.isdir(os.path.join(ROOT, "testing", "s3rver", "node_modules")):
             raise RuntimeError(
                 "s3rver is not installed: run `npm ci --prefix testing/s3rver` "
                 "(scripts/test.sh does)")
         self.dir = tempfile.mkdtemp(prefix="ferry-s3rver-")
         self.process = subprocess.Popen(
-            ["node", SERVE, self.dir, "bucket", "%s:%s" % ALICE], stdout=subprocess.PIPE,
+            ["node", SERVE, self.dir, "bucket"] + ["%s:%s" % pair for pair in users],
+            stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True,
             env=dict(os.environ, **env))
         line = self.process.stdout.readline()
@@ -420,6 +425,79 @@ class ReadAheadTest(StoreTestCase):
         by_workers = set(keys[:2 * (self.PREFETCH + 1)])
         self.assertEqual([k for k in gets if k not in by_workers],
                          [k for k in keys if k not in by_workers])
+
+
+OTHER_UID_SCRIPT = r"""
+import hashlib, json, sys
+import ferry
+shards, address = sys.argv[1], sys.argv[2]
+try:
+    loader = ferry.Loader(ferry.TokenShards(shards, 31), batch_size=9, address=address,
+                          as_numpy=True, timeout=60)
+    digest = hashlib.sha256()
+    for batch in loader:
+        digest.update(batch["tokens"].tobytes())
+    loader.close()
+    print(json.dumps({"digest": digest.hexdigest()}))
+except ferry.FerryError as e:
+    print(json.dumps({"code": e.code, "message": str(e)}))
+"""
+
+
+@unittest.skipUnless(os.geteuid() == 0, "needs root: the second user runs as uid %d" % NOBODY)
+class OtherUidTest(StoreTestCase):
+    """One ferryd that two users reach (its sockets 0666): root's job brings the shards into
+    the node cache; uid nobody's job is served them only with credentials the store accepts
+    for them (Bob's), and downloads nothing; with none it is refused though they are cached."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.store = S3Server(users=(ALICE, BOB))
+        cls.local = ferry_it.short_tempdir("ferry-s3-")
+        path = os.path.join(cls.local, "shard.bin")
+        np.random.default_rng(5).integers(0, 2**16, size=5000, dtype=np.uint16).tofile(path)
+        with open(path, "rb") as f:
+            cls.store.put("train/shard.bin", f.read())
+        with trainer_environment():
+            cls.daemon = ferry_it.FerryDaemon(
+                config=lambda d: "unix_socket_mode: 0666\n" + remote_config(cls.store, 10**8)(d),
+                dir_mode=0o755)
+
+    def as_nobody(self, **aws):
+        env = {"PYTHONPATH": os.environ["PYTHONPATH"], "PYTHONDONTWRITEBYTECODE": "1",
+               "HOME": "/", "PATH": "/usr/bin:/bin"}
+        env.update(aws)
+        proc = subprocess.run(
+            ["setpriv", "--reuid=%d" % NOBODY, "--regid=%d" % NOBODY, "--clear-groups",
+             sys.executable, "-c", OTHER_UID_SCRIPT, "s3://bucket/train/shard.bin",
+             self.daemon.address],
+            capture_output=True, text=True, timeout=120, env=env, cwd="/")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        return json.loads(proc.stdout)
+
+    def downloaded(self):
+        out = ferry_it.run_ferryctl(self.daemon.address, "--json", "status")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        return int(json.loads(out.stdout)["daemon"]["remote"].get("downloaded_bytes", 0))
+
+    def test_another_users_job_is_served_the_cache_only_with_access(self):
+        with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
+            loader = ferry.Loader(ferry.TokenShards("s3://bucket/train/shard.bin", 31),
+                                  batch_size=9, address=self.daemon.address, as_numpy=True,
+                                  timeout=60)
+            digest = hashlib.sha256()
+            for batch in loader:
+                digest.update(batch["tokens"].tobytes())
+            loader.close()
+        cached = self.downloaded()
+        self.assertGreaterEqual(cached, 10000)
+        refused = self.as_nobody()  # no credentials: unsigned requests, a private bucket
+        self.assertEqual(refused.get("code"), "PERMISSION_DENIED", refused)
+        self.assertIn("AccessDenied", refused["message"])
+        self.assertIn("s3://bucket/train/shard.bin", refused["message"])
+        served = self.as_nobody(AWS_ACCESS_KEY_ID=BOB[0], AWS_SECRET_ACCESS_KEY=BOB[1])
+        self.assertEqual(served, {"digest": digest.hexdigest()})
+        self.assertEqual(self.downloaded(), cached)  # Bob's job read root's download
 
 
 class KillMidDownloadTest(StoreTestCase):
