@@ -254,6 +254,28 @@ class ElasticResumeTest(unittest.TestCase):
         self.assertEqual(refused.exception.code, "FAILED_PRECONDITION")
         self.assertIn("must load the same state_dict", refused.exception.message)
 
+    def test_refuses_a_state_of_a_newer_format_and_one_whose_dataset_changed_size(self):
+        path = os.path.join(self.daemon.dir, "growing.bin")
+        (np.arange(61) % 50000).astype(np.uint16).tofile(path)
+        loader = ferry.Loader(ferry.Tokens(path, 4), batch_size=2, world_size=2, rank=0,
+                              address=self.daemon.address, as_numpy=True, timeout=30)
+        self.addCleanup(loader.close)
+        self.take([loader], 1)
+        state = loader.state_dict()
+        newer = self.loaders("tokens", 2, 2)[0]
+        with self.assertRaisesRegex(ValueError, r"state\['format'\] is 3; this ferry reads "
+                                    r"format 2 .* needs that ferry"):
+            newer.load_state_dict(dict(state, format=3))
+        # The same file, grown by 40 tokens (10 windows): the state's positions are not this
+        # dataset's any more.
+        (np.arange(101) % 50000).astype(np.uint16).tofile(path)
+        grown = ferry.Loader(ferry.Tokens(path, 4), batch_size=3, world_size=2, rank=0,
+                             address=self.daemon.address, as_numpy=True, timeout=30)
+        self.addCleanup(grown.close)
+        with self.assertRaisesRegex(ValueError, "saved with 15 positions per epoch, this "
+                                    "Loader's dataset has 25: the dataset changed"):
+            grown.load_state_dict(state)
+
     def test_a_state_of_the_older_form_is_read_at_this_world_size_with_a_warning(self):
         ref = self.take_closing(self.loaders("tokens", 2, 3))
         loader = self.loaders("tokens", 2, 3)[0]
@@ -314,6 +336,7 @@ class ElasticResumeAcrossRestartsTest(unittest.TestCase):
         # saves (the ranks' prefetch reads on).
         for s in states:
             self.assertEqual((s["epoch"], s["consumed"]), (0, [[0, 16]]))
+        self.daemon.restart(signal.SIGKILL)
         second = self.run_ranks("three", 3, 3, pause_after=1, resume=states[0])
         state2 = second[0]["state"]
         self.assertEqual(state2["consumed"], [[0, 16 + 9]])
