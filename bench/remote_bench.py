@@ -68,7 +68,8 @@ class Store:
         serve = os.path.join(REPO, "testing", "s3rver", "serve.js")
         if not os.path.isdir(os.path.join(REPO, "testing", "s3rver", "node_modules")):
             sys.exit("s3rver is not installed: npm ci --prefix testing/s3rver")
-        self.process = subprocess.Popen(["node", serve, directory, "bucket"],
+        self.process = subprocess.Popen(["node", "--openssl-legacy-provider", serve, directory,
+                                         "bucket"],
                                         stdout=subprocess.PIPE, text=True,
                                         env=dict(os.environ, S3RVER_PUBLIC="1"))
         line = self.process.stdout.readline()

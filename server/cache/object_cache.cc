@@ -83,6 +83,7 @@ struct ObjectCache::State {
     uint64_t bytes = 0;
     bool ready = false;
     bool failed = false;
+    bool evicted = false;  // gone from the cache (a caller that waited for it looks again)
     absl::Status failure;
     int pins = 0;
     std::list<Entry*>::iterator recency;  // in `lru` once ready
@@ -114,7 +115,8 @@ struct ObjectCache::State {
     lru.erase(e->recency);
     used -= e->bytes;
     ++stats.evictions;
-    entries.erase(e->name);  // destroys *e
+    e->evicted = true;
+    entries.erase(e->name);  // destroys *e unless a caller waiting for it holds it
   }
 
   // Evicts least recently used unpinned entries until `bytes` more fit.
@@ -282,15 +284,20 @@ absl::StatusOr<ObjectCache::Pin> ObjectCache::Get(const Key& key, uint64_t bytes
   bool filler = false;
   {
     absl::MutexLock lock(&s.mutex);
+    // An entry found may be evicted while this caller waits for its fill to end (its filler
+    // read it and let it go, and another Get made room): then look again.
     auto it = s.entries.find(name);
-    if (it != s.entries.end()) {
+    for (; it != s.entries.end(); it = s.entries.find(name)) {
       entry = it->second;
-      ++s.stats.hits;
       State::Entry* e = entry.get();
       // Another caller is filling it: wait for the outcome.
       s.mutex.Await(absl::Condition(
-          +[](State::Entry* x) { return x->ready || x->failed; }, e));
+          +[](State::Entry* x) { return x->ready || x->failed || x->evicted; }, e));
       if (e->failed) return e->failure;
+      if (!e->evicted) break;
+    }
+    if (it != s.entries.end()) {
+      ++s.stats.hits;
     } else {
       if (bytes > s.capacity) {
         return absl::ResourceExhaustedError(absl::StrCat(

@@ -120,6 +120,42 @@ TEST_F(ObjectCacheTest, ConcurrentGetsOfOneObjectDownloadItOnce) {
   EXPECT_EQ(cache->stats().hits, 7u);
 }
 
+TEST_F(ObjectCacheTest, AnEntryEvictedWhileACallerWaitedForItIsFetchedAgain) {
+  // Room for two of three objects, each held only for a read: an object a caller waits
+  // for may be filled, read by its filler and evicted for another before the waiter wakes.
+  // The waiter then fills it again; it never reads an evicted entry's files.
+  auto cache = MustOpen(250);
+  std::vector<std::thread> threads;
+  std::atomic<int> right{0}, wrong{0}, full{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 1500; ++i) {
+        const int object = (i + t) % 3;
+        const char c = static_cast<char>('a' + object);
+        auto pin = cache->Get(KeyOf(absl::StrCat("bucket/", object)), 100, [c](int fd) {
+          std::this_thread::yield();
+          const std::string data(100, c);
+          return ::write(fd, data.data(), 100) == 100 ? absl::OkStatus()
+                                                      : absl::InternalError("write");
+        });
+        if (!pin.ok()) {
+          // Three callers may hold the two entries that fit, and the third waits its turn.
+          (pin.status().code() == absl::StatusCode::kResourceExhausted ? full : wrong) += 1;
+          continue;
+        }
+        (Read(*pin) == std::string(100, c) ? right : wrong) += 1;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(wrong, 0);
+  EXPECT_GT(right, 0);
+  const ObjectCache::Stats s = cache->stats();
+  EXPECT_LE(s.bytes, 250u);
+  EXPECT_EQ(s.pinned_entries, 0u);
+  EXPECT_EQ(s.hits + s.misses, static_cast<uint64_t>(right + wrong));
+}
+
 TEST_F(ObjectCacheTest, EvictsTheLeastRecentlyUsedAndNeverAHeldEntry) {
   auto cache = MustOpen(300);
   auto held = cache->Get(KeyOf("held"), 100, Writes(100, 'h'));

@@ -3,7 +3,9 @@
 // SignatureDoesNotMatch), as a real store does. The bucket is private: a read without a
 // signature is refused (403 AccessDenied); uploads (PUT) need none, so that the tests can
 // put their objects with a plain HTTP client.
-//   node testing/s3rver/serve.js DIR BUCKET ACCESS_KEY_ID:SECRET...
+//   node --openssl-legacy-provider testing/s3rver/serve.js DIR BUCKET ACCESS_KEY_ID:SECRET...
+// (s3rver makes ListObjectsV2's continuation tokens with DES, which OpenSSL 3 keeps in its
+// legacy provider: without it every listing of more than one page fails, 500 InternalError.)
 // Stores its objects under DIR, creates BUCKET, accepts each key pair given, and prints
 // "PORT <n>" once it listens on 127.0.0.1 (an unused port). Runs until killed.
 // S3RVER_GATHER=N holds the first GETs of objects until N of them are in flight together

@@ -51,7 +51,8 @@ class S3Server:
                 "(scripts/test.sh does)")
         self.dir = tempfile.mkdtemp(prefix="ferry-s3rver-")
         self.process = subprocess.Popen(
-            ["node", SERVE, self.dir, "bucket"] + ["%s:%s" % pair for pair in users],
+            ["node", "--openssl-legacy-provider", SERVE, self.dir, "bucket"] +
+            ["%s:%s" % pair for pair in users],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True,
             env=dict(os.environ, **env))
@@ -425,6 +426,41 @@ class ReadAheadTest(StoreTestCase):
         by_workers = set(keys[:2 * (self.PREFETCH + 1)])
         self.assertEqual([k for k in gets if k not in by_workers],
                          [k for k in keys if k not in by_workers])
+
+
+class ManyObjectsTest(StoreTestCase):
+    """An image folder of more objects than one ListObjectsV2 page holds (1,000): the listing
+    follows the store's continuation tokens, and an epoch reads every image once."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.store = S3Server()
+        cls.local = ferry_it.short_tempdir("ferry-s3-")
+        cls.counts = {"ant": 600, "bee": 403}
+        for c, (name, count) in enumerate(sorted(cls.counts.items())):
+            for i in range(count):
+                cls.store.put("many/%s/%04d.jpg" % (name, i),
+                              ferry_it.jpeg_bytes(ferry_it.CLASS_COLORS[c], variant=i % 7))
+        with trainer_environment():
+            cls.daemon = ferry_it.FerryDaemon(config=remote_config(cls.store, 10**8))
+
+    def test_every_page_of_the_listing_is_read(self):
+        total = sum(self.counts.values())
+        with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
+            loader = ferry.Loader(ferry.ImageFolder("s3://bucket/many"), batch_size=64,
+                                  shuffle=True, seed=2, address=self.daemon.address,
+                                  as_numpy=True, timeout=120, transform=ferry.CenterCrop(8))
+        try:
+            self.assertEqual(len(loader), (total + 63) // 64)
+            indices, labels = [], []
+            for batch in loader:
+                indices.extend(batch["index"].tolist())
+                labels.extend(batch["label"].tolist())
+        finally:
+            loader.close()
+        self.assertEqual(sorted(indices), list(range(total)))
+        self.assertEqual(labels.count(0), self.counts["ant"])
+        self.assertEqual(labels.count(1), self.counts["bee"])
 
 
 OTHER_UID_SCRIPT = r"""
