@@ -32,6 +32,7 @@
 #include "server/transport/device_ring.h"
 #include "server/transport/device_stage.h"
 #include "testing/jpeg_writer.h"
+#include "testing/recording_fs.h"
 
 namespace ferry {
 namespace {
@@ -86,40 +87,6 @@ class FileBackedSource final : public FakeSource {
 
  private:
   const int64_t per_file_;
-};
-
-// Records the files opened, in order; each is empty.
-class OpenRecordingFs final : public DatasetFs {
- public:
-  absl::Status CheckPath(const std::string&) const override { return absl::OkStatus(); }
-  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFile(
-      const std::string& path) const override {
-    absl::MutexLock lock(&mutex_);
-    opened_.push_back(path);
-    return std::unique_ptr<RandomAccessFile>(new Empty(path));
-  }
-  absl::StatusOr<std::shared_ptr<const MappedFile>> MapFile(const std::string&) const override {
-    return absl::UnimplementedError("not here");
-  }
-  absl::StatusOr<std::vector<Entry>> ListDirectory(const std::string&) const override {
-    return absl::UnimplementedError("not here");
-  }
-  // The opens so far, once there are `count` (or after 10 s).
-  std::vector<std::string> Opened(size_t count) const {
-    absl::MutexLock lock(&mutex_);
-    auto enough = [&]() ABSL_SHARED_LOCKS_REQUIRED(mutex_) { return opened_.size() >= count; };
-    mutex_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
-    return opened_;
-  }
-
- private:
-  class Empty final : public RandomAccessFile {
-   public:
-    explicit Empty(std::string path) : RandomAccessFile(std::move(path), FileIdentity{}) {}
-    absl::StatusOr<size_t> ReadAt(uint64_t, absl::Span<uint8_t>) const override { return 0; }
-  };
-  mutable absl::Mutex mutex_;
-  mutable std::vector<std::string> opened_ ABSL_GUARDED_BY(mutex_);
 };
 
 struct EpochEndMsg {
@@ -256,7 +223,7 @@ TEST_F(PipelineTest, FilesOfTheBatchesAfterTheSlotsAreReadAheadInTheSamplersOrde
   // 80 samples, 2 a file: 10 batches a rank and epoch.
   job_ = *Job::Create(JobIdentity{"jahead", "ahead", 1000, next_serial_++}, spec,
                       std::make_unique<FileBackedSource>(80, 2));
-  auto fs = std::make_shared<OpenRecordingFs>();
+  auto fs = std::make_shared<RecordingFs>(RecordingFs::Options{});
   job_->StartReadAhead(fs, {.connections = 1, .max_files = 1000, .max_bytes = 1 << 20, .ranks = 2});
   ASSERT_NE(job_->read_ahead(), nullptr);
   auto p = RankPipeline::Create(job_, /*rank=*/1, /*slots=*/2, -1, pool_.get(), &budget_);

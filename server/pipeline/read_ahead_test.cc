@@ -6,67 +6,16 @@
 #include <string>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/recording_fs.h"
 
 namespace ferry {
 namespace {
 
 using ::testing::ElementsAre;
-
-// Every file is `bytes` long. Records the opens as they start; with `hold_first`, the
-// first open waits until Release().
-class RecordingFs final : public DatasetFs {
- public:
-  explicit RecordingFs(uint64_t bytes, bool hold_first = false)
-      : bytes_(bytes), held_(!hold_first) {}
-
-  absl::Status CheckPath(const std::string&) const override { return absl::OkStatus(); }
-  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFile(
-      const std::string& path) const override {
-    absl::MutexLock lock(&mutex_);
-    opened_.push_back(path);
-    if (opened_.size() == 1) {
-      auto released = [this]() ABSL_SHARED_LOCKS_REQUIRED(mutex_) { return held_; };
-      mutex_.AwaitWithTimeout(absl::Condition(&released), absl::Seconds(10));
-    }
-    if (path.find("missing") != std::string::npos) return absl::NotFoundError(path);
-    return std::unique_ptr<RandomAccessFile>(new Empty(path, bytes_));
-  }
-  absl::StatusOr<std::shared_ptr<const MappedFile>> MapFile(const std::string&) const override {
-    return absl::UnimplementedError("not here");
-  }
-  absl::StatusOr<std::vector<Entry>> ListDirectory(const std::string&) const override {
-    return absl::UnimplementedError("not here");
-  }
-
-  void Release() {
-    absl::MutexLock lock(&mutex_);
-    held_ = true;
-  }
-  // The opens started so far, once there are `count` (or after 10 s).
-  std::vector<std::string> Opened(size_t count) const {
-    absl::MutexLock lock(&mutex_);
-    auto enough = [&]() ABSL_SHARED_LOCKS_REQUIRED(mutex_) { return opened_.size() >= count; };
-    mutex_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
-    return opened_;
-  }
-
- private:
-  class Empty final : public RandomAccessFile {
-   public:
-    Empty(std::string path, uint64_t bytes)
-        : RandomAccessFile(std::move(path), FileIdentity{.size = bytes}) {}
-    absl::StatusOr<size_t> ReadAt(uint64_t, absl::Span<uint8_t>) const override { return 0; }
-  };
-
-  const uint64_t bytes_;
-  mutable absl::Mutex mutex_;
-  bool held_ ABSL_GUARDED_BY(mutex_);
-  mutable std::vector<std::string> opened_ ABSL_GUARDED_BY(mutex_);
-};
 
 // Waits until the read-ahead has opened (or failed) `count` files.
 ReadAhead::Stats WaitForOpens(const ReadAhead& ahead, int64_t count) {
@@ -80,7 +29,7 @@ ReadAhead::Stats WaitForOpens(const ReadAhead& ahead, int64_t count) {
 }
 
 TEST(ReadAheadTest, OpensALanesFilesInBatchOrderUpToItsShareOfTheWindow) {
-  auto fs = std::make_shared<RecordingFs>(10);
+  auto fs = std::make_shared<RecordingFs>(RecordingFs::Options{.bytes = 10});
   ReadAhead ahead(fs, {.connections = 1, .max_files = 6, .max_bytes = 1 << 20, .ranks = 2});
   ASSERT_TRUE(ahead.HasRoom(0));
   ahead.Add(0, {0, 0}, {"a", "b"});
@@ -103,7 +52,7 @@ TEST(ReadAheadTest, OpensALanesFilesInBatchOrderUpToItsShareOfTheWindow) {
 }
 
 TEST(ReadAheadTest, ALaneIsFullOnceTheBytesOfItsOpenedFilesReachItsShare) {
-  auto fs = std::make_shared<RecordingFs>(100);
+  auto fs = std::make_shared<RecordingFs>(RecordingFs::Options{.bytes = 100});
   ReadAhead ahead(fs, {.connections = 2, .max_files = 100, .max_bytes = 500, .ranks = 2});
   for (int64_t batch = 0; batch < 3; ++batch) {
     ASSERT_TRUE(ahead.HasRoom(1));
@@ -117,7 +66,7 @@ TEST(ReadAheadTest, ALaneIsFullOnceTheBytesOfItsOpenedFilesReachItsShare) {
 }
 
 TEST(ReadAheadTest, FilesOfBatchesTheWorkersStartedAreLeftToThem) {
-  auto fs = std::make_shared<RecordingFs>(10, /*hold_first=*/true);
+  auto fs = std::make_shared<RecordingFs>(RecordingFs::Options{.bytes = 10, .hold_first = true});
   ReadAhead ahead(fs, {.connections = 1, .max_files = 100, .max_bytes = 1 << 20, .ranks = 1});
   ahead.Add(0, {0, 0}, {"a"});
   ASSERT_THAT(fs->Opened(1), ElementsAre("a"));  // held open
@@ -134,7 +83,7 @@ TEST(ReadAheadTest, FilesOfBatchesTheWorkersStartedAreLeftToThem) {
 }
 
 TEST(ReadAheadTest, LanesAreOpenedInTurn) {
-  auto fs = std::make_shared<RecordingFs>(10, /*hold_first=*/true);
+  auto fs = std::make_shared<RecordingFs>(RecordingFs::Options{.bytes = 10, .hold_first = true});
   ReadAhead ahead(fs, {.connections = 1, .max_files = 100, .max_bytes = 1 << 20, .ranks = 2});
   ahead.Add(0, {0, 0}, {"a0", "a1", "a2"});
   ASSERT_THAT(fs->Opened(1), ElementsAre("a0"));
@@ -144,7 +93,7 @@ TEST(ReadAheadTest, LanesAreOpenedInTurn) {
 }
 
 TEST(ReadAheadTest, ASampleInTheSameFileAsThePreviousOneAddsNothing) {
-  auto fs = std::make_shared<RecordingFs>(10);
+  auto fs = std::make_shared<RecordingFs>(RecordingFs::Options{.bytes = 10});
   ReadAhead ahead(fs, {.connections = 1, .max_files = 100, .max_bytes = 1 << 20, .ranks = 1});
   ahead.Add(0, {0, 0}, {"shard-0", "shard-0", "shard-1"});
   ahead.Add(0, {0, 1}, {"shard-1", "shard-2"});
@@ -155,7 +104,7 @@ TEST(ReadAheadTest, ASampleInTheSameFileAsThePreviousOneAddsNothing) {
 }
 
 TEST(ReadAheadTest, FailedOpensAreCountedAndResetEmptiesTheLane) {
-  auto fs = std::make_shared<RecordingFs>(10);
+  auto fs = std::make_shared<RecordingFs>(RecordingFs::Options{.bytes = 10});
   ReadAhead ahead(fs, {.connections = 1, .max_files = 100, .max_bytes = 1 << 20, .ranks = 1});
   ahead.Add(0, {0, 0}, {"missing", "here"});
   ReadAhead::Stats stats = WaitForOpens(ahead, 2);

@@ -103,6 +103,16 @@ def upload_image_folder(store, local):
     return images
 
 
+def upload_tokens(store, local, key, count, seed):
+    """`count` random uint16 tokens written to <local>/<key's last part> and put under `key`;
+    returns the local path."""
+    path = os.path.join(local, key.rsplit("/", 1)[-1])
+    np.random.default_rng(seed).integers(0, 2**16, size=count, dtype=np.uint16).tofile(path)
+    with open(path, "rb") as f:
+        store.put(key, f.read())
+    return path
+
+
 def remote_config(store, cache_bytes, settings=""):
     """settings: more RemoteStorage fields, in text format."""
     config = ('remote { cache_dir: "%%s/cache" cache_bytes: %d s3_endpoint: "%s" %s }'
@@ -353,12 +363,8 @@ class FetchAheadTest(StoreTestCase):
     def setUpClass(cls):
         cls.store = S3Server(S3RVER_GATHER="4")
         cls.local = ferry_it.short_tempdir("ferry-s3-")
-        rng = np.random.default_rng(3)
         for i in range(6):
-            path = os.path.join(cls.local, "shard-%d.bin" % i)
-            rng.integers(0, 2**16, size=3000 + 17 * i, dtype=np.uint16).tofile(path)
-            with open(path, "rb") as f:
-                cls.store.put("train/shard-%d.bin" % i, f.read())
+            upload_tokens(cls.store, cls.local, "train/shard-%d.bin" % i, 3000 + 17 * i, seed=i)
         with trainer_environment():
             cls.daemon = ferry_it.FerryDaemon(config=remote_config(cls.store, 100000000))
 
@@ -490,10 +496,7 @@ class OtherUidTest(StoreTestCase):
     def setUpClass(cls):
         cls.store = S3Server(users=(ALICE, BOB))
         cls.local = ferry_it.short_tempdir("ferry-s3-")
-        path = os.path.join(cls.local, "shard.bin")
-        np.random.default_rng(5).integers(0, 2**16, size=5000, dtype=np.uint16).tofile(path)
-        with open(path, "rb") as f:
-            cls.store.put("train/shard.bin", f.read())
+        upload_tokens(cls.store, cls.local, "train/shard.bin", 5000, seed=5)
         with trainer_environment():
             cls.daemon = ferry_it.FerryDaemon(
                 config=lambda d: "unix_socket_mode: 0666\n" + remote_config(cls.store, 10**8)(d),
@@ -544,10 +547,7 @@ class KillMidDownloadTest(StoreTestCase):
     def setUpClass(cls):
         cls.store = S3Server(S3RVER_STALL_FIRST="big")
         cls.local = ferry_it.short_tempdir("ferry-s3-")
-        path = os.path.join(cls.local, "big.bin")
-        np.random.default_rng(9).integers(0, 2**16, size=40000, dtype=np.uint16).tofile(path)
-        with open(path, "rb") as f:
-            cls.store.put("train/big.bin", f.read())
+        upload_tokens(cls.store, cls.local, "train/big.bin", 40000, seed=9)
         with trainer_environment():
             cls.daemon = ferry_it.FerryDaemon(config=remote_config(cls.store, 100000000))
 
