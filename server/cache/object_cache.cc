@@ -285,18 +285,22 @@ absl::StatusOr<ObjectCache::Pin> ObjectCache::Get(const Key& key, uint64_t bytes
   {
     absl::MutexLock lock(&s.mutex);
     // An entry found may be evicted while this caller waits for its fill to end (its filler
-    // read it and let it go, and another Get made room): then look again.
-    auto it = s.entries.find(name);
-    for (; it != s.entries.end(); it = s.entries.find(name)) {
+    // read it and let it go, and another Get made room): then look again. (The wait
+    // releases the lock: an iterator into `entries` is not used across it.)
+    bool hit = false;
+    for (auto it = s.entries.find(name); it != s.entries.end(); it = s.entries.find(name)) {
       entry = it->second;
       State::Entry* e = entry.get();
       // Another caller is filling it: wait for the outcome.
       s.mutex.Await(absl::Condition(
           +[](State::Entry* x) { return x->ready || x->failed || x->evicted; }, e));
       if (e->failed) return e->failure;
-      if (!e->evicted) break;
+      if (!e->evicted) {
+        hit = true;
+        break;
+      }
     }
-    if (it != s.entries.end()) {
+    if (hit) {
       ++s.stats.hits;
     } else {
       if (bytes > s.capacity) {
