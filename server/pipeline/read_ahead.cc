@@ -41,8 +41,9 @@ void ReadAhead::Add(int rank, BatchKey key, const std::vector<std::string>& file
   if (lane.last_added.has_value() && key <= *lane.last_added) return;
   lane.last_added = key;
   for (const std::string& path : files) {
-    // Samples of one shard follow each other: the shard is fetched once.
-    if (!lane.items.empty() && lane.items.back()->path == path) continue;
+    // Samples of the shards a lane holds (a shuffle buffer interleaves a few): each shard is
+    // fetched once.
+    if (!lane.paths.insert(path).second) continue;
     auto item = std::make_shared<Item>();
     item->path = path;
     item->key = key;
@@ -55,6 +56,7 @@ void ReadAhead::DropFrontLocked(Lane& lane) {
   item.dropped = true;
   lane.bytes -= std::min(lane.bytes, item.bytes);
   if (!item.taken) ++stats_.skipped;
+  lane.paths.erase(item.path);
   lane.items.pop_front();
   if (lane.next > 0) --lane.next;
 }

@@ -14,7 +14,7 @@
 //  * At most `connections` files are opened at once, taken from the lanes in turn (no rank
 //    waits behind another's window), each lane's in its batch order. A file whose batch the
 //    workers already started is not opened here (the worker opens it itself); a file already
-//    in the lane (the next sample of the same shard) is not added again.
+//    in the lane (another sample of a shard the lane holds) is not added again.
 //  * Opening is best effort: a file that fails here fails again, with its error, where the
 //    worker opens it; failures are only counted.
 //  * The destructor stops the threads and waits for the opens under way.
@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "server/dataset/dataset_fs.h"
 
@@ -97,6 +98,7 @@ class ReadAhead final {
     size_t next = 0;                          // first item no thread took
     uint64_t bytes = 0;                       // of opened items still in the lane
     std::optional<BatchKey> last_added;
+    absl::flat_hash_set<std::string> paths;  // of `items`, each once
   };
 
   void Run();

@@ -92,15 +92,19 @@ TEST(ReadAheadTest, LanesAreOpenedInTurn) {
   EXPECT_THAT(fs->Opened(6), ElementsAre("a0", "b0", "a1", "b1", "a2", "b2"));
 }
 
-TEST(ReadAheadTest, ASampleInTheSameFileAsThePreviousOneAddsNothing) {
+TEST(ReadAheadTest, ASampleInAFileTheLaneHoldsAddsNothing) {
   auto fs = std::make_shared<RecordingFs>(RecordingFs::Options{.bytes = 10});
   ReadAhead ahead(fs, {.connections = 1, .max_files = 100, .max_bytes = 1 << 20, .ranks = 1});
-  ahead.Add(0, {0, 0}, {"shard-0", "shard-0", "shard-1"});
-  ahead.Add(0, {0, 1}, {"shard-1", "shard-2"});
+  ahead.Add(0, {0, 0}, {"shard-0", "shard-0", "shard-1", "shard-0"});  // a shuffle buffer
+  ahead.Add(0, {0, 1}, {"shard-1", "shard-2", "shard-0"});
   ahead.Add(0, {0, 1}, {"again"});  // not after the last batch added: ignored
   EXPECT_THAT(fs->Opened(3), ElementsAre("shard-0", "shard-1", "shard-2"));
   EXPECT_EQ(WaitForOpens(ahead, 3).in_window, 3);
   EXPECT_EQ(ahead.LastAdded(0), (ReadAhead::BatchKey{0, 1}));
+  // Once the batch that brought shard-0 is reached, a later batch brings it again.
+  ahead.Reached(0, {0, 1});
+  ahead.Add(0, {0, 2}, {"shard-2", "shard-0"});
+  EXPECT_THAT(fs->Opened(4), ElementsAre("shard-0", "shard-1", "shard-2", "shard-0"));
 }
 
 TEST(ReadAheadTest, FailedOpensAreCountedAndResetEmptiesTheLane) {
