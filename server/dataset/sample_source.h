@@ -105,7 +105,7 @@ class SampleSource {
    public:
     virtual ~Scratch() = default;
     // The sample's batch is one whose JPEGs the GPU's decoder takes
-    // (GpuDecodeSplit::RouteBatch): a source that routes JPEGs (SourceOptions::gpu_decode)
+    // (GpuDecodeSplit::Rank::RouteBatch): a source that routes JPEGs (SourceOptions::gpu_decode)
     // sends each it can there. Ignored by the others.
     bool gpu_batch = false;
   };

@@ -44,9 +44,48 @@ GpuDecodeSplit::GpuDecodeSplit(GpuDecodeMode mode, int workers, GpuJpegLimits li
     : mode_(mode),
       workers_(std::max(1, workers)),
       limits_(limits),
-      share_ppm_(mode == GpuDecodeMode::kGpu ? kPpm : 0),
-      balance_(InitialBalance(mode)),
-      demand_(mode == GpuDecodeMode::kGpu ? 1 : 0) {}
+      balance_ppm_(std::lround(InitialBalance(mode) * kPpm)),
+      balance_(InitialBalance(mode)) {}
+
+GpuDecodeSplit::Rank::Rank(GpuDecodeSplit* split)
+    : split_(split), demand_ppm_(split->mode_ == GpuDecodeMode::kGpu ? kPpm : 0) {
+  absl::MutexLock lock(&split_->mutex_);
+  ++split_->ranks_;
+  split_->demand_sum_ppm_ += demand_ppm_.load(std::memory_order_relaxed);
+}
+
+GpuDecodeSplit::Rank::~Rank() {
+  absl::MutexLock lock(&split_->mutex_);
+  --split_->ranks_;
+  split_->demand_sum_ppm_ -= demand_ppm_.load(std::memory_order_relaxed);
+}
+
+double GpuDecodeSplit::Rank::demand() const {
+  return static_cast<double>(demand_ppm_.load(std::memory_order_relaxed)) / kPpm;
+}
+
+double GpuDecodeSplit::Rank::share() const { return demand() * split_->balance(); }
+
+bool GpuDecodeSplit::Rank::RouteBatch() {
+  // Error diffusion: every batch adds the share to an accumulator, and a batch goes to the
+  // GPU when that crosses a whole number. A change of share applies from the next batch on,
+  // with no backlog of turns.
+  const int64_t share = demand_ppm_.load(std::memory_order_relaxed) *
+                        split_->balance_ppm_.load(std::memory_order_relaxed) / kPpm;
+  const int64_t before = accumulator_.fetch_add(share, std::memory_order_relaxed);
+  return (before + share) / kPpm > before / kPpm;
+}
+
+void GpuDecodeSplit::Rank::ReportConsumerWait(double waited, double step) {
+  if (split_->mode_ != GpuDecodeMode::kAuto || step <= 0) return;
+  absl::MutexLock lock(&split_->mutex_);
+  const int64_t was = demand_ppm_.load(std::memory_order_relaxed);
+  const int64_t now = waited > kInputBoundWait * step
+                          ? std::min(kPpm, was + std::lround(kDemandUp * kPpm))
+                          : std::max(int64_t{0}, was - std::lround(kDemandDown * kPpm));
+  demand_ppm_.store(now, std::memory_order_relaxed);
+  split_->demand_sum_ppm_ += now - was;
+}
 
 GpuDecodeSplit::Decoder& GpuDecodeSplit::Decoder::operator=(Decoder&& other) noexcept {
   if (this != &other) {
@@ -78,15 +117,6 @@ int GpuDecodeSplit::decoders() const {
 void GpuDecodeSplit::CountNotJpeg() {
   not_jpeg_.fetch_add(1, std::memory_order_relaxed);
   cpu_.fetch_add(1, std::memory_order_relaxed);
-}
-
-bool GpuDecodeSplit::RouteBatch() {
-  // Error diffusion: every batch adds the share to an accumulator, and a batch goes to the
-  // GPU when that crosses a whole number. A change of share applies from the next batch on,
-  // with no backlog of turns.
-  const int64_t share = share_ppm_.load(std::memory_order_relaxed);
-  const int64_t before = accumulator_.fetch_add(share, std::memory_order_relaxed);
-  return (before + share) / kPpm > before / kPpm;
 }
 
 bool GpuDecodeSplit::Route(GpuJpegReject verdict, bool gpu_batch) {
@@ -125,14 +155,6 @@ void GpuDecodeSplit::ReportGpuBatch(int images, double seconds) {
   UpdateShareLocked();
 }
 
-void GpuDecodeSplit::ReportConsumerWait(double waited, double step) {
-  if (mode_ != GpuDecodeMode::kAuto || step <= 0) return;
-  absl::MutexLock lock(&mutex_);
-  demand_ = waited > kInputBoundWait * step ? std::min(1.0, demand_ + kDemandUp)
-                                            : std::max(0.0, demand_ - kDemandDown);
-  UpdateShareLocked();
-}
-
 void GpuDecodeSplit::UpdateShareLocked() {
   if (mode_ != GpuDecodeMode::kAuto) return;
   if (c_ > 0 && g_ > 0) {
@@ -148,12 +170,21 @@ void GpuDecodeSplit::UpdateShareLocked() {
     const double denominator = (1 - p) * (c_ - r_ + workers_ * g_ / std::max(1, decoders_));
     balance_ = denominator > 0 ? std::clamp(c_ / denominator, 0.0, 1.0) : 1.0;
   }
-  share_ppm_.store(static_cast<int64_t>(std::lround(demand_ * balance_ * kPpm)),
-                   std::memory_order_relaxed);
+  balance_ppm_.store(std::lround(balance_ * kPpm), std::memory_order_relaxed);
+}
+
+double GpuDecodeSplit::balance() const {
+  return static_cast<double>(balance_ppm_.load(std::memory_order_relaxed)) / kPpm;
 }
 
 double GpuDecodeSplit::share() const {
-  return static_cast<double>(share_ppm_.load(std::memory_order_relaxed)) / kPpm;
+  absl::MutexLock lock(&mutex_);
+  return MeanDemandLocked() * balance();
+}
+
+double GpuDecodeSplit::MeanDemandLocked() const {
+  if (ranks_ == 0) return mode_ == GpuDecodeMode::kGpu ? 1 : 0;
+  return static_cast<double>(demand_sum_ppm_) / ranks_ / kPpm;
 }
 
 GpuDecodeSplit::Counts GpuDecodeSplit::counts() const {
@@ -164,9 +195,9 @@ GpuDecodeSplit::Counts GpuDecodeSplit::counts() const {
     c.fallbacks[i] = fallbacks_[i].load(std::memory_order_relaxed);
   }
   c.not_jpeg = not_jpeg_.load(std::memory_order_relaxed);
-  c.share = share();
   absl::MutexLock lock(&mutex_);
-  c.demand = demand_;
+  c.demand = MeanDemandLocked();
+  c.share = c.demand * balance();
   c.cpu_seconds_per_image = c_;
   c.gpu_seconds_per_image = g_;
   c.decoders = decoders_;

@@ -20,19 +20,25 @@
 //
 // But the GPU's decode shares the GPU with the trainer (its work time-slices with the
 // trainer's kernels), so in kAuto it only takes files while the trainer waits for batches:
-// the share given is d f, where the demand d in [0, 1] starts at 0 and follows the
-// trainer's waits (ReportConsumerWait): a batch the trainer waited for more than
+// a rank's share is d f, where its demand d in [0, 1] starts at 0 and follows its own
+// trainer's waits (Rank::ReportConsumerWait): a batch the trainer waited for more than
 // kInputBoundWait of its step raises d by kDemandUp, any other lowers it by kDemandDown. A
 // trainer that the workers alone keep ahead of (compute-bound) thus never pays for the GPU
 // decode; an input-bound one gets it within a few batches.
 //
+// Demand and turns are per rank (GpuDecodeSplit::Rank), because each rank's batches are
+// decoded by its own GPU: under DDP the rank short of batches waits for them while the
+// others wait in the all-reduce for it, so a job-wide demand would be outvoted by the ranks
+// that do not wait, and one job-wide turn order could hand one GPU every GPU batch.
+//
 // Files the GPU cannot take go to the CPU in every mode, counted by reason. The share is
-// given in whole batches: RouteBatch(), asked once per batch as a rank schedules it, hands
-// out GPU batches so that after n batches round(n share) of them went to the GPU, whatever
-// thread asks; every file of such a batch that the GPU can take goes to it (Route), none of
-// the other batches'. nvJPEG's engines decode a batch of many files several times faster
-// per file than a few, so a thin share of every batch would leave them mostly idle. The
-// share of files follows the share of batches over many batches.
+// given in whole batches: Rank::RouteBatch(), asked once per batch as the rank schedules
+// it, hands out GPU batches so that after n of the rank's batches round(n share) of them
+// went to the GPU, whatever thread asks; every file of such a batch that the GPU can take
+// goes to it (Route), none of the other batches'. nvJPEG's engines decode a batch of many
+// files several times faster per file than a few, so a thin share of every batch would
+// leave them mostly idle. The share of files follows the share of batches over many
+// batches.
 //
 // Thread safety: every method may be called from any thread.
 #ifndef FERRY_SERVER_DECODE_GPU_DECODE_SPLIT_H_
@@ -69,8 +75,30 @@ class GpuDecodeSplit {
   GpuDecodeMode mode() const { return mode_; }
   const GpuJpegLimits& limits() const { return limits_; }
 
-  // Whether the batch being scheduled is one the GPU's decoder takes (see above).
-  bool RouteBatch();
+  // One rank's turn at its GPU's decoder: its demand d and its error-diffusion turn (see
+  // above). Counted in the job's demand while it lives; the split must outlive it.
+  class Rank {
+   public:
+    explicit Rank(GpuDecodeSplit* split);
+    Rank(const Rank&) = delete;
+    Rank& operator=(const Rank&) = delete;
+    ~Rank();
+
+    // Whether the batch this rank is scheduling is one its GPU's decoder takes.
+    bool RouteBatch();
+    // The rank's trainer waited `waited` seconds for a batch, out of `step` seconds since it
+    // released the one before.
+    void ReportConsumerWait(double waited, double step);
+    double demand() const;
+    // This rank's share of eligible files now: d f (1 in kGpu, 0 in kCpu).
+    double share() const;
+
+   private:
+    GpuDecodeSplit* const split_;
+    std::atomic<int64_t> demand_ppm_;      // d in millionths, read by RouteBatch without a lock
+    std::atomic<int64_t> accumulator_{0};  // millionths of a GPU batch
+  };
+
   // A file the GPU could decode (verdict kNone) or not (its reason), of a batch RouteBatch
   // gave the GPU or not: true when this one goes to the GPU. Counts every call: fallbacks by
   // reason, eligible files, files routed.
@@ -102,11 +130,10 @@ class GpuDecodeSplit {
   void ReportCpuDecode(double seconds);  // c, per image a worker decoded
   void ReportCpuRoute(double seconds);   // r, per image a worker routed to the GPU
   void ReportGpuBatch(int images, double seconds);
-  // The trainer waited `waited` seconds for a batch, out of `step` seconds since it released
-  // the one before (kAuto's demand; see above).
-  void ReportConsumerWait(double waited, double step);
-
-  // The share of eligible files routed to the GPU now (1 in kGpu, 0 in kCpu): d f in kAuto.
+  // f: the share of eligible files a rank of demand 1 routes to its GPU (1 in kGpu, 0 in
+  // kCpu).
+  double balance() const;
+  // The ranks' mean share now: mean(d) f (1 in kGpu, 0 in kCpu; 0 in kAuto with no rank).
   double share() const;
 
   struct Counts {
@@ -114,8 +141,8 @@ class GpuDecodeSplit {
     int64_t cpu_images = 0;  // decoded by the workers (fallbacks included)
     std::array<int64_t, kNumGpuJpegRejects> fallbacks{};  // by GpuJpegReject; [kNone] unused
     int64_t not_jpeg = 0;
-    double share = 0;
-    double demand = 0;                 // d (1 in kGpu, 0 in kCpu)
+    double share = 0;                  // the ranks' mean
+    double demand = 0;                 // the ranks' mean d (1 in kGpu, 0 in kCpu)
     double cpu_seconds_per_image = 0;  // c (0 before a report)
     double gpu_seconds_per_image = 0;  // g (0 before a report)
     int decoders = 0;                  // G
@@ -124,6 +151,7 @@ class GpuDecodeSplit {
 
  private:
   void UpdateShareLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  double MeanDemandLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const GpuDecodeMode mode_;
   const int workers_;
@@ -133,17 +161,16 @@ class GpuDecodeSplit {
   std::atomic<int64_t> gpu_{0};       // of which routed to the GPU
   std::atomic<int64_t> cpu_{0};
   std::array<std::atomic<int64_t>, kNumGpuJpegRejects> fallbacks_{};
-  // The current share in millionths, read by RouteBatch without the lock, and its
-  // error-diffusion accumulator (millionths of a GPU batch).
-  std::atomic<int64_t> share_ppm_;
-  std::atomic<int64_t> accumulator_{0};
+  // f in millionths, read by Rank::RouteBatch without the lock.
+  std::atomic<int64_t> balance_ppm_;
 
   mutable absl::Mutex mutex_;
   double c_ ABSL_GUARDED_BY(mutex_) = 0;
   double r_ ABSL_GUARDED_BY(mutex_) = 0;
   double g_ ABSL_GUARDED_BY(mutex_) = 0;
-  double balance_ ABSL_GUARDED_BY(mutex_);    // f
-  double demand_ ABSL_GUARDED_BY(mutex_);     // d
+  double balance_ ABSL_GUARDED_BY(mutex_);              // f
+  int64_t demand_sum_ppm_ ABSL_GUARDED_BY(mutex_) = 0;  // of the living ranks' d
+  int ranks_ ABSL_GUARDED_BY(mutex_) = 0;
   int decoders_ ABSL_GUARDED_BY(mutex_) = 0;  // G
 };
 

@@ -1,6 +1,8 @@
 #include "server/decode/gpu_decode_split.h"
 
 #include <algorithm>
+#include <atomic>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -11,9 +13,10 @@ namespace {
 
 TEST(GpuDecodeSplitTest, ModesCpuAndGpuAreFixed) {
   GpuDecodeSplit cpu(GpuDecodeMode::kCpu, 4), gpu(GpuDecodeMode::kGpu, 4);
+  GpuDecodeSplit::Rank cpu_rank(&cpu), gpu_rank(&gpu);
   for (int i = 0; i < 100; ++i) {
-    EXPECT_FALSE(cpu.Route(GpuJpegReject::kNone, cpu.RouteBatch()));
-    EXPECT_TRUE(gpu.Route(GpuJpegReject::kNone, gpu.RouteBatch()));
+    EXPECT_FALSE(cpu.Route(GpuJpegReject::kNone, cpu_rank.RouteBatch()));
+    EXPECT_TRUE(gpu.Route(GpuJpegReject::kNone, gpu_rank.RouteBatch()));
   }
   // Measurements do not move a fixed mode.
   gpu.ReportCpuDecode(0.002);
@@ -39,13 +42,14 @@ TEST(GpuDecodeSplitTest, FilesTheGpuCannotTakeGoToTheCpuCountedByReason) {
 }
 
 // A trainer that waited for every one of `batches` batches (steps of 100 ms, waits of 10).
-void InputBound(GpuDecodeSplit& split, int batches = 20) {
-  for (int i = 0; i < batches; ++i) split.ReportConsumerWait(0.010, 0.100);
+void InputBound(GpuDecodeSplit::Rank& rank, int batches = 20) {
+  for (int i = 0; i < batches; ++i) rank.ReportConsumerWait(0.010, 0.100);
 }
 
 TEST(GpuDecodeSplitTest, AutoBalancesTheMeasuredCosts) {
   GpuDecodeSplit split(GpuDecodeMode::kAuto, 16);
-  InputBound(split);
+  GpuDecodeSplit::Rank rank(&split);
+  InputBound(rank);
   EXPECT_EQ(split.share(), GpuDecodeSplit::kInitialShare);
   // Only one side measured: the share stays where it was.
   split.ReportCpuDecode(0.002);
@@ -70,7 +74,8 @@ TEST(GpuDecodeSplitTest, AutoBalancesTheMeasuredCosts) {
   EXPECT_NEAR(split.share(), 0.002 / (0.8 * (0.002 - 0.00005 + 16 * 0.0005)), 1e-3);
   // A GPU much faster than the workers takes everything.
   GpuDecodeSplit fast(GpuDecodeMode::kAuto, 4);
-  InputBound(fast);
+  GpuDecodeSplit::Rank fast_rank(&fast);
+  InputBound(fast_rank);
   fast.ReportCpuDecode(0.002);
   fast.ReportCpuRoute(0.0025);  // routing costs more than decoding: still all to the GPU
   fast.ReportGpuBatch(1000, 0.000001);
@@ -79,7 +84,8 @@ TEST(GpuDecodeSplitTest, AutoBalancesTheMeasuredCosts) {
 
 TEST(GpuDecodeSplitTest, AutoCountsEveryGpuThatDecodesForTheJob) {
   GpuDecodeSplit split(GpuDecodeMode::kAuto, 64);
-  InputBound(split);
+  GpuDecodeSplit::Rank rank(&split);
+  InputBound(rank);
   split.ReportCpuDecode(0.004);
   split.ReportCpuRoute(0.0002);
   split.ReportGpuBatch(100, 0.005);  // g = 50 us
@@ -117,7 +123,8 @@ TEST(GpuDecodeSplitTest, EveryFileTheGpuCanTakeOfAGpuBatchGoesToIt) {
 
 TEST(GpuDecodeSplitTest, RouteBatchHandsOutTheShareEvenlyFromManyThreads) {
   GpuDecodeSplit split(GpuDecodeMode::kAuto, 8);
-  InputBound(split);
+  GpuDecodeSplit::Rank rank(&split);
+  InputBound(rank);
   split.ReportCpuDecode(0.003);
   split.ReportCpuRoute(0.0);
   split.ReportGpuBatch(8, 0.003);  // f = 0.003 / (0.003 + 8 * 0.000375) = 0.5
@@ -126,61 +133,116 @@ TEST(GpuDecodeSplitTest, RouteBatchHandsOutTheShareEvenlyFromManyThreads) {
   std::atomic<int> routed{0};
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&] {
-      for (int i = 0; i < 1000; ++i) routed += split.RouteBatch() ? 1 : 0;
+      for (int i = 0; i < 1000; ++i) routed += rank.RouteBatch() ? 1 : 0;
     });
   }
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(routed.load(), 4000);  // exactly half: error diffusion keeps no remainder
   // Every window of consecutive decisions follows the share too (no bursts).
   GpuDecodeSplit single(GpuDecodeMode::kAuto, 8);
-  InputBound(single);
+  GpuDecodeSplit::Rank single_rank(&single);
+  InputBound(single_rank);
   single.ReportCpuDecode(0.003);
   single.ReportGpuBatch(8, 0.003);
   int in_window = 0;
-  for (int i = 0; i < 10; ++i) in_window += single.RouteBatch() ? 1 : 0;
+  for (int i = 0; i < 10; ++i) in_window += single_rank.RouteBatch() ? 1 : 0;
   EXPECT_EQ(in_window, 5);
 }
 
 TEST(GpuDecodeSplitTest, AutoUsesTheGpuOnlyWhileTheTrainerWaits) {
   GpuDecodeSplit split(GpuDecodeMode::kAuto, 16);
+  GpuDecodeSplit::Rank rank(&split);
   split.ReportCpuDecode(0.002);
   split.ReportGpuBatch(100, 0.01);
   const double balance = 0.002 / (0.002 + 16 * 0.0001);
   // Before any trainer has waited, nothing goes to the GPU.
   EXPECT_EQ(split.share(), 0.0);
   EXPECT_EQ(split.counts().demand, 0.0);
-  for (int i = 0; i < 100; ++i) EXPECT_FALSE(split.RouteBatch());
+  for (int i = 0; i < 100; ++i) EXPECT_FALSE(rank.RouteBatch());
   // Waits under kInputBoundWait of the step do not count (a trainer ferry keeps ahead of).
-  for (int i = 0; i < 50; ++i) split.ReportConsumerWait(0.0015, 0.100);
+  for (int i = 0; i < 50; ++i) rank.ReportConsumerWait(0.0015, 0.100);
   EXPECT_EQ(split.share(), 0.0);
   // A trainer that waits: the demand rises by kDemandUp per batch, to the balance.
-  split.ReportConsumerWait(0.003, 0.100);
+  rank.ReportConsumerWait(0.003, 0.100);
   EXPECT_NEAR(split.counts().demand, GpuDecodeSplit::kDemandUp, 1e-12);
   EXPECT_NEAR(split.share(), GpuDecodeSplit::kDemandUp * balance, 1e-6);
-  InputBound(split);
+  InputBound(rank);
   EXPECT_EQ(split.counts().demand, 1.0);
   EXPECT_NEAR(split.share(), balance, 1e-6);
   // Once the workers keep ahead again, it falls back to 0 by kDemandDown a batch.
-  split.ReportConsumerWait(0, 0.100);
+  rank.ReportConsumerWait(0, 0.100);
   EXPECT_NEAR(split.counts().demand, 1 - GpuDecodeSplit::kDemandDown, 1e-12);
-  for (int i = 0; i < 40; ++i) split.ReportConsumerWait(0, 0.100);
+  for (int i = 0; i < 40; ++i) rank.ReportConsumerWait(0, 0.100);
   EXPECT_EQ(split.share(), 0.0);
   // A trainer that waits on one batch in three (where up and down cancel) gets a little of
   // the GPU, never the whole balance.
   double most = 0;
   for (int i = 0; i < 300; ++i) {
-    split.ReportConsumerWait(i % 3 == 0 ? 0.05 : 0, 0.100);
+    rank.ReportConsumerWait(i % 3 == 0 ? 0.05 : 0, 0.100);
     most = std::max(most, split.counts().demand);
   }
   EXPECT_NEAR(most, GpuDecodeSplit::kDemandUp, 1e-12);
   // Fixed modes ignore waits.
   GpuDecodeSplit gpu(GpuDecodeMode::kGpu, 4), cpu(GpuDecodeMode::kCpu, 4);
+  GpuDecodeSplit::Rank gpu_rank(&gpu), cpu_rank(&cpu);
   for (int i = 0; i < 30; ++i) {
-    gpu.ReportConsumerWait(0, 0.1);
-    cpu.ReportConsumerWait(0.1, 0.1);
+    gpu_rank.ReportConsumerWait(0, 0.1);
+    cpu_rank.ReportConsumerWait(0.1, 0.1);
   }
   EXPECT_EQ(gpu.share(), 1.0);
   EXPECT_EQ(cpu.share(), 0.0);
+}
+
+// Under DDP the rank short of batches waits for them while the others wait for it in the
+// all-reduce: its GPU must get the decode though three ranks report no wait. (One demand for
+// the job, raised by 0.1 and lowered by 3 x 0.05 a round, stayed at 0.)
+TEST(GpuDecodeSplitTest, EachRankFollowsItsOwnTrainersWaits) {
+  GpuDecodeSplit split(GpuDecodeMode::kAuto, 16);
+  split.ReportCpuDecode(0.002);
+  split.ReportGpuBatch(100, 0.01);
+  const double balance = 0.002 / (0.002 + 16 * 0.0001);
+  std::vector<std::unique_ptr<GpuDecodeSplit::Rank>> ranks;
+  for (int r = 0; r < 4; ++r) ranks.push_back(std::make_unique<GpuDecodeSplit::Rank>(&split));
+  for (int round = 0; round < 30; ++round) {
+    for (int r = 0; r < 4; ++r) ranks[r]->ReportConsumerWait(r == 0 ? 0.05 : 0.0, 0.100);
+  }
+  EXPECT_EQ(ranks[0]->demand(), 1.0);
+  EXPECT_NEAR(ranks[0]->share(), balance, 1e-6);
+  for (int r = 1; r < 4; ++r) EXPECT_EQ(ranks[r]->share(), 0.0) << "rank " << r;
+  int routed[4] = {0, 0, 0, 0};
+  for (int b = 0; b < 100; ++b) {
+    for (int r = 0; r < 4; ++r) routed[r] += ranks[r]->RouteBatch() ? 1 : 0;
+  }
+  EXPECT_NEAR(routed[0], 100 * balance, 1.0);
+  EXPECT_EQ(routed[1] + routed[2] + routed[3], 0);
+  // The job's figures are the ranks' mean; a rank that leaves takes its demand with it.
+  EXPECT_NEAR(split.counts().demand, 0.25, 1e-9);
+  EXPECT_NEAR(split.share(), 0.25 * balance, 1e-6);
+  ranks.erase(ranks.begin());
+  EXPECT_EQ(split.counts().demand, 0.0);
+  ranks.clear();
+  EXPECT_EQ(split.share(), 0.0);
+}
+
+// Ranks that schedule in turn each get their share of their own batches, so every GPU's
+// decoder works. (One turn order for the job, at share 1/2, handed every GPU batch to the
+// second of two ranks that alternate.)
+TEST(GpuDecodeSplitTest, RanksSchedulingInTurnEachGetTheirShare) {
+  GpuDecodeSplit split(GpuDecodeMode::kAuto, 8);
+  split.ReportCpuDecode(0.003);
+  split.ReportCpuRoute(0.0);
+  split.ReportGpuBatch(8, 0.003);  // f = 0.5
+  GpuDecodeSplit::Rank a(&split), b(&split);
+  InputBound(a);
+  InputBound(b);
+  ASSERT_NEAR(a.share(), 0.5, 1e-9);
+  int to_a = 0, to_b = 0;
+  for (int i = 0; i < 100; ++i) {
+    to_a += a.RouteBatch() ? 1 : 0;
+    to_b += b.RouteBatch() ? 1 : 0;
+  }
+  EXPECT_EQ(to_a, 50);
+  EXPECT_EQ(to_b, 50);
 }
 
 }  // namespace

@@ -126,6 +126,13 @@ const Metric<RankStatus> kRankMetrics[] = {
    "Fraction of the same window the consumer's main thread was ready to run but waited for a "
    "CPU, in [0, 1]; -1 when ferryd cannot read it.",
    [](const RankStatus& r) { return r.consumer_cpu_wait_ratio(); }},
+  {"ferry_rank_gpu_decode_demand", "gauge",
+   "GPU image jobs: the rank's demand for its GPU's JPEG decoder, in [0, 1] (its trainer's "
+   "waits raise it).",
+   [](const RankStatus& r) { return r.gpu_decode_demand(); }},
+  {"ferry_rank_gpu_decode_batches_total", "counter",
+   "Batches of the rank whose JPEGs its GPU's decoder took.",
+   [](const RankStatus& r) { return static_cast<double>(r.gpu_decode_batches()); }},
   {"ferry_rank_consumer_wait_seconds_total", "counter",
    "Time ferryd had no batch ready for a consumer holding fewer than all slots (an upper bound "
    "on its wait).",

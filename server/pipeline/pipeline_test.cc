@@ -832,39 +832,57 @@ class RoutingSource final : public SampleSource {
   std::vector<FieldLayout> fields_;
 };
 
-TEST_F(PipelineTest, TheGpuDecoderTakesWholeBatchesAtTheSplitsShare) {
-  // A split that gives the GPU half the batches: costs measured, the trainer waiting.
+// Two ranks of one job, each on its own GPU: the rank whose trainer waits gets its GPU's
+// decoder for whole batches, the rank whose trainer never waits keeps every batch on the
+// workers, and each rank's status says so.
+TEST_F(PipelineTest, EachRanksGpuDecoderTakesWholeBatchesByItsOwnTrainersWaits) {
   auto split = std::make_shared<GpuDecodeSplit>(GpuDecodeMode::kAuto, 8);
-  for (int i = 0; i < 20; ++i) split->ReportConsumerWait(1.0, 1.0);
   split->ReportCpuDecode(0.003);
   split->ReportCpuRoute(0.0);
   split->ReportGpuBatch(8, 0.003);  // f = 0.003 / (0.003 + 8 * 0.000375) = 0.5
-  ASSERT_NEAR(split->share(), 0.5, 1e-9);
+  ASSERT_NEAR(split->balance(), 0.5, 1e-9);
   ferry::v1::JobSpec spec;
   spec.set_batch_size(16);
   spec.set_seed(5);
   spec.set_drop_last(true);
+  spec.set_world_size(2);
   job_ = *Job::Create(JobIdentity{"jroute", "route", 1000, next_serial_++}, spec,
-                      std::make_unique<RoutingSource>(16 * 20), split);
+                      std::make_unique<RoutingSource>(2 * 16 * 20), split);
   ASSERT_EQ(job_->gpu_decode(), split.get());
-  auto p = *RankPipeline::Create(job_, 0, 3, -1, pool_.get(), &budget_);
-  RecordingConsumer c;
-  ASSERT_TRUE(p->Bind(&c, 1).ok());
-  ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
-  int gpu_batches = 0;
-  for (int b = 0; b < 20; ++b) {
-    auto batch = std::get<ferry::v1::BatchReady>(*c.Next());
-    const SlotLayout& layout = job_->layout();
-    std::vector<int64_t> gpu(16);
-    memcpy(gpu.data(), p->slab().data() + batch.slot() * layout.slot_bytes + layout.offsets[0],
-           16 * 8);
-    // Every row of a batch agrees: the GPU's decoder gets all of it or none.
-    for (int64_t g : gpu) EXPECT_EQ(g, gpu[0]) << "batch " << b;
-    gpu_batches += static_cast<int>(gpu[0]);
-    ASSERT_TRUE(p->Release(&c, batch.slot(), batch.seq()).ok());
+  int gpu_batches[2] = {0, 0};
+  for (int rank = 0; rank < 2; ++rank) {
+    auto p = *RankPipeline::Create(job_, rank, 3, -1, pool_.get(), &budget_);
+    RecordingConsumer c;
+    ASSERT_TRUE(p->Bind(&c, 1).ok());
+    ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
+    // Rank 0's trainer waits a second for every batch; rank 1's never waits.
+    const absl::Duration waited = rank == 0 ? absl::Seconds(1) : absl::ZeroDuration();
+    for (int b = 0; b < 20; ++b) {
+      auto batch = std::get<ferry::v1::BatchReady>(*c.Next());
+      const SlotLayout& layout = job_->layout();
+      std::vector<int64_t> gpu(16);
+      memcpy(gpu.data(), p->slab().data() + batch.slot() * layout.slot_bytes + layout.offsets[0],
+             16 * 8);
+      // Every row of a batch agrees: the GPU's decoder gets all of it or none.
+      for (int64_t g : gpu) EXPECT_EQ(g, gpu[0]) << "rank " << rank << " batch " << b;
+      gpu_batches[rank] += static_cast<int>(gpu[0]);
+      ASSERT_TRUE(p->Release(&c, batch.slot(), batch.seq(), false, waited).ok());
+    }
+    ferry::v1::RankStatus status;
+    p->FillStatus(&status);
+    if (rank == 0) {
+      EXPECT_GT(status.gpu_decode_demand(), 0.5);
+      EXPECT_GE(status.gpu_decode_batches(), static_cast<uint64_t>(gpu_batches[0]));
+    } else {
+      EXPECT_EQ(status.gpu_decode_demand(), 0.0);
+      EXPECT_EQ(status.gpu_decode_batches(), 0u);
+    }
+    p->Unbind(&c);
   }
-  EXPECT_EQ(gpu_batches, 10);  // error diffusion over the batches: exactly the share
-  p->Unbind(&c);
+  // Demand rises by 0.1 a waited batch from the second release on: over the batches
+  // scheduled by rank 0's first 17 releases, shares of 0.05, 0.10, ... 0.5 (5.75 in all).
+  EXPECT_GE(gpu_batches[0], 3);
+  EXPECT_EQ(gpu_batches[1], 0);
 }
 
 TEST_F(PipelineTest, ShutdownEndsTheStreamOnceHeldBatchesAreBack) {

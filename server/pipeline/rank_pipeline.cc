@@ -140,7 +140,10 @@ RankPipeline::RankPipeline(std::shared_ptr<Job> job, int rank, SharedSlab slab,
       copied_row_bytes_(CopiedRowBytes(*job_, -1)),
       worker_threads_(WorkerThreads(*pool, group)),
       fill_counters_(new FillCounters[static_cast<size_t>(num_slots)]),
-      slots_(static_cast<size_t>(num_slots)) {}
+      slots_(static_cast<size_t>(num_slots)),
+      gpu_decode_(job_->gpu_decode() == nullptr
+                      ? nullptr
+                      : std::make_unique<GpuDecodeSplit::Rank>(job_->gpu_decode())) {}
 
 RankPipeline::~RankPipeline() = default;
 
@@ -376,10 +379,9 @@ absl::Status RankPipeline::Release(BatchConsumer* consumer, uint32_t slot, int64
       wait_reported_ = true;
       window_.AddInterval(kWaitReported, now - std::max(absl::ZeroDuration(), *waited), now);
       // Whether the trainer waits on ferry: the GPU decodes JPEGs only while it does.
-      if (GpuDecodeSplit* split = job_->gpu_decode();
-          split != nullptr && last_release_ != absl::InfinitePast()) {
-        split->ReportConsumerWait(absl::ToDoubleSeconds(*waited),
-                                  absl::ToDoubleSeconds(now - last_release_));
+      if (gpu_decode_ != nullptr && last_release_ != absl::InfinitePast()) {
+        gpu_decode_->ReportConsumerWait(absl::ToDoubleSeconds(*waited),
+                                        absl::ToDoubleSeconds(now - last_release_));
       }
     }
     last_release_ = now;
@@ -418,8 +420,8 @@ void RankPipeline::ScheduleSlotsLocked(std::vector<WorkerPool::Task>* tasks) {
                                    LayoutLocked(next_epoch_));
     Slot& slot = slots_[s];
     slot.gather = ring_->PlanBatch();
-    GpuDecodeSplit* split = job_->gpu_decode();
-    slot.gpu_decode = split != nullptr && split->RouteBatch();
+    slot.gpu_decode = gpu_decode_ != nullptr && gpu_decode_->RouteBatch();
+    if (slot.gpu_decode) ++gpu_decode_batches_;
     slot.state = SlotState::kFilling;
     slot.since = absl::Now();
     slot.generation = generation_;
@@ -878,6 +880,10 @@ void RankPipeline::FillStatus(ferry::v1::RankStatus* status) const {
   }
   const LimitingStageVerdict verdict = DecideLimitingStage(f);
   status->set_consumer_cpu_wait_ratio(CpuWaitRatio(f));
+  if (gpu_decode_ != nullptr) {
+    status->set_gpu_decode_demand(gpu_decode_->demand());
+    status->set_gpu_decode_batches(static_cast<uint64_t>(gpu_decode_batches_));
+  }
   status->set_stall_ratio(StallRatio(f));
   status->set_stall_window_seconds(f.window_seconds);
   status->set_limiting_stage(verdict.stage);

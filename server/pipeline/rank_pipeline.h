@@ -47,6 +47,7 @@
 #include "absl/time/time.h"
 #include "ferry/v1/ferry.pb.h"
 #include "server/dataset/dataset_fs.h"
+#include "server/decode/gpu_decode_split.h"
 #include "server/memory/memory_budget.h"
 #include "server/memory/shared_slab.h"
 #include "server/pipeline/job.h"
@@ -149,7 +150,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
     int64_t batch = 0;
     uint32_t num_samples = 0;
     bool gather = false;  // the ring reads the gathered field's rows (not written here)
-    // The GPU's decoder takes this batch's JPEGs (GpuDecodeSplit::RouteBatch).
+    // The GPU's decoder takes this batch's JPEGs (GpuDecodeSplit::Rank::RouteBatch).
     bool gpu_decode = false;
     absl::Time since;  // of the fill, for fill_seconds
   };
@@ -277,6 +278,9 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   // State below is protected by mutex_.
   mutable absl::Mutex mutex_;
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mutex_);  // one per host slot
+  // This rank's turn at its GPU's JPEG decoder (its trainer's demand); null when the job
+  // routes no JPEG to a GPU.
+  const std::unique_ptr<GpuDecodeSplit::Rank> gpu_decode_;
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mutex_);
   uint64_t next_ticket_ ABSL_GUARDED_BY(mutex_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(mutex_) = 1;
@@ -310,6 +314,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   // Metrics.
   int64_t batches_delivered_ ABSL_GUARDED_BY(mutex_) = 0;
   int64_t samples_delivered_ ABSL_GUARDED_BY(mutex_) = 0;
+  int64_t gpu_decode_batches_ ABSL_GUARDED_BY(mutex_) = 0;  // routed to the GPU's decoder
   std::deque<std::pair<absl::Time, uint32_t>> recent_deliveries_ ABSL_GUARDED_BY(mutex_);
   absl::Duration consumer_wait_ ABSL_GUARDED_BY(mutex_);
   // Where a batch's time goes (totals; see RankStatus.fill_seconds and the fields after it;

@@ -584,6 +584,8 @@ JobStatus FromProto(const v1::JobStatus& status) {
     rank.limiting_stage = LimitingStageName(r.limiting_stage());
     rank.limiting_stage_note = r.limiting_stage_note();
     rank.consumer_cpu_wait_ratio = r.consumer_cpu_wait_ratio();
+    rank.gpu_decode_demand = r.gpu_decode_demand();
+    rank.gpu_decode_batches = r.gpu_decode_batches();
     rank.epoch = r.epoch();
     rank.next_batch = r.next_batch();
     rank.epoch_batches = r.epoch_batches();

@@ -483,6 +483,10 @@ struct RankStatus {
   std::string limiting_stage;
   std::string limiting_stage_note;
   double consumer_cpu_wait_ratio = -1;
+  // GPU image jobs: this rank's demand for its GPU's JPEG decoder in [0, 1], and its batches
+  // whose JPEGs that decoder took (see JobStatus::gpu_decode).
+  double gpu_decode_demand = 0;
+  uint64_t gpu_decode_batches = 0;
 };
 
 struct SampleError {
