@@ -41,7 +41,11 @@ pkill -f "$wrapper" 2>/dev/null
 sleep 5
 logs=("$OUT"/sanitizer.*.log)
 echo "compute-sanitizer --tool $tool: ${#logs[@]} ferryd runs"
-errors=$(cat "${logs[@]}" 2>/dev/null | grep -c -E '^========= (Invalid|Program hit|Race|Barrier|Uninitialized|Host API|Error|.*error)' || true)
+# Error reports, not the summary line ("ERROR SUMMARY: 0 errors" holds "error" too); and
+# a summary that counts any error.
+errors=$(cat "${logs[@]}" 2>/dev/null | grep -v 'ERROR SUMMARY' |
+  grep -c -E '^========= (Invalid|Program hit|Race|Barrier|Uninitialized|Host API|Error|.*error)' || true)
+errors=$((errors + $(grep -h "ERROR SUMMARY" "${logs[@]}" 2>/dev/null | grep -vc 'ERROR SUMMARY: 0 errors' || true)))
 summaries=$(grep -h "ERROR SUMMARY" "${logs[@]}" 2>/dev/null | sort | uniq -c)
 echo "${summaries:-no ERROR SUMMARY line}"
 if ((errors > 0)); then

@@ -207,6 +207,12 @@ std::vector<FieldLayout> ImageSampleFields(const ImageTransform& transform) {
                                  .shape = {static_cast<int64_t>(sizeof(GpuDecodePlan))},
                                  .row_bytes = sizeof(GpuDecodePlan),
                                  .internal = true});
+    // Last, so that the copy of a slot to the GPU can end before it.
+    fields.push_back(FieldLayout{.name = kGpuDecodeJpegField,
+                                 .dtype = ferry::v1::UINT8,
+                                 .shape = {static_cast<int64_t>(kGpuDecodeJpegRowBytes)},
+                                 .row_bytes = kGpuDecodeJpegRowBytes,
+                                 .internal = true});
   }
   return fields;
 }
@@ -225,13 +231,13 @@ int FieldIndex(const std::vector<FieldLayout>& fields, const char* name) {
   return -1;
 }
 
-// The worker's share of a JPEG the split routes to the GPU: its bytes in the image row,
-// the window of the crop (the CPU path's draws), the device's program.
+// The worker's share of a JPEG the split routes to the GPU: its bytes in the JPEG row, the
+// window of the crop (the CPU path's draws), the device's program.
 absl::Status RouteToGpu(absl::Span<const uint8_t> bytes, const GpuJpegVerdict& verdict,
                         const ImageTransform& transform, uint64_t sample_seed,
-                        absl::Span<uint8_t> image, absl::Span<uint8_t> program,
+                        absl::Span<uint8_t> jpeg_row, absl::Span<uint8_t> program,
                         GpuDecodePlan* plan) {
-  std::memcpy(image.data(), bytes.data(), bytes.size());
+  std::memcpy(jpeg_row.data(), bytes.data(), bytes.size());
   const bool composed = transform.compose != nullptr;
   const ImageTransform geometry = composed ? transform.compose->FusedTransform() : transform;
   Rng rng(composed ? MixSeed(sample_seed, 0) : sample_seed);
@@ -267,13 +273,16 @@ absl::Status TransformImageSample(ImageDecoder& decoder, ComposeScratch& compose
   const absl::Time start = split != nullptr ? absl::Now() : absl::InfinitePast();
   GpuDecodePlan plan;
   if (split != nullptr) {
+    const int jpeg_field = FieldIndex(fields, kGpuDecodeJpegField);
+    if (jpeg_field < 0) return absl::InternalError("a GPU-decoding layout without its JPEG field");
+    const absl::Span<uint8_t> jpeg_row(rows[jpeg_field], fields[jpeg_field].row_bytes);
     GpuJpegVerdict verdict;
     bool jpeg = SniffImageFormat(bytes) == ImageFormat::kJpeg;
     plan.cpu_reason = kPlanNotJpeg;
     if (jpeg) {
       verdict = ClassifyForGpuDecode(bytes, split->limits());
-      // The bytes travel in the image row: a file larger than the decoded row stays here.
-      if (verdict.reason == GpuJpegReject::kNone && bytes.size() > image.size()) {
+      // The bytes travel in the JPEG row: a file larger than that stays here.
+      if (verdict.reason == GpuJpegReject::kNone && bytes.size() > jpeg_row.size()) {
         verdict.reason = GpuJpegReject::kTooLarge;
       }
     } else {
@@ -282,7 +291,7 @@ absl::Status TransformImageSample(ImageDecoder& decoder, ComposeScratch& compose
     if (jpeg) plan.cpu_reason = static_cast<int32_t>(verdict.reason);
     if (jpeg && split->Route(verdict.reason, gpu_batch)) {
       FERRY_RETURN_IF_ERROR(
-          RouteToGpu(bytes, verdict, transform, sample_seed, image, program, &plan));
+          RouteToGpu(bytes, verdict, transform, sample_seed, jpeg_row, program, &plan));
       std::memcpy(rows[FieldIndex(fields, kGpuDecodePlanField)], &plan, sizeof(plan));
       split->ReportCpuRoute(SecondsSince(start));
       return absl::OkStatus();

@@ -37,8 +37,9 @@ absl::StatusOr<ImageTransform> ImageTransformFromSpec(
     const ComposedTransform::Target& target = ComposedTransform::Target());
 
 // The fields of an image dataset under `transform`: "image" (uint8 HWC, or CHW float32 when
-// a composed transform normalizes on the CPU), "label", "index", and for a composed
-// transform that leaves ops to the device the internal kPhotometricField.
+// a composed transform normalizes on the CPU), "label", "index", for a composed transform
+// that leaves ops to the device the internal kPhotometricField, and given
+// transform.gpu_decode the internal kGpuDecodePlanField and, last, kGpuDecodeJpegField.
 std::vector<FieldLayout> ImageSampleFields(const ImageTransform& transform);
 
 // True when a GPU decoder can stand in for the workers under `transform`: their share is

@@ -62,9 +62,10 @@ size_t DTypeSize(ferry::v1::DType dtype);  // 0 for DTYPE_UNSPECIFIED
 // Name of the internal field (FieldLayout::internal) of a composed transform's photometric
 // programs, one PhotometricProgram (server/kernels/photometric.h) per row.
 inline constexpr char kPhotometricField[] = "photometric_program";
-// Name of the internal field of a GPU-decoding job's per-row GpuDecodePlan
-// (server/decode/gpu_decode_plan.h).
+// Names of the internal fields of a GPU-decoding job: its per-row GpuDecodePlan and the
+// routed JPEG's bytes (server/decode/gpu_decode_plan.h).
 inline constexpr char kGpuDecodePlanField[] = "gpu_decode_plan";
+inline constexpr char kGpuDecodeJpegField[] = "gpu_decode_jpeg";
 
 // How a copy-only source writes sample rows into a slot: kStreaming for slots the GPU's copy
 // engine reads next (a row left dirty in the workers' caches slows the DMA that reads it:

@@ -16,7 +16,10 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/dataset/image_folder_source.h"
+#include "server/decode/compose.h"
 #include "server/decode/exif.h"
+#include "server/decode/gpu_decode_plan.h"
+#include "server/decode/gpu_decode_split.h"
 #include "server/decode/image_transform.h"
 #include "testing/jpeg_writer.h"
 #include "testing/png_writer.h"
@@ -303,6 +306,56 @@ TEST_F(ImageFolderTest, ConcurrentFillsMatchSerial) {
   }
   for (std::thread& t : threads) t.join();
   EXPECT_THAT(mismatches, ElementsAre(0, 0, 0, 0));
+}
+
+// A GPU-decoding job's worker routes a JPEG by copying its bytes into the JPEG row (256 KiB
+// whatever the crop), so a file several times larger than the decoded row still reaches the
+// GPU; only a file over the JPEG row stays on the worker, counted too_large.
+TEST(GpuRoutingTest, JpegsLargerThanTheImageRowReachTheGpu) {
+  ImageTransform t;
+  t.size = 16;
+  t.gpu_decode = std::make_shared<GpuDecodeSplit>(GpuDecodeMode::kGpu, 1);
+  const std::vector<FieldLayout> fields = ImageSampleFields(t);
+  ASSERT_EQ(fields.back().name, kGpuDecodeJpegField);
+  ASSERT_EQ(fields.back().row_bytes, kGpuDecodeJpegRowBytes);
+  ASSERT_EQ(fields[fields.size() - 2].name, kGpuDecodePlanField);
+  std::vector<std::vector<uint8_t>> storage;
+  std::vector<uint8_t*> rows;
+  for (const FieldLayout& f : fields) storage.emplace_back(f.row_bytes, uint8_t{0xab});
+  for (std::vector<uint8_t>& row : storage) rows.push_back(row.data());
+  ImageDecoder decoder;
+  ComposeScratch compose;
+  auto plan_of = [&] {
+    GpuDecodePlan plan;
+    std::memcpy(&plan, storage[fields.size() - 2].data(), sizeof(plan));
+    return plan;
+  };
+
+  const std::vector<uint8_t> jpeg = TestJpeg(120, 90, 1);
+  ASSERT_GT(jpeg.size(), 2 * fields[0].row_bytes);
+  ASSERT_TRUE(TransformImageSample(decoder, compose, jpeg, t, 7, fields, rows, true).ok());
+  GpuDecodePlan plan = plan_of();
+  EXPECT_EQ(plan.on_gpu, 1u);
+  EXPECT_EQ(plan.jpeg_bytes, jpeg.size());
+  EXPECT_EQ(plan.width, 120);
+  EXPECT_EQ(plan.height, 90);
+  EXPECT_TRUE(std::equal(jpeg.begin(), jpeg.end(), storage.back().begin()));
+  // The image row is the device's to write.
+  EXPECT_TRUE(
+      std::all_of(storage[0].begin(), storage[0].end(), [](uint8_t b) { return b == 0xab; }));
+
+  const std::vector<uint8_t> rgb = MakeTestPattern(1600, 1200, 2);
+  const std::vector<uint8_t> big = EncodeJpeg(rgb.data(), 1600, 1200, /*quality=*/100);
+  ASSERT_GT(big.size(), kGpuDecodeJpegRowBytes);
+  ASSERT_TRUE(TransformImageSample(decoder, compose, big, t, 7, fields, rows, true).ok());
+  plan = plan_of();
+  EXPECT_EQ(plan.on_gpu, 0u);
+  EXPECT_EQ(plan.cpu_reason, static_cast<int32_t>(GpuJpegReject::kTooLarge));
+  EXPECT_FALSE(
+      std::all_of(storage[0].begin(), storage[0].end(), [](uint8_t b) { return b == 0xab; }));
+  const GpuDecodeSplit::Counts counts = t.gpu_decode->counts();
+  EXPECT_EQ(counts.gpu_images, 1);
+  EXPECT_EQ(counts.fallbacks[static_cast<int>(GpuJpegReject::kTooLarge)], 1);
 }
 
 TEST(ImageFolderErrorsTest, MissingRootIsNotFound) {

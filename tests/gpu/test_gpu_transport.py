@@ -608,14 +608,17 @@ class GpuTransportTest(unittest.TestCase):
         # A ferryd whose GPU decodes every JPEG it can (gpu_decode "gpu"), against the CPU
         # decode of this class's ferryd: the same crops and flips (the workers draw them),
         # full-resolution decodes on both sides (full_decode), so the pixels differ only by
-        # nvJPEG's IDCT and upsampling against libjpeg-turbo's.
+        # nvJPEG's IDCT and upsampling against libjpeg-turbo's. Photo-sized files (40-60
+        # KiB), each many times the crop's 3 KiB row: they travel to the GPU in the JPEG
+        # row of their own, so none is too_large.
         d = self.daemon.dir
+        root = ferry_it.make_photo_folder(os.path.join(d, "bg_photos"), per_class=10)
         decoding = ferry_it.FerryDaemon(config='gpu_decode: "gpu"\ndrain_timeout_seconds: 2\n')
         try:
-            self.run_worker("bg_cpu", device="cpu", epochs=2, full_decode=True,
+            self.run_worker("bg_cpu", device="cpu", epochs=2, full_decode=True, root=root,
                             save_images=os.path.join(d, "bg_cpu.pt"))
             gpu = self.run_worker("bg_gpu", device="cuda:0", epochs=2, full_decode=True,
-                                  address=decoding.address, job_name="gpu-decode",
+                                  root=root, address=decoding.address, job_name="gpu-decode",
                                   save_images=os.path.join(d, "bg_gpu.pt"))
             import ferry
             with ferry.Client(decoding.address) as client:
@@ -631,6 +634,7 @@ class GpuTransportTest(unittest.TestCase):
         self.assertLessEqual(worst, 8)
         self.assertLess(mean, 0.5)
         self.assertTrue(any(int(s.get("gpu_images", 0)) > 0 for s in status), status)
+        self.assertEqual([int(s.get("cpu_images", 0)) for s in status], [0], status)
 
     def test_b2_auto_leaves_a_trainer_it_keeps_ahead_of_on_the_workers(self):
         # The defaults: gpu_decode "auto" and reduced-scale CPU decode. This trainer steps

@@ -22,7 +22,6 @@
       runs every sample of the epoch arrives exactly once.
 """
 
-import io
 import json
 import os
 import signal
@@ -45,26 +44,6 @@ SELF_EXIT = os.environ.get("FERRY_MULTI_GPU_SELF_EXIT") == "1"
 
 
 
-def make_photo_folder(root, per_class, classes=2, seed=0):
-    """root/<c>/<i>.jpg: 480x360 JPEGs of smooth colour with grain (about 40-60 KiB, as
-    costly to decode per pixel as photos), enough for nvJPEG and the resize to work."""
-    import numpy as np
-    from PIL import Image
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:360, 0:480]
-    for c in range(classes):
-        os.makedirs(os.path.join(root, "c%d" % c))
-        for i in range(per_class):
-            base = np.stack([(x * (1 + c) + i * 7) % 256, (y * 2 + i * 13) % 256,
-                             (x + y + c * 50) % 256], axis=-1).astype(np.int16)
-            pixels = np.clip(base + rng.integers(-20, 21, base.shape), 0, 255).astype(np.uint8)
-            out = io.BytesIO()
-            Image.fromarray(pixels).save(out, format="JPEG", quality=90)
-            with open(os.path.join(root, "c%d" % c, "%d.jpg" % i), "wb") as f:
-                f.write(out.getvalue())
-    return root
-
-
 SKIP = gpu_skip.announce(gpu_skip.skip_reason(min_gpus=2))
 
 
@@ -76,7 +55,7 @@ class MultiGpuTest(unittest.TestCase):
         batch = 16
         work = ferry_it.short_tempdir("ferry-mgpu-")
         images = gpus * batch * 4  # 4 batches a rank
-        root = make_photo_folder(os.path.join(work, "images"), per_class=images // 2)
+        root = ferry_it.make_photo_folder(os.path.join(work, "images"), per_class=images // 2)
         rounds = []
         for n in range(ROUNDS):
             rounds.append({"dir": os.path.join(work, "r%d" % n)})
@@ -195,7 +174,7 @@ class MultiGpuTest(unittest.TestCase):
         daemon = ferry_it.FerryDaemon(config="drain_timeout_seconds: 2\n")
         self.addCleanup(daemon.stop)
         images = gpus * batch * 6  # 6 batches a rank
-        root = make_photo_folder(os.path.join(daemon.dir, "images"), per_class=images // 2)
+        root = ferry_it.make_photo_folder(os.path.join(daemon.dir, "images"), per_class=images // 2)
 
         def start(name, **config):
             return self.start_trainer(daemon, name, root=root, world_size=gpus,
@@ -242,7 +221,7 @@ class MultiGpuTest(unittest.TestCase):
         daemon = ferry_it.FerryDaemon(config="drain_timeout_seconds: 2\n")
         self.addCleanup(daemon.stop)
         images = gpus * batch * 6
-        root = make_photo_folder(os.path.join(daemon.dir, "images"), per_class=images // 2)
+        root = ferry_it.make_photo_folder(os.path.join(daemon.dir, "images"), per_class=images // 2)
 
         def start(name, **config):
             config.setdefault("world_size", gpus)

@@ -11,6 +11,7 @@ Environment (set by tests/integration/CMakeLists.txt):
         status = ferryctl(daemon.address, "status")
 """
 
+import io
 import json
 import os
 import shutil
@@ -215,6 +216,26 @@ def make_image_folder(root, counts, extension=".jpg"):
         for i in reversed(range(counts[name])):
             with open(os.path.join(d, "%d%s" % (i, extension)), "wb") as f:
                 f.write(jpeg_bytes(CLASS_COLORS[c], variant=i))
+    return root
+
+
+def make_photo_folder(root, per_class, classes=2, seed=0):
+    """root/<c>/<i>.jpg: 480x360 JPEGs of smooth colour with grain (about 40-60 KiB, as
+    costly to decode per pixel as photos), enough for nvJPEG and the resize to work."""
+    import numpy as np
+    from PIL import Image
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:360, 0:480]
+    for c in range(classes):
+        os.makedirs(os.path.join(root, "c%d" % c))
+        for i in range(per_class):
+            base = np.stack([(x * (1 + c) + i * 7) % 256, (y * 2 + i * 13) % 256,
+                             (x + y + c * 50) % 256], axis=-1).astype(np.int16)
+            pixels = np.clip(base + rng.integers(-20, 21, base.shape), 0, 255).astype(np.uint8)
+            out = io.BytesIO()
+            Image.fromarray(pixels).save(out, format="JPEG", quality=90)
+            with open(os.path.join(root, "c%d" % c, "%d.jpg" % i), "wb") as f:
+                f.write(out.getvalue())
     return root
 
 

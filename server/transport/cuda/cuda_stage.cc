@@ -87,6 +87,12 @@ absl::StatusOr<std::unique_ptr<CudaStage>> CudaStage::Create(
     if (field.internal && field.name == kGpuDecodePlanField && job.gpu_decode() != nullptr) {
       stage->plan_field_ = static_cast<int>(f);
     }
+    if (field.internal && field.name == kGpuDecodeJpegField && job.gpu_decode() != nullptr) {
+      stage->jpeg_field_ = static_cast<int>(f);
+    }
+  }
+  if ((stage->plan_field_ >= 0) != (stage->jpeg_field_ >= 0)) {
+    return absl::InternalError("a GPU-decoding layout needs both its plan and its JPEG field");
   }
   if (stage->plan_field_ >= 0) {
     const int batch = static_cast<int>(job.spec().batch_size());
@@ -281,9 +287,11 @@ absl::Status CudaStage::EnqueueGather(CudaStream& stream, const uint8_t* src, ui
 
 absl::Status CudaStage::EnqueueSlotCopy(CudaStream& stream, const uint8_t* src, uint8_t* dst,
                                         uint32_t num_samples) {
-  // One copy of the rows in use, into the slot itself or (converting) its staging area.
+  // One copy of the rows in use, into the slot itself or (converting) its staging area. The
+  // routed JPEGs (the last field) stay in the host slot, where nvJPEG reads them.
   size_t used = 0;
   for (size_t f = 0; f < host_->fields.size(); ++f) {
+    if (static_cast<int>(f) == layout_.host_only_field) continue;
     used = std::max(used, host_->offsets[f] + host_->fields[f].row_bytes * num_samples);
   }
   return stream.CopyAsync(layout_.converts() ? dst + layout_.staging_offset : dst, src, used);
@@ -314,7 +322,8 @@ absl::Status CudaStage::EnqueueGpuDecode(CudaStream& stream, const uint8_t* src,
   const int image = 0;  // the image sources' first field
   const FieldLayout& field = host_->fields[image];
   const int size = static_cast<int>(field.shape[0]);
-  const uint8_t* image_rows = src + host_->offsets[image];
+  const uint8_t* jpeg_rows = src + host_->offsets[jpeg_field_];
+  const size_t jpeg_row_bytes = host_->fields[jpeg_field_].row_bytes;
   uint8_t* device_rows =
       dst + (layout_.image_field >= 0 ? layout_.convert_input_offset : layout_.offsets[image]);
   const auto* plans = reinterpret_cast<const GpuDecodePlan*>(src + host_->offsets[plan_field_]);
@@ -330,7 +339,7 @@ absl::Status CudaStage::EnqueueGpuDecode(CudaStream& stream, const uint8_t* src,
       CountCpuImage(plan.cpu_reason);
       continue;
     }
-    const absl::Span<const uint8_t> jpeg(image_rows + field.row_bytes * i, plan.jpeg_bytes);
+    const absl::Span<const uint8_t> jpeg(jpeg_rows + jpeg_row_bytes * i, plan.jpeg_bytes);
     const GpuJpegVerdict verdict = jpeg_decoder_->Probe(jpeg);
     if (verdict.reason != GpuJpegReject::kNone || verdict.width != plan.width ||
         verdict.height != plan.height) {
@@ -410,7 +419,7 @@ absl::Status CudaStage::EnqueueGpuDecode(CudaStream& stream, const uint8_t* src,
   for (uint32_t i : cpu_rows) {
     GpuDecodePlan plan;
     std::memcpy(&plan, &plans[i], sizeof(plan));
-    const absl::Span<const uint8_t> jpeg(image_rows + field.row_bytes * i, plan.jpeg_bytes);
+    const absl::Span<const uint8_t> jpeg(jpeg_rows + jpeg_row_bytes * i, plan.jpeg_bytes);
     int width = 0, height = 0;
     fallback_row_.assign(field.row_bytes, 0);
     absl::Status s = fallback_decoder_.DecodeRgb(jpeg, &fallback_rgb_, &width, &height);

@@ -184,6 +184,7 @@ class CudaStage final : public DeviceStage {
   // then used by StartCopy's thread only.
   int plan_field_ = -1;
   GpuDecodeSplit* gpu_decode_ = nullptr;     // the Job's, which outlives the stage
+  int jpeg_field_ = -1;                      // kGpuDecodeJpegField, the host layout's last
   GpuDecodeSplit::Decoder counted_decoder_;  // this GPU among the job's decoders
   std::optional<GpuJpegDecoder> jpeg_decoder_;
   // nvJPEG's stream: on the hardware backend DecodeBatch waits for its stream, which must

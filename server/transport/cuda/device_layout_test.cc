@@ -49,6 +49,38 @@ TEST(DeviceSlotLayoutTest, NormalizedImagesAreChwFloatsWithStaging) {
   EXPECT_FLOAT_EQ(d->std[2], 0.225f);
 }
 
+// A GPU-decoding job's routed JPEGs (its last field, 256 KiB a row) stay in the host slot,
+// where nvJPEG reads them: the device slot ends before them, converted or not.
+TEST(DeviceSlotLayoutTest, RoutedJpegsStayInTheHostSlot) {
+  std::vector<FieldLayout> fields = {
+      {"image", ferry::v1::UINT8, {224, 224, 3}, 224 * 224 * 3},
+      {"label", ferry::v1::INT64, {}, 8},
+      {"index", ferry::v1::INT64, {}, 8},
+      {kGpuDecodePlanField, ferry::v1::UINT8, {72}, 72, ferry::v1::DTYPE_UNSPECIFIED, true},
+      {kGpuDecodeJpegField,
+       ferry::v1::UINT8,
+       {256 << 10},
+       256 << 10,
+       ferry::v1::DTYPE_UNSPECIFIED,
+       true}};
+  SlotLayout host = *SlotLayout::Make(fields, 64);
+  ASSERT_GT(host.slot_bytes - host.offsets[4], 64u * (256 << 10) - 1);
+  auto plain = DeviceSlotLayout::Make(host, ferry::v1::ImageOutput());
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->host_only_field, 4);
+  EXPECT_EQ(plain->slot_bytes, (host.offsets[4] + (2 << 20) - 1) / (2 << 20) * (2 << 20));
+  EXPECT_LT(plain->slot_bytes, host.slot_bytes);
+  ferry::v1::ImageOutput out;
+  out.set_dtype(ferry::v1::BFLOAT16);
+  auto normalized = DeviceSlotLayout::Make(host, out);
+  ASSERT_TRUE(normalized.ok()) << normalized.status();
+  EXPECT_EQ(normalized->host_only_field, 4);
+  EXPECT_GE(normalized->slot_bytes, normalized->staging_offset + host.offsets[4]);
+  EXPECT_LT(normalized->slot_bytes, normalized->staging_offset + host.offsets[4] + (2 << 20));
+  // Without the JPEG field every host byte crosses.
+  EXPECT_EQ(DeviceSlotLayout::Make(ImageLayout(64), ferry::v1::ImageOutput())->host_only_field, -1);
+}
+
 TEST(DeviceSlotLayoutTest, BadRequestsNameTheField) {
   SlotLayout host = ImageLayout(8);
   ferry::v1::ImageOutput out;

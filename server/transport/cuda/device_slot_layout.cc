@@ -88,6 +88,14 @@ absl::StatusOr<DeviceSlotLayout> DeviceSlotLayout::Make(const SlotLayout& host,
     tokens.dtype = out;
     tokens.row_bytes = field.row_bytes / DTypeSize(field.dtype) * DTypeSize(out);
   }
+  // The host slot's bytes that cross to the device: all but a trailing kGpuDecodeJpegField,
+  // whose JPEGs nvJPEG reads from the host slot.
+  size_t host_bytes = host.slot_bytes;
+  if (!host.fields.empty() && host.fields.back().internal &&
+      host.fields.back().name == kGpuDecodeJpegField) {
+    host_bytes = host.offsets.back();
+    layout.host_only_field = static_cast<int>(host.fields.size()) - 1;
+  }
   size_t offset = 0;
   if (layout.converts()) {
     // The converted field first, then the staging area: a copy of the whole host slot, in
@@ -100,11 +108,11 @@ absl::StatusOr<DeviceSlotLayout> DeviceSlotLayout::Make(const SlotLayout& host,
       layout.offsets.push_back(
           static_cast<int>(f) == converted ? 0 : layout.staging_offset + host.offsets[f]);
     }
-    offset = layout.staging_offset + host.slot_bytes;
+    offset = layout.staging_offset + host_bytes;
   } else {
     // Unconverted: identical to the host layout, so one copy moves a whole batch.
     layout.offsets = host.offsets;
-    offset = host.slot_bytes;
+    offset = host_bytes;
   }
   layout.slot_bytes = RoundUp(offset, kDeviceSlotAlignment);
   return layout;

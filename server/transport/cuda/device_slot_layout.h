@@ -30,6 +30,10 @@ struct DeviceSlotLayout {
   // conversion applies (LaunchPhotometric) instead of a plain normalisation; -1 when none.
   int program_field = -1;
   ferry::v1::DType token_input = ferry::v1::UINT16;  // its dtype on the host
+  // The host layout's last field when it stays in the host slot (kGpuDecodeJpegField:
+  // nvJPEG reads the routed JPEGs there): never copied, and the device slot ends before its
+  // offset; -1 when none.
+  int host_only_field = -1;
   // Converting: the host slot's bytes land at staging_offset (one copy per batch); the
   // converted field's input is at convert_input_offset, the other fields are read in place
   // (their offsets point into the staging area).
