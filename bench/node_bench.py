@@ -81,9 +81,12 @@ def rank_main(a):
     anchors.BATCH = BATCH
     root = os.path.join(a.data, "imagefolder")
     feed = a.phase.split(":")[1]
+    # A job of its own per phase: a job kept from the loaders-alone phase would start the
+    # training with its ranks' GPU decode demand at 1 (they waited there).
+    job_name = "node-bench-" + a.phase.replace(":", "-")
 
     if feed == "ferry":
-        loader = anchors.make_ferry(a.address, root, device, job_name="node-bench")
+        loader = anchors.make_ferry(a.address, root, device, job_name=job_name)
         batches = anchors.ferry_batches(loader, device)
     elif feed == "ferry-uint8":
         # uint8 HWC to the GPU; the trainer normalizes it to bf16 in its own stream, so no
@@ -92,7 +95,7 @@ def rank_main(a):
         loader = ferry.Loader(ferry.ImageFolder(root), batch_size=BATCH,
                               transform=ferry.RandomResizedCrop(224, flip=True), shuffle=True,
                               seed=0, drop_last=True, device=device, address=a.address,
-                              image_dtype="uint8", job_name="node-bench-uint8", prefetch=8)
+                              image_dtype="uint8", job_name=job_name, prefetch=8)
         batches = anchors.ferry_batches(loader, device)
     elif feed == "dataloader":
         cpus = len(os.sched_getaffinity(0))
