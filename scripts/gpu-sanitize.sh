@@ -41,13 +41,19 @@ pkill -f "$wrapper" 2>/dev/null
 sleep 5
 logs=("$OUT"/sanitizer.*.log)
 echo "compute-sanitizer --tool $tool: ${#logs[@]} ferryd runs"
-# Error reports, not the summary line ("ERROR SUMMARY: 0 errors" holds "error" too); and
-# a summary that counts any error.
-errors=$(cat "${logs[@]}" 2>/dev/null | grep -v 'ERROR SUMMARY' |
+# Error reports, not the summary lines (memcheck's "ERROR SUMMARY: 0 errors", racecheck's
+# "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)" hold "error" too); and
+# each summary that counts anything. A run with no summary line did not finish.
+errors=$(cat "${logs[@]}" 2>/dev/null | grep -v ' SUMMARY: ' |
   grep -c -E '^========= (Invalid|Program hit|Race|Barrier|Uninitialized|Host API|Error|.*error)' || true)
-errors=$((errors + $(grep -h "ERROR SUMMARY" "${logs[@]}" 2>/dev/null | grep -vc 'ERROR SUMMARY: 0 errors' || true)))
-summaries=$(grep -h "ERROR SUMMARY" "${logs[@]}" 2>/dev/null | sort | uniq -c)
-echo "${summaries:-no ERROR SUMMARY line}"
+errors=$((errors + $(grep -h ' SUMMARY: ' "${logs[@]}" 2>/dev/null |
+  grep -vcE 'ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards' || true)))
+summaries=$(grep -h ' SUMMARY: ' "${logs[@]}" 2>/dev/null | sort | uniq -c)
+echo "${summaries:-no SUMMARY line}"
+if (($(grep -l ' SUMMARY: ' "${logs[@]}" 2>/dev/null | wc -l) < ${#logs[@]})); then
+  echo "compute-sanitizer: a ferryd run wrote no summary (it did not finish)"
+  rc=1
+fi
 if ((errors > 0)); then
   echo "compute-sanitizer found $errors error report(s); the first:"
   grep -h -A12 -m1 -E '^========= (Invalid|Program hit|Race|Barrier|Uninitialized|Host API|Error)' "${logs[@]}" | head -40

@@ -397,6 +397,17 @@ std::vector<std::string> FormatGpuDecode(const JobStatus& job) {
   return {split, FormatJpegCounts(g.gpu_images, g.cpu_images, g.fallbacks)};
 }
 
+std::string FormatReadAhead(const JobStatus& job) {
+  if (!job.read_ahead.has_value()) return "";
+  const ReadAheadStatus& r = *job.read_ahead;
+  std::string line = absl::StrCat(FormatCount(r.opened), " files fetched ahead of the workers, ",
+                                  FormatCount(r.skipped), " reached first by the workers");
+  if (r.failed > 0) absl::StrAppend(&line, ", ", FormatCount(r.failed), " failed");
+  absl::StrAppend(&line, "; window ", FormatCount(r.files_in_window), " files, ",
+                  FormatBytes(r.bytes_in_window));
+  return line;
+}
+
 std::string RenderJob(const JobStatus& status) {
   const JobInfo& j = status.job;
   const JobOptions& s = j.spec;
@@ -461,6 +472,9 @@ std::string RenderJob(const JobStatus& status) {
   const std::vector<std::string> gpu_decode = FormatGpuDecode(status);
   for (size_t i = 0; i < gpu_decode.size(); ++i) {
     info.AddRow({i == 0 ? "gpu decode" : "", gpu_decode[i]});
+  }
+  if (const std::string ahead = FormatReadAhead(status); !ahead.empty()) {
+    info.AddRow({"read ahead", ahead});
   }
   if (!status.paused.empty()) {
     info.AddRow({"PAUSED", absl::StrCat(status.paused, " (a condition of this machine; ",

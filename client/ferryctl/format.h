@@ -57,6 +57,8 @@ std::string FormatJobState(const JobStatus& job);
 // GPU's share and the measured costs, then the images each side decoded with the GPU's
 // fallbacks by reason. Empty where the job has no gpu_decode.
 std::vector<std::string> FormatGpuDecode(const JobStatus& job);
+// A job's read-ahead (JobStatus::read_ahead) in one line; empty when it has none.
+std::string FormatReadAhead(const JobStatus& job);
 
 std::string RenderStatus(const StatusReport& report);
 std::string RenderJobs(const StatusReport& report);

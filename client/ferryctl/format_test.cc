@@ -180,6 +180,20 @@ TEST(RenderTest, JobShowsEachDistinctCopyPath) {
   EXPECT_THAT(RenderJob(s), Not(HasSubstr("gathered ")));
 }
 
+TEST(RenderTest, JobShowsWhatTheReadAheadDid) {
+  JobStatus s = SampleJob();
+  EXPECT_THAT(RenderJob(s), Not(HasSubstr("read ahead")));  // a local dataset: no row
+  s.read_ahead = ReadAheadStatus{
+      .opened = 12345, .skipped = 30, .files_in_window = 256, .bytes_in_window = 3ull << 29};
+  EXPECT_THAT(RenderJob(s), HasSubstr("read ahead     12,345 files fetched ahead of the workers, "
+                                      "30 reached first by the workers; window 256 files, "
+                                      "1.5 GiB\n"));
+  s.read_ahead->failed = 2;
+  EXPECT_EQ(FormatReadAhead(s),
+            "12,345 files fetched ahead of the workers, 30 reached first by the workers, 2 "
+            "failed; window 256 files, 1.5 GiB");
+}
+
 TEST(RenderTest, JobShowsWhoDecodesTheJpegs) {
   JobStatus s = SampleJob();
   EXPECT_THAT(RenderJob(s), Not(HasSubstr("gpu decode")));  // a host job: no row

@@ -280,11 +280,45 @@ void WriteGpuDecode(Writer* w, const GetStatusResponse& status) {
                  job.gpu_decode().fallbacks(), kGpuDecodeFallbackReasons);
   }
   w->Family("ferry_job_gpu_decode_share", "gauge",
-            "The share of a job's GPU-decodable JPEGs given to the GPU now (1 in gpu_decode "
-            "mode \"gpu\").");
+            "The share of a job's GPU-decodable JPEGs given to the GPUs now, the ranks' mean "
+            "(1 in gpu_decode mode \"gpu\").");
   for (const JobStatus& job : status.jobs()) {
     if (job.gpu_decode().mode().empty()) continue;
     w->Sample("ferry_job_gpu_decode_share", JobLabels(job), job.gpu_decode().gpu_share());
+  }
+}
+
+// Jobs whose files ferryd reads ahead (JobStatus.read_ahead); the others have none of these
+// series.
+void WriteReadAhead(Writer* w, const GetStatusResponse& status) {
+  w->Family("ferry_job_read_ahead_files_total", "counter",
+            "Files of a job the read-ahead took up: outcome=\"opened\" (fetched ahead of the "
+            "workers, or found in the node cache), \"failed\", \"skipped\" (the workers "
+            "reached them first).");
+  for (const JobStatus& job : status.jobs()) {
+    if (!job.has_read_ahead()) continue;
+    const std::string labels = JobLabels(job);
+    const ferry::v1::ReadAheadStatus& r = job.read_ahead();
+    w->Sample("ferry_job_read_ahead_files_total", With(labels, "outcome", "opened"),
+              static_cast<double>(r.opened()));
+    w->Sample("ferry_job_read_ahead_files_total", With(labels, "outcome", "failed"),
+              static_cast<double>(r.failed()));
+    w->Sample("ferry_job_read_ahead_files_total", With(labels, "outcome", "skipped"),
+              static_cast<double>(r.skipped()));
+  }
+  w->Family("ferry_job_read_ahead_window_files", "gauge",
+            "Files in a job's read-ahead window, waiting for their batch.");
+  for (const JobStatus& job : status.jobs()) {
+    if (!job.has_read_ahead()) continue;
+    w->Sample("ferry_job_read_ahead_window_files", JobLabels(job),
+              static_cast<double>(job.read_ahead().files_in_window()));
+  }
+  w->Family("ferry_job_read_ahead_window_bytes", "gauge",
+            "Bytes of the files in the window that were opened.");
+  for (const JobStatus& job : status.jobs()) {
+    if (!job.has_read_ahead()) continue;
+    w->Sample("ferry_job_read_ahead_window_bytes", JobLabels(job),
+              static_cast<double>(job.read_ahead().bytes_in_window()));
   }
 }
 
@@ -417,6 +451,7 @@ std::string StatusToPrometheus(const GetStatusResponse& status) {
   }
 
   WriteGpuDecode(&w, status);
+  WriteReadAhead(&w, status);
 
   for (const auto& m : kRankMetrics) {
     w.Family(m.name, m.type, m.help);

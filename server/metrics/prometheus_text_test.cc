@@ -76,6 +76,12 @@ ferry::v1::GetStatusResponse SampleStatus() {
   future->set_reason("later_reason");
   future->set_count(4);
   gpu_decode->set_gpu_share(0.8125);
+  ferry::v1::ReadAheadStatus* ahead = job->mutable_read_ahead();
+  ahead->set_opened(1200);
+  ahead->set_failed(1);
+  ahead->set_skipped(30);
+  ahead->set_files_in_window(256);
+  ahead->set_bytes_in_window(uint64_t{3} << 30);
   ferry::v1::ReasonCount* corrupt = job->add_errors_by_reason();
   corrupt->set_reason("corrupt");
   corrupt->set_count(3);
@@ -270,6 +276,23 @@ TEST(PrometheusTextTest, GpuDecodeExportsImagesByDecoderFallbacksAndShare) {
   EXPECT_THAT(off_text, Not(HasSubstr("ferry_job_gpu_decode_share{")));
   EXPECT_THAT(off_text, Not(HasSubstr("ferry_job_gpu_decode_images_total{")));
   EXPECT_THAT(off_text, Not(HasSubstr("ferry_job_gpu_decode_fallbacks_total{")));
+}
+
+TEST(PrometheusTextTest, ReadAheadExportsFilesByOutcomeAndTheWindow) {
+  const std::string text = StatusToPrometheus(SampleStatus());
+  const std::string job = R"(job_id="j0123456789ab",job_name="imagenet \"train\"\\x\n")";
+  const std::string files = "ferry_job_read_ahead_files_total{" + job + ",outcome=";
+  EXPECT_THAT(text, HasSubstr(files + "\"opened\"} 1200\n" + files + "\"failed\"} 1\n" + files +
+                              "\"skipped\"} 30\n"));
+  EXPECT_THAT(text, HasSubstr("ferry_job_read_ahead_window_files{" + job + "} 256\n"));
+  EXPECT_THAT(text, HasSubstr("ferry_job_read_ahead_window_bytes{" + job + "} 3221225472\n"));
+  // A job that reads nothing ahead has none of these series.
+  ferry::v1::GetStatusResponse local = SampleStatus();
+  local.mutable_jobs(0)->clear_read_ahead();
+  const std::string local_text = StatusToPrometheus(local);
+  EXPECT_THAT(local_text, HasSubstr("# TYPE ferry_job_read_ahead_files_total counter\n"));
+  EXPECT_THAT(local_text, Not(HasSubstr("ferry_job_read_ahead_files_total{")));
+  EXPECT_THAT(local_text, Not(HasSubstr("ferry_job_read_ahead_window_bytes{")));
 }
 
 TEST(PrometheusTextTest, LimitingStageIsAStateSetWithOneCurrentStage) {

@@ -816,6 +816,15 @@ void JobManager::FillJobStatus(const Job& job, ferry::v1::JobStatus* status) {
   if (job.failed()) status->set_failure(job.failure().ToString());
   status->set_paused(job.paused_reason());
   status->set_transient_errors(job.transient_error_count());
+  if (const ReadAhead* ahead = job.read_ahead(); ahead != nullptr) {
+    const ReadAhead::Stats stats = ahead->stats();
+    ferry::v1::ReadAheadStatus* r = status->mutable_read_ahead();
+    r->set_opened(stats.opened);
+    r->set_failed(stats.failed);
+    r->set_skipped(stats.skipped);
+    r->set_files_in_window(stats.in_window);
+    r->set_bytes_in_window(stats.bytes_in_window);
+  }
   if (const GpuDecodeSplit* split = job.gpu_decode(); split != nullptr) {
     ferry::v1::GpuDecodeStatus* g = status->mutable_gpu_decode();
     const GpuDecodeSplit::Counts c = split->counts();

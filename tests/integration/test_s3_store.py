@@ -419,6 +419,7 @@ class ReadAheadTest(StoreTestCase):
                 time.sleep(0.05)
             for batch in batches:
                 order.extend(batch["index"].tolist())
+            ahead = loader.job_status().get("read_ahead", {})
         finally:
             loader.close()
         self.assertEqual(sorted(order), list(range(count)))
@@ -432,6 +433,9 @@ class ReadAheadTest(StoreTestCase):
         by_workers = set(keys[:2 * (self.PREFETCH + 1)])
         self.assertEqual([k for k in gets if k not in by_workers],
                          [k for k in keys if k not in by_workers])
+        # Status says so: every image but the workers' own was opened ahead, none failed.
+        self.assertGreaterEqual(int(ahead.get("opened", 0)), count - len(by_workers), ahead)
+        self.assertEqual(int(ahead.get("failed", 0)), 0, ahead)
 
 
 class ManyObjectsTest(StoreTestCase):

@@ -630,6 +630,14 @@ JobStatus FromProto(const v1::JobStatus& status) {
     gpu.demand = g.demand();
     gpu.decoders = g.decoders();
   }
+  if (status.has_read_ahead()) {
+    const v1::ReadAheadStatus& r = status.read_ahead();
+    out.read_ahead = ReadAheadStatus{.opened = r.opened(),
+                                     .failed = r.failed(),
+                                     .skipped = r.skipped(),
+                                     .files_in_window = r.files_in_window(),
+                                     .bytes_in_window = r.bytes_in_window()};
+  }
   return out;
 }
 

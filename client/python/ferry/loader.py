@@ -373,7 +373,9 @@ class Loader:
         field names): "ranks", "errors", "samples_decoded", for a Blend "blend_sources"
         (per dataset: "name", "weight", "samples_per_epoch", "samples_drawn"), and for a GPU
         image job "gpu_decode" (who decodes its JPEGs: "mode" or "off", "gpu_images",
-        "cpu_images", "fallbacks", "gpu_share"; docs/operations.md)."""
+        "cpu_images", "fallbacks", "gpu_share"; docs/operations.md), and for a remote image
+        folder or WebDataset "read_ahead" (files "opened" ahead of the workers, "skipped",
+        "failed", "files_in_window", "bytes_in_window")."""
         if self._client is None:
             raise FerryError("FAILED_PRECONDITION", "the ferry.Loader is closed")
         return self._client.get_job(self.job["id"])

@@ -523,6 +523,16 @@ struct GpuDecodeStatus {
   int decoders = 0;
 };
 
+// What ferryd's read-ahead did for a job (JobStatus::read_ahead; ferry.proto
+// ReadAheadStatus says what each count means).
+struct ReadAheadStatus {
+  int64_t opened = 0;   // files opened ahead of the workers
+  int64_t failed = 0;   // opens that failed (the workers report the error)
+  int64_t skipped = 0;  // files the workers reached first
+  int64_t files_in_window = 0;
+  uint64_t bytes_in_window = 0;
+};
+
 struct JobStatus {
   JobInfo job;
   std::vector<RankStatus> ranks;
@@ -556,6 +566,9 @@ struct JobStatus {
   // GPU"). Absent for jobs that decode no images, or whose daemon predates it.
   using GpuDecode = GpuDecodeStatus;
   std::optional<GpuDecode> gpu_decode;
+  // Jobs whose files ferryd reads ahead of the workers (remote image folders and WebDataset
+  // shards; docs/operations.md, "Remote datasets"). Absent for the others.
+  std::optional<ReadAheadStatus> read_ahead;
 };
 
 struct NumaNodeStatus {
