@@ -5,10 +5,13 @@
 // Prints a table; never asserts. Needs a GPU and libnvjpeg.
 //
 //   gpu_jpeg_bench DIR [--files N] [--batch N] [--seconds S] [--only 420|444]
+//                      [--preallocate SIDE,SIDE...]
 //
 // DIR is searched recursively for .jpg/.jpeg files (bench/make_bench_dataset.py writes an
 // ImageNet-like corpus); the first --files (default 2048) that the decoder takes are read
 // into memory, so the disk is not measured. --only keeps the files of one chroma subsampling.
+// --preallocate runs every row once per GpuJpegDecoder::Options::preallocate_side given
+// (default 0: no preallocation), side by side.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -24,6 +27,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_split.h"
 #include "absl/types/span.h"
 #include "cuda/cuda_resources.h"
 #include "server/decode/gpu/gpu_jpeg_decoder.h"
@@ -98,8 +102,10 @@ struct Lane {
   int64_t calls = 0;
 };
 
-Lane MakeLane(const Corpus& corpus, int batch) {
-  absl::StatusOr<GpuJpegDecoder> decoder = GpuJpegDecoder::Create(0, batch);
+Lane MakeLane(const Corpus& corpus, int batch, int preallocate_side) {
+  GpuJpegDecoder::Options options;
+  options.preallocate_side = preallocate_side;
+  absl::StatusOr<GpuJpegDecoder> decoder = GpuJpegDecoder::Create(0, batch, options);
   Die(decoder.status(), "GpuJpegDecoder::Create");
   absl::StatusOr<CudaStream> stream = CudaStream::Create(0);
   Die(stream.status(), "CudaStream::Create");
@@ -136,10 +142,10 @@ void Run(Lane& lane, const Corpus& corpus, const std::vector<int>& sizes, size_t
   Die(lane.stream.Synchronize(), "cudaStreamSynchronize");
 }
 
-void Scenario(const char* name, const Corpus& corpus, int lanes_count, int batch,
-              const std::vector<int>& sizes, double seconds) {
+void Scenario(const std::string& name, const Corpus& corpus, int lanes_count, int batch,
+              int preallocate_side, const std::vector<int>& sizes, double seconds) {
   std::vector<Lane> lanes;
-  for (int i = 0; i < lanes_count; ++i) lanes.push_back(MakeLane(corpus, batch));
+  for (int i = 0; i < lanes_count; ++i) lanes.push_back(MakeLane(corpus, batch, preallocate_side));
   // Warm-up: nvJPEG sizes its buffers on the first batches.
   for (Lane& lane : lanes)
     Run(lane, corpus, sizes, 0, Clock::now() + std::chrono::milliseconds(300));
@@ -159,8 +165,9 @@ void Scenario(const char* name, const Corpus& corpus, int lanes_count, int batch
   for (const Lane& lane : lanes) {
     images += lane.images, calls += lane.calls, call_seconds += lane.call_seconds;
   }
-  std::printf("%-44s %8.0f img/s   DecodeBatch call %6.2f ms (%5.1f us/img), %3.0f%% of wall\n",
-              name, images / wall, 1e3 * call_seconds / calls, 1e6 * call_seconds / images,
+  std::printf("%-62s %8.0f img/s   DecodeBatch call %6.2f ms (%5.1f us/img), %3.0f%% of wall\n",
+              (name + ", preallocated " + std::to_string(preallocate_side)).c_str(), images / wall,
+              1e3 * call_seconds / calls, 1e6 * call_seconds / images,
               100 * call_seconds / lanes_count / wall);
 }
 
@@ -178,12 +185,19 @@ int main(int argc, char** argv) {
   int batch = 128;
   double seconds = 3;
   std::string only;
+  std::vector<int> preallocate_sides = {0};
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--files") files = std::strtoul(argv[i + 1], nullptr, 10);
     if (flag == "--batch") batch = std::atoi(argv[i + 1]);
     if (flag == "--seconds") seconds = std::atof(argv[i + 1]);
     if (flag == "--only") only = argv[i + 1];
+    if (flag == "--preallocate") {
+      preallocate_sides.clear();
+      for (absl::string_view side : absl::StrSplit(argv[i + 1], ',')) {
+        preallocate_sides.push_back(std::atoi(std::string(side).c_str()));
+      }
+    }
   }
   absl::StatusOr<GpuJpegDecoder> probe = GpuJpegDecoder::Create(0, batch);
   Die(probe.status(), "GpuJpegDecoder::Create");
@@ -200,12 +214,16 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 16; ++i) varying.push_back(batch / 2 + (i * 37) % (batch / 2 + 1));
   std::printf("batch %d, %.1f s per row\n", batch, seconds);
   for (const int lanes : {1, 2, 4}) {
-    Scenario(("fixed size, " + std::to_string(lanes) + " decoder(s)").c_str(), corpus, lanes, batch,
-             {batch}, seconds);
+    for (const int side : preallocate_sides) {
+      Scenario("fixed size, " + std::to_string(lanes) + " decoder(s)", corpus, lanes, batch, side,
+               {batch}, seconds);
+    }
   }
   for (const int lanes : {1, 2, 4}) {
-    Scenario(("size changing per call, " + std::to_string(lanes) + " decoder(s)").c_str(), corpus,
-             lanes, batch, varying, seconds);
+    for (const int side : preallocate_sides) {
+      Scenario("size changing per call, " + std::to_string(lanes) + " decoder(s)", corpus, lanes,
+               batch, side, varying, seconds);
+    }
   }
   return 0;
 }

@@ -3,7 +3,8 @@
 // version reading run in CI, where no libnvjpeg exists. Only nvjpegGetProperty does anything
 // (it reports version 99.1.2); the rest refuse with NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED
 // and are never called by the test. Built three ways:
-//   FERRY_FAKE_NVJPEG_OMIT_HW_INFO: without nvjpegGetHardwareDecoderInfo (optional; early 11.x)
+//   FERRY_FAKE_NVJPEG_OMIT_HW_INFO: without nvjpegGetHardwareDecoderInfo and
+//     nvjpegDecodeBatchedPreAllocate (optional; early 11.x)
 //   FERRY_FAKE_NVJPEG_OMIT_SUPPORTED: without nvjpegDecodeBatchedSupported (required)
 #include "server/decode/gpu/internal/nvjpeg_api.h"
 
@@ -50,6 +51,13 @@ __attribute__((visibility("default"))) nvjpegStatus_t nvjpegDecodeBatchedInitial
     nvjpegHandle_t, nvjpegJpegState_t, int, int, nvjpegOutputFormat_t) {
   return kNo;
 }
+#ifndef FERRY_FAKE_NVJPEG_OMIT_HW_INFO
+__attribute__((visibility("default"))) nvjpegStatus_t nvjpegDecodeBatchedPreAllocate(
+    nvjpegHandle_t, nvjpegJpegState_t, int, int, int, nvjpegChromaSubsampling_t,
+    nvjpegOutputFormat_t) {
+  return kNo;
+}
+#endif
 __attribute__((visibility("default"))) nvjpegStatus_t nvjpegDecodeBatched(
     nvjpegHandle_t, nvjpegJpegState_t, const unsigned char* const*, const size_t*, nvjpegImage_t*,
     cudaStream_t) {

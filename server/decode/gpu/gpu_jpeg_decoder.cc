@@ -159,6 +159,16 @@ absl::StatusOr<GpuJpegDecoder> GpuJpegDecoder::Create(const NvJpegLibrary& libra
   const std::string where = absl::StrCat("device ", device);
   FERRY_RETURN_IF_ERROR(NvJpegStatus(library.nvjpegJpegStateCreate(impl->handle, &impl->state),
                                      "nvjpegJpegStateCreate", where));
+  if (impl->backend == Backend::kHardware && options.preallocate_side > 0 &&
+      library.nvjpegDecodeBatchedPreAllocate != nullptr) {
+    // Best effort: without it the buffers are allocated on the first batches instead.
+    absl::Status reserved =
+        NvJpegStatus(library.nvjpegDecodeBatchedPreAllocate(
+                         impl->handle, impl->state, max_batch, options.preallocate_side,
+                         options.preallocate_side, NVJPEG_CSS_444, NVJPEG_OUTPUT_RGBI),
+                     "nvjpegDecodeBatchedPreAllocate", where);
+    if (!reserved.ok()) FERRY_LOG(WARNING) << reserved.message();
+  }
   FERRY_RETURN_IF_ERROR(
       NvJpegStatus(library.nvjpegJpegStreamCreate(impl->handle, &impl->jpeg_stream),
                    "nvjpegJpegStreamCreate", where));

@@ -57,6 +57,12 @@ class GpuJpegDecoder final {
     bool interpolate_chroma = true;
     // Files larger than this go to the CPU (kTooLarge). Default: GpuJpegLimits{}.
     GpuJpegLimits limits;
+    // Hardware backend: reserve the engines' buffers once, at creation, for max_batch images
+    // of up to preallocate_side x preallocate_side (nvjpegDecodeBatchedPreAllocate, where
+    // the library has it), instead of on a batch of a new size. 0: do not. Default: 0, since
+    // what the reservation costs in device memory (per GPU, beside the trainer) is not
+    // measured yet.
+    int preallocate_side = 0;
   };
 
   // A decoder on CUDA device `device` for batches of up to `max_batch` images (>= 1), with

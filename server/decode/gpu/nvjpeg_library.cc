@@ -108,6 +108,7 @@ absl::Status NvJpegLibrary::Resolve() {
   FERRY_NVJPEG_RESOLVE(nvjpegJpegStateDestroy, true);
   FERRY_NVJPEG_RESOLVE(nvjpegGetImageInfo, true);
   FERRY_NVJPEG_RESOLVE(nvjpegDecodeBatchedInitialize, true);
+  FERRY_NVJPEG_RESOLVE(nvjpegDecodeBatchedPreAllocate, false);
   FERRY_NVJPEG_RESOLVE(nvjpegDecodeBatched, true);
   FERRY_NVJPEG_RESOLVE(nvjpegJpegStreamCreate, true);
   FERRY_NVJPEG_RESOLVE(nvjpegJpegStreamDestroy, true);

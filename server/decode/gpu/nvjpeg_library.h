@@ -67,7 +67,8 @@ class NvJpegLibrary final {
   const std::string& version() const { return version_; }
   int major_version() const { return major_; }
 
-  // Never null once loaded, except nvjpegGetHardwareDecoderInfo (absent from early 11.x).
+  // Never null once loaded, except nvjpegGetHardwareDecoderInfo and
+  // nvjpegDecodeBatchedPreAllocate (absent from early 11.x).
   nvjpeg::nvjpegGetProperty_fn nvjpegGetProperty = nullptr;
   nvjpeg::nvjpegCreateEx_fn nvjpegCreateEx = nullptr;
   nvjpeg::nvjpegDestroy_fn nvjpegDestroy = nullptr;
@@ -76,6 +77,7 @@ class NvJpegLibrary final {
   nvjpeg::nvjpegJpegStateDestroy_fn nvjpegJpegStateDestroy = nullptr;
   nvjpeg::nvjpegGetImageInfo_fn nvjpegGetImageInfo = nullptr;
   nvjpeg::nvjpegDecodeBatchedInitialize_fn nvjpegDecodeBatchedInitialize = nullptr;
+  nvjpeg::nvjpegDecodeBatchedPreAllocate_fn nvjpegDecodeBatchedPreAllocate = nullptr;
   nvjpeg::nvjpegDecodeBatched_fn nvjpegDecodeBatched = nullptr;
   nvjpeg::nvjpegJpegStreamCreate_fn nvjpegJpegStreamCreate = nullptr;
   nvjpeg::nvjpegJpegStreamDestroy_fn nvjpegJpegStreamDestroy = nullptr;

@@ -110,6 +110,7 @@ TEST(NvJpegLibrary, ResolvesEveryFunctionAndReadsTheVersion) {
   ASSERT_TRUE(lib.ok()) << lib.status();
   ExpectEverythingResolved(**lib);
   EXPECT_NE((*lib)->nvjpegGetHardwareDecoderInfo, nullptr);
+  EXPECT_NE((*lib)->nvjpegDecodeBatchedPreAllocate, nullptr);
   EXPECT_EQ((*lib)->version(), "99.1.2");
   EXPECT_EQ((*lib)->major_version(), 99);
   EXPECT_EQ((*lib)->path(), FERRY_FAKE_NVJPEG_FULL);
@@ -121,6 +122,7 @@ TEST(NvJpegLibrary, HardwareDecoderInfoIsOptional) {
   ASSERT_TRUE(lib.ok()) << lib.status();
   ExpectEverythingResolved(**lib);
   EXPECT_EQ((*lib)->nvjpegGetHardwareDecoderInfo, nullptr);
+  EXPECT_EQ((*lib)->nvjpegDecodeBatchedPreAllocate, nullptr);
 }
 
 TEST(NvJpegLibrary, MissingFunctionIsNamed) {

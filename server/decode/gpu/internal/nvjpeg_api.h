@@ -109,6 +109,11 @@ using nvjpegDecodeBatchedInitialize_fn = nvjpegStatus_t (*)(nvjpegHandle_t handl
                                                             nvjpegJpegState_t jpeg_handle,
                                                             int batch_size, int max_cpu_threads,
                                                             nvjpegOutputFormat_t output_format);
+// Hardware backend only (nvJPEG 11.x and later): reserves the engines' buffers for batches of
+// up to batch_size images of up to width x height.
+using nvjpegDecodeBatchedPreAllocate_fn = nvjpegStatus_t (*)(
+    nvjpegHandle_t handle, nvjpegJpegState_t jpeg_handle, int batch_size, int width, int height,
+    nvjpegChromaSubsampling_t chroma_subsampling, nvjpegOutputFormat_t output_format);
 using nvjpegDecodeBatched_fn = nvjpegStatus_t (*)(nvjpegHandle_t handle,
                                                   nvjpegJpegState_t jpeg_handle,
                                                   const unsigned char* const* data,
