@@ -306,19 +306,23 @@ void WriteReadAhead(Writer* w, const GetStatusResponse& status) {
     w->Sample("ferry_job_read_ahead_files_total", With(labels, "outcome", "skipped"),
               static_cast<double>(r.skipped()));
   }
-  w->Family("ferry_job_read_ahead_window_files", "gauge",
-            "Files in a job's read-ahead window, waiting for their batch.");
-  for (const JobStatus& job : status.jobs()) {
-    if (!job.has_read_ahead()) continue;
-    w->Sample("ferry_job_read_ahead_window_files", JobLabels(job),
-              static_cast<double>(job.read_ahead().files_in_window()));
-  }
-  w->Family("ferry_job_read_ahead_window_bytes", "gauge",
-            "Bytes of the files in the window that were opened.");
-  for (const JobStatus& job : status.jobs()) {
-    if (!job.has_read_ahead()) continue;
-    w->Sample("ferry_job_read_ahead_window_bytes", JobLabels(job),
-              static_cast<double>(job.read_ahead().bytes_in_window()));
+  using ferry::v1::ReadAheadStatus;
+  const struct {
+    const char* name;
+    const char* help;
+    double (*value)(const ReadAheadStatus&);
+  } kWindow[] = {
+      {"ferry_job_read_ahead_window_files",
+       "Files in a job's read-ahead window, waiting for their batch.",
+       [](const ReadAheadStatus& r) { return static_cast<double>(r.files_in_window()); }},
+      {"ferry_job_read_ahead_window_bytes", "Bytes of the files in the window that were opened.",
+       [](const ReadAheadStatus& r) { return static_cast<double>(r.bytes_in_window()); }},
+  };
+  for (const auto& m : kWindow) {
+    w->Family(m.name, "gauge", m.help);
+    for (const JobStatus& job : status.jobs()) {
+      if (job.has_read_ahead()) w->Sample(m.name, JobLabels(job), m.value(job.read_ahead()));
+    }
   }
 }
 
