@@ -198,7 +198,7 @@ std::string FormatCpuWait(const RankStatus& r) {
   return absl::StrFormat("%.0f%%", 100 * r.consumer_cpu_wait_ratio);
 }
 
-// "read", "decode", "copy", "trainer", "trainer_cpu"; "-" while ferryd cannot tell.
+// RankStatus::limiting_stage ("read", "remote_read", "decode", ...); "-" while ferryd cannot tell.
 std::string FormatLimit(const RankStatus& r) {
   return r.limiting_stage.empty() ? "-" : r.limiting_stage;
 }

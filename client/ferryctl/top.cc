@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "client/ferryctl/format.h"
 #include "google/protobuf/util/json_util.h"
+#include "proto/ferry/v1/words.h"
 
 namespace ferry::ctl {
 
@@ -29,22 +30,8 @@ absl::StatusOr<v1::GetStatusResponse> ParseStatusJson(std::string_view json) {
 }
 
 std::string FormatLimitingStage(v1::LimitingStage stage) {
-  switch (stage) {
-    case v1::LIMITED_BY_TRAINER:
-      return "trainer";
-    case v1::LIMITED_BY_READ:
-      return "read";
-    case v1::LIMITED_BY_DECODE:
-      return "decode";
-    case v1::LIMITED_BY_COPY:
-      return "copy";
-    case v1::LIMITED_BY_TRAINER_CPU:
-      return "trainer_cpu";
-    case v1::LIMITED_BY_REMOTE_READ:
-      return "remote_read";
-    default:
-      return "-";
-  }
+  const std::string word = v1::LimitingStageWord(stage);
+  return word.empty() ? "-" : word;
 }
 
 namespace {

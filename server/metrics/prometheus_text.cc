@@ -8,6 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "google/protobuf/descriptor.h"
+#include "proto/ferry/v1/words.h"
 
 namespace ferry {
 namespace {
@@ -208,17 +210,6 @@ constexpr absl::string_view kGpuDecodeFallbackReasons[] = {"corrupt",
                                                            "too_large",
                                                            "decoder_refused",
                                                            "not_jpeg"};
-
-// LimitingStage values as label values, in enum order.
-constexpr std::pair<ferry::v1::LimitingStage, absl::string_view> kStages[] = {
-    {ferry::v1::LIMITING_STAGE_UNSPECIFIED, "unknown"},
-    {ferry::v1::LIMITED_BY_TRAINER, "trainer"},
-    {ferry::v1::LIMITED_BY_READ, "read"},
-    {ferry::v1::LIMITED_BY_DECODE, "decode"},
-    {ferry::v1::LIMITED_BY_COPY, "copy"},
-    {ferry::v1::LIMITED_BY_TRAINER_CPU, "trainer_cpu"},
-    {ferry::v1::LIMITED_BY_REMOTE_READ, "remote_read"},
-};
 
 // A Prometheus histogram from Histogram's per-bucket counts: running sums as le buckets,
 // the +Inf bucket and _count equal (the larger of the running total and `count`, should
@@ -470,13 +461,17 @@ std::string StatusToPrometheus(const GetStatusResponse& status) {
   for (const JobStatus& job : status.jobs()) {
     for (const RankStatus& rank : job.ranks()) {
       const std::string labels = RankLabels(job, rank);
-      // A stage newer than this exporter counts as unknown: one series of five is 1.
-      ferry::v1::LimitingStage current = ferry::v1::LIMITING_STAGE_UNSPECIFIED;
-      for (const auto& [stage, name] : kStages) {
-        if (rank.limiting_stage() == stage) current = stage;
-      }
-      for (const auto& [stage, name] : kStages) {
-        w.Sample("ferry_rank_limiting_stage", With(labels, "stage", name), current == stage);
+      // A series per stage this exporter knows, "unknown" for UNSPECIFIED; a stage newer
+      // than it counts as unknown: one series of them is 1.
+      const int current = ferry::v1::LimitingStage_IsValid(rank.limiting_stage())
+                              ? rank.limiting_stage()
+                              : ferry::v1::LIMITING_STAGE_UNSPECIFIED;
+      const google::protobuf::EnumDescriptor* stages = ferry::v1::LimitingStage_descriptor();
+      for (int i = 0; i < stages->value_count(); ++i) {
+        const int stage = stages->value(i)->number();
+        const std::string word = ferry::v1::LimitingStageWord(stage);
+        w.Sample("ferry_rank_limiting_stage",
+                 With(labels, "stage", word.empty() ? "unknown" : word), current == stage);
       }
     }
   }

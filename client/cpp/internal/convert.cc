@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/error_reason.h"
 #include "google/protobuf/util/json_util.h"
+#include "proto/ferry/v1/words.h"
 
 namespace ferry {
 
@@ -82,27 +83,6 @@ absl::StatusOr<JobOptions> JobOptionsFromJson(std::string_view json) {
 
 namespace internal {
 namespace {
-
-// RankStatus.limiting_stage in a word; empty for UNSPECIFIED (or a stage this client
-// does not know).
-std::string LimitingStageName(v1::LimitingStage stage) {
-  switch (stage) {
-    case v1::LIMITED_BY_TRAINER:
-      return "trainer";
-    case v1::LIMITED_BY_READ:
-      return "read";
-    case v1::LIMITED_BY_DECODE:
-      return "decode";
-    case v1::LIMITED_BY_COPY:
-      return "copy";
-    case v1::LIMITED_BY_TRAINER_CPU:
-      return "trainer_cpu";
-    case v1::LIMITED_BY_REMOTE_READ:
-      return "remote_read";
-    default:
-      return "";
-  }
-}
 
 v1::DType ToProto(DType dtype) { return static_cast<v1::DType>(static_cast<int>(dtype)); }
 DType FromProto(v1::DType dtype) { return static_cast<DType>(static_cast<int>(dtype)); }
@@ -581,7 +561,7 @@ JobStatus FromProto(const v1::JobStatus& status) {
     rank.consumer_wait_seconds = r.consumer_wait_seconds();
     rank.stall_ratio = r.stall_ratio();
     rank.stall_window_seconds = r.stall_window_seconds();
-    rank.limiting_stage = LimitingStageName(r.limiting_stage());
+    rank.limiting_stage = v1::LimitingStageWord(r.limiting_stage());
     rank.limiting_stage_note = r.limiting_stage_note();
     rank.consumer_cpu_wait_ratio = r.consumer_cpu_wait_ratio();
     rank.gpu_decode_demand = r.gpu_decode_demand();
