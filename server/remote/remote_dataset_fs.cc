@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -132,6 +133,13 @@ class RemoteDatasetFs final : public DatasetFs {
     tree.erase(dir);
     absl::MutexLock lock(&mutex_);
     for (auto& [folder, below] : tree) listed_[ListedKey(where.bucket, folder)] = std::move(below);
+    for (const ListedObject& object : listing.objects) {
+      if (object.etag.empty()) continue;
+      ObjectLocation at = where;
+      at.key = object.key;
+      listed_versions_.try_emplace(at.ToString(),
+                                   StoreClient::ObjectInfo{object.size, object.etag});
+    }
     return entries;
   }
 
@@ -173,18 +181,67 @@ class RemoteDatasetFs final : public DatasetFs {
   }
   absl::StatusOr<Fetched> FetchUntimed(const std::string& path) const {
     FERRY_ASSIGN_OR_RETURN(const ObjectLocation where, ObjectLocation::Parse(path));
+    if (std::optional<StoreClient::ObjectInfo> listed = TakeListedVersion(where, path)) {
+      absl::StatusOr<Fetched> fetched = FetchListed(where, path, *listed);
+      // Changed since it was listed: the object's version as a HEAD tells it.
+      if (!absl::IsAborted(fetched.status())) return fetched;
+    }
     FERRY_ASSIGN_OR_RETURN(const StoreClient::ObjectInfo info, Head(where, path));
+    const ObjectCache::Key key = KeyOf(where, info);
+    FERRY_ASSIGN_OR_RETURN(ObjectCache::Pin pin, cache_->Get(key, info.size, [&](int fd) {
+      return store_->Read(where, 0, info.size, fd);
+    }));
+    return Fetched{std::move(pin), IdentityOf(key, info)};
+  }
+
+  // An object of a listed folder whose version the listing gave, not yet confirmed for these
+  // credentials (a listing proves the right to list, not to read): removed from the listed
+  // versions, since it is fetched now.
+  std::optional<StoreClient::ObjectInfo> TakeListedVersion(const ObjectLocation& where,
+                                                           const std::string& path) const {
+    absl::MutexLock lock(&mutex_);
+    if (heads_.contains(path)) return std::nullopt;
+    auto it = listed_versions_.find(where.ToString());
+    if (it == listed_versions_.end()) return std::nullopt;
+    StoreClient::ObjectInfo info = std::move(it->second);
+    listed_versions_.erase(it);
+    return info;
+  }
+
+  // One request where the object is not cached: a GET of the listed version, signed with
+  // these credentials, proves the right to read it as a HEAD would. A cached one is served
+  // after a HEAD says these credentials may read that version. ABORTED when the object
+  // changed since the listing.
+  absl::StatusOr<Fetched> FetchListed(const ObjectLocation& where, const std::string& path,
+                                      const StoreClient::ObjectInfo& listed) const {
+    const ObjectCache::Key key = KeyOf(where, listed);
+    bool read_here = false;
+    FERRY_ASSIGN_OR_RETURN(ObjectCache::Pin pin, cache_->Get(key, listed.size, [&](int fd) {
+      read_here = true;
+      return store_->Read(where, 0, listed.size, fd, listed.etag);
+    }));
+    if (read_here) {
+      absl::MutexLock lock(&mutex_);
+      heads_.try_emplace(path, listed);
+    } else {
+      FERRY_ASSIGN_OR_RETURN(const StoreClient::ObjectInfo info, Head(where, path));
+      if (info.etag != listed.etag || info.size != listed.size) {
+        return absl::AbortedError(absl::StrCat("'", path, "' changed since it was listed"));
+      }
+    }
+    return Fetched{std::move(pin), IdentityOf(key, listed)};
+  }
+
+  ObjectCache::Key KeyOf(const ObjectLocation& where, const StoreClient::ObjectInfo& info) const {
     ObjectCache::Key key;
     key.store = where.kind == ObjectLocation::Kind::kS3 ? store_->UrlOf(where) : where.url;
     key.object = where.ToString();
     key.version = info.etag.empty() ? absl::StrCat("size ", info.size) : info.etag;
-    FERRY_ASSIGN_OR_RETURN(ObjectCache::Pin pin, cache_->Get(key, info.size, [&](int fd) {
-      return store_->Read(where, 0, info.size, fd);
-    }));
-    return Fetched{
-        std::move(pin),
-        FileIdentity{
-            .device = 0, .inode = absl::HashOf(key.Canonical()), .size = info.size, .mtime_ns = 0}};
+    return key;
+  }
+  static FileIdentity IdentityOf(const ObjectCache::Key& key, const StoreClient::ObjectInfo& info) {
+    return FileIdentity{
+        .device = 0, .inode = absl::HashOf(key.Canonical()), .size = info.size, .mtime_ns = 0};
   }
 
   // What local paths meet on a daemon that reads none.
@@ -224,6 +281,9 @@ class RemoteDatasetFs final : public DatasetFs {
   mutable absl::flat_hash_map<std::string, StoreClient::ObjectInfo> heads_ ABSL_GUARDED_BY(mutex_);
   // "bucket/folder/" -> the entries of a folder listed with its parent, not yet asked for.
   mutable absl::flat_hash_map<std::string, std::vector<Entry>> listed_ ABSL_GUARDED_BY(mutex_);
+  // "s3://bucket/key" -> size and version as a listing gave them, for objects not fetched yet.
+  mutable absl::flat_hash_map<std::string, StoreClient::ObjectInfo> listed_versions_
+      ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace

@@ -7,7 +7,9 @@
 //    credentials read that very version: the first open of each object asks the store for
 //    its size and version (a HEAD), and the answer is remembered for this filesystem's life
 //    (one per job), so the object's version stays the same for the whole job. A new version
-//    is another cache entry.
+//    is another cache entry. An object of a listed folder (below) that is not cached costs
+//    one request instead: a GET of the version the listing gave (If-Match), whose success
+//    proves the same; one that changed since the listing is asked for with a HEAD.
 //  * The file or mapping returned holds the cache entry (it is not evicted) while it lives.
 //  * A null `local` reads no local paths (PERMISSION_DENIED): a daemon with remote datasets
 //    and no dataset_roots.

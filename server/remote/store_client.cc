@@ -217,7 +217,7 @@ size_t OnBody(char* data, size_t size, size_t count, void* user) {
 // Range then).
 Response Attempt(const StoreOptions& options, const std::string& url, const std::string& query,
                  const ObjectLocation& location, bool head, uint64_t offset, uint64_t length,
-                 int fd, uint64_t* written, std::string* text) {
+                 int fd, uint64_t* written, std::string* text, const std::string& version) {
   Response r;
   CURL* h = curl_easy_init();
   if (h == nullptr) {
@@ -230,6 +230,7 @@ Response Attempt(const StoreOptions& options, const std::string& url, const std:
   if (!head && text == nullptr) {
     headers.push_back({"range", absl::StrCat("bytes=", from, "-", offset + length - 1)});
   }
+  if (!version.empty()) headers.push_back({"if-match", version});
   if (location.kind == ObjectLocation::Kind::kS3 && options.credentials.has_value()) {
     const Endpoint e = SplitEndpoint(url);
     headers.push_back({"host", e.host});
@@ -275,7 +276,7 @@ Response Attempt(const StoreOptions& options, const std::string& url, const std:
 
 absl::Status StoreClient::Run(const ObjectLocation& location, bool head, uint64_t offset,
                               uint64_t length, int fd, ObjectInfo* info, const std::string& query,
-                              std::string* text) const {
+                              std::string* text, const std::string& version) const {
   const std::string where = location.ToString();
   StoreCounters& counters = *options_.counters;
   // Every return but success's counts as a failure.
@@ -296,7 +297,7 @@ absl::Status StoreClient::Run(const ObjectLocation& location, bool head, uint64_
     counters.requests.fetch_add(1, std::memory_order_relaxed);
     counters.in_flight.fetch_add(1, std::memory_order_relaxed);
     const Response r = Attempt(options_, UrlOf(location), query, location, head, offset, length,
-                               head ? -1 : fd, &written, text);
+                               head ? -1 : fd, &written, text, version);
     counters.in_flight.fetch_sub(1, std::memory_order_relaxed);
     counters.downloaded_bytes.fetch_add((written - before) + (text != nullptr ? text->size() : 0),
                                         std::memory_order_relaxed);
@@ -340,6 +341,12 @@ absl::Status StoreClient::Run(const ObjectLocation& location, bool head, uint64_
     if (r.http == 416) {
       return absl::OutOfRangeError(absl::StrCat("bytes [", offset, ", ", offset + length,
                                                 ") lie past the end of '", where, "'"));
+    }
+    if (!version.empty() && (r.http == 412 || ((r.http == 200 || r.http == 206) &&
+                                               !r.etag.empty() && r.etag != version))) {
+      return absl::AbortedError(absl::StrCat("object '", where, "' changed since version ", version,
+                                             " was asked for (the store has ",
+                                             r.http == 412 ? "another" : r.etag, ")"));
     }
     if (r.http >= 300 && r.http < 400) {
       return absl::FailedPreconditionError(
@@ -438,9 +445,9 @@ absl::StatusOr<StoreClient::ObjectInfo> StoreClient::Head(const ObjectLocation& 
 }
 
 absl::Status StoreClient::Read(const ObjectLocation& location, uint64_t offset, uint64_t length,
-                               int fd) const {
+                               int fd, const std::string& version) const {
   if (length == 0) return absl::OkStatus();
-  return Run(location, /*head=*/false, offset, length, fd, nullptr, "", nullptr);
+  return Run(location, /*head=*/false, offset, length, fd, nullptr, "", nullptr, version);
 }
 
 }  // namespace ferry

@@ -100,8 +100,12 @@ class StoreClient final {
 
   // Writes bytes [offset, offset + length) of the object to `fd` at file offsets [0, length).
   // Errors as Head's; OUT_OF_RANGE for a range past the object's end; DATA_LOSS when the
-  // server sends other bytes than asked for.
-  absl::Status Read(const ObjectLocation& location, uint64_t offset, uint64_t length, int fd) const;
+  // server sends other bytes than asked for. With `version` (an ETag, as a listing or a HEAD
+  // gave it), only that version is read: the request carries If-Match, and an answer of
+  // another version (HTTP 412, or an ETag that differs, from a server that ignores
+  // If-Match) is ABORTED "changed since".
+  absl::Status Read(const ObjectLocation& location, uint64_t offset, uint64_t length, int fd,
+                    const std::string& version = "") const;
 
   // The objects of `bucket` whose keys start with `prefix`, every page of the listing
   // (ListObjectsV2). With `delimit`, keys with a '/' after the prefix are rolled up into
@@ -123,8 +127,10 @@ class StoreClient final {
  private:
   // Runs attempts until one succeeds or fails for good. With `text`, a GET of the whole
   // answer to `query` into *text (a listing) instead of bytes of the object into fd.
+  // `version`: as Read's.
   absl::Status Run(const ObjectLocation& location, bool head, uint64_t offset, uint64_t length,
-                   int fd, ObjectInfo* info, const std::string& query, std::string* text) const;
+                   int fd, ObjectInfo* info, const std::string& query, std::string* text,
+                   const std::string& version = "") const;
 
   StoreOptions options_;
 };

@@ -194,6 +194,27 @@ TEST_F(StoreClientTest, ReadsARangeIntoTheFile) {
   EXPECT_EQ(Contents(plain), store_.object().substr(0, 100));
 }
 
+TEST_F(StoreClientTest, AReadOfAVersionAsksForItAndRefusesAnother) {
+  StoreClient client(Options());
+  const int fd = TempFile();
+  ASSERT_TRUE(client.Read(S3(), 0, 100, fd, "\"abc123\"").ok());
+  EXPECT_EQ(Contents(fd), store_.object().substr(0, 100));
+  EXPECT_EQ(store_.requests_seen()[0].get_header_value("If-Match"), "\"abc123\"");
+  // The store holds another version: a server that ignores If-Match sends it, and its ETag
+  // says so.
+  absl::Status changed = client.Read(S3(), 0, 100, TempFile(), "\"listed\"");
+  EXPECT_EQ(changed.code(), absl::StatusCode::kAborted) << changed;
+  EXPECT_THAT(changed.message(), HasSubstr("changed since version \"listed\""));
+  EXPECT_THAT(changed.message(), HasSubstr("\"abc123\""));
+  // One that honours it answers 412.
+  store_.status_ = 412;
+  store_.code_ = "PreconditionFailed";
+  EXPECT_EQ(client.Read(S3(), 0, 100, TempFile(), "\"listed\"").code(), absl::StatusCode::kAborted);
+  // Without a version, any is read.
+  store_.status_ = 200;
+  EXPECT_TRUE(client.Read(S3(), 0, 100, TempFile()).ok());
+}
+
 TEST_F(StoreClientTest, TransientErrorsAreRetried) {
   store_.fail_first_ = 2;
   StoreClient client(Options());

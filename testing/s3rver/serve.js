@@ -11,7 +11,7 @@
 // S3RVER_GATHER=N holds the first GETs of objects until N of them are in flight together
 // (or 10 s passed), so that a test sees a client's parallelism whatever the machine's load;
 // GET /__stats answers {"most_gets_at_once": ..., "gets": [the path of every object GET, in
-// the order they came]}.
+// the order they came], "heads": [the same of every HEAD]}.
 // S3RVER_STALL_FIRST=TEXT: the first GET of each object whose path holds TEXT sends 4 KiB
 // and then nothing more, never ending (a transfer a test kills its client in).
 // S3RVER_PUBLIC=1 serves unsigned reads too (a public bucket: benchmarks compare ferry
@@ -45,6 +45,7 @@ const gather = Number(process.env.S3RVER_GATHER || 0);
 let gets = 0;
 let mostGets = 0;
 const getLog = [];
+const headLog = [];
 let gathered = gather <= 1;
 const held = [];
 function releaseHeld() {
@@ -57,9 +58,10 @@ let reads = 0;
 const server = http.createServer((request, response) => {
   if (request.url === '/__stats') {
     response.writeHead(200, { 'Content-Type': 'application/json' });
-    response.end(JSON.stringify({ most_gets_at_once: mostGets, gets: getLog }));
+    response.end(JSON.stringify({ most_gets_at_once: mostGets, gets: getLog, heads: headLog }));
     return;
   }
+  if (request.method === 'HEAD') headLog.push(request.url.split('?')[0]);
   if (request.method === 'GET' && !request.url.includes('list-type')) {
     gets += 1;
     mostGets = Math.max(mostGets, gets);

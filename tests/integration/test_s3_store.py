@@ -146,6 +146,20 @@ class StoreTestCase(unittest.TestCase):
         for a, b in zip(expected, got):
             np.testing.assert_array_equal(a, b)
 
+    def image_batches(self, dataset):
+        loader = ferry.Loader(dataset, batch_size=4, address=self.daemon.address,
+                              as_numpy=True, timeout=60, transform=ferry.CenterCrop(24))
+        try:
+            return [{k: b[k].copy() for k in ("image", "label")} for b in loader]
+        finally:
+            loader.close()
+
+    def assert_same_images(self, local, remote):
+        self.assertEqual(len(remote), len(local))
+        for a, b in zip(local, remote):
+            np.testing.assert_array_equal(a["label"], b["label"])
+            np.testing.assert_array_equal(a["image"], b["image"])
+
 
 
 class S3StoreTest(StoreTestCase):
@@ -207,20 +221,6 @@ class S3StoreTest(StoreTestCase):
         with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
             self.assert_same_as_local(16)
         self.assert_no_secret_shown()
-
-    def image_batches(self, dataset):
-        loader = ferry.Loader(dataset, batch_size=4, address=self.daemon.address,
-                              as_numpy=True, timeout=60, transform=ferry.CenterCrop(24))
-        try:
-            return [{k: b[k].copy() for k in ("image", "label")} for b in loader]
-        finally:
-            loader.close()
-
-    def assert_same_images(self, local, remote):
-        self.assertEqual(len(remote), len(local))
-        for a, b in zip(local, remote):
-            np.testing.assert_array_equal(a["label"], b["label"])
-            np.testing.assert_array_equal(a["image"], b["image"])
 
     def test_an_image_folder_under_a_prefix_is_listed_and_read(self):
         local = self.image_batches(ferry.ImageFolder(self.images))
@@ -433,9 +433,56 @@ class ReadAheadTest(StoreTestCase):
         by_workers = set(keys[:2 * (self.PREFETCH + 1)])
         self.assertEqual([k for k in gets if k not in by_workers],
                          [k for k in keys if k not in by_workers])
+        # One request per image, on a cold cache: its GET, of the version the listing gave,
+        # proves the job may read it; no HEAD.
+        self.assertEqual(store_stats(self.store).get("heads"), [])
         # Status says so: every image but the workers' own was opened ahead, none failed.
         self.assertGreaterEqual(int(ahead.get("opened", 0)), count - len(by_workers), ahead)
         self.assertEqual(int(ahead.get("failed", 0)), 0, ahead)
+
+
+class ChangedSinceListedTest(StoreTestCase):
+    """Objects rewritten in the store after the job listed their folder: the GET of the
+    version the listing gave meets another, and ferryd reads each object as it is now (a
+    HEAD says which version), never the listed version's name on the new bytes."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.store = S3Server()
+        cls.local = ferry_it.short_tempdir("ferry-s3-")
+        cls.images = upload_image_folder(cls.store, cls.local)
+        with trainer_environment():
+            cls.daemon = ferry_it.FerryDaemon(config=remote_config(cls.store, 10**8))
+
+    def test_objects_rewritten_after_the_listing_are_read_as_they_are_now(self):
+        with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
+            loader = ferry.Loader(ferry.ImageFolder("s3://bucket/images"), batch_size=4,
+                                  address=self.daemon.address, as_numpy=True, timeout=60,
+                                  transform=ferry.CenterCrop(24))
+        try:
+            self.assertEqual(len(loader), 5)  # the job exists: the folder is listed
+            # Every image gets other bytes (another class's colour), in the store and here.
+            for c, (directory, _, files) in enumerate(sorted(os.walk(self.images))[1:]):
+                for name in files:
+                    if not name.endswith(".jpg"):
+                        continue
+                    data = ferry_it.jpeg_bytes(ferry_it.CLASS_COLORS[(c + 1) % 3],
+                                               variant=int(name[:-4]) + 7)
+                    path = os.path.join(directory, name)
+                    with open(path, "wb") as f:
+                        f.write(data)
+                    self.store.put(os.path.relpath(path, self.local), data)
+            remote = [{k: b[k].copy() for k in ("image", "label")} for b in loader]
+        finally:
+            loader.close()
+        self.assert_same_images(self.image_batches(ferry.ImageFolder(self.images)), remote)
+        # Each image: one GET of the listed version (its answer, of another version, is
+        # dropped), then a HEAD (two threads opening it at once may both ask) and one GET of
+        # the version it gave.
+        stats = store_stats(self.store)
+        self.assertEqual(len(stats["gets"]), 36)
+        self.assertEqual(len(set(stats["gets"])), 18)
+        self.assertEqual(len(set(stats["heads"])), 18)
 
 
 class ManyObjectsTest(StoreTestCase):
