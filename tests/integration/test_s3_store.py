@@ -130,6 +130,16 @@ class StoreTestCase(unittest.TestCase):
         cls.store.stop()
         shutil.rmtree(cls.local, ignore_errors=True)
 
+    @classmethod
+    def serve_image_folder(cls, settings=""):
+        """setUpClass of a class whose store holds upload_image_folder's images (cls.images,
+        the local copy) and whose ferryd has a 100 MB cache and `settings` (remote)."""
+        cls.store = S3Server()
+        cls.local = ferry_it.short_tempdir("ferry-s3-")
+        cls.images = upload_image_folder(cls.store, cls.local)
+        with trainer_environment():
+            cls.daemon = ferry_it.FerryDaemon(config=remote_config(cls.store, 10**8, settings))
+
     def batches(self, shards, batch_size):
         """The token batches of TokenShards(shards, 31), read through cls.daemon with the
         trainer's environment as it is."""
@@ -392,12 +402,7 @@ class ReadAheadTest(StoreTestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.store = S3Server()
-        cls.local = ferry_it.short_tempdir("ferry-s3-")
-        cls.images = upload_image_folder(cls.store, cls.local)
-        with trainer_environment():
-            cls.daemon = ferry_it.FerryDaemon(config=remote_config(
-                cls.store, 100000000, "fetch_connections: 1 read_ahead_objects: 1000"))
+        cls.serve_image_folder("fetch_connections: 1 read_ahead_objects: 1000")
 
     def test_the_next_batches_images_are_fetched_in_the_samplers_order(self):
         samples = ferry_it.expected_samples(self.images)
@@ -448,11 +453,7 @@ class ChangedSinceListedTest(StoreTestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.store = S3Server()
-        cls.local = ferry_it.short_tempdir("ferry-s3-")
-        cls.images = upload_image_folder(cls.store, cls.local)
-        with trainer_environment():
-            cls.daemon = ferry_it.FerryDaemon(config=remote_config(cls.store, 10**8))
+        cls.serve_image_folder()
 
     def test_objects_rewritten_after_the_listing_are_read_as_they_are_now(self):
         with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
