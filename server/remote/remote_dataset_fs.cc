@@ -211,15 +211,22 @@ class RemoteDatasetFs final : public DatasetFs {
   // One request where the object is not cached: a GET of the listed version, signed with
   // these credentials, proves the right to read it as a HEAD would. A cached one is served
   // after a HEAD says these credentials may read that version. ABORTED when the object
-  // changed since the listing.
+  // changed since the listing, or when another job's GET that this call waited for failed
+  // (the caller then asks with a HEAD, as for an object never listed).
   absl::StatusOr<Fetched> FetchListed(const ObjectLocation& where, const std::string& path,
                                       const StoreClient::ObjectInfo& listed) const {
     const ObjectCache::Key key = KeyOf(where, listed);
     bool read_here = false;
-    FERRY_ASSIGN_OR_RETURN(ObjectCache::Pin pin, cache_->Get(key, listed.size, [&](int fd) {
+    absl::StatusOr<ObjectCache::Pin> pin = cache_->Get(key, listed.size, [&](int fd) {
       read_here = true;
       return store_->Read(where, 0, listed.size, fd, listed.etag);
-    }));
+    });
+    if (!pin.ok()) {
+      // Another job's GET of it failed while this one waited (that job's credentials, say,
+      // which the listing did not check for reading): not this job's answer.
+      if (!read_here) return absl::AbortedError(pin.status().message());
+      return pin.status();
+    }
     if (read_here) {
       absl::MutexLock lock(&mutex_);
       heads_.try_emplace(path, listed);
@@ -229,7 +236,7 @@ class RemoteDatasetFs final : public DatasetFs {
         return absl::AbortedError(absl::StrCat("'", path, "' changed since it was listed"));
       }
     }
-    return Fetched{std::move(pin), IdentityOf(key, listed)};
+    return Fetched{*std::move(pin), IdentityOf(key, listed)};
   }
 
   ObjectCache::Key KeyOf(const ObjectLocation& where, const StoreClient::ObjectInfo& info) const {

@@ -14,6 +14,8 @@
 // the order they came], "heads": [the same of every HEAD]}.
 // S3RVER_STALL_FIRST=TEXT: the first GET of each object whose path holds TEXT sends 4 KiB
 // and then nothing more, never ending (a transfer a test kills its client in).
+// S3RVER_LIST_ONLY=ACCESS_KEY_ID: that key may list the bucket but not read its objects
+// (403 AccessDenied), as an IAM policy with s3:ListBucket and no s3:GetObject allows.
 // S3RVER_PUBLIC=1 serves unsigned reads too (a public bucket: benchmarks compare ferry
 // with a plain HTTP client). S3RVER_FLAKY=1 makes it a store having a bad day, deterministically: every second read
 // request is answered 503 SlowDown, and every sixth cut after its first 4 KiB (the
@@ -53,6 +55,7 @@ function releaseHeld() {
   held.splice(0).forEach((run) => run());
 }
 const stallFirst = process.env.S3RVER_STALL_FIRST || '';
+const listOnly = process.env.S3RVER_LIST_ONLY || '';
 const stalled = new Set();
 let reads = 0;
 const server = http.createServer((request, response) => {
@@ -120,7 +123,10 @@ function serve(request, response) {
       };
     }
   }
-  if (!publicReads && request.method !== 'PUT' && !('authorization' in request.headers)) {
+  const refused = listOnly && request.method !== 'PUT' && !request.url.includes('list-type') &&
+    (request.headers.authorization || '').includes(`Credential=${listOnly}/`);
+  if (refused ||
+      (!publicReads && request.method !== 'PUT' && !('authorization' in request.headers))) {
     const body = '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>' +
       '<Message>Access Denied</Message></Error>';
     response.writeHead(403, { 'Content-Type': 'application/xml', 'Content-Length': body.length });

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 import unittest
 import urllib.request
@@ -156,9 +157,10 @@ class StoreTestCase(unittest.TestCase):
         for a, b in zip(expected, got):
             np.testing.assert_array_equal(a, b)
 
-    def image_batches(self, dataset):
+    def image_batches(self, dataset, **options):
         loader = ferry.Loader(dataset, batch_size=4, address=self.daemon.address,
-                              as_numpy=True, timeout=60, transform=ferry.CenterCrop(24))
+                              as_numpy=True, timeout=60, transform=ferry.CenterCrop(24),
+                              **options)
         try:
             return [{k: b[k].copy() for k in ("image", "label")} for b in loader]
         finally:
@@ -484,6 +486,62 @@ class ChangedSinceListedTest(StoreTestCase):
         self.assertEqual(len(stats["gets"]), 36)
         self.assertEqual(len(set(stats["gets"])), 18)
         self.assertEqual(len(set(stats["heads"])), 18)
+
+
+class ListOnlyCredentialsTest(StoreTestCase):
+    """Two jobs read a cold image folder: alice's credentials may read it, bob's may only list
+    it (S3RVER_LIST_ONLY). Bob's epoch starts first, and the store holds the first GETs for
+    10 s (S3RVER_GATHER above what arrives), so alice's job then waits in the node cache for
+    the downloads bob's job started. Bob's job is refused; alice's reads every image: she
+    never takes the store's answer to him."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.store = S3Server(users=(ALICE, BOB), S3RVER_LIST_ONLY=BOB[0],
+                             S3RVER_GATHER="1000")
+        cls.local = ferry_it.short_tempdir("ferry-s3-")
+        cls.images = upload_image_folder(cls.store, cls.local)
+        with trainer_environment():
+            cls.daemon = ferry_it.FerryDaemon(config=remote_config(cls.store, 10**8))
+
+    def test_a_job_the_store_refuses_never_fails_anothers_reads(self):
+        loaders = {}
+        for name, (key, secret), batch in (("alice", ALICE, 4), ("bob", BOB, 3)):
+            with trainer_environment(AWS_ACCESS_KEY_ID=key, AWS_SECRET_ACCESS_KEY=secret):
+                loaders[name] = ferry.Loader(
+                    ferry.ImageFolder("s3://bucket/images"), batch_size=batch, shuffle=False,
+                    address=self.daemon.address, as_numpy=True, timeout=60,
+                    transform=ferry.CenterCrop(24))
+        results = {}
+
+        def run(name):
+            try:
+                results[name] = [{k: b[k].copy() for k in ("image", "label")}
+                                 for b in loaders[name]]
+                results[name + " status"] = loaders[name].job_status()
+            except ferry.FerryError as e:
+                results[name] = e
+            finally:
+                loaders[name].close()
+        threads = {name: threading.Thread(target=run, args=(name,)) for name in loaders}
+        threads["bob"].start()
+        deadline = time.monotonic() + 30
+        while store_stats(self.store)["most_gets_at_once"] < 2:  # bob's downloads, held
+            self.assertLess(time.monotonic(), deadline, "bob's job fetched nothing")
+            time.sleep(0.02)
+        threads["alice"].start()
+        for t in threads.values():
+            t.join(120)
+        self.assertIsInstance(results.get("bob"), ferry.FerryError, results.get("bob"))
+        self.assertIn("AccessDenied", str(results["bob"]))
+        self.assertNotIsInstance(results.get("alice"), ferry.FerryError, results.get("alice"))
+        self.assert_same_images(
+            self.image_batches(ferry.ImageFolder(self.images), shuffle=False), results["alice"])
+        # Not even a retried read: each of alice's opens that waited for bob's download asked
+        # the store itself once that failed.
+        status = results["alice status"]
+        self.assertEqual(int(status.get("read_ahead", {}).get("failed", 0)), 0, status)
+        self.assertEqual(int(status.get("transient_errors", 0)), 0, status)
 
 
 class ManyObjectsTest(StoreTestCase):
