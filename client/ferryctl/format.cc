@@ -484,35 +484,42 @@ std::string RenderJob(const JobStatus& status) {
   std::string out = info.Render();
   out += "\n";
 
-  Table ranks({{"RANK", true},
-               {"DEVICE"},
-               {"ATTACHED"},
-               {"EPOCH", true},
-               {"NEXT", true},
-               {"BATCHES", true},
-               {"SAMPLES", true},
-               {"BATCHES/S", true},
-               {"SAMPLES/S", true},
-               {"QUEUE", true},
-               {"LEASED", true},
-               {"SLOTS", true},
-               {"WAIT S", true},
-               {"STALL", true},
-               {"CPU WAIT", true},
-               {"LIMIT"}});
+  // A job whose GPUs decode JPEGs: each rank's demand for its GPU's decoder and the batches
+  // that decoder took (GPU DEC: "0.90, 42").
+  const bool gpu_decodes = status.gpu_decode.has_value() && !status.gpu_decode->mode.empty();
+  std::vector<Table::Column> columns = {
+      {"RANK", true},      {"DEVICE"},        {"ATTACHED"},       {"EPOCH", true},
+      {"NEXT", true},      {"BATCHES", true}, {"SAMPLES", true},  {"BATCHES/S", true},
+      {"SAMPLES/S", true}, {"QUEUE", true},   {"LEASED", true},   {"SLOTS", true},
+      {"WAIT S", true},    {"STALL", true},   {"CPU WAIT", true}, {"LIMIT"}};
+  if (gpu_decodes) columns.push_back({"GPU DEC", true});
+  Table ranks(std::move(columns));
   std::vector<std::string> notes;
   std::vector<std::string> resumed;  // ranks resuming an epoch begun on another world size
   for (const RankStatus& r : status.ranks) {
     // How the consumer's batches travel: shared-memory channel or the gRPC stream.
     const std::string attached = r.attached ? (r.batch_channel ? "yes, shm" : "yes, grpc") : "no";
-    ranks.AddRow({absl::StrCat(r.rank), r.device.empty() ? "-" : r.device, attached,
-                  absl::StrCat(r.epoch), absl::StrCat(r.next_batch),
-                  absl::StrCat(r.batches_delivered), absl::StrCat(r.samples_delivered),
-                  FormatRate(r.batches_per_second), FormatRate(r.samples_per_second),
-                  absl::StrCat(r.queue_depth), absl::StrCat(r.slots_leased), absl::StrCat(r.slots),
-                  absl::StrFormat("%.1f", r.consumer_wait_seconds),
-                  r.attached ? FormatStall(r) : "-", r.attached ? FormatCpuWait(r) : "-",
-                  r.attached ? FormatLimit(r) : "-"});
+    std::vector<std::string> row = {absl::StrCat(r.rank),
+                                    r.device.empty() ? "-" : r.device,
+                                    attached,
+                                    absl::StrCat(r.epoch),
+                                    absl::StrCat(r.next_batch),
+                                    absl::StrCat(r.batches_delivered),
+                                    absl::StrCat(r.samples_delivered),
+                                    FormatRate(r.batches_per_second),
+                                    FormatRate(r.samples_per_second),
+                                    absl::StrCat(r.queue_depth),
+                                    absl::StrCat(r.slots_leased),
+                                    absl::StrCat(r.slots),
+                                    absl::StrFormat("%.1f", r.consumer_wait_seconds),
+                                    r.attached ? FormatStall(r) : "-",
+                                    r.attached ? FormatCpuWait(r) : "-",
+                                    r.attached ? FormatLimit(r) : "-"};
+    if (gpu_decodes) {
+      row.push_back(absl::StrFormat("%.2f, %s", r.gpu_decode_demand,
+                                    FormatCount(static_cast<int64_t>(r.gpu_decode_batches))));
+    }
+    ranks.AddRow(std::move(row));
     if (r.attached && !r.limiting_stage_note.empty()) {
       notes.push_back(absl::StrCat("rank ", r.rank, ": ", r.limiting_stage_note, "\n"));
     }

@@ -137,6 +137,18 @@ TEST(RenderTest, JobShowsEachRanksDevice) {
   EXPECT_THAT(out, HasSubstr("   1  cuda:1  no"));
 }
 
+TEST(RenderTest, JobShowsEachRanksDemandForItsGpusDecoder) {
+  JobStatus s = SampleJob();
+  EXPECT_THAT(RenderJob(s), Not(HasSubstr("GPU DEC")));  // no GPU decodes for a host job
+  s.gpu_decode = JobStatus::GpuDecode{.mode = "auto", .gpu_share = 0.4};
+  s.ranks[0].gpu_decode_demand = 0.9;
+  s.ranks[0].gpu_decode_batches = 1234;
+  const std::string out = RenderJob(s);
+  EXPECT_THAT(out, HasSubstr("LIMIT      GPU DEC\n"));
+  EXPECT_THAT(out, HasSubstr("0.90, 1,234\n"));
+  EXPECT_THAT(out, HasSubstr("0.00, 0\n"));
+}
+
 TEST(RenderTest, JobSaysWhichRanksResumeAnEpochBegunElsewhere) {
   JobStatus s = SampleJob();
   EXPECT_THAT(RenderJob(s), Not(HasSubstr("resumed:")));
