@@ -132,10 +132,11 @@ class StoreTestCase(unittest.TestCase):
         shutil.rmtree(cls.local, ignore_errors=True)
 
     @classmethod
-    def serve_image_folder(cls, settings=""):
-        """setUpClass of a class whose store holds upload_image_folder's images (cls.images,
-        the local copy) and whose ferryd has a 100 MB cache and `settings` (remote)."""
-        cls.store = S3Server()
+    def serve_image_folder(cls, settings="", users=(ALICE,), **store_env):
+        """setUpClass of a class whose store (S3Server(users, **store_env)) holds
+        upload_image_folder's images (cls.images, the local copy) and whose ferryd has a
+        100 MB cache and `settings` (remote)."""
+        cls.store = S3Server(users=users, **store_env)
         cls.local = ferry_it.short_tempdir("ferry-s3-")
         cls.images = upload_image_folder(cls.store, cls.local)
         with trainer_environment():
@@ -497,12 +498,8 @@ class ListOnlyCredentialsTest(StoreTestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.store = S3Server(users=(ALICE, BOB), S3RVER_LIST_ONLY=BOB[0],
-                             S3RVER_GATHER="1000")
-        cls.local = ferry_it.short_tempdir("ferry-s3-")
-        cls.images = upload_image_folder(cls.store, cls.local)
-        with trainer_environment():
-            cls.daemon = ferry_it.FerryDaemon(config=remote_config(cls.store, 10**8))
+        cls.serve_image_folder(users=(ALICE, BOB), S3RVER_LIST_ONLY=BOB[0],
+                               S3RVER_GATHER="1000")
 
     def test_a_job_the_store_refuses_never_fails_anothers_reads(self):
         loaders = {}
