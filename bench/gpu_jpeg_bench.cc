@@ -4,14 +4,18 @@
 // from call to call (the pipeline's case: each batch routes a different number of files).
 // Prints a table; never asserts. Needs a GPU and libnvjpeg.
 //
-//   gpu_jpeg_bench DIR [--files N] [--batch N] [--seconds S] [--only 420|444]
-//                      [--preallocate SIDE,SIDE...]
+//   gpu_jpeg_bench DIR [--files N] [--batch N] [--seconds S] [--preallocate SIDE,SIDE...]
 //
 // DIR is searched recursively for .jpg/.jpeg files (bench/make_bench_dataset.py writes an
 // ImageNet-like corpus); the first --files (default 2048) that the decoder takes are read
-// into memory, so the disk is not measured. --only keeps the files of one chroma subsampling.
-// --preallocate runs every row once per GpuJpegDecoder::Options::preallocate_side given
-// (default 0: no preallocation), side by side.
+// into memory, so the disk is not measured. Rows run on the corpus as it is (mixed chroma
+// subsamplings) and on its 4:2:0 and 4:4:4 files alone, and say where a call's time goes:
+// groups (nvjpegDecodeBatched calls) and initialisations per batch, milliseconds per batch
+// initialising, draining the stream and inside nvJPEG's decode, the device memory the
+// decoders took and how long making one took. --preallocate runs every row once per
+// GpuJpegDecoder::Options::preallocate_side given (default 0: no preallocation).
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -53,8 +57,7 @@ struct Corpus {
   size_t max_pixels = 0;
 };
 
-Corpus Load(const std::string& dir, size_t max_files, const std::string& only,
-            GpuJpegDecoder& probe) {
+Corpus Load(const std::string& dir, size_t max_files, GpuJpegDecoder& probe) {
   Corpus corpus;
   std::map<std::string, int> refused;
   double probe_seconds = 0;
@@ -74,10 +77,6 @@ Corpus Load(const std::string& dir, size_t max_files, const std::string& only,
       ++refused[std::string(GpuJpegRejectName(v.reason))];
       continue;
     }
-    if ((only == "420" && v.subsampling != JpegSubsampling::k420) ||
-        (only == "444" && v.subsampling != JpegSubsampling::k444)) {
-      continue;
-    }
     bytes += data.size();
     corpus.max_pixels = std::max(corpus.max_pixels, static_cast<size_t>(v.width) * v.height);
     corpus.files.push_back(std::move(data));
@@ -91,13 +90,33 @@ Corpus Load(const std::string& dir, size_t max_files, const std::string& only,
   return corpus;
 }
 
+// The files of `corpus` with one chroma subsampling.
+Corpus Only(const Corpus& corpus, JpegSubsampling subsampling) {
+  Corpus only;
+  for (size_t i = 0; i < corpus.files.size(); ++i) {
+    if (corpus.verdicts[i].subsampling != subsampling) continue;
+    only.files.push_back(corpus.files[i]);
+    only.verdicts.push_back(corpus.verdicts[i]);
+    only.max_pixels = std::max(
+        only.max_pixels, static_cast<size_t>(corpus.verdicts[i].width) * corpus.verdicts[i].height);
+  }
+  return only;
+}
+
+size_t DeviceBytesUsed() {
+  size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
+  return total - free;
+}
+
 // One decoder with its stream and targets, decoding batches of the corpus in turn.
 struct Lane {
   GpuJpegDecoder decoder;
   CudaStream stream;
   DeviceBuffer out;
   size_t image_bytes = 0;
-  double call_seconds = 0;  // inside DecodeBatch (host)
+  double create_seconds = 0;  // in GpuJpegDecoder::Create
+  double call_seconds = 0;    // inside DecodeBatch (host)
   int64_t images = 0;
   int64_t calls = 0;
 };
@@ -105,14 +124,17 @@ struct Lane {
 Lane MakeLane(const Corpus& corpus, int batch, int preallocate_side) {
   GpuJpegDecoder::Options options;
   options.preallocate_side = preallocate_side;
+  const Clock::time_point start = Clock::now();
   absl::StatusOr<GpuJpegDecoder> decoder = GpuJpegDecoder::Create(0, batch, options);
   Die(decoder.status(), "GpuJpegDecoder::Create");
+  const double create_seconds = Seconds(start);
   absl::StatusOr<CudaStream> stream = CudaStream::Create(0);
   Die(stream.status(), "CudaStream::Create");
   const size_t image_bytes = (corpus.max_pixels * 3 + 255) / 256 * 256;
   absl::StatusOr<DeviceBuffer> out = DeviceBuffer::Create(0, image_bytes * batch);
   Die(out.status(), "DeviceBuffer::Create");
-  return Lane{std::move(*decoder), std::move(*stream), std::move(*out), image_bytes};
+  return Lane{std::move(*decoder), std::move(*stream), std::move(*out), image_bytes,
+              create_seconds};
 }
 
 // Decodes batches of `sizes[i % sizes.size()]` images, from `first` on in the corpus, until
@@ -144,12 +166,24 @@ void Run(Lane& lane, const Corpus& corpus, const std::vector<int>& sizes, size_t
 
 void Scenario(const std::string& name, const Corpus& corpus, int lanes_count, int batch,
               int preallocate_side, const std::vector<int>& sizes, double seconds) {
+  if (corpus.files.size() < static_cast<size_t>(batch)) {
+    std::printf("%-62s skipped: %zu files, fewer than a batch\n", name.c_str(),
+                corpus.files.size());
+    return;
+  }
+  const size_t device_bytes_before = DeviceBytesUsed();
   std::vector<Lane> lanes;
   for (int i = 0; i < lanes_count; ++i) lanes.push_back(MakeLane(corpus, batch, preallocate_side));
+  const size_t targets_bytes = DeviceBytesUsed() - device_bytes_before;
   // Warm-up: nvJPEG sizes its buffers on the first batches.
   for (Lane& lane : lanes)
     Run(lane, corpus, sizes, 0, Clock::now() + std::chrono::milliseconds(300));
-  for (Lane& lane : lanes) lane.call_seconds = 0, lane.images = 0, lane.calls = 0;
+  const size_t decoder_bytes = DeviceBytesUsed() - device_bytes_before - targets_bytes;
+  std::vector<GpuJpegDecoder::CallStats> before;
+  for (Lane& lane : lanes) {
+    lane.call_seconds = 0, lane.images = 0, lane.calls = 0;
+    before.push_back(lane.decoder.stats());
+  }
   const Clock::time_point start = Clock::now();
   const Clock::time_point deadline =
       start + std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6));
@@ -162,13 +196,27 @@ void Scenario(const std::string& name, const Corpus& corpus, int lanes_count, in
   const double wall = Seconds(start);
   int64_t images = 0, calls = 0;
   double call_seconds = 0;
-  for (const Lane& lane : lanes) {
+  GpuJpegDecoder::CallStats spent;
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    const Lane& lane = lanes[i];
     images += lane.images, calls += lane.calls, call_seconds += lane.call_seconds;
+    const GpuJpegDecoder::CallStats& now = lane.decoder.stats();
+    spent.groups += now.groups - before[i].groups;
+    spent.initializations += now.initializations - before[i].initializations;
+    spent.initialize_seconds += now.initialize_seconds - before[i].initialize_seconds;
+    spent.drain_seconds += now.drain_seconds - before[i].drain_seconds;
+    spent.decode_seconds += now.decode_seconds - before[i].decode_seconds;
   }
-  std::printf("%-62s %8.0f img/s   DecodeBatch call %6.2f ms (%5.1f us/img), %3.0f%% of wall\n",
-              (name + ", preallocated " + std::to_string(preallocate_side)).c_str(), images / wall,
-              1e3 * call_seconds / calls, 1e6 * call_seconds / images,
-              100 * call_seconds / lanes_count / wall);
+  const double per_call = calls == 0 ? 0.0 : 1e3 / static_cast<double>(calls);
+  std::printf(
+      "%-62s %8.0f img/s  call %6.2f ms: %4.2f groups, %4.2f inits %5.2f ms, drain %5.2f ms, "
+      "decode %6.2f ms; %3.0f%% of wall; decoders %5.0f MiB, made in %.0f ms\n",
+      (name + ", preallocated " + std::to_string(preallocate_side)).c_str(), images / wall,
+      call_seconds * per_call, spent.groups * per_call / 1e3,
+      spent.initializations * per_call / 1e3, spent.initialize_seconds * per_call,
+      spent.drain_seconds * per_call, spent.decode_seconds * per_call,
+      100 * call_seconds / lanes_count / wall, decoder_bytes / 1048576.0,
+      1e3 * lanes[0].create_seconds);
 }
 
 }  // namespace
@@ -178,20 +226,20 @@ int main(int argc, char** argv) {
   using namespace ferry;                     // NOLINT(build/namespaces)
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // rows appear as they are measured
   if (argc < 2) {
-    std::fprintf(stderr, "usage: gpu_jpeg_bench DIR [--files N] [--batch N] [--seconds S]\n");
+    std::fprintf(stderr,
+                 "usage: gpu_jpeg_bench DIR [--files N] [--batch N] [--seconds S] "
+                 "[--preallocate SIDE,SIDE...]\n");
     return 2;
   }
   size_t files = 2048;
   int batch = 128;
   double seconds = 3;
-  std::string only;
   std::vector<int> preallocate_sides = {0};
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--files") files = std::strtoul(argv[i + 1], nullptr, 10);
     if (flag == "--batch") batch = std::atoi(argv[i + 1]);
     if (flag == "--seconds") seconds = std::atof(argv[i + 1]);
-    if (flag == "--only") only = argv[i + 1];
     if (flag == "--preallocate") {
       preallocate_sides.clear();
       for (absl::string_view side : absl::StrSplit(argv[i + 1], ',')) {
@@ -204,25 +252,37 @@ int main(int argc, char** argv) {
   std::printf("nvJPEG %s, %s backend, %d engines\n", std::string(probe->library_version()).c_str(),
               std::string(GpuJpegDecoder::BackendName(probe->backend())).c_str(),
               probe->hardware_engines());
-  const Corpus corpus = Load(argv[1], files, only, *probe);
-  if (corpus.files.size() < static_cast<size_t>(batch)) {
+  const Corpus mixed = Load(argv[1], files, *probe);
+  if (mixed.files.size() < static_cast<size_t>(batch)) {
     std::fprintf(stderr, "gpu_jpeg_bench: fewer than %d decodable files in %s\n", batch, argv[1]);
     return 1;
   }
+  const Corpus only420 = Only(mixed, JpegSubsampling::k420);
+  const Corpus only444 = Only(mixed, JpegSubsampling::k444);
   // A batch routes a varying number of files: sizes that change every call.
   std::vector<int> varying;
   for (int i = 0; i < 16; ++i) varying.push_back(batch / 2 + (i * 37) % (batch / 2 + 1));
   std::printf("batch %d, %.1f s per row\n", batch, seconds);
-  for (const int lanes : {1, 2, 4}) {
+  struct Row {
+    std::string name;
+    const Corpus* corpus;
+    int lanes;
+    int batch;
+    std::vector<int> sizes;
+  };
+  const std::vector<Row> rows = {
+      {"mixed, fixed size, 1 decoder", &mixed, 1, batch, {batch}},
+      {"mixed, size changing per call, 1 decoder", &mixed, 1, batch, varying},
+      {"mixed, size changing per call, 2 decoders", &mixed, 2, batch, varying},
+      {"mixed, size changing per call, 4 decoders", &mixed, 4, batch, varying},
+      {"4:2:0 only, fixed size, 1 decoder", &only420, 1, batch, {batch}},
+      {"4:2:0 only, half size, 1 decoder", &only420, 1, batch / 2, {batch / 2}},
+      {"4:2:0 only, size changing per call, 1 decoder", &only420, 1, batch, varying},
+      {"4:4:4 only, fixed size, 1 decoder", &only444, 1, batch, {batch}},
+  };
+  for (const Row& row : rows) {
     for (const int side : preallocate_sides) {
-      Scenario("fixed size, " + std::to_string(lanes) + " decoder(s)", corpus, lanes, batch, side,
-               {batch}, seconds);
-    }
-  }
-  for (const int lanes : {1, 2, 4}) {
-    for (const int side : preallocate_sides) {
-      Scenario("size changing per call, " + std::to_string(lanes) + " decoder(s)", corpus, lanes,
-               batch, side, varying, seconds);
+      Scenario(row.name, *row.corpus, row.lanes, row.batch, side, row.sizes, seconds);
     }
   }
   return 0;

@@ -1,6 +1,8 @@
 #include "server/decode/gpu/gpu_jpeg_decoder.h"
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cstddef>
 #include <optional>
 #include <string>
@@ -54,8 +56,10 @@ struct GpuJpegDecoder::Impl {
     if (jpeg_stream != nullptr) {
       LogIfFailed(lib.nvjpegJpegStreamDestroy(jpeg_stream), "nvjpegJpegStreamDestroy", device);
     }
-    if (state != nullptr) {
-      LogIfFailed(lib.nvjpegJpegStateDestroy(state), "nvjpegJpegStateDestroy", device);
+    for (GroupState& group : groups) {
+      if (group.state != nullptr) {
+        LogIfFailed(lib.nvjpegJpegStateDestroy(group.state), "nvjpegJpegStateDestroy", device);
+      }
     }
     if (handle != nullptr) LogIfFailed(lib.nvjpegDestroy(handle), "nvjpegDestroy", device);
   }
@@ -91,10 +95,55 @@ struct GpuJpegDecoder::Impl {
   int engines = 0;
   int cores_per_engine = 0;
 
+  // The decode state of one chroma subsampling (nvjpegChromaSubsampling_t's value), made
+  // with the decoder. A state is initialised for a batch size and sizes its buffers for the
+  // images it decodes; one state per subsampling keeps a batch's groups from initialising
+  // and re-sizing one shared state group by group. They are all made up front: making one
+  // costs more than a batch's decode, which would then count as decode time.
+  struct GroupState {
+    nvjpegJpegState_t state = nullptr;
+    int initialized_batch = 0;  // of the last nvjpegDecodeBatchedInitialize; 0: none
+  };
+  static constexpr int kSubsamplings = NVJPEG_CSS_410V + 1;
+
+  // Makes every subsampling's state (and reserves its buffers, where asked). The caller
+  // holds lifecycle_mutex.
+  absl::Status CreateGroupStates(int preallocate_side) {
+    const std::string where = absl::StrCat("device ", device);
+    for (int s = 0; s < kSubsamplings; ++s) {
+      GroupState& group = groups[static_cast<size_t>(s)];
+      const nvjpegStatus_t created = lib.nvjpegJpegStateCreate(handle, &group.state);
+      if (created != NVJPEG_STATUS_SUCCESS) {
+        group.state = nullptr;
+        return NvJpegStatus(created, "nvjpegJpegStateCreate", where);
+      }
+      if (backend == Backend::kHardware && preallocate_side > 0 &&
+          lib.nvjpegDecodeBatchedPreAllocate != nullptr) {
+        // Best effort: without it the buffers are allocated on the first batches instead.
+        absl::Status reserved =
+            NvJpegStatus(lib.nvjpegDecodeBatchedPreAllocate(
+                             handle, group.state, max_batch, preallocate_side, preallocate_side,
+                             static_cast<nvjpegChromaSubsampling_t>(s), NVJPEG_OUTPUT_RGBI),
+                         "nvjpegDecodeBatchedPreAllocate", where);
+        if (!reserved.ok()) FERRY_LOG(WARNING) << reserved.message();
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // The state for `subsampling`'s group.
+  absl::StatusOr<GroupState*> Group(int subsampling) {
+    if (subsampling < 0 || subsampling >= kSubsamplings) {
+      return absl::InternalError(absl::StrCat("nvJPEG reports chroma subsampling ", subsampling,
+                                              ", which Probe does not let through"));
+    }
+    return &groups[static_cast<size_t>(subsampling)];
+  }
+
   nvjpegHandle_t handle = nullptr;
-  nvjpegJpegState_t state = nullptr;
+  std::array<GroupState, kSubsamplings> groups;
   nvjpegJpegStream_t jpeg_stream = nullptr;  // Probe's header parse
-  int initialized_batch = 0;  // batch size of the last nvjpegDecodeBatchedInitialize; 0: none
+  CallStats stats;
 
   // DecodeBatch's argument arrays, in the order nvJPEG decodes them (grouped by chroma
   // subsampling), and each image's subsampling; reused.
@@ -156,19 +205,8 @@ absl::StatusOr<GpuJpegDecoder> GpuJpegDecoder::Create(const NvJpegLibrary& libra
     FERRY_RETURN_IF_ERROR(impl->CreateHandle(NVJPEG_BACKEND_DEFAULT, options.interpolate_chroma));
     impl->backend = Backend::kCuda;
   }
+  FERRY_RETURN_IF_ERROR(impl->CreateGroupStates(options.preallocate_side));
   const std::string where = absl::StrCat("device ", device);
-  FERRY_RETURN_IF_ERROR(NvJpegStatus(library.nvjpegJpegStateCreate(impl->handle, &impl->state),
-                                     "nvjpegJpegStateCreate", where));
-  if (impl->backend == Backend::kHardware && options.preallocate_side > 0 &&
-      library.nvjpegDecodeBatchedPreAllocate != nullptr) {
-    // Best effort: without it the buffers are allocated on the first batches instead.
-    absl::Status reserved =
-        NvJpegStatus(library.nvjpegDecodeBatchedPreAllocate(
-                         impl->handle, impl->state, max_batch, options.preallocate_side,
-                         options.preallocate_side, NVJPEG_CSS_444, NVJPEG_OUTPUT_RGBI),
-                     "nvjpegDecodeBatchedPreAllocate", where);
-    if (!reserved.ok()) FERRY_LOG(WARNING) << reserved.message();
-  }
   FERRY_RETURN_IF_ERROR(
       NvJpegStatus(library.nvjpegJpegStreamCreate(impl->handle, &impl->jpeg_stream),
                    "nvjpegJpegStreamCreate", where));
@@ -192,6 +230,7 @@ bool GpuJpegDecoder::interpolates_chroma() const { return impl_->interpolates_ch
 int GpuJpegDecoder::hardware_engines() const { return impl_->engines; }
 int GpuJpegDecoder::hardware_cores_per_engine() const { return impl_->cores_per_engine; }
 absl::string_view GpuJpegDecoder::library_version() const { return impl_->lib.version(); }
+const GpuJpegDecoder::CallStats& GpuJpegDecoder::stats() const { return impl_->stats; }
 
 GpuJpegVerdict GpuJpegDecoder::Probe(absl::Span<const uint8_t> jpeg) {
   GpuJpegVerdict v = ClassifyForGpuDecode(jpeg, impl_->limits);
@@ -279,36 +318,53 @@ absl::Status GpuJpegDecoder::DecodeBatch(absl::Span<const absl::Span<const uint8
   // backend the stream is drained before each group, and after the last, so that later
   // work on it sees the pixels; the call blocks until the engines are done in any case.
   const bool hardware = d.backend == Backend::kHardware;
+  using Clock = std::chrono::steady_clock;
+  const auto seconds_since = [](Clock::time_point start) {
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  };
+  ++d.stats.batches;
   for (size_t begin = 0; begin < n;) {
     size_t end = begin + 1;
     while (end < n && d.order[end].first == d.order[begin].first) ++end;
     const int count = static_cast<int>(end - begin);
     const std::string detail = absl::StrCat(count, " images on device ", d.device);
-    if (d.initialized_batch != count) {
-      d.initialized_batch = 0;
+    FERRY_ASSIGN_OR_RETURN(Impl::GroupState * group, d.Group(d.order[begin].first));
+    if (group->initialized_batch != count) {
+      const Clock::time_point start = Clock::now();
+      group->initialized_batch = 0;
       FERRY_RETURN_IF_ERROR(
-          NvJpegStatus(lib.nvjpegDecodeBatchedInitialize(d.handle, d.state, count,
+          NvJpegStatus(lib.nvjpegDecodeBatchedInitialize(d.handle, group->state, count,
                                                          /*max_cpu_threads=*/1, NVJPEG_OUTPUT_RGBI),
                        "nvjpegDecodeBatchedInitialize", detail));
-      d.initialized_batch = count;
+      group->initialized_batch = count;
+      ++d.stats.initializations;
+      d.stats.initialize_seconds += seconds_since(start);
     }
     if (hardware) {
+      const Clock::time_point start = Clock::now();
       FERRY_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize",
                                        absl::StrCat("before the GPU JPEG decode of ", detail)));
+      d.stats.drain_seconds += seconds_since(start);
     }
+    const Clock::time_point start = Clock::now();
     const nvjpegStatus_t s =
-        lib.nvjpegDecodeBatched(d.handle, d.state, d.data.data() + begin, d.lengths.data() + begin,
-                                d.images.data() + begin, stream);
+        lib.nvjpegDecodeBatched(d.handle, group->state, d.data.data() + begin,
+                                d.lengths.data() + begin, d.images.data() + begin, stream);
+    d.stats.decode_seconds += seconds_since(start);
+    ++d.stats.groups;
     if (s != NVJPEG_STATUS_SUCCESS) {
-      d.initialized_batch = 0;  // nvJPEG asks for a new initialisation after a failed batch
+      group->initialized_batch = 0;  // nvJPEG asks for a new initialisation after a failed batch
       return NvJpegStatus(s, "nvjpegDecodeBatched", detail);
     }
     begin = end;
   }
   if (hardware) {
-    return CudaStatus(
+    const Clock::time_point start = Clock::now();
+    absl::Status drained = CudaStatus(
         cudaStreamSynchronize(stream), "cudaStreamSynchronize",
         absl::StrCat("after the GPU JPEG decode of ", n, " images on device ", d.device));
+    d.stats.drain_seconds += seconds_since(start);
+    return drained;
   }
   return absl::OkStatus();
 }

@@ -15,7 +15,7 @@
 // into pinned staging buffers of its own (cudaHostAlloc, kept and grown by the decoder's
 // state) before the transfer. They and the targets must stay valid and unchanged until the
 // decode has completed (DecodeBatch says when). nvJPEG also keeps device scratch
-// (cudaMalloc) per decoder, grown to the largest batch seen.
+// (cudaMalloc) per decoder and chroma subsampling, grown to the largest batch seen.
 //
 // Thread safety: a decoder is used by one thread at a time (Probe and DecodeBatch share
 // nvJPEG state); make one per worker that decodes. Decoders on the same or different devices
@@ -57,11 +57,10 @@ class GpuJpegDecoder final {
     bool interpolate_chroma = true;
     // Files larger than this go to the CPU (kTooLarge). Default: GpuJpegLimits{}.
     GpuJpegLimits limits;
-    // Hardware backend: reserve the engines' buffers once, at creation, for max_batch images
-    // of up to preallocate_side x preallocate_side (nvjpegDecodeBatchedPreAllocate, where
-    // the library has it), instead of on a batch of a new size. 0: do not. Default: 0, since
-    // what the reservation costs in device memory (per GPU, beside the trainer) is not
-    // measured yet.
+    // Hardware backend: reserve the engines' buffers for max_batch images of up to
+    // preallocate_side x preallocate_side (nvjpegDecodeBatchedPreAllocate, where the
+    // library has it) for each chroma subsampling's decode state when the decoder is made,
+    // instead of on a batch of a new size. 0: do not. Default: 0.
     int preallocate_side = 0;
   };
 
@@ -122,6 +121,20 @@ class GpuJpegDecoder final {
   // on the CPU; the decoder stays usable.
   absl::Status DecodeBatch(absl::Span<const absl::Span<const uint8_t>> jpegs,
                            absl::Span<const Target> targets, CUstream_st* stream);
+
+  // What the DecodeBatch calls so far have cost, as the calling thread saw it. A batch is
+  // decoded in one group per chroma subsampling it holds: one nvjpegDecodeBatched each, on
+  // a decode state of that subsampling's own, initialised again only when its group's size
+  // changes.
+  struct CallStats {
+    int64_t batches = 0;
+    int64_t groups = 0;           // nvjpegDecodeBatched calls
+    int64_t initializations = 0;  // nvjpegDecodeBatchedInitialize calls
+    double initialize_seconds = 0;
+    double drain_seconds = 0;   // waiting for the stream around the groups (hardware backend)
+    double decode_seconds = 0;  // inside nvjpegDecodeBatched
+  };
+  const CallStats& stats() const;
 
   struct Impl;
 

@@ -1,9 +1,9 @@
 // GPU tests of GpuJpegDecoder (CTest label `gpu`): batched nvJPEG decode compared pixel by
 // pixel with ferry's CPU decode (libjpeg-turbo, ImageDecoder::DecodeRgb) on both backends,
 // with and without interpolated chroma; Probe against what the engine takes; argument checks;
-// changing batch sizes; recovery after a failed batch; and, as information, the decode rate
-// for 128 copies of a ~110 KiB photo-like JPEG. Skips with the reason without a GPU or
-// without libnvjpeg.
+// changing batch sizes; a decode state per chroma subsampling; recovery after a failed batch;
+// and, as information, the decode rate for 128 copies of a ~110 KiB photo-like JPEG. Skips
+// with the reason without a GPU or without libnvjpeg.
 //
 // Tolerance (per image, uint8 RGB): mean |GPU - CPU| < 1.0 and max <= 8 for 4:4:4 and gray,
 // <= 24 for subsampled chroma. nvJPEG's IDCT and colour conversion round differently from
@@ -330,6 +330,42 @@ TEST_F(GpuJpegDecoderTest, BatchSizeMayChangeAndABadBatchIsSurvived) {
     ASSERT_TRUE(gpu.ok()) << "batch of " << n << ": " << gpu.status();
     for (const Decoded& d : *gpu) ExpectWithinTolerance(image, d, cpu, Describe(decoder));
   }
+}
+
+TEST_F(GpuJpegDecoderTest, EachChromaSubsamplingKeepsItsOwnDecodeState) {
+  absl::StatusOr<GpuJpegDecoder> decoder_or = MakeDecoder(8);
+  ASSERT_TRUE(decoder_or.ok()) << decoder_or.status();
+  GpuJpegDecoder& decoder = *decoder_or;
+  const std::vector<TestImage> images = {
+      Textured(320, 240, ChromaSubsampling::k420), Textured(300, 200, ChromaSubsampling::k444),
+      Textured(240, 320, ChromaSubsampling::k420), Gray(200, 150),
+      Textured(200, 300, ChromaSubsampling::k444)};
+  std::vector<std::vector<uint8_t>> jpegs;
+  std::vector<Decoded> cpu;
+  for (const TestImage& image : images) {
+    jpegs.push_back(image.jpeg);
+    cpu.push_back(CpuDecode(image.jpeg));
+  }
+  // Three groups a batch (4:2:0, 4:4:4, gray), each initialised once: a shared state would
+  // be initialised again for every group of every batch.
+  for (int batch = 0; batch < 3; ++batch) {
+    absl::StatusOr<std::vector<Decoded>> gpu = GpuDecode(decoder, jpegs, *stream_);
+    ASSERT_TRUE(gpu.ok()) << "batch " << batch << ": " << gpu.status();
+    for (size_t i = 0; i < images.size(); ++i) {
+      ExpectWithinTolerance(images[i], (*gpu)[i], cpu[i], Describe(decoder));
+    }
+    EXPECT_EQ(decoder.stats().batches, batch + 1);
+    EXPECT_EQ(decoder.stats().groups, 3 * (batch + 1));
+    EXPECT_EQ(decoder.stats().initializations, 3) << "after batch " << batch;
+  }
+  // Only the 4:2:0 group changes size: only its state is initialised again.
+  absl::StatusOr<std::vector<Decoded>> gpu = GpuDecode(decoder, {jpegs[0], jpegs[1]}, *stream_);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_EQ(decoder.stats().initializations, 5);  // 4:2:0 (2 -> 1) and 4:4:4 (2 -> 1)
+  gpu = GpuDecode(decoder, {jpegs[0], jpegs[1], jpegs[4]}, *stream_);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_EQ(decoder.stats().initializations, 6);  // 4:4:4 back to 2; 4:2:0 still 1
+  ExpectWithinTolerance(images[4], (*gpu)[2], cpu[4], Describe(decoder));
 }
 
 TEST_F(GpuJpegDecoderTest, DecodeRate) {
