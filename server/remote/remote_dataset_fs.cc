@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -183,6 +184,10 @@ class RemoteDatasetFs final : public DatasetFs {
     FERRY_ASSIGN_OR_RETURN(const ObjectLocation where, ObjectLocation::Parse(path));
     if (std::optional<StoreClient::ObjectInfo> listed = TakeListedVersion(where, path)) {
       absl::StatusOr<Fetched> fetched = FetchListed(where, path, *listed);
+      {
+        absl::MutexLock lock(&mutex_);
+        listed_in_flight_.erase(where.ToString());
+      }
       // Changed since it was listed: the object's version as a HEAD tells it.
       if (!absl::IsAborted(fetched.status())) return fetched;
     }
@@ -195,16 +200,26 @@ class RemoteDatasetFs final : public DatasetFs {
   }
 
   // An object of a listed folder whose version the listing gave, not yet confirmed for these
-  // credentials (a listing proves the right to list, not to read): removed from the listed
-  // versions, since it is fetched now.
+  // credentials (a listing proves the right to list, not to read): moved from the listed
+  // versions to those in flight, since the caller fetches it now, and ends it there. A call
+  // for an object in flight waits for that fetch: its success confirms the version for
+  // these credentials (heads_), so that the object costs no HEAD.
   std::optional<StoreClient::ObjectInfo> TakeListedVersion(const ObjectLocation& where,
                                                            const std::string& path) const {
+    const std::string object = where.ToString();
     absl::MutexLock lock(&mutex_);
+    struct InFlight {
+      const absl::flat_hash_set<std::string>* fetching;
+      const std::string* object;
+    } in_flight{&listed_in_flight_, &object};
+    mutex_.Await(absl::Condition(
+        +[](InFlight* f) { return !f->fetching->contains(*f->object); }, &in_flight));
     if (heads_.contains(path)) return std::nullopt;
-    auto it = listed_versions_.find(where.ToString());
+    auto it = listed_versions_.find(object);
     if (it == listed_versions_.end()) return std::nullopt;
     StoreClient::ObjectInfo info = std::move(it->second);
     listed_versions_.erase(it);
+    listed_in_flight_.insert(object);
     return info;
   }
 
@@ -291,6 +306,8 @@ class RemoteDatasetFs final : public DatasetFs {
   // "s3://bucket/key" -> size and version as a listing gave them, for objects not fetched yet.
   mutable absl::flat_hash_map<std::string, StoreClient::ObjectInfo> listed_versions_
       ABSL_GUARDED_BY(mutex_);
+  // "s3://bucket/key" of the listed objects whose listed version a call is fetching now.
+  mutable absl::flat_hash_set<std::string> listed_in_flight_ ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace
