@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/job_limits.h"
 #include "ferry/v1/ferry.pb.h"
 #include "server/dataset/sample_source.h"
@@ -166,6 +167,12 @@ class Job final {
     transient_retry_limit_ms_.store(absl::ToInt64Milliseconds(limit), std::memory_order_relaxed);
   }
 
+  // The clock the job's rank pipelines read and wait on (stall and rate figures, retry
+  // back-off and limit, overdue streams). Default: Clock::Real(). Set before ranks attach;
+  // `clock` must outlive the job.
+  const Clock& clock() const { return *clock_; }
+  void set_clock(const Clock* clock) { clock_ = clock; }
+
   // FAIL policy: the first bad sample stops the job. Fail keeps the first status; failure()
   // is OK until then. Every rank pipeline checks it before delivering a batch.
   void Fail(const absl::Status& status);
@@ -206,6 +213,7 @@ class Job final {
   std::string gpu_decode_note_;
   std::atomic<int64_t> transient_retry_limit_ms_{
       absl::ToInt64Milliseconds(kDefaultTransientRetryLimit)};
+  const Clock* clock_ = &Clock::Real();
 };
 
 }  // namespace ferry

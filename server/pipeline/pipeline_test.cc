@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/decode/gpu_decode_split.h"
@@ -185,6 +186,7 @@ class PipelineTest : public ::testing::Test {
   }
 
   MemoryBudget budget_{"host memory budget", "host_memory_budget_bytes", 1 << 30, "test.conf"};
+  FakeClock clock_;  // for jobs given it: outlives the workers, which may still read it
   std::unique_ptr<WorkerPool> pool_;
   std::shared_ptr<Job> job_;
   uint64_t next_serial_ = 1;
@@ -479,20 +481,36 @@ TEST_F(PipelineTest, ReadsThatKeepFailingForTheMachineFailTheJobWithTheReason) {
   spec.set_batch_size(4);
   job_ = *Job::Create(JobIdentity{"jfd2", "fd2", 1000, next_serial_++}, spec,
                       std::make_unique<OutOfDescriptorsSource>(32));
-  job_->set_transient_retry_limit(absl::Milliseconds(100));
+  // The default limit (5 minutes), on a clock this test moves.
+  FakeClock& clock = clock_;
+  job_->set_clock(&clock);
   auto p = *RankPipeline::Create(job_, 0, 2, -1, pool_.get(), &budget_);
   RecordingConsumer c;
   ASSERT_TRUE(p->Bind(&c, 1).ok());
   ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
+  // A worker waits to read again; a second short of the limit, the job goes on.
+  clock.AwaitSleepers(1);
+  clock.Advance(Job::kDefaultTransientRetryLimit - absl::Seconds(1));
+  clock.AwaitSleepers(1);
+  EXPECT_EQ(c.pending(), 0u) << "the job ended before its retry limit";
+  EXPECT_EQ(job_->paused_reason().empty(), false);
+  // Past it, the job fails (a worker wakes at its next retry, at most a second on).
+  for (int second = 0; second < 60 && c.pending() == 0; ++second) {
+    clock.Advance(absl::Seconds(1));
+    absl::SleepFor(absl::Milliseconds(5));  // real time for the woken worker
+  }
   std::optional<Message> m = c.Next();
   ASSERT_TRUE(m.has_value());
   ASSERT_TRUE(std::holds_alternative<absl::Status>(*m)) << "a batch was delivered";
   const absl::Status& end = std::get<absl::Status>(*m);
   EXPECT_EQ(end.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(end.message(), HasSubstr("Too many open files"));
+  EXPECT_THAT(end.message(), HasSubstr("failed for 5m"));
   EXPECT_THAT(end.message(), HasSubstr("not of the data"));
   EXPECT_THAT(end.message(), HasSubstr("LimitNOFILE"));
   EXPECT_EQ(job_->quarantined_count(), 0);
+  p->Shutdown(absl::AbortedError("test over"));
+  clock.Advance(absl::Hours(1));  // the workers still waiting to read again give up
   p->Unbind(&c);
 }
 
@@ -1672,28 +1690,35 @@ class StallTest : public PipelineTest {
 
   // Consumes batches for a little over kMinObservedSeconds (epoch after epoch), holding
   // each for `hold`, releasing it with the time Next blocked when `report`, and returns
-  // the rank's status taken while still bound.
+  // the rank's status taken while still bound. Times are of `clock` when given (the job's:
+  // holding a batch then advances it), else real.
   ferry::v1::RankStatus Consume(RankPipeline& p, absl::Duration hold, bool report,
-                                bool complete = false, int device_slots = 0) {
+                                bool complete = false, int device_slots = 0,
+                                FakeClock* clock = nullptr) {
+    const Clock& time = clock != nullptr ? static_cast<const Clock&>(*clock) : Clock::Real();
     RecordingConsumer c;
     EXPECT_TRUE(p.Bind(&c, 1, std::vector<std::string>(device_slots, "event")).ok());
     int64_t epoch = 0;
     EXPECT_TRUE(p.StartEpoch(&c, epoch, 0).ok());
-    const absl::Time until = absl::Now() + absl::Seconds(kMinObservedSeconds) * 1.5;
-    while (absl::Now() < until) {
-      const absl::Time asked = absl::Now();
+    const absl::Time until = time.Now() + absl::Seconds(kMinObservedSeconds) * 1.5;
+    while (time.Now() < until) {
+      const absl::Time asked = time.Now();
       std::optional<Message> m = c.Next();
       if (!m.has_value()) {
         ADD_FAILURE() << "no batch within 10 s";
         break;
       }
-      const absl::Duration waited = absl::Now() - asked;
+      const absl::Duration waited = time.Now() - asked;
       if (std::holds_alternative<EpochEndMsg>(*m)) {
         EXPECT_TRUE(p.StartEpoch(&c, ++epoch, 0).ok());
         continue;
       }
       const auto& b = std::get<ferry::v1::BatchReady>(*m);
-      absl::SleepFor(hold);
+      if (clock != nullptr) {
+        clock->Advance(hold);
+      } else {
+        absl::SleepFor(hold);
+      }
       EXPECT_TRUE(
           p.Release(&c, b.slot(), b.seq(), complete, report ? std::optional(waited) : std::nullopt)
               .ok());
@@ -1765,6 +1790,22 @@ TEST_F(StallTest, ATrainerHoldingBatchesWhileFerryIsAheadIsNamedTrainer) {
   const ferry::v1::RankStatus s = Consume(*p, absl::Milliseconds(20), /*report=*/false);
   EXPECT_EQ(s.limiting_stage(), ferry::v1::LIMITED_BY_TRAINER) << s.limiting_stage_note();
   EXPECT_LT(s.stall_ratio(), kStalledRatio);
+}
+
+TEST_F(StallTest, OnTheJobsClockATrainerThatNeverWaitsHasNoStallWhateverTheLoad) {
+  // The pipeline reads the job's clock only: a trainer that holds each batch 20 ms of it
+  // and, on it, never waits for one, stalled for exactly none of the window, however long
+  // the workers took in real time.
+  std::shared_ptr<Job> job =
+      StallJob(std::make_unique<FakeSource>(64, absl::flat_hash_set<int64_t>{}));
+  job->set_clock(&clock_);
+  auto p = *RankPipeline::Create(job, 0, 3, -1, pool_.get(), &budget_);
+  const ferry::v1::RankStatus s = Consume(*p, absl::Milliseconds(20), /*report=*/true,
+                                          /*complete=*/false, /*device_slots=*/0, &clock_);
+  EXPECT_EQ(s.limiting_stage(), ferry::v1::LIMITED_BY_TRAINER) << s.limiting_stage_note();
+  EXPECT_EQ(s.stall_ratio(), 0);
+  EXPECT_GE(s.stall_window_seconds(), kMinObservedSeconds);
+  EXPECT_GT(s.batches_per_second(), 0);
 }
 
 TEST_F(StallTest, NoConsumerOrTooLittleObservedIsUnspecified) {

@@ -103,7 +103,7 @@ absl::StatusOr<std::shared_ptr<RankPipeline>> RankPipeline::Create(
   if (ring_factory) {
     FERRY_ASSIGN_OR_RETURN(ring, ring_factory(slab));
   } else {
-    ring = std::make_unique<HostRing>(num_slots, slab.size());
+    ring = std::make_unique<HostRing>(num_slots, slab.size(), job->clock());
   }
   const int group = pool->GroupForNode(numa_node);
   std::shared_ptr<RankPipeline> pipeline(new RankPipeline(std::move(job), rank, std::move(slab),
@@ -125,6 +125,7 @@ RankPipeline::RankPipeline(std::shared_ptr<Job> job, int rank, SharedSlab slab,
                            MemoryBudget::Reservation reservation, int num_slots, WorkerPool* pool,
                            int group, std::unique_ptr<DeliveryRing> ring)
     : job_(std::move(job)),
+      clock_(job_->clock()),
       rank_(rank),
       slab_(std::move(slab)),
       reservation_(std::move(reservation)),
@@ -174,7 +175,7 @@ absl::Status RankPipeline::TryBind(BatchConsumer* consumer, int pid,
   consumer_via_channel_ = consumer->via_channel();
   next_seq_ = 0;
   starved_since_ = absl::InfiniteFuture();
-  consumer_since_ = absl::Now();
+  consumer_since_ = clock_.Now();
   last_release_ = absl::InfinitePast();
   wait_reported_ = false;
   cpu_wait_sample_.reset();
@@ -208,7 +209,7 @@ void RankPipeline::Unbind(BatchConsumer* consumer) {
     std::vector<int> freed;
     ring_->CloseConsumer(&freed);
     FreeHostSlotsLocked(freed);
-    NoteStarvationLocked(absl::Now());
+    NoteStarvationLocked(clock_.Now());
     ScheduleLocked(&tasks);
   }
   if (pid < 0) return;  // not bound
@@ -257,7 +258,7 @@ void RankPipeline::StopLocked(const absl::Status& reason) {
   if (shutting_down_) return;
   shutting_down_ = true;
   shutdown_reason_ = reason;
-  stopped_at_ = absl::Now();
+  stopped_at_ = clock_.Now();
 }
 
 void RankPipeline::EndStreamIfStoppedBefore(absl::Time cutoff) {
@@ -270,7 +271,7 @@ void RankPipeline::EndStreamIfStoppedBefore(absl::Time cutoff) {
     stop_overdue_ = true;
     FERRY_LOG(WARNING) << "job " << job_->identity().id << " rank " << rank_ << ": consumer pid "
                        << consumer_pid_ << " still holds " << ring_->leased() << " batch(es) "
-                       << absl::FormatDuration(absl::Now() - stopped_at_)
+                       << absl::FormatDuration(clock_.Now() - stopped_at_)
                        << " after the job stopped; ending its stream (" << shutdown_reason_ << ")";
   }
   Deliver({});
@@ -372,7 +373,7 @@ absl::Status RankPipeline::Release(BatchConsumer* consumer, uint32_t slot, int64
     if (consumer_ != consumer) return absl::FailedPreconditionError("consumer is not bound");
     std::vector<int> freed;
     FERRY_RETURN_IF_ERROR(ring_->Release(slot, seq, complete, &freed));
-    const absl::Time now = absl::Now();
+    const absl::Time now = clock_.Now();
     if (waited.has_value()) {
       // The wait ended when the batch reached the trainer, before this release; counted as
       // ending now, which shifts it by one step of the trainer at most.
@@ -423,7 +424,7 @@ void RankPipeline::ScheduleSlotsLocked(std::vector<WorkerPool::Task>* tasks) {
     slot.gpu_decode = gpu_decode_ != nullptr && gpu_decode_->RouteBatch();
     if (slot.gpu_decode) ++gpu_decode_batches_;
     slot.state = SlotState::kFilling;
-    slot.since = absl::Now();
+    slot.since = clock_.Now();
     slot.generation = generation_;
     slot.epoch = next_epoch_;
     slot.batch = next_batch_;
@@ -451,7 +452,7 @@ void RankPipeline::ScheduleSlotsLocked(std::vector<WorkerPool::Task>* tasks) {
            gather = slot.gather, gpu_decode = slot.gpu_decode,
            rows = std::vector<int64_t>(indices.begin() + begin, indices.begin() + end)](
               WorkerContext& context) mutable {
-            const absl::Time start = absl::Now();
+            const absl::Time start = self->clock_.Now();
             self->job_->sampler().MapPositions(epoch, absl::MakeSpan(rows));
             const ReadTally reads_before = ThisThreadReadTally();
             int64_t filled = 0;
@@ -459,7 +460,7 @@ void RankPipeline::ScheduleSlotsLocked(std::vector<WorkerPool::Task>* tasks) {
               filled += self->FillRow(s, gen, static_cast<int>(begin + i), rows[i], epoch, gather,
                                       gpu_decode, context);
             }
-            self->NoteTask(start, absl::Now(), reads_before, filled, gather);
+            self->NoteTask(start, self->clock_.Now(), reads_before, filled, gather);
             self->OnTaskDone(s, gen);
           });
     }
@@ -617,11 +618,12 @@ absl::Status RankPipeline::RetryTransient(const SampleSource& source, int64_t in
                                           SampleSource::Scratch* scratch, uint64_t generation,
                                           absl::Status status) {
   const std::string path = source.Describe(index);
-  const absl::Time give_up = absl::Now() + job_->transient_retry_limit();
+  const absl::Time give_up = clock_.Now() + job_->transient_retry_limit();
   absl::Duration backoff = kFirstRetryWait;
   while (IsTransientReadError(status)) {
+    if (job_->failed()) return status;  // another read gave up: the job is over
     job_->NoteTransientError(path, status);
-    if (absl::Now() >= give_up) {
+    if (clock_.Now() >= give_up) {
       job_->Fail(absl::Status(
           status.code(),
           absl::StrCat("job ", job_->identity().id, " stopped: reading sample ", index, " '", path,
@@ -632,10 +634,10 @@ absl::Status RankPipeline::RetryTransient(const SampleSource& source, int64_t in
       return status;
     }
     // Wait, in steps short enough that a shutdown or a seek is not held up by it.
-    const absl::Time wake = absl::Now() + backoff;
-    while (absl::Now() < wake) {
+    const absl::Time wake = clock_.Now() + backoff;
+    while (clock_.Now() < wake) {
       if (live_generation_.load(std::memory_order_relaxed) != generation) return status;
-      absl::SleepFor(std::min(absl::Milliseconds(20), wake - absl::Now()));
+      clock_.SleepFor(std::min(absl::Milliseconds(20), wake - clock_.Now()));
     }
     backoff = std::min(backoff * 2, kLastRetryWait);
     status = FillOrOutOfMemory(
@@ -676,7 +678,7 @@ void RankPipeline::OnSlotFilled(int slot, uint64_t generation) {
           break;
         }
       }
-      fill_time_ += absl::Now() - s.since;
+      fill_time_ += clock_.Now() - s.since;
       ++batches_filled_;
     }
   }
@@ -772,7 +774,7 @@ void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
       b.set_batch(p.batch);
       b.set_num_samples(p.num_samples);
       b.set_slot(*slot);
-      const absl::Time now = absl::Now();
+      const absl::Time now = clock_.Now();
       pending_.pop_front();
       if (p.substitutes > 0) job_->CountSubstitutes(p.substitutes);
       ++deliver_batch_;
@@ -796,7 +798,7 @@ void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
     if (ready.empty() && !send_end && !send_shutdown) {
       // Nothing to send: the consumer waits on us if it is mid-epoch and not itself holding
       // every slot.
-      if (producing && !epoch_end_sent_ && leased < num_slots()) NoteStarvedLocked(absl::Now());
+      if (producing && !epoch_end_sent_ && leased < num_slots()) NoteStarvedLocked(clock_.Now());
       break;
     }
     BatchConsumer* consumer = consumer_;
@@ -805,7 +807,7 @@ void RankPipeline::Deliver(std::vector<WorkerPool::Task> tasks) {
     mutex_.Unlock();
     for (size_t i = 0; i < ready.size(); ++i) {
       consumer->OnBatchReady(ready[i]);
-      handoff_latency_.Observe(absl::Now() - taken[i]);
+      handoff_latency_.Observe(clock_.Now() - taken[i]);
     }
     if (send_end) consumer->OnEpochEnd(end_epoch);
     if (send_shutdown) consumer->OnShutdown(shutdown_reason);
@@ -827,7 +829,7 @@ void RankPipeline::FillStatus(ferry::v1::RankStatus* status) const {
   status->set_samples_delivered(samples_delivered_);
   // Rates are of the consumer attached now: none without one (not its predecessor's).
   if (consumer_ != nullptr && recent_deliveries_.size() >= 2) {
-    const double seconds = absl::ToDoubleSeconds(absl::Now() - recent_deliveries_.front().first);
+    const double seconds = absl::ToDoubleSeconds(clock_.Now() - recent_deliveries_.front().first);
     uint64_t samples = 0;
     for (size_t i = 1; i < recent_deliveries_.size(); ++i) samples += recent_deliveries_[i].second;
     if (seconds > 0) {
@@ -838,7 +840,7 @@ void RankPipeline::FillStatus(ferry::v1::RankStatus* status) const {
   ring_->FillStatus(status);
   status->set_slots(static_cast<uint32_t>(slots_.size()));
   absl::Duration wait = consumer_wait_;
-  if (starved_since_ != absl::InfiniteFuture()) wait += absl::Now() - starved_since_;
+  if (starved_since_ != absl::InfiniteFuture()) wait += clock_.Now() - starved_since_;
   status->set_consumer_wait_seconds(absl::ToDoubleSeconds(wait));
   status->set_batches_filled(batches_filled_);
   status->set_fill_seconds(absl::ToDoubleSeconds(fill_time_));
@@ -855,7 +857,7 @@ void RankPipeline::FillStatus(ferry::v1::RankStatus* status) const {
   LimitingStageFigures f;
   f.consumer = consumer_ != nullptr;
   if (f.consumer) {
-    const absl::Time now = absl::Now();
+    const absl::Time now = clock_.Now();
     std::vector<double> sums;
     const absl::Time start = std::max(window_.Sum(now, &sums), consumer_since_);
     if (starved_since_ != absl::InfiniteFuture()) {

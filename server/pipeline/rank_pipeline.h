@@ -45,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "ferry/v1/ferry.pb.h"
 #include "server/dataset/dataset_fs.h"
 #include "server/decode/gpu_decode_split.h"
@@ -249,6 +250,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
 
   // Constant after construction.
   const std::shared_ptr<Job> job_;
+  const Clock& clock_;  // the job's: every time the pipeline reads or waits on
   const int rank_;
   const SharedSlab slab_;
   const MemoryBudget::Reservation reservation_;

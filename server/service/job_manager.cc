@@ -215,7 +215,7 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(
     return Created{jobs_.at(it->second).job, false};  // another rank won the race
   }
   const std::string& id = job->identity().id;
-  jobs_[id] = JobEntry{job, key, {}, {}, absl::Now(), std::move(index_memory)};
+  jobs_[id] = JobEntry{job, key, {}, {}, options_.clock->Now(), std::move(index_memory)};
   id_by_key_[key] = id;
   FERRY_LOG(INFO) << "created job " << id << " '" << job_name << "' for uid " << caller.uid << ": "
                   << job->source().size() << " samples, " << job->sampler().batches_per_epoch()
@@ -346,6 +346,7 @@ absl::StatusOr<std::shared_ptr<Job>> JobManager::OpenJob(
     job->set_gpu_decode_note(gpu_decode_note);
   }
   job->set_transient_retry_limit(options_.transient_retry_limit);
+  job->set_clock(options_.clock);
   if (cuda) FERRY_RETURN_IF_ERROR(gpus_->CheckJob(*job));
   return job;
 }
@@ -363,7 +364,7 @@ absl::Status JobManager::CheckARankFitsLocked(const Caller& caller, const Job& j
       "job '", job.identity().name, "' needs ", rank_bytes, " bytes per rank (", slots,
       " slots of ", job.layout().slot_bytes, " bytes) but the host memory budget has ", free_bytes,
       " of ", host_budget_->limit(), " bytes free",
-      DescribeMemoryHoldersLocked(caller, absl::Now()),
+      DescribeMemoryHoldersLocked(caller, options_.clock->Now()),
       ". Lower batch_size or prefetch_depth, delete jobs that are done (ferryctl delete JOB), "
       "or raise host_memory_budget_bytes in ",
       options_.config_path));
@@ -599,7 +600,7 @@ absl::StatusOr<JobManager::Attachment> JobManager::Attach(const Caller& caller,
     absl::MutexLock lock(&mutex_);
     if (!refusing_.empty()) return absl::UnavailableError(refusing_);
     FERRY_ASSIGN_OR_RETURN(JobEntry * entry, FindOwnedLocked(caller, job_id));
-    now = absl::Now();
+    now = options_.clock->Now();
     entry->active_at = now;
     if (entry->job->failed()) return entry->job->failure();
     const ferry::v1::JobSpec& spec = entry->job->spec();
@@ -675,7 +676,7 @@ absl::StatusOr<JobManager::Attachment> JobManager::Attach(const Caller& caller,
          slots](const SharedSlab& slab) -> absl::StatusOr<std::unique_ptr<DeliveryRing>> {
           FERRY_ASSIGN_OR_RETURN(std::unique_ptr<DeviceStage> stage,
                                  gpus->MakeStage(job_ref, gpu, slab, slots));
-          return std::make_unique<DeviceRing>(std::move(stage));
+          return std::make_unique<DeviceRing>(std::move(stage), job_ref.clock());
         });
   } else {
     created = RankPipeline::Create(job, rank, slots, /*numa_node=*/-1, pool_, host_budget_);
@@ -861,7 +862,7 @@ void JobManager::FillJobStatus(const Job& job, ferry::v1::JobStatus* status) {
   absl::MutexLock lock(&mutex_);
   auto it = jobs_.find(job.identity().id);
   if (it == jobs_.end()) return;  // deleted meanwhile
-  const absl::Time now = absl::Now();
+  const absl::Time now = options_.clock->Now();
   if (!InUse(it->second)) {
     const absl::Duration idle = std::max(absl::ZeroDuration(), now - it->second.active_at);
     status->set_idle_seconds(absl::ToDoubleSeconds(idle));

@@ -19,6 +19,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "ferry/v1/config.pb.h"
 #include "ferry/v1/ferry.pb.h"
 #include "server/cache/object_cache.h"
@@ -73,6 +74,9 @@ class JobManager final {
     // machine (out of descriptors, ...) before the job fails (Job::transient_retry_limit).
     // Default: Job::kDefaultTransientRetryLimit (5 minutes).
     absl::Duration transient_retry_limit = Job::kDefaultTransientRetryLimit;
+    // The clock of the manager and its jobs (Job::clock); must outlive the manager.
+    // Default: Clock::Real().
+    const Clock* clock = &Clock::Real();
     // DaemonConfig.widen_tokens_on_host: sets TokensDataset.widen_on_host of GPU jobs.
     // Default: false.
     bool widen_tokens_on_host = false;

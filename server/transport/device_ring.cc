@@ -10,13 +10,14 @@
 
 namespace ferry {
 
-DeviceRing::DeviceRing(std::unique_ptr<DeviceStage> stage)
-    : num_slots_(stage->num_device_slots()),
+DeviceRing::DeviceRing(std::unique_ptr<DeviceStage> stage, const Clock& clock)
+    : clock_(clock),
+      num_slots_(stage->num_device_slots()),
       gathered_field_(stage->gathered_field()),
       slots_(static_cast<size_t>(num_slots_)),
       gather_policy_(num_slots_),
       stage_(std::move(stage)) {
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_.Now();
   for (DeviceSlot& d : slots_) d.since = now;
   DeviceStage::Callbacks callbacks;
   // host_slot_free goes straight to the pipeline: the ring keeps no state for it.
@@ -93,7 +94,7 @@ void DeviceRing::Filled(uint64_t ticket) {
   for (Queued& q : queued_) {
     if (q.ticket != ticket) continue;
     q.filled = true;
-    q.filled_at = absl::Now();
+    q.filled_at = clock_.Now();
     break;
   }
   OrderCopiesLocked();
@@ -117,7 +118,7 @@ void DeviceRing::OrderCopiesLocked() {
     const uint64_t token = ++tokens_;
     copy_orders_.push_back(
         CopyOrder{q.host_slot, static_cast<int>(d), q.num_samples, q.gather, token});
-    const absl::Time now = absl::Now();
+    const absl::Time now = clock_.Now();
     copy_wait_time_ += now - q.filled_at;
     DeviceSlot& dev = slots_[d];
     device_idle_time_ += now - dev.since;
@@ -131,7 +132,7 @@ void DeviceRing::OrderCopiesLocked() {
 void DeviceRing::FreeLocked(DeviceSlot& slot) {
   slot.state = State::kFree;
   slot.seq = -1;
-  slot.since = absl::Now();
+  slot.since = clock_.Now();
 }
 
 std::optional<uint32_t> DeviceRing::TakeReady(uint64_t ticket, int64_t seq) {
@@ -143,7 +144,7 @@ std::optional<uint32_t> DeviceRing::TakeReady(uint64_t ticket, int64_t seq) {
   if (dev.state != State::kReady) return std::nullopt;
   dev.state = State::kLeased;
   dev.seq = seq;
-  dev.since = absl::Now();
+  dev.since = clock_.Now();
   const uint32_t number = static_cast<uint32_t>(it->device_slot);
   queued_.erase(it);
   return number;
@@ -172,7 +173,7 @@ absl::Status DeviceRing::Release(uint32_t slot, int64_t seq, bool complete,
   }
   // Written again only once the consumer's last use of it is over on the GPU.
   DeviceSlot& dev = slots_[slot];
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_.Now();
   lease_time_ += now - dev.since;
   dev.since = now;
   dev.seq = -1;
@@ -296,7 +297,7 @@ void DeviceRing::OnDeviceSlotReady(int device_slot, uint64_t token) {
     // A copy abandoned by DropQueued (the slot was freed, maybe reused) is not delivered.
     if (dev.state != State::kCopying || dev.token != token) return;
     dev.state = State::kReady;
-    copy_latency_.Observe(absl::Now() - dev.ordered);
+    copy_latency_.Observe(clock_.Now() - dev.ordered);
   }
   Progress();
 }

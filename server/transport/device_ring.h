@@ -38,6 +38,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "server/stats/latency_histogram.h"
 #include "server/transport/delivery_ring.h"
 #include "server/transport/device_stage.h"
@@ -47,7 +48,8 @@ namespace ferry {
 
 class DeviceRing final : public DeliveryRing {
  public:
-  explicit DeviceRing(std::unique_ptr<DeviceStage> stage);
+  // Times (leases, copy latency, stalls) are read on `clock`, which must outlive the ring.
+  explicit DeviceRing(std::unique_ptr<DeviceStage> stage, const Clock& clock = Clock::Real());
   ~DeviceRing() override;
 
   void SetListener(Listener listener) override;
@@ -112,6 +114,7 @@ class DeviceRing final : public DeliveryRing {
   void RunCopyThread(const std::atomic<bool>& alive) ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Constant after construction (listener_: after SetListener, before any other call).
+  const Clock& clock_;
   const int num_slots_;
   const int gathered_field_;
   Listener listener_;

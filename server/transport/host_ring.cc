@@ -7,8 +7,8 @@
 
 namespace ferry {
 
-HostRing::HostRing(int num_host_slots, uint64_t slab_bytes)
-    : slab_bytes_(slab_bytes), slots_(static_cast<size_t>(num_host_slots)) {}
+HostRing::HostRing(int num_host_slots, uint64_t slab_bytes, const Clock& clock)
+    : slab_bytes_(slab_bytes), clock_(clock), slots_(static_cast<size_t>(num_host_slots)) {}
 
 void HostRing::Enqueue(const Batch& batch) {
   queued_.push_back(Queued{batch.ticket, batch.host_slot, false});
@@ -27,7 +27,7 @@ std::optional<uint32_t> HostRing::TakeReady(uint64_t ticket, int64_t seq) {
   Slot& slot = slots_[it->host_slot];
   slot.leased = true;
   slot.seq = seq;
-  slot.since = absl::Now();
+  slot.since = clock_.Now();
   const uint32_t number = static_cast<uint32_t>(it->host_slot);
   queued_.erase(it);
   return number;
@@ -46,7 +46,7 @@ absl::Status HostRing::Release(uint32_t slot, int64_t seq, bool complete, std::v
                                                    ", which is not leased to this consumer"));
   }
   Slot& s = slots_[slot];
-  lease_time_ += absl::Now() - s.since;
+  lease_time_ += clock_.Now() - s.since;
   s.leased = false;
   s.seq = -1;
   freed->push_back(static_cast<int>(slot));

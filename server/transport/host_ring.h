@@ -15,13 +15,15 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "server/transport/delivery_ring.h"
 
 namespace ferry {
 
 class HostRing final : public DeliveryRing {
  public:
-  HostRing(int num_host_slots, uint64_t slab_bytes);
+  // Lease times are read on `clock`, which must outlive the ring.
+  HostRing(int num_host_slots, uint64_t slab_bytes, const Clock& clock = Clock::Real());
 
   void SetListener(Listener listener) override {}
   int num_slots() const override { return static_cast<int>(slots_.size()); }
@@ -49,6 +51,7 @@ class HostRing final : public DeliveryRing {
   };
 
   const uint64_t slab_bytes_;
+  const Clock& clock_;
   std::deque<Queued> queued_;  // enqueued and not taken, in delivery order
   std::vector<Slot> slots_;    // one per host slot
   absl::Duration lease_time_;
