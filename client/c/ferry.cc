@@ -261,6 +261,17 @@ int ferry_client_attach_on(ferry_client_t* client, const char* job_id, uint32_t 
   });
 }
 
+int ferry_client_set_held_rank_wait(ferry_client_t* client, double seconds) {
+  if (client == nullptr) return NullArgument(__func__, "client");
+  if (!(seconds >= 0)) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("ferry_client_set_held_rank_wait: ", seconds,
+                     " seconds; give 0 or more (0: a held rank is refused at once)")));
+  }
+  client->client->set_held_rank_wait(absl::Seconds(seconds));
+  return FERRY_OK;
+}
+
 void ferry_consumer_free(ferry_consumer_t* consumer) { delete consumer; }
 
 int ferry_consumer_batches_per_epoch(const ferry_consumer_t* consumer, int64_t* out) {

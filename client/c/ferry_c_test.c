@@ -136,6 +136,9 @@ int main(void) {
   CHECK(ferry_client_get_status(NULL, &json) == FERRY_INVALID_ARGUMENT);
   CHECK(strstr(ferry_last_error(), "ferry_client_get_status") != NULL);
   CHECK(ferry_consumer_next(NULL, 0, NULL) == FERRY_INVALID_ARGUMENT);
+  /* ABI 1.7 */
+  CHECK(ferry_client_set_held_rank_wait(NULL, 1.0) == FERRY_INVALID_ARGUMENT);
+  CHECK(strstr(ferry_last_error(), "'client'") != NULL);
   ferry_client_free(NULL);
   ferry_consumer_free(NULL);
   ferry_batch_free(NULL);

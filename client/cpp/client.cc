@@ -1,6 +1,7 @@
 // ferry::Client, Consumer and Batch over gRPC (see ferry/client.h for the contracts).
 #include "ferry/client.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -36,10 +37,6 @@ namespace {
 constexpr absl::Duration kQuickCallDeadline = absl::Seconds(30);
 // How long a reattaching consumer waits for ferryd to notice that its previous stream ended.
 constexpr absl::Duration kReattachPatience = absl::Seconds(5);
-// How long a first attach waits for a rank's consumer to let go: a consumer closed just
-// before (a Loader closed and made again) ends its stream asynchronously, and ferryd may not
-// have seen the end yet. A consumer that is really live is reported after this.
-constexpr absl::Duration kFirstAttachPatience = absl::Seconds(2);
 
 // Batches travel through a shared-memory batch channel unless FERRY_BATCH_CHANNEL=grpc
 // (or 0) keeps them on the gRPC stream: for comparing the two and for debugging.
@@ -65,6 +62,14 @@ class ClientImpl {
 
   const std::string& address() const { return address_; }
   Session& session() const { return *session_; }
+  // Client::set_held_rank_wait's.
+  absl::Duration held_rank_wait() const {
+    return absl::Nanoseconds(held_rank_wait_ns_.load(std::memory_order_relaxed));
+  }
+  void set_held_rank_wait(absl::Duration wait) {
+    held_rank_wait_ns_.store(absl::ToInt64Nanoseconds(std::max(wait, absl::ZeroDuration())),
+                             std::memory_order_relaxed);
+  }
 
   // A connection of this client's own: gRPC's process-wide subchannel pool would hand a new
   // Client the connection of an earlier one, which after a ferryd restart is a dead socket
@@ -91,6 +96,7 @@ class ClientImpl {
   const std::unique_ptr<Session> session_;
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<v1::Ferry::Stub> stub_;
+  std::atomic<int64_t> held_rank_wait_ns_{absl::ToInt64Nanoseconds(Client::kHeldRankWait)};
 };
 
 // One Consume stream. A reader thread moves every message into a queue, so the consumer can
@@ -503,7 +509,7 @@ class ConsumerImpl {
 
   // Attaches (again), maps the slab and opens a stream, waiting for the daemon to let go of
   // this rank's previous stream: up to kReattachPatience with `retry` (this consumer's own
-  // stream broke), kFirstAttachPatience without.
+  // stream broke), the client's held_rank_wait without.
   absl::Status Attach(bool retry) {
     if (stream_) {
       stream_->Cancel();
@@ -516,7 +522,8 @@ class ConsumerImpl {
     request.set_rank(rank_);
     request.set_device(device_);
     v1::AttachResponse response;
-    const absl::Time give_up = absl::Now() + (retry ? kReattachPatience : kFirstAttachPatience);
+    const absl::Time give_up =
+        absl::Now() + (retry ? kReattachPatience : client_->held_rank_wait());
     while (true) {
       grpc::ClientContext context;
       client_->Prepare(&context, /*quick=*/false);
@@ -1082,6 +1089,8 @@ absl::StatusOr<StatusReport> Client::GetStatus() {
   FERRY_ASSIGN_OR_RETURN(v1::GetStatusResponse response, CallGetStatus(*impl_));
   return internal::FromProto(response);
 }
+
+void Client::set_held_rank_wait(absl::Duration wait) { impl_->set_held_rank_wait(wait); }
 
 absl::StatusOr<std::string> Client::GetStatusJson() {
   FERRY_ASSIGN_OR_RETURN(v1::GetStatusResponse response, CallGetStatus(*impl_));

@@ -309,6 +309,17 @@ TEST(ReasonTest, AnAttachRefusalCarriesItsReasonToTheCaller) {
   EXPECT_EQ(held.attaches[1].load(), 1);
 }
 
+TEST(ReasonTest, AHeldRankIsRefusedAtOnceByAClientThatWaitsForNone) {
+  HeldRankFerryd held;
+  FakeFerryd ferryd(&held);
+  Client* client = ferryd.client();
+  ASSERT_NE(client, nullptr);
+  client->set_held_rank_wait(absl::ZeroDuration());
+  auto consumer = client->Attach("j1", 0);
+  EXPECT_EQ(ReasonOf(consumer.status()), kReasonRankHeld);
+  EXPECT_EQ(held.attaches[0].load(), 1);
+}
+
 TEST(SessionTest, FetchSlabReceivesTheMemfd) {
   TempDir dir;
   const std::string address = dir.path() + "/ferryd.sock";

@@ -163,6 +163,7 @@ def _declare(lib):
         "ferry_epoch_consumed": (c_int, [ctypes.POINTER(EpochInfo), ctypes.c_int64,
                                          ctypes.POINTER(Range), ctypes.c_size_t,
                                          ctypes.POINTER(ctypes.c_size_t)]),
+        "ferry_client_set_held_rank_wait": (c_int, [c_void_p, ctypes.c_double]),
     }
     for name, (restype, argtypes) in optional.items():
         fn = getattr(lib, name, None)

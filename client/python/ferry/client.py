@@ -98,6 +98,15 @@ class Client:
         _lib.check(fn(self._h(), _encode(job_id), array, len(indices), ctypes.byref(added)))
         return added.value
 
+    def set_held_rank_wait(self, seconds):
+        """How long attach() waits for a rank another consumer holds (reason "RANK_HELD") to
+        be let go before raising that refusal, which names the holder's pid: a consumer
+        closed just before ends its stream asynchronously. 0 refuses at once. Default: 5 s.
+        A libferry older than ABI 1.7 keeps its own wait."""
+        fn = getattr(self._lib, "ferry_client_set_held_rank_wait", None)
+        if fn is not None:
+            _lib.check(fn(self._h(), float(seconds)))
+
     def attach(self, job_id, rank, device=None):
         """Attaches as `rank` of the job; `device` names a GPU rank's GPU ("cuda:<PCI bus id>"
         or "cuda:N", ferryd's ordinal), required for a job of device "cuda"."""

@@ -225,38 +225,32 @@ class Loader:
 
     def _attach_rank(self):
         """Attaches as this Loader's rank. A rank whose earlier Loader in this process was
-        closed or is garbage is taken over (ferryd sees that Loader's stream end a moment
-        later: wait for it); one held by an open Loader of this process, or by another
-        process, is refused with what to do."""
-        deadline = time.monotonic() + _TAKEOVER_SECONDS
-        collected = False
-        while True:
-            try:
-                return self._client.attach(self.job["id"], self.rank, self._attach_device)
-            except FerryError as e:
-                if e.reason != "RANK_HELD":
-                    raise
-                refusal = e
-            if not collected:
-                gc.collect()  # a Loader that is garbage but not collected yet closes now
-                collected = True
-            name = self._job_name or self.job.get("name")
+        closed or is garbage is taken over (libferry waits for ferryd to see that Loader's
+        stream end, up to _TAKEOVER_SECONDS); one held by an open Loader of this process, or
+        by another process, is refused with what to do."""
+        name = self._job_name or self.job.get("name")
+        if self._rank_holder() is not None:
+            gc.collect()  # a Loader that is garbage but not collected yet closes now
             if self._rank_holder() is not None:
                 raise FerryError("FAILED_PRECONDITION", "rank %d of job %r (%s) is held by "
                                  "another ferry.Loader of this process, which is still open: "
                                  "close it (loader.close()) or delete it, then create this one "
                                  "(a notebook cell run again: call close() on the old Loader "
                                  "first)" % (self.rank, name, self.job.get("id")),
-                                 refusal.code_value, refusal.reason)
-            if time.monotonic() > deadline:
-                pid = self._consumer_pid()
-                raise FerryError("FAILED_PRECONDITION", "rank %d of job %r (%s) is being "
-                                 "consumed by %s; a rank has one consumer at a time: stop that "
-                                 "process, or use another rank or job_name"
-                                 % (self.rank, name, self.job.get("id"),
-                                    "process %d" % pid if pid else "another process"),
-                                 refusal.code_value, refusal.reason)
-            time.sleep(0.05)
+                                 None, "RANK_HELD")
+        self._client.set_held_rank_wait(_TAKEOVER_SECONDS)
+        try:
+            return self._client.attach(self.job["id"], self.rank, self._attach_device)
+        except FerryError as e:
+            if e.reason != "RANK_HELD":
+                raise
+            pid = self._consumer_pid()
+            raise FerryError("FAILED_PRECONDITION", "rank %d of job %r (%s) is being "
+                             "consumed by %s; a rank has one consumer at a time: stop that "
+                             "process, or use another rank or job_name"
+                             % (self.rank, name, self.job.get("id"),
+                                "process %d" % pid if pid else "another process"),
+                             e.code_value, e.reason)
 
     def _consumer_pid(self):
         """The pid ferryd reports for this rank's consumer (0 if unknown)."""

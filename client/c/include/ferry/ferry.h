@@ -57,8 +57,9 @@ extern "C" {
  *   1.4: ferry_job_limit, ferry_last_error_reason.
  *   1.5: resuming on another world size: ferry_consumer_resume_epoch,
  *        ferry_consumer_epoch_batches, ferry_epoch_consumed, ferry_job_epoch_info.
- *   1.6: FERRY_DTYPE_BOOL (fields of megatron_gpt jobs). */
-#define FERRY_ABI_MINOR 6
+ *   1.6: FERRY_DTYPE_BOOL (fields of megatron_gpt jobs).
+ *   1.7: ferry_client_set_held_rank_wait. */
+#define FERRY_ABI_MINOR 7
 
 /* Status codes (absl::StatusCode / grpc::StatusCode values). */
 enum {
@@ -189,6 +190,11 @@ FERRY_API int ferry_client_attach(ferry_client_t* client, const char* job_id, ui
  * ferry_client_attach. Since 1.3. */
 FERRY_API int ferry_client_attach_on(ferry_client_t* client, const char* job_id, uint32_t rank,
                                      const char* device, ferry_consumer_t** out);
+/* How long ferry_client_attach(_on) waits for a rank that another consumer holds (reason
+ * "RANK_HELD") to be let go before returning that refusal, which names the holder's pid: a
+ * consumer closed just before ends its stream asynchronously. 0: refused at once; negative
+ * or NaN: FERRY_INVALID_ARGUMENT. Default: 5 seconds. Since 1.7. */
+FERRY_API int ferry_client_set_held_rank_wait(ferry_client_t* client, double seconds);
 /* Closes the stream: the daemon reclaims the consumer's slots. Batches still held stay
  * readable (memory stays mapped) until freed. */
 FERRY_API void ferry_consumer_free(ferry_consumer_t* consumer);

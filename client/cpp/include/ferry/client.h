@@ -857,6 +857,14 @@ class Client final {
   absl::StatusOr<std::unique_ptr<Consumer>> Attach(std::string_view job_id, uint32_t rank,
                                                    std::string_view device);
 
+  // How long Attach waits for a rank that another consumer holds (FAILED_PRECONDITION with
+  // reason RANK_HELD) to be let go before it returns that refusal: a consumer closed just
+  // before (a loader closed and made again, a trainer restarted) ends its stream
+  // asynchronously, and ferryd may not have seen the end yet. The refusal names the
+  // holder's pid. Zero: refused at once. Default: kHeldRankWait.
+  static constexpr absl::Duration kHeldRankWait = absl::Seconds(5);
+  void set_held_rank_wait(absl::Duration wait);
+
  private:
   explicit Client(std::shared_ptr<internal::ClientImpl> impl);
   std::shared_ptr<internal::ClientImpl> impl_;
