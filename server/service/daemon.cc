@@ -293,8 +293,8 @@ void Daemon::NotifyLoop() {
   bool exiting = false;
   while (!stop_notify_.WaitForNotificationWithTimeout(period)) {
     const absl::Time now = absl::Now();
-    jobs_->DeleteIdleJobs(now);
-    jobs_->EndOverdueStreams(now);
+    jobs_->DeleteIdleJobs();
+    jobs_->EndOverdueStreams();
     const int consumers = jobs_->Consumers();
     if (consumers > 0 || sessions_->live_sessions() > 0) idle_since = now;
     if (!exiting && drain_requested_.load() && consumers == 0) {

@@ -175,12 +175,14 @@ class JobManager final {
   // as DeleteJob would; returns their ids. Called every second or so: a job's idle time is
   // measured from the last call that saw a consumer bound to one of its ranks (or from its
   // creation, or its last attach).
-  std::vector<std::string> DeleteIdleJobs(absl::Time now = absl::Now());
+  std::vector<std::string> DeleteIdleJobs(absl::Time now);
+  std::vector<std::string> DeleteIdleJobs() { return DeleteIdleJobs(options_.clock->Now()); }
 
   // Ends the streams of stopped ranks (deleted or failed jobs) whose consumers still hold
   // batches release_grace after the stop (RankPipeline::EndStreamIfStoppedBefore). Called
   // every second or so.
-  void EndOverdueStreams(absl::Time now = absl::Now());
+  void EndOverdueStreams(absl::Time now);
+  void EndOverdueStreams() { EndOverdueStreams(options_.clock->Now()); }
 
  private:
   struct JobEntry {

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/synchronization/notification.h"
+#include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/transport/gpu_provider.h"
@@ -50,6 +51,7 @@ class JobManagerTest : public ::testing::Test {
     o.config_path = "/etc/ferry/ferryd.conf";
     o.job_idle_timeout = idle_timeout;
     o.max_jobs_per_uid = max_jobs_per_uid;
+    o.clock = manager_clock_;
     return std::make_unique<JobManager>(o, pool_.get(), budget_.get());
   }
   // A manager of any dataset, 1 GiB of host budget, over `gpus` (which must outlive it).
@@ -75,6 +77,8 @@ class JobManagerTest : public ::testing::Test {
   std::string tokens_;
   // The budget outlives the pool: a worker may drop a pipeline's last reference (and with it
   // its reservation) until the pool has joined it.
+  FakeClock clock_;                              // outlives the workers, which may still read it
+  const Clock* manager_clock_ = &Clock::Real();  // Manager's; a test may point it at clock_
   std::unique_ptr<MemoryBudget> budget_;
   std::unique_ptr<WorkerPool> pool_;
 };
@@ -785,6 +789,7 @@ TEST_F(JobManagerTest, ARankHeldByALiveConsumerIsRefusedInOneWordingNamingItsPid
 }
 
 TEST_F(JobManagerTest, ADeletedJobsConsumerThatKeepsItsBatchesIsToldAfterTheGrace) {
+  manager_clock_ = &clock_;  // the manager's and its pipelines' time: the grace is exact
   auto m = Manager({}, true);
   auto job = m->CreateJob(kAlice, "held", TokensSpec(tokens_));
   ASSERT_TRUE(job.ok());
@@ -799,10 +804,12 @@ TEST_F(JobManagerTest, ADeletedJobsConsumerThatKeepsItsBatchesIsToldAfterTheGrac
   ASSERT_GT(consumer.held(), 0);
   ASSERT_TRUE(m->DeleteJob(kAlice, id).ok());
   // Within the grace (5 s by default) the consumer may still give its batches back.
-  m->EndOverdueStreams(absl::Now());
+  clock_.Advance(absl::Seconds(5) - absl::Milliseconds(1));
+  m->EndOverdueStreams();
   EXPECT_FALSE(consumer.told().WaitForNotificationWithTimeout(absl::Milliseconds(200)));
   // After it, the stream ends though the batches are still held.
-  m->EndOverdueStreams(absl::Now() + absl::Seconds(6));
+  clock_.Advance(absl::Milliseconds(2));
+  m->EndOverdueStreams();
   ASSERT_TRUE(consumer.told().WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(consumer.reason().code(), absl::StatusCode::kAborted) << consumer.reason();
   EXPECT_THAT(consumer.reason().message(), HasSubstr("was deleted"));
