@@ -12,6 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
@@ -36,6 +38,7 @@ class FakeStore {
         n = ++requests_;
         requests_seen_.push_back(req);
       }
+      if (req.method == "GET" && hold_gets_ != nullptr) hold_gets_->WaitForNotification();
       if (n <= fail_first_) {
         res.status = 503;
         Body(res, "<Error><Code>SlowDown</Code></Error>");
@@ -119,6 +122,7 @@ class FakeStore {
   }
 
   std::vector<std::string> listing_pages_;
+  absl::Notification* hold_gets_ = nullptr;  // GETs of the object wait for it when set
   int fail_first_ = 0;
   int break_first_ = 0;
   int status_ = 200;
@@ -392,6 +396,49 @@ TEST_F(StoreClientTest, AWorkersWaitForAnObjectIsARemoteReadAndItsReadsAreLocalO
   EXPECT_EQ(read.bytes - opened.bytes, 1000u);  // read from the cache: a local read
   EXPECT_EQ(read.remote_nanos, opened.remote_nanos);
   file->reset();
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(StoreClientTest, AnOpenOfAListedObjectBeingFetchedWaitsForThatGetInsteadOfAHead) {
+  store_.listing_pages_ = {absl::StrCat(
+      "<ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>dir/obj.bin"
+      "</Key><Size>",
+      store_.object().size(), "</Size><ETag>\"abc123\"</ETag></Contents>", "</ListBucketResult>")};
+  char dir[] = "/tmp/store_client_test_cache_XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  auto cache = ObjectCache::Open({.dir = dir, .capacity_bytes = 1 << 20});
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  std::shared_ptr<const DatasetFs> fs =
+      MakeRemoteDatasetFs(nullptr, *std::move(cache), std::make_shared<StoreClient>(Options()));
+  ASSERT_TRUE(fs->ListDirectory("s3://bucket/dir").ok());
+  absl::Notification release;
+  store_.hold_gets_ = &release;
+  const auto gets = [&] {
+    int n = 0;
+    for (const httplib::Request& r : store_.requests_seen())
+      n += r.method == "GET" && r.path == "/bucket/dir/obj.bin";
+    return n;
+  };
+  // The read-ahead, say, fetches the listed version; a worker opens the object meanwhile.
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> first, second;
+  std::thread fetching([&] { first = fs->OpenFile("s3://bucket/dir/obj.bin"); });
+  while (gets() == 0) absl::SleepFor(absl::Milliseconds(1));
+  std::thread opening([&] { second = fs->OpenFile("s3://bucket/dir/obj.bin"); });
+  absl::SleepFor(absl::Milliseconds(100));  // time for a HEAD it should not send
+  release.Notify();
+  fetching.join();
+  opening.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  std::vector<uint8_t> out(100);
+  ASSERT_EQ(*ReadUpTo(**second, 500, absl::MakeSpan(out)), out.size());
+  EXPECT_EQ(std::string(out.begin(), out.end()), store_.object().substr(500, 100));
+  int heads = 0;
+  for (const httplib::Request& r : store_.requests_seen()) heads += r.method == "HEAD";
+  EXPECT_EQ(heads, 0) << "the GET of the listed version proves these credentials";
+  EXPECT_EQ(gets(), 1);
+  first->reset();
+  second->reset();
   std::filesystem::remove_all(dir);
 }
 
