@@ -17,8 +17,10 @@ import threading
 from ferry.errors import FerryError
 
 ABI_VERSION = 1  # FERRY_ABI_VERSION this binding was written for
-ABI_MINOR = 3    # FERRY_ABI_MINOR it uses when the library has it (1.1: GPU transport,
-                 # 1.2: ferry_client_quarantine, 1.3: ferry_client_attach_on)
+ABI_MINOR = 7    # the newest FERRY_ABI_MINOR it uses where the library has it (1.1: GPU
+                 # transport, 1.2: quarantine, 1.3: attach_on, 1.4: job limits and error
+                 # reasons, 1.5: resuming on another world size, 1.6: bool fields,
+                 # 1.7: ferry_client_set_held_rank_wait)
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
