@@ -75,6 +75,10 @@ TEST(HandlerPoolTest, OneUsersSlowCallsDoNotHoldUpAnothers) {
     other.Notify();
   });
   EXPECT_TRUE(other.WaitForNotificationWithTimeout(kWait)) << "held up by uid 1000's calls";
+  // Its two threads may still be starting on a loaded machine: wait for them, then no more
+  // run, though two threads are free and eight of its calls wait.
+  const absl::Time started = absl::Now() + kWait;
+  while (pool.running(1000) < 2 && absl::Now() < started) absl::SleepFor(absl::Milliseconds(1));
   EXPECT_EQ(pool.running(1000), 2u) << "one uid runs on at most half of the threads";
   release.Notify();
   const absl::Time until = absl::Now() + kWait;

@@ -14,6 +14,8 @@
 // the order they came], "heads": [the same of every HEAD]}.
 // S3RVER_STALL_FIRST=TEXT: the first GET of each object whose path holds TEXT sends 4 KiB
 // and then nothing more, never ending (a transfer a test kills its client in).
+// S3RVER_CUT_FIRST=TEXT: the first GET of each object whose path holds TEXT that is
+// answered (not refused 503) is cut after its first 4 KiB (the connection closed).
 // S3RVER_LIST_ONLY=ACCESS_KEY_ID: that key may list the bucket but not read its objects
 // (403 AccessDenied), as an IAM policy with s3:ListBucket and no s3:GetObject allows.
 // S3RVER_PUBLIC=1 serves unsigned reads too (a public bucket: benchmarks compare ferry
@@ -55,6 +57,21 @@ function releaseHeld() {
   held.splice(0).forEach((run) => run());
 }
 const stallFirst = process.env.S3RVER_STALL_FIRST || '';
+const cutFirst = process.env.S3RVER_CUT_FIRST || '';
+const cut = new Set();
+// Closes the connection once more than 4 KiB of the answer's body was written.
+function cutAfter4KiB(response) {
+  let sent = 0;
+  const write = response.write.bind(response);
+  response.write = (chunk, ...rest) => {
+    sent += chunk.length;
+    if (sent > 4096) {
+      response.socket.destroy();
+      return false;
+    }
+    return write(chunk, ...rest);
+  };
+}
 const listOnly = process.env.S3RVER_LIST_ONLY || '';
 const stalled = new Set();
 let reads = 0;
@@ -110,18 +127,12 @@ function serve(request, response) {
       response.end(request.method === 'HEAD' ? undefined : body);
       return;
     }
-    if (reads % 6 === 3 && request.method === 'GET') {
-      let sent = 0;
-      const write = response.write.bind(response);
-      response.write = (chunk, ...rest) => {
-        sent += chunk.length;
-        if (sent > 4096) {
-          response.socket.destroy();
-          return false;
-        }
-        return write(chunk, ...rest);
-      };
-    }
+    if (reads % 6 === 3 && request.method === 'GET') cutAfter4KiB(response);
+  }
+  if (cutFirst && request.method === 'GET' && request.url.includes(cutFirst) &&
+      !cut.has(request.url)) {
+    cut.add(request.url);
+    cutAfter4KiB(response);
   }
   const refused = listOnly && request.method !== 'PUT' && !request.url.includes('list-type') &&
     (request.headers.authorization || '').includes(`Credential=${listOnly}/`);

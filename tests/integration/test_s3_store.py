@@ -180,7 +180,7 @@ class S3StoreTest(StoreTestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.store = S3Server(S3RVER_FLAKY="1" if cls.FLAKY else "0")
+        cls.store = S3Server(S3RVER_FLAKY="1" if cls.FLAKY else "0", S3RVER_CUT_FIRST="/cut/")
         rng = np.random.default_rng(11)
         cls.local = ferry_it.short_tempdir("ferry-s3-")
         for i, n in enumerate((4001, 2900, 3333)):
@@ -361,9 +361,17 @@ class FlakyStoreTest(S3StoreTest):
     FLAKY = True
 
     def test_the_retries_are_counted_by_cause(self):
+        # An object no earlier test read, whose first transfer the store cuts (S3RVER_CUT_FIRST):
+        # whatever the order of the requests, one retry is a broken transfer's.
+        with open(os.path.join(self.local, "shard-0.bin"), "rb") as f:
+            self.store.put("cut/shard-0.bin", f.read())
+        before = {r["reason"]: int(r["count"]) for r in self.remote_status()["retries"]}
         with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
             self.assert_same_as_local(15)
-        retries = {r["reason"]: int(r["count"]) for r in self.remote_status()["retries"]}
+            self.assert_same_tokens(os.path.join(self.local, "shard-0.bin"),
+                                    "s3://bucket/cut/shard-0.bin", 15)
+        retries = {r["reason"]: int(r["count"]) - before.get(r["reason"], 0)
+                   for r in self.remote_status()["retries"]}
         self.assertGreater(retries["throttled"], 0)
         self.assertGreater(retries["short"] + retries["connection"], 0)
 
