@@ -412,6 +412,11 @@ absl::Status DatasetChangedError(const std::string& path, uint64_t mapped_bytes)
   return status;
 }
 
+absl::Status StopsTheJob(absl::Status status) {
+  status.SetPayload(kDatasetChangedPayload, absl::Cord("1"));
+  return status;
+}
+
 bool IsDatasetChanged(const absl::Status& status) {
   return status.GetPayload(kDatasetChangedPayload).has_value();
 }
@@ -469,6 +474,10 @@ class StoppableFs final : public DatasetFs {
   absl::StatusOr<std::shared_ptr<const MappedFile>> MapFile(
       const std::string& path) const override {
     return fs_->MapFile(path);
+  }
+  absl::StatusOr<std::shared_ptr<const MappedFile>> MapFileInRanges(
+      const std::string& path) const override {
+    return fs_->MapFileInRanges(path);
   }
   absl::StatusOr<std::vector<Entry>> ListDirectory(const std::string& path) const override {
     return fs_->ListDirectory(path);

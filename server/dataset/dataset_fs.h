@@ -149,6 +149,14 @@ class DatasetFs {
   // naming the path.
   virtual absl::StatusOr<std::shared_ptr<const MappedFile>> MapFile(
       const std::string& path) const = 0;
+  // The same for a reader that reads the mapping only through ranged MappedFile::Read
+  // calls and never touches bytes() outside them: a filesystem may then bring the bytes in
+  // as they are read (a large remote object, cached in blocks: read_in_ranges()). Default:
+  // MapFile.
+  virtual absl::StatusOr<std::shared_ptr<const MappedFile>> MapFileInRanges(
+      const std::string& path) const {
+    return MapFile(path);
+  }
 
   // Lists directory `path`: every entry but "." and "..", in the order the directory gives.
   virtual absl::StatusOr<std::vector<Entry>> ListDirectory(const std::string& path) const = 0;
@@ -200,6 +208,10 @@ bool IsTransientReadError(const absl::Status& status);
 // it from a corrupt sample.
 absl::Status DatasetChangedError(const std::string& path, uint64_t mapped_bytes);
 bool IsDatasetChanged(const absl::Status& status);
+// `status`, marked as IsDatasetChanged: an error every later sample would meet too (the
+// store refuses an object, or it changed since the job opened it), so the job stops with it
+// instead of substituting samples.
+absl::Status StopsTheJob(absl::Status status);
 
 // The status of a failed system call on `path`: `what` ("cannot open", "cannot read") names
 // the step. The code follows the classes above (RESOURCE_EXHAUSTED for EMFILE, ENFILE,

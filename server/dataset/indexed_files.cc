@@ -27,7 +27,7 @@ absl::StatusOr<IndexedFiles> IndexedFiles::Open(const std::string& prefix, const
   const std::string bin_path = prefix + ".bin";
   IndexedFiles files;
   FERRY_ASSIGN_OR_RETURN(files.idx_, fs.MapFile(idx_path));
-  FERRY_ASSIGN_OR_RETURN(files.bin_, fs.MapFile(bin_path));
+  FERRY_ASSIGN_OR_RETURN(files.bin_, fs.MapFileInRanges(bin_path));
   const absl::Span<const uint8_t> mapped = files.idx_->bytes();
   const std::string what = absl::StrCat("Megatron index '", idx_path, "'");
   if (mapped.size() < kIdxHeaderBytes) {

@@ -231,7 +231,8 @@ absl::Status IndexedSource::Fill(int64_t index, uint64_t sample_seed,
     uint8_t* dst = rows[0] + static_cast<size_t>(pos) * out_bytes;
     int64_t overflow = -1;
     int32_t overflow_value = 0;
-    FERRY_RETURN_IF_ERROR(files_.bin().Read([&] {
+    const size_t src_bytes = static_cast<size_t>(count) * files_.token_bytes();
+    FERRY_RETURN_IF_ERROR(files_.bin().Read(src, src_bytes, [&] {
       if (raw_) {
         // Copied as the file holds them (streamed: raw rows are a GPU job's); int32 ids are
         // still checked, none may be negative.

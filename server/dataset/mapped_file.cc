@@ -10,10 +10,26 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/mapped_read.h"
+#include "common/status_macros.h"
 
 namespace ferry {
 
 absl::Status MappedFile::Read(absl::FunctionRef<void()> read) const {
+  return Read(bytes_.data(), bytes_.size(), read);
+}
+
+absl::Status MappedFile::Read(const uint8_t* data, size_t length,
+                              absl::FunctionRef<void()> read) const {
+  std::shared_ptr<const void> hold;
+  if (ranges_ != nullptr && length > 0) {
+    if (data < bytes_.data() || length > bytes_.size() ||
+        static_cast<size_t>(data - bytes_.data()) > bytes_.size() - length) {
+      return absl::InvalidArgumentError(absl::StrCat("a read of ", length, " bytes outside the ",
+                                                     bytes_.size(), " of '", path_, "'"));
+    }
+    FERRY_ASSIGN_OR_RETURN(hold,
+                           ranges_->Hold(static_cast<uint64_t>(data - bytes_.data()), length));
+  }
   absl::Status s = GuardMappedRead(bytes_, read);
   if (s.ok()) return s;
   return DatasetChangedError(path_, bytes_.size());

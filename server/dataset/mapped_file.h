@@ -26,12 +26,27 @@ namespace ferry {
 
 class MappedFile final {
  public:
+  // What brings a mapping's bytes in as they are read (DatasetFs::MapFileInRanges: a remote
+  // object cached in blocks): Hold makes bytes [offset, offset + length) readable, fetching
+  // what is missing, and keeps them so while the returned hold lives. Errors name the file
+  // and the cause (a network error is the store's, never the data's).
+  class Ranges {
+   public:
+    virtual ~Ranges() = default;
+    virtual absl::StatusOr<std::shared_ptr<const void>> Hold(uint64_t offset,
+                                                             uint64_t length) const = 0;
+  };
+
   // `bytes` (the file's, from its first byte) stay valid while `owner` lives: the mapping
   // that unmaps itself when destroyed, or a fake's memory. `owner` may be null for empty
-  // bytes.
+  // bytes. With `ranges`, only the bytes a Read holds may be touched.
   MappedFile(std::string path, const FileIdentity& identity, absl::Span<const uint8_t> bytes,
-             std::shared_ptr<const void> owner)
-      : path_(std::move(path)), identity_(identity), bytes_(bytes), owner_(std::move(owner)) {}
+             std::shared_ptr<const void> owner, std::shared_ptr<const Ranges> ranges = nullptr)
+      : path_(std::move(path)),
+        identity_(identity),
+        bytes_(bytes),
+        owner_(std::move(owner)),
+        ranges_(std::move(ranges)) {}
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
 
@@ -39,8 +54,14 @@ class MappedFile final {
   // Runs `read`, which reads bytes(), so that the file shrinking under the mapping (its
   // owner truncates it) ends the read with DatasetChangedError instead of a SIGBUS that
   // would kill ferryd. `read` is abandoned where it faults: it may only copy (see
-  // common/mapped_read.h).
+  // common/mapped_read.h). A mapping read in ranges holds all of its bytes for it.
   absl::Status Read(absl::FunctionRef<void()> read) const;
+  // The same for a read of only bytes [data, data + length) of bytes(): a mapping read in
+  // ranges fetches and holds just those. INVALID_ARGUMENT for a range outside bytes().
+  absl::Status Read(const uint8_t* data, size_t length, absl::FunctionRef<void()> read) const;
+  // Whether bytes() are fetched as they are read (then only held ranges may be touched,
+  // and the mapping cannot be registered with a device whole).
+  bool read_in_ranges() const { return ranges_ != nullptr; }
   // The path the file was first mapped by (another opener may have named it by another
   // link: the file is the same).
   const std::string& path() const { return path_; }
@@ -52,6 +73,7 @@ class MappedFile final {
   const FileIdentity identity_;
   const absl::Span<const uint8_t> bytes_;
   const std::shared_ptr<const void> owner_;
+  const std::shared_ptr<const Ranges> ranges_;
 };
 
 // The live mappings of one DatasetFs, by FileIdentity (DatasetFs::MapFile's sharing). Entries

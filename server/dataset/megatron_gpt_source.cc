@@ -328,7 +328,7 @@ void MegatronGptSource::ReadTokens(const Gpt& gpt, int32_t sequence, int64_t off
   const uint8_t* src = files.bin().bytes().data() + pointer + offset * static_cast<int64_t>(width);
   int64_t* dst = out->data() + at;
   int64_t negative = -1;
-  read = files.bin().Read([&] {
+  read = files.bin().Read(src, static_cast<size_t>(length) * width, [&] {
     for (int64_t i = 0; i < length; ++i) {
       dst[i] = width == 2 ? LoadLittleEndian<uint16_t>(src + i * 2)
                           : LoadLittleEndian<int32_t>(src + i * 4);

@@ -68,7 +68,7 @@ absl::StatusOr<std::unique_ptr<RecordSource>> RecordSource::Create(
         "dataset.records.shape [", absl::StrJoin(layout.shape, ", "), "] of dataset.records.dtype ",
         DTypeLabel(spec.dtype()), " makes a record larger than any file; is the shape right?"));
   }
-  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, fs.MapFile(spec.path()));
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, fs.MapFileInRanges(spec.path()));
   const size_t bytes = file->bytes().size();
   const uint64_t header = spec.header_bytes();
   const std::string record = RecordLabel(layout.dtype, layout.shape);
@@ -157,12 +157,12 @@ absl::Status RecordSource::Fill(int64_t index, uint64_t sample_seed,
     // file stay pinned with their old bytes. Touching the row's last byte here makes a file
     // cut short under the job a DatasetChangedError, as for a copied row, instead of rows
     // the file no longer has.
-    return file_->Read([&] {
+    return file_->Read(src, row_bytes_, [&] {
       const volatile uint8_t* last = src + row_bytes_ - 1;
       (void)*last;
     });
   }
-  FERRY_RETURN_IF_ERROR(file_->Read([&] {
+  FERRY_RETURN_IF_ERROR(file_->Read(src, row_bytes_, [&] {
     if (stores_ == RowStores::kStreaming) {
       StreamingCopy(rows[0], src, row_bytes_);
     } else {
@@ -180,6 +180,8 @@ absl::Status RecordSource::Fill(int64_t index, uint64_t sample_seed,
 
 std::optional<DirectRows> RecordSource::direct_rows() const {
   if constexpr (std::endian::native != std::endian::little) return std::nullopt;
+  // A mapping fetched as it is read cannot be registered with a device whole.
+  if (file_->read_in_ranges()) return std::nullopt;
   return DirectRows{.field = 0,
                     .index_field = 1,
                     .records = file_->bytes().data() + data_offset_,

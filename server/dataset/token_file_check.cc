@@ -69,7 +69,8 @@ absl::Status CheckMappedLooksLikeTokens(absl::string_view what, const MappedFile
   const absl::Span<const uint8_t> bytes = file.bytes();
   std::vector<uint8_t> head(std::min(bytes.size(), kTokenCheckBytes));
   if (head.empty()) return absl::OkStatus();  // an empty file: the size checks say so
-  absl::Status read = file.Read([&] { std::memcpy(head.data(), bytes.data(), head.size()); });
+  absl::Status read = file.Read(bytes.data(), head.size(),
+                                [&] { std::memcpy(head.data(), bytes.data(), head.size()); });
   if (!read.ok()) return read;
   return CheckLooksLikeTokens(what, file.path(), head);
 }

@@ -54,7 +54,7 @@ absl::StatusOr<std::unique_ptr<TokenShardsSource>> TokenShardsSource::Create(
     if (path.empty()) {
       return absl::InvalidArgumentError("dataset.token_shards.shards holds an empty path");
     }
-    FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, fs.MapFile(path));
+    FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, fs.MapFileInRanges(path));
     FERRY_RETURN_IF_ERROR(CheckMappedLooksLikeTokens("token shard", *file));
     const size_t bytes = file->bytes().size();
     if (bytes % token_bytes != 0) {
@@ -152,20 +152,23 @@ absl::Status TokenShardsSource::Fill(int64_t index, uint64_t sample_seed,
     const int64_t count = std::min(remaining, shard.tokens - at.token);
     const uint8_t* src = shard.file->bytes().data() + static_cast<size_t>(at.token) * token_bytes_;
     int64_t overflow = -1;
-    FERRY_RETURN_IF_ERROR(shard.file->Read([&] {
+    uint32_t overflow_value = 0;
+    FERRY_RETURN_IF_ERROR(shard.file->Read(src, static_cast<size_t>(count) * token_bytes_, [&] {
       if (raw_) {
         // Raw rows are for GPU jobs only: streaming stores (RowStores::kStreaming says why).
         StreamingCopy(dst, src, static_cast<size_t>(count) * token_bytes_);
       } else {
         overflow = token_bytes_ == 2 ? ConvertTokensTo<uint16_t>(output_dtype_, src, count, dst)
                                      : ConvertTokensTo<uint32_t>(output_dtype_, src, count, dst);
+        if (overflow >= 0) {
+          overflow_value = LoadLittleEndian<uint32_t>(src + overflow * token_bytes_);
+        }
       }
     }));
     if (overflow >= 0) {
-      return absl::DataLossError(
-          absl::StrCat("token ", at.token + overflow, " of '", shard.file->path(), "' (value ",
-                       LoadLittleEndian<uint32_t>(src + overflow * token_bytes_),
-                       ") does not fit dataset.token_shards.output_dtype INT32; use INT64"));
+      return absl::DataLossError(absl::StrCat(
+          "token ", at.token + overflow, " of '", shard.file->path(), "' (value ", overflow_value,
+          ") does not fit dataset.token_shards.output_dtype INT32; use INT64"));
     }
     dst += static_cast<size_t>(count) * out_bytes;
     remaining -= count;

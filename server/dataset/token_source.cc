@@ -34,7 +34,7 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Create(
       CheckTokenDtypes("dataset.tokens", spec.token_dtype(), spec.output_dtype()));
   const size_t token_bytes = dtypes.token_bytes;
   const DType output = dtypes.output;
-  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, fs.MapFile(spec.path()));
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, fs.MapFileInRanges(spec.path()));
   FERRY_RETURN_IF_ERROR(CheckMappedLooksLikeTokens("token file", *file));
   const size_t bytes = file->bytes().size();
   if (bytes % token_bytes != 0) {
@@ -97,20 +97,21 @@ absl::Status TokenSource::Fill(int64_t index, uint64_t sample_seed, absl::Span<u
   const int64_t count = seq_len_ + 1;
   const uint8_t* src = file_->bytes().data() + static_cast<size_t>(index * seq_len_) * token_bytes_;
   int64_t overflow = -1;
-  FERRY_RETURN_IF_ERROR(file_->Read([&] {
+  uint32_t overflow_value = 0;
+  FERRY_RETURN_IF_ERROR(file_->Read(src, static_cast<size_t>(count) * token_bytes_, [&] {
     if (raw_) {
       // Raw rows are for GPU jobs only: streaming stores (RowStores::kStreaming says why).
       StreamingCopy(rows[0], src, static_cast<size_t>(count) * token_bytes_);
     } else {
       overflow = token_bytes_ == 2 ? ConvertTokensTo<uint16_t>(output_dtype_, src, count, rows[0])
                                    : ConvertTokensTo<uint32_t>(output_dtype_, src, count, rows[0]);
+      if (overflow >= 0) overflow_value = LoadLittleEndian<uint32_t>(src + overflow * token_bytes_);
     }
   }));
   if (overflow >= 0) {
     const int64_t token = index * seq_len_ + overflow;
     return absl::DataLossError(
-        absl::StrCat("token ", token, " of '", file_->path(), "' (value ",
-                     LoadLittleEndian<uint32_t>(src + overflow * token_bytes_),
+        absl::StrCat("token ", token, " of '", file_->path(), "' (value ", overflow_value,
                      ") does not fit dataset.tokens.output_dtype INT32; use INT64"));
   }
   std::memcpy(rows[1], &index, sizeof(index));

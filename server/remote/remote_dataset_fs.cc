@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "server/dataset/mapped_file.h"
+#include "server/remote/object_blocks.h"
 
 namespace ferry {
 namespace {
@@ -50,8 +51,11 @@ class CachedFile final : public RandomAccessFile {
 class RemoteDatasetFs final : public DatasetFs {
  public:
   RemoteDatasetFs(std::shared_ptr<const DatasetFs> local, std::shared_ptr<ObjectCache> cache,
-                  std::shared_ptr<const StoreClient> store)
-      : local_(std::move(local)), cache_(std::move(cache)), store_(std::move(store)) {}
+                  std::shared_ptr<const StoreClient> store, const RemoteFsOptions& options)
+      : local_(std::move(local)),
+        cache_(std::move(cache)),
+        store_(std::move(store)),
+        options_(options) {}
 
   absl::Status CheckPath(const std::string& path) const override {
     if (!ObjectLocation::IsRemote(path)) return Local(path)->CheckPath(path);
@@ -61,6 +65,11 @@ class RemoteDatasetFs final : public DatasetFs {
   absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFile(
       const std::string& path) const override {
     if (!ObjectLocation::IsRemote(path)) return Local(path)->OpenFile(path);
+    FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const ObjectBlocks> blocks, InBlocks(path));
+    if (blocks != nullptr) {
+      const FileIdentity identity = IdentityOf(blocks->key, blocks->info);
+      return OpenBlocks(std::move(blocks), identity);
+    }
     FERRY_ASSIGN_OR_RETURN(Fetched fetched, Fetch(path));
     return std::unique_ptr<RandomAccessFile>(
         new CachedFile(path, fetched.identity, std::move(fetched.pin)));
@@ -81,6 +90,17 @@ class RemoteDatasetFs final : public DatasetFs {
     auto owner = std::make_shared<Owner>(Owner{mapped, std::move(fetched.pin)});
     return std::make_shared<const MappedFile>(path, fetched.identity, mapped->bytes(),
                                               std::shared_ptr<const void>(owner));
+  }
+
+  absl::StatusOr<std::shared_ptr<const MappedFile>> MapFileInRanges(
+      const std::string& path) const override {
+    if (!ObjectLocation::IsRemote(path)) return Local(path)->MapFileInRanges(path);
+    FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const ObjectBlocks> blocks, InBlocks(path));
+    if (blocks == nullptr) return MapFile(path);
+    const FileIdentity identity = IdentityOf(blocks->key, blocks->info);
+    const uint64_t held =
+        options_.max_held_bytes > 0 ? options_.max_held_bytes : cache_->stats().capacity_bytes / 4;
+    return MapBlocks(std::move(blocks), identity, held);
   }
 
   absl::StatusOr<std::vector<Entry>> ListDirectory(const std::string& path) const override {
@@ -150,6 +170,32 @@ class RemoteDatasetFs final : public DatasetFs {
   // The filesystem local paths go to; one that refuses them when there is none.
   const DatasetFs* Local(const std::string& path) const {
     return local_ != nullptr ? local_.get() : &refusing_;
+  }
+
+  // The blocks of `path` when it is too large to fetch whole, checked for these credentials
+  // (a HEAD, asked once); null for an object fetched whole. An object of a listed folder no
+  // larger than whole_object_max_bytes costs no request here.
+  absl::StatusOr<std::shared_ptr<const ObjectBlocks>> InBlocks(const std::string& path) const {
+    FERRY_ASSIGN_OR_RETURN(const ObjectLocation where, ObjectLocation::Parse(path));
+    {
+      absl::MutexLock lock(&mutex_);
+      const std::string object = where.ToString();
+      auto it = listed_versions_.find(object);
+      if (it != listed_versions_.end() && it->second.size <= options_.whole_object_max_bytes) {
+        return nullptr;
+      }
+      // A listed object another call fetches whole now: small enough.
+      if (listed_in_flight_.contains(object)) return nullptr;
+    }
+    FERRY_ASSIGN_OR_RETURN(const StoreClient::ObjectInfo info, Head(where, path));
+    if (info.size <= options_.whole_object_max_bytes) return nullptr;
+    return std::make_shared<const ObjectBlocks>(ObjectBlocks{.path = path,
+                                                             .where = where,
+                                                             .info = info,
+                                                             .key = KeyOf(where, info),
+                                                             .block_bytes = options_.block_bytes,
+                                                             .cache = cache_,
+                                                             .store = store_});
   }
 
   // The object's size and version as the store told these credentials, asked once.
@@ -299,6 +345,7 @@ class RemoteDatasetFs final : public DatasetFs {
   const NoLocalFs refusing_;
   const std::shared_ptr<ObjectCache> cache_;
   const std::shared_ptr<const StoreClient> store_;
+  const RemoteFsOptions options_;
   mutable absl::Mutex mutex_;
   mutable absl::flat_hash_map<std::string, StoreClient::ObjectInfo> heads_ ABSL_GUARDED_BY(mutex_);
   // "bucket/folder/" -> the entries of a folder listed with its parent, not yet asked for.
@@ -337,8 +384,10 @@ void FetchAhead(const DatasetFs& fs, const std::vector<std::string>& paths, int 
 
 std::shared_ptr<const DatasetFs> MakeRemoteDatasetFs(std::shared_ptr<const DatasetFs> local,
                                                      std::shared_ptr<ObjectCache> cache,
-                                                     std::shared_ptr<const StoreClient> store) {
-  return std::make_shared<RemoteDatasetFs>(std::move(local), std::move(cache), std::move(store));
+                                                     std::shared_ptr<const StoreClient> store,
+                                                     const RemoteFsOptions& options) {
+  return std::make_shared<RemoteDatasetFs>(std::move(local), std::move(cache), std::move(store),
+                                           options);
 }
 
 }  // namespace ferry

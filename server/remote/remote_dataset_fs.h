@@ -1,6 +1,9 @@
 // A job's DatasetFs that also reads remote objects ("s3://bucket/key", "http(s)://..."):
 // each is fetched whole into the node's ObjectCache (one download per node, whichever job
 // asks first) and then opened or mapped from there; local paths go to the wrapped DatasetFs.
+// An object over RemoteFsOptions::whole_object_max_bytes is opened, or mapped in ranges
+// (MapFileInRanges), in blocks fetched with range reads as the reads need them
+// (object_blocks.h); MapFile still fetches it whole.
 //
 // Contract:
 //  * A job is served a cached object only once the store has let this filesystem's
@@ -46,9 +49,21 @@ namespace ferry {
 void FetchAhead(const DatasetFs& fs, const std::vector<std::string>& paths, int connections,
                 uint64_t max_bytes);
 
+struct RemoteFsOptions {
+  // Objects larger than this are read in blocks of block_bytes (server/remote/object_blocks.h)
+  // by OpenFile and MapFileInRanges instead of fetched whole. Default: 1 GiB.
+  uint64_t whole_object_max_bytes = uint64_t{1} << 30;
+  // A multiple of the page size. Default: 16 MiB.
+  uint64_t block_bytes = uint64_t{16} << 20;
+  // Blocks one mapping keeps mapped once no read holds them. Default: 0, a quarter of the
+  // cache's capacity.
+  uint64_t max_held_bytes = 0;
+};
+
 std::shared_ptr<const DatasetFs> MakeRemoteDatasetFs(std::shared_ptr<const DatasetFs> local,
                                                      std::shared_ptr<ObjectCache> cache,
-                                                     std::shared_ptr<const StoreClient> store);
+                                                     std::shared_ptr<const StoreClient> store,
+                                                     const RemoteFsOptions& options = {});
 
 }  // namespace ferry
 

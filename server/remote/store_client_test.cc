@@ -5,18 +5,21 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
+#include "server/dataset/mapped_file.h"
 #include "server/remote/remote_dataset_fs.h"
 
 namespace ferry {
@@ -440,6 +443,106 @@ TEST_F(StoreClientTest, AnOpenOfAListedObjectBeingFetchedWaitsForThatGetInsteadO
   first->reset();
   second->reset();
   std::filesystem::remove_all(dir);
+}
+
+// The store's 100,000-byte object read through a mapping in blocks of 16 KiB (objects over
+// 50,000 bytes go in blocks), at most 32 KiB of blocks kept mapped.
+class BlockReadsTest : public StoreClientTest {
+ protected:
+  void SetUp() override {
+    ASSERT_NE(::mkdtemp(dir_), nullptr);
+    auto cache = ObjectCache::Open({.dir = dir_, .capacity_bytes = 1 << 20});
+    ASSERT_TRUE(cache.ok()) << cache.status();
+    fs_ = MakeRemoteDatasetFs(
+        nullptr, *std::move(cache), std::make_shared<StoreClient>(Options()),
+        {.whole_object_max_bytes = 50000, .block_bytes = 16384, .max_held_bytes = 32768});
+  }
+  void TearDown() override {
+    StoreClientTest::TearDown();
+    std::filesystem::remove_all(dir_);
+  }
+  // The ranges of the object's GETs so far ("49152-65535").
+  std::vector<std::string> Ranges() {
+    std::vector<std::string> ranges;
+    for (const httplib::Request& r : store_.requests_seen()) {
+      if (r.method == "GET") {
+        ranges.push_back(std::string(absl::StripPrefix(r.get_header_value("Range"), "bytes=")));
+      }
+    }
+    return ranges;
+  }
+  // Bytes [offset, offset + n) through a ranged read of `file`.
+  std::string ReadMapped(const MappedFile& file, size_t offset, size_t n) {
+    std::string out(n, '\0');
+    const uint8_t* at = file.bytes().data() + offset;
+    const absl::Status s = file.Read(at, n, [&] { std::memcpy(out.data(), at, n); });
+    EXPECT_TRUE(s.ok()) << s;
+    return out;
+  }
+
+  char dir_[64] = "/tmp/store_client_test_blocks_XXXXXX";
+  std::shared_ptr<const DatasetFs> fs_;
+};
+
+TEST_F(BlockReadsTest, AMappingFetchesOnlyTheBlocksItsReadsTouch) {
+  auto mapped = fs_->MapFileInRanges("s3://bucket/dir/obj.bin");
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  const MappedFile& file = **mapped;
+  EXPECT_TRUE(file.read_in_ranges());
+  ASSERT_EQ(file.bytes().size(), store_.object().size());
+  EXPECT_TRUE(Ranges().empty()) << "mapping fetches nothing (a HEAD gives the size)";
+  EXPECT_EQ(ReadMapped(file, 50000, 100), store_.object().substr(50000, 100));
+  EXPECT_THAT(Ranges(), ::testing::ElementsAre("49152-65535"));
+  EXPECT_EQ(ReadMapped(file, 50100, 100), store_.object().substr(50100, 100));
+  EXPECT_EQ(Ranges().size(), 1u) << "a mapped block is read again without a request";
+  // Across a block boundary: both blocks; the last block is short.
+  EXPECT_EQ(ReadMapped(file, 16380, 10), store_.object().substr(16380, 10));
+  EXPECT_EQ(ReadMapped(file, 99990, 10), store_.object().substr(99990, 10));
+  EXPECT_THAT(Ranges(),
+              ::testing::ElementsAre("49152-65535", "0-16383", "16384-32767", "98304-99999"));
+  // More blocks than the mapping keeps: the oldest are let go, and stay in the cache.
+  EXPECT_EQ(ReadMapped(file, 70000, 10), store_.object().substr(70000, 10));
+  EXPECT_EQ(ReadMapped(file, 50000, 10), store_.object().substr(50000, 10));
+  EXPECT_EQ(Ranges().size(), 5u) << "a block let go is read from the cache again";
+  // A read outside the file is refused, not made.
+  const absl::Status outside = file.Read(file.bytes().data() + 99995, 10, [] {});
+  EXPECT_EQ(outside.code(), absl::StatusCode::kInvalidArgument) << outside;
+  // Whole: every block.
+  std::string all(store_.object().size(), '\0');
+  ASSERT_TRUE(file.Read([&] { std::memcpy(all.data(), file.bytes().data(), all.size()); }).ok());
+  EXPECT_EQ(all, store_.object());
+}
+
+TEST_F(BlockReadsTest, AnObjectGoneAfterItWasMappedStopsTheJobNotJustTheSample) {
+  auto mapped = fs_->MapFileInRanges("s3://bucket/dir/obj.bin");
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  store_.status_ = 404;
+  store_.code_ = "NoSuchKey";
+  const MappedFile& file = **mapped;
+  const absl::Status s = file.Read(file.bytes().data() + 20000, 10, [] {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_TRUE(IsDatasetChanged(s)) << "a bad sample would be substituted: " << s;
+  EXPECT_THAT(s.message(), HasSubstr("block 1 of 's3://bucket/dir/obj.bin'"));
+}
+
+TEST_F(BlockReadsTest, AFileReadsTheSameBlocksAndAWholeMappingTheWholeObject) {
+  auto file = fs_->OpenFile("s3://bucket/dir/obj.bin");
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::vector<uint8_t> out(39000);  // bytes 10,000 to 48,999: blocks 0 to 2
+  ASSERT_EQ(*ReadUpTo(**file, 10000, absl::MakeSpan(out)), out.size());
+  EXPECT_EQ(std::string(out.begin(), out.end()), store_.object().substr(10000, 39000));
+  EXPECT_THAT(Ranges(), ::testing::ElementsAre("0-16383", "16384-32767", "32768-49151"));
+  // The mapping of the same object finds those blocks in the cache.
+  auto mapped = fs_->MapFileInRanges("s3://bucket/dir/obj.bin");
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_EQ(ReadMapped(**mapped, 20000, 100), store_.object().substr(20000, 100));
+  EXPECT_EQ(Ranges().size(), 3u);
+  // MapFile, which lets its reader touch any byte, fetches the object whole.
+  auto whole = fs_->MapFile("s3://bucket/dir/obj.bin");
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_FALSE((*whole)->read_in_ranges());
+  EXPECT_EQ(std::string((*whole)->bytes().begin(), (*whole)->bytes().end()), store_.object());
+  EXPECT_EQ(Ranges().back(), "0-99999");
 }
 
 TEST_F(StoreClientTest, LocationsParseOrSayWhy) {

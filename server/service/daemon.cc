@@ -156,6 +156,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     if (remote.read_ahead_bytes() > 0) {
       job_options.remote_read_ahead_bytes = remote.read_ahead_bytes();
     }
+    if (remote.whole_object_max_bytes() > 0) {
+      job_options.remote_blocks.whole_object_max_bytes = remote.whole_object_max_bytes();
+    }
+    if (remote.block_bytes() > 0) {
+      const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+      if (remote.block_bytes() % page != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ".block_bytes ", remote.block_bytes(), " is not a multiple of the page size (",
+            page, " bytes); use, say, 16777216 (16 MiB)"));
+      }
+      job_options.remote_blocks.block_bytes = remote.block_bytes();
+    }
   }
   d->pinned_budget_ =
       std::make_unique<MemoryBudget>("pinned memory budget", "pinned_memory_budget_bytes",

@@ -85,8 +85,9 @@ std::shared_ptr<const DatasetFs> JobManager::JobDatasetFs(
     own.credentials = store_credentials;
     store = std::make_shared<const StoreClient>(std::move(own));
   }
-  return StoppableDatasetFs(MakeRemoteDatasetFs(dataset_fs_, options_.remote_cache, store),
-                            stopping_);
+  return StoppableDatasetFs(
+      MakeRemoteDatasetFs(dataset_fs_, options_.remote_cache, store, options_.remote_blocks),
+      stopping_);
 }
 
 JobManager::~JobManager() { BeginDrain(); }

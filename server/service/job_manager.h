@@ -28,6 +28,7 @@
 #include "server/pipeline/job_spec.h"
 #include "server/pipeline/rank_pipeline.h"
 #include "server/pipeline/worker_pool.h"
+#include "server/remote/remote_dataset_fs.h"
 #include "server/remote/store_client.h"
 #include "server/transport/gpu_provider.h"
 
@@ -60,6 +61,8 @@ class JobManager final {
     // no reading ahead.
     int64_t remote_read_ahead_objects = 512;
     uint64_t remote_read_ahead_bytes = 2ull << 30;
+    // RemoteStorage.whole_object_max_bytes and block_bytes (RemoteFsOptions).
+    RemoteFsOptions remote_blocks;
     bool allow_any_dataset = false;             // per-user daemon with no roots configured
     bool follow_symlinks_within_roots = false;  // DaemonConfig's (DatasetAccess)
     std::string config_path;                    // for error messages

@@ -177,6 +177,7 @@ class StoreTestCase(unittest.TestCase):
 
 class S3StoreTest(StoreTestCase):
     FLAKY = False  # FlakyStoreTest runs every test again against a store having a bad day
+    SETTINGS = ""  # more RemoteStorage fields (BlockReadsTest's)
 
     @classmethod
     def setUpClass(cls):
@@ -215,7 +216,8 @@ class S3StoreTest(StoreTestCase):
             with open(os.path.join(cls.local, name), "rb") as f:
                 cls.store.put("kinds/" + name, f.read())
         with trainer_environment():  # ferryd itself has no credentials
-            cls.daemon = ferry_it.FerryDaemon(config=remote_config(cls.store, 100000000))
+            cls.daemon = ferry_it.FerryDaemon(
+                config=remote_config(cls.store, 100000000, cls.SETTINGS))
 
     def assert_same_as_local(self, batch_size):
         self.assert_same_tokens(os.path.join(self.local, "shard-{0..2}.bin"),
@@ -351,6 +353,37 @@ class S3StoreTest(StoreTestCase):
             self.assertIn("[nosuch]", str(raised.exception))
         finally:
             shutil.rmtree(home)
+
+
+class BlockReadsTest(S3StoreTest):
+    """Every test of S3StoreTest with every object over 4 KiB (shards, .bin files, tars) read
+    in blocks of 4 KiB, fetched with range reads as the workers need them: the same samples,
+    each once; a second job downloads nothing."""
+
+    SETTINGS = "whole_object_max_bytes: 4096 block_bytes: 4096"
+
+    def test_only_the_blocks_read_are_downloaded(self):
+        # A batch of 2 windows of 63 tokens from a 200,000-token file (400,000 bytes, 98
+        # blocks): the job downloads the blocks its samples touch, not the file.
+        tokens = np.random.default_rng(5).integers(0, 2**16, size=200000, dtype=np.uint16)
+        self.store.put("blocks/tokens.bin", tokens.tobytes())
+        before = self.remote_status()
+        with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
+            loader = ferry.Loader(ferry.Tokens("s3://bucket/blocks/tokens.bin", 63), batch_size=2,
+                                  prefetch=2, shuffle=True, seed=4, address=self.daemon.address,
+                                  as_numpy=True, timeout=60)
+            try:
+                batch = next(iter(loader))
+            finally:
+                loader.close()
+        for row, index in zip(batch["tokens"], batch["index"]):
+            np.testing.assert_array_equal(row, tokens[index * 63:index * 63 + 64])
+        after = self.remote_status()
+        downloaded = int(after["downloaded_bytes"]) - int(before.get("downloaded_bytes", 0))
+        # The first 64 KiB (the check that the file holds tokens), and at most two blocks a
+        # window of the batches the two slots filled.
+        self.assertGreater(downloaded, 0)
+        self.assertLessEqual(downloaded, 64 * 1024 + 8 * 4096)
 
 
 class FlakyStoreTest(S3StoreTest):
