@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -172,10 +173,30 @@ class StoreClientTest : public ::testing::Test {
   }
   void TearDown() override {
     for (int fd : fds_) ::close(fd);
+    for (const std::string& dir : cache_dirs_) std::filesystem::remove_all(dir);
+  }
+
+  // A job's filesystem over this store, with a node cache of 1 MiB in a directory removed
+  // after the test; null (and a failure) when the cache cannot be made.
+  std::shared_ptr<const DatasetFs> RemoteFs(const RemoteFsOptions& options = {}) {
+    char dir[] = "/tmp/store_client_test_cache_XXXXXX";
+    if (::mkdtemp(dir) == nullptr) {
+      ADD_FAILURE() << "mkdtemp: " << std::strerror(errno);
+      return nullptr;
+    }
+    cache_dirs_.push_back(dir);
+    auto cache = ObjectCache::Open({.dir = dir, .capacity_bytes = 1 << 20});
+    if (!cache.ok()) {
+      ADD_FAILURE() << cache.status();
+      return nullptr;
+    }
+    return MakeRemoteDatasetFs(nullptr, *std::move(cache), std::make_shared<StoreClient>(Options()),
+                               options);
   }
 
   FakeStore store_;
   std::vector<int> fds_;
+  std::vector<std::string> cache_dirs_;
 };
 
 TEST_F(StoreClientTest, HeadGivesTheSizeAndVersion) {
@@ -380,12 +401,8 @@ TEST_F(StoreClientTest, BucketsGoInThePathOrTheHostName) {
 }
 
 TEST_F(StoreClientTest, AWorkersWaitForAnObjectIsARemoteReadAndItsReadsAreLocalOnes) {
-  char dir[] = "/tmp/store_client_test_cache_XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  auto cache = ObjectCache::Open({.dir = dir, .capacity_bytes = 1 << 20});
-  ASSERT_TRUE(cache.ok()) << cache.status();
-  std::shared_ptr<const DatasetFs> fs =
-      MakeRemoteDatasetFs(nullptr, *std::move(cache), std::make_shared<StoreClient>(Options()));
+  std::shared_ptr<const DatasetFs> fs = RemoteFs();
+  ASSERT_NE(fs, nullptr);
   const ReadTally before = ThisThreadReadTally();
   auto file = fs->OpenFile("s3://bucket/dir/obj.bin");
   ASSERT_TRUE(file.ok()) << file.status();
@@ -398,8 +415,6 @@ TEST_F(StoreClientTest, AWorkersWaitForAnObjectIsARemoteReadAndItsReadsAreLocalO
   const ReadTally read = ThisThreadReadTally();
   EXPECT_EQ(read.bytes - opened.bytes, 1000u);  // read from the cache: a local read
   EXPECT_EQ(read.remote_nanos, opened.remote_nanos);
-  file->reset();
-  std::filesystem::remove_all(dir);
 }
 
 TEST_F(StoreClientTest, AnOpenOfAListedObjectBeingFetchedWaitsForThatGetInsteadOfAHead) {
@@ -407,12 +422,8 @@ TEST_F(StoreClientTest, AnOpenOfAListedObjectBeingFetchedWaitsForThatGetInsteadO
       "<ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>dir/obj.bin"
       "</Key><Size>",
       store_.object().size(), "</Size><ETag>\"abc123\"</ETag></Contents>", "</ListBucketResult>")};
-  char dir[] = "/tmp/store_client_test_cache_XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  auto cache = ObjectCache::Open({.dir = dir, .capacity_bytes = 1 << 20});
-  ASSERT_TRUE(cache.ok()) << cache.status();
-  std::shared_ptr<const DatasetFs> fs =
-      MakeRemoteDatasetFs(nullptr, *std::move(cache), std::make_shared<StoreClient>(Options()));
+  std::shared_ptr<const DatasetFs> fs = RemoteFs();
+  ASSERT_NE(fs, nullptr);
   ASSERT_TRUE(fs->ListDirectory("s3://bucket/dir").ok());
   absl::Notification release;
   store_.hold_gets_ = &release;
@@ -440,9 +451,6 @@ TEST_F(StoreClientTest, AnOpenOfAListedObjectBeingFetchedWaitsForThatGetInsteadO
   for (const httplib::Request& r : store_.requests_seen()) heads += r.method == "HEAD";
   EXPECT_EQ(heads, 0) << "the GET of the listed version proves these credentials";
   EXPECT_EQ(gets(), 1);
-  first->reset();
-  second->reset();
-  std::filesystem::remove_all(dir);
 }
 
 // The store's 100,000-byte object read through a mapping in blocks of 16 KiB (objects over
@@ -450,16 +458,9 @@ TEST_F(StoreClientTest, AnOpenOfAListedObjectBeingFetchedWaitsForThatGetInsteadO
 class BlockReadsTest : public StoreClientTest {
  protected:
   void SetUp() override {
-    ASSERT_NE(::mkdtemp(dir_), nullptr);
-    auto cache = ObjectCache::Open({.dir = dir_, .capacity_bytes = 1 << 20});
-    ASSERT_TRUE(cache.ok()) << cache.status();
-    fs_ = MakeRemoteDatasetFs(
-        nullptr, *std::move(cache), std::make_shared<StoreClient>(Options()),
-        {.whole_object_max_bytes = 50000, .block_bytes = 16384, .max_held_bytes = 32768});
-  }
-  void TearDown() override {
-    StoreClientTest::TearDown();
-    std::filesystem::remove_all(dir_);
+    fs_ =
+        RemoteFs({.whole_object_max_bytes = 50000, .block_bytes = 16384, .max_held_bytes = 32768});
+    ASSERT_NE(fs_, nullptr);
   }
   // The ranges of the object's GETs so far ("49152-65535").
   std::vector<std::string> Ranges() {
@@ -480,7 +481,6 @@ class BlockReadsTest : public StoreClientTest {
     return out;
   }
 
-  char dir_[64] = "/tmp/store_client_test_blocks_XXXXXX";
   std::shared_ptr<const DatasetFs> fs_;
 };
 
