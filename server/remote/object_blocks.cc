@@ -30,47 +30,20 @@ size_t RoundUpToPage(uint64_t bytes) {
   return static_cast<size_t>((bytes + page - 1) / page * page);
 }
 
-// pread of all of `out` at `offset`, or an error naming `path`.
-absl::Status PreadAll(int fd, uint8_t* out, size_t length, uint64_t offset,
-                      const std::string& path) {
-  size_t done = 0;
-  while (done < length) {
-    const ssize_t n = ::pread(fd, out + done, length - done, static_cast<off_t>(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return FileErrnoStatus(errno, "cannot read the cached block of", path);
-    if (n == 0) {
-      return absl::DataLossError(
-          absl::StrCat("a cached block of '", path, "' is shorter than its key says"));
-    }
-    done += static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
-}
-
 class BlockFile final : public RandomAccessFile {
  public:
   BlockFile(std::shared_ptr<const ObjectBlocks> blocks, const FileIdentity& identity)
       : RandomAccessFile(blocks->path, identity), blocks_(std::move(blocks)) {}
 
+  // Up to the end of the block `offset` is in (callers loop: ReadUpTo).
   absl::StatusOr<size_t> ReadAt(uint64_t offset, absl::Span<uint8_t> out) const override {
-    const uint64_t size = blocks_->info.size;
-    if (offset >= size || out.empty()) return 0;
-    const size_t length = static_cast<size_t>(std::min<uint64_t>(out.size(), size - offset));
-    const uint64_t b = blocks_->block_bytes;
-    size_t done = 0;
-    while (done < length) {
-      const uint64_t at = offset + done;
-      const uint64_t block = at / b;
-      const uint64_t within = at - block * b;
-      const size_t n = static_cast<size_t>(
-          std::min<uint64_t>(length - done, blocks_->BlockSize(block) - within));
-      FERRY_ASSIGN_OR_RETURN(const ObjectCache::Pin pin, blocks_->Block(block));
-      const absl::Time start = absl::Now();
-      FERRY_RETURN_IF_ERROR(PreadAll(pin.fd(), out.data() + done, n, within, path()));
-      TallyRead(n, absl::ToInt64Nanoseconds(absl::Now() - start));
-      done += n;
-    }
-    return length;
+    if (offset >= blocks_->info.size || out.empty()) return 0;
+    const uint64_t block = offset / blocks_->block_bytes;
+    const uint64_t within = offset - block * blocks_->block_bytes;
+    const size_t n =
+        static_cast<size_t>(std::min<uint64_t>(out.size(), blocks_->BlockSize(block) - within));
+    FERRY_ASSIGN_OR_RETURN(const ObjectCache::Pin pin, blocks_->Block(block));
+    return ReadCacheEntry(pin, within, out.subspan(0, n), path());
   }
 
  private:
@@ -190,6 +163,19 @@ class BlockMapping final : public MappedFile::Ranges {
 };
 
 }  // namespace
+
+absl::StatusOr<size_t> ReadCacheEntry(const ObjectCache::Pin& pin, uint64_t offset,
+                                      absl::Span<uint8_t> out, const std::string& path) {
+  const absl::Time start = absl::Now();
+  while (true) {
+    const ssize_t n = ::pread(pin.fd(), out.data(), out.size(), static_cast<off_t>(offset));
+    if (n >= 0) {
+      TallyRead(static_cast<uint64_t>(n), absl::ToInt64Nanoseconds(absl::Now() - start));
+      return static_cast<size_t>(n);
+    }
+    if (errno != EINTR) return FileErrnoStatus(errno, "cannot read", path);
+  }
+}
 
 uint64_t ObjectBlocks::BlockSize(uint64_t block) const {
   return std::min(block_bytes, info.size - block * block_bytes);

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "server/cache/object_cache.h"
 #include "server/dataset/dataset_fs.h"
 #include "server/dataset/mapped_file.h"
@@ -44,6 +45,12 @@ struct ObjectBlocks {
   // the object, it is gone or changed) also StopsTheJob.
   absl::StatusOr<ObjectCache::Pin> Block(uint64_t block) const;
 };
+
+// One pread of up to out.size() bytes of a cache entry at `offset`, timed as a local read
+// (TallyRead); errors as FileErrnoStatus gives them, naming `path` (the object). What a
+// RandomAccessFile over cache entries (a whole object's, or a block's) reads with.
+absl::StatusOr<size_t> ReadCacheEntry(const ObjectCache::Pin& pin, uint64_t offset,
+                                      absl::Span<uint8_t> out, const std::string& path);
 
 // Reads (pread) from the blocks' entries, fetching each block when a read first needs it.
 std::unique_ptr<RandomAccessFile> OpenBlocks(std::shared_ptr<const ObjectBlocks> blocks,

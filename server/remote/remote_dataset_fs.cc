@@ -33,15 +33,7 @@ class CachedFile final : public RandomAccessFile {
       : RandomAccessFile(std::move(path), identity), pin_(std::move(pin)) {}
 
   absl::StatusOr<size_t> ReadAt(uint64_t offset, absl::Span<uint8_t> out) const override {
-    const absl::Time start = absl::Now();
-    while (true) {
-      const ssize_t n = ::pread(pin_.fd(), out.data(), out.size(), static_cast<off_t>(offset));
-      if (n >= 0) {
-        TallyRead(static_cast<uint64_t>(n), absl::ToInt64Nanoseconds(absl::Now() - start));
-        return static_cast<size_t>(n);
-      }
-      if (errno != EINTR) return FileErrnoStatus(errno, "cannot read", path());
-    }
+    return ReadCacheEntry(pin_, offset, out, path());
   }
 
  private:
