@@ -192,9 +192,11 @@ absl::StatusOr<ObjectCache::Pin> ObjectBlocks::Block(uint64_t block) const {
   TallyRemoteWait(absl::ToInt64Nanoseconds(absl::Now() - start));
   if (pin.ok() || IsTransientReadError(pin.status())) return pin;
   // Refused, gone, or changed since the job opened it: no other sample of the object reads.
-  return StopsTheJob(
-      absl::Status(pin.status().code(),
-                   absl::StrCat("block ", block, " of '", path, "': ", pin.status().message())));
+  return StopsTheJob(absl::Status(
+      pin.status().code(),
+      absl::StrCat("block ", block, " of '", path, "': ", pin.status().message(),
+                   ". A job reads one version of an object for its whole life: make the object "
+                   "readable as it was, or create the job again to read it as it is now")));
 }
 
 std::unique_ptr<RandomAccessFile> OpenBlocks(std::shared_ptr<const ObjectBlocks> blocks,
