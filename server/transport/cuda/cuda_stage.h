@@ -3,9 +3,11 @@
 // recorded here after the copy and any kernel; "released", recorded by the trainer), the
 // job's host slab registered once as pinned memory, and one copy stream. Per batch, once the
 // ring has seen released[d] complete: H2D (only uint8 crosses PCIe for images), optionally
-// normalize to CHW floats or widen tokens, record ready[d]. Records may instead be gathered
-// from the dataset's pinned page cache (GatherOptions), on several streams in turn. The
-// host never waits on the device but on the EventWatcher's thread, which reports progress.
+// normalize to CHW floats or widen tokens, record ready[d]. A job that decodes JPEGs on
+// the GPU has its GpuJpegStage decode the routed rows between the copy and the conversion. Records
+// may instead be gathered from the dataset's pinned page cache (GatherOptions), on several streams
+// in turn. The host never waits on the device but on the EventWatcher's thread, which reports
+// progress.
 //
 //   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<CudaStage> stage,
 //                          CudaStage::Create(ordinal, pci_bus_id, job, slab, num_slots,
@@ -33,18 +35,15 @@
 #include "cuda/cuda_resources.h"
 #include "ferry/v1/ferry.pb.h"
 #include "server/dataset/sample_source.h"
-#include "server/decode/gpu/gpu_jpeg_decoder.h"
-#include "server/decode/gpu_decode_split.h"
-#include "server/decode/image_transform.h"
 #include "server/kernels/normalize.h"
 #include "server/kernels/photometric.h"
-#include "server/kernels/resample.h"
 #include "server/memory/memory_budget.h"
 #include "server/memory/shared_slab.h"
 #include "server/pipeline/job.h"
 #include "server/transport/cuda/device_slot_layout.h"
 #include "server/transport/cuda/event_watcher.h"
 #include "server/transport/cuda/gpu_counters.h"
+#include "server/transport/cuda/gpu_jpeg_stage.h"
 #include "server/transport/cuda/pinned_mappings.h"
 #include "server/transport/device_stage.h"
 #include "server/transport/gather_options.h"
@@ -77,7 +76,7 @@ class CudaStage final : public DeviceStage {
   bool gather_ready() const override;
   // With GPU JPEG decode, StartCopy waits for nvJPEG: the ring gives the stage a copy thread
   // of its own, so each GPU decodes on its own thread beside the others.
-  bool start_copy_waits() const override { return plan_field_ >= 0; }
+  bool start_copy_waits() const override { return jpeg_ != nullptr; }
   void SetCallbacks(Callbacks callbacks) override { callbacks_ = std::move(callbacks); }
   absl::Status StartCopy(int host_slot, int device_slot, uint32_t num_samples, bool gather,
                          uint64_t token) override;
@@ -115,18 +114,6 @@ class CudaStage final : public DeviceStage {
                                uint32_t num_samples);
   // The image normalisation or token widening kernel, if the layout converts.
   absl::Status EnqueueConversion(CudaStream& stream, uint8_t* dst, uint32_t num_samples);
-  // GPU JPEG decode (the host layout has kGpuDecodePlanField): the rows the workers routed
-  // to the GPU hold JPEG bytes; decodes them (nvJPEG, reading the pinned host slot) into
-  // one of arenas_ and resamples each through its window into its image row of the device
-  // slot, where the conversion then finds the pixels the workers would have written. Rows
-  // nvJPEG refuses, or of a batch it fails, are decoded here on the CPU instead.
-  absl::Status EnqueueGpuDecode(CudaStream& stream, const uint8_t* src, uint8_t* dst,
-                                int device_slot, uint32_t num_samples);
-  // Counts an image of the batch decoded on a CPU, with its GpuDecodePlan::cpu_reason, in
-  // the GPU's totals (GpuCounters).
-  void CountCpuImage(int32_t reason);
-  // Reports the decode time of batches whose timing events completed (GpuDecodeSplit).
-  void ReportGpuDecodeTimes();
   // The watches that report the host slot free and the device slot ready.
   void WatchCopy(int host_slot, int device_slot, uint64_t token, bool own_copy_event);
 
@@ -180,36 +167,9 @@ class CudaStage final : public DeviceStage {
   mutable GatherSource gather_source_;
   mutable std::string gather_note_ ABSL_GUARDED_BY(gather_mutex_);  // why it failed
   std::string copy_path_note_;  // why a gatherable dataset is not gathered (constant)
-  // GPU JPEG decode (EnqueueGpuDecode); set in Create when the host layout routes JPEGs,
-  // then used by StartCopy's thread only.
-  int plan_field_ = -1;
-  GpuDecodeSplit* gpu_decode_ = nullptr;     // the Job's, which outlives the stage
-  int jpeg_field_ = -1;                      // kGpuDecodeJpegField, the host layout's last
-  GpuDecodeSplit::Decoder counted_decoder_;  // this GPU among the job's decoders
-  std::optional<GpuJpegDecoder> jpeg_decoder_;
-  // nvJPEG's stream: on the hardware backend DecodeBatch waits for its stream, which must
-  // not hold the slot copies. The copy stream waits for `decoded_` before resampling.
-  std::optional<CudaStream> decode_stream_;
-  std::optional<CudaEvent> decoded_;
-  // Whole decoded images of a batch, grown as needed; batches take the two in turn, and
-  // one is written again only once the resample of the batch before last has read it
-  // (`free`, recorded on the copy stream, waited for by the host).
-  struct DecodeArena {
-    std::optional<DeviceBuffer> buffer;
-    size_t bytes = 0;
-    std::optional<CudaEvent> free;
-  };
-  std::array<DecodeArena, 2> arenas_;
-  int next_arena_ = 0;
-  std::vector<DeviceBuffer> resample_jobs_;  // per device slot: batch_size ResampleJobs
-  std::vector<std::vector<ResampleJob>> resample_jobs_host_;  // per device slot, pinned:
-  std::vector<HostRegistration> resample_jobs_pinned_;        // registered in Create
-  std::vector<CudaEvent> decode_started_;  // per device slot, kTiming: on decode_stream_
-  std::vector<CudaEvent> decode_done_;     // after the resample, on the copy stream
-  std::vector<int> decode_pending_;        // per device slot: images of an unreported timing
-  ImageDecoder fallback_decoder_;          // rows nvJPEG cannot decode
-  std::vector<uint8_t> fallback_rgb_;
-  std::vector<uint8_t> fallback_row_;
+  // GPU JPEG decode, when the job routes JPEGs to the GPU; set in Create, then used by
+  // StartCopy's thread only.
+  std::unique_ptr<GpuJpegStage> jpeg_;
   std::unique_ptr<EventWatcher> watcher_;  // last: destroyed first
 };
 
