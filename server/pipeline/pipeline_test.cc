@@ -32,6 +32,7 @@
 #include "server/stats/limiting_stage.h"
 #include "server/transport/device_ring.h"
 #include "server/transport/device_stage.h"
+#include "server/transport/host_ring.h"
 #include "testing/jpeg_writer.h"
 #include "testing/recording_fs.h"
 
@@ -130,6 +131,13 @@ class RecordingConsumer final : public BatchConsumer {
 
 class FakeDeviceStage;
 
+// The ring of a rank read on the host (its `slots` host slots are delivered as they are).
+RankPipeline::RingFactory HostRingOf(const Job& job, int slots) {
+  return [&job, slots](const SharedSlab& slab) -> absl::StatusOr<std::unique_ptr<DeliveryRing>> {
+    return std::make_unique<HostRing>(slots, slab.size(), job.clock());
+  };
+}
+
 class PipelineTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -147,7 +155,8 @@ class PipelineTest : public ::testing::Test {
     spec.set_drop_last(drop_last);
     job_ = *Job::Create(JobIdentity{"jtest", "test", 1000, next_serial_++}, spec,
                         std::make_unique<FakeSource>(n, std::move(corrupt)));
-    auto p = RankPipeline::Create(job_, rank, slots, -1, pool_.get(), &budget_);
+    auto p = RankPipeline::Create(job_, rank, slots, -1, pool_.get(), &budget_,
+                                  HostRingOf(*job_, slots));
     EXPECT_TRUE(p.ok()) << p.status();
     return *p;
   }
@@ -228,7 +237,8 @@ TEST_F(PipelineTest, FilesOfTheBatchesAfterTheSlotsAreReadAheadInTheSamplersOrde
   auto fs = std::make_shared<RecordingFs>(RecordingFs::Options{});
   job_->StartReadAhead(fs, {.connections = 1, .max_files = 1000, .max_bytes = 1 << 20, .ranks = 2});
   ASSERT_NE(job_->read_ahead(), nullptr);
-  auto p = RankPipeline::Create(job_, /*rank=*/1, /*slots=*/2, -1, pool_.get(), &budget_);
+  auto p = RankPipeline::Create(job_, /*rank=*/1, /*slots=*/2, -1, pool_.get(), &budget_,
+                                HostRingOf(*job_, /*slots=*/2));
   ASSERT_TRUE(p.ok()) << p.status();
   RecordingConsumer c;
   ASSERT_TRUE((*p)->Bind(&c, 1).ok());
@@ -450,7 +460,7 @@ TEST_F(PipelineTest, ReadsFailingForTheMachineAreRetriedNeverQuarantined) {
   auto owned = std::make_unique<OutOfDescriptorsSource>(32);
   OutOfDescriptorsSource* source = owned.get();
   job_ = *Job::Create(JobIdentity{"jfd", "fd", 1000, next_serial_++}, spec, std::move(owned));
-  auto p = *RankPipeline::Create(job_, 0, 3, -1, pool_.get(), &budget_);
+  auto p = *RankPipeline::Create(job_, 0, 3, -1, pool_.get(), &budget_, HostRingOf(*job_, 3));
   RecordingConsumer c;
   ASSERT_TRUE(p->Bind(&c, 1).ok());
   ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
@@ -484,7 +494,7 @@ TEST_F(PipelineTest, ReadsThatKeepFailingForTheMachineFailTheJobWithTheReason) {
   // The default limit (5 minutes), on a clock this test moves.
   FakeClock& clock = clock_;
   job_->set_clock(&clock);
-  auto p = *RankPipeline::Create(job_, 0, 2, -1, pool_.get(), &budget_);
+  auto p = *RankPipeline::Create(job_, 0, 2, -1, pool_.get(), &budget_, HostRingOf(*job_, 2));
   RecordingConsumer c;
   ASSERT_TRUE(p->Bind(&c, 1).ok());
   ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
@@ -537,7 +547,7 @@ TEST_F(PipelineTest, AFailedAllocationStopsTheJobNotTheProcess) {
   job_ = *Job::Create(JobIdentity{"joom", "oom", 1000, next_serial_++}, spec,
                       std::make_unique<OutOfMemorySource>(32));
   job_->set_transient_retry_limit(absl::Milliseconds(100));
-  auto p = *RankPipeline::Create(job_, 0, 2, -1, pool_.get(), &budget_);
+  auto p = *RankPipeline::Create(job_, 0, 2, -1, pool_.get(), &budget_, HostRingOf(*job_, 2));
   RecordingConsumer c;
   ASSERT_TRUE(p->Bind(&c, 1).ok());
   ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
@@ -569,7 +579,7 @@ TEST_F(PipelineTest, AnImageJobOutOfDescriptorsPausesAndRecovers) {
   spec.set_batch_size(4);
   job_ =
       *Job::Create(JobIdentity{"jimg", "img", 1000, next_serial_++}, spec, UnconfinedDatasetFs());
-  auto p = *RankPipeline::Create(job_, 0, 3, -1, pool_.get(), &budget_);
+  auto p = *RankPipeline::Create(job_, 0, 3, -1, pool_.get(), &budget_, HostRingOf(*job_, 3));
   RecordingConsumer c;
   ASSERT_TRUE(p->Bind(&c, 1).ok());
 
@@ -647,8 +657,8 @@ TEST_F(PipelineTest, FailPolicyStopsEveryRankWithTheFileName) {
   spec.set_on_corrupt_sample(ferry::v1::FAIL);
   job_ = *Job::Create(JobIdentity{"jfail", "fail", 1000, next_serial_++}, spec,
                       std::make_unique<FakeSource>(40, absl::flat_hash_set<int64_t>{12}));
-  auto r0 = *RankPipeline::Create(job_, 0, 2, -1, pool_.get(), &budget_);
-  auto r1 = *RankPipeline::Create(job_, 1, 2, -1, pool_.get(), &budget_);
+  auto r0 = *RankPipeline::Create(job_, 0, 2, -1, pool_.get(), &budget_, HostRingOf(*job_, 2));
+  auto r1 = *RankPipeline::Create(job_, 1, 2, -1, pool_.get(), &budget_, HostRingOf(*job_, 2));
   RecordingConsumer c0, c1;
   ASSERT_TRUE(r0->Bind(&c0, 1).ok());
   ASSERT_TRUE(r1->Bind(&c1, 2).ok());
@@ -850,8 +860,48 @@ class RoutingSource final : public SampleSource {
   std::vector<FieldLayout> fields_;
 };
 
+// The ring of a rank whose device decodes JPEGs as a GPU's decoder does (GpuJpegStage): it
+// takes whole batches by its rank's turn at the job's GpuDecodeSplit. Host slots are
+// delivered as they are (a HostRing's).
+class DecodingRing final : public DeliveryRing {
+ public:
+  DecodingRing(int slots, uint64_t slab_bytes, GpuDecodeSplit* split)
+      : host_(slots, slab_bytes), turn_(split) {}
+  BatchPlan PlanBatch() override { return BatchPlan{.gpu_decode = turn_.RouteBatch()}; }
+  void ReportConsumerWait(absl::Duration waited, absl::Duration interval) override {
+    turn_.ReportConsumerWait(absl::ToDoubleSeconds(waited), absl::ToDoubleSeconds(interval));
+  }
+  void FillStatus(ferry::v1::RankStatus* status) const override {
+    host_.FillStatus(status);
+    status->set_gpu_decode_demand(turn_.demand());
+  }
+  void SetListener(Listener listener) override { host_.SetListener(std::move(listener)); }
+  int num_slots() const override { return host_.num_slots(); }
+  void Enqueue(const Batch& batch) override { host_.Enqueue(batch); }
+  void Filled(uint64_t ticket) override { host_.Filled(ticket); }
+  std::optional<uint32_t> TakeReady(uint64_t ticket, int64_t seq) override {
+    return host_.TakeReady(ticket, seq);
+  }
+  void DropQueued(std::vector<int>* freed) override { host_.DropQueued(freed); }
+  absl::Status Release(uint32_t slot, int64_t seq, bool complete,
+                       std::vector<int>* freed) override {
+    return host_.Release(slot, seq, complete, freed);
+  }
+  int leased() const override { return host_.leased(); }
+  absl::Status OpenConsumer(const std::vector<std::string>& released_events) override {
+    return host_.OpenConsumer(released_events);
+  }
+  void CloseConsumer(std::vector<int>* freed) override { host_.CloseConsumer(freed); }
+  void Describe(ferry::v1::AttachResponse* response) const override { host_.Describe(response); }
+
+ private:
+  HostRing host_;
+  GpuDecodeSplit::Rank turn_;
+};
+
 // Two ranks of one job, each on its own GPU: the rank whose trainer waits gets its GPU's
-// decoder for whole batches, the rank whose trainer never waits keeps every batch on the
+// decoder for whole batches (its ring plans them so, and the workers write the files
+// instead of decoding them), the rank whose trainer never waits keeps every batch on the
 // workers, and each rank's status says so.
 TEST_F(PipelineTest, EachRanksGpuDecoderTakesWholeBatchesByItsOwnTrainersWaits) {
   auto split = std::make_shared<GpuDecodeSplit>(GpuDecodeMode::kAuto, 8);
@@ -869,7 +919,11 @@ TEST_F(PipelineTest, EachRanksGpuDecoderTakesWholeBatchesByItsOwnTrainersWaits) 
   ASSERT_EQ(job_->gpu_decode(), split.get());
   int gpu_batches[2] = {0, 0};
   for (int rank = 0; rank < 2; ++rank) {
-    auto p = *RankPipeline::Create(job_, rank, 3, -1, pool_.get(), &budget_);
+    auto p = *RankPipeline::Create(
+        job_, rank, 3, -1, pool_.get(), &budget_,
+        [&](const SharedSlab& slab) -> absl::StatusOr<std::unique_ptr<DeliveryRing>> {
+          return std::make_unique<DecodingRing>(3, slab.size(), split.get());
+        });
     RecordingConsumer c;
     ASSERT_TRUE(p->Bind(&c, 1).ok());
     ASSERT_TRUE(p->StartEpoch(&c, 0, 0).ok());
@@ -1628,7 +1682,7 @@ TEST_F(PipelineTest, SlabCountsAgainstTheBudget) {
   spec.set_batch_size(1000);
   auto job = *Job::Create(JobIdentity{"jbig", "big", 1000, 99}, spec,
                           std::make_unique<FakeSource>(5000, absl::flat_hash_set<int64_t>{}));
-  auto p = RankPipeline::Create(job, 0, 4, -1, pool_.get(), &tiny);
+  auto p = RankPipeline::Create(job, 0, 4, -1, pool_.get(), &tiny, HostRingOf(*job, 4));
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(p.status().message(), HasSubstr("host_memory_budget_bytes"));
@@ -1733,7 +1787,7 @@ class StallTest : public PipelineTest {
 TEST_F(StallTest, ReadsWaitingForARemoteStoreAreNamedRemoteRead) {
   std::shared_ptr<Job> job = StallJob(
       std::make_unique<SlowSource>(64, SlowSource::Slow::kRemoteRead, absl::Milliseconds(5)));
-  auto p = *RankPipeline::Create(job, 0, 2, -1, pool_.get(), &budget_);
+  auto p = *RankPipeline::Create(job, 0, 2, -1, pool_.get(), &budget_, HostRingOf(*job, 2));
   const ferry::v1::RankStatus s = Consume(*p, absl::ZeroDuration(), /*report=*/true);
   EXPECT_EQ(s.limiting_stage(), ferry::v1::LIMITED_BY_REMOTE_READ) << s.limiting_stage_note();
   EXPECT_THAT(s.limiting_stage_note(), HasSubstr("waited for the remote store"));
@@ -1742,7 +1796,7 @@ TEST_F(StallTest, ReadsWaitingForARemoteStoreAreNamedRemoteRead) {
 TEST_F(StallTest, SlowReadsAreNamedRead) {
   std::shared_ptr<Job> job =
       StallJob(std::make_unique<SlowSource>(64, SlowSource::Slow::kRead, absl::Milliseconds(5)));
-  auto p = *RankPipeline::Create(job, 0, 2, -1, pool_.get(), &budget_);
+  auto p = *RankPipeline::Create(job, 0, 2, -1, pool_.get(), &budget_, HostRingOf(*job, 2));
   const ferry::v1::RankStatus s = Consume(*p, absl::ZeroDuration(), /*report=*/true);
   EXPECT_EQ(s.limiting_stage(), ferry::v1::LIMITED_BY_READ) << s.limiting_stage_note();
   EXPECT_THAT(s.limiting_stage_note(), HasSubstr("(as it measured)"));
@@ -1758,7 +1812,7 @@ TEST_F(StallTest, SlowReadsAreNamedRead) {
 TEST_F(StallTest, SaturatedWorkersNotReadingAreNamedDecode) {
   std::shared_ptr<Job> job =
       StallJob(std::make_unique<SlowSource>(64, SlowSource::Slow::kDecode, absl::Milliseconds(5)));
-  auto p = *RankPipeline::Create(job, 0, 2, -1, pool_.get(), &budget_);
+  auto p = *RankPipeline::Create(job, 0, 2, -1, pool_.get(), &budget_, HostRingOf(*job, 2));
   const ferry::v1::RankStatus s = Consume(*p, absl::ZeroDuration(), /*report=*/false);
   EXPECT_EQ(s.limiting_stage(), ferry::v1::LIMITED_BY_DECODE) << s.limiting_stage_note();
   EXPECT_THAT(s.limiting_stage_note(), HasSubstr("(ferryd's estimate)"));
@@ -1786,7 +1840,7 @@ TEST_F(StallTest, BatchesWaitingForLateCopiesAreNamedCopy) {
 TEST_F(StallTest, ATrainerHoldingBatchesWhileFerryIsAheadIsNamedTrainer) {
   std::shared_ptr<Job> job =
       StallJob(std::make_unique<FakeSource>(64, absl::flat_hash_set<int64_t>{}));
-  auto p = *RankPipeline::Create(job, 0, 3, -1, pool_.get(), &budget_);
+  auto p = *RankPipeline::Create(job, 0, 3, -1, pool_.get(), &budget_, HostRingOf(*job, 3));
   const ferry::v1::RankStatus s = Consume(*p, absl::Milliseconds(20), /*report=*/false);
   EXPECT_EQ(s.limiting_stage(), ferry::v1::LIMITED_BY_TRAINER) << s.limiting_stage_note();
   EXPECT_LT(s.stall_ratio(), kStalledRatio);
@@ -1799,7 +1853,7 @@ TEST_F(StallTest, OnTheJobsClockATrainerThatNeverWaitsHasNoStallWhateverTheLoad)
   std::shared_ptr<Job> job =
       StallJob(std::make_unique<FakeSource>(64, absl::flat_hash_set<int64_t>{}));
   job->set_clock(&clock_);
-  auto p = *RankPipeline::Create(job, 0, 3, -1, pool_.get(), &budget_);
+  auto p = *RankPipeline::Create(job, 0, 3, -1, pool_.get(), &budget_, HostRingOf(*job, 3));
   const ferry::v1::RankStatus s = Consume(*p, absl::Milliseconds(20), /*report=*/true,
                                           /*complete=*/false, /*device_slots=*/0, &clock_);
   EXPECT_EQ(s.limiting_stage(), ferry::v1::LIMITED_BY_TRAINER) << s.limiting_stage_note();
@@ -1811,7 +1865,7 @@ TEST_F(StallTest, OnTheJobsClockATrainerThatNeverWaitsHasNoStallWhateverTheLoad)
 TEST_F(StallTest, NoConsumerOrTooLittleObservedIsUnspecified) {
   std::shared_ptr<Job> job =
       StallJob(std::make_unique<FakeSource>(64, absl::flat_hash_set<int64_t>{}));
-  auto p = *RankPipeline::Create(job, 0, 2, -1, pool_.get(), &budget_);
+  auto p = *RankPipeline::Create(job, 0, 2, -1, pool_.get(), &budget_, HostRingOf(*job, 2));
   ferry::v1::RankStatus s;
   p->FillStatus(&s);
   EXPECT_EQ(s.limiting_stage(), ferry::v1::LIMITING_STAGE_UNSPECIFIED);

@@ -13,10 +13,8 @@
 #include "common/logging.h"
 #include "common/random.h"
 #include "common/status_macros.h"
-#include "server/decode/gpu_decode_split.h"
 #include "server/stats/limiting_stage.h"
 #include "server/stats/run_delay.h"
-#include "server/transport/host_ring.h"
 
 namespace ferry {
 namespace {
@@ -99,12 +97,7 @@ absl::StatusOr<std::shared_ptr<RankPipeline>> RankPipeline::Create(
   FERRY_ASSIGN_OR_RETURN(SharedSlab slab,
                          SharedSlab::Create(absl::StrCat(job->identity().id, "-rank", rank), bytes,
                                             pool->MemoryNodeFor(numa_node)));
-  std::unique_ptr<DeliveryRing> ring;
-  if (ring_factory) {
-    FERRY_ASSIGN_OR_RETURN(ring, ring_factory(slab));
-  } else {
-    ring = std::make_unique<HostRing>(num_slots, slab.size(), job->clock());
-  }
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<DeliveryRing> ring, ring_factory(slab));
   const int group = pool->GroupForNode(numa_node);
   std::shared_ptr<RankPipeline> pipeline(new RankPipeline(std::move(job), rank, std::move(slab),
                                                           std::move(reservation), num_slots, pool,
@@ -141,10 +134,7 @@ RankPipeline::RankPipeline(std::shared_ptr<Job> job, int rank, SharedSlab slab,
       copied_row_bytes_(CopiedRowBytes(*job_, -1)),
       worker_threads_(WorkerThreads(*pool, group)),
       fill_counters_(new FillCounters[static_cast<size_t>(num_slots)]),
-      slots_(static_cast<size_t>(num_slots)),
-      gpu_decode_(job_->gpu_decode() == nullptr
-                      ? nullptr
-                      : std::make_unique<GpuDecodeSplit::Rank>(job_->gpu_decode())) {}
+      slots_(static_cast<size_t>(num_slots)) {}
 
 RankPipeline::~RankPipeline() = default;
 
@@ -379,10 +369,8 @@ absl::Status RankPipeline::Release(BatchConsumer* consumer, uint32_t slot, int64
       // ending now, which shifts it by one step of the trainer at most.
       wait_reported_ = true;
       window_.AddInterval(kWaitReported, now - std::max(absl::ZeroDuration(), *waited), now);
-      // Whether the trainer waits on ferry: the GPU decodes JPEGs only while it does.
-      if (gpu_decode_ != nullptr && last_release_ != absl::InfinitePast()) {
-        gpu_decode_->ReportConsumerWait(absl::ToDoubleSeconds(*waited),
-                                        absl::ToDoubleSeconds(now - last_release_));
+      if (last_release_ != absl::InfinitePast()) {
+        ring_->ReportConsumerWait(*waited, now - last_release_);
       }
     }
     last_release_ = now;
@@ -420,8 +408,9 @@ void RankPipeline::ScheduleSlotsLocked(std::vector<WorkerPool::Task>* tasks) {
     job_->sampler().BatchPositions(next_epoch_, rank_, next_batch_, &indices,
                                    LayoutLocked(next_epoch_));
     Slot& slot = slots_[s];
-    slot.gather = ring_->PlanBatch();
-    slot.gpu_decode = gpu_decode_ != nullptr && gpu_decode_->RouteBatch();
+    const DeliveryRing::BatchPlan plan = ring_->PlanBatch();
+    slot.gather = plan.gather;
+    slot.gpu_decode = plan.gpu_decode;
     if (slot.gpu_decode) ++gpu_decode_batches_;
     slot.state = SlotState::kFilling;
     slot.since = clock_.Now();
@@ -882,10 +871,7 @@ void RankPipeline::FillStatus(ferry::v1::RankStatus* status) const {
   }
   const LimitingStageVerdict verdict = DecideLimitingStage(f);
   status->set_consumer_cpu_wait_ratio(CpuWaitRatio(f));
-  if (gpu_decode_ != nullptr) {
-    status->set_gpu_decode_demand(gpu_decode_->demand());
-    status->set_gpu_decode_batches(static_cast<uint64_t>(gpu_decode_batches_));
-  }
+  status->set_gpu_decode_batches(static_cast<uint64_t>(gpu_decode_batches_));
   status->set_stall_ratio(StallRatio(f));
   status->set_stall_window_seconds(f.window_seconds);
   status->set_limiting_stage(verdict.stage);

@@ -48,7 +48,6 @@
 #include "common/clock.h"
 #include "ferry/v1/ferry.pb.h"
 #include "server/dataset/dataset_fs.h"
-#include "server/decode/gpu_decode_split.h"
 #include "server/memory/memory_budget.h"
 #include "server/memory/shared_slab.h"
 #include "server/pipeline/job.h"
@@ -85,13 +84,13 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   using RingFactory =
       std::function<absl::StatusOr<std::unique_ptr<DeliveryRing>>(const SharedSlab& slab)>;
   // Reserves slots x slot_bytes from `budget`, allocates the slab on `numa_node`
-  // (WorkerPool::MemoryNodeFor) and makes its ring: `ring` (a device ring), or a HostRing
-  // when null. The pool's workers of `numa_node` fill its batches (all, for -1).
+  // (WorkerPool::MemoryNodeFor) and makes its ring with `ring` (a HostRing over the slab,
+  // or a DeviceRing). The pool's workers of `numa_node` fill its batches (all, for -1).
   static absl::StatusOr<std::shared_ptr<RankPipeline>> Create(std::shared_ptr<Job> job, int rank,
                                                               int num_slots, int numa_node,
                                                               WorkerPool* pool,
                                                               MemoryBudget* budget,
-                                                              const RingFactory& ring = nullptr);
+                                                              const RingFactory& ring);
   ~RankPipeline();
 
   // FAILED_PRECONDITION when another consumer is bound (a rank has one consumer at a time).
@@ -151,7 +150,7 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
     int64_t batch = 0;
     uint32_t num_samples = 0;
     bool gather = false;  // the ring reads the gathered field's rows (not written here)
-    // The GPU's decoder takes this batch's JPEGs (GpuDecodeSplit::Rank::RouteBatch).
+    // The device decodes this batch's JPEGs (DeliveryRing::BatchPlan).
     bool gpu_decode = false;
     absl::Time since;  // of the fill, for fill_seconds
   };
@@ -280,9 +279,6 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   // State below is protected by mutex_.
   mutable absl::Mutex mutex_;
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mutex_);  // one per host slot
-  // This rank's turn at its GPU's JPEG decoder (its trainer's demand); null when the job
-  // routes no JPEG to a GPU.
-  const std::unique_ptr<GpuDecodeSplit::Rank> gpu_decode_;
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mutex_);
   uint64_t next_ticket_ ABSL_GUARDED_BY(mutex_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(mutex_) = 1;

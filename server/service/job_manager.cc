@@ -20,6 +20,7 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "server/remote/remote_dataset_fs.h"
 #include "server/transport/device_ring.h"
+#include "server/transport/host_ring.h"
 
 namespace ferry {
 namespace {
@@ -680,7 +681,12 @@ absl::StatusOr<JobManager::Attachment> JobManager::Attach(const Caller& caller,
           return std::make_unique<DeviceRing>(std::move(stage), job_ref.clock());
         });
   } else {
-    created = RankPipeline::Create(job, rank, slots, /*numa_node=*/-1, pool_, host_budget_);
+    const Clock& clock = job->clock();
+    created = RankPipeline::Create(
+        job, rank, slots, /*numa_node=*/-1, pool_, host_budget_,
+        [&clock, slots](const SharedSlab& slab) -> absl::StatusOr<std::unique_ptr<DeliveryRing>> {
+          return std::make_unique<HostRing>(slots, slab.size(), clock);
+        });
   }
 
   std::shared_ptr<RankPipeline> unused;  // released after the lock, if the job went away

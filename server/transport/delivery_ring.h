@@ -4,15 +4,17 @@
 // takes it back when the consumer releases it.
 //
 //   HostRing (host_ring.h):     the delivered slot is the host slot itself.
-//   DeviceRing (device_ring.h): the host slot is copied (or its records gathered) into a
-//                               device slot, which is delivered; its events are watched on
-//                               the host. With a CudaStage (transport/cuda/) it is the CUDA
-//                               ring.
+//   DeviceRing (device_ring.h): the host slot is copied (or its records gathered, its JPEGs
+//                               decoded) into a device slot, which is delivered; its events
+//                               are watched on the host. With a CudaStage (server/gpu/) it
+//                               is the CUDA ring.
+// The pipeline knows rings only through this interface: what a device does to a batch
+// reaches the workers as the batch's plan (BatchPlan).
 //
 // The protocol, per batch, in delivery order (a ticket names a batch for the ring's life):
-//   bool gather = ring->PlanBatch();            // as the batch is scheduled
-//   ring->Enqueue({ticket, host_slot, n, gather});
-//   ... workers fill the host slot (all fields, or all but gathered_field() if gather) ...
+//   BatchPlan plan = ring->PlanBatch();         // as the batch is scheduled
+//   ring->Enqueue({ticket, host_slot, n, plan.gather});
+//   ... workers fill the host slot as `plan` says ...
 //   ring->Filled(ticket);
 //   ... the pipeline, when the batch is next to deliver:
 //   std::optional<uint32_t> slot = ring->TakeReady(ticket, seq);  // leased if set
@@ -35,6 +37,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "ferry/v1/ferry.pb.h"
 
 namespace ferry {
@@ -57,6 +60,16 @@ class DeliveryRing {
     bool gather = false;  // PlanBatch's answer for it
   };
 
+  // How the workers fill one batch's host slot.
+  struct BatchPlan {
+    // The ring reads the batch's gathered_field() rows from the dataset itself: the
+    // workers leave them unwritten.
+    bool gather = false;
+    // The device decodes the batch's JPEGs: the workers write each JPEG file a row could
+    // hand over as it is (server/decode/gpu_decode_plan.h) instead of decoding it.
+    bool gpu_decode = false;
+  };
+
   DeliveryRing() = default;
   DeliveryRing(const DeliveryRing&) = delete;
   DeliveryRing& operator=(const DeliveryRing&) = delete;
@@ -71,9 +84,12 @@ class DeliveryRing {
   // rows from the dataset itself), or -1 when no batch is ever gathered. Constant.
   virtual int gathered_field() const { return -1; }
 
-  // Asked once per batch as the pipeline schedules it, in delivery order: true when the
-  // ring will read the batch's gathered_field() itself (the workers skip those rows).
-  virtual bool PlanBatch() { return false; }
+  // Asked once per batch as the pipeline schedules it, in delivery order.
+  virtual BatchPlan PlanBatch() { return BatchPlan(); }
+  // The consumer released a batch it had waited `waited` for, `interval` after it released
+  // the one before: how much the trainer waits on ferry, which a device that decodes
+  // JPEGs follows (it takes more of them while the trainer waits).
+  virtual void ReportConsumerWait(absl::Duration waited, absl::Duration interval) {}
   // The batch was scheduled into host slot `batch.host_slot`, after every batch enqueued
   // before it. Its rows are being written.
   virtual void Enqueue(const Batch& batch) = 0;
@@ -112,7 +128,7 @@ class DeliveryRing {
   // What a consumer needs to map the slots: the transport oneof and slot_bytes.
   virtual void Describe(ferry::v1::AttachResponse* response) const = 0;
   // The ring's part of status: queue_depth, slots_leased, lease_seconds, and a device's
-  // figures.
+  // figures (gpu_decode_demand with a device decoder).
   virtual void FillStatus(ferry::v1::RankStatus* status) const = 0;
 };
 

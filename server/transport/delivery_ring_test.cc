@@ -82,6 +82,11 @@ class RecordingStage final : public DeviceStage {
   void Describe(ferry::v1::AttachResponse* response) const override {
     response->set_slot_bytes(4096);
   }
+  // A decoder that takes every other batch, and remembers the waits it was told of.
+  bool PlanGpuDecode() override { return decodes && planned++ % 2 == 0; }
+  void ReportConsumerWait(absl::Duration waited, absl::Duration interval) override {
+    waits.emplace_back(waited, interval);
+  }
   absl::Status OpenConsumer(const std::vector<std::string>&) override { return absl::OkStatus(); }
   void CloseConsumer() override { watched.clear(); }
 
@@ -98,6 +103,9 @@ class RecordingStage final : public DeviceStage {
   std::vector<std::pair<int, uint64_t>> watched;
   absl::Status fail;
   std::function<void()> on_start_copy;
+  bool decodes = false;
+  int planned = 0;
+  std::vector<std::pair<absl::Duration, absl::Duration>> waits;
 };
 
 class DeviceRingTest : public ::testing::Test {
@@ -135,6 +143,29 @@ TEST_F(DeviceRingTest, ABatchIsDeliveredFromItsDeviceSlotOnceTheCopyIsDone) {
   ferry::v1::AttachResponse response;
   ring_->Describe(&response);
   EXPECT_EQ(response.slot_bytes(), 4096u);
+}
+
+// What the device does to a batch reaches the pipeline only as the ring's plan: a host ring
+// plans nothing, a device ring the decode its stage asks for, batch by batch; the
+// trainer's waits go to the stage.
+TEST_F(DeviceRingTest, TheStagesDecoderDecidesTheBatchPlanAndHearsTheTrainersWaits) {
+  HostRing host(2, 2000);
+  EXPECT_FALSE(host.PlanBatch().gpu_decode);
+  EXPECT_FALSE(host.PlanBatch().gather);
+  Make(2);
+  EXPECT_FALSE(ring_->PlanBatch().gpu_decode);  // a stage without a decoder
+  stage_->decodes = true;
+  std::vector<bool> plans;
+  for (int b = 0; b < 4; ++b) {
+    const DeliveryRing::BatchPlan plan = ring_->PlanBatch();
+    plans.push_back(plan.gpu_decode);
+    EXPECT_FALSE(plan.gather);  // no gathered field
+  }
+  EXPECT_THAT(plans, ElementsAre(true, false, true, false));
+  ring_->ReportConsumerWait(absl::Milliseconds(3), absl::Milliseconds(40));
+  ASSERT_EQ(stage_->waits.size(), 1u);
+  EXPECT_EQ(stage_->waits[0].first, absl::Milliseconds(3));
+  EXPECT_EQ(stage_->waits[0].second, absl::Milliseconds(40));
 }
 
 // A released device slot is written again only once its released signal is reported.

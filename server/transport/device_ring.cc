@@ -53,8 +53,17 @@ DeviceRing::~DeviceRing() {
 
 void DeviceRing::SetListener(Listener listener) { listener_ = std::move(listener); }
 
-bool DeviceRing::PlanBatch() {
+DeliveryRing::BatchPlan DeviceRing::PlanBatch() {
   absl::MutexLock lock(&mutex_);
+  return BatchPlan{.gather = GatherNextLocked(), .gpu_decode = stage_->PlanGpuDecode()};
+}
+
+void DeviceRing::ReportConsumerWait(absl::Duration waited, absl::Duration interval) {
+  absl::MutexLock lock(&mutex_);
+  stage_->ReportConsumerWait(waited, interval);
+}
+
+bool DeviceRing::GatherNextLocked() {
   if (gathered_field_ < 0 || !stage_->gather_ready()) return false;
   if (stage_->gathers_every_batch()) return true;
   int leased = 0;

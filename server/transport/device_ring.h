@@ -1,7 +1,7 @@
 // A DeliveryRing whose consumer reads device slots: each filled host slot is copied (or its
 // records gathered) into a free device slot by a DeviceStage, and the device slot is
 // delivered once the stage reports the copy complete. With a CudaStage this is the CUDA
-// ring (transport/cuda/cuda_stage.h); the pipeline tests run it over a fake stage.
+// ring (server/gpu/cuda_stage.h); the pipeline tests run it over a fake stage.
 //
 // Device slot life cycle: FREE -> COPYING (copy ordered) -> READY (the stage reported it)
 // -> LEASED (sent to the consumer) -> RELEASING (released, its released signal not yet seen
@@ -13,7 +13,8 @@
 // long as enough free device slots stay for the earlier batches still without one: were
 // later batches to take them all, an earlier one could never be copied and none behind it
 // delivered. Which batches are gathered: PlanBatch asks the stage whether it can gather and
-// the GatherPolicy (gather_policy.h) whether this batch should be.
+// the GatherPolicy (gather_policy.h) whether this batch should be; whether the device
+// decodes a batch's JPEGs, the stage alone (DeviceStage::PlanGpuDecode).
 //
 //   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<DeviceStage> stage, gpus->MakeStage(...));
 //   auto ring = std::make_unique<DeviceRing>(std::move(stage));
@@ -55,7 +56,9 @@ class DeviceRing final : public DeliveryRing {
   void SetListener(Listener listener) override;
   int num_slots() const override { return num_slots_; }
   int gathered_field() const override { return gathered_field_; }
-  bool PlanBatch() override ABSL_LOCKS_EXCLUDED(mutex_);
+  BatchPlan PlanBatch() override ABSL_LOCKS_EXCLUDED(mutex_);
+  void ReportConsumerWait(absl::Duration waited, absl::Duration interval) override
+      ABSL_LOCKS_EXCLUDED(mutex_);
   void Enqueue(const Batch& batch) override ABSL_LOCKS_EXCLUDED(mutex_);
   void Filled(uint64_t ticket) override ABSL_LOCKS_EXCLUDED(mutex_);
   std::optional<uint32_t> TakeReady(uint64_t ticket, int64_t seq) override
@@ -98,6 +101,8 @@ class DeviceRing final : public DeliveryRing {
     uint64_t token;
   };
 
+  // Whether the batch being planned is gathered (the stage can, and the policy says so).
+  bool GatherNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Assigns free device slots to filled batches (see the class comment) and queues their
   // copies in copy_orders_ for Flush.
   void OrderCopiesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);

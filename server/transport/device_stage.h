@@ -1,10 +1,11 @@
 // The device side of a DeviceRing (device_ring.h): the copies and signals of one rank's
 // device slots. The ring decides which host slot goes to which device slot and when; the
-// stage does the device work and reports when it is done. CudaStage (transport/cuda/) is the
+// stage does the device work and reports when it is done. CudaStage (server/gpu/) is the
 // CUDA one; tests use fakes.
 //
 // Contract: WatchReleased, ReleasedSignalPending (at most two calls per batch scheduled),
-// gather_ready, OpenConsumer and CloseConsumer are called with the ring's lock held;
+// gather_ready, PlanGpuDecode, ReportConsumerWait, OpenConsumer and CloseConsumer are called
+// with the ring's lock held;
 // StartCopy is called without it, from one thread at a time, in the order the ring decided
 // the copies under its lock (not necessarily delivery order: a filled batch may go before
 // an earlier one still filling). The stage relies only on that order being the order of
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "ferry/v1/ferry.pb.h"
 
 namespace ferry {
@@ -57,6 +59,13 @@ class DeviceStage {
   // being registered, or that failed); until then every batch's rows are written by the
   // workers. Once true, stays true. Called under the ring's lock.
   virtual bool gather_ready() const { return true; }
+
+  // Asked once per batch as the ring plans it, in delivery order: true when the stage's
+  // decoder takes the batch's JPEGs (DeliveryRing::BatchPlan::gpu_decode). A stage without
+  // one says false.
+  virtual bool PlanGpuDecode() { return false; }
+  // DeliveryRing::ReportConsumerWait, for a stage whose decoder follows the trainer's waits.
+  virtual void ReportConsumerWait(absl::Duration waited, absl::Duration interval) {}
 
   // How a stage reports progress. `token` is the value passed to the call that started the
   // work; the ring uses it to ignore reports about work it has since abandoned.
@@ -106,7 +115,7 @@ class DeviceStage {
   // No device_slot_released report for a slot watched before starts after this returns.
   virtual void CloseConsumer() = 0;
 
-  // For status: device bytes, pinned bytes, copy throughput.
+  // For status: device bytes, pinned bytes, copy throughput, the decoder's demand.
   virtual void FillStatus(ferry::v1::RankStatus* status) const {}
 };
 

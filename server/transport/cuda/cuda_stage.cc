@@ -352,6 +352,7 @@ void CudaStage::FillStatus(ferry::v1::RankStatus* status) const {
   status->set_release_signal_seconds(watcher_->seconds(EventWatcher::kReleased));
   status->set_batches_copied(batches_copied_.load(std::memory_order_relaxed));
   status->set_batches_gathered(batches_gathered_.load(std::memory_order_relaxed));
+  if (jpeg_ != nullptr) status->set_gpu_decode_demand(jpeg_->demand());
   if (gathered_field_ < 0) {
     status->set_copy_path(ferry::v1::SLOT_COPY);
     status->set_copy_path_note(copy_path_note_);

@@ -77,6 +77,10 @@ class CudaStage final : public DeviceStage {
   // With GPU JPEG decode, StartCopy waits for nvJPEG: the ring gives the stage a copy thread
   // of its own, so each GPU decodes on its own thread beside the others.
   bool start_copy_waits() const override { return jpeg_ != nullptr; }
+  bool PlanGpuDecode() override { return jpeg_ != nullptr && jpeg_->RouteBatch(); }
+  void ReportConsumerWait(absl::Duration waited, absl::Duration interval) override {
+    if (jpeg_ != nullptr) jpeg_->ReportConsumerWait(waited, interval);
+  }
   void SetCallbacks(Callbacks callbacks) override { callbacks_ = std::move(callbacks); }
   absl::Status StartCopy(int host_slot, int device_slot, uint32_t num_samples, bool gather,
                          uint64_t token) override;

@@ -51,6 +51,7 @@ absl::StatusOr<std::unique_ptr<GpuJpegStage>> GpuJpegStage::Create(
   }
   jpeg->gpu_decode_ = job.gpu_decode();
   jpeg->counted_decoder_ = job.gpu_decode()->AddDecoder();
+  jpeg->turn_.emplace(job.gpu_decode());
   for (size_t i = 0; i < static_cast<size_t>(num_device_slots); ++i) {
     FERRY_ASSIGN_OR_RETURN(DeviceBuffer jobs,
                            DeviceBuffer::Create(device, sizeof(ResampleJob) * batch));

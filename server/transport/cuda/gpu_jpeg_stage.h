@@ -6,6 +6,8 @@
 // the stage's conversion then finds the pixels the workers would have written. Rows
 // nvJPEG refuses, or of a batch it fails, are decoded here on the CPU instead. Each batch's
 // decode time goes to the job's GpuDecodeSplit, and each image to the GPU's counters.
+// Which batches are routed to the GPU is the rank's turn at the job's GpuDecodeSplit
+// (RouteBatch), which follows the rank's trainer's waits (ReportConsumerWait).
 //
 //   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<GpuJpegStage> jpeg,
 //                          GpuJpegStage::Create(device, job, layout, num_slots, counters));
@@ -13,6 +15,8 @@
 //
 // Ownership: the Job and `layout` must outlive the stage. Thread safety: Enqueue is called
 // by one thread at a time (the CudaStage's StartCopy); it blocks while nvJPEG decodes.
+// RouteBatch and ReportConsumerWait are called by one thread at a time (under the ring's
+// lock), beside Enqueue; demand from any thread.
 #ifndef FERRY_SERVER_TRANSPORT_CUDA_GPU_JPEG_STAGE_H_
 #define FERRY_SERVER_TRANSPORT_CUDA_GPU_JPEG_STAGE_H_
 
@@ -24,6 +28,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "cuda/cuda_resources.h"
 #include "server/decode/gpu/gpu_jpeg_decoder.h"
 #include "server/decode/gpu_decode_split.h"
@@ -58,6 +63,16 @@ class GpuJpegStage {
   absl::Status Enqueue(CudaStream& stream, const uint8_t* src, uint8_t* dst, int device_slot,
                        uint32_t num_samples);
 
+  // Whether the batch being planned is one the GPU decodes (the workers route its JPEGs
+  // here): GpuDecodeSplit::Rank::RouteBatch.
+  bool RouteBatch() { return turn_->RouteBatch(); }
+  // The trainer waited `waited` for a batch, `interval` after its release of the one before.
+  void ReportConsumerWait(absl::Duration waited, absl::Duration interval) {
+    turn_->ReportConsumerWait(absl::ToDoubleSeconds(waited), absl::ToDoubleSeconds(interval));
+  }
+  // The rank's demand for its GPU's decoder (GpuDecodeSplit::Rank::demand).
+  double demand() const { return turn_->demand(); }
+
  private:
   GpuJpegStage() = default;
 
@@ -72,10 +87,11 @@ class GpuJpegStage {
   const SlotLayout* host_ = nullptr;          // the Job's
   const DeviceSlotLayout* layout_ = nullptr;  // the CudaStage's
   std::shared_ptr<GpuCounters> counters_;
-  int plan_field_ = -1;                      // kGpuDecodePlanField
-  int jpeg_field_ = -1;                      // kGpuDecodeJpegField, the host layout's last
-  GpuDecodeSplit* gpu_decode_ = nullptr;     // the Job's, which outlives the stage
-  GpuDecodeSplit::Decoder counted_decoder_;  // this GPU among the job's decoders
+  int plan_field_ = -1;                       // kGpuDecodePlanField
+  int jpeg_field_ = -1;                       // kGpuDecodeJpegField, the host layout's last
+  GpuDecodeSplit* gpu_decode_ = nullptr;      // the Job's, which outlives the stage
+  GpuDecodeSplit::Decoder counted_decoder_;   // this GPU among the job's decoders
+  std::optional<GpuDecodeSplit::Rank> turn_;  // the rank's turn at the decoder, thread-safe
   std::optional<GpuJpegDecoder> jpeg_decoder_;
   // nvJPEG's stream: on the hardware backend DecodeBatch waits for its stream, which must
   // not hold the slot copies. The copy stream waits for `decoded_` before resampling.
