@@ -34,7 +34,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/types/span.h"
 #include "cuda/cuda_resources.h"
-#include "server/decode/gpu/gpu_jpeg_decoder.h"
+#include "server/gpu/jpeg/gpu_jpeg_decoder.h"
 
 namespace ferry {
 namespace {

@@ -2,7 +2,11 @@
 # run it through a stamp file that their target depends on, see FerryHelpers.cmake):
 #   1. a header under X/internal/ is private to X: only files under X/ may include it;
 #   2. nothing under client/ includes a header under server/ (the client library ships
-#      without the daemon's code).
+#      without the daemon's code);
+#   3. ferryd's layers: server/gpu/ (the CUDA backend and GPU decode) sits above the
+#      pipeline, so under server/ only server/gpu/ and server/service/ include it; the
+#      pipeline knows a delivery ring only through the seam, so server/pipeline/ includes
+#      nothing of server/transport/ but delivery_ring.h (its tests may, to build rings).
 # Only includes that name a file of the source tree are checked ("absl/.../internal/..." is
 # not ours). A breach is reported as "<file>:<line>: error: ..." and fails the build; the
 # stamp is written only when every file passes, so the check runs again on the next build.
@@ -86,6 +90,15 @@ foreach(file ${files})
     # Rule 2.
     if(rule STREQUAL "" AND includer MATCHES "^client/" AND header MATCHES "^server/")
       set(rule "code under client/ must not include headers under server/ (the client ships without the daemon; shared code belongs in common/ or a top-level folder)")
+    endif()
+    # Rule 3.
+    if(rule STREQUAL "" AND header MATCHES "^server/gpu/" AND includer MATCHES "^server/"
+       AND NOT includer MATCHES "^server/(gpu|service)/")
+      set(rule "server/gpu/ is ferryd's GPU layer, above the pipeline: only server/gpu/ and server/service/ include it (reach the GPU through server/transport/'s DeliveryRing or DeviceStage)")
+    endif()
+    if(rule STREQUAL "" AND includer MATCHES "^server/pipeline/" AND NOT includer MATCHES "_test\\.cc$"
+       AND header MATCHES "^server/transport/" AND NOT header STREQUAL "server/transport/delivery_ring.h")
+      set(rule "the pipeline knows a ring only through server/transport/delivery_ring.h (what a ring does to a batch reaches it as DeliveryRing::BatchPlan; rings are made by the caller's RingFactory)")
     endif()
     if(NOT rule STREQUAL "")
       # The line number, for editors that jump to "file:line:" (only ever for a breach).

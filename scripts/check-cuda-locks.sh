@@ -12,7 +12,7 @@ mapfile -t objects < <(python3 - "$build" <<'PY'
 import json, os, re, sys
 build = sys.argv[1]
 root = os.getcwd() + "/"
-folders = ("cuda/", "server/transport/cuda/", "server/decode/gpu/", "server/kernels/",
+folders = ("cuda/", "server/gpu/", "server/gpu/jpeg/", "server/kernels/",
            "client/cpp/internal/cuda_ring")
 for entry in json.load(open(os.path.join(build, "compile_commands.json"))):
     source = entry["file"].replace(root, "")

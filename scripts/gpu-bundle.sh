@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
 case ${1:-} in
   tests) programs=(cuda/cuda_test server/kernels/kernels_test
-                   server/decode/gpu/gpu_jpeg_decoder_test) ;;
+                   server/gpu/jpeg/gpu_jpeg_decoder_test) ;;
   bench) programs=(bench/h2d_bench bench/photometric_bench bench/gpu_consume_bench
                    bench/host_pipeline_bench bench/gpu_jpeg_bench bench/reduced_scale_bench) ;;
   *) echo "usage: scripts/gpu-bundle.sh tests|bench" >&2; exit 2 ;;

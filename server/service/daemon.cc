@@ -26,7 +26,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
 #if FERRY_HAVE_CUDA
-#include "server/transport/cuda/cuda_gpu_provider.h"
+#include "server/gpu/cuda_gpu_provider.h"
 #endif
 
 namespace ferry {

@@ -49,6 +49,7 @@ endfunction()
 file(READ ${src}/other/other.cc other_cc)
 file(READ ${src}/other/other.h other_h)
 file(READ ${src}/client/client.cc client_cc)
+file(READ ${src}/server/pipeline/pipeline.cc pipeline_cc)
 
 build("clean tree (lib/ includes its own internal/, directly and relative)")
 
@@ -81,3 +82,15 @@ build("client/client.cc includes server/api.h"
       "include boundary check of boundary_client failed")
 put(client/client.cc "${client_cc}")
 build("client/client.cc restored")
+
+put(server/pipeline/pipeline.cc "${pipeline_cc}#include \"server/gpu/stage.h\"\n")
+build("server/pipeline/pipeline.cc includes server/gpu/stage.h"
+      "server/pipeline/pipeline.cc:4: error: includes \"server/gpu/stage.h\""
+      "server/gpu/ is ferryd's GPU layer, above the pipeline"
+      "include boundary check of boundary_pipeline failed")
+put(server/pipeline/pipeline.cc "${pipeline_cc}#include \"server/transport/host_ring.h\"\n")
+build("server/pipeline/pipeline.cc includes server/transport/host_ring.h"
+      "server/pipeline/pipeline.cc:4: error: includes \"server/transport/host_ring.h\""
+      "the pipeline knows a ring only through server/transport/delivery_ring.h")
+put(server/pipeline/pipeline.cc "${pipeline_cc}")
+build("server/pipeline/pipeline.cc restored")

@@ -1,0 +1,3 @@
+#pragma once
+
+inline int GpuStage() { return 3; }

@@ -1,0 +1,3 @@
+#include "server/transport/delivery_ring.h"
+
+int Pipeline() { return Seam(); }

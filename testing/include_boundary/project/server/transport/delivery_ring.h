@@ -1,0 +1,3 @@
+#pragma once
+
+inline int Seam() { return 4; }
