@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <list>
 #include <utility>
@@ -79,11 +80,13 @@ std::string ObjectCache::Key::Canonical() const {
 
 struct ObjectCache::State {
   struct Entry {
-    std::string name;  // the SHA-256, without suffix
+    std::string name;       // the SHA-256, without suffix
+    std::string canonical;  // Key::Canonical(), for the key file of an entry filled here
     uint64_t bytes = 0;
     bool ready = false;
     bool failed = false;
-    bool evicted = false;  // gone from the cache (a caller that waited for it looks again)
+    bool evicted = false;   // gone from the cache (a caller that waited for it looks again)
+    bool flushing = false;  // FlushLoop is making it durable: not evicted meanwhile
     absl::Status failure;
     int pins = 0;
     std::list<Entry*>::iterator recency;  // in `lru` once ready
@@ -99,6 +102,11 @@ struct ObjectCache::State {
   std::list<Entry*> lru ABSL_GUARDED_BY(mutex);  // ready entries, least recent first
   uint64_t used ABSL_GUARDED_BY(mutex) = 0;
   ObjectCache::Stats stats ABSL_GUARDED_BY(mutex);
+  // Complete entries filled here whose file and key file are not flushed yet, oldest first.
+  std::deque<std::shared_ptr<Entry>> unflushed ABSL_GUARDED_BY(mutex);
+  int flushing ABSL_GUARDED_BY(mutex) = 0;  // entries FlushLoop holds now (0 or 1)
+  bool stopping ABSL_GUARDED_BY(mutex) = false;
+  std::function<void()> before_flush;  // Options::before_flush
 
   ~State() {
     if (lock_fd >= 0) ::close(lock_fd);  // releases the flock
@@ -123,9 +131,64 @@ struct ObjectCache::State {
   bool MakeRoomLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex) {
     for (auto it = lru.begin(); used + bytes > capacity && it != lru.end();) {
       Entry* e = *it++;
-      if (e->pins == 0) EvictLocked(e);
+      if (e->pins == 0 && !e->flushing) EvictLocked(e);
     }
     return used + bytes <= capacity;
+  }
+
+  bool NoneFlushing() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex) { return flushing == 0; }
+  bool FlushWaiting() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex) {
+    return stopping || !unflushed.empty();
+  }
+
+  // Flushes the entry's file, then writes its key file (flushed, renamed): from then on
+  // Open adopts it.
+  absl::Status Flush(const Entry& e) {
+    const std::string path = PathOf(e.name, kObjectSuffix);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Errno("cannot open '" + path + "' to flush it");
+    const bool flushed = ::fdatasync(fd) == 0;
+    absl::Status status = flushed ? absl::OkStatus() : Errno("cannot flush '" + path + "'");
+    ::close(fd);
+    FERRY_RETURN_IF_ERROR(status);
+    const std::string key_path = PathOf(e.name, kKeySuffix);
+    const std::string key_temp =
+        absl::StrCat(key_path, kTempMark, temp_counter.fetch_add(1, std::memory_order_relaxed));
+    status = WriteFileDurably(key_temp, KeyFileText(e.canonical, e.bytes));
+    if (status.ok() && ::rename(key_temp.c_str(), key_path.c_str()) != 0) {
+      status = Errno("cannot rename '" + key_temp + "'");
+    }
+    if (!status.ok()) ::unlink(key_temp.c_str());
+    return status;
+  }
+
+  // The flushing thread: makes entries durable in the order they were filled, until the
+  // cache is destroyed, and then the ones still waiting.
+  void FlushLoop() {
+    for (;;) {
+      std::shared_ptr<Entry> e;
+      {
+        absl::MutexLock lock(&mutex);
+        mutex.Await(absl::Condition(this, &State::FlushWaiting));
+        if (unflushed.empty()) return;  // stopping, and every entry is flushed
+        e = std::move(unflushed.front());
+        unflushed.pop_front();
+        if (e->evicted) continue;  // its files are gone
+        e->flushing = true;
+        ++flushing;
+      }
+      if (before_flush) before_flush();
+      const absl::Status flushed = Flush(*e);
+      if (!flushed.ok()) {
+        // Served from here on as it is; a restart fetches it again.
+        FERRY_LOG(WARNING) << "object cache: " << flushed.message()
+                           << "; the entry stays in use but will not survive a restart";
+      }
+      absl::MutexLock lock(&mutex);
+      e->flushing = false;
+      --flushing;
+      if (used > capacity) MakeRoomLocked(0);
+    }
   }
 
   void Unpin(Entry* e) {
@@ -182,6 +245,7 @@ absl::StatusOr<std::unique_ptr<ObjectCache>> ObjectCache::Open(const Options& op
   auto state = std::make_shared<State>();
   state->dir = options.dir;
   state->capacity = options.capacity_bytes;
+  state->before_flush = options.before_flush;
   const std::string lock_path = options.dir + "/.lock";
   state->lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (state->lock_fd < 0) return Errno("cannot open '" + lock_path + "'");
@@ -270,9 +334,16 @@ absl::StatusOr<std::unique_ptr<ObjectCache>> ObjectCache::Open(const Options& op
   return std::unique_ptr<ObjectCache>(new ObjectCache(std::move(state)));
 }
 
-ObjectCache::ObjectCache(std::shared_ptr<State> state) : state_(std::move(state)) {}
+ObjectCache::ObjectCache(std::shared_ptr<State> state)
+    : state_(std::move(state)), flusher_([state = state_] { state->FlushLoop(); }) {}
 
-ObjectCache::~ObjectCache() = default;
+ObjectCache::~ObjectCache() {
+  {
+    absl::MutexLock lock(&state_->mutex);
+    state_->stopping = true;
+  }
+  flusher_.join();
+}
 
 absl::StatusOr<ObjectCache::Pin> ObjectCache::Get(const Key& key, uint64_t bytes,
                                                   const Fill& fill) {
@@ -308,7 +379,13 @@ absl::StatusOr<ObjectCache::Pin> ObjectCache::Get(const Key& key, uint64_t bytes
             "object '", key.object, "' (", bytes, " bytes) is larger than the object cache (",
             s.capacity, " bytes in '", s.dir, "'): raise cache_bytes"));
       }
-      if (!s.MakeRoomLocked(bytes)) {
+      bool room = s.MakeRoomLocked(bytes);
+      if (!room && !s.NoneFlushing()) {
+        // An entry being flushed goes once its flush ends.
+        s.mutex.Await(absl::Condition(&s, &State::NoneFlushing));
+        room = s.MakeRoomLocked(bytes);
+      }
+      if (!room) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "the object cache in '", s.dir, "' (", s.capacity, " bytes) has no room for '",
             key.object, "' (", bytes, " bytes): the entries being read hold ", s.used,
@@ -316,6 +393,7 @@ absl::StatusOr<ObjectCache::Pin> ObjectCache::Get(const Key& key, uint64_t bytes
       }
       entry = std::make_shared<State::Entry>();
       entry->name = name;
+      entry->canonical = canonical;
       entry->bytes = bytes;
       s.entries.emplace(name, entry);
       s.used += bytes;
@@ -342,22 +420,12 @@ absl::StatusOr<ObjectCache::Pin> ObjectCache::Get(const Key& key, uint64_t bytes
                                                   " bytes, but ", st.st_size,
                                                   " arrived; it may have changed in the store"));
       }
-      if (status.ok() && ::fdatasync(fd) != 0) status = Errno("cannot flush '" + temp + "'");
       ::close(fd);
-      const std::string key_temp =
-          absl::StrCat(s.PathOf(name, kKeySuffix), kTempMark, s.temp_counter.fetch_add(1));
-      if (status.ok()) status = WriteFileDurably(key_temp, KeyFileText(canonical, bytes));
-      // The key file first: an object file without one is dropped at the next Open.
-      if (status.ok() && ::rename(key_temp.c_str(), s.PathOf(name, kKeySuffix).c_str()) != 0) {
-        status = Errno("cannot rename '" + key_temp + "'");
-      }
+      // No key file yet (FlushLoop writes it): until then a restart drops the entry.
       if (status.ok() && ::rename(temp.c_str(), path.c_str()) != 0) {
         status = Errno("cannot rename '" + temp + "'");
       }
-      if (!status.ok()) {
-        ::unlink(temp.c_str());
-        ::unlink(key_temp.c_str());
-      }
+      if (!status.ok()) ::unlink(temp.c_str());
       return status;
     }();
     absl::MutexLock lock(&s.mutex);
@@ -372,6 +440,7 @@ absl::StatusOr<ObjectCache::Pin> ObjectCache::Get(const Key& key, uint64_t bytes
     entry->ready = true;
     entry->recency = s.lru.insert(s.lru.end(), entry.get());
     if (entry->pins++ == 0) ++s.stats.pinned_entries;
+    s.unflushed.push_back(entry);
   }
 
   Pin pin;
@@ -391,6 +460,7 @@ ObjectCache::Stats ObjectCache::stats() const {
   out.capacity_bytes = state_->capacity;
   out.bytes = state_->used;
   out.entries = state_->entries.size();
+  out.unflushed = state_->unflushed.size() + static_cast<uint64_t>(state_->flushing);
   return out;
 }
 

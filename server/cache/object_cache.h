@@ -7,8 +7,14 @@
 //  * Get(key, bytes, fill) returns a Pin on the entry's file once the file holds all `bytes`.
 //    When the entry is absent one caller runs `fill`, which writes the bytes to a temporary
 //    file, while the other callers for the same key wait for it (one download per node). The
-//    file takes the entry's name only once complete (written, flushed, renamed), so a crash
-//    never leaves a partial entry under its name; Open deletes leftover temporary files.
+//    file takes the entry's name only once complete (written and renamed), so no reader ever
+//    sees a partial entry; Open deletes leftover temporary files.
+//  * Durability is off the readers' path: a complete entry is served at once, and a thread
+//    of the cache then flushes its file to the disk and only after that writes its key
+//    file (flushed, renamed). Open adopts only entries with a key file, so after a crash of
+//    the process or the machine an entry whose flush had not ended is dropped and fetched
+//    again, never served with bytes the disk lost. The cache's destruction flushes every
+//    entry still waiting.
 //  * At most capacity_bytes are held. Making room evicts the least recently used entries no
 //    Pin holds; an entry a Pin holds (a worker reads it) is never evicted, and when the held
 //    ones leave no room Get fails with RESOURCE_EXHAUSTED saying to raise the capacity.
@@ -35,6 +41,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -46,6 +53,9 @@ class ObjectCache final {
   struct Options {
     std::string dir;              // created (mode 0700) when missing
     uint64_t capacity_bytes = 0;  // > 0
+    // Called by the flushing thread before it flushes an entry's file (a seam for tests,
+    // which hold it to stand for a crash before the flush).
+    std::function<void()> before_flush;
   };
 
   // What identifies the bytes: the store (its endpoint), the object (bucket and key, or the
@@ -110,7 +120,8 @@ class ObjectCache final {
     uint64_t misses = 0;  // Gets that ran fill
     uint64_t evictions = 0;
     uint64_t fill_failures = 0;
-    uint64_t adopted = 0;  // entries Open found from an earlier run
+    uint64_t adopted = 0;    // entries Open found from an earlier run
+    uint64_t unflushed = 0;  // complete entries not yet on the disk (a crash drops them)
   };
   Stats stats() const;
 
@@ -118,6 +129,7 @@ class ObjectCache final {
   struct State;
   explicit ObjectCache(std::shared_ptr<State> state);
   std::shared_ptr<State> state_;
+  std::thread flusher_;  // State::FlushLoop; stopped and joined by the destructor
 };
 
 }  // namespace ferry

@@ -1,6 +1,7 @@
 #include "server/cache/object_cache.h"
 
 #include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -256,6 +257,50 @@ TEST_F(ObjectCacheTest, EntriesSurviveARestartAndCrashLeftoversAreDropped) {
     fetched += fills_ - before;
   }
   EXPECT_EQ(fetched, 1);
+}
+
+// Durability is off the readers' path: an entry is served before its flush, and a process
+// that dies before the flush leaves nothing the next Open adopts. The child stands for a
+// ferryd killed (or a machine lost) between the two: its flushing thread is held.
+TEST_F(ObjectCacheTest, AnEntryIsServedBeforeItsFlushAndACrashBeforeTheFlushDropsIt) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto cache = ObjectCache::Open({.dir = dir_, .capacity_bytes = 1000, .before_flush = [] {
+                                      for (;;) ::pause();
+                                    }});
+    if (!cache.ok()) ::_exit(2);
+    auto pin = (*cache)->Get(KeyOf("early"), 100, Writes(100, 'e'));
+    // Served complete, and counted as not yet flushed.
+    if (!pin.ok() || Read(*pin) != std::string(100, 'e')) ::_exit(3);
+    const ObjectCache::Stats s = (*cache)->stats();
+    if (s.unflushed != 1) ::_exit(4);
+    ::_exit(0);  // no destructor: what a crash leaves
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0) << "the child's checks (see its exit codes)";
+  // The complete object file is there, without its key file.
+  int objects = 0, keys = 0;
+  for (const std::string& f : Files()) {
+    objects += absl::EndsWith(f, ".obj");
+    keys += absl::EndsWith(f, ".key");
+  }
+  EXPECT_EQ(objects, 1);
+  EXPECT_EQ(keys, 0);
+
+  {
+    auto cache = MustOpen(1000);
+    EXPECT_EQ(cache->stats().adopted, 0u);
+    const int before = fills_;
+    auto pin = cache->Get(KeyOf("early"), 100, Writes(100, 'e'));
+    ASSERT_TRUE(pin.ok());
+    EXPECT_EQ(fills_ - before, 1) << "fetched again, not adopted";
+  }  // a clean end flushes it
+  auto cache = MustOpen(1000);
+  EXPECT_EQ(cache->stats().adopted, 1u);
+  EXPECT_EQ(cache->stats().unflushed, 0u);
 }
 
 TEST_F(ObjectCacheTest, ARestartWithLessRoomKeepsTheMostRecent) {

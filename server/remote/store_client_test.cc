@@ -462,6 +462,11 @@ class BlockReadsTest : public StoreClientTest {
         RemoteFs({.whole_object_max_bytes = 50000, .block_bytes = 16384, .max_held_bytes = 32768});
     ASSERT_NE(fs_, nullptr);
   }
+  // The cache goes (its flushing thread ends) before its directory is removed.
+  void TearDown() override {
+    fs_.reset();
+    StoreClientTest::TearDown();
+  }
   // The ranges of the object's GETs so far ("49152-65535").
   std::vector<std::string> Ranges() {
     std::vector<std::string> ranges;
