@@ -25,7 +25,8 @@ ReadAhead::~ReadAhead() {
 }
 
 bool ReadAhead::HasRoomLocked(const Lane& lane) const {
-  return static_cast<int64_t>(lane.items.size()) < lane_files_ && lane.bytes < lane_bytes_;
+  return static_cast<int64_t>(lane.items.size()) < lane_files_ && lane.bytes < lane_bytes_ &&
+         static_cast<int64_t>(lane.batches.size()) < lane_files_;
 }
 
 bool ReadAhead::HasRoom(int rank) const {
@@ -67,6 +68,7 @@ bool ReadAhead::Add(int rank, BatchKey key, const std::vector<std::string>& file
   // A batch larger than the whole share still has its first units fetched ahead.
   if (!fits && !lane.items.empty()) return false;
   lane.last_added = key;
+  lane.batches.push_back(key);
   for (const std::string& path : files) {
     // Samples of the shards a lane holds (a shuffle buffer interleaves a few): each shard is
     // fetched once.
@@ -107,6 +109,7 @@ void ReadAhead::Reached(int rank, BatchKey key) {
   if (rank < 0 || static_cast<size_t>(rank) >= lanes_.size()) return;
   Lane& lane = lanes_[rank];
   while (!lane.items.empty() && lane.items.front()->key < key) DropFrontLocked(lane, &dropped);
+  while (!lane.batches.empty() && lane.batches.front() < key) lane.batches.pop_front();
 }
 
 void ReadAhead::Reset(int rank) {
@@ -115,6 +118,7 @@ void ReadAhead::Reset(int rank) {
   if (rank < 0 || static_cast<size_t>(rank) >= lanes_.size()) return;
   Lane& lane = lanes_[rank];
   while (!lane.items.empty()) DropFrontLocked(lane, &dropped);
+  lane.batches.clear();
   lane.next = 0;
   lane.last_added.reset();
 }

@@ -19,7 +19,9 @@
 //    says when they do not, and the rank offers the batch again later), so the units in
 //    the window never exceed them; a batch larger than a whole share goes into an empty
 //    lane as far as it fits, and its workers fetch the rest. The job's window so stays
-//    within max_files and max_bytes whatever the ranks do.
+//    within max_files and max_bytes whatever the ranks do. A lane also holds at most
+//    max_files / ranks batches, so that batches that add nothing (their samples' files or
+//    blocks are in the lane already) do not carry it through the whole epoch.
 //  * At most `connections` files are opened, or units fetched, at once, taken from the
 //    lanes in turn (no rank waits behind another's window), each lane's in its batch order.
 //    An entry whose batch the workers already started is not fetched here (the worker
@@ -137,6 +139,7 @@ class ReadAhead final {
     uint64_t bytes = 0;                       // of opened items still in the lane
     std::optional<BatchKey> last_added;
     absl::flat_hash_set<EntryKey> entries;  // of `items`, each once
+    std::deque<BatchKey> batches;           // added and not reached, in order
   };
 
   void Run();

@@ -124,6 +124,20 @@ TEST(ReadAheadTest, FailedOpensAreCountedAndResetEmptiesTheLane) {
   EXPECT_THAT(fs->Opened(3), ElementsAre("missing", "here", "again"));
 }
 
+TEST(ReadAheadTest, ALaneHoldsAtMostItsShareOfBatchesThoughTheyAddNothing) {
+  auto fs = std::make_shared<RecordingFs>(RecordingFs::Options{.bytes = 10});
+  ReadAhead ahead(fs, {.connections = 1, .max_files = 6, .max_bytes = 1 << 20, .ranks = 2});
+  int64_t batch = 0;
+  // Every batch reads the one shard the lane holds: after 3 batches (its share) it is full.
+  while (ahead.HasRoom(0) && batch < 100) ahead.Add(0, {0, batch++}, {"shard-0"});
+  EXPECT_EQ(batch, 3);
+  EXPECT_EQ(ahead.stats().in_window, 1);
+  ahead.Reached(0, {0, 1});
+  EXPECT_TRUE(ahead.HasRoom(0));
+  ahead.Add(0, {0, batch++}, {"shard-0"});
+  EXPECT_FALSE(ahead.HasRoom(0));
+}
+
 // A mapping of 1,000 bytes read in ranges of 100-byte units that records each Hold and
 // counts the holds alive.
 class RecordingRanges final : public MappedFile::Ranges {
