@@ -187,7 +187,7 @@ void TokenShardsSource::RangesOf(int64_t index, std::vector<MappedRange>* ranges
   for (int64_t remaining = seq_len_ + 1; remaining > 0; at = Location{at.shard + 1, 0}) {
     const Shard& shard = shards_[at.shard];
     const int64_t count = std::min(remaining, shard.tokens - at.token);
-    if (shard.file->read_in_ranges()) {
+    if (count > 0 && shard.file->read_in_ranges()) {
       ranges->push_back(MappedRange{.file = shard.file,
                                     .offset = static_cast<uint64_t>(at.token) * token_bytes_,
                                     .length = static_cast<uint64_t>(count) * token_bytes_});
