@@ -5,8 +5,8 @@
 //    files opened as they are read (an image folder's images, WebDataset shards);
 //  * a unit of a mapping read in ranges (MappedFile::range_unit: a block of a large remote
 //    object), held (MappedFile::Hold), which fetches it into the node's cache and keeps it
-//    there until its batch's workers start: for the kinds that read such a
-//    mapping in ranges (tokens, token shards, records; SampleSource::RangesOf). Mappings whose
+//    there until its batch's workers start: for the kinds that read such a mapping in
+//    ranges (tokens, token shards, records, indexed; SampleSource::RangesOf). Mappings whose
 //    bytes are all there have nothing to read ahead.
 //
 // Contract:
