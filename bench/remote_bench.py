@@ -5,7 +5,7 @@ cache, next to the store's own GET throughput and the same shards on local disk.
 table; never asserts.
 
   python3 bench/remote_bench.py [--build-dir build] [--data DIR] [--images 3000]
-      [--tokens-mb 256] [--connections 16] [--keep]
+      [--tokens-mb 256] [--block-mb 16] [--connections 16] [--keep]
 
 Rows, all in one run on one machine:
   GET peak      every shard fetched whole by --connections threads at once with a plain
@@ -18,15 +18,16 @@ Rows, all in one run on one machine:
                 MB/s vs GET peak (target >= 0.9x), then the slower of GET peak and the
                 warm epoch over the cold epoch's time (1.00x: fetching adds nothing to
                 what the store or the pipeline costs anyway).
-  cold, no RA   the same with read_ahead_objects 0 (image folder only): each image is
-                fetched by the worker that decodes it.
+  cold, no RA   the same with read_ahead_objects 0 (image folder and token blocks only):
+                each image, or block, is fetched by the worker that reads it.
   warm          a second job (another batch size) on the same ferryd: its creation and
                 epoch, served from the cache; images/s vs local (target >= 0.95x), and
                 the bytes it downloaded (target 0).
   local         the same shards on local disk (in the page cache), a fresh ferryd.
 The image pipeline: WebDataset or image folder, batch 64, RandomResizedCrop(224, flip), shuffle, device
 "cpu"; the trainer touches each batch's shape only. Tokens: TokenShards(seq_len 2048),
-batch 16. CPU: ferryd's and this process's CPU seconds (user + system) over the row, and
+batch 16; token_blocks is the same shards read in blocks of --block-mb (whole_object_max_bytes
+below the shard size), their blocks fetched ahead in the sampler's order. CPU: ferryd's and this process's CPU seconds (user + system) over the row, and
 for GET peak this process's alone. The store runs on the same machine: its CPU competes
 with ferryd's, and on a small machine the image rows measure decoding, not the network.
 """
@@ -135,6 +136,8 @@ def main():
     p.add_argument("--data", help="a make_bench_dataset.py output (default: made here)")
     p.add_argument("--images", type=int, default=3000)
     p.add_argument("--tokens-mb", type=int, default=256)
+    p.add_argument("--block-mb", type=int, default=16,
+                   help="block_bytes of the token_blocks rows, in MiB")
     p.add_argument("--connections", type=int, default=16)
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     a = p.parse_args()
@@ -192,19 +195,25 @@ def main():
                   os.cpu_count()))
 
         crop = ferry.RandomResizedCrop(224, flip=True)
+        token_keys = [os.path.basename(p) for p in token_paths]
+        token_remote = lambda prefix: ferry.TokenShards(  # noqa: E731
+            [prefix + "tokens/" + k for k in token_keys], 2048)
+        # Shards over whole_object_max_bytes are read in blocks.
+        blocks = "whole_object_max_bytes: %d block_bytes: %d" % (
+            per_shard // 2, a.block_mb << 20)
         kinds = [
             ("webdataset", shards, shard_bytes, 64, crop,
              lambda prefix: ferry.WebDataset(prefix + "wds/{%s}" % ",".join(shards)),
-             ferry.WebDataset(shard_paths)),
+             ferry.WebDataset(shard_paths), ""),
             ("image_folder", image_keys, image_bytes, 64, crop,
-             lambda prefix: ferry.ImageFolder(prefix + "images"), ferry.ImageFolder(folder)),
-            ("token_shards", [os.path.basename(p) for p in token_paths], token_bytes, 16, None,
-             lambda prefix: ferry.TokenShards(
-                 [prefix + "tokens/" + os.path.basename(p) for p in token_paths], 2048),
-             ferry.TokenShards(token_paths, 2048)),
+             lambda prefix: ferry.ImageFolder(prefix + "images"), ferry.ImageFolder(folder), ""),
+            ("token_shards", token_keys, token_bytes, 16, None, token_remote,
+             ferry.TokenShards(token_paths, 2048), ""),
+            ("token_blocks", token_keys, token_bytes, 16, None, token_remote,
+             ferry.TokenShards(token_paths, 2048), blocks),
         ]
         rows = []
-        for name, keys, nbytes, batch, transform, remote, local in kinds:
+        for name, keys, nbytes, batch, transform, remote, local, kind_settings in kinds:
             prefix = {"webdataset": "wds/", "image_folder": "images/"}.get(name, "tokens/")
             mbs, seconds, _ = get_peak(store, [prefix + k for k in keys], a.connections)
             rows.append((name, "GET peak", seconds, None, None, "%.0f MB/s" % mbs, "1.00x", ""))
@@ -217,12 +226,12 @@ def main():
                 config = ('remote { cache_dir: "%s/cache" cache_bytes: %d s3_endpoint: "%s" '
                           'fetch_connections: %d %s }' % (
                               workdir, 4 * (shard_bytes + token_bytes + image_bytes),
-                              store.endpoint, a.connections, settings))
+                              store.endpoint, a.connections, kind_settings + " " + settings))
                 proc, sock, _ = start_ferryd(ferryd, workdir, ferry, config, env)
                 procs.append(proc)
                 return proc, sock
 
-            if name == "image_folder":
+            if name in ("image_folder", "token_blocks"):
                 proc, sock = remote_ferryd("-no-ra", "read_ahead_objects: 0")
                 t, n, cpu = epoch(ferry, sock, remote("s3://bucket/"), batch, transform, proc)
                 no_ra_row = (name, "cold, no RA", t, n, cpu, "%.0f MB/s" % (nbytes / t / 1e6),
@@ -248,7 +257,7 @@ def main():
             rows[cold_row] = (name, "cold", t, n, cpu, "%.0f MB/s" % cold_mbs,
                               "%.2fx, %.2fx" % (cold_mbs / peak, max(seconds, t_warm) / t),
                               "%.0f MiB" % (before / 2**20))
-            if name == "image_folder":
+            if name in ("image_folder", "token_blocks"):
                 rows.append(no_ra_row)
             rows.append((name, "warm", t_warm, n_warm, cpu_warm, "%.0f samples/s" % warm_rate,
                          "%.2fx local" % (warm_rate / local_rate), "%d B" % got))

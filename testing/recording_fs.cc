@@ -15,7 +15,60 @@ class EmptyFile final : public RandomAccessFile {
   absl::StatusOr<size_t> ReadAt(uint64_t, absl::Span<uint8_t>) const override { return 0; }
 };
 
+// Records each Hold with the filesystem; the mapping's bytes are all there already.
+class RecordingRanges final : public MappedFile::Ranges {
+ public:
+  RecordingRanges(const RangesRecordingFs* fs, std::string path, uint64_t unit)
+      : fs_(fs), path_(std::move(path)), unit_(unit) {}
+  absl::StatusOr<std::shared_ptr<const void>> Hold(uint64_t offset,
+                                                   uint64_t length) const override {
+    fs_->Record({path_, offset, length});
+    return std::shared_ptr<const void>(this, [](const void*) {});
+  }
+  uint64_t unit_bytes() const override { return unit_; }
+
+ private:
+  const RangesRecordingFs* const fs_;
+  const std::string path_;
+  const uint64_t unit_;
+};
+
 }  // namespace
+
+absl::Status RangesRecordingFs::CheckPath(const std::string& path) const {
+  return UnconfinedDatasetFs()->CheckPath(path);
+}
+absl::StatusOr<std::unique_ptr<RandomAccessFile>> RangesRecordingFs::OpenFile(
+    const std::string& path) const {
+  return UnconfinedDatasetFs()->OpenFile(path);
+}
+absl::StatusOr<std::shared_ptr<const MappedFile>> RangesRecordingFs::MapFile(
+    const std::string& path) const {
+  return UnconfinedDatasetFs()->MapFile(path);
+}
+absl::StatusOr<std::shared_ptr<const MappedFile>> RangesRecordingFs::MapFileInRanges(
+    const std::string& path) const {
+  absl::StatusOr<std::shared_ptr<const MappedFile>> real = UnconfinedDatasetFs()->MapFile(path);
+  if (!real.ok()) return real.status();
+  const std::shared_ptr<const MappedFile>& file = *real;
+  return std::make_shared<const MappedFile>(file->path(), file->identity(), file->bytes(),
+                                            std::shared_ptr<const void>(file),
+                                            std::make_shared<RecordingRanges>(this, path, unit_));
+}
+absl::StatusOr<std::vector<DatasetFs::Entry>> RangesRecordingFs::ListDirectory(
+    const std::string& path) const {
+  return UnconfinedDatasetFs()->ListDirectory(path);
+}
+std::vector<RangesRecordingFs::Held> RangesRecordingFs::TakeHeld() const {
+  absl::MutexLock lock(&mutex_);
+  std::vector<Held> held;
+  held.swap(held_);
+  return held;
+}
+void RangesRecordingFs::Record(Held held) const {
+  absl::MutexLock lock(&mutex_);
+  held_.push_back(std::move(held));
+}
 
 absl::StatusOr<std::unique_ptr<RandomAccessFile>> RecordingFs::OpenFile(
     const std::string& path) const {

@@ -17,6 +17,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "server/dataset/dataset_fs.h"
+#include "server/dataset/mapped_file.h"
 
 namespace ferry {
 
@@ -50,6 +51,39 @@ class RecordingFs final : public DatasetFs {
   mutable std::vector<std::string> opened_ ABSL_GUARDED_BY(mutex_);
   mutable int open_now_ ABSL_GUARDED_BY(mutex_) = 0;
   mutable int most_at_once_ ABSL_GUARDED_BY(mutex_) = 0;
+};
+
+// The real filesystem (UnconfinedDatasetFs) whose MapFileInRanges mappings are read in
+// ranges of `unit` bytes, as a large remote object's are: every MappedFile::Hold (each
+// ranged Read makes one) is recorded, so a test can compare what a reader read with what
+// SampleSource::RangesOf says it reads. The bytes are the real mapping's, all there.
+// Thread-safe.
+class RangesRecordingFs final : public DatasetFs {
+ public:
+  struct Held {
+    std::string path;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    bool operator==(const Held&) const = default;
+  };
+  explicit RangesRecordingFs(uint64_t unit) : unit_(unit) {}
+
+  absl::Status CheckPath(const std::string& path) const override;
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFile(
+      const std::string& path) const override;
+  absl::StatusOr<std::shared_ptr<const MappedFile>> MapFile(const std::string& path) const override;
+  absl::StatusOr<std::shared_ptr<const MappedFile>> MapFileInRanges(
+      const std::string& path) const override;
+  absl::StatusOr<std::vector<Entry>> ListDirectory(const std::string& path) const override;
+
+  // The holds since the last call, in the order made; clears them.
+  std::vector<Held> TakeHeld() const;
+  void Record(Held held) const;
+
+ private:
+  const uint64_t unit_;
+  mutable absl::Mutex mutex_;
+  mutable std::vector<Held> held_ ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace ferry

@@ -42,6 +42,8 @@ class IndexedFiles final {
 
   const MappedFile& idx() const { return *idx_; }
   const MappedFile& bin() const { return *bin_; }
+  // The .bin's mapping, shared (for a range of it that outlives this object: MappedRange).
+  const std::shared_ptr<const MappedFile>& shared_bin() const { return bin_; }
   const std::string& prefix() const { return prefix_; }
   size_t token_bytes() const { return token_bytes_; }  // 2 (uint16) or 4 (int32)
   int64_t num_sequences() const { return num_sequences_; }

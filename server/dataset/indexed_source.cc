@@ -200,6 +200,14 @@ std::unique_ptr<SampleSource::Scratch> IndexedSource::NewScratch() const {
   return std::make_unique<IndexedScratch>();
 }
 
+void IndexedSource::RangesOf(int64_t index, std::vector<MappedRange>* ranges) const {
+  if (!files_.bin().read_in_ranges() || index < 0 || index >= num_samples_) return;
+  const uint64_t token_bytes = files_.token_bytes();
+  ranges->push_back(MappedRange{.file = files_.shared_bin(),
+                                .offset = static_cast<uint64_t>(index * seq_len_) * token_bytes,
+                                .length = static_cast<uint64_t>(seq_len_ + 1) * token_bytes});
+}
+
 absl::Status IndexedSource::Fill(int64_t index, uint64_t sample_seed,
                                  absl::Span<uint8_t* const> rows, Scratch* scratch) const {
   if (index < 0 || index >= num_samples_) {

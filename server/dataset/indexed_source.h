@@ -53,6 +53,11 @@ class IndexedSource final : public SampleSource {
                     Scratch* scratch) const override;
   std::string Describe(int64_t index) const override;
   bool FillIsCopy() const override { return true; }
+  // A window's tokens lie packed in the .bin, from token index * seq_len on (sequences end
+  // where the next begins, the first at byte 0: IndexedFiles::Open and SequenceFits), so its
+  // range needs no walk through the index; a malformed index makes it wrong, and Fill fail.
+  void RangesOf(int64_t index, std::vector<MappedRange>* ranges) const override;
+  bool ReadsInRanges() const override { return files_.bin().read_in_ranges(); }
 
   // A run of a sequence's tokens that a window reads: where in the .bin, how many.
   struct Segment {

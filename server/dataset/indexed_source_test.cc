@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/dataset/sample_source.h"
+#include "testing/recording_fs.h"
 
 namespace ferry {
 namespace {
@@ -158,6 +159,39 @@ TEST_F(IndexedSourceTest, PacksDocumentsAndReportsTheirBoundaries) {
     EXPECT_THAT(cu, ElementsAreArray(want_cu)) << "sample " << i;
     EXPECT_EQ(count[0], segments) << "sample " << i;
     EXPECT_EQ(index[0], i);
+  }
+}
+
+// Read in ranges (a large remote .bin's blocks), the segments a sample's Fill reads make up
+// the one range RangesOf gives, which the read-ahead fetches before the workers read it.
+TEST_F(IndexedSourceTest, RangesOfCoverWhatFillReadsOfTheBin) {
+  Write(MakeIndexed(FourDocuments()));
+  RangesRecordingFs ranged(/*unit=*/8);
+  auto source = IndexedSource::Create(Spec(4, /*extras=*/false), ranged);
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_TRUE((*source)->ReadsInRanges());
+  ranged.TakeHeld();
+  auto scratch = (*source)->NewScratch();
+  for (int64_t i = 0; i < (*source)->size(); ++i) {
+    std::vector<std::vector<uint8_t>> buffers;
+    std::vector<uint8_t*> rows;
+    for (const FieldLayout& f : (*source)->fields()) {
+      buffers.emplace_back(f.row_bytes);
+      rows.push_back(buffers.back().data());
+    }
+    ASSERT_TRUE((*source)->Fill(i, 0, absl::MakeSpan(rows), scratch.get()).ok());
+    std::vector<MappedRange> ranges;
+    (*source)->RangesOf(i, &ranges);
+    ASSERT_EQ(ranges.size(), 1u);
+    EXPECT_EQ(ranges[0].file->path(), Prefix() + ".bin");
+    // The holds of the .bin, one a segment, run on from the range's start to its end.
+    uint64_t at = ranges[0].offset;
+    for (const RangesRecordingFs::Held& held : ranged.TakeHeld()) {
+      EXPECT_EQ(held.path, Prefix() + ".bin");
+      EXPECT_EQ(held.offset, at) << "sample " << i;
+      at = held.offset + held.length;
+    }
+    EXPECT_EQ(at, ranges[0].offset + ranges[0].length) << "sample " << i;
   }
 }
 

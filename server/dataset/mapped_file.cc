@@ -18,17 +18,26 @@ absl::Status MappedFile::Read(absl::FunctionRef<void()> read) const {
   return Read(bytes_.data(), bytes_.size(), read);
 }
 
+absl::StatusOr<std::shared_ptr<const void>> MappedFile::Hold(uint64_t offset,
+                                                             uint64_t length) const {
+  if (ranges_ == nullptr || length == 0) return nullptr;
+  if (length > bytes_.size() || offset > bytes_.size() - length) {
+    return absl::InvalidArgumentError(absl::StrCat("a read of ", length, " bytes at ", offset,
+                                                   " outside the ", bytes_.size(), " of '", path_,
+                                                   "'"));
+  }
+  return ranges_->Hold(offset, length);
+}
+
 absl::Status MappedFile::Read(const uint8_t* data, size_t length,
                               absl::FunctionRef<void()> read) const {
   std::shared_ptr<const void> hold;
   if (ranges_ != nullptr && length > 0) {
-    if (data < bytes_.data() || length > bytes_.size() ||
-        static_cast<size_t>(data - bytes_.data()) > bytes_.size() - length) {
+    if (data < bytes_.data() || static_cast<size_t>(data - bytes_.data()) > bytes_.size()) {
       return absl::InvalidArgumentError(absl::StrCat("a read of ", length, " bytes outside the ",
                                                      bytes_.size(), " of '", path_, "'"));
     }
-    FERRY_ASSIGN_OR_RETURN(hold,
-                           ranges_->Hold(static_cast<uint64_t>(data - bytes_.data()), length));
+    FERRY_ASSIGN_OR_RETURN(hold, Hold(static_cast<uint64_t>(data - bytes_.data()), length));
   }
   absl::Status s = GuardMappedRead(bytes_, read);
   if (s.ok()) return s;

@@ -35,6 +35,9 @@ class MappedFile final {
     virtual ~Ranges() = default;
     virtual absl::StatusOr<std::shared_ptr<const void>> Hold(uint64_t offset,
                                                              uint64_t length) const = 0;
+    // The unit Hold brings bytes in by (a block): holding any byte of a unit brings in the
+    // whole unit, which starts at a multiple of unit_bytes(). > 0.
+    virtual uint64_t unit_bytes() const = 0;
   };
 
   // `bytes` (the file's, from its first byte) stay valid while `owner` lives: the mapping
@@ -62,6 +65,16 @@ class MappedFile final {
   // Whether bytes() are fetched as they are read (then only held ranges may be touched,
   // and the mapping cannot be registered with a device whole).
   bool read_in_ranges() const { return ranges_ != nullptr; }
+  // For a mapping read in ranges: fetches bytes [offset, offset + length) as a Read of them
+  // would, and keeps them readable while the returned hold lives, so that a Read soon after
+  // finds them there (ReadAhead fetches the ranges of a job's next batches so). The hold
+  // must not outlive this MappedFile. Null for a mapping not read in ranges (all its bytes
+  // are there) and for length 0. INVALID_ARGUMENT for a range outside bytes(); the fetch's
+  // errors as Read's.
+  absl::StatusOr<std::shared_ptr<const void>> Hold(uint64_t offset, uint64_t length) const;
+  // The unit a mapping read in ranges brings bytes in by (Ranges::unit_bytes); 0 for one not
+  // read in ranges.
+  uint64_t range_unit() const { return ranges_ != nullptr ? ranges_->unit_bytes() : 0; }
   // The path the file was first mapped by (another opener may have named it by another
   // link: the file is the same).
   const std::string& path() const { return path_; }
@@ -74,6 +87,14 @@ class MappedFile final {
   const absl::Span<const uint8_t> bytes_;
   const std::shared_ptr<const void> owner_;
   const std::shared_ptr<const Ranges> ranges_;
+};
+
+// Bytes [offset, offset + length) of a mapping: a range a sample's read touches
+// (SampleSource::RangesOf). `file` is shared, so the range may outlive its reader.
+struct MappedRange {
+  std::shared_ptr<const MappedFile> file;
+  uint64_t offset = 0;
+  uint64_t length = 0;
 };
 
 // The live mappings of one DatasetFs, by FileIdentity (DatasetFs::MapFile's sharing). Entries

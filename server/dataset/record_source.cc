@@ -192,6 +192,13 @@ std::optional<DirectRows> RecordSource::direct_rows() const {
                     .path = file_->path()};
 }
 
+void RecordSource::RangesOf(int64_t index, std::vector<MappedRange>* ranges) const {
+  if (!file_->read_in_ranges() || index < 0 || index >= num_records_) return;
+  ranges->push_back(MappedRange{.file = file_,
+                                .offset = data_offset_ + static_cast<uint64_t>(index) * row_bytes_,
+                                .length = row_bytes_});
+}
+
 std::string RecordSource::Describe(int64_t index) const {
   return absl::StrCat(file_->path(), " ", unit_, " ", index);
 }

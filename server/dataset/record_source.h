@@ -63,6 +63,8 @@ class RecordSource final : public SampleSource {
                     Scratch* scratch) const override;
   std::string Describe(int64_t index) const override;
   bool FillIsCopy() const override { return true; }
+  void RangesOf(int64_t index, std::vector<MappedRange>* ranges) const override;
+  bool ReadsInRanges() const override { return file_->read_in_ranges(); }
   // "data" is the file's records as they are (on little-endian hosts: nothing to swap),
   // located by "index".
   std::optional<DirectRows> direct_rows() const override;

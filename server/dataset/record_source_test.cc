@@ -18,6 +18,7 @@
 #include "server/dataset/mapped_file.h"
 #include "server/dataset/npy_source.h"
 #include "server/dataset/sample_source.h"
+#include "testing/recording_fs.h"
 
 namespace ferry {
 namespace {
@@ -163,6 +164,34 @@ TEST(RecordsTest, EveryDtypeDeliversEachRecordAfterTheHeader) {
 
 // A GPU job's rows are written with streaming stores; they must be the same bytes. Rows
 // of 4 KiB + 6 are long enough to stream and odd enough to leave a head and a tail.
+// Read in ranges (a large remote object's blocks), a record's Fill reads exactly the range
+// RangesOf gives, which the read-ahead fetches before the workers get to it.
+TEST(RecordsTest, RangesOfAreTheRangesFillReads) {
+  TempDir dir;
+  const std::string path = dir.File("r.bin");
+  Put(path, std::string(16, 'h') + std::string(10 * 6, 'r'));
+  RangesRecordingFs ranged(/*unit=*/32);
+  auto source = RecordSource::Create(RecordsSpec(path, ferry::v1::UINT16, {3}, 16),
+                                     RowStores::kOrdinary, ranged);
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_TRUE((*source)->ReadsInRanges());
+  EXPECT_FALSE((*source)->direct_rows().has_value());
+  auto scratch = (*source)->NewScratch();
+  for (int64_t i = 0; i < (*source)->size(); ++i) {
+    std::vector<MappedRange> ranges;
+    (*source)->RangesOf(i, &ranges);
+    ASSERT_EQ(ranges.size(), 1u);
+    EXPECT_EQ(ranges[0].offset, 16 + 6 * static_cast<uint64_t>(i));
+    EXPECT_EQ(ranges[0].length, 6u);
+    Rows rows(**source);
+    ASSERT_TRUE((*source)->Fill(i, 0, rows.pointers, scratch.get()).ok());
+    const std::vector<RangesRecordingFs::Held> held = ranged.TakeHeld();
+    ASSERT_EQ(held.size(), 1u);
+    EXPECT_EQ(held[0].offset, ranges[0].offset);
+    EXPECT_EQ(held[0].length, ranges[0].length);
+  }
+}
+
 TEST(RecordsTest, StreamingStoresDeliverTheSameRows) {
   TempDir dir;
   constexpr int kRecords = 5;

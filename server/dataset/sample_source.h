@@ -35,6 +35,7 @@
 #include "common/streaming_copy.h"
 #include "ferry/v1/ferry.pb.h"
 #include "server/dataset/dataset_fs.h"
+#include "server/dataset/mapped_file.h"
 #include "server/decode/gpu_decode_split.h"
 #include "server/decode/image_transform.h"
 
@@ -135,6 +136,16 @@ class SampleSource {
   // files ahead of the workers (ReadAhead); empty for sources that open their files when the
   // job is created (mapped kinds), and for an index outside [0, size()).
   virtual std::string FileOf(int64_t index) const { return {}; }
+
+  // The byte ranges of mappings read in ranges (MappedFile::read_in_ranges: a large remote
+  // object cached in blocks) that a Fill of `index` reads, appended to *ranges in reading
+  // order, for fetching them ahead of the workers (ReadAhead): nothing for bytes of a
+  // mapping that are all there, and for an index outside [0, size()). Arithmetic on what
+  // the source holds: no I/O.
+  virtual void RangesOf(int64_t index, std::vector<MappedRange>* ranges) const {}
+  // Whether some mapping the source reads is read in ranges, so that RangesOf may give
+  // ranges.
+  virtual bool ReadsInRanges() const { return false; }
 
   // True when Fill only copies the sample's bytes (tokens, records, arrays: no decoding), so
   // its cost is a few microseconds per row and the pipeline hands a worker many rows at

@@ -23,6 +23,7 @@
 #include "server/decode/image_transform.h"
 #include "testing/jpeg_writer.h"
 #include "testing/png_writer.h"
+#include "testing/recording_fs.h"
 
 namespace ferry {
 namespace {
@@ -681,6 +682,34 @@ TEST(TokensTest, WindowsOverlapByOneTokenInEveryDtypeCombination) {
         EXPECT_EQ(rows.Int64(1), i);
       }
     }
+  }
+}
+
+// Read in ranges (a large remote object's blocks), a window's Fill reads exactly the range
+// RangesOf gives, which the read-ahead fetches before the workers get to it.
+TEST(TokensTest, RangesOfAreTheRangesFillReads) {
+  TempDir dir;
+  std::vector<uint16_t> tokens(1001);
+  for (size_t k = 0; k < tokens.size(); ++k) tokens[k] = static_cast<uint16_t>(k * 7);
+  WriteTokens(dir.path() + "/t.bin", tokens);
+  auto ranged = std::make_shared<RangesRecordingFs>(/*unit=*/64);
+  auto source = MakeSampleSource(TokenSpec(dir.path() + "/t.bin", ferry::v1::UINT16, 10), ranged);
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_TRUE((*source)->ReadsInRanges());
+  ranged->TakeHeld();  // the check that the file holds tokens
+  auto scratch = (*source)->NewScratch();
+  for (int64_t i = 0; i < (*source)->size(); ++i) {
+    std::vector<MappedRange> ranges;
+    (*source)->RangesOf(i, &ranges);
+    ASSERT_EQ(ranges.size(), 1u);
+    std::vector<uint8_t> row((*source)->fields()[0].row_bytes), index(8);
+    std::vector<uint8_t*> rows = {row.data(), index.data()};
+    ASSERT_TRUE((*source)->Fill(i, 0, absl::MakeSpan(rows), scratch.get()).ok());
+    const std::vector<RangesRecordingFs::Held> held = ranged->TakeHeld();
+    ASSERT_EQ(held.size(), 1u);
+    EXPECT_EQ(held[0].offset, ranges[0].offset) << "sample " << i;
+    EXPECT_EQ(held[0].length, ranges[0].length) << "sample " << i;
+    EXPECT_EQ(ranges[0].offset, static_cast<uint64_t>(i) * 10 * 2);
   }
 }
 

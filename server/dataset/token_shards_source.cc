@@ -98,7 +98,9 @@ TokenShardsSource::TokenShardsSource(std::vector<Shard> shards, size_t token_byt
       seq_len_(seq_len),
       cross_files_(cross_files),
       num_samples_(num_samples),
-      raw_(raw) {
+      raw_(raw),
+      reads_in_ranges_(std::any_of(shards_.begin(), shards_.end(),
+                                   [](const Shard& s) { return s.file->read_in_ranges(); })) {
   const DType row_dtype =
       raw ? (token_bytes == 2 ? ferry::v1::UINT16 : ferry::v1::UINT32) : output_dtype;
   fields_.push_back(
@@ -176,6 +178,22 @@ absl::Status TokenShardsSource::Fill(int64_t index, uint64_t sample_seed,
   }
   std::memcpy(rows[1], &index, sizeof(index));
   return absl::OkStatus();
+}
+
+void TokenShardsSource::RangesOf(int64_t index, std::vector<MappedRange>* ranges) const {
+  if (!reads_in_ranges_ || index < 0 || index >= num_samples_) return;
+  // The pieces Fill reads.
+  Location at = Locate(index);
+  for (int64_t remaining = seq_len_ + 1; remaining > 0; at = Location{at.shard + 1, 0}) {
+    const Shard& shard = shards_[at.shard];
+    const int64_t count = std::min(remaining, shard.tokens - at.token);
+    if (count > 0 && shard.file->read_in_ranges()) {
+      ranges->push_back(MappedRange{.file = shard.file,
+                                    .offset = static_cast<uint64_t>(at.token) * token_bytes_,
+                                    .length = static_cast<uint64_t>(count) * token_bytes_});
+    }
+    remaining -= count;
+  }
 }
 
 std::string TokenShardsSource::Describe(int64_t index) const {

@@ -55,6 +55,8 @@ class TokenShardsSource final : public SampleSource {
                     Scratch* scratch) const override;
   std::string Describe(int64_t index) const override;
   bool FillIsCopy() const override { return true; }
+  void RangesOf(int64_t index, std::vector<MappedRange>* ranges) const override;
+  bool ReadsInRanges() const override { return reads_in_ranges_; }
 
   // Where sample `index` starts: its shard (position in the expanded list) and the token
   // offset in it. For tests and error reports.
@@ -84,6 +86,7 @@ class TokenShardsSource final : public SampleSource {
   const bool cross_files_;
   const int64_t num_samples_;
   const bool raw_;
+  const bool reads_in_ranges_;  // some shard is read in ranges
   std::vector<FieldLayout> fields_;
 };
 

@@ -17,6 +17,7 @@
 #include "server/dataset/fault_injecting_fs.h"
 #include "server/dataset/sample_source.h"
 #include "server/sampler/sampler.h"
+#include "testing/recording_fs.h"
 
 namespace ferry {
 namespace {
@@ -124,6 +125,40 @@ TEST_F(TokenShardsSourceTest, WindowsCrossFilesWhenAsked) {
   // Sample 2 = tokens [6, 10): the last of s-0, then s-2's first three (s-1 is empty).
   EXPECT_EQ((*source)->Describe(2),
             Path("s-0.bin") + " tokens [6, 7) and the next shards' first 3");
+}
+
+// Read in ranges (a large remote object's blocks), every sample's Fill reads exactly the
+// ranges RangesOf gives, which the read-ahead fetches before the workers get to them.
+TEST_F(TokenShardsSourceTest, RangesOfAreTheRangesFillReads) {
+  WriteCountingShards({7, 0, 10, 3, 12});
+  for (const bool cross : {false, true}) {
+    ferry::v1::TokenShardsDataset spec = Spec("s-{0..4}.bin", 3);
+    spec.set_windows_cross_files(cross);
+    RangesRecordingFs ranged(/*unit=*/8);
+    auto source = TokenShardsSource::Create(spec, false, ranged);
+    ASSERT_TRUE(source.ok()) << source.status();
+    EXPECT_TRUE((*source)->ReadsInRanges());
+    ranged.TakeHeld();  // the check that the shards hold tokens
+    for (int64_t i = 0; i < (*source)->size(); ++i) {
+      std::vector<MappedRange> ranges;
+      (*source)->RangesOf(i, &ranges);
+      std::vector<RangesRecordingFs::Held> want;
+      for (const MappedRange& r : ranges) want.push_back({r.file->path(), r.offset, r.length});
+      Tokens(**source, i);
+      EXPECT_EQ(ranged.TakeHeld(), want) << "sample " << i << (cross ? ", crossing" : "");
+      EXPECT_FALSE(want.empty());
+    }
+    std::vector<MappedRange> none;
+    (*source)->RangesOf((*source)->size(), &none);
+    EXPECT_TRUE(none.empty());
+  }
+  // Mapped whole: nothing to fetch.
+  auto whole = TokenShardsSource::Create(Spec("s-{0..4}.bin", 3), false, *fs_);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_FALSE((*whole)->ReadsInRanges());
+  std::vector<MappedRange> ranges;
+  (*whole)->RangesOf(0, &ranges);
+  EXPECT_TRUE(ranges.empty());
 }
 
 TEST_F(TokenShardsSourceTest, Int32OutputAndOverflowNamesTheShard) {

@@ -118,6 +118,13 @@ absl::Status TokenSource::Fill(int64_t index, uint64_t sample_seed, absl::Span<u
   return absl::OkStatus();
 }
 
+void TokenSource::RangesOf(int64_t index, std::vector<MappedRange>* ranges) const {
+  if (!file_->read_in_ranges() || index < 0 || index >= num_samples_) return;
+  ranges->push_back(MappedRange{.file = file_,
+                                .offset = static_cast<uint64_t>(index * seq_len_) * token_bytes_,
+                                .length = static_cast<uint64_t>(seq_len_ + 1) * token_bytes_});
+}
+
 std::string TokenSource::Describe(int64_t index) const {
   return absl::StrCat(file_->path(), " tokens [", index * seq_len_, ", ",
                       index * seq_len_ + seq_len_ + 1, ")");

@@ -39,6 +39,8 @@ class TokenSource final : public SampleSource {
                     Scratch* scratch) const override;
   std::string Describe(int64_t index) const override;
   bool FillIsCopy() const override { return true; }
+  void RangesOf(int64_t index, std::vector<MappedRange>* ranges) const override;
+  bool ReadsInRanges() const override { return file_->read_in_ranges(); }
 
  private:
   TokenSource(std::shared_ptr<const MappedFile> file, size_t token_bytes,

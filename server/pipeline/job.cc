@@ -116,7 +116,8 @@ Job::Job(JobIdentity identity, ferry::v1::JobSpec spec, std::unique_ptr<SampleSo
       create_time_(absl::Now()) {}
 
 void Job::StartReadAhead(std::shared_ptr<const DatasetFs> fs, const ReadAhead::Options& options) {
-  if (source_->size() == 0 || source_->FileOf(0).empty()) return;
+  // Sources whose files are all mapped, and all there, have nothing to read ahead.
+  if (source_->size() == 0 || (source_->FileOf(0).empty() && !source_->ReadsInRanges())) return;
   read_ahead_ = std::make_unique<ReadAhead>(std::move(fs), options);
 }
 

@@ -97,7 +97,8 @@ class Job final {
 
   // ---- Reading files ahead of the workers, for a job whose files are remote: the job's
   // ReadAhead over `fs`, which the ranks feed in their batch order. Call once, before any
-  // rank attaches; ignored for a source that opens no file as it reads (FileOf).
+  // rank attaches; ignored for a source that neither opens files as it reads (FileOf) nor
+  // reads a mapping in ranges (ReadsInRanges).
   void StartReadAhead(std::shared_ptr<const DatasetFs> fs, const ReadAhead::Options& options);
   // Null when the job does not read ahead.
   ReadAhead* read_ahead() const { return read_ahead_.get(); }

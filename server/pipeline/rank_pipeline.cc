@@ -470,6 +470,8 @@ void RankPipeline::ReadAheadLocked() {
   if (ahead_ < next) ahead_ = next;
   std::vector<int64_t> positions;
   std::vector<std::string> files;
+  std::vector<MappedRange> ranges;
+  const bool reads_in_ranges = job_->source().ReadsInRanges();
   while (ahead->HasRoom(rank_)) {
     if (ahead_.batch >= BatchesLocked(ahead_.epoch)) {
       if (ahead_.epoch > next_epoch_) return;  // no further than the epoch after
@@ -480,12 +482,14 @@ void RankPipeline::ReadAheadLocked() {
                                    LayoutLocked(ahead_.epoch));
     job_->sampler().MapPositions(ahead_.epoch, absl::MakeSpan(positions));
     files.clear();
+    ranges.clear();
     for (const int64_t index : positions) {
       if (job_->IsQuarantined(index)) continue;
       std::string file = job_->source().FileOf(index);
       if (!file.empty()) files.push_back(std::move(file));
+      if (reads_in_ranges) job_->source().RangesOf(index, &ranges);
     }
-    ahead->Add(rank_, ahead_, files);
+    if (!ahead->Add(rank_, ahead_, files, ranges)) return;  // again once the lane has room
     ++ahead_.batch;
   }
 }

@@ -199,8 +199,9 @@ class RankPipeline final : public std::enable_shared_from_this<RankPipeline> {
   void ScheduleLocked(std::vector<WorkerPool::Task>* tasks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void ScheduleSlotsLocked(std::vector<WorkerPool::Task>* tasks)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Adds the files of the batches after those scheduled to the job's ReadAhead, while the
-  // rank's lane has room, at most into the epoch after the one being scheduled.
+  // Adds the files and the byte ranges of mappings read in ranges (SampleSource::FileOf,
+  // RangesOf) of the batches after those scheduled to the job's ReadAhead, while the rank's
+  // lane has room, at most into the epoch after the one being scheduled.
   void ReadAheadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // True when the row holds a sample (or a substitute) read now; false for a stale row,
   // a zeroed one or a failed job.

@@ -1,11 +1,14 @@
 // ReadAhead: each rank's lane opened in batch order, lanes in turn, bounded in files and
-// bytes, and files the workers reached first left to them.
+// bytes, and files the workers reached first left to them; units of mappings read in ranges
+// held while their batch is in the window.
 #include "server/pipeline/read_ahead.h"
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -119,6 +122,92 @@ TEST(ReadAheadTest, FailedOpensAreCountedAndResetEmptiesTheLane) {
   EXPECT_FALSE(ahead.LastAdded(0).has_value());
   ahead.Add(0, {0, 0}, {"again"});  // after a reset any batch starts the lane
   EXPECT_THAT(fs->Opened(3), ElementsAre("missing", "here", "again"));
+}
+
+TEST(ReadAheadTest, ALaneHoldsAtMostItsShareOfBatchesThoughTheyAddNothing) {
+  auto fs = std::make_shared<RecordingFs>(RecordingFs::Options{.bytes = 10});
+  ReadAhead ahead(fs, {.connections = 1, .max_files = 6, .max_bytes = 1 << 20, .ranks = 2});
+  int64_t batch = 0;
+  // Every batch reads the one shard the lane holds: after 3 batches (its share) it is full.
+  while (ahead.HasRoom(0) && batch < 100) ahead.Add(0, {0, batch++}, {"shard-0"});
+  EXPECT_EQ(batch, 3);
+  EXPECT_EQ(ahead.stats().in_window, 1);
+  ahead.Reached(0, {0, 1});
+  EXPECT_TRUE(ahead.HasRoom(0));
+  ahead.Add(0, {0, batch++}, {"shard-0"});
+  EXPECT_FALSE(ahead.HasRoom(0));
+}
+
+// A mapping of 1,000 bytes read in ranges of 100-byte units that records each Hold and
+// counts the holds alive.
+class RecordingRanges final : public MappedFile::Ranges {
+ public:
+  absl::StatusOr<std::shared_ptr<const void>> Hold(uint64_t offset,
+                                                   uint64_t length) const override {
+    absl::MutexLock lock(&mutex_);
+    held_.push_back(offset);
+    ++alive_;
+    return std::shared_ptr<const void>(this, [this](const void*) {
+      absl::MutexLock lock(&mutex_);
+      --alive_;
+    });
+  }
+  uint64_t unit_bytes() const override { return 100; }
+
+  std::vector<uint64_t> held() const {
+    absl::MutexLock lock(&mutex_);
+    return held_;
+  }
+  int alive() const {
+    absl::MutexLock lock(&mutex_);
+    return alive_;
+  }
+
+ private:
+  mutable absl::Mutex mutex_;
+  mutable std::vector<uint64_t> held_ ABSL_GUARDED_BY(mutex_);
+  mutable int alive_ ABSL_GUARDED_BY(mutex_) = 0;
+};
+
+TEST(ReadAheadTest, UnitsOfRangesAreHeldWhileTheirBatchIsInTheWindowAndWholeBatchesFit) {
+  static const std::vector<uint8_t> bytes(1000);
+  auto ranges = std::make_shared<RecordingRanges>();
+  auto file = std::make_shared<const MappedFile>("s3://b/tokens.bin", FileIdentity{.size = 1000},
+                                                 absl::MakeConstSpan(bytes), nullptr, ranges);
+  auto fs = std::make_shared<RecordingFs>(RecordingFs::Options{.bytes = 10});
+  ReadAhead ahead(fs, {.connections = 1, .max_files = 4, .max_bytes = 1 << 20, .ranks = 1});
+  auto range = [&](uint64_t offset, uint64_t length) {
+    return MappedRange{.file = file, .offset = offset, .length = length};
+  };
+  // Units 0 and 1 (a range across them), unit 1 again, and unit 9 (cut short by the end).
+  EXPECT_TRUE(ahead.Add(0, {0, 0}, {}, {range(50, 100), range(120, 10), range(950, 50)}));
+  EXPECT_TRUE(ahead.HasRoom(0));  // 3 units of 4
+  // Units 3 and 4 do not both fit: nothing of the batch is taken until there is room.
+  EXPECT_FALSE(ahead.Add(0, {0, 1}, {}, {range(300, 150)}));
+  ReadAhead::Stats stats = WaitForOpens(ahead, 3);
+  EXPECT_THAT(ranges->held(), ElementsAre(0, 100, 900));
+  EXPECT_EQ(ranges->alive(), 3);
+  EXPECT_EQ(stats.in_window, 3);
+  EXPECT_EQ(stats.bytes_in_window, 300u);
+  ahead.Reached(0, {0, 1});  // batch 0 leaves: its holds end
+  EXPECT_EQ(ranges->alive(), 0);
+  EXPECT_TRUE(ahead.Add(0, {0, 1}, {}, {range(300, 150)}));
+  EXPECT_EQ(WaitForOpens(ahead, 5).opened, 5);
+  // A batch larger than the whole window goes into an empty lane as far as it fits.
+  ahead.Reached(0, {0, 2});
+  EXPECT_TRUE(ahead.Add(0, {0, 2}, {}, {range(0, 1000)}));
+  stats = WaitForOpens(ahead, 3 + 2 + 4);
+  EXPECT_THAT(ranges->held(), ElementsAre(0, 100, 900, 300, 400, 0, 100, 200, 300));
+  EXPECT_EQ(stats.in_window, 4);
+  EXPECT_EQ(stats.added, 9);
+  EXPECT_FALSE(ahead.HasRoom(0));
+  ahead.Reset(0);
+  EXPECT_EQ(ranges->alive(), 0);
+  // A mapping whose bytes are all there has nothing to fetch.
+  auto whole = std::make_shared<const MappedFile>("/data/tokens.bin", FileIdentity{.size = 1000},
+                                                  absl::MakeConstSpan(bytes), nullptr);
+  EXPECT_TRUE(ahead.Add(0, {0, 3}, {}, {MappedRange{.file = whole, .offset = 0, .length = 10}}));
+  EXPECT_EQ(ahead.stats().in_window, 0);
 }
 
 }  // namespace

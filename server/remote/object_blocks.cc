@@ -83,6 +83,8 @@ class BlockMapping final : public MappedFile::Ranges {
                                        [this, first, last](const void*) { Let(first, last + 1); });
   }
 
+  uint64_t unit_bytes() const override { return blocks_->block_bytes; }
+
   const uint8_t* base() const { return base_; }
 
  private:

@@ -364,7 +364,14 @@ void FetchAhead(const DatasetFs& fs, const std::vector<std::string>& paths, int 
       const size_t i = next.fetch_add(1);
       if (i >= remote.size()) return;
       absl::StatusOr<std::unique_ptr<RandomAccessFile>> file = fs.OpenFile(*remote[i]);
-      if (file.ok()) fetched.fetch_add((*file)->size());
+      if (!file.ok()) continue;
+      fetched.fetch_add((*file)->size());
+      // An object read in blocks is only asked for its size by the open: its first block,
+      // which indexing reads first (a token file's check, a tar's first headers, an index's
+      // header), is fetched here too, in parallel with the others'. Free for an object
+      // fetched whole.
+      uint8_t first = 0;
+      (void)ReadUpTo(**file, 0, absl::MakeSpan(&first, 1));
     }
   };
   std::vector<std::thread> threads;

@@ -42,10 +42,12 @@
 namespace ferry {
 
 // Opens the remote ones of `paths` (objects: shards, .bin/.idx files) through `fs`, up to
-// `connections` at once, starting them in the order given, and stops starting more once
-// the opened objects' bytes reach `max_bytes` (or fs.Stopping()); returns when those
-// started are done. The cache then holds them before a job's indexing opens them one by
-// one. Best effort: what fails here fails again, with its error, where the job opens it.
+// `connections` at once, starting them in the order given, and reads the first byte of
+// each (for an object read in blocks, that fetches its first block), and stops starting
+// more once the opened objects' bytes reach `max_bytes` (or fs.Stopping()); returns when
+// those started are done. The cache then holds them, or the first block of those read in
+// blocks, before a job's indexing opens them one by one. Best effort: what fails here
+// fails again, with its error, where the job opens it.
 void FetchAhead(const DatasetFs& fs, const std::vector<std::string>& paths, int connections,
                 uint64_t max_bytes);
 

@@ -3,11 +3,14 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +24,8 @@
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "server/dataset/mapped_file.h"
+#include "server/dataset/token_shards_source.h"
+#include "server/pipeline/read_ahead.h"
 #include "server/remote/remote_dataset_fs.h"
 
 namespace ferry {
@@ -116,6 +121,8 @@ class FakeStore {
 
   std::string endpoint() const { return absl::StrCat("http://127.0.0.1:", port_); }
   const std::string& object() const { return object_; }
+  // Replaces the object's bytes; before any request.
+  void set_object(std::string bytes) { object_ = std::move(bytes); }
   int requests() {
     absl::MutexLock lock(&mutex_);
     return requests_;
@@ -548,6 +555,177 @@ TEST_F(BlockReadsTest, AFileReadsTheSameBlocksAndAWholeMappingTheWholeObject) {
   EXPECT_FALSE((*whole)->read_in_ranges());
   EXPECT_EQ(std::string((*whole)->bytes().begin(), (*whole)->bytes().end()), store_.object());
   EXPECT_EQ(Ranges().back(), "0-99999");
+}
+
+// A token shard of 131,072 uint16 tokens (256 KiB, 64 blocks of 4 KiB: objects over 8 KiB go
+// in blocks) read by windows of 256 tokens (512 bytes) in a shuffled order, in batches of 8,
+// with a ReadAhead over the blocks of the next batches, as a job's ranks drive it: one
+// connection (so its fetches come in lane order) and a window of 24 blocks (a batch of 4
+// windows reads at most 8).
+class BlockReadAheadTest : public StoreClientTest {
+ protected:
+  static constexpr uint64_t kBlock = 4096;
+  static constexpr int64_t kWindowBlocks = 24;
+  static constexpr size_t kBatch = 4;
+
+  void SetUp() override {
+    std::mt19937 rng(7);
+    std::string tokens(256 * 1024, '\0');
+    for (char& c : tokens) c = static_cast<char>(rng() & 0xff);
+    store_.set_object(std::move(tokens));
+    fs_ = RemoteFs({.whole_object_max_bytes = 2 * kBlock, .block_bytes = kBlock});
+    ASSERT_NE(fs_, nullptr);
+    ferry::v1::TokenShardsDataset spec;
+    spec.add_shards("s3://bucket/dir/obj.bin");
+    spec.set_seq_len(255);
+    spec.set_token_dtype(ferry::v1::UINT16);
+    spec.set_output_dtype(ferry::v1::INT64);
+    auto source = TokenShardsSource::Create(spec, /*raw=*/false, *fs_);
+    ASSERT_TRUE(source.ok()) << source.status();
+    source_ = *std::move(source);
+    ASSERT_TRUE(source_->ReadsInRanges());
+    std::vector<int64_t> order(static_cast<size_t>(source_->size()));
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+    std::shuffle(order.begin(), order.end(), rng);
+    for (size_t i = 0; i < order.size(); i += kBatch) {
+      batches_.emplace_back(order.begin() + i, order.begin() + std::min(order.size(), i + kBatch));
+    }
+  }
+
+  // The blocks the GETs so far fetched, in the order asked.
+  std::vector<uint64_t> BlocksFetched() {
+    std::vector<uint64_t> blocks;
+    for (const httplib::Request& r : store_.requests_seen()) {
+      if (r.method != "GET") continue;
+      EXPECT_EQ(r.ranges.size(), 1u);
+      blocks.push_back(static_cast<uint64_t>(r.ranges[0].first) / kBlock);
+    }
+    return blocks;
+  }
+  std::vector<MappedRange> RangesOf(size_t batch) const {
+    std::vector<MappedRange> ranges;
+    for (const int64_t index : batches_[batch]) source_->RangesOf(index, &ranges);
+    return ranges;
+  }
+  // The blocks batch `batch` reads, in reading order, each once.
+  std::vector<uint64_t> BlocksOf(size_t batch) const {
+    std::vector<uint64_t> blocks;
+    for (const MappedRange& r : RangesOf(batch)) {
+      for (uint64_t b = r.offset / kBlock; b <= (r.offset + r.length - 1) / kBlock; ++b) {
+        if (std::find(blocks.begin(), blocks.end(), b) == blocks.end()) blocks.push_back(b);
+      }
+    }
+    return blocks;
+  }
+  // Adds batches to rank 0's lane from *next while it has room, as RankPipeline does.
+  void TopUp(ReadAhead& ahead, size_t* next) {
+    while (*next < batches_.size() && ahead.HasRoom(0) &&
+           ahead.Add(0, {0, static_cast<int64_t>(*next)}, {}, RangesOf(*next))) {
+      ++*next;
+    }
+  }
+  // Waits until the read-ahead has nothing left to fetch (every entry added was fetched,
+  // failed, or left to the workers); no deadline is a verdict: the checks that follow are.
+  static ReadAhead::Stats Settle(const ReadAhead& ahead) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    ReadAhead::Stats stats = ahead.stats();
+    while (stats.opened + stats.failed + stats.skipped < stats.added && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
+      stats = ahead.stats();
+    }
+    return stats;
+  }
+  // Sample `index` through the source, as a worker reads it, against the shard's bytes.
+  void ExpectSample(int64_t index) {
+    std::vector<int64_t> tokens(256);
+    int64_t got_index = -1;
+    std::vector<uint8_t*> rows = {reinterpret_cast<uint8_t*>(tokens.data()),
+                                  reinterpret_cast<uint8_t*>(&got_index)};
+    auto scratch = source_->NewScratch();
+    ASSERT_TRUE(source_->Fill(index, 0, absl::MakeSpan(rows), scratch.get()).ok());
+    EXPECT_EQ(got_index, index);
+    const std::string& bytes = store_.object();
+    for (size_t t = 0; t < tokens.size(); ++t) {
+      const size_t at = (static_cast<size_t>(index) * 255 + t) * 2;
+      const int64_t want = static_cast<uint8_t>(bytes[at]) | static_cast<uint8_t>(bytes[at + 1])
+                                                                 << 8;
+      ASSERT_EQ(tokens[t], want) << "sample " << index << " token " << t;
+    }
+  }
+
+  std::shared_ptr<const DatasetFs> fs_;
+  std::unique_ptr<TokenShardsSource> source_;
+  std::vector<std::vector<int64_t>> batches_;
+};
+
+TEST_F(BlockReadAheadTest, TheBlocksOfTheNextBatchesAreFetchedInTheirOrderWithinTheWindow) {
+  // Creation read the shard's first 64 KiB (the check that it holds tokens): blocks 0-15.
+  const std::vector<uint64_t> at_creation = BlocksFetched();
+  ASSERT_EQ(at_creation.size(), 16u);
+  ReadAhead ahead(fs_, {.connections = 1, .max_files = kWindowBlocks, .max_bytes = 1 << 20});
+  size_t next = 0;
+  TopUp(ahead, &next);
+  const ReadAhead::Stats stats = Settle(ahead);
+  EXPECT_EQ(stats.failed, 0);
+  EXPECT_LE(stats.in_window, kWindowBlocks);
+  EXPECT_LE(stats.bytes_in_window, kWindowBlocks * kBlock);
+  // The window: whole batches, in order, while their blocks fit in it.
+  std::vector<uint64_t> window;
+  size_t batches = 0;
+  for (; batches < batches_.size() && static_cast<int64_t>(window.size()) < kWindowBlocks;
+       ++batches) {
+    std::vector<uint64_t> more;
+    for (uint64_t block : BlocksOf(batches)) {
+      if (std::find(window.begin(), window.end(), block) == window.end()) more.push_back(block);
+    }
+    if (static_cast<int64_t>(window.size() + more.size()) > kWindowBlocks) break;
+    window.insert(window.end(), more.begin(), more.end());
+  }
+  ASSERT_EQ(next, batches);
+  ASSERT_EQ(static_cast<int64_t>(window.size()), stats.in_window);
+  // Exactly the blocks of those batches that were not cached yet were fetched, in their
+  // batch order, and nothing of a batch after them.
+  std::vector<uint64_t> expected = at_creation;
+  for (uint64_t block : window) {
+    if (block >= 16) expected.push_back(block);
+  }
+  EXPECT_EQ(BlocksFetched(), expected);
+  EXPECT_GT(expected.size(), at_creation.size()) << "the window's blocks were all cached";
+  // The first batch's samples now read without a request.
+  for (const int64_t index : batches_[0]) ExpectSample(index);
+  EXPECT_EQ(BlocksFetched(), expected);
+}
+
+TEST_F(BlockReadAheadTest, AnEpochReadsEverySampleOnceFromBlocksFetchedAhead) {
+  ReadAhead ahead(fs_, {.connections = 1, .max_files = kWindowBlocks, .max_bytes = 1 << 20});
+  size_t next = 0;
+  std::set<int64_t> seen;
+  for (size_t b = 0; b < batches_.size(); ++b) {
+    // The workers start batch b: what the read-ahead holds of earlier batches leaves the
+    // window, which takes later batches.
+    ahead.Reached(0, {0, static_cast<int64_t>(b)});
+    TopUp(ahead, &next);
+    const ReadAhead::Stats stats = Settle(ahead);
+    ASSERT_LE(stats.in_window, kWindowBlocks);
+    ASSERT_LE(stats.bytes_in_window, kWindowBlocks * kBlock);
+    const size_t fetched = BlocksFetched().size();
+    for (const int64_t index : batches_[b]) {
+      ExpectSample(index);
+      EXPECT_TRUE(seen.insert(index).second) << "sample " << index << " twice";
+    }
+    // Every block the batch read was fetched before its samples were: they asked for none.
+    ASSERT_EQ(BlocksFetched().size(), fetched) << "batch " << b;
+  }
+  EXPECT_EQ(static_cast<int64_t>(seen.size()), source_->size());
+  // One download per block: the 64 blocks, each once, by creation's check or read-ahead.
+  std::vector<uint64_t> blocks = BlocksFetched();
+  std::sort(blocks.begin(), blocks.end());
+  EXPECT_EQ(blocks.size(), 64u);
+  EXPECT_EQ(std::unique(blocks.begin(), blocks.end()), blocks.end());
+  const ReadAhead::Stats stats = ahead.stats();
+  EXPECT_EQ(stats.failed, 0);
+  EXPECT_EQ(stats.skipped, 0);
+  EXPECT_GT(stats.opened, 0);
 }
 
 TEST_F(StoreClientTest, LocationsParseOrSayWhy) {

@@ -357,10 +357,11 @@ class S3StoreTest(StoreTestCase):
 
 class BlockReadsTest(S3StoreTest):
     """Every test of S3StoreTest with every object over 4 KiB (shards, .bin files, tars) read
-    in blocks of 4 KiB, fetched with range reads as the workers need them: the same samples,
-    each once; a second job downloads nothing."""
+    in blocks of 4 KiB, fetched with range reads ahead of the workers (a window of 8 blocks)
+    or as the workers need them: the same samples, each once; a second job downloads
+    nothing."""
 
-    SETTINGS = "whole_object_max_bytes: 4096 block_bytes: 4096"
+    SETTINGS = "whole_object_max_bytes: 4096 block_bytes: 4096 read_ahead_objects: 8"
 
     def test_only_the_blocks_read_are_downloaded(self):
         # A batch of 2 windows of 63 tokens from a 200,000-token file (400,000 bytes, 98
@@ -380,10 +381,69 @@ class BlockReadsTest(S3StoreTest):
             np.testing.assert_array_equal(row, tokens[index * 63:index * 63 + 64])
         after = self.remote_status()
         downloaded = int(after["downloaded_bytes"]) - int(before.get("downloaded_bytes", 0))
-        # The first 64 KiB (the check that the file holds tokens), and at most two blocks a
-        # window of the batches the two slots filled.
+        # The first 64 KiB (the check that the file holds tokens), at most two blocks a
+        # window of the batches the two slots filled, and the read-ahead's window of 8 blocks.
         self.assertGreater(downloaded, 0)
-        self.assertLessEqual(downloaded, 64 * 1024 + 8 * 4096)
+        self.assertLessEqual(downloaded, 64 * 1024 + 8 * 4096 + 8 * 4096)
+
+
+class BlockReadAheadTest(StoreTestCase):
+    """While an epoch of windows of a token file read in blocks runs, ferryd fetches the blocks
+    of the ranks' next batches ahead of the workers: the trainer holds its first batch, and
+    meanwhile the store serves every block of the file, each once (fetch_connections 1); the
+    rest of the epoch downloads nothing, and every window is delivered once, as the file holds
+    it."""
+
+    PREFETCH = 2
+    TOKENS = 200000  # 400,000 bytes: 98 blocks of 4 KiB
+
+    @classmethod
+    def setUpClass(cls):
+        cls.store = S3Server()
+        cls.local = ferry_it.short_tempdir("ferry-s3-")
+        cls.path = upload_tokens(cls.store, cls.local, "blocks/tokens.bin", cls.TOKENS, seed=9)
+        with trainer_environment():
+            cls.daemon = ferry_it.FerryDaemon(config=remote_config(
+                cls.store, 10**8, "whole_object_max_bytes: 4096 block_bytes: 4096 "
+                "fetch_connections: 1 read_ahead_objects: 1000"))
+
+    def test_the_next_batches_blocks_are_fetched_while_the_trainer_holds_a_batch(self):
+        tokens = np.fromfile(self.path, dtype=np.uint16)
+        blocks = (self.TOKENS * 2 + 4095) // 4096
+        key = "/bucket/blocks/tokens.bin"
+
+        def block_gets():
+            return store_stats(self.store)["gets"].count(key)
+
+        with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
+            loader = ferry.Loader(ferry.Tokens("s3://bucket/blocks/tokens.bin", 63),
+                                  batch_size=4, shuffle=True, seed=3, prefetch=self.PREFETCH,
+                                  address=self.daemon.address, as_numpy=True, timeout=60)
+        try:
+            batches = iter(loader)
+            first = next(batches)
+            rows = list(zip(first["index"].tolist(), first["tokens"].copy()))
+            # The workers filled the slots' few batches (at most 2 blocks a window); every
+            # other block comes from the read-ahead, which does not wait for the trainer.
+            deadline = time.monotonic() + 60
+            while block_gets() < blocks:
+                self.assertLess(time.monotonic(), deadline,
+                                "the blocks of the batches after the slots' were not fetched "
+                                "while the trainer held its first batch: %d of %d"
+                                % (block_gets(), blocks))
+                time.sleep(0.05)
+            for batch in batches:
+                rows.extend(zip(batch["index"].tolist(), batch["tokens"].copy()))
+            ahead = loader.job_status().get("read_ahead", {})
+        finally:
+            loader.close()
+        self.assertEqual(sorted(i for i, _ in rows), list(range((self.TOKENS - 1) // 63)))
+        for index, row in rows:
+            np.testing.assert_array_equal(row, tokens[index * 63:index * 63 + 64])
+        self.assertEqual(block_gets(), blocks, "a block was downloaded twice")
+        slots_blocks = 2 * 4 * (self.PREFETCH + 1)
+        self.assertGreaterEqual(int(ahead.get("opened", 0)), blocks - 16 - slots_blocks, ahead)
+        self.assertEqual(int(ahead.get("failed", 0)), 0, ahead)
 
 
 class FlakyStoreTest(S3StoreTest):
