@@ -180,6 +180,10 @@ class StoreClientTest : public ::testing::Test {
   }
   void TearDown() override {
     for (int fd : fds_) ::close(fd);
+  }
+  // After the derived fixtures' members, which may hold a cache (its flushing thread writes
+  // into its directory until the cache goes).
+  ~StoreClientTest() override {
     for (const std::string& dir : cache_dirs_) std::filesystem::remove_all(dir);
   }
 
@@ -468,11 +472,6 @@ class BlockReadsTest : public StoreClientTest {
     fs_ =
         RemoteFs({.whole_object_max_bytes = 50000, .block_bytes = 16384, .max_held_bytes = 32768});
     ASSERT_NE(fs_, nullptr);
-  }
-  // The cache goes (its flushing thread ends) before its directory is removed.
-  void TearDown() override {
-    fs_.reset();
-    StoreClientTest::TearDown();
   }
   // The ranges of the object's GETs so far ("49152-65535").
   std::vector<std::string> Ranges() {
