@@ -460,7 +460,8 @@ ObjectCache::Stats ObjectCache::stats() const {
   out.capacity_bytes = state_->capacity;
   out.bytes = state_->used;
   out.entries = state_->entries.size();
-  out.unflushed = state_->unflushed.size() + static_cast<uint64_t>(state_->flushing);
+  out.unflushed = static_cast<uint64_t>(state_->flushing);
+  for (const auto& e : state_->unflushed) out.unflushed += e->evicted ? 0 : 1;
   return out;
 }
 
