@@ -16,8 +16,9 @@
 //    again, never served with bytes the disk lost. The cache's destruction flushes every
 //    entry still waiting.
 //  * At most capacity_bytes are held. Making room evicts the least recently used entries no
-//    Pin holds; an entry a Pin holds (a worker reads it) is never evicted, and when the held
-//    ones leave no room Get fails with RESOURCE_EXHAUSTED saying to raise the capacity.
+//    Pin holds; an entry a Pin holds (a worker reads it) is never evicted, nor one being
+//    flushed (Get waits for that flush when it needs the room), and when the held ones leave
+//    no room Get fails with RESOURCE_EXHAUSTED saying to raise the capacity.
 //  * Entries survive a restart: Open adopts the files it finds (their recency from their
 //    modification times, which Get refreshes), drops any whose size disagrees with its key
 //    file, and evicts down to the capacity.
