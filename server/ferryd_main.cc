@@ -15,6 +15,9 @@
 #include <string>
 #include <thread>
 
+#include "absl/base/config.h"
+#include "absl/debugging/failure_signal_handler.h"
+#include "absl/debugging/symbolize.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
 #include "server/service/daemon.h"
@@ -40,6 +43,13 @@ void Usage(FILE* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+#if !defined(ABSL_HAVE_ADDRESS_SANITIZER) && !defined(ABSL_HAVE_THREAD_SANITIZER)
+  // A crash (SIGSEGV, SIGABRT, ...) writes the signal and the stack of the thread it hit to
+  // stderr (the journal, or the log file), then ferryd dies of the signal as it would have. The
+  // sanitizers' own handlers report better and are left in place.
+  absl::InitializeSymbolizer(argv[0]);
+  absl::InstallFailureSignalHandler(absl::FailureSignalHandlerOptions());
+#endif
   ferry::DaemonOptions options;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];

@@ -157,8 +157,13 @@ class FerryDaemon:
 
     def stop(self, timeout=20):
         """SIGTERM, wait (SIGKILL after `timeout`), remove the directory; returns the exit
-        code."""
-        if self.process.poll() is None:
+        code. A ferryd that a signal had killed before (a crash) has its log's tail printed
+        to stderr first, so that the crash is diagnosable from the test's output."""
+        died = self.process.poll()
+        if died is not None and died < 0:
+            sys.stderr.write("ferryd %d was killed by signal %d; its log:\n%s\n"
+                             % (self.process.pid, -died, tail(self.log_path)))
+        if died is None:
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout)

@@ -143,5 +143,23 @@ class SigtermTest(unittest.TestCase):
         self.assertIn("received Terminated while draining; exiting now", daemon.log())
 
 
+class CrashTest(unittest.TestCase):
+    def test_a_crash_logs_the_signal_and_the_stack_and_ferryd_dies_of_it(self):
+        # What an operator has to go on after a crash: the log names the signal and shows
+        # where it hit, and ferryd dies of the signal (systemd's Restart= and a core dump
+        # see the crash as it was).
+        daemon = ferry_it.FerryDaemon()
+        self.addCleanup(daemon.stop)
+        loader = ferry_it.tokens_loader(daemon, 1 << 12, seq_len=16, batch_size=4)
+        self.addCleanup(loader.close)
+        next(iter(loader))  # the workers and the stream's threads are running
+        daemon.process.send_signal(signal.SIGSEGV)
+        code = daemon.process.wait(30)
+        self.assertEqual(code, -signal.SIGSEGV, daemon.log())
+        log = daemon.log()
+        self.assertIn("*** SIGSEGV received", log)
+        self.assertRegex(log, r"@\s+0x[0-9a-f]+", "no stack frame in the log")
+
+
 if __name__ == "__main__":
     unittest.main()
