@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <new>
 #include <optional>
@@ -272,7 +273,37 @@ int ferry_client_set_held_rank_wait(ferry_client_t* client, double seconds) {
   return FERRY_OK;
 }
 
+int ferry_client_set_reattach(ferry_client_t* client, double seconds,
+                              ferry_reconnect_fn before_reconnect, void* ctx) {
+  if (client == nullptr) return NullArgument(__func__, "client");
+  if (!(seconds >= 0)) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("ferry_client_set_reattach: ", seconds,
+                     " seconds; give 0 or more (0: a consumer whose ferryd went away fails)")));
+  }
+  std::function<absl::Status()> hook;
+  if (before_reconnect != nullptr) {
+    hook = [before_reconnect, ctx]() -> absl::Status {
+      char error[1024] = {0};
+      const int code = before_reconnect(ctx, error, sizeof error);
+      if (code == FERRY_OK) return absl::OkStatus();
+      error[sizeof error - 1] = '\0';
+      return absl::Status(static_cast<absl::StatusCode>(code),
+                          error[0] != '\0' ? error : "the reconnect hook failed");
+    };
+  }
+  client->client->set_reattach(absl::Seconds(seconds), std::move(hook));
+  return FERRY_OK;
+}
+
 void ferry_consumer_free(ferry_consumer_t* consumer) { delete consumer; }
+
+int ferry_consumer_attaches(const ferry_consumer_t* consumer, int64_t* out) {
+  if (consumer == nullptr) return NullArgument(__func__, "consumer");
+  if (out == nullptr) return NullArgument(__func__, "out");
+  *out = consumer->consumer->attaches();
+  return FERRY_OK;
+}
 
 int ferry_consumer_batches_per_epoch(const ferry_consumer_t* consumer, int64_t* out) {
   if (consumer == nullptr) return NullArgument(__func__, "consumer");

@@ -139,6 +139,11 @@ int main(void) {
   /* ABI 1.7 */
   CHECK(ferry_client_set_held_rank_wait(NULL, 1.0) == FERRY_INVALID_ARGUMENT);
   CHECK(strstr(ferry_last_error(), "'client'") != NULL);
+  /* ABI 1.8 */
+  CHECK(ferry_client_set_reattach(NULL, 1.0, NULL, NULL) == FERRY_INVALID_ARGUMENT);
+  CHECK(strstr(ferry_last_error(), "'client'") != NULL);
+  CHECK(ferry_consumer_attaches(NULL, NULL) == FERRY_INVALID_ARGUMENT);
+  CHECK(strstr(ferry_last_error(), "'consumer'") != NULL);
   ferry_client_free(NULL);
   ferry_consumer_free(NULL);
   ferry_batch_free(NULL);

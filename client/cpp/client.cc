@@ -4,13 +4,19 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <functional>
 #include <optional>
+#include <set>
+#include <string_view>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -62,14 +68,6 @@ class ClientImpl {
 
   const std::string& address() const { return address_; }
   Session& session() const { return *session_; }
-  // Client::set_held_rank_wait's.
-  absl::Duration held_rank_wait() const {
-    return absl::Nanoseconds(held_rank_wait_ns_.load(std::memory_order_relaxed));
-  }
-  void set_held_rank_wait(absl::Duration wait) {
-    held_rank_wait_ns_.store(absl::ToInt64Nanoseconds(std::max(wait, absl::ZeroDuration())),
-                             std::memory_order_relaxed);
-  }
 
   // A connection of this client's own: gRPC's process-wide subchannel pool would hand a new
   // Client the connection of an earlier one, which after a ferryd restart is a dead socket
@@ -96,7 +94,227 @@ class ClientImpl {
   const std::unique_ptr<Session> session_;
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<v1::Ferry::Stub> stub_;
-  std::atomic<int64_t> held_rank_wait_ns_{absl::ToInt64Nanoseconds(Client::kHeldRankWait)};
+};
+
+namespace {
+
+absl::StatusOr<v1::Job> CallCreateJob(const ClientImpl& impl, const v1::CreateJobRequest& request) {
+  grpc::ClientContext context;
+  impl.Prepare(&context, /*quick=*/false);
+  v1::CreateJobResponse response;
+  grpc::Status status = impl.stub().CreateJob(&context, request, &response);
+  if (!status.ok()) return FromGrpc(status, impl.Context("CreateJob"));
+  return std::move(*response.mutable_job());
+}
+
+absl::StatusOr<v1::JobStatus> CallGetJob(const ClientImpl& impl, std::string_view job_id) {
+  grpc::ClientContext context;
+  impl.Prepare(&context, /*quick=*/true);
+  v1::GetJobRequest request;
+  request.set_job_id(std::string(job_id));
+  v1::JobStatus response;
+  grpc::Status status = impl.stub().GetJob(&context, request, &response);
+  if (!status.ok()) return FromGrpc(status, impl.Context("GetJob"));
+  return response;
+}
+
+absl::StatusOr<v1::ListJobsResponse> CallListJobs(const ClientImpl& impl) {
+  grpc::ClientContext context;
+  impl.Prepare(&context, /*quick=*/true);
+  v1::ListJobsResponse response;
+  grpc::Status status = impl.stub().ListJobs(&context, v1::ListJobsRequest(), &response);
+  if (!status.ok()) return FromGrpc(status, impl.Context("ListJobs"));
+  return response;
+}
+
+absl::StatusOr<v1::GetStatusResponse> CallGetStatus(const ClientImpl& impl) {
+  grpc::ClientContext context;
+  impl.Prepare(&context, /*quick=*/true);
+  v1::GetStatusResponse response;
+  grpc::Status status = impl.stub().GetStatus(&context, v1::GetStatusRequest(), &response);
+  if (!status.ok()) return FromGrpc(status, impl.Context("GetStatus"));
+  return response;
+}
+
+// A GPU job in this client's form (device "cuda", each rank naming its GPU at attach) goes
+// only to a ferryd that understands it: an older one would read the spec otherwise.
+absl::Status CheckDaemonTakes(const ClientImpl& impl, const v1::JobSpec& spec) {
+  if (spec.device() != "cuda") return absl::OkStatus();
+  FERRY_ASSIGN_OR_RETURN(v1::GetStatusResponse status, CallGetStatus(impl));
+  if (status.daemon().protocol() >= kSharedGpuJobsProtocol) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "ferryd at ", impl.address(), " (pid ", status.daemon().pid(), ", version ",
+      status.daemon().version().empty() ? "unknown" : status.daemon().version(),
+      ") is older than this ferry client: it cannot serve a GPU job whose ranks name their "
+      "own GPUs (device \"cuda\"). Restart ferryd from this ferry's package (ferryctl drain, "
+      "then start it again), or use the ferry client that came with that ferryd"));
+}
+
+// A spec that reads s3:// objects goes with the trainer's credentials, when it has some
+// (internal/store_credentials.h), so the job reads as this user and not as ferryd.
+absl::StatusOr<v1::Job> CreateChecked(const ClientImpl& impl, v1::CreateJobRequest request) {
+  FERRY_RETURN_IF_ERROR(CheckDaemonTakes(impl, request.spec()));
+  if (SpecReadsS3(request.spec()) && !request.has_store_credentials()) {
+    FERRY_ASSIGN_OR_RETURN(std::optional<v1::StoreCredentials> mine,
+                           TrainerStoreCredentials(std::getenv));
+    if (mine.has_value()) *request.mutable_store_credentials() = *std::move(mine);
+  }
+  return CallCreateJob(impl, request);
+}
+
+absl::StatusOr<uint32_t> CallQuarantine(const ClientImpl& impl, std::string_view job_id,
+                                        const std::vector<int64_t>& indices) {
+  grpc::ClientContext context;
+  impl.Prepare(&context, /*quick=*/true);
+  v1::QuarantineRequest request;
+  request.set_job_id(std::string(job_id));
+  request.mutable_indices()->Add(indices.begin(), indices.end());
+  v1::QuarantineResponse response;
+  FERRY_RETURN_IF_ERROR(
+      FromGrpc(impl.stub().Quarantine(&context, request, &response), impl.Context("Quarantine")));
+  return response.added();
+}
+
+}  // namespace
+
+// The client's link to the ferryd at its address, across restarts of that ferryd: the
+// session and channel in use (a ClientImpl, replaced by a new one once ferryd is gone), and
+// what taking a job back on a new ferryd needs: the CreateJob request of each job this
+// client created, the samples quarantined through it, and the job's id on the ferryd of now
+// (a job created again gets a new id; the one CreateJob returned keeps naming it here).
+//
+// Thread-safe.
+class Connection {
+ public:
+  explicit Connection(std::shared_ptr<const ClientImpl> first)
+      : address_(first->address()), current_(std::move(first)) {}
+
+  const std::string& address() const { return address_; }
+
+  // The session in use and its generation (how many times this connection connected again).
+  std::pair<std::shared_ptr<const ClientImpl>, uint64_t> current() const {
+    absl::MutexLock lock(&mu_);
+    return {current_, generation_};
+  }
+
+  // The id that CreateJob first returned for the job `id` names (`id` itself for a job this
+  // client did not create).
+  std::string Original(std::string_view id) const {
+    absl::MutexLock lock(&mu_);
+    auto alias = aliases_.find(Key(id));
+    return alias != aliases_.end() ? alias->second : std::string(id);
+  }
+  // The job's id on the ferryd of now.
+  std::string IdNow(std::string_view id) const {
+    absl::MutexLock lock(&mu_);
+    auto alias = aliases_.find(Key(id));
+    auto job = jobs_.find(alias != aliases_.end() ? alias->second : std::string(id));
+    return job != jobs_.end() ? job->second.id_now : std::string(id);
+  }
+  bool Recreatable(std::string_view original) const {
+    absl::MutexLock lock(&mu_);
+    return jobs_.contains(Key(original));
+  }
+
+  // CreateJob with `request` (as the caller gave it: credentials from the environment are
+  // read again when it is sent again) returned job `id`.
+  void NoteCreated(const std::string& id, v1::CreateJobRequest request) {
+    absl::MutexLock lock(&mu_);
+    if (aliases_.contains(id)) return;  // the same job, created again on this ferryd
+    Created& job = jobs_[id];
+    job.request = std::move(request);
+    job.id_now = id;
+    job.generation = generation_;
+  }
+  void NoteQuarantined(std::string_view id, const std::vector<int64_t>& indices) {
+    absl::MutexLock lock(&mu_);
+    auto alias = aliases_.find(Key(id));
+    auto job = jobs_.find(alias != aliases_.end() ? alias->second : std::string(id));
+    if (job != jobs_.end()) job->second.quarantined.insert(indices.begin(), indices.end());
+  }
+
+  // After a call on the session of generation `failed` found ferryd gone: a session with the
+  // ferryd that answers at the address now, and its generation (connecting once for every
+  // consumer whose stream broke, after the reconnect hook).
+  absl::StatusOr<std::pair<std::shared_ptr<const ClientImpl>, uint64_t>> Reconnect(
+      uint64_t failed) {
+    absl::MutexLock serial(&reconnect_mu_);
+    auto now = current();
+    if (now.second != failed) return now;  // another consumer connected again
+    if (before_reconnect_) FERRY_RETURN_IF_ERROR(before_reconnect_());
+    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Session> session, Session::Open(address_));
+    auto client = std::make_shared<const ClientImpl>(address_, std::move(session));
+    absl::MutexLock lock(&mu_);
+    current_ = client;
+    return std::make_pair(std::move(client), ++generation_);
+  }
+
+  // The id, on the ferryd of `client` (of `generation`), of the job this client created as
+  // `original`: created there again, once, with the samples quarantined through this client.
+  absl::StatusOr<std::string> JobOn(const ClientImpl& client, uint64_t generation,
+                                    const std::string& original) {
+    absl::MutexLock serial(&reconnect_mu_);  // one creation at a time
+    v1::CreateJobRequest request;
+    std::vector<int64_t> quarantined;
+    {
+      absl::MutexLock lock(&mu_);
+      const Created& job = jobs_.at(original);
+      if (job.generation == generation) return job.id_now;
+      request = job.request;
+      quarantined.assign(job.quarantined.begin(), job.quarantined.end());
+    }
+    FERRY_ASSIGN_OR_RETURN(v1::Job created, CreateChecked(client, request));
+    if (!quarantined.empty()) {
+      FERRY_RETURN_IF_ERROR(CallQuarantine(client, created.id(), quarantined).status());
+    }
+    absl::MutexLock lock(&mu_);
+    Created& job = jobs_.at(original);
+    job.id_now = created.id();
+    job.generation = generation;
+    aliases_[created.id()] = original;
+    return created.id();
+  }
+
+  absl::Duration held_rank_wait() const {
+    absl::MutexLock lock(&mu_);
+    return held_rank_wait_;
+  }
+  void set_held_rank_wait(absl::Duration wait) {
+    absl::MutexLock lock(&mu_);
+    held_rank_wait_ = std::max(wait, absl::ZeroDuration());
+  }
+  absl::Duration reattach_patience() const {
+    absl::MutexLock lock(&mu_);
+    return reattach_patience_;
+  }
+  void set_reattach(absl::Duration patience, std::function<absl::Status()> before_reconnect) {
+    absl::MutexLock serial(&reconnect_mu_);
+    absl::MutexLock lock(&mu_);
+    reattach_patience_ = std::max(patience, absl::ZeroDuration());
+    before_reconnect_ = std::move(before_reconnect);
+  }
+
+ private:
+  static absl::string_view Key(std::string_view id) { return {id.data(), id.size()}; }
+
+  struct Created {
+    v1::CreateJobRequest request;
+    std::string id_now;       // on the ferryd of `generation`
+    uint64_t generation = 0;  // of the session the job was last created on
+    std::set<int64_t> quarantined;
+  };
+
+  const std::string address_;
+  absl::Mutex reconnect_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::function<absl::Status()> before_reconnect_ ABSL_GUARDED_BY(reconnect_mu_);
+  mutable absl::Mutex mu_;
+  std::shared_ptr<const ClientImpl> current_ ABSL_GUARDED_BY(mu_);
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<std::string, Created> jobs_ ABSL_GUARDED_BY(mu_);  // by original id
+  absl::flat_hash_map<std::string, std::string> aliases_
+      ABSL_GUARDED_BY(mu_);  // id now -> original
+  absl::Duration held_rank_wait_ ABSL_GUARDED_BY(mu_) = Client::kHeldRankWait;
+  absl::Duration reattach_patience_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
 };
 
 // One Consume stream. A reader thread moves every message into a queue, so the consumer can
@@ -497,12 +715,15 @@ class BatchLease {
 // Thread-compatible: the owning Consumer documents one consuming thread.
 class ConsumerImpl {
  public:
-  ConsumerImpl(std::shared_ptr<const ClientImpl> client, std::string job_id, uint32_t rank,
+  ConsumerImpl(std::shared_ptr<Connection> connection, std::string_view job_id, uint32_t rank,
                std::string device)
-      : client_(std::move(client)),
-        job_id_(std::move(job_id)),
+      : connection_(std::move(connection)),
+        original_job_id_(connection_->Original(job_id)),
+        job_id_(connection_->IdNow(job_id)),
         rank_(rank),
-        device_(std::move(device)) {}
+        device_(std::move(device)) {
+    std::tie(client_, generation_) = connection_->current();
+  }
   ~ConsumerImpl() {
     if (stream_) stream_->Cancel();
   }
@@ -523,7 +744,7 @@ class ConsumerImpl {
     request.set_device(device_);
     v1::AttachResponse response;
     const absl::Time give_up =
-        absl::Now() + (retry ? kReattachPatience : client_->held_rank_wait());
+        absl::Now() + (retry ? kReattachPatience : connection_->held_rank_wait());
     while (true) {
       grpc::ClientContext context;
       client_->Prepare(&context, /*quick=*/false);
@@ -619,6 +840,7 @@ class ConsumerImpl {
     error_ = absl::OkStatus();
     next_seq_ = 0;
     resumed_ = false;  // ferryd forgets a resume at every attach
+    ++attaches_;
     return absl::OkStatus();
   }
 
@@ -635,12 +857,44 @@ class ConsumerImpl {
     }
     if (state_ == State::kInEpoch && next_batch_ == epoch_batches_) {
       // Every batch was taken; only the EpochEnd is still in flight.
-      auto last = Next(absl::Seconds(5));
+      auto last = NextOnThisStream(absl::Seconds(5));
       if (last.ok() && !last->has_value()) state_ = State::kEpochDone;
     }
     if (state_ == State::kInEpoch || state_ == State::kBroken) {
-      FERRY_RETURN_IF_ERROR(Attach(/*retry=*/true));
+      absl::Status attached = Attach(/*retry=*/true);
+      if (!attached.ok()) FERRY_RETURN_IF_ERROR(TakeBack(attached, /*resume=*/false));
     }
+    absl::StatusOr<int64_t> begun = Begin(epoch, consumed, first_batch);
+    if (!begun.ok() && DaemonWentAway(begun.status()) &&
+        TakeBack(begun.status(), /*resume=*/false).ok()) {
+      begun = Begin(epoch, consumed, first_batch);
+    }
+    return begun;
+  }
+
+  absl::StatusOr<std::optional<Batch>> Next(absl::Duration timeout) {
+    absl::StatusOr<std::optional<Batch>> next = NextOnThisStream(timeout);
+    // ferryd went away (a restart, an upgrade): the epoch goes on where it was on the new one.
+    while (!next.ok() && DaemonWentAway(next.status())) {
+      FERRY_RETURN_IF_ERROR(TakeBack(next.status(), /*resume=*/true));
+      next = NextOnThisStream(timeout);
+    }
+    return next;
+  }
+
+  const JobInfo& job() const { return job_; }
+  int64_t epoch_batches() const { return epoch_batches_; }
+  uint32_t rank() const { return rank_; }
+  uint32_t num_slots() const { return num_slots_; }
+  int device() const { return ring_ ? ring_->device() : -1; }
+  int64_t attaches() const { return attaches_; }
+
+ private:
+  enum class State { kIdle, kInEpoch, kEpochDone, kBroken };
+
+  // Asks this attach's stream for batches [first_batch, n) of `epoch` after `consumed`.
+  absl::StatusOr<int64_t> Begin(int64_t epoch, const std::vector<EpochRange>& consumed,
+                                int64_t first_batch) {
     int64_t batches = job_.batches_per_epoch;
     // ferryd keeps a resume for this attach only: say it again after a reattach, and undo
     // it when this epoch is dealt whole.
@@ -661,13 +915,70 @@ class ConsumerImpl {
     absl::Status written = stream_->Write(request);
     if (!written.ok()) return Break(written);
     state_ = State::kInEpoch;
+    in_epoch_ = true;
     epoch_ = epoch;
+    consumed_ = consumed;
     next_batch_ = first_batch;
     epoch_batches_ = batches;
     return batches;
   }
 
-  absl::StatusOr<std::optional<Batch>> Next(absl::Duration timeout) {
+  // Whether a call failed because the ferryd this consumer used went away: the stream or a
+  // call broke (UNAVAILABLE), or a call reached a new ferryd at the address, which does not
+  // know this consumer's session (UNAUTHENTICATED).
+  static bool DaemonWentAway(const absl::Status& status) {
+    return absl::IsUnavailable(status) || absl::IsUnauthenticated(status);
+  }
+
+  // After `cause` (DaemonWentAway), when this consumer's client created the job and has a
+  // reattach patience: takes the job back on the ferryd that answers at the address, trying
+  // for up to the patience. It connects again and creates the job again
+  // (Connection::Reconnect, JobOn), attaches as this rank (and GPU) and, with `resume`, asks
+  // for the epoch from the batch after the last one Next handed out. The epoch's order is a
+  // function of (seed, epoch), so no sample is lost or repeated. Otherwise, or once the
+  // patience is spent, UNAVAILABLE with `cause` and why the job was not taken back; the
+  // consumer is then broken until the next StartEpoch, which tries again.
+  absl::Status TakeBack(const absl::Status& cause, bool resume) {
+    const absl::Duration patience = connection_->reattach_patience();
+    if (!DaemonWentAway(cause) || patience <= absl::ZeroDuration() ||
+        !connection_->Recreatable(original_job_id_)) {
+      return Break(cause);
+    }
+    const bool in_epoch = resume && in_epoch_;
+    std::fprintf(stderr, "ferry: lost ferryd at %s (%s); taking job '%s' (%s) rank %u back",
+                 connection_->address().c_str(), std::string(cause.message()).c_str(),
+                 job_.name.c_str(), original_job_id_.c_str(), rank_);
+    if (in_epoch) {
+      std::fprintf(stderr, " at epoch %lld batch %lld", static_cast<long long>(epoch_),
+                   static_cast<long long>(next_batch_));
+    }
+    std::fprintf(stderr, "\n");
+    const int64_t epoch = epoch_;
+    const std::vector<EpochRange> consumed = consumed_;
+    const int64_t first_batch = next_batch_;
+    const absl::Time give_up = absl::Now() + patience;
+    while (true) {
+      absl::Status attempt = [&]() -> absl::Status {
+        FERRY_ASSIGN_OR_RETURN(std::tie(client_, generation_), connection_->Reconnect(generation_));
+        FERRY_ASSIGN_OR_RETURN(job_id_,
+                               connection_->JobOn(*client_, generation_, original_job_id_));
+        FERRY_RETURN_IF_ERROR(Attach(/*retry=*/true));
+        if (in_epoch) return Begin(epoch, consumed, first_batch).status();
+        return absl::OkStatus();
+      }();
+      if (attempt.ok()) return attempt;
+      const bool transient = absl::IsUnavailable(attempt) || absl::IsNotFound(attempt) ||
+                             absl::IsResourceExhausted(attempt);
+      if (!transient || absl::Now() >= give_up) {
+        return Break(absl::UnavailableError(
+            absl::StrCat(cause.message(), "; ferryd did not take the job back within ",
+                         absl::FormatDuration(patience), ": ", attempt.message())));
+      }
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+  }
+
+  absl::StatusOr<std::optional<Batch>> NextOnThisStream(absl::Duration timeout) {
     switch (state_) {
       case State::kIdle:
         return absl::FailedPreconditionError("call StartEpoch before Next");
@@ -699,6 +1010,7 @@ class ConsumerImpl {
                          "epoch ", epoch_, " at batch ", next_batch_, " of ", epoch_batches_)));
       }
       state_ = State::kEpochDone;
+      in_epoch_ = false;
       waited_ = absl::ZeroDuration();  // for the epoch's end, not a batch
       return std::optional<Batch>();
     }
@@ -758,15 +1070,6 @@ class ConsumerImpl {
     return std::optional<Batch>(std::move(batch));
   }
 
-  const JobInfo& job() const { return job_; }
-  int64_t epoch_batches() const { return epoch_batches_; }
-  uint32_t rank() const { return rank_; }
-  uint32_t num_slots() const { return num_slots_; }
-  int device() const { return ring_ ? ring_->device() : -1; }
-
- private:
-  enum class State { kIdle, kInEpoch, kEpochDone, kBroken };
-
   absl::Status Break(absl::Status error) {
     state_ = State::kBroken;
     error_ = error;
@@ -799,8 +1102,11 @@ class ConsumerImpl {
     return response.batches();
   }
 
-  const std::shared_ptr<const ClientImpl> client_;
-  const std::string job_id_;
+  const std::shared_ptr<Connection> connection_;
+  const std::string original_job_id_;         // as this client's CreateJob returned it
+  std::shared_ptr<const ClientImpl> client_;  // the session of this attach
+  uint64_t generation_ = 0;                   // client_'s (Connection::current)
+  std::string job_id_;                        // the job's id on client_'s ferryd
   const uint32_t rank_;
   const std::string device_;  // AttachRequest.device; empty: the job spec's
 
@@ -813,13 +1119,16 @@ class ConsumerImpl {
   std::shared_ptr<const CudaRing> ring_;     // GPU transport
   std::shared_ptr<StreamState> stream_;
   State state_ = State::kIdle;
+  bool in_epoch_ = false;  // an epoch was begun and its end not read (a break keeps it)
   absl::Status error_;
   int64_t epoch_ = 0;
+  std::vector<EpochRange> consumed_;  // of epoch_, before this run's deal
   int64_t next_batch_ = 0;
   int64_t epoch_batches_ = 0;  // of epoch_, per rank
   bool resumed_ = false;       // a ResumeEpoch holds for this attach
   int64_t next_seq_ = 0;
   absl::Duration waited_;  // by Next, for the batch it hands out next
+  int64_t attaches_ = 0;   // successful Attach calls
 };
 
 }  // namespace internal
@@ -907,6 +1216,7 @@ absl::StatusOr<int64_t> Consumer::ResumeEpoch(int64_t epoch,
   return impl_->ResumeEpoch(epoch, consumed, first_batch);
 }
 int64_t Consumer::epoch_batches() const { return impl_->epoch_batches(); }
+int64_t Consumer::attaches() const { return impl_->attaches(); }
 absl::StatusOr<std::optional<Batch>> Consumer::Next(absl::Duration timeout) {
   return impl_->Next(timeout);
 }
@@ -914,7 +1224,7 @@ absl::StatusOr<std::optional<Batch>> Consumer::Next(absl::Duration timeout) {
 // ---------------------------------------------------------------------------------------
 // Client
 
-Client::Client(std::shared_ptr<internal::ClientImpl> impl) : impl_(std::move(impl)) {}
+Client::Client(std::shared_ptr<internal::Connection> impl) : impl_(std::move(impl)) {}
 Client::~Client() = default;
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::string_view address) {
@@ -934,89 +1244,19 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::string_view address
     }
   }
   if (!session.ok()) return session.status();
-  return std::unique_ptr<Client>(
-      new Client(std::make_shared<internal::ClientImpl>(path, *std::move(session))));
+  return std::unique_ptr<Client>(new Client(std::make_shared<internal::Connection>(
+      std::make_shared<const internal::ClientImpl>(path, *std::move(session)))));
 }
 
 const std::string& Client::address() const { return impl_->address(); }
-int Client::daemon_pid() const { return impl_->session().daemon_pid(); }
-
-namespace {
-
-absl::StatusOr<v1::Job> CallCreateJob(const internal::ClientImpl& impl,
-                                      const v1::CreateJobRequest& request) {
-  grpc::ClientContext context;
-  impl.Prepare(&context, /*quick=*/false);
-  v1::CreateJobResponse response;
-  grpc::Status status = impl.stub().CreateJob(&context, request, &response);
-  if (!status.ok()) return internal::FromGrpc(status, impl.Context("CreateJob"));
-  return std::move(*response.mutable_job());
-}
-
-absl::StatusOr<v1::JobStatus> CallGetJob(const internal::ClientImpl& impl,
-                                         std::string_view job_id) {
-  grpc::ClientContext context;
-  impl.Prepare(&context, /*quick=*/true);
-  v1::GetJobRequest request;
-  request.set_job_id(std::string(job_id));
-  v1::JobStatus response;
-  grpc::Status status = impl.stub().GetJob(&context, request, &response);
-  if (!status.ok()) return internal::FromGrpc(status, impl.Context("GetJob"));
-  return response;
-}
-
-absl::StatusOr<v1::ListJobsResponse> CallListJobs(const internal::ClientImpl& impl) {
-  grpc::ClientContext context;
-  impl.Prepare(&context, /*quick=*/true);
-  v1::ListJobsResponse response;
-  grpc::Status status = impl.stub().ListJobs(&context, v1::ListJobsRequest(), &response);
-  if (!status.ok()) return internal::FromGrpc(status, impl.Context("ListJobs"));
-  return response;
-}
-
-absl::StatusOr<v1::GetStatusResponse> CallGetStatus(const internal::ClientImpl& impl) {
-  grpc::ClientContext context;
-  impl.Prepare(&context, /*quick=*/true);
-  v1::GetStatusResponse response;
-  grpc::Status status = impl.stub().GetStatus(&context, v1::GetStatusRequest(), &response);
-  if (!status.ok()) return internal::FromGrpc(status, impl.Context("GetStatus"));
-  return response;
-}
-
-// A GPU job in this client's form (device "cuda", each rank naming its GPU at attach) goes
-// only to a ferryd that understands it: an older one would read the spec otherwise.
-absl::Status CheckDaemonTakes(const internal::ClientImpl& impl, const v1::JobSpec& spec) {
-  if (spec.device() != "cuda") return absl::OkStatus();
-  FERRY_ASSIGN_OR_RETURN(v1::GetStatusResponse status, CallGetStatus(impl));
-  if (status.daemon().protocol() >= kSharedGpuJobsProtocol) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "ferryd at ", impl.address(), " (pid ", status.daemon().pid(), ", version ",
-      status.daemon().version().empty() ? "unknown" : status.daemon().version(),
-      ") is older than this ferry client: it cannot serve a GPU job whose ranks name their "
-      "own GPUs (device \"cuda\"). Restart ferryd from this ferry's package (ferryctl drain, "
-      "then start it again), or use the ferry client that came with that ferryd"));
-}
-
-// A spec that reads s3:// objects goes with the trainer's credentials, when it has some
-// (internal/store_credentials.h), so the job reads as this user and not as ferryd.
-absl::StatusOr<v1::Job> CreateChecked(const internal::ClientImpl& impl,
-                                      v1::CreateJobRequest request) {
-  FERRY_RETURN_IF_ERROR(CheckDaemonTakes(impl, request.spec()));
-  if (internal::SpecReadsS3(request.spec()) && !request.has_store_credentials()) {
-    FERRY_ASSIGN_OR_RETURN(std::optional<v1::StoreCredentials> mine,
-                           internal::TrainerStoreCredentials(std::getenv));
-    if (mine.has_value()) *request.mutable_store_credentials() = *std::move(mine);
-  }
-  return CallCreateJob(impl, request);
-}
-
-}  // namespace
+int Client::daemon_pid() const { return impl_->current().first->session().daemon_pid(); }
 
 absl::StatusOr<JobInfo> Client::CreateJob(const JobOptions& options) {
   v1::CreateJobRequest request;
   request.set_name(options.name);
   *request.mutable_spec() = internal::ToProto(options);
-  FERRY_ASSIGN_OR_RETURN(v1::Job job, CreateChecked(*impl_, request));
+  FERRY_ASSIGN_OR_RETURN(v1::Job job, internal::CreateChecked(*impl_->current().first, request));
+  impl_->NoteCreated(job.id(), std::move(request));
   return internal::FromProto(job);
 }
 
@@ -1026,74 +1266,82 @@ absl::StatusOr<std::string> Client::CreateJobJson(std::string_view name,
   request.set_name(std::string(name));
   FERRY_RETURN_IF_ERROR(
       internal::FromJson(spec_json, "job spec (ferry.v1.JobSpec)", request.mutable_spec()));
-  FERRY_ASSIGN_OR_RETURN(v1::Job job, CreateChecked(*impl_, request));
+  FERRY_ASSIGN_OR_RETURN(v1::Job job, internal::CreateChecked(*impl_->current().first, request));
+  impl_->NoteCreated(job.id(), std::move(request));
   return internal::ToJson(job);
 }
 
 absl::StatusOr<JobStatus> Client::GetJob(std::string_view job_id) {
-  FERRY_ASSIGN_OR_RETURN(v1::JobStatus status, CallGetJob(*impl_, job_id));
+  FERRY_ASSIGN_OR_RETURN(v1::JobStatus status,
+                         internal::CallGetJob(*impl_->current().first, impl_->IdNow(job_id)));
   return internal::FromProto(status);
 }
 
 absl::StatusOr<std::string> Client::GetJobJson(std::string_view job_id) {
-  FERRY_ASSIGN_OR_RETURN(v1::JobStatus status, CallGetJob(*impl_, job_id));
+  FERRY_ASSIGN_OR_RETURN(v1::JobStatus status,
+                         internal::CallGetJob(*impl_->current().first, impl_->IdNow(job_id)));
   return internal::ToJson(status);
 }
 
 absl::StatusOr<std::vector<JobInfo>> Client::ListJobs() {
-  FERRY_ASSIGN_OR_RETURN(v1::ListJobsResponse response, CallListJobs(*impl_));
+  FERRY_ASSIGN_OR_RETURN(v1::ListJobsResponse response,
+                         internal::CallListJobs(*impl_->current().first));
   std::vector<JobInfo> jobs;
   for (const v1::Job& job : response.jobs()) jobs.push_back(internal::FromProto(job));
   return jobs;
 }
 
 absl::StatusOr<std::string> Client::ListJobsJson() {
-  FERRY_ASSIGN_OR_RETURN(v1::ListJobsResponse response, CallListJobs(*impl_));
+  FERRY_ASSIGN_OR_RETURN(v1::ListJobsResponse response,
+                         internal::CallListJobs(*impl_->current().first));
   return internal::ToJson(response);
 }
 
 absl::Status Client::DeleteJob(std::string_view job_id) {
+  const std::shared_ptr<const internal::ClientImpl> impl = impl_->current().first;
   grpc::ClientContext context;
-  impl_->Prepare(&context, /*quick=*/true);
+  impl->Prepare(&context, /*quick=*/true);
   v1::DeleteJobRequest request;
-  request.set_job_id(std::string(job_id));
+  request.set_job_id(impl_->IdNow(job_id));
   v1::DeleteJobResponse response;
-  return internal::FromGrpc(impl_->stub().DeleteJob(&context, request, &response),
-                            impl_->Context("DeleteJob"));
+  return internal::FromGrpc(impl->stub().DeleteJob(&context, request, &response),
+                            impl->Context("DeleteJob"));
 }
 
 absl::StatusOr<uint32_t> Client::Quarantine(std::string_view job_id,
                                             const std::vector<int64_t>& indices) {
-  grpc::ClientContext context;
-  impl_->Prepare(&context, /*quick=*/true);
-  v1::QuarantineRequest request;
-  request.set_job_id(std::string(job_id));
-  request.mutable_indices()->Add(indices.begin(), indices.end());
-  v1::QuarantineResponse response;
-  FERRY_RETURN_IF_ERROR(internal::FromGrpc(impl_->stub().Quarantine(&context, request, &response),
-                                           impl_->Context("Quarantine")));
-  return response.added();
+  FERRY_ASSIGN_OR_RETURN(uint32_t added, internal::CallQuarantine(*impl_->current().first,
+                                                                  impl_->IdNow(job_id), indices));
+  impl_->NoteQuarantined(job_id, indices);
+  return added;
 }
 
 absl::StatusOr<uint32_t> Client::Drain() {
+  const std::shared_ptr<const internal::ClientImpl> impl = impl_->current().first;
   grpc::ClientContext context;
-  impl_->Prepare(&context, /*quick=*/true);
+  impl->Prepare(&context, /*quick=*/true);
   v1::DrainRequest request;
   v1::DrainResponse response;
-  FERRY_RETURN_IF_ERROR(internal::FromGrpc(impl_->stub().Drain(&context, request, &response),
-                                           impl_->Context("Drain")));
+  FERRY_RETURN_IF_ERROR(
+      internal::FromGrpc(impl->stub().Drain(&context, request, &response), impl->Context("Drain")));
   return response.consumers();
 }
 
 absl::StatusOr<StatusReport> Client::GetStatus() {
-  FERRY_ASSIGN_OR_RETURN(v1::GetStatusResponse response, CallGetStatus(*impl_));
+  FERRY_ASSIGN_OR_RETURN(v1::GetStatusResponse response,
+                         internal::CallGetStatus(*impl_->current().first));
   return internal::FromProto(response);
 }
 
 void Client::set_held_rank_wait(absl::Duration wait) { impl_->set_held_rank_wait(wait); }
 
+void Client::set_reattach(absl::Duration patience, std::function<absl::Status()> before_reconnect) {
+  impl_->set_reattach(patience, std::move(before_reconnect));
+}
+
 absl::StatusOr<std::string> Client::GetStatusJson() {
-  FERRY_ASSIGN_OR_RETURN(v1::GetStatusResponse response, CallGetStatus(*impl_));
+  FERRY_ASSIGN_OR_RETURN(v1::GetStatusResponse response,
+                         internal::CallGetStatus(*impl_->current().first));
   return internal::ToJson(response);
 }
 
@@ -1103,8 +1351,7 @@ absl::StatusOr<std::unique_ptr<Consumer>> Client::Attach(std::string_view job_id
 
 absl::StatusOr<std::unique_ptr<Consumer>> Client::Attach(std::string_view job_id, uint32_t rank,
                                                          std::string_view device) {
-  auto impl = std::make_unique<internal::ConsumerImpl>(impl_, std::string(job_id), rank,
-                                                       std::string(device));
+  auto impl = std::make_unique<internal::ConsumerImpl>(impl_, job_id, rank, std::string(device));
   FERRY_RETURN_IF_ERROR(impl->Attach(/*retry=*/false));
   return std::unique_ptr<Consumer>(new Consumer(std::move(impl)));
 }

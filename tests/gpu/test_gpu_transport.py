@@ -769,7 +769,7 @@ class GpuTransportTest(unittest.TestCase):
             self.assertTrue(result["done"], result.get("error"))
             indices = sorted(i for entry in result["epochs"]["0"] for i in entry["index"])
             self.assertEqual(indices, list(range(12)), ferry_it.tail(log))
-            self.assertIn("reattaching job", ferry_it.tail(log))
+            self.assertIn("taking job '", ferry_it.tail(log))
         finally:
             daemon.stop()
 

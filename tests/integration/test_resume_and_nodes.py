@@ -98,7 +98,7 @@ class ResumeTest(Harness):
                 for epoch in (0, 1):
                     self.assertEqual(self.stream(result, epoch, key),
                                      self.stream(ref, epoch, key), (sig, epoch, key))
-            self.assertIn("reattaching job", ferry_it.tail(os.path.join(self.dir, name + ".log")))
+            self.assertIn("taking job '", ferry_it.tail(os.path.join(self.dir, name + ".log")))
 
     def test_one_rank_restarts_alone_while_the_other_continues(self):
         refs = [self.finish(*self.worker(self.daemon, self.root, "ref%d" % r, rank=r,

@@ -17,12 +17,16 @@ import threading
 from ferry.errors import FerryError
 
 ABI_VERSION = 1  # FERRY_ABI_VERSION this binding was written for
-ABI_MINOR = 7    # the newest FERRY_ABI_MINOR it uses where the library has it (1.1: GPU
+ABI_MINOR = 8    # the newest FERRY_ABI_MINOR it uses where the library has it (1.1: GPU
                  # transport, 1.2: quarantine, 1.3: attach_on, 1.4: job limits and error
                  # reasons, 1.5: resuming on another world size, 1.6: bool fields,
-                 # 1.7: ferry_client_set_held_rank_wait)
+                 # 1.7: ferry_client_set_held_rank_wait, 1.8: taking a job back on a
+                 # restarted ferryd)
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+# ferry_reconnect_fn: int (*)(void* ctx, char* error, size_t error_size).
+RECONNECT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
 
 
 class Field(ctypes.Structure):
@@ -166,6 +170,9 @@ def _declare(lib):
                                          ctypes.POINTER(Range), ctypes.c_size_t,
                                          ctypes.POINTER(ctypes.c_size_t)]),
         "ferry_client_set_held_rank_wait": (c_int, [c_void_p, ctypes.c_double]),
+        "ferry_client_set_reattach": (c_int, [c_void_p, ctypes.c_double, RECONNECT_FN,
+                                              c_void_p]),
+        "ferry_consumer_attaches": (c_int, [c_void_p, ctypes.POINTER(ctypes.c_int64)]),
     }
     for name, (restype, argtypes) in optional.items():
         fn = getattr(lib, name, None)
@@ -256,6 +263,15 @@ def path():
     """Where the loaded library came from (loads it if needed)."""
     load()
     return _path
+
+
+# Status code names and values (absl/gRPC), for errors raised in Python that go back to C.
+STATUS_CODES = {
+    "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3, "DEADLINE_EXCEEDED": 4,
+    "NOT_FOUND": 5, "ALREADY_EXISTS": 6, "PERMISSION_DENIED": 7, "RESOURCE_EXHAUSTED": 8,
+    "FAILED_PRECONDITION": 9, "ABORTED": 10, "OUT_OF_RANGE": 11, "UNIMPLEMENTED": 12,
+    "INTERNAL": 13, "UNAVAILABLE": 14, "DATA_LOSS": 15, "UNAUTHENTICATED": 16,
+}
 
 
 def check(code):

@@ -107,6 +107,35 @@ class Client:
         if fn is not None:
             _lib.check(fn(self._h(), float(seconds)))
 
+    def set_reattach(self, seconds, before_reconnect=None):
+        """Consumers of jobs this client created take their job back on the ferryd that
+        answers at this client's address when theirs goes away (a restart, an upgrade),
+        trying for up to `seconds`, and go on with the epoch where it was; job ids this
+        client returned keep naming their jobs. `before_reconnect()`, if given, runs before
+        each attempt to connect again; a FerryError it raises ends that attempt (others are
+        UNKNOWN errors). 0 (the default): fail with UNAVAILABLE at once. Needs libferry ABI
+        1.8."""
+        fn = getattr(self._lib, "ferry_client_set_reattach", None)
+        if fn is None:
+            raise FerryError("FAILED_PRECONDITION", "%s predates ferry_client_set_reattach "
+                             "(C ABI 1.8); install the libferry.so of this ferry package"
+                             % _lib.path())
+        hook = None
+        if before_reconnect is not None:
+            def hook(ctx, error, error_size):
+                try:
+                    before_reconnect()
+                    return 0
+                except BaseException as e:  # never unwind into C
+                    code = _lib.STATUS_CODES.get(getattr(e, "code", ""), 2)
+                    text = (getattr(e, "message", None) or str(e)).encode(errors="replace")
+                    text = text[:max(0, error_size - 1)] + b"\0"
+                    ctypes.memmove(error, text, len(text))
+                    return code
+            hook = _lib.RECONNECT_FN(hook)
+        _lib.check(fn(self._h(), float(seconds), hook or _lib.RECONNECT_FN(), None))
+        self._reconnect_hook = hook  # the C side calls it for as long as this client lives
+
     def attach(self, job_id, rank, device=None):
         """Attaches as `rank` of the job; `device` names a GPU rank's GPU ("cuda:<PCI bus id>"
         or "cuda:N", ferryd's ordinal), required for a job of device "cuda"."""
@@ -156,6 +185,18 @@ class Consumer:
     def batches_per_epoch(self):
         n = ctypes.c_int64()
         _lib.check(self._lib.ferry_consumer_batches_per_epoch(self._h(), ctypes.byref(n)))
+        return n.value
+
+    @property
+    def attaches(self):
+        """How many times this consumer attached (1, then one more at every reattach);
+        views of slots taken before a reattach must be taken again. 1 with a libferry
+        older than ABI 1.8."""
+        fn = getattr(self._lib, "ferry_consumer_attaches", None)
+        if fn is None:
+            return 1
+        n = ctypes.c_int64()
+        _lib.check(fn(self._h(), ctypes.byref(n)))
         return n.value
 
     def start_epoch(self, epoch, first_batch=0):

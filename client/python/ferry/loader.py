@@ -3,14 +3,12 @@
 import gc
 import numbers
 import os
-import sys
-import time
 import warnings
 import weakref
 
 import numpy as np
 
-from ferry import _daemon, _resume, transforms
+from ferry import _daemon, _lib, _resume, transforms
 from ferry._arrays import _BFLOAT16_CODE, _needs_widening, _to_torch
 from ferry._checks import _check_bool, _check_int, _check_path_like, _job_limit
 from ferry._placement import (_parse_device, _resolve_rank, _torch_available,
@@ -172,6 +170,7 @@ class Loader:
         self._as_numpy = _check_bool("as_numpy", as_numpy) or not _torch_available()
         self._zero_copy = _check_bool("zero_copy", zero_copy)
         self._view_cache = {}  # slot views, see _host_batch and _cuda_views
+        self._attaches = 1  # the consumer's, when _view_cache was last valid
 
         self._raw_stream = None  # see _current_stream
         self._timeout = timeout
@@ -263,20 +262,31 @@ class Loader:
         return 0
 
     def _connect(self, address):
+        """Connects, and has libferry take the job back on a restarted ferryd (systemd's
+        Restart=, an upgrade) for up to FERRY_REATTACH_SECONDS, going on with the epoch
+        where it was; an on-demand daemon that died is started again first."""
         from ferry.client import Client
         if address is None and os.environ.get("FERRY_ADDRESS"):
             address = os.environ["FERRY_ADDRESS"]
-        self._address = address  # what a reattach connects to (None: the default daemon)
         if address is not None:
             self._client = Client(address)
-            return
-        try:
-            self._client = Client(None)
-            return
-        except FerryError as e:
-            if e.code not in ("NOT_FOUND", "UNAVAILABLE"):
-                raise
-        self._client = self._on_demand_client()
+        else:
+            try:
+                self._client = Client(None)
+            except FerryError as e:
+                if e.code not in ("NOT_FOUND", "UNAVAILABLE"):
+                    raise
+                self._client = self._on_demand_client()
+        hook = None
+        if self._daemon is not None:
+            me = weakref.ref(self)  # the client holds the hook: no cycle through the Loader
+
+            def hook():
+                loader = me()
+                if loader is not None:
+                    loader._restart_on_demand_daemon()
+        if _lib.minor() >= 8:  # ferry_client_set_reattach
+            self._client.set_reattach(_reattach_seconds(), hook)
 
     def _on_demand_client(self):
         """A client of this user's on-demand ferryd at the default socket, started if no
@@ -396,17 +406,9 @@ class Loader:
         # start_epoch may attach again (new slot mappings): views of old slots are stale.
         self._view_cache.clear()
         self._batches_done = first
-        if self._consumer is None:
-            # An earlier reattach gave up (ferryd was gone for too long): try again now.
-            self._reattach(FerryError("UNAVAILABLE", "not attached: the last attempt to "
-                                      "reattach to ferryd gave up"))
-            return self._iterate(self._generation)
-        try:
-            self._wrap(self._start_epoch, first)
-        except FerryError as e:
-            if e.code != "UNAVAILABLE":
-                raise
-            self._reattach(e)  # starts the epoch at `first` on the new daemon
+        # After a ferryd restart libferry takes the job back first (see _connect), also when
+        # an earlier attempt gave up.
+        self._wrap(self._start_epoch, first)
         return self._iterate(self._generation)
 
     def _start_epoch(self, first):
@@ -419,15 +421,15 @@ class Loader:
             self._epoch_batches = self._len
 
     def _release_held(self, held, held_by):
-        """Releases the batch the caller had; a batch of a consumer that is gone (ferryd
-        restarted, see _reattach) has nothing to give back."""
+        """Releases the batch the caller had; a batch of a stream that is gone (ferryd
+        restarted and libferry took the job back) has nothing to give back."""
         if held_by is not self._consumer:
             return
         try:
             self._release(held)
         except FerryError as e:
             if e.code != "UNAVAILABLE":
-                raise  # else _next_batch meets the same break and reattaches
+                raise  # else _next_batch meets the same break and libferry reattaches
 
     def _iterate(self, generation):
         held = None  # zero-copy: the batch whose arrays the caller has now
@@ -558,11 +560,13 @@ class Loader:
         waited = 0.0
         while True:
             try:
-                return self._wrap(self._consumer.next, _POLL_MS)
+                batch = self._wrap(self._consumer.next, _POLL_MS)
+                attaches = self._consumer.attaches
+                if attaches != self._attaches:  # libferry reattached: new slot mappings
+                    self._view_cache.clear()
+                    self._attaches = attaches
+                return batch
             except FerryError as e:
-                if e.code == "UNAVAILABLE":
-                    self._reattach(e)  # ferryd restarted: continue where this epoch was
-                    continue
                 if e.reason != "NO_BATCH_YET":
                     raise
             waited += _POLL_MS / 1000.0
@@ -571,56 +575,10 @@ class Loader:
                                  "(epoch %d, after batch %d)"
                                  % (self._timeout, self._epoch, self._batches_done))
 
-    def _reattach(self, error):
-        """The daemon this Loader uses went away (restarted by systemd, upgraded): connects
-        again, creates the same job and goes on with this epoch after the batches already
-        delivered. The epoch's order is a function of (seed, epoch), so no sample is lost or
-        repeated. An on-demand daemon (see ferry._daemon) is started again. Gives up after
-        _REATTACH_SECONDS, raising `error`."""
-        print("ferry: lost ferryd (%s); reattaching job %r rank %d at epoch %d batch %d"
-              % (error.message, self._job_name or self.job.get("name"), self.rank, self._epoch,
-                 self._batches_done), file=sys.stderr)
-        self._finalizer.detach()
-        Loader._cleanup_quietly(self._consumer, self._client)
-        self._consumer = self._client = None
-        self._view_cache.clear()  # views of the old slots
-        patience = _reattach_seconds()
-        deadline = time.monotonic() + patience
-        from ferry.client import Client
-        while True:
-            try:
-                if self._daemon is not None:  # ours is on demand: start it again if it died
-                    self._client = self._on_demand_client()
-                else:
-                    self._client = Client(self._address)
-                self.job = self._client.create_job(self._spec, name=self._job_name)
-                if self._known_bad:
-                    self._client.quarantine(self.job["id"], self._known_bad)
-                self._consumer = self._client.attach(self.job["id"], self.rank,
-                                                     self._attach_device)
-                self._start_epoch(self._batches_done)
-                break
-            except FerryError as e:
-                Loader._cleanup_quietly(self._consumer, self._client)
-                self._consumer = self._client = None
-                if (e.code not in ("NOT_FOUND", "UNAVAILABLE", "RESOURCE_EXHAUSTED") or
-                        time.monotonic() > deadline):
-                    self._finalizer = weakref.finalize(self, lambda: None)
-                    raise FerryError(error.code, "%s; ferryd did not take the job back within "
-                                     "%g s: %s" % (error.message, patience, e.message),
-                                     error.code_value) from e
-                time.sleep(0.2)
-        self._finalizer = weakref.finalize(self, Loader._cleanup, self._consumer, self._client,
-                                           self._daemon)
-
-    @staticmethod
-    def _cleanup_quietly(consumer, client):
-        for closable in (consumer, client):
-            if closable is not None:
-                try:
-                    closable.close()
-                except FerryError:
-                    pass
+    def _restart_on_demand_daemon(self):
+        """libferry's hook before it connects to a restarted ferryd: an on-demand daemon
+        (see ferry._daemon) that died is started again."""
+        self._daemon = _daemon.ensure(_daemon.on_demand_address())
 
     def _wrap(self, fn, *args):
         """Calls fn; adds the on-demand daemon's fate to errors, since its death is the

@@ -133,6 +133,7 @@ class JobSpecTest(unittest.TestCase):
                 mock.patch("ferry.client.Client.close", lambda self: None), \
                 mock.patch("ferry.client.Client.create_job", fake_create_job), \
                 mock.patch("ferry.client.Client.set_held_rank_wait", lambda self, s: None), \
+                mock.patch("ferry.client.Client.set_reattach", lambda self, s, hook: None), \
                 mock.patch("ferry.client.Client.attach", fake_attach):
             with self.assertRaisesRegex(ferry.FerryError, "stop here"):
                 make(device="cuda:1", image_dtype="float32", mean=(0.5, 0.5, 0.5),

@@ -58,8 +58,10 @@ extern "C" {
  *   1.5: resuming on another world size: ferry_consumer_resume_epoch,
  *        ferry_consumer_epoch_batches, ferry_epoch_consumed, ferry_job_epoch_info.
  *   1.6: FERRY_DTYPE_BOOL (fields of megatron_gpt jobs).
- *   1.7: ferry_client_set_held_rank_wait. */
-#define FERRY_ABI_MINOR 7
+ *   1.7: ferry_client_set_held_rank_wait.
+ *   1.8: taking a job back on a restarted ferryd: ferry_client_set_reattach,
+ *        ferry_consumer_attaches. */
+#define FERRY_ABI_MINOR 8
 
 /* Status codes (absl::StatusCode / grpc::StatusCode values). */
 enum {
@@ -195,6 +197,21 @@ FERRY_API int ferry_client_attach_on(ferry_client_t* client, const char* job_id,
  * consumer closed just before ends its stream asynchronously. 0: refused at once; negative
  * or NaN: FERRY_INVALID_ARGUMENT. Default: 5 seconds. Since 1.7. */
 FERRY_API int ferry_client_set_held_rank_wait(ferry_client_t* client, double seconds);
+/* Runs before each attempt to connect again to a restarted ferryd (see
+ * ferry_client_set_reattach); FERRY_OK to go on, or a status code with a NUL-terminated
+ * message of at most error_size bytes written to `error`, which ends that attempt. */
+typedef int (*ferry_reconnect_fn)(void* ctx, char* error, size_t error_size);
+/* Consumers of jobs this client created take their job back on the ferryd that answers at
+ * the client's address when theirs goes away (a restart, an upgrade), trying for up to
+ * `seconds`: ferry_consumer_next, _start_epoch and _resume_epoch connect again, create the
+ * job again (with the samples quarantined through this client), attach as the same rank
+ * and GPU and go on with the epoch after the last batch returned, losing and repeating no
+ * sample. They fail with FERRY_UNAVAILABLE, saying why, once the time is spent. Job ids the
+ * client returned keep naming their jobs. `before_reconnect` (may be NULL) runs before each
+ * attempt with `ctx`. 0: fail at once (the default); negative or NaN:
+ * FERRY_INVALID_ARGUMENT. Since 1.8. */
+FERRY_API int ferry_client_set_reattach(ferry_client_t* client, double seconds,
+                                        ferry_reconnect_fn before_reconnect, void* ctx);
 /* Closes the stream: the daemon reclaims the consumer's slots. Batches still held stay
  * readable (memory stays mapped) until freed. */
 FERRY_API void ferry_consumer_free(ferry_consumer_t* consumer);
@@ -224,6 +241,9 @@ FERRY_API int ferry_consumer_resume_epoch(ferry_consumer_t* consumer, int64_t ep
                                           int64_t first_batch, int64_t* batches);
 /* Batches per rank of the epoch last started (start_epoch or resume_epoch). Since 1.5. */
 FERRY_API int ferry_consumer_epoch_batches(const ferry_consumer_t* consumer, int64_t* out);
+/* How many times the consumer attached: 1 at first, one more at every reattach. Addresses
+ * of slots taken from batches of an earlier attach must be taken again. Since 1.8. */
+FERRY_API int ferry_consumer_attaches(const ferry_consumer_t* consumer, int64_t* out);
 /* How a run's ranks are dealt an epoch: from the job (ferry_job_epoch_info) and the
  * ranges the epoch resumed after (none for a fresh epoch). */
 typedef struct ferry_epoch_info {

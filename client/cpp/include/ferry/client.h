@@ -27,6 +27,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -665,7 +666,7 @@ struct BatchField {
 
 namespace internal {
 class BatchLease;
-class ClientImpl;
+class Connection;
 class ConsumerImpl;
 }  // namespace internal
 
@@ -783,6 +784,11 @@ class Consumer final {
                                       int64_t first_batch);
   // Batches of the epoch last started (StartEpoch or ResumeEpoch), per rank.
   int64_t epoch_batches() const;
+  // How many times this consumer attached: 1 after Client::Attach, one more at every
+  // reattach (StartEpoch after an unfinished epoch, taking the job back on a new ferryd).
+  // Batches of an earlier attach stay readable, but a caller that keeps views of the slots
+  // (addresses of fields) must take them again from the batches of the new one.
+  int64_t attaches() const;
 
   // The next batch of the epoch, or nullopt after its last batch. Errors: FAILED_PRECONDITION
   // before StartEpoch; DEADLINE_EXCEEDED when nothing arrived within `timeout` (nothing is
@@ -791,6 +797,15 @@ class Consumer final {
   // ferryd is gone, batches it sent but not yet taken are dropped, not returned (their
   // device memory went with it): Next fails with UNAVAILABLE at once. Batches already taken
   // stay mapped, but their contents are undefined from then on.
+  //
+  // When ferryd went away and the client has a reattach patience (Client::set_reattach),
+  // Next, StartEpoch and ResumeEpoch first take the job back on the ferryd that answers at
+  // the client's address: they connect again, create the job again (as the client's
+  // CreateJob did, with the samples quarantined through the client), attach as this rank
+  // and GPU and go on with the epoch after the last batch Next returned, so no sample is
+  // lost or repeated (the order is a function of the seed and the epoch). They fail with
+  // the UNAVAILABLE, saying why the job was not taken back, once the patience is spent or
+  // at an error that waiting does not cure; the next StartEpoch tries again.
   absl::StatusOr<std::optional<Batch>> Next(absl::Duration timeout = absl::InfiniteDuration());
 
  private:
@@ -865,9 +880,19 @@ class Client final {
   static constexpr absl::Duration kHeldRankWait = absl::Seconds(5);
   void set_held_rank_wait(absl::Duration wait);
 
+  // Consumers of jobs this client created (CreateJob, CreateJobJson) take their job back on
+  // a new ferryd at the same address when theirs goes away (a restart by systemd, an
+  // upgrade), trying for up to `patience` (see Consumer::Next). `before_reconnect`, when
+  // set, runs before each attempt to connect again (a trainer that started its own ferryd
+  // starts it again there); its error ends that attempt. A job id CreateJob returned keeps
+  // naming the job created again, in every call of this client. Zero patience (the
+  // default): a consumer whose ferryd went away fails with UNAVAILABLE at once.
+  void set_reattach(absl::Duration patience,
+                    std::function<absl::Status()> before_reconnect = nullptr);
+
  private:
-  explicit Client(std::shared_ptr<internal::ClientImpl> impl);
-  std::shared_ptr<internal::ClientImpl> impl_;
+  explicit Client(std::shared_ptr<internal::Connection> impl);
+  std::shared_ptr<internal::Connection> impl_;
 };
 
 // PCI bus id ("0000:3b:00.0", lower case) of this process's CUDA device `ordinal`, the
