@@ -305,6 +305,27 @@ std::unique_ptr<SampleSource::Scratch> BlendSource::NewScratch() const {
   return std::make_unique<BlendScratch>(sources_.size());
 }
 
+std::string BlendSource::FileOf(int64_t index) const {
+  if (index < 0 || index >= size()) return {};
+  int64_t local = 0;
+  const int s = SourceOf(index, &local);
+  return sources_[static_cast<size_t>(s)]->FileOf(local);
+}
+
+void BlendSource::RangesOf(int64_t index, std::vector<MappedRange>* ranges) const {
+  if (index < 0 || index >= size()) return;
+  int64_t local = 0;
+  const int s = SourceOf(index, &local);
+  sources_[static_cast<size_t>(s)]->RangesOf(local, ranges);
+}
+
+bool BlendSource::ReadsInRanges() const {
+  for (const auto& source : sources_) {
+    if (source->ReadsInRanges()) return true;
+  }
+  return false;
+}
+
 absl::Status BlendSource::Fill(int64_t index, uint64_t sample_seed, absl::Span<uint8_t* const> rows,
                                Scratch* scratch) const {
   int64_t local = 0;

@@ -62,6 +62,10 @@ class BlendSource final : public SampleSource {
                     Scratch* scratch) const override;
   std::string Describe(int64_t index) const override;
   bool FillIsCopy() const override { return fill_is_copy_; }
+  // The file, or the ranges, that the sample's source reads for it.
+  std::string FileOf(int64_t index) const override;
+  void RangesOf(int64_t index, std::vector<MappedRange>* ranges) const override;
+  bool ReadsInRanges() const override;
 
   bool MapsPositions() const override { return true; }
   int64_t epoch_size() const override { return static_cast<int64_t>(source_of_.size()); }

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "server/dataset/sample_source.h"
 #include "server/sampler/sampler.h"
+#include "testing/recording_fs.h"
 
 namespace ferry {
 namespace {
@@ -223,6 +224,53 @@ TEST_F(BlendSourceTest, FillReadsTheSourceOfTheIndexAndCountsIt) {
   EXPECT_EQ(blend->parts()[0].samples_drawn, 2);  // weight 1/4 of the first 7 positions
   EXPECT_THAT(blend->Describe(5), HasSubstr("(blend source 'source1')"));
   EXPECT_THAT(blend->Describe(5), HasSubstr("s1.bin"));
+}
+
+// Read in ranges (large remote token files' blocks), a blend's sample reads the ranges its
+// source's RangesOf gives, which the read-ahead fetches before the workers; an index outside
+// the blend gives none.
+TEST_F(BlendSourceTest, RangesOfAreTheRangesItsSourceReads) {
+  auto ranged_fs = std::make_shared<const RangesRecordingFs>(/*unit=*/8);
+  const RangesRecordingFs& ranged = *ranged_fs;
+  absl::StatusOr<std::unique_ptr<BlendSource>> blend =
+      BlendSource::Create(BlendSpec({3, 4}, {1, 3}), ranged_fs, SourceOptions());
+  ASSERT_TRUE(blend.ok()) << blend.status();
+  EXPECT_TRUE((*blend)->ReadsInRanges());
+  EXPECT_EQ((*blend)->FileOf(0), "");  // mapped kinds open no file per sample
+  auto scratch = (*blend)->NewScratch();
+  std::vector<int64_t> tokens(kSeqLen + 1);
+  int64_t index = -1;
+  std::vector<uint8_t*> rows = {reinterpret_cast<uint8_t*>(tokens.data()),
+                                reinterpret_cast<uint8_t*>(&index)};
+  ranged.TakeHeld();
+  for (int64_t i = 0; i < (*blend)->size(); ++i) {
+    ASSERT_TRUE((*blend)->Fill(i, 0, rows, scratch.get()).ok());
+    std::vector<MappedRange> ranges;
+    (*blend)->RangesOf(i, &ranges);
+    std::vector<RangesRecordingFs::Held> want;
+    for (const MappedRange& r : ranges) want.push_back({r.file->path(), r.offset, r.length});
+    EXPECT_EQ(ranged.TakeHeld(), want) << "sample " << i;
+    ASSERT_EQ(ranges.size(), 1u);
+    EXPECT_THAT(ranges[0].file->path(), HasSubstr(i < 3 ? "s0.bin" : "s1.bin"));
+  }
+  std::vector<MappedRange> none;
+  (*blend)->RangesOf((*blend)->size(), &none);
+  (*blend)->RangesOf(-1, &none);
+  EXPECT_TRUE(none.empty());
+}
+
+// Sources mapped whole from local files have nothing to read ahead: no file per sample, no
+// ranges.
+TEST_F(BlendSourceTest, LocalMappedSourcesHaveNothingToReadAhead) {
+  auto blend = Open(BlendSpec({3, 4}, {1, 3}));
+  ASSERT_NE(blend, nullptr);
+  EXPECT_FALSE(blend->ReadsInRanges());
+  for (int64_t i = 0; i < blend->size(); ++i) {
+    std::vector<MappedRange> ranges;
+    blend->RangesOf(i, &ranges);
+    EXPECT_TRUE(ranges.empty()) << "sample " << i;
+    EXPECT_EQ(blend->FileOf(i), "") << "sample " << i;
+  }
 }
 
 TEST_F(BlendSourceTest, EveryRankGetsTheSameCountAndTheEpochFollowsTheWeights) {

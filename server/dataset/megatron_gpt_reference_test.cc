@@ -16,10 +16,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/dataset/megatron_gpt.h"
 #include "server/dataset/megatron_gpt_source.h"
+#include "testing/recording_fs.h"
 
 namespace ferry::megatron {
 namespace {
@@ -427,6 +429,54 @@ TEST(MegatronGptReferenceTest, TheMegatronGptDatasetDeliversMegatronCoresSamples
         ASSERT_EQ(RowValue<int64_t>(rows, 5, 0), i);
       }
     }
+  }
+}
+
+// Read in ranges (a large remote .bin's blocks), the pieces of sequences a sample's Fill
+// reads are the ranges RangesOf gives, in order, which the read-ahead fetches before the
+// workers: for one sequence a document, several, empty documents and a blend.
+TEST(MegatronGptReferenceTest, RangesOfAreThePiecesFillReads) {
+  const SourceCase cases[] = {
+      {"a_one_seq_per_doc", {"one_seq_per_doc"}, {}, "1,0,0", {20, 0, 0}},
+      {"b_multi_seq_per_doc", {"multi_seq_per_doc"}, {}, "1,0,0", {11, 0, 0}},
+      {"c_empty_and_1tok_docs", {"edge_docs"}, {}, "1,0,0", {12, 0, 0}},
+      {"g1_blend3",
+       {"blend_src0", "blend_src1", "blend_src2"},
+       {0.7, 0.2, 0.1},
+       "90,10,0",
+       {40, 8, 0}},
+  };
+  for (const SourceCase& c : cases) {
+    SCOPED_TRACE(c.npz);
+    RangesRecordingFs ranged(/*unit=*/8);
+    absl::StatusOr<std::unique_ptr<MegatronGptSource>> source =
+        MegatronGptSource::Create(SpecOf(c, 0), ranged);
+    ASSERT_TRUE(source.ok()) << source.status();
+    EXPECT_TRUE((*source)->ReadsInRanges());
+    std::vector<std::vector<uint8_t>> rows;
+    std::vector<uint8_t*> pointers;
+    for (const FieldLayout& f : (*source)->fields()) rows.emplace_back(f.row_bytes);
+    for (auto& r : rows) pointers.push_back(r.data());
+    auto scratch = (*source)->NewScratch();
+    ranged.TakeHeld();
+    int64_t pieces = 0;
+    for (int64_t i = 0; i < (*source)->size(); ++i) {
+      ASSERT_TRUE((*source)->Fill(i, 0, pointers, scratch.get()).ok());
+      std::vector<RangesRecordingFs::Held> read;
+      for (RangesRecordingFs::Held& held : ranged.TakeHeld()) {
+        if (absl::EndsWith(held.path, ".bin")) read.push_back(std::move(held));
+      }
+      std::vector<MappedRange> ranges;
+      (*source)->RangesOf(i, &ranges);
+      std::vector<RangesRecordingFs::Held> want;
+      for (const MappedRange& r : ranges) want.push_back({r.file->path(), r.offset, r.length});
+      ASSERT_EQ(read, want) << "sample " << i;
+      pieces += static_cast<int64_t>(ranges.size());
+    }
+    EXPECT_GE(pieces, (*source)->size());
+    std::vector<MappedRange> none;
+    (*source)->RangesOf((*source)->size(), &none);
+    EXPECT_TRUE(none.empty());
   }
 }
 

@@ -344,6 +344,48 @@ void MegatronGptSource::ReadTokens(const Gpt& gpt, int32_t sequence, int64_t off
   }
 }
 
+bool MegatronGptSource::ReadsInRanges() const {
+  for (const Gpt& gpt : gpts_) {
+    if (gpt.files.bin().read_in_ranges()) return true;
+  }
+  return false;
+}
+
+void MegatronGptSource::RangesOf(int64_t index, std::vector<MappedRange>* ranges) const {
+  if (index < 0 || index >= size_) return;
+  const std::pair<const Gpt*, int64_t> located = Locate(index);
+  const IndexedFiles& files = located.first->files;
+  // An .idx read in ranges too (over whole_object_max_bytes) would be read here, remotely:
+  // then the workers fetch the pieces themselves.
+  if (!files.bin().read_in_ranges() || files.idx().read_in_ranges()) return;
+  const int64_t width = static_cast<int64_t>(files.token_bytes());
+  // The pieces as Fill reads them (GptSampleText), their ids left as zeros: only their
+  // places in the .bin matter here. A piece the .idx cannot place is left out; Fill meets
+  // it and says what is wrong.
+  std::vector<int64_t> text;
+  megatron::GptSampleText(
+      located.first->index, located.second, sample_.sequence_length,
+      sample_.add_extra_token_to_sequence, sample_.pad_token,
+      [&](int32_t sequence, int64_t offset, int64_t length, std::vector<int64_t>* out) {
+        bool fits = false;
+        int64_t pointer = 0, sequence_length = 0;
+        const absl::Status read = files.idx().Read([&] {
+          fits = files.SequenceFits(sequence);
+          pointer = files.SequencePointer(sequence);
+          sequence_length = files.SequenceLength(sequence);
+        });
+        if (length < 0) length = sequence_length - offset;
+        if (!read.ok() || !fits || offset < 0 || length <= 0 || offset + length > sequence_length) {
+          return;
+        }
+        out->resize(out->size() + static_cast<size_t>(length));
+        ranges->push_back(MappedRange{.file = files.shared_bin(),
+                                      .offset = static_cast<uint64_t>(pointer + offset * width),
+                                      .length = static_cast<uint64_t>(length * width)});
+      },
+      &text);
+}
+
 absl::Status MegatronGptSource::Fill(int64_t index, uint64_t sample_seed,
                                      absl::Span<uint8_t* const> rows, Scratch* scratch) const {
   if (index < 0 || index >= size_) {

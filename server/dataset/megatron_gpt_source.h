@@ -47,6 +47,10 @@ class MegatronGptSource final : public SampleSource {
   std::string Describe(int64_t index) const override;
   bool FillIsCopy() const override { return true; }
   bool DealsMicroBatches() const override { return true; }
+  // The pieces of sequences a Fill of `index` reads from a .bin read in ranges, one range a
+  // piece in reading order, found in the .idx; none when the .idx is read in ranges too.
+  void RangesOf(int64_t index, std::vector<MappedRange>* ranges) const override;
+  bool ReadsInRanges() const override;
 
  private:
   // One GPTDataset: a prefix's files and the index of its split.

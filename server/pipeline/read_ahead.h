@@ -6,8 +6,9 @@
 //  * a unit of a mapping read in ranges (MappedFile::range_unit: a block of a large remote
 //    object), held (MappedFile::Hold), which fetches it into the node's cache and keeps it
 //    there until its batch's workers start: for the kinds that read such a mapping in
-//    ranges (tokens, token shards, records, indexed; SampleSource::RangesOf). Mappings whose
-//    bytes are all there have nothing to read ahead.
+//    ranges (tokens, token shards, records, indexed, megatron_gpt, blends of those;
+//    SampleSource::RangesOf). Mappings whose bytes are all there have nothing to read
+//    ahead.
 //
 // Contract:
 //  * Each rank has a lane: the files and units of its next batches, added in batch order by

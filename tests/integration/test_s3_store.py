@@ -446,6 +446,77 @@ class BlockReadAheadTest(StoreTestCase):
         self.assertEqual(int(ahead.get("failed", 0)), 0, ahead)
 
 
+class MegatronBlockReadAheadTest(StoreTestCase):
+    """The same for a Megatron GPT dataset whose .bin is read in blocks (its .idx fetched
+    whole): while the trainer holds its first micro-batch, ferryd fetches the blocks of the
+    samples' pieces of documents ahead of the workers, each once (the whole split: every
+    block); the epoch is the local one."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.store = S3Server()
+        cls.local = ferry_it.short_tempdir("ferry-s3-")
+        rng = np.random.default_rng(12)
+        documents = [[list(rng.integers(1, 30000, size=int(n))) for n in rng.integers(20, 400, 2)]
+                     for _ in range(300)]
+        megatron_indexed.write_indexed(os.path.join(cls.local, "corpus"), documents)
+        for name in ("corpus.bin", "corpus.idx"):
+            with open(os.path.join(cls.local, name), "rb") as f:
+                cls.store.put("mgpt/" + name, f.read())
+        cls.bin_bytes = os.path.getsize(os.path.join(cls.local, "corpus.bin"))
+        # An epoch reads every token but a tail shorter than a sample (130 bytes), which so
+        # never leaves a block unread.
+        assert cls.bin_bytes % 4096 == 0 or cls.bin_bytes % 4096 > 130, cls.bin_bytes
+        assert os.path.getsize(os.path.join(cls.local, "corpus.idx")) <= 65536
+        with trainer_environment():
+            cls.daemon = ferry_it.FerryDaemon(config=remote_config(
+                cls.store, 10**8, "whole_object_max_bytes: 65536 block_bytes: 4096 "
+                "fetch_connections: 1 read_ahead_objects: 1000"))
+
+    def epoch(self, where, hold_first=None):
+        loader = ferry.Loader(ferry.MegatronGPT([where + "corpus"], 64, eod_token=0,
+                                                split="1,0,0"),
+                              batch_size=4, prefetch=2, address=self.daemon.address,
+                              as_numpy=True, timeout=60)
+        try:
+            batches = iter(loader)
+            rows = [{k: v.copy() for k, v in next(batches).items()}]
+            if hold_first is not None:
+                hold_first()
+            rows += [{k: v.copy() for k, v in b.items()} for b in batches]
+            return rows, loader.job_status().get("read_ahead", {})
+        finally:
+            loader.close()
+
+    def test_the_pieces_blocks_are_fetched_while_the_trainer_holds_a_batch(self):
+        blocks = (self.bin_bytes + 4095) // 4096
+        key = "/bucket/mgpt/corpus.bin"
+
+        def block_gets():
+            return store_stats(self.store)["gets"].count(key)
+
+        def wait_for_every_block():
+            deadline = time.monotonic() + 60
+            while block_gets() < blocks:
+                self.assertLess(time.monotonic(), deadline,
+                                "the blocks of the batches after the slots' were not fetched "
+                                "while the trainer held its first batch: %d of %d"
+                                % (block_gets(), blocks))
+                time.sleep(0.05)
+
+        local, _ = self.epoch(self.local + "/")
+        with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
+            remote, ahead = self.epoch("s3://bucket/mgpt/", wait_for_every_block)
+        self.assertEqual(len(remote), len(local))
+        for a, b in zip(local, remote):
+            self.assertEqual(sorted(a), sorted(b))
+            for k in a:
+                np.testing.assert_array_equal(a[k], b[k], k)
+        self.assertEqual(block_gets(), blocks, "a block was downloaded twice")
+        self.assertGreater(int(ahead.get("opened", 0)), blocks // 2, ahead)
+        self.assertEqual(int(ahead.get("failed", 0)), 0, ahead)
+
+
 class FlakyStoreTest(S3StoreTest):
     """Every test of S3StoreTest against a store that answers every second read 503 SlowDown
     and cuts every sixth transfer midway: the same samples, each once; the retries counted
