@@ -5,7 +5,7 @@ cache, next to the store's own GET throughput and the same shards on local disk.
 table; never asserts.
 
   python3 bench/remote_bench.py [--build-dir build] [--data DIR] [--images 3000]
-      [--tokens-mb 256] [--block-mb 16] [--connections 16] [--keep]
+      [--tokens-mb 256] [--block-mb 16] [--connections 16] [--store-mb-per-s R] [--keep]
 
 Rows, all in one run on one machine:
   GET peak      every shard fetched whole by --connections threads at once with a plain
@@ -30,6 +30,9 @@ batch 16; token_blocks is the same shards read in blocks of --block-mb (whole_ob
 below the shard size), their blocks fetched ahead in the sampler's order. CPU: ferryd's and this process's CPU seconds (user + system) over the row, and
 for GET peak this process's alone. The store runs on the same machine: its CPU competes
 with ferryd's, and on a small machine the image rows measure decoding, not the network.
+--store-mb-per-s R puts the store behind a link of R MB/s that all connections share
+(testing/s3rver's S3RVER_MB_PER_S), as a store across a network is; every row, GET peak
+included, goes through it. Unset: loopback, faster than any store across a network.
 """
 
 import argparse
@@ -65,14 +68,15 @@ def own_cpu():
 class Store:
     """serve.js with public reads on an unused port."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, mb_per_s=0):
         serve = os.path.join(REPO, "testing", "s3rver", "serve.js")
         if not os.path.isdir(os.path.join(REPO, "testing", "s3rver", "node_modules")):
             sys.exit("s3rver is not installed: npm ci --prefix testing/s3rver")
         self.process = subprocess.Popen(["node", "--openssl-legacy-provider", serve, directory,
                                          "bucket"],
                                         stdout=subprocess.PIPE, text=True,
-                                        env=dict(os.environ, S3RVER_PUBLIC="1"))
+                                        env=dict(os.environ, S3RVER_PUBLIC="1",
+                                                 S3RVER_MB_PER_S=str(mb_per_s or "")))
         line = self.process.stdout.readline()
         if not line.startswith("PORT "):
             sys.exit("s3rver did not start: %r" % line)
@@ -139,6 +143,8 @@ def main():
     p.add_argument("--block-mb", type=int, default=16,
                    help="block_bytes of the token_blocks rows, in MiB")
     p.add_argument("--connections", type=int, default=16)
+    p.add_argument("--store-mb-per-s", type=float, default=0,
+                   help="the store's link, shared by every connection (default: loopback)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     a = p.parse_args()
     build = os.path.abspath(a.build_dir)
@@ -174,7 +180,7 @@ def main():
             rng.integers(0, 50257, size=per_shard // 2, dtype=np.uint16).tofile(path)
             token_paths.append(path)
 
-        store = Store(os.path.join(work, "store"))
+        store = Store(os.path.join(work, "store"), a.store_mb_per_s)
         for path in shard_paths:
             store.put("wds/" + os.path.basename(path), path)
         for path in token_paths:
@@ -189,10 +195,11 @@ def main():
         token_bytes = sum(os.path.getsize(p) for p in token_paths)
         image_bytes = sum(os.path.getsize(p) for p in image_paths)
         print("%d WebDataset shards (%.0f MiB, %d images), the images as objects (%.0f MiB) "
-              "and %d token shards (%.0f MiB) in s3rver at %s; %d connections; %d CPUs" % (
+              "and %d token shards (%.0f MiB) in s3rver at %s (%s); %d connections; %d CPUs" % (
                   len(shards), shard_bytes / 2**20, a.images, image_bytes / 2**20,
-                  len(token_paths), token_bytes / 2**20, store.endpoint, a.connections,
-                  os.cpu_count()))
+                  len(token_paths), token_bytes / 2**20, store.endpoint,
+                  "a link of %g MB/s" % a.store_mb_per_s if a.store_mb_per_s else "loopback",
+                  a.connections, os.cpu_count()))
 
         crop = ferry.RandomResizedCrop(224, flip=True)
         token_keys = [os.path.basename(p) for p in token_paths]

@@ -19,7 +19,10 @@
 // S3RVER_LIST_ONLY=ACCESS_KEY_ID: that key may list the bucket but not read its objects
 // (403 AccessDenied), as an IAM policy with s3:ListBucket and no s3:GetObject allows.
 // S3RVER_PUBLIC=1 serves unsigned reads too (a public bucket: benchmarks compare ferry
-// with a plain HTTP client). S3RVER_FLAKY=1 makes it a store having a bad day, deterministically: every second read
+// with a plain HTTP client). S3RVER_MB_PER_S=R sends the bodies of GETs through one link of
+// R MB/s that every connection shares, as a store behind a network of that bandwidth (each
+// answer's bytes wait for the link in the order they are written; benchmarks measure a
+// store slower than this machine's loopback). S3RVER_FLAKY=1 makes it a store having a bad day, deterministically: every second read
 // request is answered 503 SlowDown, and every sixth cut after its first 4 KiB (the
 // connection closed mid-body).
 'use strict';
@@ -72,6 +75,49 @@ function cutAfter4KiB(response) {
     return write(chunk, ...rest);
   };
 }
+// The shared link of S3RVER_MB_PER_S: when it is free again (ms), and an answer's bytes
+// queued on it in order, each answer's end after its last byte.
+const bytesPerMs = Number(process.env.S3RVER_MB_PER_S || 0) * 1000;
+let linkFree = 0;
+function throughLink(response) {
+  const write = response.write.bind(response);
+  const end = response.end.bind(response);
+  // This answer's steps (writes, then its end), each run once the link has carried the
+  // bytes before it, one at a time and in order.
+  const steps = [];
+  let busy = false;
+  const pump = () => {
+    if (busy || steps.length === 0) return;
+    busy = true;
+    const step = steps.shift();
+    setTimeout(() => {
+      step.run();
+      busy = false;
+      pump();
+    }, Math.max(0, step.at - Date.now()));
+  };
+  let last = 0;  // when this answer's bytes queued so far have left the link
+  response.write = (chunk, encoding, callback) => {
+    if (typeof encoding === 'function') [callback, encoding] = [encoding, undefined];
+    const bytes = typeof chunk === 'string' ? Buffer.from(chunk, encoding) : chunk;
+    linkFree = Math.max(Date.now(), linkFree) + bytes.length / bytesPerMs;
+    last = linkFree;
+    steps.push({ at: last, run: () => {
+      write(bytes, callback);
+      response.emit('drain');
+    } });
+    pump();
+    return false;  // the writer waits for 'drain', as on a slow socket
+  };
+  response.end = (chunk, encoding, callback) => {
+    if (typeof chunk === 'function') [callback, chunk] = [chunk, undefined];
+    if (typeof encoding === 'function') [callback, encoding] = [encoding, undefined];
+    if (chunk) response.write(chunk, encoding);
+    steps.push({ at: last, run: () => end(callback) });
+    pump();
+    return response;
+  };
+}
 const listOnly = process.env.S3RVER_LIST_ONLY || '';
 const stalled = new Set();
 let reads = 0;
@@ -106,6 +152,9 @@ const server = http.createServer((request, response) => {
 });
 
 function serve(request, response) {
+  if (bytesPerMs > 0 && request.method === 'GET' && !request.url.includes('list-type')) {
+    throughLink(response);
+  }
   if (stallFirst && request.method === 'GET' && request.url.includes(stallFirst) &&
       !stalled.has(request.url)) {
     stalled.add(request.url);
