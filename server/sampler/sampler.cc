@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
+#include <type_traits>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -81,38 +82,65 @@ void Sampler::BatchPositions(int64_t epoch, int64_t rank, int64_t batch, std::ve
 }
 
 int64_t Sampler::Position(int64_t epoch, int64_t pos) {
-  if (cached_epoch_ != epoch || permutation_.empty()) {  // empty: nothing cached yet
-    if (options_.epoch_order) {
-      permutation_.clear();
-      options_.epoch_order(epoch, &permutation_);
-      CheckEpochOrder(epoch);
-    } else {
-      // Fisher-Yates from the back, so the result depends only on (seed, epoch, num_samples).
-      permutation_.resize(static_cast<size_t>(options_.num_samples));
-      std::iota(permutation_.begin(), permutation_.end(), int64_t{0});
-      Rng rng(MixSeed(options_.seed, static_cast<uint64_t>(epoch)));
-      for (int64_t i = options_.num_samples - 1; i > 0; --i) {
-        const int64_t j = static_cast<int64_t>(rng.Below(static_cast<uint64_t>(i) + 1));
-        std::swap(permutation_[i], permutation_[j]);
-      }
-    }
-    cached_epoch_ = epoch;
-  }
   // Positions past the dataset are padding: they repeat the head of the order (and wrap again
   // when there are more ranks than samples), as DistributedSampler does.
-  return permutation_[pos % options_.num_samples];
+  return OrderOf(epoch).At(static_cast<size_t>(pos % options_.num_samples));
 }
 
-void Sampler::CheckEpochOrder(int64_t epoch) {
+const Sampler::Order& Sampler::OrderOf(int64_t epoch) {
+  ++uses_;
+  for (Order& order : orders_) {
+    if (order.epoch == epoch) {
+      order.used = uses_;
+      return order;
+    }
+  }
+  Order& order = orders_[orders_[0].used <= orders_[1].used ? 0 : 1];
+  order.epoch = epoch;
+  order.used = uses_;
+  const bool narrow = options_.num_samples <= int64_t{1} << 32;
+  order.narrow.clear();
+  order.wide.clear();
+  if (options_.epoch_order) {
+    std::vector<int64_t> given;
+    options_.epoch_order(epoch, &given);
+    CheckEpochOrder(epoch, given);
+    if (narrow) {
+      order.narrow.assign(given.begin(), given.end());
+    } else {
+      order.wide = std::move(given);
+    }
+    return order;
+  }
+  // Fisher-Yates from the back, so the result depends only on (seed, epoch, num_samples).
+  auto shuffle = [&](auto& permutation) {
+    permutation.resize(static_cast<size_t>(options_.num_samples));
+    using Value = typename std::decay_t<decltype(permutation)>::value_type;
+    std::iota(permutation.begin(), permutation.end(), Value{0});
+    Rng rng(MixSeed(options_.seed, static_cast<uint64_t>(epoch)));
+    for (int64_t i = options_.num_samples - 1; i > 0; --i) {
+      const int64_t j = static_cast<int64_t>(rng.Below(static_cast<uint64_t>(i) + 1));
+      std::swap(permutation[static_cast<size_t>(i)], permutation[static_cast<size_t>(j)]);
+    }
+  };
+  if (narrow) {
+    shuffle(order.narrow);
+  } else {
+    shuffle(order.wide);
+  }
+  return order;
+}
+
+void Sampler::CheckEpochOrder(int64_t epoch, const std::vector<int64_t>& order) {
   // A broken order would silently serve some samples twice and others never, on every rank
   // of every node: stop instead, as for any other caller bug.
   const int64_t n = options_.num_samples;
   const char* problem = nullptr;
-  if (static_cast<int64_t>(permutation_.size()) != n) {
+  if (static_cast<int64_t>(order.size()) != n) {
     problem = "has the wrong length";
   } else {
     std::vector<bool> seen(static_cast<size_t>(n), false);
-    for (int64_t v : permutation_) {
+    for (int64_t v : order) {
       if (v < 0 || v >= n || seen[static_cast<size_t>(v)]) {
         problem = "is not a permutation of [0, num_samples)";
         break;
@@ -121,9 +149,9 @@ void Sampler::CheckEpochOrder(int64_t epoch) {
     }
   }
   if (problem == nullptr) return;
-  std::fprintf(
-      stderr, "ferry: Sampler epoch_order for epoch %lld %s (%zu entries, num_samples=%lld)\n",
-      static_cast<long long>(epoch), problem, permutation_.size(), static_cast<long long>(n));
+  std::fprintf(stderr,
+               "ferry: Sampler epoch_order for epoch %lld %s (%zu entries, num_samples=%lld)\n",
+               static_cast<long long>(epoch), problem, order.size(), static_cast<long long>(n));
   std::abort();
 }
 

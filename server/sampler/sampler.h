@@ -29,11 +29,14 @@
 // from the positions that run left, through a layout from ResumedLayout
 // (common/epoch_layout.h); the order itself never depends on the world size.
 //
-// Thread-safe: BatchIndices may be called concurrently (it caches one epoch's permutation
-// under a mutex).
+// Thread-safe: BatchIndices may be called concurrently (it caches the permutations of the
+// two epochs it was last asked for under a mutex: a pipeline's workers, its read-ahead and
+// its ranks straddle an epoch's end without computing either again; 4 bytes a sample each
+// for fewer than 2^32 samples).
 #ifndef FERRY_SERVER_SAMPLER_SAMPLER_H_
 #define FERRY_SERVER_SAMPLER_SAMPLER_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -109,16 +112,27 @@ class Sampler final {
 
  private:
   Sampler(const SamplerOptions& options, EpochLayout fresh);
-  // order[pos % num_samples] of the epoch (shuffled, or from epoch_order); recomputes the
-  // cached permutation on a new epoch. Aborts when epoch_order breaks its contract.
+  // One epoch's order (shuffled, or from epoch_order), narrow when the samples fit 32 bits.
+  struct Order {
+    int64_t epoch = -1;  // -1: none yet
+    uint64_t used = 0;   // uses_ when last asked for
+    std::vector<uint32_t> narrow;
+    std::vector<int64_t> wide;
+    int64_t At(size_t i) const { return narrow.empty() ? wide[i] : narrow[i]; }
+  };
+  // order[pos % num_samples] of the epoch.
   int64_t Position(int64_t epoch, int64_t pos) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  void CheckEpochOrder(int64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The epoch's order, computed in place of the least recently used of the two cached.
+  // Aborts when epoch_order breaks its contract.
+  const Order& OrderOf(int64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void CheckEpochOrder(int64_t epoch, const std::vector<int64_t>& order)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const SamplerOptions options_;
   const EpochLayout fresh_;
   absl::Mutex mutex_;
-  int64_t cached_epoch_ ABSL_GUARDED_BY(mutex_) = -1;
-  std::vector<int64_t> permutation_ ABSL_GUARDED_BY(mutex_);
+  std::array<Order, 2> orders_ ABSL_GUARDED_BY(mutex_);
+  uint64_t uses_ ABSL_GUARDED_BY(mutex_) = 0;
 };
 
 }  // namespace ferry

@@ -342,6 +342,62 @@ TEST(SamplerTest, EpochOrderReplacesThePermutationAndIsCachedPerEpoch) {
   }
 }
 
+// Workers at the end of one epoch, the read-ahead and other ranks at the start of the next
+// ask in turn: each of the two orders is computed once, and a third epoch replaces the one
+// asked for least recently.
+TEST(SamplerTest, TwoEpochsAskedInTurnAreEachComputedOnce) {
+  constexpr int64_t kN = 12;
+  std::vector<int64_t> epochs_asked;
+  SamplerOptions o = {.num_samples = kN, .batch_size = 4, .world_size = 1, .seed = 9};
+  o.epoch_order = [&](int64_t epoch, std::vector<int64_t>* order) {
+    epochs_asked.push_back(epoch);
+    RotatedReversed(kN, epoch, order);
+  };
+  std::unique_ptr<Sampler> sampler = MakeSampler(o);
+  ASSERT_NE(sampler, nullptr);
+  std::vector<int64_t> got;
+  auto batch_of = [&](int64_t epoch) {
+    sampler->BatchIndices(epoch, 0, 1, &got);
+    std::vector<int64_t> order;
+    RotatedReversed(kN, epoch, &order);
+    EXPECT_THAT(got, ElementsAre(order[4], order[5], order[6], order[7])) << "epoch " << epoch;
+  };
+  for (int turn = 0; turn < 5; ++turn) {
+    batch_of(3);
+    batch_of(4);
+  }
+  EXPECT_THAT(epochs_asked, ElementsAre(3, 4));
+  batch_of(5);  // replaces epoch 3's
+  batch_of(4);
+  batch_of(3);  // replaces epoch 5's
+  EXPECT_THAT(epochs_asked, ElementsAre(3, 4, 5, 3));
+}
+
+// The shuffled order is the same whether the permutation is kept in 32 bits or not: the
+// same Fisher-Yates draws (OrderIsFisherYatesOverMixSeed pins them) over a dataset whose
+// epochs alternate.
+TEST(SamplerTest, AlternatingEpochsKeepTheirShuffledOrders) {
+  SamplerOptions o = {
+      .num_samples = 1000, .batch_size = 10, .world_size = 2, .shuffle = true, .seed = 4};
+  std::unique_ptr<Sampler> a = MakeSampler(o);
+  std::unique_ptr<Sampler> b = MakeSampler(o);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const auto epoch0 = WholeEpoch(*a, 0);
+  const auto epoch1 = WholeEpoch(*a, 1);
+  std::vector<int64_t> got;
+  for (int64_t batch = 0; batch < 50; ++batch) {
+    for (int64_t epoch : {1, 0}) {
+      for (int64_t rank : {0, 1}) {
+        b->BatchIndices(epoch, rank, batch, &got);
+        EXPECT_EQ(
+            got,
+            (epoch == 0 ? epoch0 : epoch1)[static_cast<size_t>(rank)][static_cast<size_t>(batch)]);
+      }
+    }
+  }
+}
+
 // The contiguous contract for many shapes, with an epoch_order: rank r's k-th sample is
 // order[(r * per_rank + k) % N], every rank gets the same batch count, and without drop_last
 // every sample is served.
