@@ -18,6 +18,7 @@
 #include "absl/base/config.h"
 #include "absl/debugging/failure_signal_handler.h"
 #include "absl/debugging/symbolize.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
 #include "server/service/daemon.h"
@@ -50,6 +51,19 @@ int main(int argc, char** argv) {
   absl::InitializeSymbolizer(argv[0]);
   absl::InstallFailureSignalHandler(absl::FailureSignalHandlerOptions());
 #endif
+  // absl's tracking of the order in which mutexes are taken (a global graph consulted at
+  // every nested lock) is on wherever absl was built without NDEBUG, as distributions build
+  // it, and its default ends the process at the first cycle it sees. A daemon runs without
+  // it, as with a release build of absl; FERRY_MUTEX_DEADLOCK_DETECTION=report (log each
+  // cycle) or =abort turns it on for a diagnosis (tests, the sanitizer builds and clang's
+  // -Wthread-safety check lock order at build and test time).
+  {
+    const char* mode = std::getenv("FERRY_MUTEX_DEADLOCK_DETECTION");
+    const std::string want = mode == nullptr ? "" : mode;
+    absl::SetMutexDeadlockDetectionMode(want == "abort"    ? absl::OnDeadlockCycle::kAbort
+                                        : want == "report" ? absl::OnDeadlockCycle::kReport
+                                                           : absl::OnDeadlockCycle::kIgnore);
+  }
   ferry::DaemonOptions options;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];

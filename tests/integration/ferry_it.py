@@ -80,6 +80,25 @@ def ferryctl(address, *args):
     return json.loads(proc.stdout)
 
 
+# Every ferryd of the tests (the on-demand ones the package starts too) reports a cycle in
+# the order its mutexes are taken (absl's deadlock detection, off in a daemon by default);
+# FerryDaemon.stop() shows the report.
+os.environ.setdefault("FERRY_MUTEX_DEADLOCK_DETECTION", "report")
+
+
+def report_lock_cycles(log_path):
+    """Prints to stderr the lock-order cycles absl reported in a ferryd log, if any."""
+    try:
+        with open(log_path, errors="replace") as f:
+            log = f.read()
+    except OSError:
+        return
+    at = log.find("Potential Mutex deadlock")
+    if at >= 0:
+        sys.stderr.write("ferryd reported a cycle in its lock order (%s):\n%s\n"
+                         % (log_path, log[max(0, at - 200):at + 4000]))
+
+
 class FerryDaemon:
     """A ferryd of the test's own: `ferryd --listen <dir>/ferryd.sock [--config
     <dir>/ferryd.conf]` in a fresh temporary directory, ready once `ferryctl status` answers.
@@ -163,6 +182,7 @@ class FerryDaemon:
         if died is not None and died < 0:
             sys.stderr.write("ferryd %d was killed by signal %d; its log:\n%s\n"
                              % (self.process.pid, -died, tail(self.log_path)))
+        report_lock_cycles(self.log_path)
         if died is None:
             self.process.send_signal(signal.SIGTERM)
             try:
