@@ -255,6 +255,10 @@ bool DatasetHasImages(const ferry::v1::DatasetSpec& dataset);
 // Sets widen_on_host on a dataset of token ids (tokens, token_shards, indexed), so that the
 // host widens them rather than the device; other kinds stay as they are.
 void SetWidenOnHost(ferry::v1::DatasetSpec* dataset);
+// Fills the fields of `dataset` that its kind defaults when they are unset: token_dtype
+// UINT16 for tokens and token_shards, in a blend's sources too. Other fields, and what is
+// set, stay as they are.
+void ApplyDatasetDefaults(ferry::v1::DatasetSpec* dataset);
 
 }  // namespace ferry
 
