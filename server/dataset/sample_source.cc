@@ -20,26 +20,6 @@
 
 namespace ferry {
 
-size_t DTypeSize(ferry::v1::DType dtype) {
-  switch (dtype) {
-    case ferry::v1::UINT8:
-    case ferry::v1::BOOL:
-      return 1;
-    case ferry::v1::UINT16:
-    case ferry::v1::FLOAT16:
-    case ferry::v1::BFLOAT16:
-      return 2;
-    case ferry::v1::UINT32:
-    case ferry::v1::INT32:
-    case ferry::v1::FLOAT32:
-      return 4;
-    case ferry::v1::INT64:
-      return 8;
-    default:
-      return 0;
-  }
-}
-
 namespace {
 
 using ferry::v1::DatasetSpec;

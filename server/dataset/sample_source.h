@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/streaming_copy.h"
+#include "ferry/v1/dtype.h"
 #include "ferry/v1/ferry.pb.h"
 #include "server/dataset/dataset_fs.h"
 #include "server/dataset/mapped_file.h"
@@ -57,8 +58,6 @@ struct FieldLayout {
   // job's fields a trainer sees. Default: false.
   bool internal = false;
 };
-
-size_t DTypeSize(ferry::v1::DType dtype);  // 0 for DTYPE_UNSPECIFIED
 
 // Name of the internal field (FieldLayout::internal) of a composed transform's photometric
 // programs, one PhotometricProgram (server/kernels/photometric.h) per row.
