@@ -83,8 +83,8 @@ int Drain(ferry::Client& client, bool wait) {
       if (absl::IsCancelled(status.status())) continue;  // it is stopping its server
       return Fail(status.status());
     }
-    if (status->daemon.consumers != last) {
-      last = status->daemon.consumers;
+    if (status->daemon().consumers() != last) {
+      last = status->daemon().consumers();
       printf("%u consumer(s) attached\n", last);
       fflush(stdout);
     }

@@ -30,10 +30,6 @@ struct ScreenSize {
 // ferryctl does not know are ignored.
 absl::StatusOr<v1::GetStatusResponse> ParseStatusJson(std::string_view json);
 
-// "trainer", "trainer_cpu", "read", "remote_read", "decode", "copy"; "-" when not known (no
-// consumer, too little seen).
-std::string FormatLimitingStage(v1::LimitingStage stage);
-
 // Cuts `line` to at most `width` characters (UTF-8 code points), ending it with "~" when
 // something was cut; unchanged when width is 0.
 std::string TruncateLine(std::string_view line, int width);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "client/ferryctl/format.h"
 #include "client/ferryctl/live.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
