@@ -122,10 +122,8 @@ class Connection final {
 };
 
 absl::StatusOr<ferry::v1::GetStatusResponse> FetchStatus(Connection& connection) {
-  auto json =
-      connection.Call<std::string>([](ferry::Client& client) { return client.GetStatusJson(); });
-  if (!json.ok()) return json.status();
-  return ferry::ctl::ParseStatusJson(*json);
+  return connection.Call<ferry::v1::GetStatusResponse>(
+      [](ferry::Client& client) { return client.GetStatus(); });
 }
 
 // `ferryctl top`: the daemon's answers, the previous one kept for ferryd's CPU use.

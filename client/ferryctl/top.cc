@@ -10,23 +10,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/ferryctl/format.h"
-#include "google/protobuf/util/json_util.h"
 
 namespace ferry::ctl {
-
-absl::StatusOr<v1::GetStatusResponse> ParseStatusJson(std::string_view json) {
-  v1::GetStatusResponse response;
-  google::protobuf::util::JsonParseOptions options;
-  options.ignore_unknown_fields = true;
-  auto parsed = google::protobuf::util::JsonStringToMessage(
-      google::protobuf::StringPiece(json.data(), json.size()), &response, options);
-  if (!parsed.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ferryd's status answer is not a ferry.v1.GetStatusResponse in JSON: ",
-                     std::string(parsed.message())));
-  }
-  return response;
-}
 
 namespace {
 

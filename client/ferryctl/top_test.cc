@@ -249,19 +249,6 @@ TEST(TopTest, TruncateAndFit) {
   EXPECT_EQ(FitToScreen("one\ntwo\n", {0, 0}), "one\ntwo\n");
 }
 
-TEST(TopTest, ParsesTheClientsJsonAndIgnoresUnknownFields) {
-  auto parsed = ParseStatusJson(
-      R"({"daemon": {"version": "0.4.0", "cpu_seconds": 2.5, "from_a_newer_ferryd": 1},
-          "jobs": [{"job": {"id": "j-1"}, "ranks": [{"rank": 3, "limiting_stage":
-          "LIMITED_BY_READ", "stall_ratio": 0.5}]}]})");
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
-  EXPECT_EQ(parsed->daemon().version(), "0.4.0");
-  EXPECT_EQ(parsed->jobs(0).ranks(0).limiting_stage(), v1::LIMITED_BY_READ);
-  auto bad = ParseStatusJson("{not json");
-  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("GetStatusResponse"));
-}
-
 // A live view of a fixed text, for ComposeFrame.
 class FixedView final : public LiveView {
  public:
