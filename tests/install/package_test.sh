@@ -47,6 +47,7 @@ expect ferryd /usr/sbin/ferryd /usr/bin/ferryctl /usr/lib/systemd/system/ferryd.
 expect libferry1 "/usr/lib/$multiarch/libferry.so.1.0.0" \
   "/usr/lib/$multiarch/libferry_client.so.0.1.0"
 expect libferry-dev /usr/include/ferry/ferry.h /usr/include/ferry/client.h \
+  /usr/include/ferry/consumer.h /usr/include/ferry/batch.h /usr/include/ferry/epoch.h \
   /usr/include/ferry/v1/ferry.pb.h /usr/include/ferry/v1/dtype.h \
   "/usr/lib/$multiarch/pkgconfig/ferry.pc" "/usr/lib/$multiarch/pkgconfig/ferry-client.pc" \
   "/usr/lib/$multiarch/cmake/ferry/ferryConfig.cmake"

@@ -1,7 +1,7 @@
 // ferry's C++ client: talks to a local ferryd over its Unix socket, creates jobs, and
 // consumes batches straight out of the daemon's shared-memory slab (host transport, device
 // "cpu") or out of device slots on the trainer's GPU (GPU transport, device "cuda:N"; see
-// "GPU batches" below).
+// "GPU batches" in ferry/batch.h).
 //
 //   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<ferry::Client> client,
 //                          ferry::Client::Connect(""));          // default socket
@@ -26,14 +26,16 @@
 // the one description of them: a spec sets the fields it needs, and ferryd applies the
 // defaults ferry.proto states for those it leaves unset. No gRPC type appears in this header
 // (the implementation sits behind pImpl classes): users build against abseil and protobuf.
+//
+// This header declares the Client and includes the rest of the API: ferry/consumer.h
+// (Consumer), ferry/batch.h (Batch, BatchField), ferry/epoch.h (EpochRange, EpochProgress)
+// and the messages, ferry/v1/ferry.pb.h with ferry/v1/dtype.h (DTypeSize, DTypeName).
 #ifndef FERRY_CLIENT_CPP_INCLUDE_FERRY_CLIENT_H_
 #define FERRY_CLIENT_CPP_INCLUDE_FERRY_CLIENT_H_
 
-#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -41,214 +43,19 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "ferry/batch.h"
+#include "ferry/consumer.h"
+#include "ferry/epoch.h"
 #include "ferry/v1/dtype.h"
 #include "ferry/v1/ferry.pb.h"
 
 namespace ferry {
 
-// ---------------------------------------------------------------------------------------
-// Epochs.
-
-// Positions [begin, end) of an epoch's order: the order is a function of the job's seed and
-// the epoch only, never of the world size, so a run's progress through an epoch is the set
-// of positions it consumed.
-struct EpochRange {
-  int64_t begin = 0;
-  int64_t end = 0;
-  friend bool operator==(const EpochRange& a, const EpochRange& b) {
-    return a.begin == b.begin && a.end == b.end;
-  }
-};
-
-// Which positions of an epoch a run has consumed, for a resume state that holds on any world
-// size and batch size (docs/data.md, "Resuming on another number of GPUs"). The run's
-// ranks were dealt the positions left after `consumed` (empty for a fresh epoch) as
-// Consumer::ResumeEpoch deals them.
-struct EpochProgress {
-  int64_t positions = 0;  // Job.samples_per_epoch
-  int64_t world_size = 1;
-  int64_t batch_size = 1;
-  bool drop_last = false;
-  bool contiguous_ranks = false;  // Job.contiguous_ranks
-  std::vector<EpochRange> consumed;
-
-  // The run's options as its job has them, after `consumed`.
-  static EpochProgress Of(const v1::Job& job, std::vector<EpochRange> consumed = {});
-  // The positions consumed once every rank took its first `batches_done` batches of the
-  // epoch: `consumed` plus what the ranks were dealt, merged. INVALID_ARGUMENT when a field
-  // is out of range or `consumed` is not sorted disjoint ranges of the epoch.
-  absl::StatusOr<std::vector<EpochRange>> ConsumedAfter(int64_t batches_done) const;
-  // Batches per rank in the epoch.
-  absl::StatusOr<int64_t> Batches() const;
-};
-
-// ---------------------------------------------------------------------------------------
-// Batches.
-
-// One field of a batch: a contiguous, C-ordered [num_samples, *per-sample shape] array.
-struct BatchField {
-  std::string name;
-  v1::DType dtype = v1::DTYPE_UNSPECIFIED;
-  std::vector<int64_t> shape;  // batch dimension first
-  // Read-only; valid until the batch is released. Host memory when `device` is -1,
-  // otherwise device memory on CUDA device `device` (this process's ordinal).
-  const void* data = nullptr;
-  size_t bytes = 0;
-  int device = -1;
-};
-
 namespace internal {
-class BatchLease;
 class Connection;
-class ConsumerImpl;
 }  // namespace internal
 
-// A view of one batch in the daemon's shared memory plus a lease on its slot. The lease
-// is given back (Release on the stream) by Release() or the destructor, whichever comes
-// first; afterwards the daemon may overwrite the memory, so `data` pointers must not be
-// used. Move-only. A Batch may outlive its Consumer (releasing it is then a no-op, and
-// its memory stays mapped until the batch dies).
-//
-// GPU batches (device() >= 0: the job's device is "cuda:..."). The fields are device
-// memory in a slot of ferryd's ring on the trainer's GPU, mapped once per attach. The
-// contract, all on CUDA streams of the caller's choosing (`stream` is a cudaStream_t;
-// nullptr = the device's legacy default stream), with no host synchronisation:
-//   1. WaitOn(stream) before any work that reads the fields is enqueued on `stream` (or on
-//      a stream ordered after it). The data is not ready before: ferryd's copy may still
-//      be running when Next returns.
-//   2. ReleaseOn(stream) after the last work that reads the fields has been enqueued on
-//      `stream`: it records the slot's "released" event there and gives the slot back;
-//      ferryd writes the slot again only after that event has completed. Work on other
-//      streams must be ordered before `stream`'s record (e.g. by an event) by the caller.
-//   3. Release() and the destructor on a GPU batch mean ReleaseOn(the stream last passed to
-//      WaitOn), or the legacy default stream when WaitOn was never called. That stream must
-//      still exist.
-// The device memory stays mapped while any Batch of the attach lives, even past the
-// Consumer; after a release its contents may change at any time. A failed CUDA call
-// (e.g. a lost context) returns its error and leaves the lease held, since giving the slot
-// back without the event could let ferryd overwrite memory still being read; the slot is
-// then reclaimed when the stream ends.
-// For host batches WaitOn is a no-op and ReleaseOn is Release.
-//
-// Thread safety: a Batch is not synchronized; use one from one thread at a time. Batches
-// of one consumer may be released concurrently from different threads.
-class Batch final {
- public:
-  Batch(Batch&&) noexcept;
-  Batch& operator=(Batch&&) noexcept;
-  Batch(const Batch&) = delete;
-  Batch& operator=(const Batch&) = delete;
-  ~Batch();
-
-  int64_t epoch() const { return epoch_; }
-  int64_t index() const { return index_; }  // batch number within the epoch
-  int64_t seq() const { return seq_; }      // position in the consumer's stream
-  uint32_t slot() const { return slot_; }
-  uint32_t num_samples() const { return num_samples_; }
-  const std::vector<BatchField>& fields() const { return fields_; }
-  // The field called `name`, or null.
-  const BatchField* field(std::string_view name) const;
-
-  // Gives the slot back. Idempotent: later calls return OK and do nothing. An error means
-  // the release could not be sent because the stream is gone, in which case the daemon
-  // has reclaimed the slot anyway.
-  absl::Status Release();
-  bool released() const;
-
-  // CUDA device of the batch's fields (this process's ordinal), or -1 for host memory.
-  int device() const { return device_; }
-  // GPU batches: makes `stream` wait (on the device) until the batch is in its slot.
-  // Returns at once. See the contract above.
-  absl::Status WaitOn(void* stream);
-  // GPU batches: records the slot's released event on `stream`, then gives the slot back.
-  // Idempotent like Release. See the contract above.
-  absl::Status ReleaseOn(void* stream);
-
- private:
-  friend class internal::ConsumerImpl;
-  Batch() = default;
-
-  int64_t epoch_ = 0;
-  int64_t index_ = 0;
-  int64_t seq_ = 0;
-  uint32_t slot_ = 0;
-  uint32_t num_samples_ = 0;
-  int device_ = -1;
-  std::vector<BatchField> fields_;
-  std::unique_ptr<internal::BatchLease> lease_;
-};
-
-// ---------------------------------------------------------------------------------------
-// Consumer: one rank of one job.
-//
-// Thread safety: StartEpoch and Next must not be called concurrently with each other (one
-// consuming thread); the batches they return may be released from any thread.
-class Consumer final {
- public:
-  ~Consumer();  // closes the stream: the daemon reclaims every slot still leased
-  Consumer(const Consumer&) = delete;
-  Consumer& operator=(const Consumer&) = delete;
-
-  // The job as ferryd answered the attach: job().fields() is the host layout. Batches carry
-  // the layout they are delivered in (for GPU jobs, the device layout, e.g. CHW floats).
-  const v1::Job& job() const;
-  uint32_t rank() const;
-  uint32_t num_slots() const;
-  // CUDA device (this process's ordinal) the batches arrive on, or -1 for the host
-  // transport.
-  int device() const;
-
-  // Asks for batches [first_batch, job().batches_per_epoch()) of `epoch`. When the previous
-  // epoch has not been consumed to its end, the consumer reattaches first (a new stream;
-  // batches still held from the old one stay readable but their slots are no longer
-  // protected). INVALID_ARGUMENT when first_batch is out of range.
-  absl::Status StartEpoch(int64_t epoch, int64_t first_batch);
-
-  // Resuming on another world size or batch size: asks for the rest of `epoch` after an
-  // earlier run delivered the positions `consumed` of the epoch's order (sorted disjoint
-  // ranges of [0, job().samples_per_epoch()), from EpochProgress::ConsumedAfter of that run).
-  // The positions left are dealt to the job's ranks as a fresh epoch is, and this rank gets
-  // batches [first_batch, n) of that deal; returns n, the same for every rank. Every rank of
-  // the run must pass the same ranges: FAILED_PRECONDITION when another attached rank
-  // resumes the epoch from other positions, or when ferryd is too old to resume;
-  // INVALID_ARGUMENT when the ranges are not positions of this job's epoch. Empty
-  // `consumed`: StartEpoch. Otherwise as StartEpoch.
-  absl::StatusOr<int64_t> ResumeEpoch(int64_t epoch, const std::vector<EpochRange>& consumed,
-                                      int64_t first_batch);
-  // Batches of the epoch last started (StartEpoch or ResumeEpoch), per rank.
-  int64_t epoch_batches() const;
-  // How many times this consumer attached: 1 after Client::Attach, one more at every
-  // reattach (StartEpoch after an unfinished epoch, taking the job back on a new ferryd).
-  // Batches of an earlier attach stay readable, but a caller that keeps views of the slots
-  // (addresses of fields) must take them again from the batches of the new one.
-  int64_t attaches() const;
-
-  // The next batch of the epoch, or nullopt after its last batch. Errors: FAILED_PRECONDITION
-  // before StartEpoch; DEADLINE_EXCEEDED when nothing arrived within `timeout` (nothing is
-  // lost: call again); otherwise the stream's error (e.g. UNAVAILABLE when ferryd died),
-  // after which the consumer is unusable until the next StartEpoch. GPU transport: once
-  // ferryd is gone, batches it sent but not yet taken are dropped, not returned (their
-  // device memory went with it): Next fails with UNAVAILABLE at once. Batches already taken
-  // stay mapped, but their contents are undefined from then on.
-  //
-  // When ferryd went away and the client has a reattach patience (Client::set_reattach),
-  // Next, StartEpoch and ResumeEpoch first take the job back on the ferryd that answers at
-  // the client's address: they connect again, create the job again (as the client's
-  // CreateJob did, with the samples quarantined through the client), attach as this rank
-  // and GPU and go on with the epoch after the last batch Next returned, so no sample is
-  // lost or repeated (the order is a function of the seed and the epoch). They fail with
-  // the UNAVAILABLE, saying why the job was not taken back, once the patience is spent or
-  // at an error that waiting does not cure; the next StartEpoch tries again.
-  absl::StatusOr<std::optional<Batch>> Next(absl::Duration timeout = absl::InfiniteDuration());
-
- private:
-  friend class Client;
-  explicit Consumer(std::unique_ptr<internal::ConsumerImpl> impl);
-  std::unique_ptr<internal::ConsumerImpl> impl_;
-};
-
-// ---------------------------------------------------------------------------------------
-// Client: one session with one ferryd.
+// One session with one ferryd.
 //
 // Thread safety: every method may be called concurrently. Consumers keep the session they
 // need alive on their own, so a Client may be destroyed before its consumers.
