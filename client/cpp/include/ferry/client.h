@@ -78,8 +78,9 @@ class Client final {
 
   // Creates the job `name` of `spec`, or returns the existing one with the same name and
   // spec (all local ranks of a run share it). An empty name lets ferryd name the job after the
-  // spec. ferryd applies the defaults of the fields the spec leaves unset, so the job's spec
-  // is the spec with its defaults; INVALID_ARGUMENT naming the field it cannot take.
+  // spec. `spec` is sent as it is: ferryd applies the defaults ferry.proto states for the
+  // fields it leaves unset (the returned Job's spec shows those that decide which job it is,
+  // such as world_size and device). INVALID_ARGUMENT naming a field ferryd cannot take.
   absl::StatusOr<v1::Job> CreateJob(std::string_view name, const v1::JobSpec& spec);
   // The job with its ranks, errors and every quarantined sample.
   absl::StatusOr<v1::JobStatus> GetJob(std::string_view job_id);
