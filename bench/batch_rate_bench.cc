@@ -125,22 +125,18 @@ int main(int argc, char** argv) {
   auto client = ferry::Client::Connect(options.listen);
   if (!client.ok()) Die(client.status().ToString());
 
-  ferry::JobOptions job;
-  ferry::TokensOptions source;
-  source.path = tokens;
-  source.seq_len = static_cast<uint32_t>(seq_len);
-  job.dataset = source;
-  job.batch_size = static_cast<uint32_t>(batch);
-  job.drop_last = true;
-  job.prefetch_depth = static_cast<uint32_t>(prefetch);
+  ferry::v1::JobSpec job;
+  job.mutable_dataset()->mutable_tokens()->set_path(tokens);
+  job.mutable_dataset()->mutable_tokens()->set_seq_len(static_cast<uint32_t>(seq_len));
+  job.set_batch_size(static_cast<uint32_t>(batch));
+  job.set_drop_last(true);
+  job.set_prefetch_depth(static_cast<uint32_t>(prefetch));
   // One job per data plane, so one's ending stream never delays the other's attach.
-  job.name = "rate-channel";
-  auto channel_job = (*client)->CreateJob(job);
-  job.name = "rate-grpc";
-  auto grpc_job = (*client)->CreateJob(job);
+  auto channel_job = (*client)->CreateJob("rate-channel", job);
+  auto grpc_job = (*client)->CreateJob("rate-grpc", job);
   if (!channel_job.ok()) Die(channel_job.status().ToString());
   if (!grpc_job.ok()) Die(grpc_job.status().ToString());
-  const int64_t per_epoch = channel_job->batches_per_epoch;
+  const int64_t per_epoch = channel_job->batches_per_epoch();
   const uint64_t batch_bytes = static_cast<uint64_t>(batch) * (seq_len + 1) * 8;
 
   printf(
@@ -153,8 +149,8 @@ int main(int argc, char** argv) {
   printf("%-6s %-34s %12s %12s %8s\n", "round", "data plane", "batches/s", "us in Next", "ratio");
   int64_t channel_epoch = 0, grpc_epoch = 0;
   for (int round = 1; round <= rounds; ++round) {
-    const Rate grpc = Measure(**client, grpc_job->id, false, batches, per_epoch, &grpc_epoch);
-    const Rate shm = Measure(**client, channel_job->id, true, batches, per_epoch, &channel_epoch);
+    const Rate grpc = Measure(**client, grpc_job->id(), false, batches, per_epoch, &grpc_epoch);
+    const Rate shm = Measure(**client, channel_job->id(), true, batches, per_epoch, &channel_epoch);
     printf("%-6d %-34s %12.0f %12.1f %8s\n", round, "gRPC stream (baseline)",
            grpc.batches_per_second, grpc.next_us, "1.00");
     printf("%-6d %-34s %12.0f %12.1f %8.2f\n", round, "shared-memory batch channel",

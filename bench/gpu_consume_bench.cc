@@ -10,7 +10,7 @@
 //                     [--device 0] [--kinds tokens,records]
 //
 // FILE is read twice per configuration: as uint16 tokens widened to int64 on the GPU
-// (TokensOptions), and as raw int64 records of seq_len + 1 (RecordsOptions, one plain copy
+// (TokensDataset), and as raw int64 records of seq_len + 1 (RecordsDataset, one plain copy
 // per batch). GB/s count the int64 bytes in the trainer's GPU memory; "next" is the share
 // of the trainer's time spent inside Next, i.e. waiting for ferryd. Rounds interleave the
 // peak and ferry's rows; the table prints medians and the min-max of per-round ratios.
@@ -106,27 +106,25 @@ struct Run {
 // (an epoch of a 512 MiB file lasts ~12 ms at the pinned peak: too short to time alone).
 Run Consume(Client& client, const std::string& path, int seq_len, int batch, int prefetch,
             bool records, int device, int epochs, double min_seconds) {
-  JobOptions job;
+  v1::JobSpec job;
   if (records) {
-    RecordsOptions r;
-    r.path = path;
-    r.dtype = DType::kInt64;
-    r.shape = {seq_len + 1};
+    v1::RecordsDataset* r = job.mutable_dataset()->mutable_records();
+    r->set_path(path);
+    r->set_dtype(v1::INT64);
+    r->add_shape(seq_len + 1);
     // The token file's bytes read as whole int64 records: nothing to convert anywhere.
-    job.dataset = r;
   } else {
-    TokensOptions t;
-    t.path = path;
-    t.seq_len = static_cast<uint32_t>(seq_len);
-    job.dataset = t;
+    v1::TokensDataset* t = job.mutable_dataset()->mutable_tokens();
+    t->set_path(path);
+    t->set_seq_len(static_cast<uint32_t>(seq_len));
   }
-  job.batch_size = static_cast<uint32_t>(batch);
-  job.shuffle = true;
-  job.drop_last = true;
-  job.device = "cuda:" + std::to_string(device);
-  job.prefetch_depth = static_cast<uint32_t>(prefetch);
-  const JobInfo info = Take(client.CreateJob(job), "CreateJob");
-  std::unique_ptr<Consumer> consumer = Take(client.Attach(info.id, 0), "Attach");
+  job.set_batch_size(static_cast<uint32_t>(batch));
+  job.set_shuffle(true);
+  job.set_drop_last(true);
+  job.set_device("cuda:" + std::to_string(device));
+  job.set_prefetch_depth(static_cast<uint32_t>(prefetch));
+  const v1::Job info = Take(client.CreateJob("", job), "CreateJob");
+  std::unique_ptr<Consumer> consumer = Take(client.Attach(info.id(), 0), "Attach");
   CheckCuda(cudaSetDevice(consumer->device()), "cudaSetDevice");
   CudaStream stream = Take(CudaStream::Create(consumer->device()), "stream");
   const std::string field = records ? "data" : "tokens";

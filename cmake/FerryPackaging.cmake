@@ -67,7 +67,7 @@ set(CPACK_COMPONENT_LIBS_DESCRIPTION
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME libferry-dev)
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
 set(CPACK_COMPONENT_DEV_DEPENDS libs)
-set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "libabsl-dev")
+set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "libabsl-dev, libprotobuf-dev")
 set(CPACK_COMPONENT_DEV_DESCRIPTION
     "ferry client: headers, pkg-config files and CMake package\n find_package(ferry) gives ferry::client (C++) and ferry::c (C ABI); pkg-config\n names ferry and ferry-client.")
 

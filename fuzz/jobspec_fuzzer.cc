@@ -15,7 +15,7 @@
 #include <memory>
 #include <string>
 
-#include "client/cpp/internal/convert.h"
+#include "client/cpp/internal/json.h"
 #include "server/memory/memory_budget.h"
 #include "server/service/job_manager.h"
 #include "testing/jpeg_writer.h"

@@ -82,6 +82,22 @@ int ReturnJson(const absl::StatusOr<std::string>& json, char** out) {
   return FERRY_OK;
 }
 
+// The C ABI's dtype codes are ferry.v1.DType's values, which ferry_dtype_* and
+// ferry_batch_field cast between.
+constexpr bool SameDType(int code, ferry::v1::DType dtype) {
+  return code == static_cast<int>(dtype);
+}
+static_assert(SameDType(FERRY_DTYPE_UNSPECIFIED, ferry::v1::DTYPE_UNSPECIFIED) &&
+              SameDType(FERRY_DTYPE_UINT8, ferry::v1::UINT8) &&
+              SameDType(FERRY_DTYPE_UINT16, ferry::v1::UINT16) &&
+              SameDType(FERRY_DTYPE_UINT32, ferry::v1::UINT32) &&
+              SameDType(FERRY_DTYPE_INT32, ferry::v1::INT32) &&
+              SameDType(FERRY_DTYPE_INT64, ferry::v1::INT64) &&
+              SameDType(FERRY_DTYPE_FLOAT16, ferry::v1::FLOAT16) &&
+              SameDType(FERRY_DTYPE_BFLOAT16, ferry::v1::BFLOAT16) &&
+              SameDType(FERRY_DTYPE_FLOAT32, ferry::v1::FLOAT32) &&
+              SameDType(FERRY_DTYPE_BOOL, ferry::v1::BOOL));
+
 }  // namespace
 
 extern "C" {
@@ -137,10 +153,12 @@ const char* ferry_status_name(int code) {
 
 const char* ferry_dtype_name(int dtype) {
   // DTypeName returns views of string literals, hence NUL-terminated.
-  return ferry::DTypeName(static_cast<ferry::DType>(dtype)).data();
+  return ferry::DTypeName(static_cast<ferry::v1::DType>(dtype)).data();
 }
 
-size_t ferry_dtype_size(int dtype) { return ferry::DTypeSize(static_cast<ferry::DType>(dtype)); }
+size_t ferry_dtype_size(int dtype) {
+  return ferry::DTypeSize(static_cast<ferry::v1::DType>(dtype));
+}
 
 void ferry_free(void* p) { std::free(p); }
 
@@ -308,7 +326,7 @@ int ferry_consumer_attaches(const ferry_consumer_t* consumer, int64_t* out) {
 int ferry_consumer_batches_per_epoch(const ferry_consumer_t* consumer, int64_t* out) {
   if (consumer == nullptr) return NullArgument(__func__, "consumer");
   if (out == nullptr) return NullArgument(__func__, "out");
-  *out = consumer->consumer->job().batches_per_epoch;
+  *out = consumer->consumer->job().batches_per_epoch();
   return FERRY_OK;
 }
 

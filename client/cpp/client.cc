@@ -8,12 +8,14 @@
 #include <cstdlib>
 #include <deque>
 #include <functional>
+#include <iterator>
 #include <optional>
 #include <set>
 #include <string_view>
 #include <thread>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -21,8 +23,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
-#include "client/cpp/internal/convert.h"
 #include "client/cpp/internal/cuda_ring.h"
+#include "client/cpp/internal/json.h"
+#include "client/cpp/internal/layout.h"
+#include "client/cpp/internal/rpc.h"
 #include "client/cpp/internal/session.h"
 #include "client/cpp/internal/store_credentials.h"
 #include "common/batch_channel.h"
@@ -758,8 +762,8 @@ class ConsumerImpl {
       }
       return refused;
     }
-    JobInfo job = FromProto(response.job());
-    std::vector<FieldInfo> layout;
+    v1::Job job = std::move(*response.mutable_job());
+    google::protobuf::RepeatedPtrField<v1::Field> layout;
     switch (response.transport_case()) {
       case v1::AttachResponse::kHost: {
         FERRY_ASSIGN_OR_RETURN(Session::Slab slab,
@@ -769,18 +773,15 @@ class ConsumerImpl {
                                                   response.host().slab_bytes(),
                                                   " bytes in Attach but handed over ", slab.bytes));
         }
-        FERRY_RETURN_IF_ERROR(
-            ValidateLayout(job, response.num_slots(), response.slot_bytes(), slab.bytes));
+        FERRY_RETURN_IF_ERROR(ValidateLayout(job, job.fields(), response.num_slots(),
+                                             response.slot_bytes(), slab.bytes));
         FERRY_ASSIGN_OR_RETURN(slab_, SlabMapping::Create(slab.fd.get(), slab.bytes));
         ring_.reset();
-        layout = job.fields;
+        layout = job.fields();
         break;
       }
       case v1::AttachResponse::kCuda: {
         const v1::CudaTransport& cuda = response.cuda();
-        JobInfo device_job = job;
-        device_job.fields.clear();
-        for (const v1::Field& f : cuda.fields()) device_job.fields.push_back(FromProto(f));
         if (cuda.slot_bytes() != response.slot_bytes() ||
             static_cast<uint32_t>(cuda.slots_size()) != response.num_slots()) {
           return absl::InternalError(
@@ -788,7 +789,8 @@ class ConsumerImpl {
                            response.slot_bytes(), " bytes but its CUDA transport has ",
                            cuda.slots_size(), " slots of ", cuda.slot_bytes(), " bytes"));
         }
-        FERRY_RETURN_IF_ERROR(ValidateLayout(device_job, response.num_slots(), cuda.slot_bytes(),
+        FERRY_RETURN_IF_ERROR(ValidateLayout(job, cuda.fields(), response.num_slots(),
+                                             cuda.slot_bytes(),
                                              uint64_t{response.num_slots()} * cuda.slot_bytes()));
         CudaRingSpec spec;
         spec.daemon_device = cuda.device();
@@ -811,7 +813,7 @@ class ConsumerImpl {
           ring_ = *std::move(ring);
         }
         slab_.reset();
-        layout = std::move(device_job.fields);
+        layout = cuda.fields();
         break;
       }
       default:
@@ -882,7 +884,7 @@ class ConsumerImpl {
     return next;
   }
 
-  const JobInfo& job() const { return job_; }
+  const v1::Job& job() const { return job_; }
   int64_t epoch_batches() const { return epoch_batches_; }
   uint32_t rank() const { return rank_; }
   uint32_t num_slots() const { return num_slots_; }
@@ -895,7 +897,7 @@ class ConsumerImpl {
   // Asks this attach's stream for batches [first_batch, n) of `epoch` after `consumed`.
   absl::StatusOr<int64_t> Begin(int64_t epoch, const std::vector<EpochRange>& consumed,
                                 int64_t first_batch) {
-    int64_t batches = job_.batches_per_epoch;
+    int64_t batches = job_.batches_per_epoch();
     // ferryd keeps a resume for this attach only: say it again after a reattach, and undo
     // it when this epoch is dealt whole.
     if (!consumed.empty() || resumed_) {
@@ -947,7 +949,7 @@ class ConsumerImpl {
     const bool in_epoch = resume && in_epoch_;
     std::fprintf(stderr, "ferry: lost ferryd at %s (%s); taking job '%s' (%s) rank %u back",
                  connection_->address().c_str(), std::string(cause.message()).c_str(),
-                 job_.name.c_str(), original_job_id_.c_str(), rank_);
+                 job_.name().c_str(), original_job_id_.c_str(), rank_);
     if (in_epoch) {
       std::fprintf(stderr, " at epoch %lld batch %lld", static_cast<long long>(epoch_),
                    static_cast<long long>(next_batch_));
@@ -1032,12 +1034,12 @@ class ConsumerImpl {
     }
     if (ready.seq != next_seq_ || ready.epoch != epoch_ || ready.batch != next_batch_ ||
         ready.slot >= num_slots_ || ready.num_samples == 0 ||
-        ready.num_samples > job_.spec.batch_size) {
+        ready.num_samples > job_.spec().batch_size()) {
       return Break(absl::InternalError(absl::StrCat(
           "ferryd sent BatchReady{seq=", ready.seq, ", epoch=", ready.epoch,
           ", batch=", ready.batch, ", slot=", ready.slot, ", num_samples=", ready.num_samples,
           "} but expected seq ", next_seq_, ", epoch ", epoch_, ", batch ", next_batch_,
-          ", slot < ", num_slots_, ", 1..", job_.spec.batch_size, " samples")));
+          ", slot < ", num_slots_, ", 1..", job_.spec().batch_size(), " samples")));
     }
     ++next_seq_;
     ++next_batch_;
@@ -1052,15 +1054,15 @@ class ConsumerImpl {
         ring_ ? ring_->slot_data(ready.slot) : slab_->data() + uint64_t{ready.slot} * slot_bytes_;
     batch.device_ = device;
     batch.fields_.reserve(layout_.size());
-    for (const FieldInfo& f : layout_) {
+    for (const v1::Field& f : layout_) {
       BatchField field;
-      field.name = f.name;
-      field.dtype = f.dtype;
-      field.shape.reserve(f.shape.size() + 1);
+      field.name = f.name();
+      field.dtype = f.dtype();
+      field.shape.reserve(f.shape_size() + 1);
       field.shape.push_back(ready.num_samples);
-      field.shape.insert(field.shape.end(), f.shape.begin(), f.shape.end());
-      field.data = slot_base + f.offset;
-      field.bytes = uint64_t{ready.num_samples} * f.row_bytes;
+      field.shape.insert(field.shape.end(), f.shape().begin(), f.shape().end());
+      field.data = slot_base + f.offset();
+      field.bytes = uint64_t{ready.num_samples} * f.row_bytes();
       field.device = device;
       batch.fields_.push_back(std::move(field));
     }
@@ -1110,13 +1112,13 @@ class ConsumerImpl {
   const uint32_t rank_;
   const std::string device_;  // AttachRequest.device; empty: the job spec's
 
-  JobInfo job_;
+  v1::Job job_;
   std::string attach_id_;
   uint32_t num_slots_ = 0;
   uint64_t slot_bytes_ = 0;
-  std::vector<FieldInfo> layout_;            // of the fields in a slot, as delivered
-  std::shared_ptr<const SlabMapping> slab_;  // host transport
-  std::shared_ptr<const CudaRing> ring_;     // GPU transport
+  google::protobuf::RepeatedPtrField<v1::Field> layout_;  // of the fields in a slot, as delivered
+  std::shared_ptr<const SlabMapping> slab_;               // host transport
+  std::shared_ptr<const CudaRing> ring_;                  // GPU transport
   std::shared_ptr<StreamState> stream_;
   State state_ = State::kIdle;
   bool in_epoch_ = false;  // an epoch was begun and its end not read (a break keeps it)
@@ -1175,13 +1177,13 @@ absl::StatusOr<EpochLayout> LayoutOf(const EpochProgress& p) {
 
 }  // namespace
 
-EpochProgress EpochProgress::Of(const JobInfo& job, std::vector<EpochRange> consumed) {
+EpochProgress EpochProgress::Of(const v1::Job& job, std::vector<EpochRange> consumed) {
   EpochProgress p;
-  p.positions = job.samples_per_epoch;
-  p.world_size = job.spec.world_size == 0 ? 1 : job.spec.world_size;
-  p.batch_size = job.spec.batch_size;
-  p.drop_last = job.spec.drop_last;
-  p.contiguous_ranks = job.contiguous_ranks;
+  p.positions = job.samples_per_epoch();
+  p.world_size = job.spec().world_size() == 0 ? 1 : job.spec().world_size();
+  p.batch_size = job.spec().batch_size();
+  p.drop_last = job.spec().drop_last();
+  p.contiguous_ranks = job.contiguous_ranks();
   p.consumed = std::move(consumed);
   return p;
 }
@@ -1203,7 +1205,7 @@ absl::StatusOr<int64_t> EpochProgress::Batches() const {
 
 Consumer::Consumer(std::unique_ptr<internal::ConsumerImpl> impl) : impl_(std::move(impl)) {}
 Consumer::~Consumer() = default;
-const JobInfo& Consumer::job() const { return impl_->job(); }
+const v1::Job& Consumer::job() const { return impl_->job(); }
 uint32_t Consumer::rank() const { return impl_->rank(); }
 uint32_t Consumer::num_slots() const { return impl_->num_slots(); }
 int Consumer::device() const { return impl_->device(); }
@@ -1251,13 +1253,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::string_view address
 const std::string& Client::address() const { return impl_->address(); }
 int Client::daemon_pid() const { return impl_->current().first->session().daemon_pid(); }
 
-absl::StatusOr<JobInfo> Client::CreateJob(const JobOptions& options) {
+absl::StatusOr<v1::Job> Client::CreateJob(std::string_view name, const v1::JobSpec& spec) {
   v1::CreateJobRequest request;
-  request.set_name(options.name);
-  *request.mutable_spec() = internal::ToProto(options);
+  request.set_name(std::string(name));
+  *request.mutable_spec() = spec;
   FERRY_ASSIGN_OR_RETURN(v1::Job job, internal::CreateChecked(*impl_->current().first, request));
   impl_->NoteCreated(job.id(), std::move(request));
-  return internal::FromProto(job);
+  return job;
 }
 
 absl::StatusOr<std::string> Client::CreateJobJson(std::string_view name,
@@ -1271,10 +1273,8 @@ absl::StatusOr<std::string> Client::CreateJobJson(std::string_view name,
   return internal::ToJson(job);
 }
 
-absl::StatusOr<JobStatus> Client::GetJob(std::string_view job_id) {
-  FERRY_ASSIGN_OR_RETURN(v1::JobStatus status,
-                         internal::CallGetJob(*impl_->current().first, impl_->IdNow(job_id)));
-  return internal::FromProto(status);
+absl::StatusOr<v1::JobStatus> Client::GetJob(std::string_view job_id) {
+  return internal::CallGetJob(*impl_->current().first, impl_->IdNow(job_id));
 }
 
 absl::StatusOr<std::string> Client::GetJobJson(std::string_view job_id) {
@@ -1283,12 +1283,11 @@ absl::StatusOr<std::string> Client::GetJobJson(std::string_view job_id) {
   return internal::ToJson(status);
 }
 
-absl::StatusOr<std::vector<JobInfo>> Client::ListJobs() {
+absl::StatusOr<std::vector<v1::Job>> Client::ListJobs() {
   FERRY_ASSIGN_OR_RETURN(v1::ListJobsResponse response,
                          internal::CallListJobs(*impl_->current().first));
-  std::vector<JobInfo> jobs;
-  for (const v1::Job& job : response.jobs()) jobs.push_back(internal::FromProto(job));
-  return jobs;
+  return std::vector<v1::Job>(std::make_move_iterator(response.mutable_jobs()->begin()),
+                              std::make_move_iterator(response.mutable_jobs()->end()));
 }
 
 absl::StatusOr<std::string> Client::ListJobsJson() {
@@ -1327,10 +1326,8 @@ absl::StatusOr<uint32_t> Client::Drain() {
   return response.consumers();
 }
 
-absl::StatusOr<StatusReport> Client::GetStatus() {
-  FERRY_ASSIGN_OR_RETURN(v1::GetStatusResponse response,
-                         internal::CallGetStatus(*impl_->current().first));
-  return internal::FromProto(response);
+absl::StatusOr<v1::GetStatusResponse> Client::GetStatus() {
+  return internal::CallGetStatus(*impl_->current().first);
 }
 
 void Client::set_held_rank_wait(absl::Duration wait) { impl_->set_held_rank_wait(wait); }

@@ -1,5 +1,5 @@
-// Client library tests that need no ferryd: spec <-> JSON conversion, layout validation,
-// slab mapping, and the session socket against a scripted fake daemon.
+// Client library tests that need no ferryd: JSON parsing, layout validation, slab mapping,
+// and the session socket and gRPC calls against scripted fake daemons.
 #include "ferry/client.h"
 
 #include <sys/mman.h>
@@ -17,7 +17,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "client/cpp/internal/convert.h"
+#include "client/cpp/internal/json.h"
+#include "client/cpp/internal/layout.h"
+#include "client/cpp/internal/rpc.h"
 #include "client/cpp/internal/session.h"
 #include "common/error_reason.h"
 #include "common/session_protocol.h"
@@ -27,42 +29,6 @@
 #include "gtest/gtest.h"
 
 namespace ferry {
-namespace transforms {
-
-// Field-for-field equality of the composed transform's ops, for the round-trip tests (the
-// public header stays C++17, without defaulted comparisons). Here, not in an unnamed
-// namespace, so that std::variant's operator== finds them by argument-dependent lookup.
-bool operator==(const RandomResizedCrop& a, const RandomResizedCrop& b) {
-  return std::tie(a.size, a.scale, a.ratio, a.full_decode) ==
-         std::tie(b.size, b.scale, b.ratio, b.full_decode);
-}
-bool operator==(const Resize& a, const Resize& b) {
-  return std::tie(a.size, a.full_decode) == std::tie(b.size, b.full_decode);
-}
-bool operator==(const CenterCrop& a, const CenterCrop& b) { return a.size == b.size; }
-bool operator==(const RandomCrop& a, const RandomCrop& b) {
-  return std::tie(a.size, a.padding, a.pad_if_needed, a.fill, a.padding_mode) ==
-         std::tie(b.size, b.padding, b.pad_if_needed, b.fill, b.padding_mode);
-}
-bool operator==(const RandomHorizontalFlip& a, const RandomHorizontalFlip& b) { return a.p == b.p; }
-bool operator==(const RandomVerticalFlip& a, const RandomVerticalFlip& b) { return a.p == b.p; }
-bool operator==(const ColorJitter& a, const ColorJitter& b) {
-  return std::tie(a.brightness, a.contrast, a.saturation, a.hue) ==
-         std::tie(b.brightness, b.contrast, b.saturation, b.hue);
-}
-bool operator==(const RandomGrayscale& a, const RandomGrayscale& b) { return a.p == b.p; }
-bool operator==(const TrivialAugmentWide& a, const TrivialAugmentWide& b) {
-  return std::tie(a.num_magnitude_bins, a.fill) == std::tie(b.num_magnitude_bins, b.fill);
-}
-bool operator==(const Normalize& a, const Normalize& b) {
-  return std::tie(a.mean, a.std) == std::tie(b.mean, b.std);
-}
-bool operator==(const RandomErasing& a, const RandomErasing& b) {
-  return std::tie(a.p, a.scale, a.ratio, a.value) == std::tie(b.p, b.scale, b.ratio, b.value);
-}
-
-}  // namespace transforms
-
 namespace {
 
 using ::testing::HasSubstr;
@@ -276,6 +242,26 @@ TEST(OldDaemonTest, AGpuJobOfThisClientsFormIsRefusedSayingWhatToDo) {
   EXPECT_EQ(old.created_devices, std::vector<std::string>{"cpu"});
 }
 
+// CreateJob sends the spec as the caller built it (ferryd applies the defaults) and answers
+// ferryd's Job.
+TEST(CreateJobTest, SendsTheSpecAsGivenAndReturnsTheJob) {
+  OldFerryd ferryd_service;
+  FakeFerryd ferryd(&ferryd_service);
+  Client* client = ferryd.client();
+  ASSERT_NE(client, nullptr);
+  v1::JobSpec spec;
+  spec.mutable_dataset()->mutable_tokens()->set_path("/d/t.bin");
+  spec.mutable_dataset()->mutable_tokens()->set_seq_len(16);
+  spec.set_batch_size(8);
+  absl::StatusOr<v1::Job> job = client->CreateJob("run-1", spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->id(), "j1");
+  EXPECT_EQ(job->spec().dataset().tokens().path(), "/d/t.bin");
+  EXPECT_EQ(job->spec().batch_size(), 8u);
+  EXPECT_EQ(job->spec().device(), "") << "the client adds no default of its own";
+  EXPECT_EQ(ferryd_service.created_devices, std::vector<std::string>{""});
+}
+
 // A ferryd whose rank 0 is held: Attach is refused with the reason in trailing metadata
 // (rank 1: FAILED_PRECONDITION for another cause, with no reason).
 class HeldRankFerryd final : public ferry::v1::Ferry::Service {
@@ -470,442 +456,92 @@ TEST(SlabMappingTest, RefusesAFileSmallerThanAnnounced) {
   EXPECT_THAT(mapping.status().message(), HasSubstr("holds 4096 bytes, ferryd announced 8192"));
 }
 
-TEST(JobOptionsJsonTest, ImageFolderRoundTrip) {
-  JobOptions options;
-  options.dataset = ImageFolderOptions{"/data/train"};
-  RandomResizedCropOptions rrc;
-  rrc.size = 224;
-  rrc.flip = true;
-  options.transform = rrc;
-  options.batch_size = 256;
-  options.shuffle = true;
-  options.seed = 7;
-  options.world_size = 8;
-  options.device = "cuda:3";
-  const std::string json = JobOptionsToJson(options);
-  EXPECT_THAT(json, HasSubstr(R"("image_folder":{"root":"/data/train","exif_orientation":false})"));
-  EXPECT_THAT(json, HasSubstr(R"("batch_size":256)"));
-  EXPECT_THAT(json, HasSubstr(R"("seed":"7")"));  // uint64 is a string in proto3 JSON
-
-  auto parsed = JobOptionsFromJson(json);
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
-  ASSERT_TRUE(std::holds_alternative<ImageFolderOptions>(parsed->dataset));
-  EXPECT_EQ(std::get<ImageFolderOptions>(parsed->dataset).root, "/data/train");
-  ASSERT_TRUE(std::holds_alternative<RandomResizedCropOptions>(parsed->transform));
-  const auto& t = std::get<RandomResizedCropOptions>(parsed->transform);
-  EXPECT_EQ(t.size, 224u);
-  EXPECT_TRUE(t.flip);
-  EXPECT_FLOAT_EQ(t.scale_min, 0.08f);
-  EXPECT_FLOAT_EQ(t.ratio_max, 4.0f / 3.0f);
-  EXPECT_EQ(parsed->batch_size, 256u);
-  EXPECT_TRUE(parsed->shuffle);
-  EXPECT_EQ(parsed->seed, 7u);
-  EXPECT_EQ(parsed->world_size, 8u);
-  EXPECT_EQ(parsed->device, "cuda:3");
-  EXPECT_FALSE(std::get<ImageFolderOptions>(parsed->dataset).exif_orientation);
-
-  // exif_orientation travels both ways.
-  options.dataset = ImageFolderOptions{"/data/train", /*exif_orientation=*/true};
-  const std::string with_exif = JobOptionsToJson(options);
-  EXPECT_THAT(with_exif,
-              HasSubstr(R"("image_folder":{"root":"/data/train","exif_orientation":true})"));
-  parsed = JobOptionsFromJson(with_exif);
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
-  EXPECT_TRUE(std::get<ImageFolderOptions>(parsed->dataset).exif_orientation);
-}
-
-TEST(JobOptionsJsonTest, WebDatasetRoundTrip) {
-  JobOptions options;
-  WebDatasetOptions wds;
-  wds.shards = {"/data/train-{000..009}.tar"};
-  wds.image_key = "png";
-  wds.exif_orientation = true;
-  options.dataset = wds;
-  options.transform = CenterCropOptions{224, 0};
-  options.batch_size = 8;
-  const std::string json = JobOptionsToJson(options);
-  EXPECT_THAT(json, HasSubstr(R"("image_key":"png")"));
-  EXPECT_THAT(json, HasSubstr(R"("exif_orientation":true)"));
-  auto parsed = JobOptionsFromJson(json);
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
-  ASSERT_TRUE(std::holds_alternative<WebDatasetOptions>(parsed->dataset));
-  const auto& back = std::get<WebDatasetOptions>(parsed->dataset);
-  EXPECT_EQ(back.shards, wds.shards);
-  EXPECT_EQ(back.image_key, "png");
-  EXPECT_EQ(back.label_key, "cls");
-  EXPECT_TRUE(back.exif_orientation);
-}
-
-TEST(JobOptionsJsonTest, TokensFromHandWrittenJsonWithCamelCaseNames) {
-  auto parsed = JobOptionsFromJson(
-      R"({"dataset":{"tokens":{"path":"/d/t.bin","tokenDtype":"UINT32","seqLen":2048}},
-          "batchSize":8,"dropLast":true})");
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
-  ASSERT_TRUE(std::holds_alternative<TokensOptions>(parsed->dataset));
-  const auto& tokens = std::get<TokensOptions>(parsed->dataset);
-  EXPECT_EQ(tokens.path, "/d/t.bin");
-  EXPECT_EQ(tokens.token_dtype, DType::kUint32);
-  EXPECT_EQ(tokens.seq_len, 2048u);
-  EXPECT_EQ(tokens.output_dtype, DType::kUnspecified);  // left to the daemon's default
-  EXPECT_TRUE(std::holds_alternative<std::monostate>(parsed->transform));
-  EXPECT_EQ(parsed->batch_size, 8u);
-  EXPECT_TRUE(parsed->drop_last);
-}
-
-TEST(JobOptionsJsonTest, TokensWidenedOnTheHostRoundTrip) {
-  JobOptions options;
-  TokensOptions tokens;
-  tokens.path = "/d/t.bin";
-  tokens.seq_len = 16;
-  tokens.widen_on_host = true;
-  options.dataset = tokens;
-  options.device = "cuda:0";
-  const std::string json = JobOptionsToJson(options);
-  EXPECT_THAT(json, HasSubstr(R"("widen_on_host":true)"));
-  auto parsed = JobOptionsFromJson(json);
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
-  ASSERT_TRUE(std::holds_alternative<TokensOptions>(parsed->dataset));
-  EXPECT_TRUE(std::get<TokensOptions>(parsed->dataset).widen_on_host);
-  auto camel = JobOptionsFromJson(
-      R"({"dataset":{"tokens":{"path":"/d/t.bin","seqLen":4,"widenOnHost":true}}})");
-  ASSERT_TRUE(camel.ok()) << camel.status();
-  EXPECT_TRUE(std::get<TokensOptions>(camel->dataset).widen_on_host);
-}
-
-TEST(JobOptionsJsonTest, BlendRoundTripKeepsEverySource) {
-  JobOptions options;
-  BlendOptions blend;
-  IndexedOptions wiki;
-  wiki.path_prefix = "/d/wiki_text_document";
-  wiki.seq_len = 2048;
-  wiki.widen_on_host = true;
-  TokenShardsOptions web;
-  web.shards = {"/d/web-{000..127}.bin"};
-  web.seq_len = 2048;
-  blend.sources.push_back({.dataset = wiki, .weight = 0.3, .name = "wiki"});
-  blend.sources.push_back({.dataset = web, .weight = 0.7, .name = ""});
-  blend.samples_per_epoch = 1000000;
-  options.dataset = blend;
-  options.batch_size = 8;
-  const std::string json = JobOptionsToJson(options);
-  EXPECT_THAT(json, HasSubstr(R"("samples_per_epoch":"1000000")"));
-  auto parsed = JobOptionsFromJson(json);
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
-  ASSERT_TRUE(std::holds_alternative<BlendOptions>(parsed->dataset));
-  const auto& back = std::get<BlendOptions>(parsed->dataset);
-  ASSERT_EQ(back.sources.size(), 2u);
-  EXPECT_EQ(back.samples_per_epoch, 1000000u);
-  EXPECT_EQ(back.sources[0].name, "wiki");
-  EXPECT_DOUBLE_EQ(back.sources[0].weight, 0.3);
-  ASSERT_TRUE(std::holds_alternative<IndexedOptions>(back.sources[0].dataset));
-  EXPECT_EQ(std::get<IndexedOptions>(back.sources[0].dataset).path_prefix, wiki.path_prefix);
-  EXPECT_TRUE(std::get<IndexedOptions>(back.sources[0].dataset).widen_on_host);
-  ASSERT_TRUE(std::holds_alternative<TokenShardsOptions>(back.sources[1].dataset));
-  EXPECT_EQ(std::get<TokenShardsOptions>(back.sources[1].dataset).shards, web.shards);
-  EXPECT_DOUBLE_EQ(back.sources[1].weight, 0.7);
-}
-
-TEST(JobOptionsJsonTest, TokenShardsRoundTripAndCamelCase) {
-  JobOptions options;
-  TokenShardsOptions shards;
-  shards.shards = {"/d/train-{000..127}.bin", "/d/extra.bin"};
-  shards.token_dtype = DType::kUint32;
-  shards.seq_len = 1024;
-  shards.windows_cross_files = true;
-  options.dataset = shards;
-  const std::string json = JobOptionsToJson(options);
-  EXPECT_THAT(json, HasSubstr(R"("token_shards":{"shards":["/d/train-{000..127}.bin")"));
-  auto parsed = JobOptionsFromJson(json);
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
-  ASSERT_TRUE(std::holds_alternative<TokenShardsOptions>(parsed->dataset));
-  const auto& got = std::get<TokenShardsOptions>(parsed->dataset);
-  EXPECT_EQ(got.shards, shards.shards);
-  EXPECT_EQ(got.token_dtype, DType::kUint32);
-  EXPECT_EQ(got.seq_len, 1024u);
-  EXPECT_TRUE(got.windows_cross_files);
-  EXPECT_FALSE(got.widen_on_host);
-  auto camel = JobOptionsFromJson(
-      R"({"dataset":{"tokenShards":{"shards":["/d/a.bin"],"seqLen":4,"windowsCrossFiles":true}}})");
-  ASSERT_TRUE(camel.ok()) << camel.status();
-  EXPECT_TRUE(std::get<TokenShardsOptions>(camel->dataset).windows_cross_files);
-}
-
-TEST(JobOptionsJsonTest, IndexedRoundTripAndCamelCase) {
-  JobOptions options;
-  IndexedOptions indexed;
-  indexed.path_prefix = "/d/wiki_text_document";
-  indexed.seq_len = 2048;
-  indexed.cu_seqlens = true;
-  options.dataset = indexed;
-  const std::string json = JobOptionsToJson(options);
-  EXPECT_THAT(json, HasSubstr(R"("indexed":{"path_prefix":"/d/wiki_text_document")"));
-  auto parsed = JobOptionsFromJson(json);
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
-  ASSERT_TRUE(std::holds_alternative<IndexedOptions>(parsed->dataset));
-  const auto& got = std::get<IndexedOptions>(parsed->dataset);
-  EXPECT_EQ(got.path_prefix, "/d/wiki_text_document");
-  EXPECT_EQ(got.seq_len, 2048u);
-  EXPECT_TRUE(got.cu_seqlens);
-  EXPECT_FALSE(got.position_ids);
-  auto camel = JobOptionsFromJson(
-      R"({"dataset":{"indexed":{"pathPrefix":"/d/x","seqLen":4,"positionIds":true}}})");
-  ASSERT_TRUE(camel.ok()) << camel.status();
-  EXPECT_TRUE(std::get<IndexedOptions>(camel->dataset).position_ids);
-}
-
-TEST(JobOptionsJsonTest, MalformedJsonAndUnknownFieldsAreInvalidArgument) {
-  auto bad = JobOptionsFromJson(R"({"batch_size": )");
-  ASSERT_FALSE(bad.ok());
-  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(bad.status().message(), HasSubstr("cannot parse job spec"));
-
-  auto unknown = JobOptionsFromJson(R"({"batchsize": 3})");
-  ASSERT_FALSE(unknown.ok());
-  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(unknown.status().message(), HasSubstr("batchsize"));
-}
-
-// The ops of `parsed`'s ComposeOptions; fails the test when it holds another transform.
-std::vector<TransformOpOptions> ComposedOps(const absl::StatusOr<JobOptions>& parsed) {
-  EXPECT_TRUE(parsed.ok()) << parsed.status();
-  if (!parsed.ok()) return {};
-  const auto* compose = std::get_if<ComposeOptions>(&parsed->transform);
-  EXPECT_NE(compose, nullptr) << "transform index " << parsed->transform.index();
-  return compose != nullptr ? compose->ops : std::vector<TransformOpOptions>{};
-}
-
-TEST(JobOptionsJsonTest, ComposedViTRecipeRoundTrips) {
-  JobOptions options;
-  options.dataset = ImageFolderOptions{"/data/train"};
-  options.transform = ComposeOptions{
-      .ops = {
-          transforms::RandomResizedCrop{.size = 224}, transforms::RandomHorizontalFlip{},
-          transforms::TrivialAugmentWide{},
-          transforms::ColorJitter{.brightness = {0.4f}, .contrast = {0.4f}, .saturation = {0.4f}},
-          transforms::Normalize{.mean = {0.485f, 0.456f, 0.406f}, .std = {0.229f, 0.224f, 0.225f}},
-          transforms::RandomErasing{.p = 0.25f}}};
-  options.batch_size = 256;
-  options.device = "cuda:0";
-  const std::string json = JobOptionsToJson(options);
-  // Proto field names, every op field printed, torchvision's defaults sent as values.
-  EXPECT_THAT(json, HasSubstr(R"("transform":{"compose":{"ops":[{"random_resized_crop":)"
-                              R"({"size":224,"scale":[0.08,1],"ratio":[0.75,1.33333337],)"
-                              R"("full_decode":false}},{"random_horizontal_flip":{"p":0.5}},)"
-                              R"({"trivial_augment_wide":{"num_magnitude_bins":31,"fill":[]}},)"
-                              R"({"color_jitter":{"brightness":[0.4],"contrast":[0.4],)"
-                              R"("saturation":[0.4],"hue":[]}},{"normalize":{"mean":[0.485,)"))
-      << json;
-  // An optional p, when set, prints after the lists.
-  EXPECT_THAT(json, HasSubstr(R"({"random_erasing":{"scale":[0.02,0.33],"ratio":[0.3,3.3],)"
-                              R"("value":[0],"p":0.25}}]}})"))
-      << json;
-
-  auto parsed = JobOptionsFromJson(json);
-  EXPECT_TRUE(ComposedOps(parsed) == std::get<ComposeOptions>(options.transform).ops) << json;
-  ASSERT_TRUE(parsed.ok());
-  EXPECT_EQ(JobOptionsToJson(*parsed), json);
-  EXPECT_EQ(parsed->transform.index(), 3u);  // appended: the older kinds keep 1 and 2
-}
-
-TEST(JobOptionsJsonTest, ComposedCifarRecipeRoundTrips) {
-  JobOptions options;
-  options.dataset = ImageFolderOptions{"/data/cifar10/train"};
-  const std::vector<TransformOpOptions> ops = {
-      transforms::RandomCrop{.size = 32, .padding = {4}}, transforms::RandomHorizontalFlip{},
-      transforms::Normalize{.mean = {0.4914f, 0.4822f, 0.4465f}, .std = {0.247f, 0.243f, 0.261f}}};
-  options.transform = ComposeOptions{.ops = ops};
-  options.batch_size = 128;
-  const std::string json = JobOptionsToJson(options);
-  EXPECT_THAT(json, HasSubstr(R"({"random_crop":{"size":32,"padding":[4],"pad_if_needed":false,)"
-                              R"("fill":[0],"padding_mode":"constant"}})"))
-      << json;
-  EXPECT_TRUE(ComposedOps(JobOptionsFromJson(json)) == ops) << json;
-
-  // Every other field of RandomCrop, a vertical flip and a grayscale travel too.
-  const std::vector<TransformOpOptions> more = {transforms::Resize{.size = 40, .full_decode = true},
-                                                transforms::RandomCrop{.size = 32,
-                                                                       .padding = {1, 2, 3, 4},
-                                                                       .pad_if_needed = true,
-                                                                       .fill = {10, 20, 30},
-                                                                       .padding_mode = "reflect"},
-                                                transforms::RandomVerticalFlip{.p = 0.0f},
-                                                transforms::RandomGrayscale{.p = 1.0f},
-                                                transforms::ColorJitter{.hue = {-0.1f, 0.2f}},
-                                                transforms::CenterCrop{.size = 28}};
-  options.transform = ComposeOptions{.ops = more};
-  const std::string more_json = JobOptionsToJson(options);
-  EXPECT_THAT(more_json, HasSubstr(R"({"random_vertical_flip":{"p":0}})")) << more_json;
-  EXPECT_TRUE(ComposedOps(JobOptionsFromJson(more_json)) == more) << more_json;
-}
-
-TEST(JobOptionsJsonTest, ComposedOpsKeepTorchvisionDefaultsAndUnsetFields) {
-  // Default-constructed ops carry torchvision's values and come back with them.
-  const std::vector<TransformOpOptions> defaults = {
-      transforms::RandomResizedCrop{.size = 224}, transforms::RandomHorizontalFlip{},
-      transforms::RandomVerticalFlip{},           transforms::RandomGrayscale{},
-      transforms::TrivialAugmentWide{},           transforms::RandomErasing{},
-      transforms::RandomCrop{.size = 32}};
-  JobOptions options;
-  options.transform = ComposeOptions{.ops = defaults};
-  std::vector<TransformOpOptions> back = ComposedOps(JobOptionsFromJson(JobOptionsToJson(options)));
-  ASSERT_EQ(back.size(), defaults.size());
-  EXPECT_TRUE(back == defaults);
-  const auto& rrc = std::get<transforms::RandomResizedCrop>(back[0]);
-  EXPECT_EQ(rrc.scale, (std::vector<float>{0.08f, 1.0f}));
-  EXPECT_EQ(rrc.ratio, (std::vector<float>{3.0f / 4.0f, 4.0f / 3.0f}));
-  EXPECT_EQ(std::get<transforms::RandomHorizontalFlip>(back[1]).p, 0.5f);
-  EXPECT_EQ(std::get<transforms::RandomVerticalFlip>(back[2]).p, 0.5f);
-  EXPECT_EQ(std::get<transforms::RandomGrayscale>(back[3]).p, 0.1f);
-  EXPECT_EQ(std::get<transforms::TrivialAugmentWide>(back[4]).num_magnitude_bins, 31u);
-  const auto& erasing = std::get<transforms::RandomErasing>(back[5]);
-  EXPECT_EQ(erasing.p, 0.5f);
-  EXPECT_EQ(erasing.scale, (std::vector<float>{0.02f, 0.33f}));
-  EXPECT_EQ(erasing.ratio, (std::vector<float>{0.3f, 3.3f}));
-  EXPECT_EQ(erasing.value, (std::vector<float>{0.0f}));
-  EXPECT_EQ(std::get<transforms::RandomCrop>(back[6]).padding_mode, "constant");
-
-  // Fields a hand-written spec leaves unset (ferryd's defaults) stay unset: p is nullopt,
-  // not 0 and not 0.5, and the JSON made again has no "p". An explicit p of 0 stays 0.
-  const std::string sparse =
-      R"({"transform":{"compose":{"ops":[{"random_resized_crop":{"size":224}},)"
-      R"({"randomHorizontalFlip":{}},{"random_grayscale":{"p":0}},{"random_erasing":{}}]}}})";
-  auto parsed = JobOptionsFromJson(sparse);
-  back = ComposedOps(parsed);
-  ASSERT_EQ(back.size(), 4u);
-  EXPECT_TRUE(std::get<transforms::RandomResizedCrop>(back[0]).scale.empty());
-  EXPECT_EQ(std::get<transforms::RandomHorizontalFlip>(back[1]).p, std::nullopt);
-  EXPECT_EQ(std::get<transforms::RandomGrayscale>(back[2]).p, 0.0f);
-  EXPECT_EQ(std::get<transforms::RandomErasing>(back[3]).p, std::nullopt);
-  EXPECT_TRUE(std::get<transforms::RandomErasing>(back[3]).value.empty());
-  const std::string again = JobOptionsToJson(*parsed);
-  EXPECT_THAT(again, HasSubstr(R"({"random_horizontal_flip":{}})")) << again;
-  EXPECT_THAT(again, HasSubstr(R"({"random_grayscale":{"p":0}})")) << again;
-  EXPECT_THAT(again, HasSubstr(R"({"random_erasing":{"scale":[],"ratio":[],"value":[]}})"))
-      << again;
-  EXPECT_TRUE(ComposedOps(JobOptionsFromJson(again)) == back);
-}
-
-TEST(JobOptionsJsonTest, UnknownOrEmptyComposedOpIsInvalidArgument) {
-  auto unknown = JobOptionsFromJson(
-      R"({"transform":{"compose":{"ops":[{"resize":{"size":256}},{"random_rotation":{}}]}}})");
-  ASSERT_FALSE(unknown.ok());
-  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(unknown.status().message(), HasSubstr("random_rotation"));
-
-  auto empty =
-      JobOptionsFromJson(R"({"transform":{"compose":{"ops":[{"resize":{"size":256}},{}]}}})");
-  ASSERT_FALSE(empty.ok());
-  EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(empty.status().message(), HasSubstr("transform.compose.ops[1] sets no op"));
-}
-
-TEST(JobOptionsProtoTest, AnOpThisClientDoesNotKnowKeepsItsPlace) {
-  // A newer ferryd's op arrives as a TransformOp with no op this client knows: it stays in
-  // its position as a monostate and goes back as an empty op (which ferryd refuses by name).
+TEST(JsonTest, MalformedJsonAndUnknownFieldsAreInvalidArgument) {
   v1::JobSpec spec;
-  v1::Compose* compose = spec.mutable_transform()->mutable_compose();
-  compose->add_ops()->mutable_center_crop()->set_size(224);
-  compose->add_ops();
-  compose->add_ops()->mutable_random_horizontal_flip();
-  const JobOptions options = internal::FromProto(spec);
-  const auto& ops = std::get<ComposeOptions>(options.transform).ops;
-  ASSERT_EQ(ops.size(), 3u);
-  EXPECT_TRUE(std::holds_alternative<transforms::CenterCrop>(ops[0]));
-  EXPECT_TRUE(std::holds_alternative<std::monostate>(ops[1]));
-  EXPECT_EQ(std::get<transforms::RandomHorizontalFlip>(ops[2]).p, std::nullopt);
-  const v1::JobSpec sent = internal::ToProto(options);
-  ASSERT_EQ(sent.transform().compose().ops_size(), 3);
-  EXPECT_EQ(sent.transform().compose().ops(1).op_case(), v1::TransformOp::OP_NOT_SET);
-  EXPECT_FALSE(sent.transform().compose().ops(2).random_horizontal_flip().has_p());
-}
+  absl::Status bad = internal::FromJson(R"({"batch_size": )", "job spec (ferry.v1.JobSpec)", &spec);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr("cannot parse job spec"));
 
-TEST(JobStatusProtoTest, GpuDecodeCarriesCountsFallbacksAndCosts) {
-  v1::JobStatus status;
-  v1::GpuDecodeStatus* g = status.mutable_gpu_decode();
-  g->set_mode("auto");
-  g->set_gpu_images(120345);
-  g->set_cpu_images(30100);
-  v1::ReasonCount* progressive = g->add_fallbacks();
-  progressive->set_reason("progressive");
-  progressive->set_count(812);
-  v1::ReasonCount* not_jpeg = g->add_fallbacks();
-  not_jpeg->set_reason("not_jpeg");
-  not_jpeg->set_count(2);
-  g->set_gpu_share(0.81);
-  g->set_cpu_ms_per_image(1.95);
-  g->set_gpu_ms_per_image(0.041);
-  const JobStatus out = internal::FromProto(status);
-  ASSERT_TRUE(out.gpu_decode.has_value());
-  const JobStatus::GpuDecode& gpu = *out.gpu_decode;
-  EXPECT_EQ(gpu.mode, "auto");
-  EXPECT_EQ(gpu.off, "");
-  EXPECT_EQ(gpu.gpu_images, 120345);
-  EXPECT_EQ(gpu.cpu_images, 30100);
-  ASSERT_EQ(gpu.fallbacks.size(), 2u);
-  EXPECT_EQ(gpu.fallbacks[0].reason, "progressive");
-  EXPECT_EQ(gpu.fallbacks[0].count, 812);
-  EXPECT_EQ(gpu.fallbacks[1].reason, "not_jpeg");
-  EXPECT_EQ(gpu.fallbacks[1].count, 2);
-  EXPECT_DOUBLE_EQ(gpu.gpu_share, 0.81);
-  EXPECT_DOUBLE_EQ(gpu.cpu_ms_per_image, 1.95);
-  EXPECT_DOUBLE_EQ(gpu.gpu_ms_per_image, 0.041);
-}
+  absl::Status unknown =
+      internal::FromJson(R"({"batchsize": 3})", "job spec (ferry.v1.JobSpec)", &spec);
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(unknown.message(), HasSubstr("batchsize"));
 
-TEST(JobStatusProtoTest, GpuDecodeOffKeepsTheReasonAndAbsentStaysAbsent) {
-  v1::JobStatus off;
-  off.mutable_gpu_decode()->set_off("GPU JPEG decode is off: the daemon's gpu_decode is \"cpu\"");
-  const JobStatus out = internal::FromProto(off);
-  ASSERT_TRUE(out.gpu_decode.has_value());
-  EXPECT_EQ(out.gpu_decode->mode, "");
-  EXPECT_EQ(out.gpu_decode->off, "GPU JPEG decode is off: the daemon's gpu_decode is \"cpu\"");
-  EXPECT_TRUE(out.gpu_decode->fallbacks.empty());
-
-  // A token job (or an older ferryd) sends no gpu_decode at all.
-  EXPECT_FALSE(internal::FromProto(v1::JobStatus()).gpu_decode.has_value());
+  // lowerCamelCase names are proto3 JSON too; printed back with proto names.
+  ASSERT_TRUE(internal::FromJson(R"({"batchSize": 8, "dataset": {"tokens": {"seqLen": 4}}})",
+                                 "job spec (ferry.v1.JobSpec)", &spec)
+                  .ok());
+  EXPECT_EQ(spec.dataset().tokens().seq_len(), 4u);
+  EXPECT_THAT(internal::ToJson(spec), HasSubstr(R"("batch_size":8)"));
 }
 
 TEST(DTypeTest, SizesAndNames) {
-  EXPECT_EQ(DTypeSize(DType::kUint8), 1u);
-  EXPECT_EQ(DTypeSize(DType::kBFloat16), 2u);
-  EXPECT_EQ(DTypeSize(DType::kInt64), 8u);
-  EXPECT_EQ(DTypeSize(DType::kUnspecified), 0u);
-  EXPECT_EQ(DTypeName(DType::kFloat32), "float32");
-  EXPECT_EQ(DTypeName(static_cast<DType>(99)), "unspecified");
+  EXPECT_EQ(DTypeSize(v1::UINT8), 1u);
+  EXPECT_EQ(DTypeSize(v1::BFLOAT16), 2u);
+  EXPECT_EQ(DTypeSize(v1::INT64), 8u);
+  EXPECT_EQ(DTypeSize(v1::DTYPE_UNSPECIFIED), 0u);
+  EXPECT_EQ(DTypeName(v1::FLOAT32), "float32");
+  EXPECT_EQ(DTypeName(v1::BOOL), "bool");
+  EXPECT_EQ(DTypeName(static_cast<v1::DType>(99)), "unspecified");
 }
 
-JobInfo ImageJob() {
-  JobInfo job;
-  job.id = "j1";
-  job.spec.batch_size = 4;
-  job.fields.push_back({"image", DType::kUint8, {8, 8, 3}, 0, 192});
-  job.fields.push_back({"label", DType::kInt64, {}, 768, 8});
-  job.slot_bytes = 800;
+v1::Field* AddField(v1::Job* job, const std::string& name, v1::DType dtype,
+                    std::vector<int64_t> shape, uint64_t offset, uint64_t row_bytes) {
+  v1::Field* f = job->add_fields();
+  f->set_name(name);
+  f->set_dtype(dtype);
+  for (int64_t d : shape) f->add_shape(d);
+  f->set_offset(offset);
+  f->set_row_bytes(row_bytes);
+  return f;
+}
+
+v1::Job ImageJob() {
+  v1::Job job;
+  job.set_id("j1");
+  job.mutable_spec()->set_batch_size(4);
+  AddField(&job, "image", v1::UINT8, {8, 8, 3}, 0, 192);
+  AddField(&job, "label", v1::INT64, {}, 768, 8);
+  job.set_slot_bytes(800);
   return job;
 }
 
 TEST(ValidateLayoutTest, AcceptsAConsistentLayout) {
-  EXPECT_TRUE(internal::ValidateLayout(ImageJob(), 4, 800, 3200).ok());
+  const v1::Job job = ImageJob();
+  EXPECT_TRUE(internal::ValidateLayout(job, job.fields(), 4, 800, 3200).ok());
 }
 
 TEST(ValidateLayoutTest, RejectsFieldsThatOverrunTheSlot) {
-  JobInfo job = ImageJob();
-  job.fields[1].offset = 780;
-  absl::Status status = internal::ValidateLayout(job, 4, 800, 3200);
+  v1::Job job = ImageJob();
+  job.mutable_fields(1)->set_offset(780);
+  absl::Status status = internal::ValidateLayout(job, job.fields(), 4, 800, 3200);
   EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(status.message(), HasSubstr("job 'j1'"));
   EXPECT_THAT(status.message(), HasSubstr("field 'label'"));
   EXPECT_THAT(status.message(), HasSubstr("overruns the slot of 800 bytes"));
 }
 
 TEST(ValidateLayoutTest, RejectsRowBytesThatDisagreeWithTheShape) {
-  JobInfo job = ImageJob();
-  job.fields[0].row_bytes = 100;
-  EXPECT_THAT(internal::ValidateLayout(job, 4, 800, 3200).message(),
+  v1::Job job = ImageJob();
+  job.mutable_fields(0)->set_row_bytes(100);
+  EXPECT_THAT(internal::ValidateLayout(job, job.fields(), 4, 800, 3200).message(),
               HasSubstr("row_bytes 100, shape and uint8 imply 192"));
 }
 
 TEST(ValidateLayoutTest, RejectsSlotsBeyondTheSlab) {
-  EXPECT_THAT(internal::ValidateLayout(ImageJob(), 5, 800, 3200).message(),
+  const v1::Job job = ImageJob();
+  EXPECT_THAT(internal::ValidateLayout(job, job.fields(), 5, 800, 3200).message(),
               HasSubstr("5 slots of 800 bytes exceed the slab of 3200 bytes"));
+}
+
+// A device layout is checked as given, not the job's host one.
+TEST(ValidateLayoutTest, ChecksTheFieldsItIsGiven) {
+  const v1::Job job = ImageJob();
+  v1::Job device;
+  AddField(&device, "image", v1::FLOAT32, {3, 8, 8}, 0, 768);
+  EXPECT_THAT(internal::ValidateLayout(job, device.fields(), 4, 800, 3200).message(),
+              HasSubstr("field 'image' (offset 0, 4 rows of 768 bytes) overruns the slot"));
+  EXPECT_TRUE(internal::ValidateLayout(job, device.fields(), 4, 3072, 4 * 3072).ok());
 }
 
 TEST(PackReleasesTest, RunsOfReleasesTravelInOneMessageInOrder) {

@@ -83,8 +83,8 @@ int Drain(ferry::Client& client, bool wait) {
       if (absl::IsCancelled(status.status())) continue;  // it is stopping its server
       return Fail(status.status());
     }
-    if (status->daemon.consumers != last) {
-      last = status->daemon.consumers;
+    if (status->daemon().consumers() != last) {
+      last = status->daemon().consumers();
       printf("%u consumer(s) attached\n", last);
       fflush(stdout);
     }
@@ -122,10 +122,8 @@ class Connection final {
 };
 
 absl::StatusOr<ferry::v1::GetStatusResponse> FetchStatus(Connection& connection) {
-  auto json =
-      connection.Call<std::string>([](ferry::Client& client) { return client.GetStatusJson(); });
-  if (!json.ok()) return json.status();
-  return ferry::ctl::ParseStatusJson(*json);
+  return connection.Call<ferry::v1::GetStatusResponse>(
+      [](ferry::Client& client) { return client.GetStatus(); });
 }
 
 // `ferryctl top`: the daemon's answers, the previous one kept for ferryd's CPU use.

@@ -2,13 +2,15 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <variant>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "ferry/v1/dtype.h"
+#include "proto/ferry/v1/words.h"
 
 namespace ferry::ctl {
 
@@ -77,8 +79,8 @@ std::string FormatCount(int64_t count) {
   return out;
 }
 
-std::string FormatCpuList(const std::vector<int32_t>& cpus_in) {
-  std::vector<int32_t> cpus = cpus_in;
+std::string FormatCpuList(absl::Span<const int32_t> cpus_in) {
+  std::vector<int32_t> cpus(cpus_in.begin(), cpus_in.end());
   std::sort(cpus.begin(), cpus.end());
   std::vector<std::string> parts;
   for (size_t i = 0; i < cpus.size();) {
@@ -90,86 +92,95 @@ std::string FormatCpuList(const std::vector<int32_t>& cpus_in) {
   return parts.empty() ? "-" : absl::StrJoin(parts, ",");
 }
 
-namespace {
-
-std::string DescribeDataset(std::monostate) { return "-"; }
-std::string DescribeDataset(const ImageFolderOptions& folder) {
-  return absl::StrCat("imagefolder ", folder.root,
-                      folder.exif_orientation ? " (exif_orientation)" : "");
-}
-std::string DescribeDataset(const TokensOptions& tokens) {
-  return absl::StrCat("tokens ", tokens.path);
-}
-std::string DescribeDataset(const WebDatasetOptions& wds) {
-  return absl::StrCat("webdataset ", absl::StrJoin(wds.shards, " "),
-                      wds.exif_orientation ? " (exif_orientation)" : "");
-}
-std::string DescribeDataset(const RecordsOptions& records) {
-  return absl::StrCat("records ", records.path, " (", DTypeName(records.dtype).data(), "[",
-                      absl::StrJoin(records.shape, ","), "])");
-}
-std::string DescribeDataset(const NpyOptions& npy) { return absl::StrCat("npy ", npy.path); }
-std::string DescribeDataset(const TokenShardsOptions& shards) {
-  return absl::StrCat("token_shards ", absl::StrJoin(shards.shards, " "));
-}
-std::string DescribeDataset(const IndexedOptions& indexed) {
-  return absl::StrCat("indexed ", indexed.path_prefix);
-}
-std::string DescribeDataset(const MegatronGptOptions& megatron) {
-  static const char* const kSplits[] = {"train", "valid", "test"};
-  return absl::StrCat("megatron_gpt ", absl::StrJoin(megatron.path_prefixes, " "), " (",
-                      kSplits[static_cast<int>(megatron.split_name) % 3], " split, seq ",
-                      megatron.sequence_length, ", seed ", megatron.random_seed, ")");
-}
-std::string DescribeDataset(const BlendOptions& blend) {
-  return absl::StrCat("blend of ", blend.sources.size(), " sources");
-}
-
-// A composed transform's op by its proto name, with its size where it has one.
-std::string DescribeOp(std::monostate) { return "?"; }
-std::string DescribeOp(const transforms::RandomResizedCrop& op) {
-  return absl::StrCat("random_resized_crop ", op.size);
-}
-std::string DescribeOp(const transforms::Resize& op) { return absl::StrCat("resize ", op.size); }
-std::string DescribeOp(const transforms::CenterCrop& op) {
-  return absl::StrCat("center_crop ", op.size);
-}
-std::string DescribeOp(const transforms::RandomCrop& op) {
-  return absl::StrCat("random_crop ", op.size);
-}
-std::string DescribeOp(const transforms::RandomHorizontalFlip&) { return "random_horizontal_flip"; }
-std::string DescribeOp(const transforms::RandomVerticalFlip&) { return "random_vertical_flip"; }
-std::string DescribeOp(const transforms::ColorJitter&) { return "color_jitter"; }
-std::string DescribeOp(const transforms::RandomGrayscale&) { return "random_grayscale"; }
-std::string DescribeOp(const transforms::TrivialAugmentWide&) { return "trivial_augment_wide"; }
-std::string DescribeOp(const transforms::Normalize&) { return "normalize"; }
-std::string DescribeOp(const transforms::RandomErasing&) { return "random_erasing"; }
-
-}  // namespace
-
-std::string FormatDataset(const JobOptions& spec) {
-  return std::visit([](const auto& dataset) { return DescribeDataset(dataset); }, spec.dataset);
-}
-
-std::string FormatTransform(const JobOptions& spec) {
-  if (const auto* rrc = std::get_if<RandomResizedCropOptions>(&spec.transform)) {
-    return absl::StrCat("random_resized_crop ", rrc->size, rrc->flip ? " flip" : "");
-  }
-  if (const auto* cc = std::get_if<CenterCropOptions>(&spec.transform)) {
-    return absl::StrCat("center_crop ", cc->size,
-                        cc->resize != 0 ? absl::StrCat(" (resize ", cc->resize, ")") : "");
-  }
-  if (const auto* compose = std::get_if<ComposeOptions>(&spec.transform)) {
-    return absl::StrCat(
-        "compose ", absl::StrJoin(compose->ops, ", ", [](std::string* out, const auto& op) {
-          absl::StrAppend(out, std::visit([](const auto& one) { return DescribeOp(one); }, op));
-        }));
+std::string FormatDataset(const v1::JobSpec& spec) {
+  const v1::DatasetSpec& d = spec.dataset();
+  switch (d.kind_case()) {
+    case v1::DatasetSpec::kImageFolder:
+      return absl::StrCat("imagefolder ", d.image_folder().root(),
+                          d.image_folder().exif_orientation() ? " (exif_orientation)" : "");
+    case v1::DatasetSpec::kTokens:
+      return absl::StrCat("tokens ", d.tokens().path());
+    case v1::DatasetSpec::kWebdataset:
+      return absl::StrCat("webdataset ", absl::StrJoin(d.webdataset().shards(), " "),
+                          d.webdataset().exif_orientation() ? " (exif_orientation)" : "");
+    case v1::DatasetSpec::kRecords:
+      return absl::StrCat("records ", d.records().path(), " (",
+                          DTypeName(d.records().dtype()).data(), "[",
+                          absl::StrJoin(d.records().shape(), ","), "])");
+    case v1::DatasetSpec::kNpy:
+      return absl::StrCat("npy ", d.npy().path());
+    case v1::DatasetSpec::kTokenShards:
+      return absl::StrCat("token_shards ", absl::StrJoin(d.token_shards().shards(), " "));
+    case v1::DatasetSpec::kIndexed:
+      return absl::StrCat("indexed ", d.indexed().path_prefix());
+    case v1::DatasetSpec::kMegatronGpt: {
+      const v1::MegatronGptDataset& m = d.megatron_gpt();
+      return absl::StrCat("megatron_gpt ", absl::StrJoin(m.path_prefixes(), " "), " (",
+                          absl::AsciiStrToLower(v1::MegatronGptDataset::Split_Name(m.split_name())),
+                          " split, seq ", m.sequence_length(), ", seed ", m.random_seed(), ")");
+    }
+    case v1::DatasetSpec::kBlend:
+      return absl::StrCat("blend of ", d.blend().sources_size(), " sources");
+    case v1::DatasetSpec::KIND_NOT_SET:
+      break;
   }
   return "-";
 }
 
-std::string FormatField(const FieldInfo& field) {
-  return absl::StrCat(DTypeName(field.dtype).data(), "[", absl::StrJoin(field.shape, ","), "]");
+namespace {
+
+// A composed transform's op by its proto name, with its size where it has one; "?" for an
+// op this ferryctl does not know (a newer ferryd's).
+std::string DescribeOp(const v1::TransformOp& op) {
+  const google::protobuf::FieldDescriptor* field =
+      v1::TransformOp::descriptor()->FindFieldByNumber(op.op_case());
+  if (field == nullptr) return "?";
+  switch (op.op_case()) {
+    case v1::TransformOp::kRandomResizedCrop:
+      return absl::StrCat(field->name(), " ", op.random_resized_crop().size());
+    case v1::TransformOp::kResize:
+      return absl::StrCat(field->name(), " ", op.resize().size());
+    case v1::TransformOp::kCenterCrop:
+      return absl::StrCat(field->name(), " ", op.center_crop().size());
+    case v1::TransformOp::kRandomCrop:
+      return absl::StrCat(field->name(), " ", op.random_crop().size());
+    default:
+      return field->name();
+  }
+}
+
+}  // namespace
+
+std::string FormatTransform(const v1::JobSpec& spec) {
+  const v1::TransformSpec& t = spec.transform();
+  switch (t.kind_case()) {
+    case v1::TransformSpec::kRandomResizedCrop:
+      return absl::StrCat("random_resized_crop ", t.random_resized_crop().size(),
+                          t.random_resized_crop().flip() ? " flip" : "");
+    case v1::TransformSpec::kCenterCrop:
+      return absl::StrCat("center_crop ", t.center_crop().size(),
+                          t.center_crop().resize() != 0
+                              ? absl::StrCat(" (resize ", t.center_crop().resize(), ")")
+                              : "");
+    case v1::TransformSpec::kCompose:
+      return absl::StrCat(
+          "compose ",
+          absl::StrJoin(t.compose().ops(), ", ", [](std::string* out, const v1::TransformOp& op) {
+            absl::StrAppend(out, DescribeOp(op));
+          }));
+    case v1::TransformSpec::KIND_NOT_SET:
+      break;
+  }
+  return "-";
+}
+
+std::string FormatField(const v1::Field& field) {
+  return absl::StrCat(DTypeName(field.dtype()).data(), "[", absl::StrJoin(field.shape(), ","), "]");
+}
+
+std::string FormatLimitingStage(v1::LimitingStage stage) {
+  const std::string word = v1::LimitingStageWord(stage);
+  return word.empty() ? "-" : word;
 }
 
 std::string FormatTime(int64_t unix_ms) {
@@ -179,44 +190,52 @@ std::string FormatTime(int64_t unix_ms) {
 
 namespace {
 
-int AttachedRanks(const JobStatus& job) {
+int AttachedRanks(const v1::JobStatus& job) {
   int n = 0;
-  for (const RankStatus& r : job.ranks) n += r.attached ? 1 : 0;
+  for (const v1::RankStatus& r : job.ranks()) n += r.attached() ? 1 : 0;
   return n;
 }
 
 // A rank's stall ratio over its window: "63%"; "-" before any window was observed.
-std::string FormatStall(const RankStatus& r) {
-  if (r.stall_window_seconds <= 0) return "-";
-  return absl::StrFormat("%.0f%%", 100 * r.stall_ratio);
+std::string FormatStall(const v1::RankStatus& r) {
+  if (r.stall_window_seconds() <= 0) return "-";
+  return absl::StrFormat("%.0f%%", 100 * r.stall_ratio());
 }
 
 // Of the stall window, the share the consumer's main thread waited for a CPU: "31%"; "-"
 // when ferryd cannot read it.
-std::string FormatCpuWait(const RankStatus& r) {
-  if (r.stall_window_seconds <= 0 || r.consumer_cpu_wait_ratio < 0) return "-";
-  return absl::StrFormat("%.0f%%", 100 * r.consumer_cpu_wait_ratio);
+std::string FormatCpuWait(const v1::RankStatus& r) {
+  if (r.stall_window_seconds() <= 0 || r.consumer_cpu_wait_ratio() < 0) return "-";
+  return absl::StrFormat("%.0f%%", 100 * r.consumer_cpu_wait_ratio());
 }
 
-// RankStatus::limiting_stage ("read", "remote_read", "decode", ...); "-" while ferryd cannot tell.
-std::string FormatLimit(const RankStatus& r) {
-  return r.limiting_stage.empty() ? "-" : r.limiting_stage;
+// How a GPU rank's batches reach the device: "slot copy", "page-cache gather"; empty for
+// the host transport.
+std::string FormatCopyPath(v1::CopyPath path) {
+  switch (path) {
+    case v1::SLOT_COPY:
+      return "slot copy";
+    case v1::PAGE_CACHE_GATHER:
+      return "page-cache gather";
+    default:
+      return "";
+  }
 }
 
 }  // namespace
 
-std::string FormatJobState(const JobStatus& job) {
-  if (!job.failure.empty()) return "failed";
-  if (AttachedRanks(job) > 0) return job.paused.empty() ? "active" : "paused";
-  std::string state = absl::StrCat("idle ", FormatUptime(job.idle_seconds));
-  if (job.deleted_in_seconds > 0) {
-    absl::StrAppend(&state, ", deleted in ", FormatUptime(job.deleted_in_seconds));
+std::string FormatJobState(const v1::JobStatus& job) {
+  if (!job.failure().empty()) return "failed";
+  if (AttachedRanks(job) > 0) return job.paused().empty() ? "active" : "paused";
+  std::string state = absl::StrCat("idle ", FormatUptime(job.idle_seconds()));
+  if (job.deleted_in_seconds() > 0) {
+    absl::StrAppend(&state, ", deleted in ", FormatUptime(job.deleted_in_seconds()));
   }
   return state;
 }
 
-std::string RenderJobs(const StatusReport& report) {
-  if (report.jobs.empty()) return "no jobs\n";
+std::string RenderJobs(const v1::GetStatusResponse& status) {
+  if (status.jobs().empty()) return "no jobs\n";
   Table table({{"ID"},
                {"NAME"},
                {"OWNER", true},
@@ -229,81 +248,87 @@ std::string RenderJobs(const StatusReport& report) {
                {"STALL", true},
                {"LIMIT"},
                {"ERRORS", true}});
-  for (const JobStatus& j : report.jobs) {
+  for (const v1::JobStatus& j : status.jobs()) {
     double batches = 0, samples = 0;
     // The most stalled attached rank speaks for the job: DDP runs at its slowest rank.
-    const RankStatus* stalled = nullptr;
-    for (const RankStatus& r : j.ranks) {
-      batches += r.batches_per_second;
-      samples += r.samples_per_second;
-      if (r.attached && (stalled == nullptr || r.stall_ratio > stalled->stall_ratio)) stalled = &r;
+    const v1::RankStatus* stalled = nullptr;
+    for (const v1::RankStatus& r : j.ranks()) {
+      batches += r.batches_per_second();
+      samples += r.samples_per_second();
+      if (r.attached() && (stalled == nullptr || r.stall_ratio() > stalled->stall_ratio())) {
+        stalled = &r;
+      }
     }
     const bool active = AttachedRanks(j) > 0;
-    table.AddRow({j.job.id, j.job.name, absl::StrCat(j.job.owner_uid), FormatDataset(j.job.spec),
-                  absl::StrCat(j.job.spec.batch_size),
-                  absl::StrCat(AttachedRanks(j), "/", j.job.spec.world_size), FormatJobState(j),
-                  active ? FormatRate(batches) : "-", active ? FormatRate(samples) : "-",
+    table.AddRow({j.job().id(), j.job().name(), absl::StrCat(j.job().owner_uid()),
+                  FormatDataset(j.job().spec()), absl::StrCat(j.job().spec().batch_size()),
+                  absl::StrCat(AttachedRanks(j), "/", j.job().spec().world_size()),
+                  FormatJobState(j), active ? FormatRate(batches) : "-",
+                  active ? FormatRate(samples) : "-",
                   stalled != nullptr ? FormatStall(*stalled) : "-",
-                  stalled != nullptr ? FormatLimit(*stalled) : "-", absl::StrCat(j.errors)});
+                  stalled != nullptr ? FormatLimitingStage(stalled->limiting_stage()) : "-",
+                  absl::StrCat(j.errors())});
   }
   return table.Render();
 }
 
-std::string RenderStatus(const StatusReport& report) {
-  const DaemonStatus& d = report.daemon;
+std::string RenderStatus(const v1::GetStatusResponse& status) {
+  const v1::DaemonStatus& d = status.daemon();
   std::string out;
-  const uint64_t budget = d.host_memory_budget_bytes;
-  std::string memory = absl::StrCat(FormatBytes(d.host_memory_in_use_bytes), " in use of ",
+  const uint64_t budget = d.host_memory_budget_bytes();
+  std::string memory = absl::StrCat(FormatBytes(d.host_memory_in_use_bytes()), " in use of ",
                                     FormatBytes(budget), " budget");
   if (budget > 0) {
-    absl::StrAppend(&memory, absl::StrFormat(" (%.1f%%)", 100.0 * d.host_memory_in_use_bytes /
+    absl::StrAppend(&memory, absl::StrFormat(" (%.1f%%)", 100.0 * d.host_memory_in_use_bytes() /
                                                               static_cast<double>(budget)));
   }
-  Table info({{"ferryd"}, {d.version}});
-  info.AddRow({"pid", absl::StrCat(d.pid)});
-  info.AddRow({"uptime", FormatUptime(d.uptime_seconds)});
+  Table info({{"ferryd"}, {d.version()}});
+  info.AddRow({"pid", absl::StrCat(d.pid())});
+  info.AddRow({"uptime", FormatUptime(d.uptime_seconds())});
   info.AddRow({"host memory", memory});
-  info.AddRow({"cuda", d.cuda_available ? "yes" : "no"});
-  info.AddRow({"config", d.config_path.empty() ? "(built-in defaults)" : d.config_path});
-  info.AddRow({"dataset roots", d.dataset_roots.empty() ? "(none configured)"
-                                                        : absl::StrJoin(d.dataset_roots, ", ")});
+  info.AddRow({"cuda", d.cuda_available() ? "yes" : "no"});
+  info.AddRow({"config", d.config_path().empty() ? "(built-in defaults)" : d.config_path()});
+  info.AddRow({"dataset roots", d.dataset_roots().empty()
+                                    ? "(none configured)"
+                                    : absl::StrJoin(d.dataset_roots(), ", ")});
   info.AddRow({"idle jobs",
-               d.job_idle_timeout_seconds == 0
+               d.job_idle_timeout_seconds() == 0
                    ? std::string("kept until deleted")
-                   : absl::StrCat("deleted after ", FormatUptime(d.job_idle_timeout_seconds))});
-  info.AddRow({"consumers", absl::StrCat(d.consumers, " attached",
-                                         d.draining ? "; draining: exits when none is left" : "")});
+                   : absl::StrCat("deleted after ", FormatUptime(d.job_idle_timeout_seconds()))});
+  info.AddRow(
+      {"consumers", absl::StrCat(d.consumers(), " attached",
+                                 d.draining() ? "; draining: exits when none is left" : "")});
   info.AddRow(
       {"workers", absl::StrFormat("%u threads, %.0f%% busy over the last 10 s; ferryd used "
                                   "%.1f CPU seconds",
-                                  d.workers, 100 * d.workers_busy_fraction, d.cpu_seconds)});
-  if (d.remote.has_value()) {
-    const RemoteStatus& r = *d.remote;
+                                  d.workers(), 100 * d.workers_busy_fraction(), d.cpu_seconds())});
+  if (d.has_remote()) {
+    const v1::RemoteStatus& r = d.remote();
     info.AddRow(
         {"remote cache",
-         absl::StrCat(FormatBytes(r.cache_bytes), " of ", FormatBytes(r.cache_capacity_bytes),
-                      " in ", r.cache_entries, " objects (", r.cache_pinned_entries,
-                      " being read); ", r.cache_hits, " hits, ", r.cache_misses, " downloads, ",
-                      r.cache_evictions, " evicted")});
+         absl::StrCat(FormatBytes(r.cache_bytes()), " of ", FormatBytes(r.cache_capacity_bytes()),
+                      " in ", r.cache_entries(), " objects (", r.cache_pinned_entries(),
+                      " being read); ", r.cache_hits(), " hits, ", r.cache_misses(), " downloads, ",
+                      r.cache_evictions(), " evicted")});
     std::vector<std::string> retries;
-    for (const RemoteStatus::Retries& c : r.retries) {
-      if (c.count > 0) retries.push_back(absl::StrCat(c.count, " ", c.cause));
+    for (const v1::ReasonCount& c : r.retries()) {
+      if (c.count() > 0) retries.push_back(absl::StrCat(c.count(), " ", c.reason()));
     }
     info.AddRow({"remote reads",
-                 absl::StrCat(FormatBytes(r.downloaded_bytes), " downloaded in ", r.requests,
-                              " requests (", r.requests_in_flight, " now); retried: ",
+                 absl::StrCat(FormatBytes(r.downloaded_bytes()), " downloaded in ", r.requests(),
+                              " requests (", r.requests_in_flight(), " now); retried: ",
                               retries.empty() ? "none" : absl::StrJoin(retries, ", "), "; ",
-                              r.failures, " failed")});
+                              r.failures(), " failed")});
   }
   out += info.Render();
   out += "\n";
   Table numa({{"NUMA NODE", true}, {"CPUS"}, {"WORKERS", true}});
-  for (const NumaNodeStatus& n : d.numa_nodes) {
-    numa.AddRow({absl::StrCat(n.id), FormatCpuList(n.cpus), absl::StrCat(n.workers)});
+  for (const v1::NumaNodeStatus& n : d.numa_nodes()) {
+    numa.AddRow({absl::StrCat(n.id()), FormatCpuList(n.cpus()), absl::StrCat(n.workers())});
   }
   out += numa.Render();
   out += "\n";
-  if (!d.gpus.empty()) {
+  if (!d.gpus().empty()) {
     Table gpus({{"GPU", true},
                 {"NAME"},
                 {"PCI"},
@@ -314,26 +339,27 @@ std::string RenderStatus(const StatusReport& report) {
                 {"H2D/S", true},
                 {"IN FLIGHT", true},
                 {"RANKS", true}});
-    for (const GpuStatus& g : d.gpus) {
-      gpus.AddRow({absl::StrCat(g.ordinal), g.name, g.pci_bus_id,
-                   g.numa_node < 0 ? std::string("-") : absl::StrCat(g.numa_node),
-                   FormatCpuList(g.local_cpus), FormatBytes(g.pinned_memory_in_use_bytes),
-                   absl::StrCat(FormatBytes(g.device_memory_in_use_bytes), " / ",
-                                FormatBytes(g.device_memory_budget_bytes)),
-                   FormatBytes(static_cast<uint64_t>(g.h2d_bytes_per_second)),
-                   absl::StrCat(g.batches_in_flight), absl::StrCat(g.ranks)});
+    for (const v1::GpuStatus& g : d.gpus()) {
+      gpus.AddRow({absl::StrCat(g.ordinal()), g.name(), g.pci_bus_id(),
+                   g.numa_node() < 0 ? std::string("-") : absl::StrCat(g.numa_node()),
+                   FormatCpuList(g.local_cpus()), FormatBytes(g.pinned_memory_in_use_bytes()),
+                   absl::StrCat(FormatBytes(g.device_memory_in_use_bytes()), " / ",
+                                FormatBytes(g.device_memory_budget_bytes())),
+                   FormatBytes(static_cast<uint64_t>(g.h2d_bytes_per_second())),
+                   absl::StrCat(g.batches_in_flight()), absl::StrCat(g.ranks())});
     }
     out += gpus.Render();
-    for (const GpuStatus& g : d.gpus) {
-      if (g.jpeg_gpu_images == 0 && g.jpeg_cpu_images == 0) continue;
-      const int64_t all = g.jpeg_gpu_images + g.jpeg_cpu_images;
-      absl::StrAppend(&out, "GPU ", g.ordinal, " JPEG decode: ",
-                      FormatJpegCounts(g.jpeg_gpu_images, g.jpeg_cpu_images, g.jpeg_fallbacks),
-                      absl::StrFormat("; %.0f%% on the GPU\n", 100.0 * g.jpeg_gpu_images / all));
+    for (const v1::GpuStatus& g : d.gpus()) {
+      if (g.jpeg_gpu_images() == 0 && g.jpeg_cpu_images() == 0) continue;
+      const int64_t all = g.jpeg_gpu_images() + g.jpeg_cpu_images();
+      absl::StrAppend(
+          &out, "GPU ", g.ordinal(), " JPEG decode: ",
+          FormatJpegCounts(g.jpeg_gpu_images(), g.jpeg_cpu_images(), g.jpeg_fallbacks()),
+          absl::StrFormat("; %.0f%% on the GPU\n", 100.0 * g.jpeg_gpu_images() / all));
     }
     out += "\n";
   }
-  out += RenderJobs(report);
+  out += RenderJobs(status);
   return out;
 }
 
@@ -355,113 +381,117 @@ std::string OffReason(const std::string& note) {
 }  // namespace
 
 std::string FormatJpegCounts(int64_t gpu_images, int64_t cpu_images,
-                             const std::vector<GpuDecodeStatus::Fallback>& fallbacks) {
+                             const google::protobuf::RepeatedPtrField<v1::ReasonCount>& fallbacks) {
   std::string counts = absl::StrCat(FormatCount(gpu_images), " images decoded on the GPU, ",
                                     FormatCount(cpu_images), " on the CPU");
   if (!fallbacks.empty()) {
     std::vector<std::string> reasons;
-    for (const GpuDecodeStatus::Fallback& f : fallbacks) {
-      reasons.push_back(absl::StrCat(f.reason, " ", FormatCount(f.count)));
+    for (const v1::ReasonCount& f : fallbacks) {
+      reasons.push_back(absl::StrCat(f.reason(), " ", FormatCount(f.count())));
     }
     absl::StrAppend(&counts, " (not for the GPU: ", absl::StrJoin(reasons, ", "), ")");
   }
   return counts;
 }
 
-std::vector<std::string> FormatGpuDecode(const JobStatus& job) {
-  if (!job.gpu_decode.has_value()) return {};
-  const JobStatus::GpuDecode& g = *job.gpu_decode;
-  if (g.mode.empty()) return {absl::StrCat("off: ", g.off.empty() ? "-" : OffReason(g.off))};
-  std::string split = absl::StrCat(g.mode, ": ");
-  if (g.gpu_share >= 1) {
+std::vector<std::string> FormatGpuDecode(const v1::JobStatus& job) {
+  if (!job.has_gpu_decode()) return {};
+  const v1::GpuDecodeStatus& g = job.gpu_decode();
+  if (g.mode().empty()) {
+    return {absl::StrCat("off: ", g.off().empty() ? "-" : OffReason(g.off()))};
+  }
+  std::string split = absl::StrCat(g.mode(), ": ");
+  if (g.gpu_share() >= 1) {
     absl::StrAppend(&split, "every file the GPU can decode goes to it");
-  } else if (g.gpu_share <= 0) {
-    absl::StrAppend(&split, g.mode == "auto" && g.demand <= 0
+  } else if (g.gpu_share() <= 0) {
+    absl::StrAppend(&split, g.mode() == "auto" && g.demand() <= 0
                                 ? "no file goes to the GPU: the trainers do not wait for batches"
                                 : "no file goes to the GPU");
   } else {
     absl::StrAppend(&split,
                     absl::StrFormat("%.0f%% of the files the GPU can decode go to it (share %.2f)",
-                                    100 * g.gpu_share, g.gpu_share));
+                                    100 * g.gpu_share(), g.gpu_share()));
   }
   auto cost = [](double ms, absl::string_view where) {
     return ms > 0 ? absl::StrCat(FormatMs(ms), " ms/image ", where)
                   : absl::StrCat("not yet measured ", where);
   };
-  if (g.cpu_ms_per_image > 0 || g.gpu_ms_per_image > 0) {
+  if (g.cpu_ms_per_image() > 0 || g.gpu_ms_per_image() > 0) {
     absl::StrAppend(
-        &split, "; ", cost(g.cpu_ms_per_image, "on a worker"), ", ",
-        cost(g.gpu_ms_per_image,
-             g.decoders > 1 ? absl::StrCat("on each of ", g.decoders, " GPUs") : "on the GPU"));
+        &split, "; ", cost(g.cpu_ms_per_image(), "on a worker"), ", ",
+        cost(g.gpu_ms_per_image(),
+             g.decoders() > 1 ? absl::StrCat("on each of ", g.decoders(), " GPUs") : "on the GPU"));
   }
-  return {split, FormatJpegCounts(g.gpu_images, g.cpu_images, g.fallbacks)};
+  return {split, FormatJpegCounts(g.gpu_images(), g.cpu_images(), g.fallbacks())};
 }
 
-std::string FormatReadAhead(const JobStatus& job) {
-  if (!job.read_ahead.has_value()) return "";
-  const ReadAheadStatus& r = *job.read_ahead;
-  std::string line = absl::StrCat(FormatCount(r.opened), " files fetched ahead of the workers, ",
-                                  FormatCount(r.skipped), " reached first by the workers");
-  if (r.failed > 0) absl::StrAppend(&line, ", ", FormatCount(r.failed), " failed");
-  absl::StrAppend(&line, "; window ", FormatCount(r.files_in_window), " files, ",
-                  FormatBytes(r.bytes_in_window));
+std::string FormatReadAhead(const v1::JobStatus& job) {
+  if (!job.has_read_ahead()) return "";
+  const v1::ReadAheadStatus& r = job.read_ahead();
+  std::string line = absl::StrCat(FormatCount(r.opened()), " files fetched ahead of the workers, ",
+                                  FormatCount(r.skipped()), " reached first by the workers");
+  if (r.failed() > 0) absl::StrAppend(&line, ", ", FormatCount(r.failed()), " failed");
+  absl::StrAppend(&line, "; window ", FormatCount(r.files_in_window()), " files, ",
+                  FormatBytes(r.bytes_in_window()));
   return line;
 }
 
-std::string RenderJob(const JobStatus& status) {
-  const JobInfo& j = status.job;
-  const JobOptions& s = j.spec;
+std::string RenderJob(const v1::JobStatus& status) {
+  const v1::Job& j = status.job();
+  const v1::JobSpec& s = j.spec();
   std::vector<std::string> fields;
-  for (const FieldInfo& f : j.fields) fields.push_back(absl::StrCat(f.name, " ", FormatField(f)));
-  std::vector<std::string> sampling = {absl::StrCat("batch ", s.batch_size)};
-  sampling.push_back(s.shuffle ? absl::StrCat("shuffle (seed ", s.seed, ")") : "no shuffle");
-  if (s.drop_last) sampling.push_back("drop_last");
-  sampling.push_back(absl::StrCat("world ", s.world_size));
+  for (const v1::Field& f : j.fields()) {
+    fields.push_back(absl::StrCat(f.name(), " ", FormatField(f)));
+  }
+  std::vector<std::string> sampling = {absl::StrCat("batch ", s.batch_size())};
+  sampling.push_back(s.shuffle() ? absl::StrCat("shuffle (seed ", s.seed(), ")") : "no shuffle");
+  if (s.drop_last()) sampling.push_back("drop_last");
+  sampling.push_back(absl::StrCat("world ", s.world_size()));
 
-  Table info({{"job"}, {j.id}});
-  info.AddRow({"name", j.name});
-  info.AddRow({"owner uid", absl::StrCat(j.owner_uid)});
+  Table info({{"job"}, {j.id()}});
+  info.AddRow({"name", j.name()});
+  info.AddRow({"owner uid", absl::StrCat(j.owner_uid())});
   info.AddRow({"state", FormatJobState(status)});
-  info.AddRow({"dataset", absl::StrCat(FormatDataset(s), " (", j.num_samples, " samples)")});
-  for (const JobStatus::BlendSource& b : status.blend_sources) {
-    info.AddRow({absl::StrCat("  ", b.name),
+  info.AddRow({"dataset", absl::StrCat(FormatDataset(s), " (", j.num_samples(), " samples)")});
+  for (const v1::BlendSourceStatus& b : status.blend_sources()) {
+    info.AddRow({absl::StrCat("  ", b.name()),
                  absl::StrFormat("weight %.4g: %d of %d samples per epoch (%d held), %d read",
-                                 b.weight, b.samples_per_epoch, j.samples_per_epoch, b.num_samples,
-                                 b.samples_drawn)});
+                                 b.weight(), b.samples_per_epoch(), j.samples_per_epoch(),
+                                 b.num_samples(), b.samples_drawn())});
   }
   info.AddRow({"transform", FormatTransform(s)});
   info.AddRow({"sampling", absl::StrJoin(sampling, ", ")});
-  info.AddRow({"device", absl::StrCat(s.device, ", prefetch ",
-                                      s.prefetch_depth == 0 ? std::string("default")
-                                                            : absl::StrCat(s.prefetch_depth))});
-  info.AddRow({"batches/epoch", absl::StrCat(j.batches_per_epoch, " per rank")});
+  info.AddRow({"device", absl::StrCat(s.device(), ", prefetch ",
+                                      s.prefetch_depth() == 0 ? std::string("default")
+                                                              : absl::StrCat(s.prefetch_depth()))});
+  info.AddRow({"batches/epoch", absl::StrCat(j.batches_per_epoch(), " per rank")});
   info.AddRow({"fields", absl::StrJoin(fields, "; ")});
-  info.AddRow({"slot", FormatBytes(j.slot_bytes)});
-  if (j.create_time_unix_ms > 0) info.AddRow({"created", FormatTime(j.create_time_unix_ms)});
+  info.AddRow({"slot", FormatBytes(j.slot_bytes())});
+  if (j.create_time_unix_ms() > 0) info.AddRow({"created", FormatTime(j.create_time_unix_ms())});
   info.AddRow(
-      {"bad samples",
-       absl::StrCat(status.errors, " (", status.quarantined, " quarantined, ", status.substituted,
-                    " substitutes served; policy ",
-                    s.on_corrupt_sample == CorruptSamplePolicy::kFail ? "fail" : "skip", ")")});
+      {"bad samples", absl::StrCat(status.errors(), " (", status.quarantined(), " quarantined, ",
+                                   status.substituted(), " substitutes served; policy ",
+                                   s.on_corrupt_sample() == v1::FAIL ? "fail" : "skip", ")")});
   // GPU jobs: how each rank's batches reach the device (ranks of a job usually agree).
   std::vector<std::string> paths;
-  for (const RankStatus& r : status.ranks) {
-    if (r.copy_path.empty()) continue;
-    std::string path = r.copy_path;
-    if (r.pinned_dataset_bytes != 0) {
-      absl::StrAppend(&path, " (", FormatBytes(r.pinned_dataset_bytes), " of the dataset pinned)");
+  for (const v1::RankStatus& r : status.ranks()) {
+    std::string path = FormatCopyPath(r.copy_path());
+    if (path.empty()) continue;
+    if (r.pinned_dataset_bytes() != 0) {
+      absl::StrAppend(&path, " (", FormatBytes(r.pinned_dataset_bytes()),
+                      " of the dataset pinned)");
     }
-    if (!r.copy_path_note.empty()) absl::StrAppend(&path, ": ", r.copy_path_note);
+    if (!r.copy_path_note().empty()) absl::StrAppend(&path, ": ", r.copy_path_note());
     if (std::find(paths.begin(), paths.end(), path) == paths.end()) paths.push_back(path);
   }
   if (!paths.empty()) info.AddRow({"copy path", absl::StrJoin(paths, "; ")});
   // Over the ranks that gather; the others copy every batch.
   uint64_t copied = 0, gathered = 0;
   bool can_gather = false;
-  for (const RankStatus& r : status.ranks) {
-    if (r.copy_path != "page-cache gather") continue;
-    copied += r.batches_copied;
-    gathered += r.batches_gathered;
+  for (const v1::RankStatus& r : status.ranks()) {
+    if (r.copy_path() != v1::PAGE_CACHE_GATHER) continue;
+    copied += r.batches_copied();
+    gathered += r.batches_gathered();
     can_gather = true;
   }
   if (can_gather) {
@@ -476,17 +506,17 @@ std::string RenderJob(const JobStatus& status) {
   if (const std::string ahead = FormatReadAhead(status); !ahead.empty()) {
     info.AddRow({"read ahead", ahead});
   }
-  if (!status.paused.empty()) {
-    info.AddRow({"PAUSED", absl::StrCat(status.paused, " (a condition of this machine; ",
-                                        status.transient_errors, " reads retried)")});
+  if (!status.paused().empty()) {
+    info.AddRow({"PAUSED", absl::StrCat(status.paused(), " (a condition of this machine; ",
+                                        status.transient_errors(), " reads retried)")});
   }
-  if (!status.failure.empty()) info.AddRow({"FAILED", status.failure});
+  if (!status.failure().empty()) info.AddRow({"FAILED", status.failure()});
   std::string out = info.Render();
   out += "\n";
 
   // A job whose GPUs decode JPEGs: each rank's demand for its GPU's decoder and the batches
   // that decoder took (GPU DEC: "0.90, 42").
-  const bool gpu_decodes = status.gpu_decode.has_value() && !status.gpu_decode->mode.empty();
+  const bool gpu_decodes = status.has_gpu_decode() && !status.gpu_decode().mode().empty();
   std::vector<Table::Column> columns = {
       {"RANK", true},      {"DEVICE"},        {"ATTACHED"},       {"EPOCH", true},
       {"NEXT", true},      {"BATCHES", true}, {"SAMPLES", true},  {"BATCHES/S", true},
@@ -496,47 +526,49 @@ std::string RenderJob(const JobStatus& status) {
   Table ranks(std::move(columns));
   std::vector<std::string> notes;
   std::vector<std::string> resumed;  // ranks resuming an epoch begun on another world size
-  for (const RankStatus& r : status.ranks) {
+  for (const v1::RankStatus& r : status.ranks()) {
     // How the consumer's batches travel: shared-memory channel or the gRPC stream.
-    const std::string attached = r.attached ? (r.batch_channel ? "yes, shm" : "yes, grpc") : "no";
-    std::vector<std::string> row = {absl::StrCat(r.rank),
-                                    r.device.empty() ? "-" : r.device,
+    const std::string attached =
+        r.attached() ? (r.batch_channel() ? "yes, shm" : "yes, grpc") : "no";
+    std::vector<std::string> row = {absl::StrCat(r.rank()),
+                                    r.device().empty() ? "-" : r.device(),
                                     attached,
-                                    absl::StrCat(r.epoch),
-                                    absl::StrCat(r.next_batch),
-                                    absl::StrCat(r.batches_delivered),
-                                    absl::StrCat(r.samples_delivered),
-                                    FormatRate(r.batches_per_second),
-                                    FormatRate(r.samples_per_second),
-                                    absl::StrCat(r.queue_depth),
-                                    absl::StrCat(r.slots_leased),
-                                    absl::StrCat(r.slots),
-                                    absl::StrFormat("%.1f", r.consumer_wait_seconds),
-                                    r.attached ? FormatStall(r) : "-",
-                                    r.attached ? FormatCpuWait(r) : "-",
-                                    r.attached ? FormatLimit(r) : "-"};
+                                    absl::StrCat(r.epoch()),
+                                    absl::StrCat(r.next_batch()),
+                                    absl::StrCat(r.batches_delivered()),
+                                    absl::StrCat(r.samples_delivered()),
+                                    FormatRate(r.batches_per_second()),
+                                    FormatRate(r.samples_per_second()),
+                                    absl::StrCat(r.queue_depth()),
+                                    absl::StrCat(r.slots_leased()),
+                                    absl::StrCat(r.slots()),
+                                    absl::StrFormat("%.1f", r.consumer_wait_seconds()),
+                                    r.attached() ? FormatStall(r) : "-",
+                                    r.attached() ? FormatCpuWait(r) : "-",
+                                    r.attached() ? FormatLimitingStage(r.limiting_stage()) : "-"};
     if (gpu_decodes) {
-      row.push_back(absl::StrFormat("%.2f, %s", r.gpu_decode_demand,
-                                    FormatCount(static_cast<int64_t>(r.gpu_decode_batches))));
+      row.push_back(absl::StrFormat("%.2f, %s", r.gpu_decode_demand(),
+                                    FormatCount(static_cast<int64_t>(r.gpu_decode_batches()))));
     }
     ranks.AddRow(std::move(row));
-    if (r.attached && !r.limiting_stage_note.empty()) {
-      notes.push_back(absl::StrCat("rank ", r.rank, ": ", r.limiting_stage_note, "\n"));
+    if (r.attached() && !r.limiting_stage_note().empty()) {
+      notes.push_back(absl::StrCat("rank ", r.rank(), ": ", r.limiting_stage_note(), "\n"));
     }
-    if (r.resumed_after_positions > 0) {
-      resumed.push_back(absl::StrCat(
-          "rank ", r.rank, ": epoch ", r.epoch, " goes on after the ", r.resumed_after_positions,
-          " positions an earlier run delivered (", r.epoch_batches, " batches a rank)\n"));
+    if (r.resumed_after_positions() > 0) {
+      resumed.push_back(absl::StrCat("rank ", r.rank(), ": epoch ", r.epoch(),
+                                     " goes on after the ", r.resumed_after_positions(),
+                                     " positions an earlier run delivered (", r.epoch_batches(),
+                                     " batches a rank)\n"));
     }
   }
-  out += status.ranks.empty() ? "no ranks attached yet\n" : ranks.Render();
+  out += status.ranks().empty() ? "no ranks attached yet\n" : ranks.Render();
   if (!notes.empty()) out += absl::StrCat("\nlimiting stage:\n", absl::StrJoin(notes, ""));
   if (!resumed.empty()) out += absl::StrCat("\nresumed:\n", absl::StrJoin(resumed, ""));
-  if (!status.recent_errors.empty()) {
+  if (!status.recent_errors().empty()) {
     out += "\nrecent sample errors:\n";
     Table errors({{"INDEX", true}, {"PATH"}, {"MESSAGE"}});
-    for (const SampleError& e : status.recent_errors) {
-      errors.AddRow({absl::StrCat(e.index), e.path, e.message});
+    for (const v1::SampleError& e : status.recent_errors()) {
+      errors.AddRow({absl::StrCat(e.index()), e.path(), e.message()});
     }
     out += errors.Render();
   }

@@ -10,29 +10,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/ferryctl/format.h"
-#include "google/protobuf/util/json_util.h"
-#include "proto/ferry/v1/words.h"
 
 namespace ferry::ctl {
-
-absl::StatusOr<v1::GetStatusResponse> ParseStatusJson(std::string_view json) {
-  v1::GetStatusResponse response;
-  google::protobuf::util::JsonParseOptions options;
-  options.ignore_unknown_fields = true;
-  auto parsed = google::protobuf::util::JsonStringToMessage(
-      google::protobuf::StringPiece(json.data(), json.size()), &response, options);
-  if (!parsed.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ferryd's status answer is not a ferry.v1.GetStatusResponse in JSON: ",
-                     std::string(parsed.message())));
-  }
-  return response;
-}
-
-std::string FormatLimitingStage(v1::LimitingStage stage) {
-  const std::string word = v1::LimitingStageWord(stage);
-  return word.empty() ? "-" : word;
-}
 
 namespace {
 
@@ -82,24 +61,6 @@ std::string FitToScreen(std::string_view text, ScreenSize size) {
 }
 
 namespace {
-
-// The fields FormatJobState reads, so `ferryctl top` words a job's state as `ferryctl
-// jobs` does (the plain struct is filled by the client library, out of this folder's
-// reach; keep this in step with FormatJobState).
-JobStatus StateFields(const v1::JobStatus& job) {
-  JobStatus plain;
-  plain.failure = job.failure();
-  plain.paused = job.paused();
-  plain.idle_seconds = job.idle_seconds();
-  plain.deleted_in_seconds = job.deleted_in_seconds();
-  for (const v1::RankStatus& r : job.ranks()) {
-    RankStatus rank;
-    rank.rank = r.rank();
-    rank.attached = r.attached();
-    plain.ranks.push_back(rank);
-  }
-  return plain;
-}
 
 std::string Percent(double fraction) { return absl::StrFormat("%.0f%%", 100 * fraction); }
 
@@ -200,7 +161,7 @@ std::string RenderTop(const v1::GetStatusResponse& now, const v1::GetStatusRespo
   std::vector<std::vector<std::string>> cells;
   for (const Row& row : rows) {
     const v1::JobStatus& job = *row.job;
-    const std::string state = FormatJobState(StateFields(job));
+    const std::string state = FormatJobState(job);
     std::vector<std::string> c;
     if (row.rank == nullptr) {
       c = {job.job().id(), job.job().name(), "-", state, "-", "-", "-", "-", "-", "-"};

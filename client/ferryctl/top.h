@@ -3,19 +3,14 @@
 // terminal's size, so that columns, sorting and truncation are unit-tested without a
 // daemon or a terminal. The live loop that draws it is in live.h.
 //
-//   absl::StatusOr<v1::GetStatusResponse> now = ParseStatusJson(*client->GetStatusJson());
+//   absl::StatusOr<v1::GetStatusResponse> now = client->GetStatus();
 //   std::string screen = RenderTop(*now, &previous, {.width = 120, .height = 40});
-//
-// The response is read from the client's proto3 JSON (Client::GetStatusJson): the plain
-// structs of ferry/client.h carry only what the other commands show, and the JSON carries
-// every field of this ferryd's proto, unknown ones (a newer ferryd) ignored.
 #ifndef FERRY_CLIENT_FERRYCTL_TOP_H_
 #define FERRY_CLIENT_FERRYCTL_TOP_H_
 
 #include <string>
 #include <string_view>
 
-#include "absl/status/statusor.h"
 #include "ferry/v1/ferry.pb.h"
 
 namespace ferry::ctl {
@@ -25,14 +20,6 @@ struct ScreenSize {
   int width = 0;
   int height = 0;
 };
-
-// Parses Client::GetStatusJson's answer. INVALID_ARGUMENT on malformed JSON; fields this
-// ferryctl does not know are ignored.
-absl::StatusOr<v1::GetStatusResponse> ParseStatusJson(std::string_view json);
-
-// "trainer", "trainer_cpu", "read", "remote_read", "decode", "copy"; "-" when not known (no
-// consumer, too little seen).
-std::string FormatLimitingStage(v1::LimitingStage stage);
 
 // Cuts `line` to at most `width` characters (UTF-8 code points), ending it with "~" when
 // something was cut; unchanged when width is 0.

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "client/ferryctl/format.h"
 #include "client/ferryctl/live.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -246,19 +247,6 @@ TEST(TopTest, TruncateAndFit) {
   EXPECT_EQ(TruncateLine("h\xc3\xa9llo-w\xc3\xb6rld", 7), "h\xc3\xa9llo-~");
   EXPECT_EQ(FitToScreen("one\ntwo\nthree\nfour\n", {3, 3}), "one\ntwo\n..~\n");
   EXPECT_EQ(FitToScreen("one\ntwo\n", {0, 0}), "one\ntwo\n");
-}
-
-TEST(TopTest, ParsesTheClientsJsonAndIgnoresUnknownFields) {
-  auto parsed = ParseStatusJson(
-      R"({"daemon": {"version": "0.4.0", "cpu_seconds": 2.5, "from_a_newer_ferryd": 1},
-          "jobs": [{"job": {"id": "j-1"}, "ranks": [{"rank": 3, "limiting_stage":
-          "LIMITED_BY_READ", "stall_ratio": 0.5}]}]})");
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
-  EXPECT_EQ(parsed->daemon().version(), "0.4.0");
-  EXPECT_EQ(parsed->jobs(0).ranks(0).limiting_stage(), v1::LIMITED_BY_READ);
-  auto bad = ParseStatusJson("{not json");
-  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("GetStatusResponse"));
 }
 
 // A live view of a fixed text, for ComposeFrame.

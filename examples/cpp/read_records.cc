@@ -31,19 +31,21 @@ int main(int argc, char** argv) {
   auto client = ferry::Client::Connect(argv[1]);
   if (!client.ok()) return Fail(client.status());
 
-  ferry::JobOptions options;
-  options.dataset = ferry::RecordsOptions{argv[2], ferry::DType::kInt64, {}, 0};
-  options.batch_size = batch_size;
-  options.shuffle = true;
-  options.seed = 1;
-  auto job = (*client)->CreateJob(options);
+  // A spec sets what it needs; ferryd applies the defaults of the rest (ferry.proto).
+  ferry::v1::JobSpec spec;
+  spec.mutable_dataset()->mutable_records()->set_path(argv[2]);
+  spec.mutable_dataset()->mutable_records()->set_dtype(ferry::v1::INT64);
+  spec.set_batch_size(batch_size);
+  spec.set_shuffle(true);
+  spec.set_seed(1);
+  auto job = (*client)->CreateJob(/*name=*/"", spec);
   if (!job.ok()) return Fail(job.status());
 
-  auto consumer = (*client)->Attach(job->id, /*rank=*/0);
+  auto consumer = (*client)->Attach(job->id(), /*rank=*/0);
   if (!consumer.ok()) return Fail(consumer.status());
   if (absl::Status s = (*consumer)->StartEpoch(0, 0); !s.ok()) return Fail(s);
 
-  std::vector<int> seen(static_cast<size_t>(job->num_samples), 0);
+  std::vector<int> seen(static_cast<size_t>(job->num_samples()), 0);
   int64_t records = 0, batches = 0;
   for (;;) {
     auto next = (*consumer)->Next();
@@ -55,7 +57,7 @@ int main(int argc, char** argv) {
     for (uint32_t i = 0; i < batch.num_samples(); ++i) {
       int64_t value;
       std::memcpy(&value, static_cast<const char*>(data->data) + 8 * i, 8);
-      if (value < 0 || value >= job->num_samples || seen[value]++ != 0) {
+      if (value < 0 || value >= job->num_samples() || seen[value]++ != 0) {
         return Fail(absl::DataLossError("record value " + std::to_string(value) +
                                         " is out of range or arrived twice"));
       }
@@ -65,8 +67,8 @@ int main(int argc, char** argv) {
     if (absl::Status s = batch.Release(); !s.ok()) return Fail(s);
   }
   consumer->reset();
-  if (absl::Status s = (*client)->DeleteJob(job->id); !s.ok()) return Fail(s);
+  if (absl::Status s = (*client)->DeleteJob(job->id()); !s.ok()) return Fail(s);
   std::printf("read %lld records in %lld batches\n", static_cast<long long>(records),
               static_cast<long long>(batches));
-  return records == job->num_samples ? 0 : 1;
+  return records == job->num_samples() ? 0 : 1;
 }

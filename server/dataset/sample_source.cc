@@ -20,26 +20,6 @@
 
 namespace ferry {
 
-size_t DTypeSize(ferry::v1::DType dtype) {
-  switch (dtype) {
-    case ferry::v1::UINT8:
-    case ferry::v1::BOOL:
-      return 1;
-    case ferry::v1::UINT16:
-    case ferry::v1::FLOAT16:
-    case ferry::v1::BFLOAT16:
-      return 2;
-    case ferry::v1::UINT32:
-    case ferry::v1::INT32:
-    case ferry::v1::FLOAT32:
-      return 4;
-    case ferry::v1::INT64:
-      return 8;
-    default:
-      return 0;
-  }
-}
-
 namespace {
 
 using ferry::v1::DatasetSpec;
@@ -55,6 +35,8 @@ struct DatasetKind {
   bool folders;            // its paths name folders, not files (DatasetFilePaths)
   // SetWidenOnHost; null for kinds that hold no token ids.
   void (*widen_on_host)(DatasetSpec* dataset);
+  // ApplyDatasetDefaults; null for kinds whose unset fields need no value written.
+  void (*defaults)(DatasetSpec* dataset);
   // Every path the spec names, shard patterns expanded; empty ones included (the caller
   // refuses them).
   absl::StatusOr<std::vector<std::string>> (*paths)(const DatasetSpec& dataset);
@@ -66,6 +48,7 @@ using Paths = absl::StatusOr<std::vector<std::string>>;
 
 constexpr DatasetKind kDatasetKinds[] = {
     {DatasetSpec::kImageFolder, "image_folder", "dataset.image_folder.root", true, true, nullptr,
+     nullptr,
      [](const DatasetSpec& d) -> Paths {
        return std::vector<std::string>{d.image_folder().root()};
      },
@@ -92,6 +75,11 @@ constexpr DatasetKind kDatasetKinds[] = {
      }},
     {DatasetSpec::kTokens, "tokens", "dataset.tokens.path", false, false,
      [](DatasetSpec* d) { d->mutable_tokens()->set_widen_on_host(true); },
+     [](DatasetSpec* d) {
+       if (d->tokens().token_dtype() == ferry::v1::DTYPE_UNSPECIFIED) {
+         d->mutable_tokens()->set_token_dtype(ferry::v1::UINT16);
+       }
+     },
      [](const DatasetSpec& d) -> Paths { return std::vector<std::string>{d.tokens().path()}; },
      [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
         const SourceOptions& options) -> Opened {
@@ -106,6 +94,11 @@ constexpr DatasetKind kDatasetKinds[] = {
      }},
     {DatasetSpec::kTokenShards, "token_shards", "dataset.token_shards.shards", false, false,
      [](DatasetSpec* d) { d->mutable_token_shards()->set_widen_on_host(true); },
+     [](DatasetSpec* d) {
+       if (d->token_shards().token_dtype() == ferry::v1::DTYPE_UNSPECIFIED) {
+         d->mutable_token_shards()->set_token_dtype(ferry::v1::UINT16);
+       }
+     },
      [](const DatasetSpec& d) -> Paths {
        if (d.token_shards().shards().empty()) {
          return absl::InvalidArgumentError(
@@ -126,7 +119,7 @@ constexpr DatasetKind kDatasetKinds[] = {
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
     {DatasetSpec::kIndexed, "indexed", "dataset.indexed.path_prefix", false, false,
-     [](DatasetSpec* d) { d->mutable_indexed()->set_widen_on_host(true); },
+     [](DatasetSpec* d) { d->mutable_indexed()->set_widen_on_host(true); }, nullptr,
      [](const DatasetSpec& d) -> Paths {
        if (d.indexed().path_prefix().empty()) return std::vector<std::string>{""};
        return std::vector<std::string>{d.indexed().path_prefix() + ".bin",
@@ -141,6 +134,7 @@ constexpr DatasetKind kDatasetKinds[] = {
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
     {DatasetSpec::kWebdataset, "webdataset", "dataset.webdataset.shards", true, false, nullptr,
+     nullptr,
      [](const DatasetSpec& d) -> Paths {
        if (d.webdataset().shards().empty()) {
          return absl::InvalidArgumentError(
@@ -163,7 +157,7 @@ constexpr DatasetKind kDatasetKinds[] = {
                                                        options.limits, std::move(fs)));
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
-    {DatasetSpec::kRecords, "records", "dataset.records.path", false, false, nullptr,
+    {DatasetSpec::kRecords, "records", "dataset.records.path", false, false, nullptr, nullptr,
      [](const DatasetSpec& d) -> Paths { return std::vector<std::string>{d.records().path()}; },
      [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
         const SourceOptions& options) -> Opened {
@@ -171,14 +165,14 @@ constexpr DatasetKind kDatasetKinds[] = {
            auto source, RecordSource::Create(spec.dataset().records(), options.row_stores, *fs));
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
-    {DatasetSpec::kNpy, "npy", "dataset.npy.path", false, false, nullptr,
+    {DatasetSpec::kNpy, "npy", "dataset.npy.path", false, false, nullptr, nullptr,
      [](const DatasetSpec& d) -> Paths { return std::vector<std::string>{d.npy().path()}; },
      [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
         const SourceOptions& options) -> Opened {
        return OpenNpySource(spec.dataset().npy(), options.row_stores, *fs);
      }},
     {DatasetSpec::kMegatronGpt, "megatron_gpt", "dataset.megatron_gpt.path_prefixes", false, false,
-     nullptr,
+     nullptr, nullptr,
      [](const DatasetSpec& d) -> Paths {
        std::vector<std::string> paths;
        for (const std::string& prefix : d.megatron_gpt().path_prefixes()) {
@@ -196,6 +190,11 @@ constexpr DatasetKind kDatasetKinds[] = {
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
     {DatasetSpec::kBlend, "blend", nullptr, false, false, nullptr,
+     [](DatasetSpec* d) {
+       for (ferry::v1::BlendSource& s : *d->mutable_blend()->mutable_sources()) {
+         if (!s.dataset().has_blend()) ApplyDatasetDefaults(s.mutable_dataset());
+       }
+     },
      [](const DatasetSpec& d) -> Paths {
        std::vector<std::string> all;
        for (const ferry::v1::BlendSource& s : d.blend().sources()) {
@@ -283,6 +282,11 @@ bool DatasetHasImages(const ferry::v1::DatasetSpec& dataset) {
 void SetWidenOnHost(ferry::v1::DatasetSpec* dataset) {
   const DatasetKind* kind = FindKind(dataset->kind_case());
   if (kind != nullptr && kind->widen_on_host != nullptr) kind->widen_on_host(dataset);
+}
+
+void ApplyDatasetDefaults(ferry::v1::DatasetSpec* dataset) {
+  const DatasetKind* kind = FindKind(dataset->kind_case());
+  if (kind != nullptr && kind->defaults != nullptr) kind->defaults(dataset);
 }
 
 }  // namespace ferry

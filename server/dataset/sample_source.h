@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/streaming_copy.h"
+#include "ferry/v1/dtype.h"
 #include "ferry/v1/ferry.pb.h"
 #include "server/dataset/dataset_fs.h"
 #include "server/dataset/mapped_file.h"
@@ -57,8 +58,6 @@ struct FieldLayout {
   // job's fields a trainer sees. Default: false.
   bool internal = false;
 };
-
-size_t DTypeSize(ferry::v1::DType dtype);  // 0 for DTYPE_UNSPECIFIED
 
 // Name of the internal field (FieldLayout::internal) of a composed transform's photometric
 // programs, one PhotometricProgram (server/kernels/photometric.h) per row.
@@ -255,6 +254,10 @@ bool DatasetHasImages(const ferry::v1::DatasetSpec& dataset);
 // Sets widen_on_host on a dataset of token ids (tokens, token_shards, indexed), so that the
 // host widens them rather than the device; other kinds stay as they are.
 void SetWidenOnHost(ferry::v1::DatasetSpec* dataset);
+// Fills the fields of `dataset` that its kind defaults when they are unset: token_dtype
+// UINT16 for tokens and token_shards, in a blend's sources too. Other fields, and what is
+// set, stay as they are.
+void ApplyDatasetDefaults(ferry::v1::DatasetSpec* dataset);
 
 }  // namespace ferry
 

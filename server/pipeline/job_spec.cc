@@ -55,6 +55,7 @@ absl::StatusOr<ferry::v1::JobSpec> NormalizeJobSpec(ferry::v1::JobSpec spec,
     return absl::InvalidArgumentError(
         "image_output converts images on the GPU; it needs device=\"cuda:N\"");
   }
+  ApplyDatasetDefaults(spec.mutable_dataset());
   // Before the job's key is made: a GPU job that asks for widen_on_host and one that gets it
   // from the daemon are then the same job.
   if (cuda && defaults.widen_tokens_on_host) SetWidenOnHost(spec.mutable_dataset());

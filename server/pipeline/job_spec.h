@@ -36,8 +36,9 @@ struct SpecDefaults {
 // (empty: ferryd names the job).
 absl::Status CheckJobName(absl::string_view name);
 
-// `spec` with its defaults applied: device "cpu", world_size 1, widen_on_host on a GPU job's
-// token ids when `defaults` say so. INVALID_ARGUMENT naming the field for a batch_size
+// `spec` with its defaults applied: device "cpu", world_size 1, the dataset's own
+// (ApplyDatasetDefaults: token_dtype UINT16), widen_on_host on a GPU job's token ids when
+// `defaults` say so. INVALID_ARGUMENT naming the field for a batch_size
 // outside [1, kMaxBatchSize], a world_size over kMaxWorldSize, a prefetch_depth over
 // kMaxPrefetchDepth, an unknown device, or an image_output conversion on a host job.
 absl::StatusOr<ferry::v1::JobSpec> NormalizeJobSpec(ferry::v1::JobSpec spec,

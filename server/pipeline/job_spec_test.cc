@@ -31,6 +31,27 @@ TEST(NormalizeJobSpecTest, FillsTheDefaults) {
   EXPECT_EQ(spec->device(), "cpu");
   EXPECT_EQ(spec->world_size(), 1u);
   EXPECT_FALSE(spec->dataset().tokens().widen_on_host());
+  EXPECT_EQ(spec->dataset().tokens().token_dtype(), ferry::v1::UINT16);
+}
+
+// A client that sets only what a dataset requires gets the kind's defaults; what it set stays.
+TEST(NormalizeJobSpecTest, TokenDatasetsDefaultToUint16TokensInBlendsToo) {
+  ferry::v1::JobSpec spec = Tokens(8);
+  spec.mutable_dataset()->mutable_tokens()->set_token_dtype(ferry::v1::UINT32);
+  EXPECT_EQ(NormalizeJobSpec(spec, SpecDefaults())->dataset().tokens().token_dtype(),
+            ferry::v1::UINT32);
+  spec.mutable_dataset()->mutable_token_shards()->add_shards("/data/s-{0..3}.bin");
+  EXPECT_EQ(NormalizeJobSpec(spec, SpecDefaults())->dataset().token_shards().token_dtype(),
+            ferry::v1::UINT16);
+  ferry::v1::BlendDataset* blend = spec.mutable_dataset()->mutable_blend();
+  blend->add_sources()->mutable_dataset()->mutable_tokens()->set_path("/data/a.bin");
+  blend->add_sources()->mutable_dataset()->mutable_records()->set_path("/data/r.bin");
+  absl::StatusOr<ferry::v1::JobSpec> normalized = NormalizeJobSpec(spec, SpecDefaults());
+  ASSERT_TRUE(normalized.ok()) << normalized.status();
+  EXPECT_EQ(normalized->dataset().blend().sources(0).dataset().tokens().token_dtype(),
+            ferry::v1::UINT16);
+  EXPECT_EQ(normalized->dataset().blend().sources(1).dataset().records().dtype(),
+            ferry::v1::DTYPE_UNSPECIFIED);
 }
 
 TEST(NormalizeJobSpecTest, RefusesWhatIsOutOfBoundsNamingTheField) {

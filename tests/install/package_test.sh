@@ -47,6 +47,8 @@ expect ferryd /usr/sbin/ferryd /usr/bin/ferryctl /usr/lib/systemd/system/ferryd.
 expect libferry1 "/usr/lib/$multiarch/libferry.so.1.0.0" \
   "/usr/lib/$multiarch/libferry_client.so.0.1.0"
 expect libferry-dev /usr/include/ferry/ferry.h /usr/include/ferry/client.h \
+  /usr/include/ferry/consumer.h /usr/include/ferry/batch.h /usr/include/ferry/epoch.h \
+  /usr/include/ferry/v1/ferry.pb.h /usr/include/ferry/v1/dtype.h \
   "/usr/lib/$multiarch/pkgconfig/ferry.pc" "/usr/lib/$multiarch/pkgconfig/ferry-client.pc" \
   "/usr/lib/$multiarch/cmake/ferry/ferryConfig.cmake"
 expect python3-ferry /usr/lib/python3/dist-packages/ferry/__init__.py
@@ -58,6 +60,8 @@ contains "$(dpkg-deb -f "${deb[python3-ferry]}" Depends)" 'libferry1 (= 0.1.0)' 
   || fail "python3-ferry does not depend on libferry1"
 contains "$(dpkg-deb -f "${deb[libferry-dev]}" Depends)" 'libferry1 (= 0.1.0)' \
   || fail "libferry-dev does not depend on libferry1"
+contains "$(dpkg-deb -f "${deb[libferry-dev]}" Depends)" 'libprotobuf-dev' \
+  || fail "libferry-dev does not depend on libprotobuf-dev (ferry/v1/ferry.pb.h needs it)"
 contains "$(dpkg-deb -f "${deb[ferryd]}" Depends)" 'libgrpc' \
   || fail "ferryd's Depends (from dpkg-shlibdeps) lack gRPC"
 mkdir "$work/control"

@@ -128,12 +128,15 @@ class SpecErrorsTest(DaemonTestCase):
                                     r"'uint32'\], got 'int8'"):
             ferry.Tokens(self.tokens, seq_len=4, dtype="int8")
         client = self.client()
-        # A DType the daemon does not take for tokens, and none at all.
-        for dtype, shown in (("FLOAT32", "FLOAT32"), (None, "DTYPE_UNSPECIFIED")):
-            message = self.assertFerryError("INVALID_ARGUMENT", client.create_job,
-                                            token_spec(self.tokens, token_dtype=dtype))
-            self.assertIn("dataset.tokens.token_dtype must be UINT16 or UINT32 (got %s)"
-                          % shown, message)
+        # A DType the daemon does not take for tokens.
+        message = self.assertFerryError("INVALID_ARGUMENT", client.create_job,
+                                        token_spec(self.tokens, token_dtype="FLOAT32"))
+        self.assertIn("dataset.tokens.token_dtype must be UINT16 or UINT32 (got FLOAT32)",
+                      message)
+        # None at all: ferryd applies the default, and the job's spec says which.
+        job = client.create_job(token_spec(self.tokens, token_dtype=None), name="default-dtype")
+        self.assertEqual(job["spec"]["dataset"]["tokens"]["token_dtype"], "UINT16")
+        client.delete_job(job["id"])
         # A name that is no DType at all: the client library's JSON parser refuses it.
         message = self.assertFerryError("INVALID_ARGUMENT", client.create_job,
                                         token_spec(self.tokens, token_dtype="UINT64"))
