@@ -12,6 +12,7 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -418,6 +419,119 @@ int ferry_epoch_consumed(const ferry_epoch_info_t* info, int64_t batches_done, f
     }
     for (size_t i = 0; i < consumed->size(); ++i)
       out[i] = {(*consumed)[i].begin, (*consumed)[i].end};
+    return FERRY_OK;
+  });
+}
+
+namespace {
+
+// Checks a ferry_resume_point_t a caller passes in and copies it.
+int PointFrom(const char* fn, const ferry_resume_point_t* in, ferry::ResumePoint* point) {
+  if (in == nullptr) return NullArgument(fn, "point");
+  if (in->struct_size < sizeof(ferry_resume_point_t)) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat(fn, ": point->struct_size must be sizeof(ferry_resume_point_t)")));
+  }
+  if (in->consumed == nullptr && in->num_consumed > 0) return NullArgument(fn, "consumed");
+  if (in->resumed_from == nullptr && in->num_resumed_from > 0) {
+    return NullArgument(fn, "resumed_from");
+  }
+  point->epoch = in->epoch;
+  point->positions = in->positions;
+  for (size_t i = 0; i < in->num_consumed; ++i) {
+    point->consumed.push_back({in->consumed[i].begin, in->consumed[i].end});
+  }
+  point->world_size = in->world_size;
+  point->batch_size = in->batch_size;
+  point->drop_last = in->drop_last != 0;
+  for (size_t i = 0; i < in->num_resumed_from; ++i) {
+    point->resumed_from.push_back({in->resumed_from[i].begin, in->resumed_from[i].end});
+  }
+  point->batches_done = in->batches_done;
+  return FERRY_OK;
+}
+
+// Writes `ranges` to out[0..capacity) and their number to *count; RESOURCE_EXHAUSTED naming
+// `what` when they do not fit.
+int RangesTo(const char* fn, const char* what, const std::vector<ferry::EpochRange>& ranges,
+             ferry_range_t* out, size_t capacity, size_t* count) {
+  *count = ranges.size();
+  if (ranges.size() > capacity) {
+    return Fail(absl::ResourceExhaustedError(
+        absl::StrCat(fn, ": ", ranges.size(), " ranges of ", what, " do not fit in ", capacity)));
+  }
+  if (out == nullptr && !ranges.empty()) return NullArgument(fn, what);
+  for (size_t i = 0; i < ranges.size(); ++i) out[i] = {ranges[i].begin, ranges[i].end};
+  return FERRY_OK;
+}
+
+}  // namespace
+
+int ferry_consumer_position(const ferry_consumer_t* consumer, ferry_resume_point_t* out) {
+  const char* fn = __func__;
+  return Guard(fn, [&]() -> int {
+    if (consumer == nullptr) return NullArgument(fn, "consumer");
+    if (out == nullptr) return NullArgument(fn, "out");
+    if (out->struct_size < sizeof(ferry_resume_point_t)) {
+      return Fail(absl::InvalidArgumentError(
+          "ferry_consumer_position: out->struct_size must be sizeof(ferry_resume_point_t)"));
+    }
+    auto point = consumer->consumer->Position();
+    if (!point.ok()) return Fail(point.status());
+    out->epoch = point->epoch;
+    out->positions = point->positions;
+    out->world_size = point->world_size;
+    out->batch_size = point->batch_size;
+    out->drop_last = point->drop_last ? 1 : 0;
+    out->batches_done = point->batches_done;
+    const int consumed = RangesTo(fn, "consumed", point->consumed, out->consumed,
+                                  out->consumed_capacity, &out->num_consumed);
+    const int resumed = RangesTo(fn, "resumed_from", point->resumed_from, out->resumed_from,
+                                 out->resumed_from_capacity, &out->num_resumed_from);
+    return consumed != FERRY_OK ? consumed : resumed;
+  });
+}
+
+int ferry_resume_plan(const ferry_resume_point_t* point, const ferry_epoch_info_t* run,
+                      int64_t* epoch, int64_t* first_batch, ferry_range_t* dealt_after,
+                      size_t capacity, size_t* count) {
+  const char* fn = __func__;
+  return Guard(fn, [&]() -> int {
+    ferry::ResumePoint from;
+    if (const int checked = PointFrom(fn, point, &from); checked != FERRY_OK) return checked;
+    if (run == nullptr) return NullArgument(fn, "run");
+    if (epoch == nullptr) return NullArgument(fn, "epoch");
+    if (first_batch == nullptr) return NullArgument(fn, "first_batch");
+    if (count == nullptr) return NullArgument(fn, "count");
+    if (run->struct_size < sizeof(ferry_epoch_info_t)) {
+      return Fail(absl::InvalidArgumentError(
+          "ferry_resume_plan: run->struct_size must be sizeof(ferry_epoch_info_t)"));
+    }
+    ferry::EpochProgress deal;
+    deal.positions = run->positions;
+    deal.world_size = run->world_size;
+    deal.batch_size = run->batch_size;
+    deal.drop_last = run->drop_last != 0;
+    deal.contiguous_ranks = run->contiguous_ranks != 0;
+    auto plan = ferry::PlanResume(from, deal);
+    if (!plan.ok()) return Fail(plan.status());
+    *epoch = plan->epoch;
+    *first_batch = plan->first_batch;
+    return RangesTo(fn, "dealt_after", plan->dealt_after, dealt_after, capacity, count);
+  });
+}
+
+int ferry_consumer_resume(ferry_consumer_t* consumer, const ferry_resume_point_t* point,
+                          int64_t* epoch, int64_t* first_batch) {
+  const char* fn = __func__;
+  return Guard(fn, [&]() -> int {
+    if (consumer == nullptr) return NullArgument(fn, "consumer");
+    ferry::ResumePoint from;
+    if (const int checked = PointFrom(fn, point, &from); checked != FERRY_OK) return checked;
+    auto plan = consumer->consumer->Resume(from);
+    if (!plan.ok()) return Fail(plan.status());
+    if (epoch != nullptr) *epoch = plan->epoch;
+    if (first_batch != nullptr) *first_batch = plan->first_batch;
     return FERRY_OK;
   });
 }

@@ -144,6 +144,42 @@ int main(void) {
   CHECK(strstr(ferry_last_error(), "'client'") != NULL);
   CHECK(ferry_consumer_attaches(NULL, NULL) == FERRY_INVALID_ARGUMENT);
   CHECK(strstr(ferry_last_error(), "'consumer'") != NULL);
+  /* ABI 1.9: a plan needs no daemon. 2 ranks x 4 over 100 positions, 3 batches each taken. */
+  {
+    ferry_range_t consumed[1] = {{0, 24}};
+    ferry_resume_point_t point;
+    memset(&point, 0, sizeof point);
+    point.struct_size = sizeof point;
+    point.epoch = 5;
+    point.positions = 100;
+    point.consumed = consumed;
+    point.num_consumed = 1;
+    point.world_size = 2;
+    point.batch_size = 4;
+    point.batches_done = 3;
+    ferry_epoch_info_t run;
+    memset(&run, 0, sizeof run);
+    run.struct_size = sizeof run;
+    run.positions = 100;
+    run.world_size = 3;
+    run.batch_size = 4;
+    int64_t epoch = -1, first = -1;
+    ferry_range_t after[2];
+    size_t count = 0;
+    CHECK(ferry_resume_plan(&point, &run, &epoch, &first, after, 2, &count) == FERRY_OK);
+    CHECK(epoch == 5 && first == 0 && count == 1 && after[0].begin == 0 && after[0].end == 24);
+    run.world_size = 2; /* dealt alike: the same deal, at its batch */
+    CHECK(ferry_resume_plan(&point, &run, &epoch, &first, after, 2, &count) == FERRY_OK);
+    CHECK(epoch == 5 && first == 3 && count == 0);
+    run.positions = 99;
+    CHECK(ferry_resume_plan(&point, &run, &epoch, &first, after, 2, &count) ==
+          FERRY_FAILED_PRECONDITION);
+    CHECK(strstr(ferry_last_error(), "dataset changed") != NULL);
+    CHECK(ferry_resume_plan(NULL, &run, &epoch, &first, after, 2, &count) ==
+          FERRY_INVALID_ARGUMENT);
+    CHECK(ferry_consumer_position(NULL, &point) == FERRY_INVALID_ARGUMENT);
+    CHECK(ferry_consumer_resume(NULL, &point, NULL, NULL) == FERRY_INVALID_ARGUMENT);
+  }
   ferry_client_free(NULL);
   ferry_consumer_free(NULL);
   ferry_batch_free(NULL);

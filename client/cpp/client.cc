@@ -886,6 +886,24 @@ class ConsumerImpl {
 
   const v1::Job& job() const { return job_; }
   int64_t epoch_batches() const { return epoch_batches_; }
+
+  absl::StatusOr<ResumePoint> Position() const {
+    const EpochProgress deal = EpochProgress::Of(job_, consumed_);
+    ResumePoint point;
+    point.positions = deal.positions;
+    point.world_size = deal.world_size;
+    point.batch_size = deal.batch_size;
+    point.drop_last = deal.drop_last;
+    point.epoch = epoch_;
+    if (state_ == State::kEpochDone || (epoch_batches_ > 0 && next_batch_ >= epoch_batches_)) {
+      ++point.epoch;  // after the epoch's end: the next one, none of it consumed
+      return point;
+    }
+    point.resumed_from = consumed_;
+    point.batches_done = next_batch_;
+    FERRY_ASSIGN_OR_RETURN(point.consumed, deal.ConsumedAfter(next_batch_));
+    return point;
+  }
   uint32_t rank() const { return rank_; }
   uint32_t num_slots() const { return num_slots_; }
   int device() const { return ring_ ? ring_->device() : -1; }
@@ -1200,6 +1218,55 @@ absl::StatusOr<int64_t> EpochProgress::Batches() const {
   return layout.batches();
 }
 
+namespace {
+
+absl::Status CheckRanges(std::string_view name, const std::vector<EpochRange>& ranges,
+                         int64_t positions) {
+  int64_t end = 0;
+  for (const EpochRange& r : ranges) {
+    if (r.begin < end || r.begin >= r.end || r.end > positions) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ResumePoint.", std::string(name),
+                       " must be sorted, disjoint, non-empty ranges inside "
+                       "the epoch's ",
+                       positions, " positions; [", r.begin, ", ", r.end, ") is not"));
+    }
+    end = r.end;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ResumePlan> PlanResume(const ResumePoint& point, const EpochProgress& run) {
+  if (point.positions != run.positions) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the resume point was taken with ", point.positions,
+                     " positions an epoch, and this "
+                     "job's dataset has ",
+                     run.positions,
+                     ": the dataset changed (files added or removed) "
+                     "since; resume over the data the point was taken with"));
+  }
+  if (point.epoch < 0 || point.batches_done < 0 || point.world_size < 1 || point.batch_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ResumePoint has epoch ", point.epoch, ", batches_done ", point.batches_done,
+                     ", world_size ", point.world_size, ", batch_size ", point.batch_size,
+                     ": epoch and batches_done must be >= 0, world_size and batch_size >= 1"));
+  }
+  FERRY_RETURN_IF_ERROR(CheckRanges("consumed", point.consumed, point.positions));
+  if (point.consumed.size() == 1 && point.consumed[0].begin == 0 &&
+      point.consumed[0].end == point.positions) {
+    return ResumePlan{point.epoch + 1, {}, 0};  // the epoch was consumed whole
+  }
+  if (point.world_size == run.world_size && point.batch_size == run.batch_size &&
+      point.drop_last == run.drop_last) {
+    FERRY_RETURN_IF_ERROR(CheckRanges("resumed_from", point.resumed_from, point.positions));
+    return ResumePlan{point.epoch, point.resumed_from, point.batches_done};
+  }
+  return ResumePlan{point.epoch, point.consumed, 0};
+}
+
 // ---------------------------------------------------------------------------------------
 // Consumer
 
@@ -1219,6 +1286,13 @@ absl::StatusOr<int64_t> Consumer::ResumeEpoch(int64_t epoch,
 }
 int64_t Consumer::epoch_batches() const { return impl_->epoch_batches(); }
 int64_t Consumer::attaches() const { return impl_->attaches(); }
+absl::StatusOr<ResumePoint> Consumer::Position() const { return impl_->Position(); }
+absl::StatusOr<ResumePlan> Consumer::Resume(const ResumePoint& point) {
+  FERRY_ASSIGN_OR_RETURN(ResumePlan plan, PlanResume(point, EpochProgress::Of(impl_->job())));
+  FERRY_RETURN_IF_ERROR(
+      impl_->ResumeEpoch(plan.epoch, plan.dealt_after, plan.first_batch).status());
+  return plan;
+}
 absl::StatusOr<std::optional<Batch>> Consumer::Next(absl::Duration timeout) {
   return impl_->Next(timeout);
 }

@@ -572,5 +572,84 @@ TEST(PackReleasesTest, RunsOfReleasesTravelInOneMessageInOrder) {
   EXPECT_TRUE(internal::PackReleases(&none).empty());
 }
 
+// A run of 2 ranks, batches of 4, over 100 positions: a point after 3 batches each.
+ResumePoint PointAfterThreeBatches() {
+  EpochProgress deal{.positions = 100, .world_size = 2, .batch_size = 4};
+  ResumePoint point;
+  point.epoch = 5;
+  point.positions = 100;
+  point.world_size = 2;
+  point.batch_size = 4;
+  point.batches_done = 3;
+  point.consumed = *deal.ConsumedAfter(3);
+  return point;
+}
+
+TEST(PlanResumeTest, ARunDealtAlikeGoesOnWithTheDealAtItsBatch) {
+  const ResumePoint point = PointAfterThreeBatches();
+  EXPECT_EQ(point.consumed, (std::vector<EpochRange>{{0, 24}}));
+  absl::StatusOr<ResumePlan> plan =
+      PlanResume(point, EpochProgress{.positions = 100, .world_size = 2, .batch_size = 4});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->epoch, 5);
+  EXPECT_TRUE(plan->dealt_after.empty());
+  EXPECT_EQ(plan->first_batch, 3);
+}
+
+TEST(PlanResumeTest, AnotherDealIsDealtWhatThePointDidNotConsume) {
+  const ResumePoint point = PointAfterThreeBatches();
+  for (const EpochProgress& run :
+       {EpochProgress{.positions = 100, .world_size = 3, .batch_size = 4},
+        EpochProgress{.positions = 100, .world_size = 2, .batch_size = 8},
+        EpochProgress{.positions = 100, .world_size = 2, .batch_size = 4, .drop_last = true}}) {
+    absl::StatusOr<ResumePlan> plan = PlanResume(point, run);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->epoch, 5);
+    EXPECT_EQ(plan->dealt_after, point.consumed);
+    EXPECT_EQ(plan->first_batch, 0);
+    // The new run's deal covers exactly what is left, once.
+    EpochProgress rest = run;
+    rest.consumed = plan->dealt_after;
+    absl::StatusOr<int64_t> batches = rest.Batches();
+    ASSERT_TRUE(batches.ok()) << batches.status();
+    absl::StatusOr<std::vector<EpochRange>> after = rest.ConsumedAfter(*batches);
+    ASSERT_TRUE(after.ok()) << after.status();
+    // (drop_last leaves out what is short of a whole batch for every rank: 76 % 8.)
+    EXPECT_EQ(*after, (std::vector<EpochRange>{{0, run.drop_last ? 96 : 100}}));
+  }
+}
+
+TEST(PlanResumeTest, AnEpochConsumedWholeStartsTheNext) {
+  ResumePoint point = PointAfterThreeBatches();
+  point.consumed = {{0, 100}};
+  point.batches_done = 13;
+  absl::StatusOr<ResumePlan> plan =
+      PlanResume(point, EpochProgress{.positions = 100, .world_size = 7, .batch_size = 3});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->epoch, 6);
+  EXPECT_TRUE(plan->dealt_after.empty());
+  EXPECT_EQ(plan->first_batch, 0);
+}
+
+TEST(PlanResumeTest, ADatasetThatChangedOrBadRangesAreRefusedSayingWhy) {
+  ResumePoint point = PointAfterThreeBatches();
+  absl::Status changed =
+      PlanResume(point, EpochProgress{.positions = 101, .world_size = 2, .batch_size = 4}).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(changed)) << changed;
+  EXPECT_THAT(std::string(changed.message()), HasSubstr("dataset changed"));
+  const EpochProgress run{.positions = 100, .world_size = 2, .batch_size = 4};
+  point.consumed = {{10, 20}, {15, 30}};
+  absl::Status overlapping = PlanResume(point, run).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(overlapping)) << overlapping;
+  EXPECT_THAT(std::string(overlapping.message()), HasSubstr("ResumePoint.consumed"));
+  point.consumed = {{0, 24}};
+  point.resumed_from = {{90, 120}};
+  absl::Status outside = PlanResume(point, run).status();
+  EXPECT_THAT(std::string(outside.message()), HasSubstr("ResumePoint.resumed_from"));
+  point.resumed_from.clear();
+  point.batch_size = 0;
+  EXPECT_TRUE(absl::IsInvalidArgument(PlanResume(point, run).status()));
+}
+
 }  // namespace
 }  // namespace ferry

@@ -17,11 +17,11 @@ import threading
 from ferry.errors import FerryError
 
 ABI_VERSION = 1  # FERRY_ABI_VERSION this binding was written for
-ABI_MINOR = 8    # the newest FERRY_ABI_MINOR it uses where the library has it (1.1: GPU
+ABI_MINOR = 9    # the newest FERRY_ABI_MINOR it uses where the library has it (1.1: GPU
                  # transport, 1.2: quarantine, 1.3: attach_on, 1.4: job limits and error
                  # reasons, 1.5: resuming on another world size, 1.6: bool fields,
                  # 1.7: ferry_client_set_held_rank_wait, 1.8: taking a job back on a
-                 # restarted ferryd)
+                 # restarted ferryd, 1.9: resume points)
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -81,6 +81,17 @@ class EpochInfo(ctypes.Structure):
                 ("consumed", ctypes.POINTER(Range)), ("num_consumed", ctypes.c_size_t)]
 
 
+class ResumePoint(ctypes.Structure):
+    """ferry_resume_point_t (ABI 1.9)."""
+    _fields_ = [("struct_size", ctypes.c_size_t), ("epoch", ctypes.c_int64),
+                ("positions", ctypes.c_int64), ("consumed", ctypes.POINTER(Range)),
+                ("num_consumed", ctypes.c_size_t), ("consumed_capacity", ctypes.c_size_t),
+                ("world_size", ctypes.c_int64), ("batch_size", ctypes.c_int64),
+                ("drop_last", ctypes.c_int), ("resumed_from", ctypes.POINTER(Range)),
+                ("num_resumed_from", ctypes.c_size_t),
+                ("resumed_from_capacity", ctypes.c_size_t), ("batches_done", ctypes.c_int64)]
+
+
 def ranges(pairs):
     """A ctypes array of Range from [[begin, end], ...]."""
     pairs = list(pairs)
@@ -93,6 +104,39 @@ def require_resume_abi():
         raise FerryError("FAILED_PRECONDITION", "the loaded libferry (ABI minor %d) predates "
                          "elastic resume (1.5): install libferry from this ferry's package"
                          % minor())
+
+
+def resume_point(point):
+    """A ResumePoint (and the arrays it points into) from a dict with the keys of
+    ferry_resume_point_t: epoch, positions, consumed, world_size, batch_size, drop_last,
+    resumed_from, batches_done (ranges as [[begin, end], ...])."""
+    consumed, resumed = list(point["consumed"]), list(point["resumed_from"])
+    arrays = (ranges(consumed), ranges(resumed))
+    c = ResumePoint(ctypes.sizeof(ResumePoint), int(point["epoch"]), int(point["positions"]),
+                    arrays[0], len(consumed), len(consumed), int(point["world_size"]),
+                    int(point["batch_size"]), int(bool(point["drop_last"])), arrays[1],
+                    len(resumed), len(resumed), int(point["batches_done"]))
+    return c, arrays
+
+
+def resume_plan(point, info):
+    """ferry_resume_plan: (epoch, dealt_after ranges, first_batch) where a run dealt as `info`
+    (epoch_info's dict) starts from `point` (resume_point's dict). Needs no daemon."""
+    lib = load()
+    if not hasattr(lib, "ferry_resume_plan"):
+        raise FerryError("FAILED_PRECONDITION", "the loaded libferry (ABI minor %d) predates "
+                         "resume points (1.9): install libferry from this ferry's package"
+                         % minor())
+    c, _arrays = resume_point(point)
+    run = EpochInfo(ctypes.sizeof(EpochInfo), int(info["positions"]), int(info["world_size"]),
+                    int(info["batch_size"]), int(bool(info["drop_last"])),
+                    int(bool(info["contiguous_ranks"])), None, 0)
+    capacity = max(len(point["consumed"]), len(point["resumed_from"]))
+    out = (Range * max(1, capacity))()
+    epoch, first, count = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_size_t()
+    check(lib.ferry_resume_plan(ctypes.byref(c), ctypes.byref(run), ctypes.byref(epoch),
+                                ctypes.byref(first), out, capacity, ctypes.byref(count)))
+    return epoch.value, [[out[i].begin, out[i].end] for i in range(count.value)], first.value
 
 
 def epoch_consumed(info, batches_done):
@@ -173,6 +217,14 @@ def _declare(lib):
         "ferry_client_set_reattach": (c_int, [c_void_p, ctypes.c_double, RECONNECT_FN,
                                               c_void_p]),
         "ferry_consumer_attaches": (c_int, [c_void_p, ctypes.POINTER(ctypes.c_int64)]),
+        "ferry_resume_plan": (c_int, [ctypes.POINTER(ResumePoint), ctypes.POINTER(EpochInfo),
+                                      ctypes.POINTER(ctypes.c_int64),
+                                      ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(Range),
+                                      ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
+        "ferry_consumer_position": (c_int, [c_void_p, ctypes.POINTER(ResumePoint)]),
+        "ferry_consumer_resume": (c_int, [c_void_p, ctypes.POINTER(ResumePoint),
+                                          ctypes.POINTER(ctypes.c_int64),
+                                          ctypes.POINTER(ctypes.c_int64)]),
     }
     for name, (restype, argtypes) in optional.items():
         fn = getattr(lib, name, None)

@@ -112,13 +112,20 @@ def read(state, info, spec):
     if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or epoch < 0:
         raise ValueError("state['epoch'] must be an int >= 0, got %r" % (epoch,))
     consumed = _ranges("state['consumed']", state["consumed"], positions)
-    if consumed == [[0, positions]]:
-        return Plan(epoch + 1, [], 0)
-    same_deal = all(state.get(k) == info[k] for k in ("world_size", "batch_size", "drop_last"))
-    if same_deal:
-        base = _ranges("state['resumed_from']", state["resumed_from"], positions)
-        done = state["batches_done"]
-        if isinstance(done, bool) or not isinstance(done, numbers.Integral) or done < 0:
-            raise ValueError("state['batches_done'] must be an int >= 0, got %r" % (done,))
-        return Plan(epoch, base, int(done))
-    return Plan(epoch, consumed, 0)
+    base = _ranges("state['resumed_from']", state["resumed_from"], positions)
+    done = state["batches_done"]
+    if isinstance(done, bool) or not isinstance(done, numbers.Integral) or done < 0:
+        raise ValueError("state['batches_done'] must be an int >= 0, got %r" % (done,))
+    deal = {}
+    for key in ("world_size", "batch_size"):
+        value = state.get(key)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError("state['%s'] must be an int >= 1, got %r" % (key, value))
+        deal[key] = int(value)
+    # Where the run starts is libferry's (ferry_resume_plan): the next epoch after one
+    # consumed whole, the same deal at its batch for a run dealt alike, else the rest dealt.
+    epoch, dealt_after, first = _lib.resume_plan(
+        dict(deal, epoch=epoch, positions=positions, consumed=consumed,
+             drop_last=bool(state.get("drop_last")), resumed_from=base, batches_done=int(done)),
+        info)
+    return Plan(epoch, dealt_after, first)

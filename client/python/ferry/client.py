@@ -214,6 +214,52 @@ class Consumer:
             ctypes.byref(batches)))
         return batches.value
 
+    def position(self):
+        """Where the run stands after the last batch next() returned, as a dict (epoch,
+        positions, consumed, world_size, batch_size, drop_last, resumed_from,
+        batches_done; ranges as [[begin, end], ...]): what a checkpoint keeps, for resume()
+        on any world size and batch size. Needs libferry ABI 1.9; no daemon."""
+        fn = getattr(self._lib, "ferry_consumer_position", None)
+        if fn is None:
+            raise FerryError("FAILED_PRECONDITION", "%s predates ferry_consumer_position (C "
+                             "ABI 1.9); install the libferry.so of this ferry package"
+                             % _lib.path())
+        capacity = 8
+        while True:
+            consumed, resumed = (_lib.Range * capacity)(), (_lib.Range * capacity)()
+            point = _lib.ResumePoint(ctypes.sizeof(_lib.ResumePoint))
+            point.consumed, point.consumed_capacity = consumed, capacity
+            point.resumed_from, point.resumed_from_capacity = resumed, capacity
+            code = fn(self._h(), ctypes.byref(point))
+            needed = max(point.num_consumed, point.num_resumed_from)
+            if code == _lib.STATUS_CODES["RESOURCE_EXHAUSTED"] and needed > capacity:
+                capacity = needed
+                continue
+            _lib.check(code)
+            return {"epoch": point.epoch, "positions": point.positions,
+                    "consumed": [[consumed[i].begin, consumed[i].end]
+                                 for i in range(point.num_consumed)],
+                    "world_size": point.world_size, "batch_size": point.batch_size,
+                    "drop_last": bool(point.drop_last),
+                    "resumed_from": [[resumed[i].begin, resumed[i].end]
+                                     for i in range(point.num_resumed_from)],
+                    "batches_done": point.batches_done}
+
+    def resume(self, point):
+        """Starts where `point` (position() of any run of a job over the same data and
+        order) says: the next epoch after one consumed whole, the same deal at its batch on
+        a run dealt alike, else the rest of the epoch dealt to this run. Returns (epoch,
+        first_batch). Needs libferry ABI 1.9."""
+        fn = getattr(self._lib, "ferry_consumer_resume", None)
+        if fn is None:
+            raise FerryError("FAILED_PRECONDITION", "%s predates ferry_consumer_resume (C ABI "
+                             "1.9); install the libferry.so of this ferry package"
+                             % _lib.path())
+        c, _arrays = _lib.resume_point(point)
+        epoch, first = ctypes.c_int64(), ctypes.c_int64()
+        _lib.check(fn(self._h(), ctypes.byref(c), ctypes.byref(epoch), ctypes.byref(first)))
+        return epoch.value, first.value
+
     def epoch_info(self):
         """How the job deals an epoch, for _lib.epoch_consumed: positions, world_size,
         batch_size, drop_last, contiguous_ranks (and consumed: none)."""

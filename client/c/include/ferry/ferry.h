@@ -60,8 +60,10 @@ extern "C" {
  *   1.6: FERRY_DTYPE_BOOL (fields of megatron_gpt jobs).
  *   1.7: ferry_client_set_held_rank_wait.
  *   1.8: taking a job back on a restarted ferryd: ferry_client_set_reattach,
- *        ferry_consumer_attaches. */
-#define FERRY_ABI_MINOR 8
+ *        ferry_consumer_attaches.
+ *   1.9: resume points: ferry_resume_point_t, ferry_consumer_position,
+ *        ferry_consumer_resume, ferry_resume_plan. */
+#define FERRY_ABI_MINOR 9
 
 /* Status codes (absl::StatusCode / grpc::StatusCode values). */
 enum {
@@ -266,6 +268,46 @@ FERRY_API int ferry_job_epoch_info(const ferry_consumer_t* consumer, ferry_epoch
  * inside the epoch. Needs no daemon. Since 1.5. */
 FERRY_API int ferry_epoch_consumed(const ferry_epoch_info_t* info, int64_t batches_done,
                                    ferry_range_t* out, size_t capacity, size_t* count);
+/* Where a run stands in an epoch, as a checkpoint keeps it: enough for a later run on any
+ * world size and batch size to deliver the rest of the epoch exactly once (the C++
+ * ferry::ResumePoint). Its two lists of ranges live in the caller's arrays: filled up to
+ * their capacities by ferry_consumer_position, read (num_*) by the others. Since 1.9. */
+typedef struct ferry_resume_point {
+  size_t struct_size; /* sizeof(ferry_resume_point_t) */
+  int64_t epoch;
+  int64_t positions;       /* of the epoch's order (the job's samples_per_epoch) */
+  ferry_range_t* consumed; /* the positions the run consumed, sorted and disjoint */
+  size_t num_consumed;
+  size_t consumed_capacity;
+  /* The run's deal, which a run dealt alike goes on with at the same batch. */
+  int64_t world_size;
+  int64_t batch_size;
+  int drop_last;
+  ferry_range_t* resumed_from; /* the positions the deal left out */
+  size_t num_resumed_from;
+  size_t resumed_from_capacity;
+  int64_t batches_done; /* each rank's batches of the deal taken */
+} ferry_resume_point_t;
+/* The run's position after the last batch ferry_consumer_next returned (the next epoch,
+ * none consumed, after an epoch's end). When a list does not fit its capacity: its num_*
+ * says how many ranges it needs and the call fails with FERRY_RESOURCE_EXHAUSTED; at most
+ * world_size + 1 more than the ranges the epoch resumed from. Needs no daemon. Since 1.9. */
+FERRY_API int ferry_consumer_position(const ferry_consumer_t* consumer, ferry_resume_point_t* out);
+/* Where a run dealt as `run` (ferry_job_epoch_info of its job) starts from `point`: *epoch,
+ * *first_batch and the positions its deal leaves out (*count ranges written to
+ * dealt_after[0..capacity), FERRY_RESOURCE_EXHAUSTED and *count the number needed when they
+ * do not fit), to pass to ferry_consumer_resume_epoch. A point whose epoch was consumed whole
+ * starts the next; a run dealt as the point's goes on with its deal at its batch; another
+ * is dealt what the point did not consume. FERRY_FAILED_PRECONDITION when the epochs have
+ * different numbers of positions (the dataset changed); FERRY_INVALID_ARGUMENT naming a
+ * field out of range. Needs no daemon. Since 1.9. */
+FERRY_API int ferry_resume_plan(const ferry_resume_point_t* point, const ferry_epoch_info_t* run,
+                                int64_t* epoch, int64_t* first_batch, ferry_range_t* dealt_after,
+                                size_t capacity, size_t* count);
+/* Starts where `point` says, as ferry_resume_plan plans it for this consumer's job; *epoch
+ * and *first_batch (either may be NULL) say where. Since 1.9. */
+FERRY_API int ferry_consumer_resume(ferry_consumer_t* consumer, const ferry_resume_point_t* point,
+                                    int64_t* epoch, int64_t* first_batch);
 /* Waits for the next batch: *out = a batch, or NULL at the end of the epoch. timeout_ms < 0
  * waits forever; on timeout returns FERRY_DEADLINE_EXCEEDED and nothing is lost. */
 FERRY_API int ferry_consumer_next(ferry_consumer_t* consumer, int64_t timeout_ms,

@@ -70,6 +70,16 @@ class Consumer final {
                                       int64_t first_batch);
   // Batches of the epoch last started (StartEpoch or ResumeEpoch), per rank.
   int64_t epoch_batches() const;
+
+  // Where the run stands after the last batch Next returned, for a checkpoint: the epoch last
+  // started and the positions its ranks consumed once each took as many batches as this one
+  // (the next epoch, none consumed, after its end; epoch 0 before any StartEpoch).
+  // Needs no daemon.
+  absl::StatusOr<ResumePoint> Position() const;
+  // Starts where `point` (a Position of any run of a job over the same data and order) says,
+  // as PlanResume plans it for this job, and returns the plan. Errors as PlanResume's, then
+  // as ResumeEpoch's.
+  absl::StatusOr<ResumePlan> Resume(const ResumePoint& point);
   // How many times this consumer attached: 1 after Client::Attach, one more at every
   // reattach (StartEpoch after an unfinished epoch, taking the job back on a new ferryd).
   // Batches of an earlier attach stay readable, but a caller that keeps views of the slots

@@ -51,6 +51,39 @@ struct EpochProgress {
   absl::StatusOr<int64_t> Batches() const;
 };
 
+// Where a run stands in an epoch, as a checkpoint keeps it (Consumer::Position): enough for a
+// later run, on any world size and batch size, to deliver the rest of the epoch exactly once
+// (Consumer::Resume). Every rank of a run in step has the same.
+struct ResumePoint {
+  int64_t epoch = 0;
+  int64_t positions = 0;             // of the epoch's order (Job.samples_per_epoch)
+  std::vector<EpochRange> consumed;  // the positions the run consumed, sorted and disjoint
+  // The run's deal, which a run dealt alike goes on with at the same batch (its batches,
+  // padding included, are then those of an uninterrupted run):
+  int64_t world_size = 1;
+  int64_t batch_size = 1;
+  bool drop_last = false;
+  std::vector<EpochRange> resumed_from;  // the positions the deal left out
+  int64_t batches_done = 0;              // each rank's batches of the deal taken
+};
+
+// Where a run starts from a ResumePoint: Consumer::ResumeEpoch(epoch, dealt_after,
+// first_batch).
+struct ResumePlan {
+  int64_t epoch = 0;
+  std::vector<EpochRange> dealt_after;
+  int64_t first_batch = 0;
+};
+
+// The plan for a run whose job deals as `run` says (EpochProgress::Of its job): a point whose
+// epoch was consumed whole starts the next epoch; a run dealt as the point's (same world
+// size, batch size and drop_last) goes on with that deal at its batch; any other is dealt
+// the positions the point did not consume. FAILED_PRECONDITION when the point's epoch has
+// another number of positions (the dataset changed since it was taken); INVALID_ARGUMENT
+// naming the field when a field is out of range or its ranges are not sorted, disjoint and
+// inside the epoch.
+absl::StatusOr<ResumePlan> PlanResume(const ResumePoint& point, const EpochProgress& run);
+
 }  // namespace ferry
 
 #endif  // FERRY_CLIENT_CPP_INCLUDE_FERRY_EPOCH_H_
