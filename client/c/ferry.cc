@@ -389,6 +389,24 @@ int ferry_job_epoch_info(const ferry_consumer_t* consumer, ferry_epoch_info_t* o
   return FERRY_OK;
 }
 
+namespace {
+
+// The run a ferry_epoch_info_t describes (its consumed ranges checked by the caller).
+ferry::EpochProgress ProgressFrom(const ferry_epoch_info_t& info) {
+  ferry::EpochProgress p;
+  p.positions = info.positions;
+  p.world_size = info.world_size;
+  p.batch_size = info.batch_size;
+  p.drop_last = info.drop_last != 0;
+  p.contiguous_ranks = info.contiguous_ranks != 0;
+  for (size_t i = 0; i < info.num_consumed; ++i) {
+    p.consumed.push_back({info.consumed[i].begin, info.consumed[i].end});
+  }
+  return p;
+}
+
+}  // namespace
+
 int ferry_epoch_consumed(const ferry_epoch_info_t* info, int64_t batches_done, ferry_range_t* out,
                          size_t capacity, size_t* count) {
   const char* fn = __func__;
@@ -401,15 +419,7 @@ int ferry_epoch_consumed(const ferry_epoch_info_t* info, int64_t batches_done, f
       return Fail(absl::InvalidArgumentError(
           "ferry_epoch_consumed: info->struct_size must be sizeof(ferry_epoch_info_t)"));
     }
-    ferry::EpochProgress p;
-    p.positions = info->positions;
-    p.world_size = info->world_size;
-    p.batch_size = info->batch_size;
-    p.drop_last = info->drop_last != 0;
-    p.contiguous_ranks = info->contiguous_ranks != 0;
-    for (size_t i = 0; i < info->num_consumed; ++i) {
-      p.consumed.push_back({info->consumed[i].begin, info->consumed[i].end});
-    }
+    const ferry::EpochProgress p = ProgressFrom(*info);
     auto consumed = p.ConsumedAfter(batches_done);
     if (!consumed.ok()) return Fail(consumed.status());
     *count = consumed->size();
@@ -507,13 +517,8 @@ int ferry_resume_plan(const ferry_resume_point_t* point, const ferry_epoch_info_
       return Fail(absl::InvalidArgumentError(
           "ferry_resume_plan: run->struct_size must be sizeof(ferry_epoch_info_t)"));
     }
-    ferry::EpochProgress deal;
-    deal.positions = run->positions;
-    deal.world_size = run->world_size;
-    deal.batch_size = run->batch_size;
-    deal.drop_last = run->drop_last != 0;
-    deal.contiguous_ranks = run->contiguous_ranks != 0;
-    auto plan = ferry::PlanResume(from, deal);
+    if (run->consumed == nullptr && run->num_consumed > 0) return NullArgument(fn, "consumed");
+    auto plan = ferry::PlanResume(from, ProgressFrom(*run));
     if (!plan.ok()) return Fail(plan.status());
     *epoch = plan->epoch;
     *first_batch = plan->first_batch;

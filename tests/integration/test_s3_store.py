@@ -387,6 +387,17 @@ class BlockReadsTest(S3StoreTest):
         self.assertLessEqual(downloaded, 64 * 1024 + 8 * 4096 + 8 * 4096)
 
 
+def wait_for_gets(test, gets, count, timeout=60):
+    """Waits until gets() (the store's GETs of a read-ahead's objects) reaches count, while the
+    trainer holds its first batch; fails `test` saying how many came."""
+    deadline = time.monotonic() + timeout
+    while gets() < count:
+        test.assertLess(time.monotonic(), deadline,
+                        "the blocks of the batches after the slots' were not fetched while the "
+                        "trainer held its first batch: %d of %d" % (gets(), count))
+        time.sleep(0.05)
+
+
 class BlockReadAheadTest(StoreTestCase):
     """While an epoch of windows of a token file read in blocks runs, ferryd fetches the blocks
     of the ranks' next batches ahead of the workers: the trainer holds its first batch, and
@@ -425,13 +436,7 @@ class BlockReadAheadTest(StoreTestCase):
             rows = list(zip(first["index"].tolist(), first["tokens"].copy()))
             # The workers filled the slots' few batches (at most 2 blocks a window); every
             # other block comes from the read-ahead, which does not wait for the trainer.
-            deadline = time.monotonic() + 60
-            while block_gets() < blocks:
-                self.assertLess(time.monotonic(), deadline,
-                                "the blocks of the batches after the slots' were not fetched "
-                                "while the trainer held its first batch: %d of %d"
-                                % (block_gets(), blocks))
-                time.sleep(0.05)
+            wait_for_gets(self, block_gets, blocks)
             for batch in batches:
                 rows.extend(zip(batch["index"].tolist(), batch["tokens"].copy()))
             ahead = loader.job_status().get("read_ahead", {})
@@ -495,18 +500,10 @@ class MegatronBlockReadAheadTest(StoreTestCase):
         def block_gets():
             return store_stats(self.store)["gets"].count(key)
 
-        def wait_for_every_block():
-            deadline = time.monotonic() + 60
-            while block_gets() < blocks:
-                self.assertLess(time.monotonic(), deadline,
-                                "the blocks of the batches after the slots' were not fetched "
-                                "while the trainer held its first batch: %d of %d"
-                                % (block_gets(), blocks))
-                time.sleep(0.05)
-
         local, _ = self.epoch(self.local + "/")
         with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
-            remote, ahead = self.epoch("s3://bucket/mgpt/", wait_for_every_block)
+            remote, ahead = self.epoch("s3://bucket/mgpt/",
+                                       lambda: wait_for_gets(self, block_gets, blocks))
         self.assertEqual(len(remote), len(local))
         for a, b in zip(local, remote):
             self.assertEqual(sorted(a), sorted(b))
