@@ -99,6 +99,60 @@ static_assert(SameDType(FERRY_DTYPE_UNSPECIFIED, ferry::v1::DTYPE_UNSPECIFIED) &
               SameDType(FERRY_DTYPE_FLOAT32, ferry::v1::FLOAT32) &&
               SameDType(FERRY_DTYPE_BOOL, ferry::v1::BOOL));
 
+// The run a ferry_epoch_info_t describes (its consumed ranges checked by the caller).
+ferry::EpochProgress ProgressFrom(const ferry_epoch_info_t& info) {
+  ferry::EpochProgress p;
+  p.positions = info.positions;
+  p.world_size = info.world_size;
+  p.batch_size = info.batch_size;
+  p.drop_last = info.drop_last != 0;
+  p.contiguous_ranks = info.contiguous_ranks != 0;
+  for (size_t i = 0; i < info.num_consumed; ++i) {
+    p.consumed.push_back({info.consumed[i].begin, info.consumed[i].end});
+  }
+  return p;
+}
+
+// Checks a ferry_resume_point_t a caller passes in and copies it.
+int PointFrom(const char* fn, const ferry_resume_point_t* in, ferry::ResumePoint* point) {
+  if (in == nullptr) return NullArgument(fn, "point");
+  if (in->struct_size < sizeof(ferry_resume_point_t)) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat(fn, ": point->struct_size must be sizeof(ferry_resume_point_t)")));
+  }
+  if (in->consumed == nullptr && in->num_consumed > 0) return NullArgument(fn, "consumed");
+  if (in->resumed_from == nullptr && in->num_resumed_from > 0) {
+    return NullArgument(fn, "resumed_from");
+  }
+  point->epoch = in->epoch;
+  point->positions = in->positions;
+  for (size_t i = 0; i < in->num_consumed; ++i) {
+    point->consumed.push_back({in->consumed[i].begin, in->consumed[i].end});
+  }
+  point->world_size = in->world_size;
+  point->batch_size = in->batch_size;
+  point->drop_last = in->drop_last != 0;
+  for (size_t i = 0; i < in->num_resumed_from; ++i) {
+    point->resumed_from.push_back({in->resumed_from[i].begin, in->resumed_from[i].end});
+  }
+  point->batches_done = in->batches_done;
+  return FERRY_OK;
+}
+
+// Writes `ranges` to out[0..capacity) and their number to *count; RESOURCE_EXHAUSTED naming
+// `what` when they do not fit.
+int RangesTo(const char* fn, const char* what, const std::vector<ferry::EpochRange>& ranges,
+             ferry_range_t* out, size_t capacity, size_t* count) {
+  *count = ranges.size();
+  if (ranges.size() > capacity) {
+    return Fail(absl::ResourceExhaustedError(
+        absl::StrCat(fn, ": ", ranges.size(), " ranges of ", what, " do not fit in ", capacity)));
+  }
+  if (out == nullptr && !ranges.empty()) return NullArgument(fn, what);
+  for (size_t i = 0; i < ranges.size(); ++i) out[i] = {ranges[i].begin, ranges[i].end};
+  return FERRY_OK;
+}
+
 }  // namespace
 
 extern "C" {
@@ -389,24 +443,6 @@ int ferry_job_epoch_info(const ferry_consumer_t* consumer, ferry_epoch_info_t* o
   return FERRY_OK;
 }
 
-namespace {
-
-// The run a ferry_epoch_info_t describes (its consumed ranges checked by the caller).
-ferry::EpochProgress ProgressFrom(const ferry_epoch_info_t& info) {
-  ferry::EpochProgress p;
-  p.positions = info.positions;
-  p.world_size = info.world_size;
-  p.batch_size = info.batch_size;
-  p.drop_last = info.drop_last != 0;
-  p.contiguous_ranks = info.contiguous_ranks != 0;
-  for (size_t i = 0; i < info.num_consumed; ++i) {
-    p.consumed.push_back({info.consumed[i].begin, info.consumed[i].end});
-  }
-  return p;
-}
-
-}  // namespace
-
 int ferry_epoch_consumed(const ferry_epoch_info_t* info, int64_t batches_done, ferry_range_t* out,
                          size_t capacity, size_t* count) {
   const char* fn = __func__;
@@ -432,50 +468,6 @@ int ferry_epoch_consumed(const ferry_epoch_info_t* info, int64_t batches_done, f
     return FERRY_OK;
   });
 }
-
-namespace {
-
-// Checks a ferry_resume_point_t a caller passes in and copies it.
-int PointFrom(const char* fn, const ferry_resume_point_t* in, ferry::ResumePoint* point) {
-  if (in == nullptr) return NullArgument(fn, "point");
-  if (in->struct_size < sizeof(ferry_resume_point_t)) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat(fn, ": point->struct_size must be sizeof(ferry_resume_point_t)")));
-  }
-  if (in->consumed == nullptr && in->num_consumed > 0) return NullArgument(fn, "consumed");
-  if (in->resumed_from == nullptr && in->num_resumed_from > 0) {
-    return NullArgument(fn, "resumed_from");
-  }
-  point->epoch = in->epoch;
-  point->positions = in->positions;
-  for (size_t i = 0; i < in->num_consumed; ++i) {
-    point->consumed.push_back({in->consumed[i].begin, in->consumed[i].end});
-  }
-  point->world_size = in->world_size;
-  point->batch_size = in->batch_size;
-  point->drop_last = in->drop_last != 0;
-  for (size_t i = 0; i < in->num_resumed_from; ++i) {
-    point->resumed_from.push_back({in->resumed_from[i].begin, in->resumed_from[i].end});
-  }
-  point->batches_done = in->batches_done;
-  return FERRY_OK;
-}
-
-// Writes `ranges` to out[0..capacity) and their number to *count; RESOURCE_EXHAUSTED naming
-// `what` when they do not fit.
-int RangesTo(const char* fn, const char* what, const std::vector<ferry::EpochRange>& ranges,
-             ferry_range_t* out, size_t capacity, size_t* count) {
-  *count = ranges.size();
-  if (ranges.size() > capacity) {
-    return Fail(absl::ResourceExhaustedError(
-        absl::StrCat(fn, ": ", ranges.size(), " ranges of ", what, " do not fit in ", capacity)));
-  }
-  if (out == nullptr && !ranges.empty()) return NullArgument(fn, what);
-  for (size_t i = 0; i < ranges.size(); ++i) out[i] = {ranges[i].begin, ranges[i].end};
-  return FERRY_OK;
-}
-
-}  // namespace
 
 int ferry_consumer_position(const ferry_consumer_t* consumer, ferry_resume_point_t* out) {
   const char* fn = __func__;
