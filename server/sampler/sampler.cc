@@ -78,13 +78,10 @@ void Sampler::BatchPositions(int64_t epoch, int64_t rank, int64_t batch, std::ve
   layout->BatchPositions(rank, batch, out);
   if (!options_.shuffle && !options_.epoch_order) return;
   absl::MutexLock lock(&mutex_);
-  for (int64_t& p : *out) p = Position(epoch, p);
-}
-
-int64_t Sampler::Position(int64_t epoch, int64_t pos) {
+  const Order& order = OrderOf(epoch);
   // Positions past the dataset are padding: they repeat the head of the order (and wrap again
   // when there are more ranks than samples), as DistributedSampler does.
-  return OrderOf(epoch).At(static_cast<size_t>(pos % options_.num_samples));
+  for (int64_t& p : *out) p = order.At(static_cast<size_t>(p % options_.num_samples));
 }
 
 const Sampler::Order& Sampler::OrderOf(int64_t epoch) {

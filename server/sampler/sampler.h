@@ -120,8 +120,6 @@ class Sampler final {
     std::vector<int64_t> wide;
     int64_t At(size_t i) const { return narrow.empty() ? wide[i] : narrow[i]; }
   };
-  // order[pos % num_samples] of the epoch.
-  int64_t Position(int64_t epoch, int64_t pos) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // The epoch's order, computed in place of the least recently used of the two cached.
   // Aborts when epoch_order breaks its contract.
   const Order& OrderOf(int64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
