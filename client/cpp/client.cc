@@ -93,6 +93,21 @@ class ClientImpl {
     return absl::StrCat(std::string(rpc), " to ferryd at ", address_);
   }
 
+  // The unary call `rpc` (named `name` in its errors) with this session's token, and with a
+  // deadline when `quick`.
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> Call(grpc::Status (v1::Ferry::Stub::*rpc)(grpc::ClientContext*,
+                                                                     const Request&, Response*),
+                                std::string_view name, const Request& request,
+                                bool quick = true) const {
+    grpc::ClientContext context;
+    Prepare(&context, quick);
+    Response response;
+    grpc::Status status = (stub_.get()->*rpc)(&context, request, &response);
+    if (!status.ok()) return FromGrpc(status, Context(name));
+    return response;
+  }
+
  private:
   const std::string address_;
   const std::unique_ptr<Session> session_;
@@ -103,41 +118,24 @@ class ClientImpl {
 namespace {
 
 absl::StatusOr<v1::Job> CallCreateJob(const ClientImpl& impl, const v1::CreateJobRequest& request) {
-  grpc::ClientContext context;
-  impl.Prepare(&context, /*quick=*/false);
-  v1::CreateJobResponse response;
-  grpc::Status status = impl.stub().CreateJob(&context, request, &response);
-  if (!status.ok()) return FromGrpc(status, impl.Context("CreateJob"));
+  FERRY_ASSIGN_OR_RETURN(
+      v1::CreateJobResponse response,
+      impl.Call(&v1::Ferry::Stub::CreateJob, "CreateJob", request, /*quick=*/false));
   return std::move(*response.mutable_job());
 }
 
 absl::StatusOr<v1::JobStatus> CallGetJob(const ClientImpl& impl, std::string_view job_id) {
-  grpc::ClientContext context;
-  impl.Prepare(&context, /*quick=*/true);
   v1::GetJobRequest request;
   request.set_job_id(std::string(job_id));
-  v1::JobStatus response;
-  grpc::Status status = impl.stub().GetJob(&context, request, &response);
-  if (!status.ok()) return FromGrpc(status, impl.Context("GetJob"));
-  return response;
+  return impl.Call(&v1::Ferry::Stub::GetJob, "GetJob", request);
 }
 
 absl::StatusOr<v1::ListJobsResponse> CallListJobs(const ClientImpl& impl) {
-  grpc::ClientContext context;
-  impl.Prepare(&context, /*quick=*/true);
-  v1::ListJobsResponse response;
-  grpc::Status status = impl.stub().ListJobs(&context, v1::ListJobsRequest(), &response);
-  if (!status.ok()) return FromGrpc(status, impl.Context("ListJobs"));
-  return response;
+  return impl.Call(&v1::Ferry::Stub::ListJobs, "ListJobs", v1::ListJobsRequest());
 }
 
 absl::StatusOr<v1::GetStatusResponse> CallGetStatus(const ClientImpl& impl) {
-  grpc::ClientContext context;
-  impl.Prepare(&context, /*quick=*/true);
-  v1::GetStatusResponse response;
-  grpc::Status status = impl.stub().GetStatus(&context, v1::GetStatusRequest(), &response);
-  if (!status.ok()) return FromGrpc(status, impl.Context("GetStatus"));
-  return response;
+  return impl.Call(&v1::Ferry::Stub::GetStatus, "GetStatus", v1::GetStatusRequest());
 }
 
 // A GPU job in this client's form (device "cuda", each rank naming its GPU at attach) goes
@@ -168,14 +166,11 @@ absl::StatusOr<v1::Job> CreateChecked(const ClientImpl& impl, v1::CreateJobReque
 
 absl::StatusOr<uint32_t> CallQuarantine(const ClientImpl& impl, std::string_view job_id,
                                         const std::vector<int64_t>& indices) {
-  grpc::ClientContext context;
-  impl.Prepare(&context, /*quick=*/true);
   v1::QuarantineRequest request;
   request.set_job_id(std::string(job_id));
   request.mutable_indices()->Add(indices.begin(), indices.end());
-  v1::QuarantineResponse response;
-  FERRY_RETURN_IF_ERROR(
-      FromGrpc(impl.stub().Quarantine(&context, request, &response), impl.Context("Quarantine")));
+  FERRY_ASSIGN_OR_RETURN(v1::QuarantineResponse response,
+                         impl.Call(&v1::Ferry::Stub::Quarantine, "Quarantine", request));
   return response.added();
 }
 
@@ -992,7 +987,9 @@ class ConsumerImpl {
       if (!transient || absl::Now() >= give_up) {
         return Break(absl::UnavailableError(
             absl::StrCat(cause.message(), "; ferryd did not take the job back within ",
-                         absl::FormatDuration(patience), ": ", attempt.message())));
+                         absl::FormatDuration(patience), ": ", attempt.message(),
+                         ". Start ferryd again (systemctl start ferryd, or ferryd); the next "
+                         "StartEpoch tries again")));
       }
       absl::SleepFor(absl::Milliseconds(200));
     }
@@ -1371,14 +1368,9 @@ absl::StatusOr<std::string> Client::ListJobsJson() {
 }
 
 absl::Status Client::DeleteJob(std::string_view job_id) {
-  const std::shared_ptr<const internal::ClientImpl> impl = impl_->current().first;
-  grpc::ClientContext context;
-  impl->Prepare(&context, /*quick=*/true);
   v1::DeleteJobRequest request;
   request.set_job_id(impl_->IdNow(job_id));
-  v1::DeleteJobResponse response;
-  return internal::FromGrpc(impl->stub().DeleteJob(&context, request, &response),
-                            impl->Context("DeleteJob"));
+  return impl_->current().first->Call(&v1::Ferry::Stub::DeleteJob, "DeleteJob", request).status();
 }
 
 absl::StatusOr<uint32_t> Client::Quarantine(std::string_view job_id,
@@ -1390,13 +1382,9 @@ absl::StatusOr<uint32_t> Client::Quarantine(std::string_view job_id,
 }
 
 absl::StatusOr<uint32_t> Client::Drain() {
-  const std::shared_ptr<const internal::ClientImpl> impl = impl_->current().first;
-  grpc::ClientContext context;
-  impl->Prepare(&context, /*quick=*/true);
-  v1::DrainRequest request;
-  v1::DrainResponse response;
-  FERRY_RETURN_IF_ERROR(
-      internal::FromGrpc(impl->stub().Drain(&context, request, &response), impl->Context("Drain")));
+  FERRY_ASSIGN_OR_RETURN(
+      v1::DrainResponse response,
+      impl_->current().first->Call(&v1::Ferry::Stub::Drain, "Drain", v1::DrainRequest()));
   return response.consumers();
 }
 
