@@ -146,6 +146,8 @@ class _DirectoryLock:
         while True:
             try:
                 os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            except FileExistsError:
+                pass  # not a directory, or one an exiting daemon removed: open() below says
             except OSError as e:
                 raise FerryError("PERMISSION_DENIED", "cannot create ferryd's socket directory "
                                  "%s: %s; set FERRY_ADDRESS or XDG_RUNTIME_DIR"

@@ -119,6 +119,46 @@ class SquattedDirectoryTest(unittest.TestCase):
             self.assertEqual(os.listdir(os.path.join(d, "elsewhere")), [])
 
 
+class DirectoryLockTest(unittest.TestCase):
+    """The socket directory is removed by an exiting daemon and made again by the next
+    process that starts one; taking its lock copes with either at any moment."""
+
+    def test_a_directory_removed_during_makedirs_is_made_again(self):
+        with tempfile.TemporaryDirectory() as d:
+            directory = os.path.join(d, "ferry")
+            os.mkdir(directory, 0o700)
+            real = os.makedirs
+            calls = []
+
+            def racing_makedirs(name, mode=0o777, exist_ok=False):
+                calls.append(name)
+                if len(calls) == 1:
+                    # mkdir found it; the exiting daemon removed it before makedirs looked.
+                    os.rmdir(name)
+                    raise FileExistsError(17, "File exists", name)
+                return real(name, mode, exist_ok)
+
+            _daemon.os.makedirs = racing_makedirs
+            try:
+                with _daemon._DirectoryLock(directory, timeout=5) as lock:
+                    self.assertTrue(os.path.isdir(directory))
+                    self.assertEqual(os.fstat(lock.fd).st_ino, os.stat(directory).st_ino)
+            finally:
+                _daemon.os.makedirs = real
+            self.assertEqual(len(calls), 2)
+
+    def test_a_file_in_place_of_the_directory_is_refused(self):
+        with tempfile.TemporaryDirectory() as d:
+            directory = os.path.join(d, "ferry")
+            with open(directory, "w"):
+                pass
+            with self.assertRaises(ferry.FerryError) as cm:
+                with _daemon._DirectoryLock(directory, timeout=5):
+                    pass
+            self.assertEqual(cm.exception.code, "PERMISSION_DENIED")
+            self.assertIn("is not a directory", cm.exception.message)
+
+
 class DaemonBinaryTest(unittest.TestCase):
     def test_env_variable_must_be_executable(self):
         with self.assertRaisesRegex(ferry.FerryError, "FERRY_DAEMON is '/nope/ferryd'"):
