@@ -68,6 +68,14 @@ class EndToEndTest(unittest.TestCase):
         self.addCleanup(loader.close)
         return loader
 
+    def daemon_log(self):
+        """The end of the on-demand daemons' log, for a failure's message."""
+        try:
+            with open(_daemon.log_path(), errors="replace") as f:
+                return "ferryd's log ends:\n" + "".join(f.readlines()[-40:])
+        except OSError as e:
+            return "no ferryd log (%s)" % e
+
     def check_batch(self, batch):
         self.assertEqual(batch["tokens"].dtype, np.int64)
         self.assertEqual(batch["tokens"].shape[1], SEQ + 1)
@@ -379,12 +387,12 @@ class EndToEndTest(unittest.TestCase):
         old = loader._daemon.pid
         os.kill(old, signal.SIGTERM)
         seen += [int(i) for b in it for i in b["index"]]
-        self.assertEqual(sorted(seen), list(range(64)))
-        self.assertNotEqual(loader._daemon.pid, old)
+        self.assertEqual(sorted(seen), list(range(64)), self.daemon_log())
+        self.assertNotEqual(loader._daemon.pid, old, self.daemon_log())
         deadline = time.monotonic() + 15
         while _daemon.running(old) and time.monotonic() < deadline:
             time.sleep(0.1)
-        self.assertFalse(_daemon.running(old))
+        self.assertFalse(_daemon.running(old), self.daemon_log())
 
     def test_zz_daemon_death_is_survived_by_reattaching(self):
         loader = self.loader(job_name="death", shuffle=True, seed=6)
