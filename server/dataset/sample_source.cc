@@ -16,6 +16,7 @@
 #include "server/dataset/shard_pattern.h"
 #include "server/dataset/token_shards_source.h"
 #include "server/dataset/token_source.h"
+#include "server/dataset/webdataset_index.h"
 #include "server/dataset/webdataset_source.h"
 
 namespace ferry {
@@ -42,6 +43,9 @@ struct DatasetKind {
   absl::StatusOr<std::vector<std::string>> (*paths)(const DatasetSpec& dataset);
   Opened (*open)(const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
                  const SourceOptions& options);
+  // ResolveDatasetIndexes; null for kinds that name nothing by reference.
+  absl::Status (*resolve)(DatasetSpec* dataset, const DatasetPathCheck& check,
+                          const DatasetFs& fs) = nullptr;
 };
 
 using Paths = absl::StatusOr<std::vector<std::string>>;
@@ -137,8 +141,12 @@ constexpr DatasetKind kDatasetKinds[] = {
      nullptr,
      [](const DatasetSpec& d) -> Paths {
        if (d.webdataset().shards().empty()) {
+         if (!d.webdataset().shard_index().empty()) {
+           return std::vector<std::string>{d.webdataset().shard_index()};  // not read yet
+         }
          return absl::InvalidArgumentError(
-             "dataset.webdataset.shards must list at least one .tar path or pattern");
+             "dataset.webdataset.shards must list at least one .tar path or pattern (or give "
+             "dataset.webdataset.shard_index)");
        }
        return ExpandShardPatterns({d.webdataset().shards().begin(), d.webdataset().shards().end()});
      },
@@ -156,6 +164,29 @@ constexpr DatasetKind kDatasetKinds[] = {
                               WebDatasetSource::Create(spec.dataset().webdataset(), transform,
                                                        options.limits, std::move(fs)));
        return std::unique_ptr<SampleSource>(std::move(source));
+     },
+     [](DatasetSpec* d, const DatasetPathCheck& check, const DatasetFs& fs) -> absl::Status {
+       ferry::v1::WebDataset* w = d->mutable_webdataset();
+       if (w->shard_index().empty()) return absl::OkStatus();
+       if (!w->shards().empty() || !w->shard_samples().empty()) {
+         return absl::InvalidArgumentError(
+             "dataset.webdataset.shard_index lists the shards and their samples: give it "
+             "without dataset.webdataset.shards and shard_samples");
+       }
+       FERRY_RETURN_IF_ERROR(check(w->shard_index()));
+       FERRY_ASSIGN_OR_RETURN(std::vector<ShardIndexEntry> entries,
+                              ReadShardIndex(w->shard_index(), fs));
+       for (const ShardIndexEntry& entry : entries) {
+         if (entry.location.find_first_of("{}") != std::string::npos) {
+           return absl::InvalidArgumentError(absl::StrCat(
+               "shard index '", w->shard_index(), "' names shard '", entry.location.substr(0, 512),
+               "', whose braces ferry would expand as a pattern; rename the shard"));
+         }
+         w->add_shards(entry.location);
+         w->add_shard_samples(entry.samples);
+       }
+       w->clear_shard_index();
+       return absl::OkStatus();
      }},
     {DatasetSpec::kRecords, "records", "dataset.records.path", false, false, nullptr, nullptr,
      [](const DatasetSpec& d) -> Paths { return std::vector<std::string>{d.records().path()}; },
@@ -212,6 +243,13 @@ constexpr DatasetKind kDatasetKinds[] = {
         const SourceOptions& options) -> Opened {
        FERRY_ASSIGN_OR_RETURN(auto source, BlendSource::Create(spec, std::move(fs), options));
        return std::unique_ptr<SampleSource>(std::move(source));
+     },
+     [](DatasetSpec* d, const DatasetPathCheck& check, const DatasetFs& fs) -> absl::Status {
+       for (ferry::v1::BlendSource& s : *d->mutable_blend()->mutable_sources()) {
+         if (s.dataset().has_blend()) continue;  // refused when opened, naming the source
+         FERRY_RETURN_IF_ERROR(ResolveDatasetIndexes(s.mutable_dataset(), check, fs));
+       }
+       return absl::OkStatus();
      }},
 };
 
@@ -282,6 +320,13 @@ bool DatasetHasImages(const ferry::v1::DatasetSpec& dataset) {
 void SetWidenOnHost(ferry::v1::DatasetSpec* dataset) {
   const DatasetKind* kind = FindKind(dataset->kind_case());
   if (kind != nullptr && kind->widen_on_host != nullptr) kind->widen_on_host(dataset);
+}
+
+absl::Status ResolveDatasetIndexes(ferry::v1::DatasetSpec* dataset, const DatasetPathCheck& check,
+                                   const DatasetFs& fs) {
+  const DatasetKind* kind = FindKind(dataset->kind_case());
+  if (kind == nullptr || kind->resolve == nullptr) return absl::OkStatus();
+  return kind->resolve(dataset, check, fs);
 }
 
 void ApplyDatasetDefaults(ferry::v1::DatasetSpec* dataset) {

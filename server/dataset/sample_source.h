@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -258,6 +259,17 @@ void SetWidenOnHost(ferry::v1::DatasetSpec* dataset);
 // UINT16 for tokens and token_shards, in a blend's sources too. Other fields, and what is
 // set, stay as they are.
 void ApplyDatasetDefaults(ferry::v1::DatasetSpec* dataset);
+
+// Checks a path the dataset names (against dataset roots, remote prefixes) before it is read.
+using DatasetPathCheck = std::function<absl::Status(const std::string& path)>;
+// Reads into `dataset` what it names by reference: a webdataset's shard_index becomes its
+// shards and shard_samples (shard_index is cleared), in a blend's sources too. The index is
+// checked with `check` before it is read through `fs`. Other kinds, and a spec with nothing
+// to read, stay as they are. Errors: INVALID_ARGUMENT for shard_index given with shards or
+// shard_samples, or a shard name with a brace (shards are patterns); `check`'s; and
+// ReadShardIndex's (webdataset_index.h).
+absl::Status ResolveDatasetIndexes(ferry::v1::DatasetSpec* dataset, const DatasetPathCheck& check,
+                                   const DatasetFs& fs);
 
 }  // namespace ferry
 

@@ -94,16 +94,7 @@ absl::Status ReadError(const absl::Status& status, const std::string& member) {
 
 }  // namespace
 
-struct WebDatasetSource::ShardResult {
-  std::vector<Sample> samples;         // label_spelling indexes label_spellings below
-  std::vector<uint64_t> name_lengths;  // per sample
-  std::string names;
-  std::vector<std::string> label_spellings;
-  Stats stats;
-  TarIndex tar;  // members cleared; for the truncation report
-};
-
-absl::StatusOr<WebDatasetSource::ShardResult> WebDatasetSource::IndexShard(
+absl::StatusOr<WebDatasetSource::ShardTable> WebDatasetSource::IndexShard(
     const std::string& path, const std::string& image_key, const std::string& label_key,
     const DatasetFs& fs) {
   absl::StatusOr<TarIndex> tar = IndexTarFile(path, fs);
@@ -115,8 +106,10 @@ absl::StatusOr<WebDatasetSource::ShardResult> WebDatasetSource::IndexShard(
     }
     return tar.status();
   }
-  ShardResult result;
-  result.stats.members = static_cast<int64_t>(tar->members.size());
+  ShardTable table;
+  table.identity = tar->identity;
+  table.truncated = tar->truncated;
+  table.stats.members = static_cast<int64_t>(tar->members.size());
 
   // The sample being assembled: a run of members with the same basename.
   std::string basename;
@@ -124,17 +117,19 @@ absl::StatusOr<WebDatasetSource::ShardResult> WebDatasetSource::IndexShard(
   const TarMember* label = nullptr;
   std::string label_spelling;
   auto flush = [&] {
-    if (image == nullptr) {
-      if (!basename.empty()) ++result.stats.samples_without_image;
-      return;
-    }
+    if (basename.empty()) return;
     Sample sample;
-    sample.image_offset = image->data_offset;
-    sample.image_size = image->size;
+    sample.has_image = image != nullptr;
+    if (image != nullptr) {
+      sample.image_offset = image->data_offset;
+      sample.image_size = image->size;
+    } else {
+      ++table.stats.samples_without_image;
+    }
     if (label != nullptr) {
       sample.label_offset = label->data_offset;
       sample.label_size = static_cast<uint32_t>(std::min<uint64_t>(label->size, UINT32_MAX));
-      std::vector<std::string>& spellings = result.label_spellings;
+      std::vector<std::string>& spellings = table.label_spellings;
       auto it = std::find(spellings.begin(), spellings.end(), label_spelling);
       if (it == spellings.end()) {
         // Past 65535 distinct spellings (absurd), messages name the first one.
@@ -142,14 +137,14 @@ absl::StatusOr<WebDatasetSource::ShardResult> WebDatasetSource::IndexShard(
       }
       sample.label_spelling = static_cast<uint16_t>(it - spellings.begin());
     }
-    result.samples.push_back(sample);
-    result.names += image->name;
-    result.name_lengths.push_back(image->name.size());
+    table.samples.push_back(sample);
+    table.names += image != nullptr ? image->name : basename;
+    table.name_ends.push_back(static_cast<uint32_t>(table.names.size()));
   };
   for (const TarMember& member : tar->members) {
     absl::string_view base, extension;
     if (!SplitMemberName(member.name, &base, &extension)) {
-      ++result.stats.members_ignored;
+      ++table.stats.members_ignored;
       continue;
     }
     if (base != basename) {
@@ -163,13 +158,18 @@ absl::StatusOr<WebDatasetSource::ShardResult> WebDatasetSource::IndexShard(
     if (!is_image && !is_label) continue;  // another field of the sample: unused
     const TarMember*& slot = is_image ? image : label;
     if (slot != nullptr) {  // "x.jpg" twice in one run: the first one wins
-      ++result.stats.members_ignored;
+      ++table.stats.members_ignored;
       continue;
     }
     slot = &member;
     if (is_label) label_spelling.assign(extension.data(), extension.size());
+    if (table.names.size() + member.name.size() > UINT32_MAX) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("webdataset shard '", path, "' has over 4 GiB of member names; split it"));
+    }
   }
   if (tar->truncated) {
+    ++table.stats.truncated_shards;
     // The member cut off may belong to the last sample (its label, say): drop that sample
     // rather than serve it with a missing field.
     absl::string_view cut_base, cut_extension;
@@ -177,24 +177,35 @@ absl::StatusOr<WebDatasetSource::ShardResult> WebDatasetSource::IndexShard(
         tar->truncated_member.empty() ||
         (SplitMemberName(tar->truncated_member, &cut_base, &cut_extension) && cut_base == basename);
     if (maybe_same && !basename.empty()) {
-      ++result.stats.truncated_samples;
+      ++table.stats.truncated_samples;
       basename.clear();
-      image = label = nullptr;
     }
+    FERRY_LOG(WARNING) << "webdataset shard '" << path << "' is truncated: "
+                       << (tar->truncated_member.empty()
+                               ? std::string("a header")
+                               : absl::StrCat("member '", tar->truncated_member, "'"))
+                       << " at byte " << tar->truncated_at << " runs past its end ("
+                       << tar->file_size << " bytes); it and anything after it are "
+                       << "skipped, the samples before are used";
   }
   flush();
-  tar->members.clear();
-  result.tar = *std::move(tar);
-  return result;
+  return table;
 }
 
 uint64_t WebDatasetSource::index_bytes() const {
-  uint64_t bytes = samples_.capacity() * sizeof(Sample) +
-                   name_offsets_.capacity() * sizeof(uint64_t) + names_.capacity() +
-                   shard_begin_.capacity() * sizeof(int64_t) +
-                   shard_identities_.capacity() * sizeof(FileIdentity);
-  for (const std::string& s : shards_) bytes += sizeof(s) + s.capacity();
-  for (const std::string& s : label_spellings_) bytes += sizeof(s) + s.capacity();
+  uint64_t bytes = shard_begin_.capacity() * sizeof(int64_t) +
+                   shards_.capacity() * (sizeof(void*) + sizeof(Shard));
+  for (const std::string& s : shard_paths_) bytes += sizeof(s) + s.capacity();
+  if (lazy_) {
+    // The tables are built as shards are read: what a sample takes, with a name of 48 bytes.
+    return bytes + static_cast<uint64_t>(size()) * (sizeof(Sample) + sizeof(uint32_t) + 48);
+  }
+  for (const auto& shard : shards_) {
+    const ShardTable& t = shard->table;
+    bytes += t.samples.capacity() * sizeof(Sample) + t.name_ends.capacity() * sizeof(uint32_t) +
+             t.names.capacity();
+    for (const std::string& s : t.label_spellings) bytes += sizeof(s) + s.capacity();
+  }
   return bytes;
 }
 
@@ -202,12 +213,17 @@ absl::StatusOr<std::unique_ptr<WebDatasetSource>> WebDatasetSource::Create(
     const ferry::v1::WebDataset& spec, const ImageTransform& transform, const DecodeLimits& limits,
     std::shared_ptr<const DatasetFs> fs) {
   if (spec.shards().empty()) {
+    if (!spec.shard_index().empty()) {
+      return absl::InvalidArgumentError(
+          "dataset.webdataset.shard_index is read into dataset.webdataset.shards when a job is "
+          "created (ResolveDatasetIndexes); this spec was not");
+    }
     return absl::InvalidArgumentError(
         "dataset.webdataset.shards must list at least one .tar path or pattern, e.g. "
-        "\"/data/train-{000000..000146}.tar\"");
+        "\"/data/train-{000000..000146}.tar\" (or give dataset.webdataset.shard_index)");
   }
-  const std::string image_key = NormalizeKey(spec.image_key(), "jpg");
-  const std::string label_key = NormalizeKey(spec.label_key(), "cls");
+  std::string image_key = NormalizeKey(spec.image_key(), "jpg");
+  std::string label_key = NormalizeKey(spec.label_key(), "cls");
   if (image_key.empty() || label_key.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("dataset.webdataset.", image_key.empty() ? "image_key" : "label_key",
@@ -224,18 +240,56 @@ absl::StatusOr<std::unique_ptr<WebDatasetSource>> WebDatasetSource::Create(
                                                    shards.size(), " shards; at most ",
                                                    UINT32_MAX - 1, " are supported"));
   }
+  const bool lazy = !spec.shard_samples().empty();
+  if (lazy && static_cast<size_t>(spec.shard_samples_size()) != shards.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset.webdataset.shard_samples has ", spec.shard_samples_size(),
+                     " counts for ", shards.size(), " shards; give one per shard, in order"));
+  }
 
-  // Index the shards on a few threads; results are merged in shard order, so the numbering
-  // does not depend on which thread finished first. The first failure stops the others: the
-  // job is refused anyway, and a list of many missing shards must not take long to refuse.
-  std::vector<std::optional<absl::StatusOr<ShardResult>>> results(shards.size());
+  const uint32_t shuffle_buffer =
+      spec.shuffle_buffer() == 0 ? kDefaultShuffleBuffer : spec.shuffle_buffer();
+  std::unique_ptr<WebDatasetSource> source(
+      new WebDatasetSource(transform, limits, shuffle_buffer, image_key, label_key, std::move(fs)));
+  source->lazy_ = lazy;
+  source->shards_.reserve(shards.size());
+  for (const std::string& path : shards) {
+    source->shards_.push_back(std::make_unique<Shard>());
+    source->shards_.back()->path = path;
+  }
+  source->shard_begin_.push_back(0);
+  Stats& stats = source->stats_;
+  stats.shards = static_cast<int64_t>(shards.size());
+
+  if (lazy) {
+    for (uint64_t n : spec.shard_samples()) {
+      if (n > static_cast<uint64_t>(INT64_MAX - source->shard_begin_.back())) {
+        return absl::InvalidArgumentError("dataset.webdataset.shard_samples sum past 2^63");
+      }
+      source->shard_begin_.push_back(source->shard_begin_.back() + static_cast<int64_t>(n));
+    }
+    if (source->shard_begin_.back() == 0) {
+      return absl::InvalidArgumentError(
+          "dataset.webdataset.shard_samples count no sample in any shard");
+    }
+    source->shard_paths_ = std::move(shards);
+    return source;
+  }
+
+  // Index the shards on a few threads. The first failure stops the others: the job is
+  // refused anyway, and a list of many missing shards must not take long to refuse.
+  std::vector<std::optional<absl::Status>> results(shards.size());
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   auto work = [&] {
     for (size_t s = next.fetch_add(1); s < shards.size() && !failed.load(); s = next.fetch_add(1)) {
-      results[s] = fs->Stopping() ? absl::StatusOr<ShardResult>(StoppingError())
-                                  : IndexShard(shards[s], image_key, label_key, *fs);
-      if (!results[s]->ok()) failed.store(true);
+      absl::StatusOr<ShardTable> table =
+          source->fs_->Stopping()
+              ? absl::StatusOr<ShardTable>(StoppingError())
+              : IndexShard(shards[s], source->image_key_, source->label_key_, *source->fs_);
+      if (table.ok()) source->shards_[s]->table = *std::move(table);
+      results[s] = table.status();
+      if (!table.ok()) failed.store(true);
     }
   };
   const size_t threads = std::min(kIndexThreads, shards.size());
@@ -244,61 +298,38 @@ absl::StatusOr<std::unique_ptr<WebDatasetSource>> WebDatasetSource::Create(
   work();
   for (std::thread& thread : pool) thread.join();
 
-  const uint32_t shuffle_buffer =
-      spec.shuffle_buffer() == 0 ? kDefaultShuffleBuffer : spec.shuffle_buffer();
-  std::unique_ptr<WebDatasetSource> source(
-      new WebDatasetSource(transform, limits, shuffle_buffer, std::move(fs)));
-  source->label_spellings_.push_back(label_key);
-  source->shard_begin_.push_back(0);
-  source->name_offsets_.push_back(0);
   for (size_t s = 0; s < shards.size(); ++s) {
     if (!results[s].has_value()) continue;  // after a failure, which the loop reaches
-    if (!results[s]->ok()) return results[s]->status();
-    ShardResult& r = **results[s];
-    Stats& stats = source->stats_;
-    stats.members += r.stats.members;
-    stats.samples_without_image += r.stats.samples_without_image;
-    stats.members_ignored += r.stats.members_ignored;
-    stats.truncated_samples += r.stats.truncated_samples;
-    if (r.tar.truncated) {
-      ++stats.truncated_shards;
-      FERRY_LOG(WARNING) << "webdataset shard '" << shards[s] << "' is truncated: "
-                         << (r.tar.truncated_member.empty()
-                                 ? std::string("a header")
-                                 : absl::StrCat("member '", r.tar.truncated_member, "'"))
-                         << " at byte " << r.tar.truncated_at << " runs past its end ("
-                         << r.tar.file_size << " bytes); it and anything after it are "
-                         << "skipped, the " << r.samples.size() << " samples before are used";
-    }
-    // Map this shard's label spellings onto the dataset's table (almost always one entry).
-    std::vector<uint16_t> spelling_map;
-    for (const std::string& spelling : r.label_spellings) {
-      auto& table = source->label_spellings_;
-      auto it = std::find(table.begin(), table.end(), spelling);
-      if (it == table.end() && table.size() < kNoLabel) it = table.insert(table.end(), spelling);
-      // Past 65535 distinct spellings (absurd) messages fall back to the lowercase key.
-      spelling_map.push_back(it == table.end() ? 0 : static_cast<uint16_t>(it - table.begin()));
-    }
-    size_t name_begin = 0;
-    source->shard_identities_.push_back(r.tar.identity);
-    for (size_t i = 0; i < r.samples.size(); ++i) {
-      Sample sample = r.samples[i];
-      sample.shard = static_cast<uint32_t>(s);
-      if (sample.label_spelling != kNoLabel) {
-        sample.label_spelling = spelling_map[sample.label_spelling];
+    if (!results[s]->ok()) return *results[s];
+    ShardTable& table = source->shards_[s]->table;
+    stats.members += table.stats.members;
+    stats.samples_without_image += table.stats.samples_without_image;
+    stats.members_ignored += table.stats.members_ignored;
+    stats.truncated_shards += table.stats.truncated_shards;
+    stats.truncated_samples += table.stats.truncated_samples;
+    // Numbered by their counts alone, a dataset skips the samples without an image member.
+    if (table.stats.samples_without_image > 0) {
+      ShardTable all = std::move(table);
+      table.identity = all.identity;
+      table.label_spellings = std::move(all.label_spellings);
+      table.truncated = all.truncated;
+      table.stats = all.stats;
+      for (size_t i = 0; i < all.samples.size(); ++i) {
+        if (!all.samples[i].has_image) continue;
+        table.samples.push_back(all.samples[i]);
+        absl::StrAppend(&table.names, source->NameOf(all, i));
+        table.name_ends.push_back(static_cast<uint32_t>(table.names.size()));
       }
-      source->samples_.push_back(sample);
-      source->names_.append(r.names, name_begin, r.name_lengths[i]);
-      name_begin += r.name_lengths[i];
-      source->name_offsets_.push_back(source->names_.size());
     }
-    source->shard_begin_.push_back(static_cast<int64_t>(source->samples_.size()));
-    results[s].reset();  // free this shard's copy early
+    table.samples.shrink_to_fit();
+    table.name_ends.shrink_to_fit();
+    table.names.shrink_to_fit();
+    source->shards_[s]->indexed.store(true, std::memory_order_release);
+    source->shard_begin_.push_back(source->shard_begin_.back() +
+                                   static_cast<int64_t>(table.samples.size()));
   }
-  source->stats_.shards = static_cast<int64_t>(shards.size());
-  source->shards_ = std::move(shards);
-  const Stats& stats = source->stats_;
-  if (source->samples_.empty()) {
+  source->shard_paths_ = std::move(shards);
+  if (source->size() == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "dataset.webdataset.shards (", stats.shards, " shards, ", stats.members,
         " files) hold no sample with an image member '<basename>.", image_key,
@@ -309,17 +340,17 @@ absl::StatusOr<std::unique_ptr<WebDatasetSource>> WebDatasetSource::Create(
                        << image_key << "' member skipped, " << stats.members_ignored
                        << " files ignored (no extension, or a repeated one within a sample)";
   }
-  source->samples_.shrink_to_fit();
-  source->names_.shrink_to_fit();
-  source->name_offsets_.shrink_to_fit();
   return source;
 }
 
 WebDatasetSource::WebDatasetSource(const ImageTransform& transform, const DecodeLimits& limits,
-                                   uint32_t shuffle_buffer, std::shared_ptr<const DatasetFs> fs)
+                                   uint32_t shuffle_buffer, std::string image_key,
+                                   std::string label_key, std::shared_ptr<const DatasetFs> fs)
     : transform_(transform),
       limits_(limits),
       shuffle_buffer_(shuffle_buffer),
+      image_key_(std::move(image_key)),
+      label_key_(std::move(label_key)),
       fs_(std::move(fs)),
       fields_(ImageSampleFields(transform_)) {}
 
@@ -329,30 +360,77 @@ std::unique_ptr<SampleSource::Scratch> WebDatasetSource::NewScratch() const {
   return scratch;
 }
 
-absl::string_view WebDatasetSource::ImageName(int64_t index) const {
-  const size_t begin = name_offsets_[index];
-  return absl::string_view(names_).substr(begin, name_offsets_[index + 1] - begin);
+size_t WebDatasetSource::ShardOf(int64_t index) const {
+  return static_cast<size_t>(std::upper_bound(shard_begin_.begin(), shard_begin_.end(), index) -
+                             shard_begin_.begin() - 1);
 }
 
-std::string WebDatasetSource::LabelName(int64_t index) const {
-  const absl::string_view image = ImageName(index);
+absl::string_view WebDatasetSource::NameOf(const ShardTable& table, size_t sample) const {
+  const size_t begin = sample == 0 ? 0 : table.name_ends[sample - 1];
+  return absl::string_view(table.names).substr(begin, table.name_ends[sample] - begin);
+}
+
+std::string WebDatasetSource::LabelName(const ShardTable& table, size_t sample) const {
+  const absl::string_view image = NameOf(table, sample);
   const size_t slash = image.rfind('/');
   const size_t dot = image.find('.', slash == absl::string_view::npos ? 0 : slash + 1);
-  const uint16_t spelling = samples_[index].label_spelling;
+  const uint16_t spelling = table.samples[sample].label_spelling;
   return absl::StrCat(image.substr(0, dot), ".",
-                      label_spellings_[spelling == kNoLabel ? 0 : spelling]);
+                      spelling == kNoLabel ? label_key_ : table.label_spellings[spelling]);
+}
+
+absl::StatusOr<const WebDatasetSource::ShardTable*> WebDatasetSource::TableOf(
+    size_t shard_number) const {
+  Shard& shard = *shards_[shard_number];
+  if (!shard.indexed.load(std::memory_order_acquire)) {
+    absl::MutexLock lock(&shard.mutex);
+    if (!shard.indexed.load(std::memory_order_relaxed)) {
+      absl::StatusOr<ShardTable> table = IndexShard(shard.path, image_key_, label_key_, *fs_);
+      // A condition of the machine may pass: the next Fill indexes the shard again.
+      if (!table.ok() && IsTransientReadError(table.status())) return table.status();
+      const uint64_t expected =
+          static_cast<uint64_t>(shard_begin_[shard_number + 1] - shard_begin_[shard_number]);
+      if (!table.ok()) {
+        shard.error = StopsTheJob(table.status());
+      } else if (table->samples.size() > expected ||
+                 (table->samples.size() < expected && !table->truncated)) {
+        shard.error = StopsTheJob(absl::FailedPreconditionError(absl::StrCat(
+            "webdataset shard '", shard.path, "' holds ", table->samples.size(),
+            " samples, but dataset.webdataset.shard_samples (from its shard index) says ", expected,
+            ": the index is of other shards or of an earlier version of this one. "
+            "Make the index again (widsindex create), or give dataset.webdataset.shards "
+            "without it")));
+      } else {
+        FERRY_LOG(INFO) << "webdataset shard '" << shard.path << "': " << table->samples.size()
+                        << " samples, " << table->stats.samples_without_image << " without a '"
+                        << image_key_ << "' member, " << table->stats.members_ignored
+                        << " files ignored";
+        shard.table = *std::move(table);
+      }
+      shard.indexed.store(true, std::memory_order_release);
+    }
+  }
+  if (!shard.error.ok()) return shard.error;
+  return &shard.table;
 }
 
 std::string WebDatasetSource::FileOf(int64_t index) const {
   if (index < 0 || index >= size()) return {};
-  return shards_[samples_[index].shard];
+  return shard_paths_[ShardOf(index)];
 }
 
 std::string WebDatasetSource::Describe(int64_t index) const {
   if (index < 0 || index >= size()) {
     return absl::StrCat("webdataset sample ", index, " (out of range; ", size(), " samples)");
   }
-  return absl::StrCat(shards_[samples_[index].shard], ":", ImageName(index));
+  const size_t s = ShardOf(index);
+  const Shard& shard = *shards_[s];
+  const size_t sample = static_cast<size_t>(index - shard_begin_[s]);
+  if (shard.indexed.load(std::memory_order_acquire) && shard.error.ok() &&
+      sample < shard.table.samples.size()) {
+    return absl::StrCat(shard.path, ":", NameOf(shard.table, sample));
+  }
+  return absl::StrCat(shard.path, ": sample ", sample);
 }
 
 absl::Status WebDatasetSource::Fill(int64_t index, uint64_t sample_seed,
@@ -369,8 +447,20 @@ absl::Status WebDatasetSource::Fill(int64_t index, uint64_t sample_seed,
   if (s == nullptr) {
     return absl::InvalidArgumentError("Fill needs a Scratch from this source's NewScratch()");
   }
-  const Sample& sample = samples_[index];
-  const std::string& shard = shards_[sample.shard];
+  const size_t shard_number = ShardOf(index);
+  const std::string& shard = shard_paths_[shard_number];
+  FERRY_ASSIGN_OR_RETURN(const ShardTable* table, TableOf(shard_number));
+  const size_t local = static_cast<size_t>(index - shard_begin_[shard_number]);
+  if (local >= table->samples.size()) {
+    return absl::DataLossError(absl::StrCat("'", Describe(index), "' is lost: webdataset shard '",
+                                            shard, "' is cut short after its sample ",
+                                            table->samples.size()));
+  }
+  const Sample& sample = table->samples[local];
+  if (!sample.has_image) {
+    return absl::DataLossError(absl::StrCat("'", Describe(index), "' has no '", image_key_,
+                                            "' member (dataset.webdataset.image_key)"));
+  }
   const bool has_label = sample.label_spelling != kNoLabel;
   if (sample.image_size == 0) {
     return absl::DataLossError(absl::StrCat("'", Describe(index), "' is empty"));
@@ -381,13 +471,13 @@ absl::Status WebDatasetSource::Fill(int64_t index, uint64_t sample_seed,
                                             limits_.max_sample_bytes, ")"));
   }
   if (has_label && sample.label_size > kMaxLabelBytes) {
-    return absl::DataLossError(absl::StrCat("'", shard, ":", LabelName(index), "' is ",
+    return absl::DataLossError(absl::StrCat("'", shard, ":", LabelName(*table, local), "' is ",
                                             sample.label_size,
                                             " bytes; a label is the decimal "
                                             "text of a class number"));
   }
 
-  if (s->shard != static_cast<int64_t>(sample.shard)) {
+  if (s->shard != static_cast<int64_t>(shard_number)) {
     s->file.reset();
     s->shard = -1;
     absl::StatusOr<std::unique_ptr<RandomAccessFile>> opened = fs_->OpenFile(shard);
@@ -397,7 +487,7 @@ absl::Status WebDatasetSource::Fill(int64_t index, uint64_t sample_seed,
     }
     // The members' offsets are the indexed file's: another file renamed over the shard's
     // path (or the shard rewritten in place) would give other bytes at them.
-    const FileIdentity& indexed = shard_identities_[sample.shard];
+    const FileIdentity& indexed = table->identity;
     if (!((*opened)->identity() == indexed)) {
       return absl::DataLossError(
           absl::StrCat("cannot read '", Describe(index), "': webdataset shard '", shard,
@@ -407,7 +497,7 @@ absl::Status WebDatasetSource::Fill(int64_t index, uint64_t sample_seed,
                        "again to index the shard anew"));
     }
     s->file = *std::move(opened);
-    s->shard = static_cast<int64_t>(sample.shard);
+    s->shard = static_cast<int64_t>(shard_number);
   }
   // One read when the label lies next to the image (either side), two otherwise.
   uint64_t begin = sample.image_offset;
@@ -432,7 +522,7 @@ absl::Status WebDatasetSource::Fill(int64_t index, uint64_t sample_seed,
     } else {
       uint8_t* tail = s->buffer.data() + (end - begin);
       read = ReadExactly(*s->file, sample.label_offset, tail, sample.label_size);
-      if (!read.ok()) return ReadError(read, absl::StrCat(shard, ":", LabelName(index)));
+      if (!read.ok()) return ReadError(read, absl::StrCat(shard, ":", LabelName(*table, local)));
       label_bytes = tail;
     }
   }
@@ -441,7 +531,7 @@ absl::Status WebDatasetSource::Fill(int64_t index, uint64_t sample_seed,
   if (has_label) {
     const absl::string_view text(reinterpret_cast<const char*>(label_bytes), sample.label_size);
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &label)) {
-      return absl::DataLossError(absl::StrCat("'", shard, ":", LabelName(index),
+      return absl::DataLossError(absl::StrCat("'", shard, ":", LabelName(*table, local),
                                               "' is not a decimal integer label: \"",
                                               absl::CEscape(text.substr(0, 32)), "\""));
     }
@@ -471,7 +561,7 @@ void WebDatasetSource::StreamOrder(uint64_t seed, int64_t epoch, bool shuffle,
     return;
   }
   // Shards: Fisher-Yates from the back, as the Sampler permutes samples.
-  const size_t num_shards = shards_.size();
+  const size_t num_shards = shard_paths_.size();
   std::vector<uint32_t> shard_order(num_shards);
   std::iota(shard_order.begin(), shard_order.end(), uint32_t{0});
   Rng shard_rng(MixSeed(seed, static_cast<uint64_t>(epoch), kShardOrderStream));

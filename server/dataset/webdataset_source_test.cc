@@ -460,6 +460,190 @@ TEST_F(WebDatasetSourceTest, PngMembersDecodeByContentWithExifOrientation) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Shards with their counts (shard_samples, from a shard index): indexed when first read.
+
+// The real filesystem, counting opens; the next `fail` opens fail with `failure`.
+class CountingFs final : public DatasetFs {
+ public:
+  absl::Status CheckPath(const std::string& path) const override { return fs_->CheckPath(path); }
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFile(
+      const std::string& path) const override {
+    opens_.fetch_add(1);
+    if (fail_.load() > 0) {
+      fail_.fetch_sub(1);
+      return failure_;
+    }
+    return fs_->OpenFile(path);
+  }
+  absl::StatusOr<std::shared_ptr<const MappedFile>> MapFile(
+      const std::string& path) const override {
+    return fs_->MapFile(path);
+  }
+  absl::StatusOr<std::vector<Entry>> ListDirectory(const std::string& path) const override {
+    return fs_->ListDirectory(path);
+  }
+  int opens() const { return opens_.load(); }
+  void FailNext(int opens, absl::Status failure) {
+    failure_ = std::move(failure);
+    fail_.store(opens);
+  }
+
+ private:
+  const std::shared_ptr<const DatasetFs> fs_ = UnconfinedDatasetFs();
+  mutable std::atomic<int> opens_{0};
+  mutable std::atomic<int> fail_{0};
+  absl::Status failure_;
+};
+
+class CountedShardsTest : public WebDatasetSourceTest {
+ protected:
+  // Shards c-0.tar .. c-2.tar of 2, 3 and 4 samples, labels 10 * shard + i.
+  void WriteShards() {
+    for (int s = 0; s < 3; ++s) {
+      Members members;
+      for (int i = 0; i < 2 + s; ++i) {
+        members.push_back({absl::StrCat("k", s, "_", i, ".jpg"), Jpeg(24, 20, 10 * s + i)});
+        members.push_back({absl::StrCat("k", s, "_", i, ".cls"), absl::StrCat(10 * s + i)});
+      }
+      WriteTar(Path(absl::StrCat("c-", s, ".tar")), members);
+    }
+  }
+  ferry::v1::JobSpec Counted(const std::vector<uint64_t>& counts) {
+    ferry::v1::JobSpec spec = Spec({Path("c-{0..2}.tar")});
+    for (uint64_t n : counts) spec.mutable_dataset()->mutable_webdataset()->add_shard_samples(n);
+    return spec;
+  }
+  std::unique_ptr<SampleSource> MakeOn(const ferry::v1::JobSpec& spec,
+                                       std::shared_ptr<const DatasetFs> fs) {
+    absl::StatusOr<std::unique_ptr<SampleSource>> source = MakeSampleSource(spec, std::move(fs));
+    EXPECT_TRUE(source.ok()) << source.status();
+    return source.ok() ? *std::move(source) : nullptr;
+  }
+};
+
+TEST_F(CountedShardsTest, CreateOpensNoShardAndSamplesComeOutAsIndexedOnes) {
+  WriteShards();
+  auto counting = std::make_shared<CountingFs>();
+  std::unique_ptr<SampleSource> counted = MakeOn(Counted({2, 3, 4}), counting);
+  ASSERT_NE(counted, nullptr);
+  EXPECT_EQ(counting->opens(), 0);
+  EXPECT_EQ(counted->size(), 9);
+  EXPECT_THAT(AsWds(counted)->shard_begin(), ElementsAre(0, 2, 5, 9));
+  EXPECT_EQ(counted->FileOf(4), Path("c-1.tar"));
+  EXPECT_EQ(counted->Describe(4), Path("c-1.tar") + ": sample 2");  // not read yet
+
+  std::unique_ptr<SampleSource> indexed = Make(Spec({Path("c-{0..2}.tar")}));
+  ASSERT_NE(indexed, nullptr);
+  for (bool shuffle : {false, true}) {
+    std::vector<int64_t> a, b;
+    counted->StreamOrder(7, 2, shuffle, &a);
+    indexed->StreamOrder(7, 2, shuffle, &b);
+    EXPECT_EQ(a, b);
+  }
+  std::unique_ptr<SampleSource::Scratch> x = counted->NewScratch(), y = indexed->NewScratch();
+  for (int64_t i : {8, 0, 4, 5, 1, 2, 7, 3, 6}) {
+    Rows got(*counted), want(*indexed);
+    ASSERT_TRUE(counted->Fill(i, 3, got.pointers, x.get()).ok()) << i;
+    ASSERT_TRUE(indexed->Fill(i, 3, want.pointers, y.get()).ok()) << i;
+    EXPECT_EQ(got.buffers, want.buffers) << i;
+    EXPECT_EQ(counted->Describe(i), indexed->Describe(i));
+  }
+  // Each shard is indexed once: in this order every Fill opens another shard (the second
+  // pass starts on the shard the first ended on), and no shard is indexed again.
+  EXPECT_EQ(counting->opens(), 3 + 9);
+  for (int64_t i : {8, 0, 4, 5, 1, 2, 7, 3, 6}) {
+    Rows rows(*counted);
+    ASSERT_TRUE(counted->Fill(i, 3, rows.pointers, x.get()).ok()) << i;
+  }
+  EXPECT_EQ(counting->opens(), 3 + 9 + 8);
+}
+
+TEST_F(CountedShardsTest, AShardWithAnotherCountStopsTheJob) {
+  WriteShards();
+  for (const std::vector<uint64_t>& counts :
+       {std::vector<uint64_t>{2, 5, 4}, std::vector<uint64_t>{2, 2, 4}}) {
+    std::unique_ptr<SampleSource> source = MakeOn(Counted(counts), UnconfinedDatasetFs());
+    ASSERT_NE(source, nullptr);
+    std::unique_ptr<SampleSource::Scratch> scratch = source->NewScratch();
+    Rows rows(*source);
+    EXPECT_TRUE(source->Fill(0, 1, rows.pointers, scratch.get()).ok());
+    absl::Status s = source->Fill(2, 1, rows.pointers, scratch.get());
+    EXPECT_TRUE(IsDatasetChanged(s)) << s;
+    EXPECT_THAT(s.message(), HasSubstr("webdataset shard '" + Path("c-1.tar") + "' holds 3 "));
+    EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("says ", counts[1])));
+    EXPECT_THAT(s.message(), HasSubstr("Make the index again"));
+    // Every sample of that shard fails so, without reading it again; the others are served.
+    EXPECT_TRUE(IsDatasetChanged(source->Fill(3, 1, rows.pointers, scratch.get())));
+    EXPECT_TRUE(source->Fill(source->size() - 1, 1, rows.pointers, scratch.get()).ok());
+  }
+}
+
+TEST_F(CountedShardsTest, ASampleWithoutImageOrPastACutIsABadSample) {
+  WriteTar(Path("c-0.tar"), {{"a.jpg", Jpeg(16, 16, 1)},
+                             {"a.cls", "1"},
+                             {"b.cls", "2"},  // no image: a bad sample, not skipped
+                             {"c.jpg", Jpeg(16, 16, 3)}});
+  Members members;
+  for (int i = 0; i < 4; ++i) {
+    members.push_back({absl::StrCat(i, ".jpg"), Jpeg(32, 32, i)});
+    members.push_back({absl::StrCat(i, ".cls"), absl::StrCat(i)});
+  }
+  WriteTar(Path("c-1.tar"), members);
+  fs::resize_file(Path("c-1.tar"), fs::file_size(Path("c-1.tar")) - 1024 - 2 * 512 - 300);
+  WriteTar(Path("c-2.tar"), {{"z.jpg", Jpeg(16, 16, 9)}});
+  std::unique_ptr<SampleSource> source = MakeOn(Counted({3, 4, 1}), UnconfinedDatasetFs());
+  ASSERT_NE(source, nullptr);
+  std::unique_ptr<SampleSource::Scratch> scratch = source->NewScratch();
+  for (int64_t i = 0; i < source->size(); ++i) {
+    Rows rows(*source);
+    absl::Status s = source->Fill(i, 1, rows.pointers, scratch.get());
+    if (i == 1) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+      EXPECT_THAT(s.message(), HasSubstr("'" + Path("c-0.tar") + ":b' has no 'jpg' member"));
+    } else if (i == 6) {  // the last sample of c-1.tar, cut
+      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+      EXPECT_FALSE(IsDatasetChanged(s));
+      EXPECT_THAT(s.message(), HasSubstr("is cut short after its sample 3"));
+    } else {
+      EXPECT_TRUE(s.ok()) << i << ": " << s;
+    }
+  }
+}
+
+TEST_F(CountedShardsTest, AMissingShardStopsTheJobAndAPassingFailureIsRetried) {
+  WriteShards();
+  ferry::v1::JobSpec spec = Counted({2, 3, 4, 1});
+  spec.mutable_dataset()->mutable_webdataset()->add_shards(Path("gone.tar"));
+  auto counting = std::make_shared<CountingFs>();
+  std::unique_ptr<SampleSource> source = MakeOn(spec, counting);
+  ASSERT_NE(source, nullptr);
+  std::unique_ptr<SampleSource::Scratch> scratch = source->NewScratch();
+  Rows rows(*source);
+  absl::Status gone = source->Fill(9, 1, rows.pointers, scratch.get());
+  EXPECT_TRUE(IsDatasetChanged(gone)) << gone;
+  EXPECT_EQ(gone.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(gone.message(), HasSubstr("gone.tar"));
+
+  counting->FailNext(1, absl::UnavailableError("cannot open: EIO"));
+  absl::Status passing = source->Fill(0, 1, rows.pointers, scratch.get());
+  EXPECT_TRUE(IsTransientReadError(passing)) << passing;
+  EXPECT_FALSE(IsDatasetChanged(passing));
+  EXPECT_TRUE(source->Fill(0, 1, rows.pointers, scratch.get()).ok());
+}
+
+TEST_F(CountedShardsTest, CountsMustBeOnePerShardAndHoldASample) {
+  WriteShards();
+  for (const auto& [counts, message] : std::vector<std::pair<std::vector<uint64_t>, std::string>>{
+           {{2, 3}, "shard_samples has 2 counts for 3 shards"},
+           {{0, 0, 0}, "count no sample in any shard"}}) {
+    absl::StatusOr<std::unique_ptr<SampleSource>> source =
+        MakeSampleSource(Counted(counts), UnconfinedDatasetFs());
+    EXPECT_EQ(source.status().code(), absl::StatusCode::kInvalidArgument) << source.status();
+    EXPECT_THAT(source.status().message(), HasSubstr(message));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // Stream order.
 
 class StreamOrderTest : public WebDatasetSourceTest {

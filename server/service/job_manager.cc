@@ -186,10 +186,16 @@ absl::StatusOr<JobManager::Created> JobManager::CreateJob(
     const std::optional<AwsCredentials>& store_credentials) {
   FERRY_RETURN_IF_ERROR(CheckJobName(name));
   FERRY_ASSIGN_OR_RETURN(
-      const ferry::v1::JobSpec spec,
+      ferry::v1::JobSpec spec,
       NormalizeJobSpec(std::move(requested),
                        SpecDefaults{.widen_tokens_on_host = options_.widen_tokens_on_host}));
   FERRY_RETURN_IF_ERROR(CheckTransport(spec));
+  // A shard index is read (and checked) before the paths it lists are.
+  if (std::shared_ptr<const DatasetFs> fs = JobDatasetFs(store_credentials); fs != nullptr) {
+    FERRY_RETURN_IF_ERROR(ResolveDatasetIndexes(
+        spec.mutable_dataset(), [this](const std::string& path) { return CheckDatasetPath(path); },
+        *fs));
+  }
   FERRY_RETURN_IF_ERROR(CheckDataset(spec));
   const std::string job_name = name.empty() ? DefaultJobName(spec) : name;
   const std::string key = SpecKey(caller.uid, job_name, spec);
