@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -100,9 +102,19 @@ std::string FormatDataset(const v1::JobSpec& spec) {
                           d.image_folder().exif_orientation() ? " (exif_orientation)" : "");
     case v1::DatasetSpec::kTokens:
       return absl::StrCat("tokens ", d.tokens().path());
-    case v1::DatasetSpec::kWebdataset:
-      return absl::StrCat("webdataset ", absl::StrJoin(d.webdataset().shards(), " "),
-                          d.webdataset().exif_orientation() ? " (exif_orientation)" : "");
+    case v1::DatasetSpec::kWebdataset: {
+      // A shard index lists shards by the thousand: the first and the last, and how many.
+      const auto& shards = d.webdataset().shards();
+      const std::string listed = shards.size() <= 3
+                                     ? absl::StrJoin(shards, " ")
+                                     : absl::StrCat(shards[0], " ... ", shards[shards.size() - 1],
+                                                    " (", shards.size(), " shards)");
+      std::vector<std::string> notes;
+      if (!d.webdataset().shard_samples().empty()) notes.push_back("counted");
+      if (d.webdataset().exif_orientation()) notes.push_back("exif_orientation");
+      return absl::StrCat("webdataset ", listed,
+                          notes.empty() ? "" : absl::StrCat(" (", absl::StrJoin(notes, ", "), ")"));
+    }
     case v1::DatasetSpec::kRecords:
       return absl::StrCat("records ", d.records().path(), " (",
                           DTypeName(d.records().dtype()).data(), "[",

@@ -127,6 +127,11 @@ TEST(FormatTest, DatasetOfEachKind) {
   wds->add_shards("/data/b.tar");
   wds->set_exif_orientation(true);
   EXPECT_EQ(FormatDataset(spec), "webdataset /data/a.tar /data/b.tar (exif_orientation)");
+  wds->add_shards("/data/c.tar");
+  wds->add_shards("/data/d.tar");
+  for (int i = 0; i < 4; ++i) wds->add_shard_samples(10);
+  EXPECT_EQ(FormatDataset(spec),
+            "webdataset /data/a.tar ... /data/d.tar (4 shards) (counted, exif_orientation)");
   v1::MegatronGptDataset* megatron = spec.mutable_dataset()->mutable_megatron_gpt();
   megatron->add_path_prefixes("/data/wiki");
   megatron->set_split_name(v1::MegatronGptDataset::VALID);

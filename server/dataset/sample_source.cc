@@ -26,6 +26,8 @@ namespace {
 using ferry::v1::DatasetSpec;
 using Opened = absl::StatusOr<std::unique_ptr<SampleSource>>;
 
+using Paths = absl::StatusOr<std::vector<std::string>>;
+
 // One entry per dataset kind: its name, the paths its spec names, how it opens and what it
 // holds. The one place on the server that knows the kinds (every function below reads it).
 struct DatasetKind {
@@ -46,9 +48,9 @@ struct DatasetKind {
   // ResolveDatasetIndexes; null for kinds that name nothing by reference.
   absl::Status (*resolve)(DatasetSpec* dataset, const DatasetPathCheck& check,
                           const DatasetFs& fs) = nullptr;
+  // DatasetFilePaths; null: `paths` (none when `folders`).
+  Paths (*opened_files)(const DatasetSpec& dataset) = nullptr;
 };
-
-using Paths = absl::StatusOr<std::vector<std::string>>;
 
 constexpr DatasetKind kDatasetKinds[] = {
     {DatasetSpec::kImageFolder, "image_folder", "dataset.image_folder.root", true, true, nullptr,
@@ -187,6 +189,11 @@ constexpr DatasetKind kDatasetKinds[] = {
        }
        w->clear_shard_index();
        return absl::OkStatus();
+     },
+     [](const DatasetSpec& d) -> Paths {
+       // With their counts, shards are opened as the epoch reads them, not at creation.
+       if (!d.webdataset().shard_samples().empty()) return std::vector<std::string>();
+       return DatasetPaths(d);
      }},
     {DatasetSpec::kRecords, "records", "dataset.records.path", false, false, nullptr, nullptr,
      [](const DatasetSpec& d) -> Paths { return std::vector<std::string>{d.records().path()}; },
@@ -250,6 +257,15 @@ constexpr DatasetKind kDatasetKinds[] = {
          FERRY_RETURN_IF_ERROR(ResolveDatasetIndexes(s.mutable_dataset(), check, fs));
        }
        return absl::OkStatus();
+     },
+     [](const DatasetSpec& d) -> Paths {
+       std::vector<std::string> all;
+       for (const ferry::v1::BlendSource& s : d.blend().sources()) {
+         if (s.dataset().has_blend()) continue;
+         FERRY_ASSIGN_OR_RETURN(std::vector<std::string> files, DatasetFilePaths(s.dataset()));
+         all.insert(all.end(), files.begin(), files.end());
+       }
+       return all;
      }},
 };
 
@@ -308,6 +324,7 @@ absl::StatusOr<std::vector<std::string>> DatasetPaths(const ferry::v1::DatasetSp
 
 absl::StatusOr<std::vector<std::string>> DatasetFilePaths(const ferry::v1::DatasetSpec& dataset) {
   const DatasetKind* kind = FindKind(dataset.kind_case());
+  if (kind != nullptr && kind->opened_files != nullptr) return kind->opened_files(dataset);
   if (kind != nullptr && kind->folders) return std::vector<std::string>();
   return DatasetPaths(dataset);
 }

@@ -246,7 +246,9 @@ absl::StatusOr<std::unique_ptr<SampleSource>> MakeSampleSource(
 // INVALID_ARGUMENT when no dataset kind is set, a path is empty or a pattern is malformed.
 absl::StatusOr<std::vector<std::string>> DatasetPaths(const ferry::v1::DatasetSpec& dataset);
 
-// DatasetPaths' files: none for a kind whose path is a folder (an image folder's root).
+// The files that opening the dataset reads (a caller fetches remote ones ahead of it):
+// DatasetPaths', but none for a kind whose path is a folder (an image folder's root) and
+// none for WebDataset shards with their counts (shard_samples: read as the epoch goes).
 absl::StatusOr<std::vector<std::string>> DatasetFilePaths(const ferry::v1::DatasetSpec& dataset);
 
 // Whether the dataset's samples are images: a transform applies, and JPEGs may be decoded on

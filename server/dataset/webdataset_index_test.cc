@@ -139,6 +139,9 @@ TEST_F(ResolveDatasetIndexesTest, TheIndexBecomesShardsAndCountsInBlendsToo) {
   EXPECT_THAT(dataset.webdataset().shards(), ElementsAre(dir_ + "/a.tar", dir_ + "/b.tar"));
   EXPECT_THAT(dataset.webdataset().shard_samples(), ElementsAre(5, 6));
   EXPECT_EQ(dataset.webdataset().shard_index(), "");
+  // Creation opens none of the shards: nothing to fetch before it.
+  EXPECT_THAT(*DatasetPaths(dataset), ElementsAre(dir_ + "/a.tar", dir_ + "/b.tar"));
+  EXPECT_TRUE(DatasetFilePaths(dataset)->empty());
   ferry::v1::DatasetSpec again = dataset;
   ASSERT_TRUE(Resolve(&again).ok());  // nothing left to read
   EXPECT_EQ(again.SerializeAsString(), dataset.SerializeAsString());
@@ -149,6 +152,7 @@ TEST_F(ResolveDatasetIndexesTest, TheIndexBecomesShardsAndCountsInBlendsToo) {
       index);
   ASSERT_TRUE(Resolve(&blend).ok());
   EXPECT_THAT(blend.blend().sources(1).dataset().webdataset().shard_samples(), ElementsAre(5, 6));
+  EXPECT_THAT(*DatasetFilePaths(blend), ElementsAre("/t.bin"));
 }
 
 TEST_F(ResolveDatasetIndexesTest, ErrorsSayWhatToDo) {

@@ -12,6 +12,9 @@
 // (or 10 s passed), so that a test sees a client's parallelism whatever the machine's load;
 // GET /__stats answers {"most_gets_at_once": ..., "gets": [the path of every object GET, in
 // the order they came], "heads": [the same of every HEAD]}.
+// S3RVER_HOLD=TEXT holds every GET of an object whose path holds TEXT until GET /__release
+// (which answers {} and serves them, and every later one at once): a test sees what its
+// client does while those objects have not arrived.
 // S3RVER_STALL_FIRST=TEXT: the first GET of each object whose path holds TEXT sends 4 KiB
 // and then nothing more, never ending (a transfer a test kills its client in).
 // S3RVER_CUT_FIRST=TEXT: the first GET of each object whose path holds TEXT that is
@@ -118,6 +121,9 @@ function throughLink(response) {
     return response;
   };
 }
+const hold = process.env.S3RVER_HOLD || '';
+let holding = hold !== '';
+const waiting = [];
 const listOnly = process.env.S3RVER_LIST_ONLY || '';
 const stalled = new Set();
 let reads = 0;
@@ -125,6 +131,13 @@ const server = http.createServer((request, response) => {
   if (request.url === '/__stats') {
     response.writeHead(200, { 'Content-Type': 'application/json' });
     response.end(JSON.stringify({ most_gets_at_once: mostGets, gets: getLog, heads: headLog }));
+    return;
+  }
+  if (request.url === '/__release') {
+    holding = false;
+    waiting.splice(0).forEach((run) => run());
+    response.writeHead(200, { 'Content-Type': 'application/json' });
+    response.end('{}');
     return;
   }
   if (request.method === 'HEAD') headLog.push(request.url.split('?')[0]);
@@ -135,6 +148,10 @@ const server = http.createServer((request, response) => {
     response.on('close', () => {
       gets -= 1;
     });
+    if (holding && request.url.includes(hold)) {
+      waiting.push(() => serve(request, response));
+      return;
+    }
     if (!gathered) {
       if (gets >= gather) {
         releaseHeld();

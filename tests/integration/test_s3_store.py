@@ -514,6 +514,71 @@ class MegatronBlockReadAheadTest(StoreTestCase):
         self.assertEqual(int(ahead.get("failed", 0)), 0, ahead)
 
 
+class ShardIndexTest(StoreTestCase):
+    """A WebDataset given by its shard index (widsindex's JSON in the bucket, shard URLs
+    relative to it) starts while a shard is still downloading: the store holds every GET of
+    the last shard until the test releases it, and the batches of the other shards come
+    meanwhile. The epoch is the one the same shards give read locally."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.store = S3Server(S3RVER_HOLD="/held/")
+        cls.local = ferry_it.short_tempdir("ferry-s3-")
+        keys = ["wds/shard-0.tar", "wds/shard-1.tar", "wds/held/shard-2.tar"]
+        for s, key in enumerate(keys):
+            path = os.path.join(cls.local, "wds-%d.tar" % s)
+            with tarfile.open(path, "w") as tar:
+                for n in range(5):
+                    for ext, data in ((".jpg", ferry_it.jpeg_bytes((40 * n, 90, 30 * s),
+                                                                    variant=n)),
+                                      (".cls", str(n + 10 * s).encode())):
+                        info = tarfile.TarInfo("%d_%06d%s" % (s, n, ext))
+                        info.size = len(data)
+                        tar.addfile(info, io.BytesIO(data))
+            with open(path, "rb") as f:
+                cls.store.put(key, f.read())
+        index = {"__kind__": "wids-shard-index-v1", "wids_version": 1,
+                 "shardlist": [{"url": key[len("wds/"):], "nsamples": 5} for key in keys]}
+        cls.store.put("wds/index.json", json.dumps(index).encode())
+        with trainer_environment():
+            cls.daemon = ferry_it.FerryDaemon(config=remote_config(cls.store, 10**8))
+
+    def loader(self, dataset, **options):
+        return ferry.Loader(dataset, batch_size=5, shuffle=False, address=self.daemon.address,
+                            as_numpy=True, timeout=60, transform=ferry.CenterCrop(24), **options)
+
+    def test_the_epoch_starts_while_a_shard_is_still_downloading(self):
+        copy = lambda b: {k: b[k].copy() for k in ("image", "label", "index")}
+        local = self.loader(ferry.WebDataset(os.path.join(self.local, "wds-{0..2}.tar")))
+        try:
+            expected = [copy(b) for b in local]
+        finally:
+            local.close()
+        self.assertEqual(len(expected), 3)
+
+        with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
+            loader = self.loader(ferry.WebDataset(shard_index="s3://bucket/wds/index.json"),
+                                 prefetch=1)
+        try:
+            self.assertEqual(int(loader.job["num_samples"]), 15)
+            batches = iter(loader)
+            got = [copy(next(batches)), copy(next(batches))]  # shards 0 and 1
+            held = [g for g in store_stats(self.store)["gets"] if "/held/" in g]
+            with urllib.request.urlopen(self.store.endpoint + "/__release", timeout=30):
+                pass
+            got.extend(copy(b) for b in batches)
+        finally:
+            loader.close()
+        self.assertEqual(len(got), len(expected))
+        for a, b in zip(expected, got):
+            for field in ("index", "label", "image"):
+                np.testing.assert_array_equal(a[field], b[field])
+        gets = store_stats(self.store)["gets"]
+        self.assertEqual(gets.count("/bucket/wds/index.json"), 1)
+        self.assertLessEqual(len(held), 1, held)
+        self.assertEqual(gets.count("/bucket/wds/held/shard-2.tar"), 1)
+
+
 class FlakyStoreTest(S3StoreTest):
     """Every test of S3StoreTest against a store that answers every second read 503 SlowDown
     and cuts every sixth transfer midway: the same samples, each once; the retries counted

@@ -55,15 +55,29 @@ class WebDataset:
     a sample has none). exif_orientation: as ImageFolder's. With shuffle=True the epoch's
     order is: shards permuted, then a shuffle buffer of `shuffle_buffer` samples; each rank
     reads a contiguous run of it. Batches: {"image": uint8[B, H, W, 3], "label": int64[B],
-    "index": int64[B]}."""
+    "index": int64[B]}.
+
+    shard_index (instead of `shards`): a WebDataset shard index, the JSON that `widsindex
+    create` writes ({"shardlist": [{"url", "nsamples"}, ...]}), as a path or an s3:// or
+    https:// location. ferryd reads the shards and their sample counts from it, so a job
+    starts without reading every shard first and a first epoch over a store overlaps the
+    download of its later shards. With it, a sample without an image member is a bad sample
+    (quarantined), and a shard whose sample count differs from the index stops the job."""
 
     _IMAGES = True
 
-    def __init__(self, shards, image_key="jpg", label_key="cls", shuffle_buffer=1000,
-                 exif_orientation=False):
-        if isinstance(shards, (str, os.PathLike)):
+    def __init__(self, shards=None, image_key="jpg", label_key="cls", shuffle_buffer=1000,
+                 exif_orientation=False, shard_index=None):
+        if (shards is None) == (shard_index is None):
+            raise TypeError("WebDataset takes shards or shard_index (one of them), got %s"
+                            % ("both" if shards is not None else "neither"))
+        self.shard_index = None
+        if shard_index is not None:
+            self.shard_index = _check_path("WebDataset shard_index", shard_index)
+            shards = []
+        elif isinstance(shards, (str, os.PathLike)):
             shards = [shards]
-        if not isinstance(shards, (list, tuple)) or not shards:
+        if not isinstance(shards, (list, tuple)) or (not shards and shard_index is None):
             raise TypeError("WebDataset shards must be a path or a non-empty list of paths, "
                             "got %r" % (shards,))
         checked = []
@@ -87,15 +101,21 @@ class WebDataset:
         self.exif_orientation = _check_bool("WebDataset exif_orientation", exif_orientation)
 
     def _spec(self):
-        spec = {"shards": list(self.shards), "image_key": self.image_key,
-                "label_key": self.label_key, "shuffle_buffer": self.shuffle_buffer}
+        spec = {"image_key": self.image_key, "label_key": self.label_key,
+                "shuffle_buffer": self.shuffle_buffer}
+        if self.shard_index is not None:
+            spec["shard_index"] = self.shard_index
+        else:
+            spec["shards"] = list(self.shards)
         if self.exif_orientation:  # as ImageFolder's
             spec["exif_orientation"] = True
         return {"webdataset": spec}
 
     def __repr__(self):
-        return "WebDataset(%r, image_key=%r, label_key=%r, shuffle_buffer=%d%s)" % (
-            self.shards if len(self.shards) != 1 else self.shards[0], self.image_key,
+        where = ("shard_index=%r" % self.shard_index if self.shard_index is not None else
+                 repr(self.shards if len(self.shards) != 1 else self.shards[0]))
+        return "WebDataset(%s, image_key=%r, label_key=%r, shuffle_buffer=%d%s)" % (
+            where, self.image_key,
             self.label_key, self.shuffle_buffer,
             ", exif_orientation=True" if self.exif_orientation else "")
 

@@ -2,6 +2,7 @@
 the build tree; skipped when no ferryd binary can be found)."""
 
 import io
+import json
 import os
 import tarfile
 import tempfile
@@ -70,6 +71,22 @@ class WebDatasetArgsTest(unittest.TestCase):
             ferry.WebDataset("/a.tar", shuffle_buffer=0)
         with self.assertRaisesRegex(ValueError, "needs a transform"):
             ferry.Loader(ferry.WebDataset("/a.tar"), batch_size=2)
+        with self.assertRaisesRegex(TypeError, "shards or shard_index .* got both"):
+            ferry.WebDataset("/a.tar", shard_index="/i.json")
+        with self.assertRaisesRegex(TypeError, "got neither"):
+            ferry.WebDataset()
+        with self.assertRaisesRegex(ValueError, "shard_index must not be empty"):
+            ferry.WebDataset(shard_index="")
+
+    def test_shard_index_spec(self):
+        spec = ferry.WebDataset(shard_index="data/index.json", shuffle_buffer=5)._spec()
+        self.assertEqual(spec, {"webdataset": {
+            "shard_index": os.path.join(os.getcwd(), "data", "index.json"),
+            "image_key": "jpg", "label_key": "cls", "shuffle_buffer": 5}})
+        remote = ferry.WebDataset(shard_index="s3://bucket/train/index.json")
+        self.assertEqual(remote._spec()["webdataset"]["shard_index"],
+                         "s3://bucket/train/index.json")
+        self.assertIn("shard_index='s3://bucket/train/index.json'", repr(remote))
 
 
 @unittest.skipUnless(HAVE_FERRYD, "no ferryd binary (set FERRY_DAEMON)")
@@ -222,6 +239,56 @@ class WebDatasetEndToEndTest(unittest.TestCase):
             for rank in range(2):
                 self.assertEqual(rerun[rank][0], epochs[e][rank][0], "epoch %d rank %d" % (e, rank))
                 np.testing.assert_array_equal(rerun[rank][2], epochs[e][rank][2])
+
+    def write_index(self, name, counts):
+        """A shard index as `widsindex create` writes it, shard URLs relative to it."""
+        path = os.path.join(self.dir, name)
+        with open(path, "w") as f:
+            json.dump({"__kind__": "wids-shard-index-v1", "wids_version": 1,
+                       "shardlist": [{"url": "shard-%06d.tar" % s, "nsamples": n,
+                                      "filesize": os.path.getsize(
+                                          os.path.join(self.dir, "shard-%06d.tar" % s))}
+                                     for s, n in enumerate(counts)]}, f)
+        return path
+
+    def test_shard_index_numbers_every_member_group(self):
+        # With the index, samples are numbered as WebDataset groups members: shard 3's
+        # sample without an image is sample 66, and a bad sample.
+        index = self.write_index("index.json", [PER_SHARD] * SHARDS)
+        loaders = self.loaders("wds-index", dataset=ferry.WebDataset(shard_index=index))
+        self.assertEqual(int(loaders[0].job["num_samples"]), SHARDS * PER_SHARD)
+        imageless = 3 * PER_SHARD + 6
+
+        def indexed(i):  # the sample's number without the index
+            s, k = divmod(i, PER_SHARD)
+            return i - (1 if (s, k) > (3, 6) else 0)
+
+        bad = {i for i in range(SHARDS * PER_SHARD)
+               if i == imageless or indexed(i) in self.bad}
+        seen = set()
+        for indices, labels, _ in self.run_epoch(loaders, 0):
+            self.assertFalse(set(indices) & bad)
+            for index, label in zip(indices, labels):
+                self.assertEqual(label, self.labels[indexed(index)], "sample %d" % index)
+            seen.update(indices)
+        self.assertEqual(seen, set(range(SHARDS * PER_SHARD)) - bad)
+        client = ferry.Client(loaders[0].address)
+        self.addCleanup(client.close)
+        job = client.get_job(loaders[0].job["id"])
+        self.assertEqual(int(job.get("quarantined", 0)), len(bad))
+        messages = [e["message"] for e in job.get("recent_errors", [])]
+        self.assertTrue(any("n03_0006' has no 'jpg' member" in m for m in messages), messages)
+
+    def test_a_shard_index_of_other_counts_stops_the_job(self):
+        index = self.write_index("stale.json", [PER_SHARD] * 2 + [PER_SHARD + 1] +
+                                 [PER_SHARD] * (SHARDS - 3))
+        loaders = self.loaders("wds-stale", shuffle=False,
+                               dataset=ferry.WebDataset(shard_index=index))
+        with self.assertRaises(ferry.FerryError) as cm:
+            for loader in loaders:
+                list(loader)
+        self.assertIn("shard-000002.tar' holds 20 samples", cm.exception.message)
+        self.assertIn("Make the index again", cm.exception.message)
 
     def test_ranks_read_contiguous_runs_of_whole_shards(self):
         # No shuffle buffer: the order is the shards permuted, each shard's samples in order,
