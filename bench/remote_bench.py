@@ -5,7 +5,14 @@ cache, next to the store's own GET throughput and the same shards on local disk.
 table; never asserts.
 
   python3 bench/remote_bench.py [--build-dir build] [--data DIR] [--images 3000]
-      [--tokens-mb 256] [--block-mb 16] [--connections 16] [--store-mb-per-s R] [--keep]
+      [--tokens-mb 256] [--block-mb 16] [--connections 16] [--store-mb-per-s R]
+      [--kinds webdataset,webdataset_index,...] [--keep]
+
+Kinds: webdataset (shards named by a pattern: the job's creation reads every shard to
+index it), webdataset_index (the same shards named by their shard index, widsindex's JSON
+with each shard's sample count, put in the store: the job starts on the index alone and
+each shard is indexed when the epoch first reads it), image_folder, token_shards,
+token_blocks.
 
 Rows, all in one run on one machine:
   GET peak      every shard fetched whole by --connections threads at once with a plain
@@ -24,7 +31,8 @@ Rows, all in one run on one machine:
                 epoch, served from the cache; images/s vs local (target >= 0.95x), and
                 the bytes it downloaded (target 0).
   local         the same shards on local disk (in the page cache), a fresh ferryd.
-The image pipeline: WebDataset or image folder, batch 64, RandomResizedCrop(224, flip), shuffle, device
+The image pipeline: WebDataset (shuffle buffer of one shard's samples) or image folder,
+batch 64, RandomResizedCrop(224, flip), shuffle, device
 "cpu"; the trainer touches each batch's shape only. Tokens: TokenShards(seq_len 2048),
 batch 16; token_blocks is the same shards read in blocks of --block-mb (whole_object_max_bytes
 below the shard size), their blocks fetched ahead in the sampler's order. CPU: ferryd's and this process's CPU seconds (user + system) over the row, and
@@ -43,6 +51,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import urllib.request
@@ -113,6 +122,21 @@ def get_peak(store, keys, connections):
     return total / seconds / 1e6, seconds, total
 
 
+def shard_samples(path):
+    """A WebDataset shard's samples as WebDataset counts them: runs of members sharing a
+    basename (the part of the file name before its first '.')."""
+    count, last = 0, None
+    with tarfile.open(path) as tar:
+        for member in tar:
+            directory, _, name = member.name.rpartition("/")
+            if "." not in name or name.startswith("."):
+                continue
+            key = directory + "/" + name.split(".", 1)[0]
+            if key != last:
+                count, last = count + 1, key
+    return count
+
+
 def epoch(ferry, sock, dataset, batch_size, transform, proc):
     """(seconds, samples, ferryd + own CPU seconds) of a new job's creation and first epoch."""
     cpu0 = cpu_seconds(proc.pid) + own_cpu()
@@ -145,6 +169,8 @@ def main():
     p.add_argument("--connections", type=int, default=16)
     p.add_argument("--store-mb-per-s", type=float, default=0,
                    help="the store's link, shared by every connection (default: loopback)")
+    p.add_argument("--kinds", default="webdataset,webdataset_index,image_folder,token_shards,"
+                   "token_blocks", help="the kinds to measure, comma-separated")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     a = p.parse_args()
     build = os.path.abspath(a.build_dir)
@@ -191,6 +217,16 @@ def main():
             with open(path, "rb") as f:
                 while f.read(1 << 24):
                     pass
+        # The shards' index, as `widsindex create` writes it: in the store next to the
+        # shards (URLs relative to it), and on disk for the local row.
+        counts = [shard_samples(p) for p in shard_paths]
+        index = os.path.join(work, "index.json")
+        for name, urls in (("index.json", shards), ("index-local.json", shard_paths)):
+            with open(os.path.join(work, name), "w") as f:
+                json.dump({"__kind__": "wids-shard-index-v1", "wids_version": 1,
+                           "shardlist": [{"url": u, "nsamples": n}
+                                         for u, n in zip(urls, counts)]}, f)
+        store.put("wds/index.json", index)
         shard_bytes = sum(os.path.getsize(p) for p in shard_paths)
         token_bytes = sum(os.path.getsize(p) for p in token_paths)
         image_bytes = sum(os.path.getsize(p) for p in image_paths)
@@ -208,10 +244,19 @@ def main():
         # Shards over whole_object_max_bytes are read in blocks.
         blocks = "whole_object_max_bytes: %d block_bytes: %d" % (
             per_shard // 2, a.block_mb << 20)
+        # WebDataset's shuffle buffer holds one shard's samples: over a corpus of millions,
+        # its default 1000 spans a few shards; over these 1000 images it would span all.
+        buffer = max(1, counts[0])
         kinds = [
             ("webdataset", shards, shard_bytes, 64, crop,
-             lambda prefix: ferry.WebDataset(prefix + "wds/{%s}" % ",".join(shards)),
-             ferry.WebDataset(shard_paths), ""),
+             lambda prefix: ferry.WebDataset(prefix + "wds/{%s}" % ",".join(shards),
+                                             shuffle_buffer=buffer),
+             ferry.WebDataset(shard_paths, shuffle_buffer=buffer), ""),
+            ("webdataset_index", shards, shard_bytes, 64, crop,
+             lambda prefix: ferry.WebDataset(shard_index=prefix + "wds/index.json",
+                                             shuffle_buffer=buffer),
+             ferry.WebDataset(shard_index=os.path.join(work, "index-local.json"),
+                              shuffle_buffer=buffer), ""),
             ("image_folder", image_keys, image_bytes, 64, crop,
              lambda prefix: ferry.ImageFolder(prefix + "images"), ferry.ImageFolder(folder), ""),
             ("token_shards", token_keys, token_bytes, 16, None, token_remote,
@@ -219,9 +264,16 @@ def main():
             ("token_blocks", token_keys, token_bytes, 16, None, token_remote,
              ferry.TokenShards(token_paths, 2048), blocks),
         ]
+        wanted = a.kinds.split(",")
+        unknown = set(wanted) - {k[0] for k in kinds}
+        if unknown:
+            p.error("unknown kinds: %s" % ", ".join(sorted(unknown)))
         rows = []
         for name, keys, nbytes, batch, transform, remote, local, kind_settings in kinds:
-            prefix = {"webdataset": "wds/", "image_folder": "images/"}.get(name, "tokens/")
+            if name not in wanted:
+                continue
+            prefix = {"webdataset": "wds/", "webdataset_index": "wds/",
+                      "image_folder": "images/"}.get(name, "tokens/")
             mbs, seconds, _ = get_peak(store, [prefix + k for k in keys], a.connections)
             rows.append((name, "GET peak", seconds, None, None, "%.0f MB/s" % mbs, "1.00x", ""))
             peak = mbs
