@@ -15,6 +15,7 @@
 #include <numeric>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -556,6 +557,39 @@ TEST_F(CountedShardsTest, CreateOpensNoShardAndSamplesComeOutAsIndexedOnes) {
     ASSERT_TRUE(counted->Fill(i, 3, rows.pointers, x.get()).ok()) << i;
   }
   EXPECT_EQ(counting->opens(), 3 + 9 + 8);
+}
+
+TEST_F(CountedShardsTest, ManyWorkersMeetingAShardFirstIndexItOnce) {
+  WriteShards();
+  std::unique_ptr<SampleSource> counted = MakeOn(Counted({2, 3, 4}), UnconfinedDatasetFs());
+  std::unique_ptr<SampleSource> indexed = Make(Spec({Path("c-{0..2}.tar")}));
+  ASSERT_NE(counted, nullptr);
+  ASSERT_NE(indexed, nullptr);
+  std::vector<std::vector<uint8_t>> want;
+  std::unique_ptr<SampleSource::Scratch> scratch = indexed->NewScratch();
+  for (int64_t i = 0; i < indexed->size(); ++i) {
+    Rows rows(*indexed);
+    ASSERT_TRUE(indexed->Fill(i, 5, rows.pointers, scratch.get()).ok());
+    want.push_back(rows.buffers[0]);
+  }
+  constexpr int kThreads = 8;
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::unique_ptr<SampleSource::Scratch> mine = counted->NewScratch();
+      for (int64_t k = 0; k < counted->size(); ++k) {
+        const int64_t i = (k * 5 + t) % counted->size();
+        Rows rows(*counted);
+        if (!counted->Fill(i, 5, rows.pointers, mine.get()).ok() || rows.buffers[0] != want[i] ||
+            counted->Describe(i) != indexed->Describe(i)) {
+          wrong.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(wrong.load(), 0);
 }
 
 TEST_F(CountedShardsTest, AShardWithAnotherCountStopsTheJob) {
