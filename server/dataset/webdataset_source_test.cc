@@ -222,13 +222,19 @@ TEST_F(WebDatasetSourceTest, ShardsNumberedInPatternOrderAndReadInAnyOrder) {
   }
 }
 
-// The real filesystem, counting opens; the daemon "stops" at the tenth.
-class StopsAfterTenOpens final : public DatasetFs {
+// The real filesystem, counting opens; the next `fail` opens fail with `failure`, and the
+// daemon "stops" (stopping()) at the open that reaches stop_at.
+class CountingFs final : public DatasetFs {
  public:
+  explicit CountingFs(int stop_at = 0) : stop_at_(stop_at) {}
   absl::Status CheckPath(const std::string& path) const override { return fs_->CheckPath(path); }
   absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFile(
       const std::string& path) const override {
-    if (opens_.fetch_add(1) + 1 >= 10) stopping_->store(true);
+    if (opens_.fetch_add(1) + 1 == stop_at_) stopping_->store(true);
+    if (fail_.load() > 0) {
+      fail_.fetch_sub(1);
+      return failure_;
+    }
     return fs_->OpenFile(path);
   }
   absl::StatusOr<std::shared_ptr<const MappedFile>> MapFile(
@@ -240,11 +246,18 @@ class StopsAfterTenOpens final : public DatasetFs {
   }
   int opens() const { return opens_.load(); }
   std::shared_ptr<std::atomic<bool>> stopping() const { return stopping_; }
+  void FailNext(int opens, absl::Status failure) {
+    failure_ = std::move(failure);
+    fail_.store(opens);
+  }
 
  private:
   const std::shared_ptr<const DatasetFs> fs_ = UnconfinedDatasetFs();
+  const int stop_at_;
   const std::shared_ptr<std::atomic<bool>> stopping_ = std::make_shared<std::atomic<bool>>(false);
   mutable std::atomic<int> opens_{0};
+  mutable std::atomic<int> fail_{0};
+  absl::Status failure_;
 };
 
 TEST_F(WebDatasetSourceTest, IndexingGivesUpWhenTheDaemonStops) {
@@ -253,7 +266,7 @@ TEST_F(WebDatasetSourceTest, IndexingGivesUpWhenTheDaemonStops) {
   for (int s = 0; s < kShards; ++s) {
     WriteTar(Path(absl::StrCat("stop-", s, ".tar")), {{"a.jpg", jpeg}, {"a.cls", "1"}});
   }
-  auto counting = std::make_shared<StopsAfterTenOpens>();
+  auto counting = std::make_shared<CountingFs>(/*stop_at=*/10);
   std::shared_ptr<const DatasetFs> fs = StoppableDatasetFs(counting, counting->stopping());
   absl::StatusOr<std::unique_ptr<SampleSource>> source =
       MakeSampleSource(Spec({Path(absl::StrCat("stop-{0..", kShards - 1, "}.tar"))}), fs);
@@ -462,39 +475,6 @@ TEST_F(WebDatasetSourceTest, PngMembersDecodeByContentWithExifOrientation) {
 
 // ---------------------------------------------------------------------------------------
 // Shards with their counts (shard_samples, from a shard index): indexed when first read.
-
-// The real filesystem, counting opens; the next `fail` opens fail with `failure`.
-class CountingFs final : public DatasetFs {
- public:
-  absl::Status CheckPath(const std::string& path) const override { return fs_->CheckPath(path); }
-  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFile(
-      const std::string& path) const override {
-    opens_.fetch_add(1);
-    if (fail_.load() > 0) {
-      fail_.fetch_sub(1);
-      return failure_;
-    }
-    return fs_->OpenFile(path);
-  }
-  absl::StatusOr<std::shared_ptr<const MappedFile>> MapFile(
-      const std::string& path) const override {
-    return fs_->MapFile(path);
-  }
-  absl::StatusOr<std::vector<Entry>> ListDirectory(const std::string& path) const override {
-    return fs_->ListDirectory(path);
-  }
-  int opens() const { return opens_.load(); }
-  void FailNext(int opens, absl::Status failure) {
-    failure_ = std::move(failure);
-    fail_.store(opens);
-  }
-
- private:
-  const std::shared_ptr<const DatasetFs> fs_ = UnconfinedDatasetFs();
-  mutable std::atomic<int> opens_{0};
-  mutable std::atomic<int> fail_{0};
-  absl::Status failure_;
-};
 
 class CountedShardsTest : public WebDatasetSourceTest {
  protected:
