@@ -40,6 +40,43 @@ class CachedFile final : public RandomAccessFile {
   const ObjectCache::Pin pin_;
 };
 
+// Turns for the GETs of objects' parts: at most `slots` at once, begun in the order their
+// tickets were taken (Take(n) takes n consecutive ones), so that the parts asked for first
+// are fetched first. Every ticket taken must be begun and ended, or later ones never begin.
+class PartTurns {
+ public:
+  explicit PartTurns(int slots) : slots_(std::max(1, slots)) {}
+
+  // The first of `n` consecutive tickets.
+  uint64_t Take(uint64_t n) {
+    absl::MutexLock lock(&mutex_);
+    const uint64_t first = next_ticket_;
+    next_ticket_ += n;
+    return first;
+  }
+  // Waits until every earlier ticket has begun and a slot is free.
+  void Begin(uint64_t ticket) {
+    absl::MutexLock lock(&mutex_);
+    while (ticket != begun_ || active_ >= slots_) changed_.Wait(&mutex_);
+    ++begun_;
+    ++active_;
+    changed_.SignalAll();  // the next ticket's turn may have come
+  }
+  void End() {
+    absl::MutexLock lock(&mutex_);
+    --active_;
+    changed_.SignalAll();
+  }
+
+ private:
+  const int slots_;
+  absl::Mutex mutex_;
+  absl::CondVar changed_;
+  uint64_t next_ticket_ ABSL_GUARDED_BY(mutex_) = 0;
+  uint64_t begun_ ABSL_GUARDED_BY(mutex_) = 0;
+  int active_ ABSL_GUARDED_BY(mutex_) = 0;
+};
+
 class RemoteDatasetFs final : public DatasetFs {
  public:
   RemoteDatasetFs(std::shared_ptr<const DatasetFs> local, std::shared_ptr<ObjectCache> cache,
@@ -232,7 +269,7 @@ class RemoteDatasetFs final : public DatasetFs {
     FERRY_ASSIGN_OR_RETURN(const StoreClient::ObjectInfo info, Head(where, path));
     const ObjectCache::Key key = KeyOf(where, info);
     FERRY_ASSIGN_OR_RETURN(ObjectCache::Pin pin, cache_->Get(key, info.size, [&](int fd) {
-      return store_->Read(where, 0, info.size, fd);
+      return ReadWhole(where, info.size, info.etag, fd);
     }));
     return Fetched{std::move(pin), IdentityOf(key, info)};
   }
@@ -261,6 +298,47 @@ class RemoteDatasetFs final : public DatasetFs {
     return info;
   }
 
+  // Writes the object's `size` bytes to fd: with one GET, or, for an s3:// object over
+  // part_bytes that has a version (`etag`), in parts (RemoteFsOptions::part_bytes) on up to
+  // part_connections threads, each part a range GET of that version, in the turns that
+  // turns_ gives. Plain HTTP servers need not serve ranges: their objects take one GET.
+  absl::Status ReadWhole(const ObjectLocation& where, uint64_t size, const std::string& etag,
+                         int fd) const {
+    const uint64_t part = options_.part_bytes;
+    if (part == 0 || size <= part || etag.empty() || where.kind != ObjectLocation::Kind::kS3) {
+      return store_->Read(where, 0, size, fd, etag);
+    }
+    const uint64_t parts = (size + part - 1) / part;
+    const uint64_t first = turns_.Take(parts);
+    std::atomic<uint64_t> next{0};
+    std::atomic<bool> failed{false};
+    absl::Mutex error_mutex;
+    absl::Status error;
+    auto work = [&] {
+      for (uint64_t p = next.fetch_add(1); p < parts; p = next.fetch_add(1)) {
+        turns_.Begin(first + p);
+        if (!failed.load()) {
+          const uint64_t offset = p * part;
+          absl::Status read =
+              store_->Read(where, offset, std::min(part, size - offset), fd, etag, offset);
+          if (!read.ok() && !failed.exchange(true)) {
+            absl::MutexLock lock(&error_mutex);
+            error = std::move(read);
+          }
+        }
+        turns_.End();  // a part skipped after a failure still ends its turn
+      }
+    };
+    const uint64_t threads =
+        std::min<uint64_t>(parts, static_cast<uint64_t>(std::max(1, options_.part_connections)));
+    std::vector<std::thread> pool;
+    for (uint64_t t = 1; t < threads; ++t) pool.emplace_back(work);
+    work();
+    for (std::thread& thread : pool) thread.join();
+    absl::MutexLock lock(&error_mutex);
+    return error;
+  }
+
   // One request where the object is not cached: a GET of the listed version, signed with
   // these credentials, proves the right to read it as a HEAD would. A cached one is served
   // after a HEAD says these credentials may read that version. ABORTED when the object
@@ -272,7 +350,7 @@ class RemoteDatasetFs final : public DatasetFs {
     bool read_here = false;
     absl::StatusOr<ObjectCache::Pin> pin = cache_->Get(key, listed.size, [&](int fd) {
       read_here = true;
-      return store_->Read(where, 0, listed.size, fd, listed.etag);
+      return ReadWhole(where, listed.size, listed.etag, fd);
     });
     if (!pin.ok()) {
       // Another job's GET of it failed while this one waited (that job's credentials, say,
@@ -338,6 +416,7 @@ class RemoteDatasetFs final : public DatasetFs {
   const std::shared_ptr<ObjectCache> cache_;
   const std::shared_ptr<const StoreClient> store_;
   const RemoteFsOptions options_;
+  mutable PartTurns turns_{options_.part_connections};
   mutable absl::Mutex mutex_;
   mutable absl::flat_hash_map<std::string, StoreClient::ObjectInfo> heads_ ABSL_GUARDED_BY(mutex_);
   // "bucket/folder/" -> the entries of a folder listed with its parent, not yet asked for.

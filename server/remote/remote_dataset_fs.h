@@ -60,6 +60,13 @@ struct RemoteFsOptions {
   // Blocks one mapping keeps mapped once no read holds them. Default: 0, a quarter of the
   // cache's capacity.
   uint64_t max_held_bytes = 0;
+  // An object fetched whole that is larger than part_bytes (and has a version, an ETag) is
+  // fetched in parts of part_bytes, with range GETs of that version, at most
+  // part_connections at once for all of this filesystem's fetches. Parts are handed their
+  // turn in the order the fetches asked for them (an object's parts together), so the
+  // object asked for first is fetched first, by all the connections. 0: one GET an object.
+  uint64_t part_bytes = uint64_t{8} << 20;
+  int part_connections = 16;
 };
 
 std::shared_ptr<const DatasetFs> MakeRemoteDatasetFs(std::shared_ptr<const DatasetFs> local,

@@ -146,6 +146,7 @@ struct Transfer {
   CURL* handle = nullptr;
   Response* response = nullptr;
   std::string* text = nullptr;  // a listing: the whole body goes here instead of fd
+  uint64_t file_offset = 0;     // where in fd the first byte asked for goes
 };
 
 // The most bytes of one listing page ferry takes (S3 sends 1,000 keys, ~300 KiB).
@@ -199,8 +200,8 @@ size_t OnBody(char* data, size_t size, size_t count, void* user) {
   size_t take = static_cast<size_t>(std::min<uint64_t>(n, room));
   size_t done = 0;
   while (done < take) {
-    const ssize_t w =
-        ::pwrite(t->fd, data + done, take - done, static_cast<off_t>(*t->written + done));
+    const ssize_t w = ::pwrite(t->fd, data + done, take - done,
+                               static_cast<off_t>(t->file_offset + *t->written + done));
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) {
       t->response->write_errno = errno;
@@ -217,7 +218,8 @@ size_t OnBody(char* data, size_t size, size_t count, void* user) {
 // Range then).
 Response Attempt(const StoreOptions& options, const std::string& url, const std::string& query,
                  const ObjectLocation& location, bool head, uint64_t offset, uint64_t length,
-                 int fd, uint64_t* written, std::string* text, const std::string& version) {
+                 int fd, uint64_t* written, std::string* text, const std::string& version,
+                 uint64_t file_offset) {
   Response r;
   CURL* h = curl_easy_init();
   if (h == nullptr) {
@@ -246,7 +248,7 @@ Response Attempt(const StoreOptions& options, const std::string& url, const std:
     list = curl_slist_append(list, absl::StrCat(hd.first, ": ", hd.second).c_str());
   }
   char error[CURL_ERROR_SIZE] = {0};
-  Transfer transfer{fd, written, length, from, h, &r, text};
+  Transfer transfer{fd, written, length, from, h, &r, text, file_offset};
   curl_easy_setopt(h, CURLOPT_URL, full_url.c_str());
   curl_easy_setopt(h, CURLOPT_HTTPHEADER, list);
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
@@ -276,7 +278,8 @@ Response Attempt(const StoreOptions& options, const std::string& url, const std:
 
 absl::Status StoreClient::Run(const ObjectLocation& location, bool head, uint64_t offset,
                               uint64_t length, int fd, ObjectInfo* info, const std::string& query,
-                              std::string* text, const std::string& version) const {
+                              std::string* text, const std::string& version,
+                              uint64_t file_offset) const {
   const std::string where = location.ToString();
   StoreCounters& counters = *options_.counters;
   // Every return but success's counts as a failure.
@@ -297,7 +300,7 @@ absl::Status StoreClient::Run(const ObjectLocation& location, bool head, uint64_
     counters.requests.fetch_add(1, std::memory_order_relaxed);
     counters.in_flight.fetch_add(1, std::memory_order_relaxed);
     const Response r = Attempt(options_, UrlOf(location), query, location, head, offset, length,
-                               head ? -1 : fd, &written, text, version);
+                               head ? -1 : fd, &written, text, version, file_offset);
     counters.in_flight.fetch_sub(1, std::memory_order_relaxed);
     counters.downloaded_bytes.fetch_add((written - before) + (text != nullptr ? text->size() : 0),
                                         std::memory_order_relaxed);
@@ -445,9 +448,10 @@ absl::StatusOr<StoreClient::ObjectInfo> StoreClient::Head(const ObjectLocation& 
 }
 
 absl::Status StoreClient::Read(const ObjectLocation& location, uint64_t offset, uint64_t length,
-                               int fd, const std::string& version) const {
+                               int fd, const std::string& version, uint64_t file_offset) const {
   if (length == 0) return absl::OkStatus();
-  return Run(location, /*head=*/false, offset, length, fd, nullptr, "", nullptr, version);
+  return Run(location, /*head=*/false, offset, length, fd, nullptr, "", nullptr, version,
+             file_offset);
 }
 
 }  // namespace ferry

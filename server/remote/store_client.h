@@ -98,14 +98,15 @@ class StoreClient final {
   // UNAVAILABLE when the store did not answer after max_attempts.
   absl::StatusOr<ObjectInfo> Head(const ObjectLocation& location) const;
 
-  // Writes bytes [offset, offset + length) of the object to `fd` at file offsets [0, length).
+  // Writes bytes [offset, offset + length) of the object to `fd` at file offsets
+  // [file_offset, file_offset + length).
   // Errors as Head's; OUT_OF_RANGE for a range past the object's end; DATA_LOSS when the
   // server sends other bytes than asked for. With `version` (an ETag, as a listing or a HEAD
   // gave it), only that version is read: the request carries If-Match, and an answer of
   // another version (HTTP 412, or an ETag that differs, from a server that ignores
   // If-Match) is ABORTED "changed since".
   absl::Status Read(const ObjectLocation& location, uint64_t offset, uint64_t length, int fd,
-                    const std::string& version = "") const;
+                    const std::string& version = "", uint64_t file_offset = 0) const;
 
   // The objects of `bucket` whose keys start with `prefix`, every page of the listing
   // (ListObjectsV2). With `delimit`, keys with a '/' after the prefix are rolled up into
@@ -130,7 +131,7 @@ class StoreClient final {
   // `version`: as Read's.
   absl::Status Run(const ObjectLocation& location, bool head, uint64_t offset, uint64_t length,
                    int fd, ObjectInfo* info, const std::string& query, std::string* text,
-                   const std::string& version = "") const;
+                   const std::string& version = "", uint64_t file_offset = 0) const;
 
   StoreOptions options_;
 };

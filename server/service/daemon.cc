@@ -150,6 +150,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       job_options.remote_fetch_connections =
           static_cast<int>(std::min<uint32_t>(remote.fetch_connections(), 256));
     }
+    job_options.remote_blocks.part_connections = job_options.remote_fetch_connections;
+    if (remote.has_part_bytes()) job_options.remote_blocks.part_bytes = remote.part_bytes();
     if (remote.has_read_ahead_objects()) {
       job_options.remote_read_ahead_objects = remote.read_ahead_objects();
     }

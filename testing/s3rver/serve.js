@@ -11,7 +11,8 @@
 // S3RVER_GATHER=N holds the first GETs of objects until N of them are in flight together
 // (or 10 s passed), so that a test sees a client's parallelism whatever the machine's load;
 // GET /__stats answers {"most_gets_at_once": ..., "gets": [the path of every object GET, in
-// the order they came], "heads": [the same of every HEAD]}.
+// the order they came], "ranges": [each GET's path and Range header, "PATH bytes=A-B"],
+// "heads": [the same of every HEAD]}.
 // S3RVER_HOLD=TEXT holds every GET of an object whose path holds TEXT until GET /__release
 // (which answers {} and serves them, and every later one at once): a test sees what its
 // client does while those objects have not arrived.
@@ -55,6 +56,7 @@ const gather = Number(process.env.S3RVER_GATHER || 0);
 let gets = 0;
 let mostGets = 0;
 const getLog = [];
+const rangeLog = [];
 const headLog = [];
 let gathered = gather <= 1;
 const held = [];
@@ -130,7 +132,9 @@ let reads = 0;
 const server = http.createServer((request, response) => {
   if (request.url === '/__stats') {
     response.writeHead(200, { 'Content-Type': 'application/json' });
-    response.end(JSON.stringify({ most_gets_at_once: mostGets, gets: getLog, heads: headLog }));
+    response.end(JSON.stringify({
+      most_gets_at_once: mostGets, gets: getLog, ranges: rangeLog, heads: headLog,
+    }));
     return;
   }
   if (request.url === '/__release') {
@@ -145,6 +149,7 @@ const server = http.createServer((request, response) => {
     gets += 1;
     mostGets = Math.max(mostGets, gets);
     getLog.push(request.url.split('?')[0]);
+    rangeLog.push(`${request.url.split('?')[0]} ${request.headers.range || ''}`);
     response.on('close', () => {
       gets -= 1;
     });

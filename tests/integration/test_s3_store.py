@@ -602,6 +602,32 @@ class FlakyStoreTest(S3StoreTest):
         self.assertGreater(retries["short"] + retries["connection"], 0)
 
 
+class PartsTest(S3StoreTest):
+    """Every test of S3StoreTest with every object over 4 KiB fetched whole in parts of 4 KiB
+    (range GETs of the version its HEAD gave, fetch_connections of them at once): the same
+    samples, each once; a second job downloads nothing."""
+
+    SETTINGS = "part_bytes: 4096"
+
+    def test_an_object_comes_in_its_parts_each_once(self):
+        size = os.path.getsize(os.path.join(self.local, "shard-1.bin"))  # 5,800 bytes
+        with open(os.path.join(self.local, "shard-1.bin"), "rb") as f:
+            self.store.put("parts/shard-1.bin", f.read())
+        with trainer_environment(AWS_ACCESS_KEY_ID=ALICE[0], AWS_SECRET_ACCESS_KEY=ALICE[1]):
+            self.assert_same_tokens(os.path.join(self.local, "shard-1.bin"),
+                                    "s3://bucket/parts/shard-1.bin")
+        ranges = sorted(r.split(" ", 1)[1] for r in store_stats(self.store)["ranges"]
+                        if r.startswith("/bucket/parts/shard-1.bin "))
+        self.assertEqual(ranges, ["bytes=0-4095", "bytes=4096-%d" % (size - 1)])
+
+
+class FlakyPartsTest(FlakyStoreTest):
+    """FlakyStoreTest with objects over 8 KiB fetched in parts of 8 KiB: a part cut midway
+    resumes from its last byte, a part answered 503 is asked for again."""
+
+    SETTINGS = "part_bytes: 8192"
+
+
 class FetchAheadTest(StoreTestCase):
     """A new job downloads the shards its spec names several at once (the store holds the
     first GETs until 4 are in flight, so the test does not depend on timing)."""
