@@ -48,6 +48,11 @@ class FakeStore {
         requests_seen_.push_back(req);
       }
       if (req.method == "GET" && hold_gets_ != nullptr) hold_gets_->WaitForNotification();
+      if (req.method == "GET" && req.get_header_value("Range") == refused_range()) {
+        res.status = 403;
+        Body(res, "<Error><Code>AccessDenied</Code></Error>");
+        return;
+      }
       if (n <= fail_first_) {
         res.status = 503;
         Body(res, "<Error><Code>SlowDown</Code></Error>");
@@ -134,6 +139,15 @@ class FakeStore {
 
   std::vector<std::string> listing_pages_;
   absl::Notification* hold_gets_ = nullptr;  // GETs of the object wait for it when set
+  // A GET with this Range header is refused (403 AccessDenied); "" refuses none.
+  void set_refused_range(std::string range) {
+    absl::MutexLock lock(&mutex_);
+    refused_range_ = std::move(range);
+  }
+  std::string refused_range() {
+    absl::MutexLock lock(&mutex_);
+    return refused_range_.empty() ? std::string("-") : refused_range_;
+  }
   int fail_first_ = 0;
   int break_first_ = 0;
   int status_ = 200;
@@ -147,6 +161,7 @@ class FakeStore {
   absl::Mutex mutex_;
   int requests_ ABSL_GUARDED_BY(mutex_) = 0;
   std::vector<httplib::Request> requests_seen_ ABSL_GUARDED_BY(mutex_);
+  std::string refused_range_ ABSL_GUARDED_BY(mutex_);
 };
 
 class StoreClientTest : public ::testing::Test {
@@ -231,6 +246,56 @@ TEST_F(StoreClientTest, ReadsARangeIntoTheFile) {
   ASSERT_TRUE(
       client.Read(*ObjectLocation::Parse(store_.endpoint() + "/plain.bin"), 0, 100, plain).ok());
   EXPECT_EQ(Contents(plain), store_.object().substr(0, 100));
+}
+
+TEST_F(StoreClientTest, ReadsARangeToAFileOffset) {
+  StoreClient client(Options());
+  const int fd = TempFile();
+  ASSERT_TRUE(client.Read(S3(), 1000, 3000, fd, "", /*file_offset=*/5000).ok());
+  const std::string contents = Contents(fd);
+  ASSERT_EQ(contents.size(), 8000u);
+  EXPECT_EQ(contents.substr(0, 5000), std::string(5000, '\0'));
+  EXPECT_EQ(contents.substr(5000), store_.object().substr(1000, 3000));
+}
+
+TEST_F(StoreClientTest, AnObjectOverPartBytesComesInPartsOfItsVersion) {
+  std::shared_ptr<const DatasetFs> fs = RemoteFs({.part_bytes = 16384, .part_connections = 3});
+  ASSERT_NE(fs, nullptr);
+  auto file = fs->OpenFile("s3://bucket/dir/obj.bin");
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::string got(store_.object().size(), '\0');
+  ASSERT_EQ(
+      *ReadUpTo(**file, 0, absl::MakeSpan(reinterpret_cast<uint8_t*>(got.data()), got.size())),
+      got.size());
+  EXPECT_EQ(got, store_.object());
+  std::vector<std::string> ranges;
+  for (const httplib::Request& r : store_.requests_seen()) {
+    if (r.method != "GET") continue;
+    EXPECT_EQ(r.get_header_value("If-Match"), "\"abc123\"");  // every part of one version
+    ranges.push_back(r.get_header_value("Range"));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<std::string> want;
+  for (uint64_t at = 0; at < store_.object().size(); at += 16384) {
+    want.push_back(absl::StrCat("bytes=", at, "-",
+                                std::min<uint64_t>(at + 16384, store_.object().size()) - 1));
+  }
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(ranges, want);  // each part once, no whole-object GET
+}
+
+TEST_F(StoreClientTest, APartRefusedFailsTheObjectAndEveryTurnEnds) {
+  store_.set_refused_range("bytes=16384-32767");
+  std::shared_ptr<const DatasetFs> fs = RemoteFs({.part_bytes = 16384, .part_connections = 2});
+  ASSERT_NE(fs, nullptr);
+  auto refused = fs->OpenFile("s3://bucket/dir/obj.bin");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("s3://bucket/dir/obj.bin"));
+  // The parts after the refused one ended their turns: the next fetch gets its own.
+  store_.set_refused_range("");
+  auto file = fs->OpenFile("s3://bucket/dir/obj.bin");
+  ASSERT_TRUE(file.ok()) << file.status();
 }
 
 TEST_F(StoreClientTest, AReadOfAVersionAsksForItAndRefusesAnother) {
