@@ -113,6 +113,19 @@ class WebDatasetSourceTest : public ::testing::Test {
  protected:
   std::string Path(const std::string& name) const { return dir_.path() + "/" + name; }
 
+  // Shards <stem>0.tar .. <stem>2.tar of 2, 3 and 4 samples "k<shard>_<i>", labels
+  // 10 * shard + i.
+  void WriteThreeShards(const std::string& stem) {
+    for (int s = 0; s < 3; ++s) {
+      Members members;
+      for (int i = 0; i < 2 + s; ++i) {
+        members.push_back({absl::StrCat("k", s, "_", i, ".jpg"), Jpeg(24, 20, 10 * s + i)});
+        members.push_back({absl::StrCat("k", s, "_", i, ".cls"), absl::StrCat(10 * s + i)});
+      }
+      WriteTar(Path(absl::StrCat(stem, s, ".tar")), members);
+    }
+  }
+
   std::unique_ptr<SampleSource> Make(const ferry::v1::JobSpec& spec,
                                      const DecodeLimits& limits = DecodeLimits()) {
     SourceOptions options;
@@ -199,14 +212,7 @@ TEST_F(WebDatasetSourceTest, FillDecodesExactlyAsImageFolderDoes) {
 }
 
 TEST_F(WebDatasetSourceTest, ShardsNumberedInPatternOrderAndReadInAnyOrder) {
-  for (int s = 0; s < 3; ++s) {
-    Members members;
-    for (int i = 0; i < 2 + s; ++i) {
-      members.push_back({absl::StrCat("k", s, "_", i, ".jpg"), Jpeg(16, 16, 10 * s + i)});
-      members.push_back({absl::StrCat("k", s, "_", i, ".cls"), absl::StrCat(10 * s + i)});
-    }
-    WriteTar(Path(absl::StrCat("shard-0", s, ".tar")), members);
-  }
+  WriteThreeShards("shard-0");
   std::unique_ptr<SampleSource> source = Make(Spec({Path("shard-{00..02}.tar")}));
   ASSERT_NE(source, nullptr);
   ASSERT_EQ(source->size(), 2 + 3 + 4);
@@ -478,17 +484,6 @@ TEST_F(WebDatasetSourceTest, PngMembersDecodeByContentWithExifOrientation) {
 
 class CountedShardsTest : public WebDatasetSourceTest {
  protected:
-  // Shards c-0.tar .. c-2.tar of 2, 3 and 4 samples, labels 10 * shard + i.
-  void WriteShards() {
-    for (int s = 0; s < 3; ++s) {
-      Members members;
-      for (int i = 0; i < 2 + s; ++i) {
-        members.push_back({absl::StrCat("k", s, "_", i, ".jpg"), Jpeg(24, 20, 10 * s + i)});
-        members.push_back({absl::StrCat("k", s, "_", i, ".cls"), absl::StrCat(10 * s + i)});
-      }
-      WriteTar(Path(absl::StrCat("c-", s, ".tar")), members);
-    }
-  }
   ferry::v1::JobSpec Counted(const std::vector<uint64_t>& counts) {
     ferry::v1::JobSpec spec = Spec({Path("c-{0..2}.tar")});
     for (uint64_t n : counts) spec.mutable_dataset()->mutable_webdataset()->add_shard_samples(n);
@@ -503,7 +498,7 @@ class CountedShardsTest : public WebDatasetSourceTest {
 };
 
 TEST_F(CountedShardsTest, CreateOpensNoShardAndSamplesComeOutAsIndexedOnes) {
-  WriteShards();
+  WriteThreeShards("c-");
   auto counting = std::make_shared<CountingFs>();
   std::unique_ptr<SampleSource> counted = MakeOn(Counted({2, 3, 4}), counting);
   ASSERT_NE(counted, nullptr);
@@ -540,7 +535,7 @@ TEST_F(CountedShardsTest, CreateOpensNoShardAndSamplesComeOutAsIndexedOnes) {
 }
 
 TEST_F(CountedShardsTest, ManyWorkersMeetingAShardFirstIndexItOnce) {
-  WriteShards();
+  WriteThreeShards("c-");
   std::unique_ptr<SampleSource> counted = MakeOn(Counted({2, 3, 4}), UnconfinedDatasetFs());
   std::unique_ptr<SampleSource> indexed = Make(Spec({Path("c-{0..2}.tar")}));
   ASSERT_NE(counted, nullptr);
@@ -573,7 +568,7 @@ TEST_F(CountedShardsTest, ManyWorkersMeetingAShardFirstIndexItOnce) {
 }
 
 TEST_F(CountedShardsTest, AShardWithAnotherCountStopsTheJob) {
-  WriteShards();
+  WriteThreeShards("c-");
   for (const std::vector<uint64_t>& counts :
        {std::vector<uint64_t>{2, 5, 4}, std::vector<uint64_t>{2, 2, 4}}) {
     std::unique_ptr<SampleSource> source = MakeOn(Counted(counts), UnconfinedDatasetFs());
@@ -625,7 +620,7 @@ TEST_F(CountedShardsTest, ASampleWithoutImageOrPastACutIsABadSample) {
 }
 
 TEST_F(CountedShardsTest, AMissingShardStopsTheJobAndAPassingFailureIsRetried) {
-  WriteShards();
+  WriteThreeShards("c-");
   ferry::v1::JobSpec spec = Counted({2, 3, 4, 1});
   spec.mutable_dataset()->mutable_webdataset()->add_shards(Path("gone.tar"));
   auto counting = std::make_shared<CountingFs>();
@@ -646,7 +641,7 @@ TEST_F(CountedShardsTest, AMissingShardStopsTheJobAndAPassingFailureIsRetried) {
 }
 
 TEST_F(CountedShardsTest, CountsMustBeOnePerShardAndHoldASample) {
-  WriteShards();
+  WriteThreeShards("c-");
   for (const auto& [counts, message] : std::vector<std::pair<std::vector<uint64_t>, std::string>>{
            {{2, 3}, "shard_samples has 2 counts for 3 shards"},
            {{0, 0, 0}, "count no sample in any shard"}}) {
