@@ -35,7 +35,6 @@ struct DatasetKind {
   const char* name;        // the DatasetSpec field: "image_folder"
   const char* path_field;  // where its path goes: "dataset.image_folder.root"; null: none
   bool images;             // DatasetHasImages
-  bool folders;            // its paths name folders, not files (DatasetFilePaths)
   // SetWidenOnHost; null for kinds that hold no token ids.
   void (*widen_on_host)(DatasetSpec* dataset);
   // ApplyDatasetDefaults; null for kinds whose unset fields need no value written.
@@ -48,13 +47,12 @@ struct DatasetKind {
   // ResolveDatasetIndexes; null for kinds that name nothing by reference.
   absl::Status (*resolve)(DatasetSpec* dataset, const DatasetPathCheck& check,
                           const DatasetFs& fs) = nullptr;
-  // DatasetFilePaths; null: `paths` (none when `folders`).
+  // DatasetFilePaths: the files opening the dataset reads; null: every path of `paths`.
   Paths (*opened_files)(const DatasetSpec& dataset) = nullptr;
 };
 
 constexpr DatasetKind kDatasetKinds[] = {
-    {DatasetSpec::kImageFolder, "image_folder", "dataset.image_folder.root", true, true, nullptr,
-     nullptr,
+    {DatasetSpec::kImageFolder, "image_folder", "dataset.image_folder.root", true, nullptr, nullptr,
      [](const DatasetSpec& d) -> Paths {
        return std::vector<std::string>{d.image_folder().root()};
      },
@@ -78,8 +76,11 @@ constexpr DatasetKind kDatasetKinds[] = {
                               ImageFolderSource::Create(dataset.image_folder().root(), transform,
                                                         options.limits, std::move(fs)));
        return std::unique_ptr<SampleSource>(std::move(source));
-     }},
-    {DatasetSpec::kTokens, "tokens", "dataset.tokens.path", false, false,
+     },
+     nullptr,
+     // Its path is a folder: its files are listed, then opened as the epoch reads them.
+     [](const DatasetSpec&) -> Paths { return std::vector<std::string>(); }},
+    {DatasetSpec::kTokens, "tokens", "dataset.tokens.path", false,
      [](DatasetSpec* d) { d->mutable_tokens()->set_widen_on_host(true); },
      [](DatasetSpec* d) {
        if (d->tokens().token_dtype() == ferry::v1::DTYPE_UNSPECIFIED) {
@@ -98,7 +99,7 @@ constexpr DatasetKind kDatasetKinds[] = {
        FERRY_ASSIGN_OR_RETURN(auto source, TokenSource::Create(tokens, raw, *fs));
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
-    {DatasetSpec::kTokenShards, "token_shards", "dataset.token_shards.shards", false, false,
+    {DatasetSpec::kTokenShards, "token_shards", "dataset.token_shards.shards", false,
      [](DatasetSpec* d) { d->mutable_token_shards()->set_widen_on_host(true); },
      [](DatasetSpec* d) {
        if (d->token_shards().token_dtype() == ferry::v1::DTYPE_UNSPECIFIED) {
@@ -124,7 +125,7 @@ constexpr DatasetKind kDatasetKinds[] = {
        FERRY_ASSIGN_OR_RETURN(auto source, TokenShardsSource::Create(shards, raw, *fs));
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
-    {DatasetSpec::kIndexed, "indexed", "dataset.indexed.path_prefix", false, false,
+    {DatasetSpec::kIndexed, "indexed", "dataset.indexed.path_prefix", false,
      [](DatasetSpec* d) { d->mutable_indexed()->set_widen_on_host(true); }, nullptr,
      [](const DatasetSpec& d) -> Paths {
        if (d.indexed().path_prefix().empty()) return std::vector<std::string>{""};
@@ -139,8 +140,7 @@ constexpr DatasetKind kDatasetKinds[] = {
                               IndexedSource::Create(spec.dataset().indexed(), *fs, options));
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
-    {DatasetSpec::kWebdataset, "webdataset", "dataset.webdataset.shards", true, false, nullptr,
-     nullptr,
+    {DatasetSpec::kWebdataset, "webdataset", "dataset.webdataset.shards", true, nullptr, nullptr,
      [](const DatasetSpec& d) -> Paths {
        if (d.webdataset().shards().empty()) {
          if (!d.webdataset().shard_index().empty()) {
@@ -195,7 +195,7 @@ constexpr DatasetKind kDatasetKinds[] = {
        if (!d.webdataset().shard_samples().empty()) return std::vector<std::string>();
        return DatasetPaths(d);
      }},
-    {DatasetSpec::kRecords, "records", "dataset.records.path", false, false, nullptr, nullptr,
+    {DatasetSpec::kRecords, "records", "dataset.records.path", false, nullptr, nullptr,
      [](const DatasetSpec& d) -> Paths { return std::vector<std::string>{d.records().path()}; },
      [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
         const SourceOptions& options) -> Opened {
@@ -203,13 +203,13 @@ constexpr DatasetKind kDatasetKinds[] = {
            auto source, RecordSource::Create(spec.dataset().records(), options.row_stores, *fs));
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
-    {DatasetSpec::kNpy, "npy", "dataset.npy.path", false, false, nullptr, nullptr,
+    {DatasetSpec::kNpy, "npy", "dataset.npy.path", false, nullptr, nullptr,
      [](const DatasetSpec& d) -> Paths { return std::vector<std::string>{d.npy().path()}; },
      [](const ferry::v1::JobSpec& spec, std::shared_ptr<const DatasetFs> fs,
         const SourceOptions& options) -> Opened {
        return OpenNpySource(spec.dataset().npy(), options.row_stores, *fs);
      }},
-    {DatasetSpec::kMegatronGpt, "megatron_gpt", "dataset.megatron_gpt.path_prefixes", false, false,
+    {DatasetSpec::kMegatronGpt, "megatron_gpt", "dataset.megatron_gpt.path_prefixes", false,
      nullptr, nullptr,
      [](const DatasetSpec& d) -> Paths {
        std::vector<std::string> paths;
@@ -227,7 +227,7 @@ constexpr DatasetKind kDatasetKinds[] = {
            auto source, MegatronGptSource::Create(spec.dataset().megatron_gpt(), *fs, options));
        return std::unique_ptr<SampleSource>(std::move(source));
      }},
-    {DatasetSpec::kBlend, "blend", nullptr, false, false, nullptr,
+    {DatasetSpec::kBlend, "blend", nullptr, false, nullptr,
      [](DatasetSpec* d) {
        for (ferry::v1::BlendSource& s : *d->mutable_blend()->mutable_sources()) {
          if (!s.dataset().has_blend()) ApplyDatasetDefaults(s.mutable_dataset());
@@ -325,7 +325,6 @@ absl::StatusOr<std::vector<std::string>> DatasetPaths(const ferry::v1::DatasetSp
 absl::StatusOr<std::vector<std::string>> DatasetFilePaths(const ferry::v1::DatasetSpec& dataset) {
   const DatasetKind* kind = FindKind(dataset.kind_case());
   if (kind != nullptr && kind->opened_files != nullptr) return kind->opened_files(dataset);
-  if (kind != nullptr && kind->folders) return std::vector<std::string>();
   return DatasetPaths(dataset);
 }
 

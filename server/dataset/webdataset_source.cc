@@ -401,10 +401,13 @@ absl::StatusOr<const WebDatasetSource::ShardTable*> WebDatasetSource::TableOf(
             "Make the index again (widsindex create), or give dataset.webdataset.shards "
             "without it")));
       } else {
-        FERRY_LOG(INFO) << "webdataset shard '" << shard.path << "': " << table->samples.size()
-                        << " samples, " << table->stats.samples_without_image << " without a '"
-                        << image_key_ << "' member, " << table->stats.members_ignored
-                        << " files ignored";
+        // One line for a shard that holds something odd, not one for each of thousands.
+        if (table->stats.samples_without_image > 0 || table->stats.members_ignored > 0) {
+          FERRY_LOG(WARNING) << "webdataset shard '" << shard.path << "': " << table->samples.size()
+                             << " samples, " << table->stats.samples_without_image << " without a '"
+                             << image_key_ << "' member, " << table->stats.members_ignored
+                             << " files ignored (no extension, or a repeated one)";
+        }
         shard.table = *std::move(table);
       }
       shard.indexed.store(true, std::memory_order_release);
