@@ -434,6 +434,10 @@ std::vector<std::string> FormatGpuDecode(const v1::JobStatus& job) {
         cost(g.gpu_ms_per_image(),
              g.decoders() > 1 ? absl::StrCat("on each of ", g.decoders(), " GPUs") : "on the GPU"));
   }
+  if (g.search_offset() != 0) {
+    absl::StrAppend(&split, absl::StrFormat("; the search by batch rate moved the share %+.2f",
+                                            g.search_offset()));
+  }
   return {split, FormatJpegCounts(g.gpu_images(), g.cpu_images(), g.fallbacks())};
 }
 

@@ -282,6 +282,11 @@ TEST(RenderTest, JobShowsWhoDecodesTheJpegs) {
                         "0.81); 1.95 ms/image on a worker, 0.041 ms/image on the GPU\n"
                         "               120,345 images decoded on the GPU, 30,100 on the CPU (not "
                         "for the GPU: progressive 812, cmyk 301, too_large 9,800, not_jpeg 2)\n"));
+  // The search by batch rate moved the share past the costs' balance.
+  g->set_search_offset(0.15);
+  EXPECT_THAT(FormatGpuDecode(s)[0],
+              HasSubstr("0.041 ms/image on the GPU; the search by batch rate moved the share "
+                        "+0.15"));
 
   // Mode "gpu" before any batch was timed, nothing fallen back yet.
   g->Clear();

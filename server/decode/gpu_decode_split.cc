@@ -45,6 +45,7 @@ GpuDecodeSplit::GpuDecodeSplit(GpuDecodeMode mode, int workers, GpuJpegLimits li
       workers_(std::max(1, workers)),
       limits_(limits),
       balance_ppm_(std::lround(InitialBalance(mode) * kPpm)),
+      model_(InitialBalance(mode)),
       balance_(InitialBalance(mode)) {}
 
 GpuDecodeSplit::Rank::Rank(GpuDecodeSplit* split)
@@ -85,6 +86,38 @@ void GpuDecodeSplit::Rank::ReportConsumerWait(double waited, double step) {
                           : std::max(int64_t{0}, was - std::lround(kDemandDown * kPpm));
   demand_ppm_.store(now, std::memory_order_relaxed);
   split_->demand_sum_ppm_ += now - was;
+}
+
+void GpuDecodeSplit::Rank::ObserveStep(double waited, double step) {
+  if (split_->mode_ != GpuDecodeMode::kAuto || step <= 0) return;
+  absl::MutexLock lock(&split_->mutex_);
+  split_->ObserveStepLocked(waited, step);
+}
+
+void GpuDecodeSplit::ObserveStepLocked(double waited, double step) {
+  ++window_steps_;
+  window_seconds_ += step;
+  if (waited > kInputBoundWait * step) ++window_waited_;
+  if (window_steps_ < kSearchWindow) return;
+  const double mean_step = window_seconds_ / window_steps_;
+  const bool input_bound = 2 * window_waited_ > window_steps_;
+  window_steps_ = window_waited_ = 0;
+  window_seconds_ = 0;
+  if (settling_) {
+    settling_ = false;
+    return;
+  }
+  if (!input_bound || c_ == 0 || g_ == 0) {
+    last_window_step_ = 0;  // the next window starts the comparison afresh
+    return;
+  }
+  if (last_window_step_ > 0 && mean_step > last_window_step_ * (1 + kSearchTolerance)) {
+    search_direction_ = -search_direction_;
+  }
+  last_window_step_ = mean_step;
+  search_offset_ += search_direction_ * kSearchStep;
+  settling_ = true;
+  UpdateShareLocked();
 }
 
 GpuDecodeSplit::Decoder& GpuDecodeSplit::Decoder::operator=(Decoder&& other) noexcept {
@@ -168,8 +201,11 @@ void GpuDecodeSplit::UpdateShareLocked() {
         eligible > 0 ? static_cast<double>(ineligible) / static_cast<double>(ineligible + eligible)
                      : 0.0;
     const double denominator = (1 - p) * (c_ - r_ + workers_ * g_ / std::max(1, decoders_));
-    balance_ = denominator > 0 ? std::clamp(c_ / denominator, 0.0, 1.0) : 1.0;
+    model_ = denominator > 0 ? std::clamp(c_ / denominator, 0.0, 1.0) : 1.0;
   }
+  // An offset past either end would only delay the search's way back.
+  search_offset_ = std::clamp(search_offset_, -model_, 1 - model_);
+  balance_ = model_ + search_offset_;
   balance_ppm_.store(std::lround(balance_ * kPpm), std::memory_order_relaxed);
 }
 
@@ -200,6 +236,7 @@ GpuDecodeSplit::Counts GpuDecodeSplit::counts() const {
   c.share = c.demand * balance();
   c.cpu_seconds_per_image = c_;
   c.gpu_seconds_per_image = g_;
+  c.search_offset = search_offset_;
   c.decoders = decoders_;
   return c;
 }

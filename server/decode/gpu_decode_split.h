@@ -26,6 +26,20 @@
 // trainer that the workers alone keep ahead of (compute-bound) thus never pays for the GPU
 // decode; an input-bound one gets it within a few batches.
 //
+// The cost model treats the two sides as independent, and they are not: workers decoding on
+// every core slow the GPU's decode thread (its host work: nvJPEG's parse, the copies) and
+// each other, so the measured g and c rise with the CPU's share, and f settles where both
+// sides are slowed rather than where the batches come fastest (docs/operations.md). So
+// kAuto also searches: the balance is the model's f plus an offset that a perturb-and-
+// observe search moves by kSearchStep after each window of kSearchWindow input-bound steps
+// (Rank::ObserveStep: the trainers' steps while they wait for batches, whose length is then
+// the time the node takes per batch): on in the same direction, first towards the GPU, until
+// the mean step grows by more than kSearchTolerance (noise does not turn it), then back
+// the other way. The window after a move is not measured (it holds batches planned before
+// the move). A window of steps the trainers did not wait for (their own compute sets its
+// length) says nothing about the split: the search holds still and measures afresh. With
+// no ObserveStep the balance is the model's.
+//
 // Demand and turns are per rank (GpuDecodeSplit::Rank), because each rank's batches are
 // decoded by its own GPU: under DDP the rank short of batches waits for them while the
 // others wait in the all-reduce for it, so a job-wide demand would be outvoted by the ranks
@@ -68,6 +82,9 @@ class GpuDecodeSplit {
   static constexpr double kInputBoundWait = 0.02;  // of the trainer's step
   static constexpr double kDemandUp = 0.1;
   static constexpr double kDemandDown = 0.05;
+  static constexpr int kSearchWindow = 16;          // steps a measured window holds
+  static constexpr double kSearchStep = 0.05;       // the offset's change per move
+  static constexpr double kSearchTolerance = 0.02;  // a longer mean step that turns it back
 
   // `limits`: what the GPU takes at most (DaemonConfig.decode_limits.max_image_pixels).
   GpuDecodeSplit(GpuDecodeMode mode, int workers, GpuJpegLimits limits = GpuJpegLimits());
@@ -89,6 +106,8 @@ class GpuDecodeSplit {
     // The rank's trainer waited `waited` seconds for a batch, out of `step` seconds since it
     // released the one before.
     void ReportConsumerWait(double waited, double step);
+    // The same step, for the job's search of the balance (kAuto; see above).
+    void ObserveStep(double waited, double step);
     double demand() const;
     // This rank's share of eligible files now: d f (1 in kGpu, 0 in kCpu).
     double share() const;
@@ -131,7 +150,7 @@ class GpuDecodeSplit {
   void ReportCpuRoute(double seconds);   // r, per image a worker routed to the GPU
   void ReportGpuBatch(int images, double seconds);
   // f: the share of eligible files a rank of demand 1 routes to its GPU (1 in kGpu, 0 in
-  // kCpu).
+  // kCpu): in kAuto the model's, plus the search's offset.
   double balance() const;
   // The ranks' mean share now: mean(d) f (1 in kGpu, 0 in kCpu; 0 in kAuto with no rank).
   double share() const;
@@ -145,12 +164,14 @@ class GpuDecodeSplit {
     double demand = 0;                 // the ranks' mean d (1 in kGpu, 0 in kCpu)
     double cpu_seconds_per_image = 0;  // c (0 before a report)
     double gpu_seconds_per_image = 0;  // g (0 before a report)
+    double search_offset = 0;          // what the search added to the model's f
     int decoders = 0;                  // G
   };
   Counts counts() const;
 
  private:
   void UpdateShareLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void ObserveStepLocked(double waited, double step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   double MeanDemandLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const GpuDecodeMode mode_;
@@ -168,7 +189,18 @@ class GpuDecodeSplit {
   double c_ ABSL_GUARDED_BY(mutex_) = 0;
   double r_ ABSL_GUARDED_BY(mutex_) = 0;
   double g_ ABSL_GUARDED_BY(mutex_) = 0;
-  double balance_ ABSL_GUARDED_BY(mutex_);              // f
+  double model_ ABSL_GUARDED_BY(mutex_);    // f as the costs give it
+  double balance_ ABSL_GUARDED_BY(mutex_);  // f: model_ + search_offset_
+  // The search: the offset, the direction of its next move, the window being measured,
+  // the last measured window's mean step (0: none to compare with), and whether the window
+  // under way follows a move (not measured).
+  double search_offset_ ABSL_GUARDED_BY(mutex_) = 0;
+  double search_direction_ ABSL_GUARDED_BY(mutex_) = 1;
+  int window_steps_ ABSL_GUARDED_BY(mutex_) = 0;
+  int window_waited_ ABSL_GUARDED_BY(mutex_) = 0;
+  double window_seconds_ ABSL_GUARDED_BY(mutex_) = 0;
+  double last_window_step_ ABSL_GUARDED_BY(mutex_) = 0;
+  bool settling_ ABSL_GUARDED_BY(mutex_) = false;
   int64_t demand_sum_ppm_ ABSL_GUARDED_BY(mutex_) = 0;  // of the living ranks' d
   int ranks_ ABSL_GUARDED_BY(mutex_) = 0;
   int decoders_ ABSL_GUARDED_BY(mutex_) = 0;  // G

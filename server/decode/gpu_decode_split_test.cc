@@ -193,6 +193,73 @@ TEST(GpuDecodeSplitTest, AutoUsesTheGpuOnlyWhileTheTrainerWaits) {
   EXPECT_EQ(cpu.share(), 0.0);
 }
 
+// Steps of a node whose batches take `step(balance)` seconds, each waited for (input-bound):
+// what a trainer reports when the split alone sets the pace.
+template <typename StepOf>
+void Steps(GpuDecodeSplit& split, GpuDecodeSplit::Rank& rank, int n, StepOf step) {
+  for (int i = 0; i < n; ++i) {
+    const double seconds = step(split.balance());
+    rank.ReportConsumerWait(seconds / 2, seconds);
+    rank.ObserveStep(seconds / 2, seconds);
+  }
+}
+
+// The model's balance is 0.5 here; the batches come fastest at another share, because the two
+// sides slow each other (which the model cannot see). The search finds it, and holds there.
+TEST(GpuDecodeSplitTest, AutoSearchesForTheShareThatDeliversBatchesFastest) {
+  for (const double best : {0.8, 1.0, 0.2}) {
+    GpuDecodeSplit split(GpuDecodeMode::kAuto, 16);
+    split.ReportCpuDecode(0.003);
+    split.ReportCpuRoute(0.0);
+    split.ReportGpuBatch(16, 0.003);  // f = 0.003 / (0.003 + 16 * 0.003 / 16) = 0.5
+    GpuDecodeSplit::Rank rank(&split);
+    ASSERT_NEAR(split.balance(), 0.5, 1e-9);
+    auto step = [best](double f) { return 0.1 * (1 + 4 * (f - best) * (f - best)); };
+    // 25 moves at most are needed (a window measured, a window settling, per move).
+    Steps(split, rank, 50 * GpuDecodeSplit::kSearchWindow, step);
+    EXPECT_NEAR(split.balance(), best, 2 * GpuDecodeSplit::kSearchStep + 1e-9) << "best " << best;
+    EXPECT_NEAR(split.counts().search_offset, split.balance() - 0.5, 1e-9);
+    // Once there, it stays within a move or two of it.
+    for (int i = 0; i < 20; ++i) {
+      Steps(split, rank, GpuDecodeSplit::kSearchWindow, step);
+      EXPECT_NEAR(split.balance(), best, 2 * GpuDecodeSplit::kSearchStep + 1e-9) << "best " << best;
+    }
+    EXPECT_GE(split.balance(), 0.0);
+    EXPECT_LE(split.balance(), 1.0);
+  }
+}
+
+// Steps the trainer does not wait for are its own compute: they say nothing about the split,
+// and the search does not move. Nor does it before both sides' costs are measured, or in the
+// fixed modes.
+TEST(GpuDecodeSplitTest, AutoSearchesOnlyWhileTheTrainerWaitsForBatches) {
+  GpuDecodeSplit split(GpuDecodeMode::kAuto, 16);
+  GpuDecodeSplit::Rank rank(&split);
+  auto slower_with_more_gpu = [](double f) { return 0.1 + f; };
+  Steps(split, rank, 20 * GpuDecodeSplit::kSearchWindow, slower_with_more_gpu);
+  EXPECT_EQ(split.balance(), GpuDecodeSplit::kInitialShare);  // no costs yet
+  split.ReportCpuDecode(0.003);
+  split.ReportGpuBatch(16, 0.003);
+  ASSERT_NEAR(split.balance(), 0.5, 1e-9);
+  for (int i = 0; i < 20 * GpuDecodeSplit::kSearchWindow; ++i) {
+    rank.ObserveStep(0, 0.1 + split.balance());
+  }
+  EXPECT_NEAR(split.balance(), 0.5, 1e-9);
+  EXPECT_EQ(split.counts().search_offset, 0.0);
+  // Waited for: the search moves, and away from the GPU here.
+  Steps(split, rank, 20 * GpuDecodeSplit::kSearchWindow, slower_with_more_gpu);
+  EXPECT_LT(split.balance(), 0.5);
+  for (GpuDecodeMode mode : {GpuDecodeMode::kGpu, GpuDecodeMode::kCpu}) {
+    GpuDecodeSplit fixed(mode, 16);
+    fixed.ReportCpuDecode(0.003);
+    fixed.ReportGpuBatch(16, 0.003);
+    GpuDecodeSplit::Rank fixed_rank(&fixed);
+    const double before = fixed.balance();
+    Steps(fixed, fixed_rank, 20 * GpuDecodeSplit::kSearchWindow, slower_with_more_gpu);
+    EXPECT_EQ(fixed.balance(), before);
+  }
+}
+
 // Under DDP the rank short of batches waits for them while the others wait for it in the
 // all-reduce: its GPU must get the decode though three ranks report no wait. (One demand for
 // the job, raised by 0.1 and lowered by 3 x 0.05 a round, stayed at 0.)

@@ -69,6 +69,7 @@ class GpuJpegStage {
   // The trainer waited `waited` for a batch, `interval` after its release of the one before.
   void ReportConsumerWait(absl::Duration waited, absl::Duration interval) {
     turn_->ReportConsumerWait(absl::ToDoubleSeconds(waited), absl::ToDoubleSeconds(interval));
+    turn_->ObserveStep(absl::ToDoubleSeconds(waited), absl::ToDoubleSeconds(interval));
   }
   // The rank's demand for its GPU's decoder (GpuDecodeSplit::Rank::demand).
   double demand() const { return turn_->demand(); }

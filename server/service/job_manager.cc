@@ -859,6 +859,7 @@ void JobManager::FillJobStatus(const Job& job, ferry::v1::JobStatus* status) {
     g->set_gpu_share(c.share);
     g->set_demand(c.demand);
     g->set_decoders(c.decoders);
+    g->set_search_offset(c.search_offset);
     g->set_cpu_ms_per_image(c.cpu_seconds_per_image * 1e3);
     g->set_gpu_ms_per_image(c.gpu_seconds_per_image * 1e3);
   } else if (!job.gpu_decode_note().empty()) {
