@@ -4,6 +4,7 @@ rank, side by side in one run under torchrun. Prints a table; never asserts.
 
   python3 bench/node_bench.py --ferryd PATH --data DIR [--gpus N] [--batches 60]
       [--train-steps 50] [--rounds 2] [--compare-priority] [--json OUT.json]
+      [--ferry-config NAME=CONFIG ...]
 
 DIR is written by bench/make_bench_dataset.py (imagefolder/: ImageNet-like JPEGs of about
 105 KiB). One process per GPU (torchrun --standalone --nproc_per_node N), batch 256 per
@@ -24,7 +25,9 @@ Measured, each phase a torchrun of its own so no loader lingers into the next:
      the slowest and fastest rank's images/s, and node CPU-seconds per 1000 images from
      /proc/stat (every process of the machine: ferryd, trainers, DataLoader workers).
      ferry's per-GPU JPEG counts (ferryctl status: images each GPU's decoder took) over
-     the phase show whether every GPU's engines work.
+     the phase show whether every GPU's engines work. Each --ferry-config NAME=CONFIG
+     adds a ferry row whose ferryd runs with that DaemonConfig (text form, e.g.
+     "gpu_decode: 'gpu'"), measured in the same rounds.
   2. DDP ResNet-50 (torchvision, bf16 autocast, channels_last, SGD): mean step time over
      `--train-steps` steps after 15 warm-up steps, with synthetic batches already on the
      GPU, fed by ferry, fed by ferry with uint8 images that the trainer normalizes in its
@@ -232,6 +235,8 @@ def main():
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--compare-priority", action="store_true")
     p.add_argument("--skip-train", action="store_true", help="loaders alone only")
+    p.add_argument("--ferry-config", action="append", default=[], metavar="NAME=CONFIG",
+                   help="loaders alone: also ferry with this DaemonConfig text (repeatable)")
     p.add_argument("--json")
     # Internal: one rank of a phase, under torchrun.
     p.add_argument("--rank-phase")
@@ -269,22 +274,27 @@ def main():
 
     try:
         # 1. Loaders alone.
-        rates = {"ferry": [], "DataLoader": []}
-        spread = {"ferry": [], "DataLoader": []}
-        cpu = {"ferry": [], "DataLoader": []}
+        configs = {"ferry": None}
+        for item in a.ferry_config:
+            name, _, text = item.partition("=")
+            configs["ferry, " + name] = text.replace("\\n", "\n") + "\n"
+        names = list(configs) + ["DataLoader"]
+        rates = {name: [] for name in names}
+        spread = {name: [] for name in names}
+        cpu = {name: [] for name in names}
         decoded = []
         for r in range(a.rounds):
-            order = ["ferry", "DataLoader"] if r % 2 == 0 else ["DataLoader", "ferry"]
-            for name in order:
-                address = daemon(None)
-                before = gpu_jpeg_counts(a.ferryctl, address) if name == "ferry" else None
-                ranks = run_phase(a, "loader:" + ("ferry" if name == "ferry" else "dataloader"),
+            for name in (names if r % 2 == 0 else names[::-1]):
+                address = daemon(configs.get(name))
+                is_ferry = name in configs
+                before = gpu_jpeg_counts(a.ferryctl, address) if is_ferry else None
+                ranks = run_phase(a, "loader:" + ("ferry" if is_ferry else "dataloader"),
                                   address, work)
                 if before is not None:
                     after = gpu_jpeg_counts(a.ferryctl, address)
                     decoded.append({g: after[g] - before.get(g, 0) for g in after})
                     split = gpu_decode_figures(a.ferryctl, address)
-                    print("  ferry's GPU decode split: %s" % json.dumps(split), flush=True)
+                    print("  %s's GPU decode split: %s" % (name, json.dumps(split)), flush=True)
                 images = sum(x["images"] for x in ranks)
                 wall = max(x["wall_seconds"] for x in ranks)
                 rates[name].append(images / wall)
@@ -328,14 +338,16 @@ def main():
     print("| %d GPUs, %d CPUs | images/s (node) | slowest-fastest rank | CPU-s / 1000 images |"
           % (a.gpus, cpus))
     print("| --- | --- | --- | --- |")
-    for name in ("ferry", "DataLoader"):
+    for name in names:
         lo = [s[0] for s in spread[name]]
         hi = [s[1] for s in spread[name]]
         print("| %s | %s | %.0f-%.0f | %s |" % (name, med(rates[name]), statistics.median(lo),
                                                 statistics.median(hi), med(cpu[name])))
-    ratio = statistics.median(rates["ferry"]) / statistics.median(rates["DataLoader"])
-    cpu_ratio = statistics.median(cpu["ferry"]) / statistics.median(cpu["DataLoader"])
-    print("ferry / DataLoader: %.2fx the images/s, %.2fx the CPU per image" % (ratio, cpu_ratio))
+    for name in configs:
+        ratio = statistics.median(rates[name]) / statistics.median(rates["DataLoader"])
+        cpu_ratio = statistics.median(cpu[name]) / statistics.median(cpu["DataLoader"])
+        print("%s / DataLoader: %.2fx the images/s, %.2fx the CPU per image"
+              % (name, ratio, cpu_ratio))
     if decoded:
         last = decoded[-1]
         print("ferry, images each GPU's JPEG decoder took in its last round: " + ", ".join(
