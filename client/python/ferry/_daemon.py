@@ -130,6 +130,22 @@ def _answers(address):
         raise
 
 
+def _session_socket(address):
+    """ferryd's session socket beside `address` (common/session_protocol.h)."""
+    return address[:-5] + ".session.sock" if address.endswith(".sock") else address + ".session"
+
+
+def _session_socket_accepts(address):
+    """Whether a ferryd holds `address`'s session socket (connect succeeds): one that is
+    starting or, after its idle time, draining, which answers no status meanwhile."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(_session_socket(address))
+            return True
+        except OSError:
+            return False
+
+
 class _DirectoryLock:
     """flock(2) on the socket directory, held while a process checks for and starts the
     daemon. The directory may be removed by an exiting daemon (which takes the lock first,
@@ -303,8 +319,16 @@ def ensure(address, timeout=None):
     binary = find_binary()
     idle = idle_seconds()
     with _DirectoryLock(os.path.dirname(address), timeout) as lock:
-        pid = _answers(address)  # another process may have started it meanwhile
-        if pid is not None:
-            return OnDemandDaemon(address, pid, started=False)
+        # Another process may have started it meanwhile. A daemon that holds the socket but
+        # does not answer is starting, or stopping after its idle time: a second one would
+        # be refused the socket, so wait until it answers or is gone.
+        deadline = time.monotonic() + timeout
+        while True:
+            pid = _answers(address)
+            if pid is not None:
+                return OnDemandDaemon(address, pid, started=False)
+            if not _session_socket_accepts(address) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         return OnDemandDaemon(address, _start(binary, address, idle, timeout, lock.fd),
                               started=True)

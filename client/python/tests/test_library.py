@@ -1,9 +1,11 @@
 """Library discovery, the C ABI binding, and the errors for a missing daemon."""
 
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -117,6 +119,49 @@ class SquattedDirectoryTest(unittest.TestCase):
             self.assertEqual(cm.exception.code, "PERMISSION_DENIED")
             self.assertIn("is not a directory", cm.exception.message)
             self.assertEqual(os.listdir(os.path.join(d, "elsewhere")), [])
+
+
+class ExitingDaemonTest(unittest.TestCase):
+    """A daemon stopping after its idle time still holds its session socket for a while,
+    answering nothing: a Loader made then waits for it to go and starts the next one (a
+    ferryd started at once was refused the socket and the Loader failed)."""
+
+    def test_the_next_daemon_starts_once_the_exiting_one_is_gone(self):
+        with tempfile.TemporaryDirectory() as d:
+            directory = os.path.join(d, "ferry")
+            os.mkdir(directory, 0o700)
+            address = os.path.join(directory, "ferryd.sock")
+            exiting = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            exiting.bind(os.path.join(directory, "ferryd.session.sock"))
+            exiting.listen(16)
+            started = []
+            gone = threading.Event()
+
+            def start(binary, address, idle, timeout, directory_fd):
+                started.append(gone.is_set())
+                return 4242
+
+            def go():
+                time.sleep(0.5)
+                gone.set()
+                exiting.close()
+                os.unlink(os.path.join(directory, "ferryd.session.sock"))
+
+            saved = (_daemon._answers, _daemon._start, _daemon.find_binary)
+            _daemon._answers = lambda address: None
+            _daemon._start = start
+            _daemon.find_binary = lambda: "ferryd"
+            stopper = threading.Thread(target=go)
+            try:
+                stopper.start()
+                daemon = _daemon.ensure(address, timeout=10)
+            finally:
+                stopper.join()
+                _daemon._answers, _daemon._start, _daemon.find_binary = saved
+            self.assertEqual(started, [True], "a ferryd was started while the exiting one "
+                             "held the socket")
+            self.assertEqual(daemon.pid, 4242)
+            self.assertTrue(daemon.started)
 
 
 class DirectoryLockTest(unittest.TestCase):
