@@ -2,7 +2,7 @@
 """The whole node: one ferryd feeding every GPU of the box against torch's DataLoader per
 rank, side by side in one run under torchrun. Prints a table; never asserts.
 
-  python3 bench/node_bench.py --ferryd PATH --data DIR [--gpus N] [--batches 60]
+  python3 bench/node_bench.py --ferryd PATH --data DIR [--gpus N] [--batches 150]
       [--train-steps 50] [--rounds 2] [--compare-priority] [--json OUT.json]
       [--ferry-config NAME=CONFIG ...]
 
@@ -20,7 +20,8 @@ GPU, decode -> RandomResizedCrop(224) -> flip -> normalized bf16 CHW in GPU memo
     the GPU by the trainer (the same work as ferry's kernel). bench/anchors.py's loaders.
 
 Measured, each phase a torchrun of its own so no loader lingers into the next:
-  1. Loaders alone: every rank takes `--batches` batches after a warm-up, between two
+  1. Loaders alone: every rank takes `--batches` batches after `--warmup` (300: gpu_decode
+     "auto" searches for its share over the first few seconds of steps that wait), between two
      barriers. Node images/s (all ranks' images over the wall time between the barriers),
      the slowest and fastest rank's images/s, and node CPU-seconds per 1000 images from
      /proc/stat (every process of the machine: ferryd, trainers, DataLoader workers).
@@ -229,8 +230,8 @@ def main():
     p.add_argument("--ferryctl", default=os.environ.get("FERRYCTL", ""))
     p.add_argument("--data", required=True)
     p.add_argument("--gpus", type=int, default=0, help="default: every GPU")
-    p.add_argument("--batches", type=int, default=60, help="per rank, loaders alone")
-    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--batches", type=int, default=150, help="per rank, loaders alone")
+    p.add_argument("--warmup", type=int, default=300, help="per rank, loaders alone")
     p.add_argument("--train-steps", type=int, default=50)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--compare-priority", action="store_true")
