@@ -277,6 +277,14 @@ void WriteGpuDecode(Writer* w, const GetStatusResponse& status) {
     if (job.gpu_decode().mode().empty()) continue;
     w->Sample("ferry_job_gpu_decode_share", JobLabels(job), job.gpu_decode().gpu_share());
   }
+  w->Family("ferry_job_gpu_decode_search_offset", "gauge",
+            "gpu_decode \"auto\": what the search by batch rate added to the share the measured "
+            "costs balance, in [-1, 1].");
+  for (const JobStatus& job : status.jobs()) {
+    if (job.gpu_decode().mode().empty()) continue;
+    w->Sample("ferry_job_gpu_decode_search_offset", JobLabels(job),
+              job.gpu_decode().search_offset());
+  }
 }
 
 // Jobs whose files ferryd reads ahead (JobStatus.read_ahead); the others have none of these

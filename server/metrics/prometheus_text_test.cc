@@ -76,6 +76,7 @@ ferry::v1::GetStatusResponse SampleStatus() {
   future->set_reason("later_reason");
   future->set_count(4);
   gpu_decode->set_gpu_share(0.8125);
+  gpu_decode->set_search_offset(-0.125);
   ferry::v1::ReadAheadStatus* ahead = job->mutable_read_ahead();
   ahead->set_opened(1200);
   ahead->set_failed(1);
@@ -176,6 +177,7 @@ TEST(PrometheusTextTest, FamiliesHaveConventionalNamesAndTypes) {
       {"ferry_job_gpu_decode_images_total", "counter"},
       {"ferry_job_gpu_decode_fallbacks_total", "counter"},
       {"ferry_job_gpu_decode_share", "gauge"},
+      {"ferry_job_gpu_decode_search_offset", "gauge"},
       {"ferry_rank_batches_delivered_total", "counter"},
       {"ferry_rank_samples_delivered_total", "counter"},
       {"ferry_rank_stall_ratio", "gauge"},
@@ -266,6 +268,7 @@ TEST(PrometheusTextTest, GpuDecodeExportsImagesByDecoderFallbacksAndShare) {
   }
   EXPECT_THAT(text, HasSubstr(fallbacks + "\"later_reason\"} 4\n"));
   EXPECT_THAT(text, HasSubstr("ferry_job_gpu_decode_share{" + job + "} 0.8125\n"));
+  EXPECT_THAT(text, HasSubstr("ferry_job_gpu_decode_search_offset{" + job + "} -0.125\n"));
 
   // A job whose GPU decodes no JPEGs has none of these series; its families stay declared.
   ferry::v1::GetStatusResponse off = SampleStatus();
