@@ -4,7 +4,7 @@ rank, side by side in one run under torchrun. Prints a table; never asserts.
 
   python3 bench/node_bench.py --ferryd PATH --data DIR [--gpus N] [--batches 150]
       [--train-steps 50] [--rounds 2] [--compare-priority] [--json OUT.json]
-      [--ferry-config NAME=CONFIG ...]
+      [--ferry-config NAME=CONFIG ...] [--ferryd-other NAME=PATH ...]
 
 DIR is written by bench/make_bench_dataset.py (imagefolder/: ImageNet-like JPEGs of about
 105 KiB). One process per GPU (torchrun --standalone --nproc_per_node N), batch 256 per
@@ -28,7 +28,8 @@ Measured, each phase a torchrun of its own so no loader lingers into the next:
      ferry's per-GPU JPEG counts (ferryctl status: images each GPU's decoder took) over
      the phase show whether every GPU's engines work. Each --ferry-config NAME=CONFIG
      adds a ferry row whose ferryd runs with that DaemonConfig (text form, e.g.
-     "gpu_decode: 'gpu'"), measured in the same rounds.
+     "gpu_decode: 'gpu'"), measured in the same rounds; each --ferryd-other NAME=PATH
+     a row whose ferryd is another build (an A/B of two builds on one lease).
   2. DDP ResNet-50 (torchvision, bf16 autocast, channels_last, SGD): mean step time over
      `--train-steps` steps after 15 warm-up steps, with synthetic batches already on the
      GPU, fed by ferry, fed by ferry with uint8 images that the trainer normalizes in its
@@ -238,6 +239,8 @@ def main():
     p.add_argument("--skip-train", action="store_true", help="loaders alone only")
     p.add_argument("--ferry-config", action="append", default=[], metavar="NAME=CONFIG",
                    help="loaders alone: also ferry with this DaemonConfig text (repeatable)")
+    p.add_argument("--ferryd-other", action="append", default=[], metavar="NAME=PATH",
+                   help="loaders alone: also ferry with this ferryd binary (repeatable)")
     p.add_argument("--json")
     # Internal: one rank of a phase, under torchrun.
     p.add_argument("--rank-phase")
@@ -266,19 +269,26 @@ def main():
     results = {"gpus": a.gpus, "cpus": cpus, "images": n_images}
     daemons = {}
 
-    def daemon(config):
-        """A ferryd with `config` (None: the defaults), started on first use."""
-        if config not in daemons:
-            daemons[config] = gpu_bench.start_ferryd(a.ferryd, work, "ferryd%d" % len(daemons),
-                                                     config)
-        return daemons[config][1]
+    def daemon(config, binary=None):
+        """A ferryd (`binary`, default --ferryd) with `config` (None: the defaults), started
+        on first use."""
+        key = (binary or a.ferryd, config)
+        if key not in daemons:
+            daemons[key] = gpu_bench.start_ferryd(key[0], work, "ferryd%d" % len(daemons),
+                                                  config)
+        return daemons[key][1]
 
     try:
         # 1. Loaders alone.
         configs = {"ferry": None}
+        binaries = {}
         for item in a.ferry_config:
             name, _, text = item.partition("=")
             configs["ferry, " + name] = text.replace("\\n", "\n") + "\n"
+        for item in a.ferryd_other:
+            name, _, path = item.partition("=")
+            configs["ferry, " + name] = None
+            binaries["ferry, " + name] = path
         names = list(configs) + ["DataLoader"]
         rates = {name: [] for name in names}
         spread = {name: [] for name in names}
@@ -286,7 +296,7 @@ def main():
         decoded = []
         for r in range(a.rounds):
             for name in (names if r % 2 == 0 else names[::-1]):
-                address = daemon(configs.get(name))
+                address = daemon(configs.get(name), binaries.get(name))
                 is_ferry = name in configs
                 before = gpu_jpeg_counts(a.ferryctl, address) if is_ferry else None
                 ranks = run_phase(a, "loader:" + ("ferry" if is_ferry else "dataloader"),

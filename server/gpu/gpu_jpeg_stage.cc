@@ -113,6 +113,7 @@ absl::Status GpuJpegStage::Enqueue(CudaStream& stream, const uint8_t* src, uint8
   // The rows to decode here, and where each decoded image goes in the arena.
   std::vector<uint32_t> rows, cpu_rows;
   std::vector<absl::Span<const uint8_t>> jpegs;
+  std::vector<GpuJpegVerdict> verdicts;
   std::vector<size_t> arena_offsets;
   size_t arena_bytes = 0;
   for (uint32_t i = 0; i < num_samples; ++i) {
@@ -135,6 +136,7 @@ absl::Status GpuJpegStage::Enqueue(CudaStream& stream, const uint8_t* src, uint8
     }
     rows.push_back(i);
     jpegs.push_back(jpeg);
+    verdicts.push_back(verdict);
     arena_offsets.push_back(arena_bytes);
     arena_bytes += (static_cast<size_t>(plan.width) * plan.height * 3 + 255) / 256 * 256;
   }
@@ -171,7 +173,8 @@ absl::Status GpuJpegStage::Enqueue(CudaStream& stream, const uint8_t* src, uint8
       jobs.push_back(job);
     }
     FERRY_RETURN_IF_ERROR(decode_stream_->Record(decode_started_[device_slot]));
-    absl::Status decoded = jpeg_decoder_->DecodeBatch(jpegs, targets, decode_stream_->get());
+    absl::Status decoded =
+        jpeg_decoder_->DecodeBatch(jpegs, verdicts, targets, decode_stream_->get());
     if (decoded.ok()) {
       FERRY_RETURN_IF_ERROR(decode_stream_->Record(*decoded_));
       FERRY_RETURN_IF_ERROR(stream.Wait(*decoded_));

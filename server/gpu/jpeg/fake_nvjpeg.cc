@@ -43,10 +43,6 @@ __attribute__((visibility("default"))) nvjpegStatus_t nvjpegJpegStateCreate(nvjp
 __attribute__((visibility("default"))) nvjpegStatus_t nvjpegJpegStateDestroy(nvjpegJpegState_t) {
   return kNo;
 }
-__attribute__((visibility("default"))) nvjpegStatus_t nvjpegGetImageInfo(
-    nvjpegHandle_t, const unsigned char*, size_t, int*, nvjpegChromaSubsampling_t*, int*, int*) {
-  return kNo;
-}
 __attribute__((visibility("default"))) nvjpegStatus_t nvjpegDecodeBatchedInitialize(
     nvjpegHandle_t, nvjpegJpegState_t, int, int, nvjpegOutputFormat_t) {
   return kNo;
@@ -72,6 +68,10 @@ __attribute__((visibility("default"))) nvjpegStatus_t nvjpegJpegStreamDestroy(nv
 }
 __attribute__((visibility("default"))) nvjpegStatus_t nvjpegJpegStreamParseHeader(
     nvjpegHandle_t, const unsigned char*, size_t, nvjpegJpegStream_t) {
+  return kNo;
+}
+__attribute__((visibility("default"))) nvjpegStatus_t nvjpegJpegStreamGetFrameDimensions(
+    nvjpegJpegStream_t, unsigned int*, unsigned int*) {
   return kNo;
 }
 #ifndef FERRY_FAKE_NVJPEG_OMIT_SUPPORTED

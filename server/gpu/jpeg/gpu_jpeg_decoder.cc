@@ -134,8 +134,8 @@ struct GpuJpegDecoder::Impl {
   // The state for `subsampling`'s group.
   absl::StatusOr<GroupState*> Group(int subsampling) {
     if (subsampling < 0 || subsampling >= kSubsamplings) {
-      return absl::InternalError(absl::StrCat("nvJPEG reports chroma subsampling ", subsampling,
-                                              ", which Probe does not let through"));
+      return absl::InternalError(
+          absl::StrCat("chroma subsampling ", subsampling, ", which Probe does not let through"));
     }
     return &groups[static_cast<size_t>(subsampling)];
   }
@@ -242,21 +242,50 @@ GpuJpegVerdict GpuJpegDecoder::Probe(absl::Span<const uint8_t> jpeg) {
     return v;
   }
   int unsupported = 1;  // 0 means supported
+  unsigned width = 0, height = 0;
   if (lib.nvjpegDecodeBatchedSupported(impl_->handle, impl_->jpeg_stream, &unsupported) !=
           NVJPEG_STATUS_SUCCESS ||
-      unsupported != 0) {
+      unsupported != 0 ||
+      // DecodeBatch sizes the targets from the verdict: nvJPEG must read the same frame.
+      lib.nvjpegJpegStreamGetFrameDimensions(impl_->jpeg_stream, &width, &height) !=
+          NVJPEG_STATUS_SUCCESS ||
+      width != static_cast<unsigned>(v.width) || height != static_cast<unsigned>(v.height)) {
     v.reason = GpuJpegReject::kDecoderRefused;
   }
   return v;
 }
 
+namespace {
+
+// The nvJPEG subsampling of a file Probe accepted; -1 for one it never accepts.
+int NvJpegSubsampling(JpegSubsampling subsampling) {
+  switch (subsampling) {
+    case JpegSubsampling::k444:
+      return NVJPEG_CSS_444;
+    case JpegSubsampling::k422:
+      return NVJPEG_CSS_422;
+    case JpegSubsampling::k420:
+      return NVJPEG_CSS_420;
+    case JpegSubsampling::k440:
+      return NVJPEG_CSS_440;
+    case JpegSubsampling::kGray:
+      return NVJPEG_CSS_GRAY;
+    default:
+      return -1;
+  }
+}
+
+}  // namespace
+
 absl::Status GpuJpegDecoder::DecodeBatch(absl::Span<const absl::Span<const uint8_t>> jpegs,
+                                         absl::Span<const GpuJpegVerdict> verdicts,
                                          absl::Span<const Target> targets, CUstream_st* stream) {
   Impl& d = *impl_;
   const NvJpegLibrary& lib = d.lib;
   const size_t n = jpegs.size();
-  if (n != targets.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("GPU JPEG decode of ", n, " images into ",
+  if (n != targets.size() || n != verdicts.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("GPU JPEG decode of ", n, " images with ",
+                                                   verdicts.size(), " verdicts into ",
                                                    targets.size(), " targets: counts differ"));
   }
   if (n == 0 || n > static_cast<size_t>(d.max_batch)) {
@@ -264,27 +293,16 @@ absl::Status GpuJpegDecoder::DecodeBatch(absl::Span<const absl::Span<const uint8
         "GPU JPEG decode batch of ", n, " images; this decoder takes 1 to ", d.max_batch));
   }
   for (size_t i = 0; i < n; ++i) {
-    const absl::Span<const uint8_t> jpeg = jpegs[i];
-    const GpuJpegVerdict v = ClassifyForGpuDecode(jpeg, d.limits);
-    if (v.reason != GpuJpegReject::kNone) {
+    const GpuJpegVerdict& v = verdicts[i];
+    const int subsampling = NvJpegSubsampling(v.subsampling);
+    if (v.reason != GpuJpegReject::kNone || subsampling < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "image ", i, " of the batch cannot be decoded on the GPU (", GpuJpegRejectName(v.reason),
+          "image ", i, " of the batch cannot be decoded on the GPU (",
+          GpuJpegRejectName(
+              v.reason == GpuJpegReject::kNone ? GpuJpegReject::kUnsupportedSubsampling : v.reason),
           "); Probe each image first and decode the refused ones on the CPU"));
     }
-    // The size nvJPEG will write, which is what the target must hold.
-    int components = 0;
-    nvjpegChromaSubsampling_t subsampling = NVJPEG_CSS_UNKNOWN;
-    int widths[NVJPEG_MAX_COMPONENT] = {}, heights[NVJPEG_MAX_COMPONENT] = {};
-    FERRY_RETURN_IF_ERROR(
-        NvJpegStatus(lib.nvjpegGetImageInfo(d.handle, jpeg.data(), jpeg.size(), &components,
-                                            &subsampling, widths, heights),
-                     "nvjpegGetImageInfo", absl::StrCat("image ", i, " of the batch")));
-    const int w = widths[0], h = heights[0];
-    if (w != v.width || h != v.height) {
-      return absl::InvalidArgumentError(absl::StrCat("image ", i, " of the batch: nvJPEG reads ", w,
-                                                     "x", h, " where its frame header says ",
-                                                     v.width, "x", v.height));
-    }
+    const int w = v.width, h = v.height;
     const Target& t = targets[i];
     const size_t row = static_cast<size_t>(w) * 3;
     const size_t need = t.pitch * static_cast<size_t>(h - 1) + row;
@@ -294,7 +312,7 @@ absl::Status GpuJpegDecoder::DecodeBatch(absl::Span<const absl::Span<const uint8
           ", ", t.bytes, " bytes) cannot hold ", w, "x", h, " RGB: it needs a pitch of at least ",
           row, " and ", t.pitch >= row ? need : row * h, " bytes"));
     }
-    d.order[i] = {static_cast<int>(subsampling), static_cast<int>(i)};
+    d.order[i] = {subsampling, static_cast<int>(i)};
   }
   // One nvjpegDecodeBatched per chroma subsampling: on the JPEG engines a batch that mixes
   // them (4:2:0 with 4:4:4, gray) decodes several times slower than its parts one after
@@ -315,8 +333,11 @@ absl::Status GpuJpegDecoder::DecodeBatch(absl::Span<const absl::Span<const uint8
   // The JPEG engines do not keep the stream's order: they may write the targets before
   // work queued on `stream` has run, and nvJPEG may free and reallocate its buffers while
   // that work is pending (seen to hang in cuMemFree with a busy GPU). So on the hardware
-  // backend the stream is drained before each group, and after the last, so that later
+  // backend the stream is drained before the first group, and after the last, so that later
   // work on it sees the pixels; the call blocks until the engines are done in any case.
+  // Between groups it is not: what a group leaves on the stream (nvJPEG's colour
+  // conversion into that group's targets, from that group's state) shares no memory with
+  // the next group, which has a state and targets of its own.
   const bool hardware = d.backend == Backend::kHardware;
   using Clock = std::chrono::steady_clock;
   const auto seconds_since = [](Clock::time_point start) {
@@ -340,10 +361,11 @@ absl::Status GpuJpegDecoder::DecodeBatch(absl::Span<const absl::Span<const uint8
       ++d.stats.initializations;
       d.stats.initialize_seconds += seconds_since(start);
     }
-    if (hardware) {
+    if (hardware && begin == 0) {
       const Clock::time_point start = Clock::now();
       FERRY_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize",
                                        absl::StrCat("before the GPU JPEG decode of ", detail)));
+      ++d.stats.drains;
       d.stats.drain_seconds += seconds_since(start);
     }
     const Clock::time_point start = Clock::now();
@@ -363,6 +385,7 @@ absl::Status GpuJpegDecoder::DecodeBatch(absl::Span<const absl::Span<const uint8
     absl::Status drained = CudaStatus(
         cudaStreamSynchronize(stream), "cudaStreamSynchronize",
         absl::StrCat("after the GPU JPEG decode of ", n, " images on device ", d.device));
+    ++d.stats.drains;
     d.stats.drain_seconds += seconds_since(start);
     return drained;
   }

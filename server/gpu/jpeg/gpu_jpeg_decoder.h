@@ -8,7 +8,7 @@
 //   FERRY_ASSIGN_OR_RETURN(GpuJpegDecoder decoder, GpuJpegDecoder::Create(device, 128));
 //   GpuJpegVerdict v = decoder.Probe(bytes);        // v.reason == kNone: the GPU takes it
 //   targets[i] = {buffer, v.width * 3, bytes_of_buffer};
-//   FERRY_RETURN_IF_ERROR(decoder.DecodeBatch(jpegs, targets, stream));
+//   FERRY_RETURN_IF_ERROR(decoder.DecodeBatch(jpegs, verdicts, targets, stream));
 //   ... work on `stream` after this sees the pixels ...
 //
 // Memory: the compressed bytes may be ordinary (pageable) host memory: nvJPEG copies them
@@ -93,8 +93,8 @@ class GpuJpegDecoder final {
 
   // Whether this decoder takes `jpeg`, and its size: ClassifyForGpuDecode with
   // Options::limits, then, on the hardware backend, nvjpegDecodeBatchedSupported
-  // (kDecoderRefused when the engine refuses; kCorrupt when nvJPEG cannot parse the header).
-  // Host work only.
+  // (kDecoderRefused when the engine refuses, or reads another frame size than the header
+  // rules did; kCorrupt when nvJPEG cannot parse the header). Host work only.
   GpuJpegVerdict Probe(absl::Span<const uint8_t> jpeg);
 
   // Where one image goes: `bytes` of device memory on this decoder's device, rows of
@@ -112,14 +112,17 @@ class GpuJpegDecoder final {
   // engines keep no stream order, so the call waits for `stream`'s earlier work, decodes,
   // and returns once the pixels are written: give it a stream of its own, so that it does
   // not wait for unrelated copies.
-  // Every image must be one that Probe accepts. Before any GPU work: INVALID_ARGUMENT when
-  // the spans differ in size, the batch is empty or over max_batch, an image fails the
-  // header rules (naming its index and reason), or a target is null or too small for the
-  // image's width and height as nvJPEG reads them. From nvJPEG (NvJpegStatus): corrupt data
+  // verdicts[i] is Probe's verdict on jpegs[i], whose bytes have not changed since: the
+  // call reads each image's size and subsampling from it instead of parsing the file again.
+  // Before any GPU work: INVALID_ARGUMENT when the spans differ in size, the batch is empty
+  // or over max_batch, a verdict refuses its image (naming its index and reason), or a
+  // target is null or too small for its verdict's width and height. From nvJPEG
+  // (NvJpegStatus): corrupt data
   // nvJPEG finds while decoding fails the whole batch (nvJPEG reports no per-image result),
   // the targets' contents are then undefined, and the caller decodes that batch's images
   // on the CPU; the decoder stays usable.
   absl::Status DecodeBatch(absl::Span<const absl::Span<const uint8_t>> jpegs,
+                           absl::Span<const GpuJpegVerdict> verdicts,
                            absl::Span<const Target> targets, CUstream_st* stream);
 
   // What the DecodeBatch calls so far have cost, as the calling thread saw it. A batch is
@@ -131,7 +134,8 @@ class GpuJpegDecoder final {
     int64_t groups = 0;           // nvjpegDecodeBatched calls
     int64_t initializations = 0;  // nvjpegDecodeBatchedInitialize calls
     double initialize_seconds = 0;
-    double drain_seconds = 0;   // waiting for the stream around the groups (hardware backend)
+    int64_t drains = 0;         // waits for the stream: before a batch's groups and after them
+    double drain_seconds = 0;   // in those waits (hardware backend)
     double decode_seconds = 0;  // inside nvjpegDecodeBatched
   };
   const CallStats& stats() const;

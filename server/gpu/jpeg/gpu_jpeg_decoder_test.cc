@@ -103,6 +103,7 @@ absl::StatusOr<std::vector<Decoded>> GpuDecode(GpuJpegDecoder& decoder,
                                                const std::vector<std::vector<uint8_t>>& jpegs,
                                                const CudaStream& stream) {
   std::vector<absl::Span<const uint8_t>> spans;
+  std::vector<GpuJpegVerdict> verdicts;
   std::vector<GpuJpegDecoder::Target> targets;
   std::vector<DeviceBuffer> buffers;
   std::vector<Decoded> out(jpegs.size());
@@ -121,8 +122,9 @@ absl::StatusOr<std::vector<Decoded>> GpuDecode(GpuJpegDecoder& decoder,
         {static_cast<uint8_t*>(buffer->data()), static_cast<size_t>(v.width) * 3, bytes});
     buffers.push_back(std::move(*buffer));
     spans.push_back(jpegs[i]);
+    verdicts.push_back(v);
   }
-  absl::Status s = decoder.DecodeBatch(spans, targets, stream.get());
+  absl::Status s = decoder.DecodeBatch(spans, verdicts, targets, stream.get());
   if (!s.ok()) return s;
   s = stream.Synchronize();
   if (!s.ok()) return s;
@@ -282,27 +284,32 @@ TEST_F(GpuJpegDecoderTest, DecodeBatchChecksItsArguments) {
   const GpuJpegDecoder::Target t0{base, 64 * 3, 64 * 48 * 3};
   const GpuJpegDecoder::Target t1{base + 64 * 48 * 3, 64 * 3, 64 * 48 * 3};
   const absl::Span<const uint8_t> g(good), p(progressive);
+  const GpuJpegVerdict gv = decoder.Probe(g), pv = decoder.Probe(p);
+  ASSERT_EQ(gv.reason, GpuJpegReject::kNone);
 
-  absl::Status s = decoder.DecodeBatch({g, p}, {t0, t1}, stream_->get());
+  absl::Status s = decoder.DecodeBatch({g, p}, {gv, pv}, {t0, t1}, stream_->get());
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Msg(s), HasSubstr("image 1 of the batch cannot be decoded on the GPU (progressive)"));
 
-  s = decoder.DecodeBatch({g}, {GpuJpegDecoder::Target{base, 64 * 3, 64 * 48 * 3 - 1}},
+  s = decoder.DecodeBatch({g}, {gv}, {GpuJpegDecoder::Target{base, 64 * 3, 64 * 48 * 3 - 1}},
                           stream_->get());
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Msg(s), HasSubstr("target 0 of the batch (pitch 192, 9215 bytes) cannot hold 64x48"));
-  s = decoder.DecodeBatch({g}, {GpuJpegDecoder::Target{base, 64 * 3 - 1, 1 << 20}}, stream_->get());
+  s = decoder.DecodeBatch({g}, {gv}, {GpuJpegDecoder::Target{base, 64 * 3 - 1, 1 << 20}},
+                          stream_->get());
   EXPECT_THAT(Msg(s), HasSubstr("needs a pitch of at least 192"));
 
-  s = decoder.DecodeBatch({g, g, g}, {t0, t1, t1}, stream_->get());
+  s = decoder.DecodeBatch({g, g, g}, {gv, gv, gv}, {t0, t1, t1}, stream_->get());
   EXPECT_THAT(Msg(s), HasSubstr("batch of 3 images; this decoder takes 1 to 2"));
-  s = decoder.DecodeBatch({g, g}, {t0}, stream_->get());
+  s = decoder.DecodeBatch({g, g}, {gv, gv}, {t0}, stream_->get());
   EXPECT_THAT(Msg(s), HasSubstr("counts differ"));
-  s = decoder.DecodeBatch({}, {}, stream_->get());
+  s = decoder.DecodeBatch({g, g}, {gv}, {t0, t1}, stream_->get());
+  EXPECT_THAT(Msg(s), HasSubstr("2 images with 1 verdicts into 2 targets: counts differ"));
+  s = decoder.DecodeBatch({}, {}, {}, stream_->get());
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
 
   // Still usable.
-  ASSERT_TRUE(decoder.DecodeBatch({g, g}, {t0, t1}, stream_->get()).ok());
+  ASSERT_TRUE(decoder.DecodeBatch({g, g}, {gv, gv}, {t0, t1}, stream_->get()).ok());
   ASSERT_TRUE(stream_->Synchronize().ok());
 }
 
@@ -357,6 +364,10 @@ TEST_F(GpuJpegDecoderTest, EachChromaSubsamplingKeepsItsOwnDecodeState) {
     EXPECT_EQ(decoder.stats().batches, batch + 1);
     EXPECT_EQ(decoder.stats().groups, 3 * (batch + 1));
     EXPECT_EQ(decoder.stats().initializations, 3) << "after batch " << batch;
+    // The engines wait for the stream once before a batch and once after, not per group.
+    if (decoder.backend() == GpuJpegDecoder::Backend::kHardware) {
+      EXPECT_EQ(decoder.stats().drains, 2 * (batch + 1));
+    }
   }
   // Only the 4:2:0 group changes size: only its state is initialised again.
   absl::StatusOr<std::vector<Decoded>> gpu = GpuDecode(decoder, {jpegs[0], jpegs[1]}, *stream_);
@@ -377,6 +388,7 @@ TEST_F(GpuJpegDecoderTest, DecodeRate) {
   absl::StatusOr<DeviceBuffer> out = DeviceBuffer::Create(0, bytes * kBatch);
   ASSERT_TRUE(out.ok()) << out.status();
   std::vector<absl::Span<const uint8_t>> spans(kBatch, absl::Span<const uint8_t>(jpeg));
+  std::vector<GpuJpegVerdict> verdicts;
   std::vector<GpuJpegDecoder::Target> targets;
   for (int i = 0; i < kBatch; ++i) {
     targets.push_back({static_cast<uint8_t*>(out->data()) + i * bytes, 500 * 3, bytes});
@@ -386,13 +398,14 @@ TEST_F(GpuJpegDecoderTest, DecodeRate) {
     absl::StatusOr<GpuJpegDecoder> decoder_or = MakeDecoder(kBatch, hardware);
     ASSERT_TRUE(decoder_or.ok()) << decoder_or.status();
     GpuJpegDecoder& decoder = *decoder_or;
+    verdicts.assign(kBatch, decoder.Probe(jpeg));
     for (int i = 0; i < 2; ++i) {  // warm-up: nvJPEG sizes its buffers
-      ASSERT_TRUE(decoder.DecodeBatch(spans, targets, stream_->get()).ok());
+      ASSERT_TRUE(decoder.DecodeBatch(spans, verdicts, targets, stream_->get()).ok());
     }
     ASSERT_TRUE(stream_->Synchronize().ok());
     const auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < kBatches; ++i) {
-      const absl::Status s = decoder.DecodeBatch(spans, targets, stream_->get());
+      const absl::Status s = decoder.DecodeBatch(spans, verdicts, targets, stream_->get());
       ASSERT_TRUE(s.ok()) << s;
     }
     ASSERT_TRUE(stream_->Synchronize().ok());

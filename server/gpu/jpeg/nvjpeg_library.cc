@@ -106,13 +106,13 @@ absl::Status NvJpegLibrary::Resolve() {
   FERRY_NVJPEG_RESOLVE(nvjpegGetHardwareDecoderInfo, false);
   FERRY_NVJPEG_RESOLVE(nvjpegJpegStateCreate, true);
   FERRY_NVJPEG_RESOLVE(nvjpegJpegStateDestroy, true);
-  FERRY_NVJPEG_RESOLVE(nvjpegGetImageInfo, true);
   FERRY_NVJPEG_RESOLVE(nvjpegDecodeBatchedInitialize, true);
   FERRY_NVJPEG_RESOLVE(nvjpegDecodeBatchedPreAllocate, false);
   FERRY_NVJPEG_RESOLVE(nvjpegDecodeBatched, true);
   FERRY_NVJPEG_RESOLVE(nvjpegJpegStreamCreate, true);
   FERRY_NVJPEG_RESOLVE(nvjpegJpegStreamDestroy, true);
   FERRY_NVJPEG_RESOLVE(nvjpegJpegStreamParseHeader, true);
+  FERRY_NVJPEG_RESOLVE(nvjpegJpegStreamGetFrameDimensions, true);
   FERRY_NVJPEG_RESOLVE(nvjpegDecodeBatchedSupported, true);
 #undef FERRY_NVJPEG_RESOLVE
   if (nvjpegGetProperty != nullptr) {

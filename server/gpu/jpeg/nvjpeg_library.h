@@ -75,13 +75,13 @@ class NvJpegLibrary final {
   nvjpeg::nvjpegGetHardwareDecoderInfo_fn nvjpegGetHardwareDecoderInfo = nullptr;
   nvjpeg::nvjpegJpegStateCreate_fn nvjpegJpegStateCreate = nullptr;
   nvjpeg::nvjpegJpegStateDestroy_fn nvjpegJpegStateDestroy = nullptr;
-  nvjpeg::nvjpegGetImageInfo_fn nvjpegGetImageInfo = nullptr;
   nvjpeg::nvjpegDecodeBatchedInitialize_fn nvjpegDecodeBatchedInitialize = nullptr;
   nvjpeg::nvjpegDecodeBatchedPreAllocate_fn nvjpegDecodeBatchedPreAllocate = nullptr;
   nvjpeg::nvjpegDecodeBatched_fn nvjpegDecodeBatched = nullptr;
   nvjpeg::nvjpegJpegStreamCreate_fn nvjpegJpegStreamCreate = nullptr;
   nvjpeg::nvjpegJpegStreamDestroy_fn nvjpegJpegStreamDestroy = nullptr;
   nvjpeg::nvjpegJpegStreamParseHeader_fn nvjpegJpegStreamParseHeader = nullptr;
+  nvjpeg::nvjpegJpegStreamGetFrameDimensions_fn nvjpegJpegStreamGetFrameDimensions = nullptr;
   nvjpeg::nvjpegDecodeBatchedSupported_fn nvjpegDecodeBatchedSupported = nullptr;
 
  private:

@@ -37,12 +37,12 @@ void ExpectEverythingResolved(const NvJpegLibrary& lib) {
   EXPECT_NE(lib.nvjpegDestroy, nullptr);
   EXPECT_NE(lib.nvjpegJpegStateCreate, nullptr);
   EXPECT_NE(lib.nvjpegJpegStateDestroy, nullptr);
-  EXPECT_NE(lib.nvjpegGetImageInfo, nullptr);
   EXPECT_NE(lib.nvjpegDecodeBatchedInitialize, nullptr);
   EXPECT_NE(lib.nvjpegDecodeBatched, nullptr);
   EXPECT_NE(lib.nvjpegJpegStreamCreate, nullptr);
   EXPECT_NE(lib.nvjpegJpegStreamDestroy, nullptr);
   EXPECT_NE(lib.nvjpegJpegStreamParseHeader, nullptr);
+  EXPECT_NE(lib.nvjpegJpegStreamGetFrameDimensions, nullptr);
   EXPECT_NE(lib.nvjpegDecodeBatchedSupported, nullptr);
 }
 

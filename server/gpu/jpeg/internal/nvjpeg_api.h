@@ -101,10 +101,6 @@ using nvjpegGetHardwareDecoderInfo_fn = nvjpegStatus_t (*)(nvjpegHandle_t handle
 using nvjpegJpegStateCreate_fn = nvjpegStatus_t (*)(nvjpegHandle_t handle,
                                                     nvjpegJpegState_t* jpeg_handle);
 using nvjpegJpegStateDestroy_fn = nvjpegStatus_t (*)(nvjpegJpegState_t jpeg_handle);
-using nvjpegGetImageInfo_fn = nvjpegStatus_t (*)(nvjpegHandle_t handle, const unsigned char* data,
-                                                 size_t length, int* nComponents,
-                                                 nvjpegChromaSubsampling_t* subsampling,
-                                                 int* widths, int* heights);
 using nvjpegDecodeBatchedInitialize_fn = nvjpegStatus_t (*)(nvjpegHandle_t handle,
                                                             nvjpegJpegState_t jpeg_handle,
                                                             int batch_size, int max_cpu_threads,
@@ -127,6 +123,10 @@ using nvjpegJpegStreamDestroy_fn = nvjpegStatus_t (*)(nvjpegJpegStream_t jpeg_st
 using nvjpegJpegStreamParseHeader_fn = nvjpegStatus_t (*)(nvjpegHandle_t handle,
                                                           const unsigned char* data, size_t length,
                                                           nvjpegJpegStream_t jpeg_stream);
+// The frame's size as nvJPEG read it from the parsed stream.
+using nvjpegJpegStreamGetFrameDimensions_fn = nvjpegStatus_t (*)(nvjpegJpegStream_t jpeg_stream,
+                                                                 unsigned int* width,
+                                                                 unsigned int* height);
 // *is_supported == 0 means nvjpegDecodeBatched can decode the parsed stream.
 using nvjpegDecodeBatchedSupported_fn = nvjpegStatus_t (*)(nvjpegHandle_t handle,
                                                            nvjpegJpegStream_t jpeg_stream,
