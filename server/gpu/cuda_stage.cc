@@ -81,7 +81,8 @@ absl::StatusOr<std::unique_ptr<CudaStage>> CudaStage::Create(
   }
   stage->slot_stream_.assign(stage->slots_.size(), -1);
   FERRY_ASSIGN_OR_RETURN(
-      stage->jpeg_, GpuJpegStage::Create(device, job, stage->layout_, num_slots, stage->counters_));
+      stage->jpeg_,
+      GpuJpegStage::Create(device, job, slab.data(), stage->layout_, num_slots, stage->counters_));
   // Registration, stream, per slot a buffer and ready and released events, maybe per host
   // slot an event. A consumer adds none (it records the exported events).
   stage->objects_created_ = 2 + 3 * stage->slots_.size() + stage->copy_done_.size();
@@ -175,7 +176,7 @@ absl::Status CudaStage::EnqueueCopy(int host_slot, int device_slot, uint32_t num
                                : EnqueueSlotCopy(*stream, src, dst, num_samples));
   // nvJPEG reads the routed JPEGs from the host slot: it stays busy until they are decoded.
   if (jpeg_ != nullptr) {
-    FERRY_RETURN_IF_ERROR(jpeg_->Enqueue(*stream, src, dst, device_slot, num_samples));
+    FERRY_RETURN_IF_ERROR(jpeg_->Enqueue(*stream, host_slot, src, dst, device_slot, num_samples));
   }
   // Images: the host slot is free once the bytes crossed PCIe, before the normalize
   // kernel (long) has read them from device memory. Otherwise the ready event marks both.

@@ -82,6 +82,13 @@ class CudaStage final : public DeviceStage {
     if (jpeg_ != nullptr) jpeg_->ReportConsumerWait(waited, interval);
   }
   void SetCallbacks(Callbacks callbacks) override { callbacks_ = std::move(callbacks); }
+  // A GPU-decoding stage probes the filled batch's routed JPEGs ahead of its StartCopy.
+  void BatchFilled(int host_slot, uint32_t num_samples) override {
+    if (jpeg_ != nullptr) jpeg_->ProbeAhead(host_slot, num_samples);
+  }
+  void BatchDropped(int host_slot) override {
+    if (jpeg_ != nullptr) jpeg_->ForgetProbe(host_slot);
+  }
   absl::Status StartCopy(int host_slot, int device_slot, uint32_t num_samples, bool gather,
                          uint64_t token) override;
   void WatchReleased(int device_slot, uint64_t token) override;

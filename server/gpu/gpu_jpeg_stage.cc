@@ -9,6 +9,7 @@
 #include "absl/types/span.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/thread_name.h"
 #include "cuda/scoped_device.h"
 #include "server/decode/gpu_decode_plan.h"
 #include "server/kernels/resample.h"
@@ -16,8 +17,8 @@
 namespace ferry {
 
 absl::StatusOr<std::unique_ptr<GpuJpegStage>> GpuJpegStage::Create(
-    int device, const Job& job, const DeviceSlotLayout& layout, int num_device_slots,
-    std::shared_ptr<GpuCounters> counters) {
+    int device, const Job& job, const uint8_t* slab, const DeviceSlotLayout& layout,
+    int num_device_slots, std::shared_ptr<GpuCounters> counters) {
   int plan_field = -1, jpeg_field = -1;
   for (size_t f = 0; f < job.layout().fields.size(); ++f) {
     const FieldLayout& field = job.layout().fields[f];
@@ -33,6 +34,7 @@ absl::StatusOr<std::unique_ptr<GpuJpegStage>> GpuJpegStage::Create(
   std::unique_ptr<GpuJpegStage> jpeg(new GpuJpegStage());
   jpeg->device_ = device;
   jpeg->host_ = &job.layout();
+  jpeg->slab_ = slab;
   jpeg->layout_ = &layout;
   jpeg->counters_ = std::move(counters);
   jpeg->plan_field_ = plan_field;
@@ -44,6 +46,7 @@ absl::StatusOr<std::unique_ptr<GpuJpegStage>> GpuJpegStage::Create(
                   << GpuJpegDecoder::BackendName(decoder.backend()) << " backend, "
                   << GpuDecodeModeName(job.gpu_decode()->mode()) << ")";
   jpeg->jpeg_decoder_.emplace(std::move(decoder));
+  FERRY_ASSIGN_OR_RETURN(jpeg->prober_, jpeg->jpeg_decoder_->MakeProber());
   FERRY_ASSIGN_OR_RETURN(jpeg->decode_stream_, CudaStream::Create(device));
   FERRY_ASSIGN_OR_RETURN(jpeg->decoded_, CudaEvent::Create(device, CudaEvent::kSync));
   for (DecodeArena& arena : jpeg->arenas_) {
@@ -70,10 +73,18 @@ absl::StatusOr<std::unique_ptr<GpuJpegStage>> GpuJpegStage::Create(
   }
   jpeg->decode_pending_.assign(static_cast<size_t>(num_device_slots), 0);
   jpeg->fallback_decoder_.set_limits(DecodeLimits{});
+  jpeg->probe_thread_ = std::thread([stage = jpeg.get()] { stage->RunProbeThread(); });
   return jpeg;
 }
 
 GpuJpegStage::~GpuJpegStage() {
+  if (probe_thread_.joinable()) {
+    {
+      absl::MutexLock lock(&probe_mutex_);
+      quitting_ = true;
+    }
+    probe_thread_.join();
+  }
   if (!decode_stream_.has_value()) return;
   ScopedDevice scope(device_);
   absl::Status s = decode_stream_->Synchronize();
@@ -91,6 +102,82 @@ void GpuJpegStage::ReportDecodeTimes() {
   }
 }
 
+void GpuJpegStage::ProbeAhead(int host_slot, uint32_t num_samples) {
+  absl::MutexLock lock(&probe_mutex_);
+  if (static_cast<size_t>(host_slot) >= probes_.size()) probes_.resize(host_slot + 1);
+  SlotProbe& probe = probes_[host_slot];
+  probe.num_samples = num_samples;
+  probe.done = false;
+  probe.verdicts.clear();
+  if (!probe.queued) probe_queue_.push_back(host_slot);
+  probe.queued = true;
+}
+
+std::optional<std::vector<GpuJpegVerdict>> GpuJpegStage::TakeProbe(int host_slot) {
+  absl::MutexLock lock(&probe_mutex_);
+  auto not_probing = [this, host_slot]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(probe_mutex_) {
+    return probing_ != host_slot;
+  };
+  probe_mutex_.Await(absl::Condition(&not_probing));
+  if (static_cast<size_t>(host_slot) >= probes_.size()) return std::nullopt;
+  SlotProbe& probe = probes_[host_slot];
+  if (probe.queued) {
+    probe_queue_.erase(std::find(probe_queue_.begin(), probe_queue_.end(), host_slot));
+    probe.queued = false;
+  }
+  std::optional<std::vector<GpuJpegVerdict>> verdicts;
+  if (probe.done) verdicts = std::move(probe.verdicts);
+  probe.done = false;
+  probe.verdicts.clear();
+  return verdicts;
+}
+
+void GpuJpegStage::ForgetProbe(int host_slot) { TakeProbe(host_slot); }
+
+void GpuJpegStage::RunProbeThread() {
+  NameThisThread(absl::StrCat("ferry-probe-g", device_));
+  for (;;) {
+    int host_slot = -1;
+    uint32_t num_samples = 0;
+    {
+      absl::MutexLock lock(&probe_mutex_);
+      auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(probe_mutex_) {
+        return quitting_ || !probe_queue_.empty();
+      };
+      probe_mutex_.Await(absl::Condition(&has_work));
+      if (quitting_) return;
+      host_slot = probe_queue_.front();
+      probe_queue_.pop_front();
+      probes_[host_slot].queued = false;
+      num_samples = probes_[host_slot].num_samples;
+      probing_ = host_slot;
+    }
+    std::vector<GpuJpegVerdict> verdicts = ProbeRows(
+        *prober_, slab_ + static_cast<size_t>(host_slot) * host_->slot_bytes, num_samples);
+    absl::MutexLock lock(&probe_mutex_);
+    probing_ = -1;
+    probes_[host_slot].verdicts = std::move(verdicts);
+    probes_[host_slot].done = true;
+  }
+}
+
+std::vector<GpuJpegVerdict> GpuJpegStage::ProbeRows(GpuJpegDecoder::Prober& prober,
+                                                    const uint8_t* src,
+                                                    uint32_t num_samples) const {
+  const uint8_t* jpeg_rows = src + host_->offsets[jpeg_field_];
+  const size_t jpeg_row_bytes = host_->fields[jpeg_field_].row_bytes;
+  const auto* plans = reinterpret_cast<const GpuDecodePlan*>(src + host_->offsets[plan_field_]);
+  std::vector<GpuJpegVerdict> verdicts(num_samples);
+  for (uint32_t i = 0; i < num_samples; ++i) {
+    GpuDecodePlan plan;
+    std::memcpy(&plan, &plans[i], sizeof(plan));
+    if (plan.on_gpu == 0) continue;
+    verdicts[i] =
+        prober.Probe(absl::Span<const uint8_t>(jpeg_rows + jpeg_row_bytes * i, plan.jpeg_bytes));
+  }
+  return verdicts;
+}
+
 void GpuJpegStage::CountCpuImage(int32_t reason) {
   counters_->jpeg_cpu_images.fetch_add(1, std::memory_order_relaxed);
   const int index = reason == kPlanNotJpeg ? kNumGpuJpegRejects : reason;
@@ -99,9 +186,13 @@ void GpuJpegStage::CountCpuImage(int32_t reason) {
   }
 }
 
-absl::Status GpuJpegStage::Enqueue(CudaStream& stream, const uint8_t* src, uint8_t* dst,
-                                   int device_slot, uint32_t num_samples) {
+absl::Status GpuJpegStage::Enqueue(CudaStream& stream, int host_slot, const uint8_t* src,
+                                   uint8_t* dst, int device_slot, uint32_t num_samples) {
   ReportDecodeTimes();
+  // The probe thread's verdicts on this batch; when it had not started on it, this thread
+  // probes each routed row below.
+  std::optional<std::vector<GpuJpegVerdict>> probed = TakeProbe(host_slot);
+  if (probed.has_value() && probed->size() != num_samples) probed.reset();
   const int image = 0;  // the image sources' first field
   const FieldLayout& field = host_->fields[image];
   const int size = static_cast<int>(field.shape[0]);
@@ -124,7 +215,7 @@ absl::Status GpuJpegStage::Enqueue(CudaStream& stream, const uint8_t* src, uint8
       continue;
     }
     const absl::Span<const uint8_t> jpeg(jpeg_rows + jpeg_row_bytes * i, plan.jpeg_bytes);
-    const GpuJpegVerdict verdict = jpeg_decoder_->Probe(jpeg);
+    const GpuJpegVerdict verdict = probed.has_value() ? (*probed)[i] : jpeg_decoder_->Probe(jpeg);
     if (verdict.reason != GpuJpegReject::kNone || verdict.width != plan.width ||
         verdict.height != plan.height) {
       const GpuJpegReject reason =

@@ -9,25 +9,37 @@
 // Which batches are routed to the GPU is the rank's turn at the job's GpuDecodeSplit
 // (RouteBatch), which follows the rank's trainer's waits (ReportConsumerWait).
 //
-//   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<GpuJpegStage> jpeg,
-//                          GpuJpegStage::Create(device, job, layout, num_slots, counters));
-//   if (jpeg != nullptr) FERRY_RETURN_IF_ERROR(jpeg->Enqueue(stream, src, dst, slot, n));
+// Each routed JPEG is first probed (GpuJpegDecoder::Probe: nvJPEG parses its header), which
+// costs about as much host time per file as a tenth of its decode. A batch the ring reports
+// filled (ProbeAhead) is probed on the stage's probe thread while the batches before it
+// decode, so that Enqueue finds its verdicts ready; a batch Enqueue reaches first is probed
+// there.
 //
-// Ownership: the Job and `layout` must outlive the stage. Thread safety: Enqueue is called
-// by one thread at a time (the CudaStage's StartCopy); it blocks while nvJPEG decodes.
-// RouteBatch and ReportConsumerWait are called by one thread at a time (under the ring's
-// lock), beside Enqueue; demand from any thread.
+//   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<GpuJpegStage> jpeg,
+//                          GpuJpegStage::Create(device, job, slab, layout, num_slots, counters));
+//   if (jpeg != nullptr) jpeg->ProbeAhead(host_slot, n);   // as the batch fills
+//   if (jpeg != nullptr) FERRY_RETURN_IF_ERROR(jpeg->Enqueue(stream, host_slot, src, dst, slot,
+//   n));
+//
+// Ownership: the Job, the slab and `layout` must outlive the stage. Thread safety: Enqueue
+// is called by one thread at a time (the CudaStage's StartCopy); it blocks while nvJPEG
+// decodes. RouteBatch, ReportConsumerWait, ProbeAhead and ForgetProbe are called by one
+// thread at a time (under the ring's lock), beside Enqueue; demand from any thread.
 #ifndef FERRY_SERVER_GPU_GPU_JPEG_STAGE_H_
 #define FERRY_SERVER_GPU_GPU_JPEG_STAGE_H_
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cuda/cuda_resources.h"
 #include "server/decode/gpu_decode_split.h"
@@ -43,25 +55,34 @@ namespace ferry {
 class GpuJpegStage {
  public:
   // The decode of `job`'s routed JPEGs on `device` for `num_device_slots` device slots laid
-  // out as `layout`; null when the job routes none to the GPU. Makes the nvJPEG decoder,
-  // its stream, and per device slot the resample jobs (pinned) and timing events; counts
-  // the GPU among the job's decoders while it lives. INTERNAL for a layout with one of the
-  // two routing fields and not the other; nvJPEG and CUDA errors as they come.
+  // out as `layout`, from the job's host slots in `slab`; null when the job routes none to
+  // the GPU. Makes the nvJPEG decoder, its stream, the probe thread, and per device slot the
+  // resample jobs (pinned) and timing events; counts the GPU among the job's decoders while
+  // it lives. INTERNAL for a layout with one of the two routing fields and not the other;
+  // nvJPEG and CUDA errors as they come.
   static absl::StatusOr<std::unique_ptr<GpuJpegStage>> Create(
-      int device, const Job& job, const DeviceSlotLayout& layout, int num_device_slots,
-      std::shared_ptr<GpuCounters> counters);
+      int device, const Job& job, const uint8_t* slab, const DeviceSlotLayout& layout,
+      int num_device_slots, std::shared_ptr<GpuCounters> counters);
 
-  // Waits for the decode stream.
+  // Stops the probe thread, then waits for the decode stream.
   ~GpuJpegStage();
   GpuJpegStage(const GpuJpegStage&) = delete;
   GpuJpegStage& operator=(const GpuJpegStage&) = delete;
 
-  // Decodes the routed rows of the host slot at `src` (num_samples rows) into the image
-  // rows of the device slot `device_slot` at `dst`, in `stream`'s order: the resample and
-  // the CPU-decoded rows' copies are enqueued on `stream`, after what it holds (the slot
-  // copy), and work enqueued after sees the pixels. `device_`'s context is current.
-  absl::Status Enqueue(CudaStream& stream, const uint8_t* src, uint8_t* dst, int device_slot,
-                       uint32_t num_samples);
+  // Decodes the routed rows of host slot `host_slot` at `src` (num_samples rows) into the
+  // image rows of the device slot `device_slot` at `dst`, in `stream`'s order: the
+  // resample and the CPU-decoded rows' copies are enqueued on `stream`, after what it holds
+  // (the slot copy), and work enqueued after sees the pixels. Takes the host slot's probe
+  // (waiting for it while the probe thread is at it). `device_`'s context is current.
+  absl::Status Enqueue(CudaStream& stream, int host_slot, const uint8_t* src, uint8_t* dst,
+                       int device_slot, uint32_t num_samples);
+
+  // Host slot `host_slot` holds a filled batch of `num_samples` rows that a later Enqueue
+  // decodes: the probe thread probes its routed JPEGs meanwhile. Does not block.
+  void ProbeAhead(int host_slot, uint32_t num_samples);
+  // The batch in `host_slot` will not be decoded: drops its probe; on return the probe
+  // thread no longer reads the host slot.
+  void ForgetProbe(int host_slot);
 
   // Whether the batch being planned is one the GPU decodes (the workers route its JPEGs
   // here): GpuDecodeSplit::Rank::RouteBatch.
@@ -82,10 +103,23 @@ class GpuJpegStage {
   void CountCpuImage(int32_t reason);
   // Reports the decode time of batches whose timing events completed (GpuDecodeSplit).
   void ReportDecodeTimes();
+  // Probes the routed rows of the host slot at `src` (num_samples rows) with `prober`: a
+  // verdict per row, kCorrupt for the rows the workers decoded.
+  std::vector<GpuJpegVerdict> ProbeRows(GpuJpegDecoder::Prober& prober, const uint8_t* src,
+                                        uint32_t num_samples) const;
+  // The probe thread's loop: probes the host slots ProbeAhead queued, in turn.
+  void RunProbeThread();
+  // The verdicts of host slot `host_slot`'s probe, when the probe thread has done it;
+  // otherwise takes it from the thread's queue (the caller probes). Waits while the probe
+  // thread reads the slot.
+  std::optional<std::vector<GpuJpegVerdict>> TakeProbe(int host_slot)
+      ABSL_LOCKS_EXCLUDED(probe_mutex_);
 
-  // Set in Create, then used by Enqueue's thread only.
+  // Set in Create, then used by Enqueue's thread only (the probe thread reads the layout,
+  // slab_ and the fields too).
   int device_ = 0;
   const SlotLayout* host_ = nullptr;          // the Job's
+  const uint8_t* slab_ = nullptr;             // the job's host slots
   const DeviceSlotLayout* layout_ = nullptr;  // the CudaStage's
   std::shared_ptr<GpuCounters> counters_;
   int plan_field_ = -1;                       // kGpuDecodePlanField
@@ -117,6 +151,23 @@ class GpuJpegStage {
   ImageDecoder fallback_decoder_;          // rows nvJPEG cannot decode
   std::vector<uint8_t> fallback_rgb_;
   std::vector<uint8_t> fallback_row_;
+
+  // Probing ahead. A host slot's entry lives from its ProbeAhead to its Enqueue (or
+  // ForgetProbe); the ring refills a host slot only after one of those, so the probe thread
+  // never reads a slot being written.
+  struct SlotProbe {
+    uint32_t num_samples = 0;
+    bool queued = false;  // in probe_queue_, not yet started
+    bool done = false;    // `verdicts` holds the probe
+    std::vector<GpuJpegVerdict> verdicts;
+  };
+  absl::Mutex probe_mutex_;
+  std::vector<SlotProbe> probes_ ABSL_GUARDED_BY(probe_mutex_);  // per host slot, grown
+  std::deque<int> probe_queue_ ABSL_GUARDED_BY(probe_mutex_);    // host slots, in fill order
+  int probing_ ABSL_GUARDED_BY(probe_mutex_) = -1;               // the probe thread's slot
+  bool quitting_ ABSL_GUARDED_BY(probe_mutex_) = false;
+  std::optional<GpuJpegDecoder::Prober> prober_;  // the probe thread's; after jpeg_decoder_
+  std::thread probe_thread_;                      // joined by the destructor first
 };
 
 }  // namespace ferry

@@ -82,6 +82,10 @@ class RecordingStage final : public DeviceStage {
   void Describe(ferry::v1::AttachResponse* response) const override {
     response->set_slot_bytes(4096);
   }
+  void BatchFilled(int host_slot, uint32_t num_samples) override {
+    filled.emplace_back(host_slot, num_samples);
+  }
+  void BatchDropped(int host_slot) override { dropped.push_back(host_slot); }
   // A decoder that takes every other batch, and remembers the waits it was told of.
   bool PlanGpuDecode() override { return decodes && planned++ % 2 == 0; }
   void ReportConsumerWait(absl::Duration waited, absl::Duration interval) override {
@@ -101,6 +105,8 @@ class RecordingStage final : public DeviceStage {
   Callbacks callbacks_;
   std::vector<Copy> copies;
   std::vector<std::pair<int, uint64_t>> watched;
+  std::vector<std::pair<int, uint32_t>> filled;  // BatchFilled's (host slot, samples)
+  std::vector<int> dropped;                      // BatchDropped's host slots
   absl::Status fail;
   std::function<void()> on_start_copy;
   bool decodes = false;
@@ -204,6 +210,26 @@ TEST_F(DeviceRingTest, AFilledBatchOvertakesAStragglerOnlyWhileASlotStaysForIt) 
   ASSERT_TRUE(ring_->Flush().ok());
   ASSERT_EQ(stage_->copies.size(), 2u);
   EXPECT_EQ(stage_->copies[1].host_slot, 0);
+}
+
+// The stage hears of each filled batch as it fills, before a device slot is free for its
+// copy (so that it can prepare the copy), and of each filled batch a seek drops before its
+// copy, before the pipeline may refill that host slot.
+TEST_F(DeviceRingTest, TheStageHearsOfFilledBatchesBeforeTheirCopiesAndOfDroppedOnes) {
+  Make(1);
+  ring_->Enqueue({.ticket = 0, .host_slot = 4, .num_samples = 8});
+  ring_->Enqueue({.ticket = 1, .host_slot = 5, .num_samples = 3});
+  ring_->Enqueue({.ticket = 2, .host_slot = 6, .num_samples = 2});
+  EXPECT_THAT(stage_->filled, IsEmpty());
+  ring_->Filled(0);
+  ring_->Filled(1);  // no device slot left for it
+  ASSERT_TRUE(ring_->Flush().ok());
+  ASSERT_EQ(stage_->copies.size(), 1u);
+  EXPECT_THAT(stage_->filled, ElementsAre(std::pair(4, 8u), std::pair(5, 3u)));
+  std::vector<int> freed;
+  ring_->DropQueued(&freed);
+  EXPECT_THAT(freed, ElementsAre(5));
+  EXPECT_THAT(stage_->dropped, ElementsAre(5));  // not 4 (being copied) nor 6 (not filled)
 }
 
 TEST_F(DeviceRingTest, ASeekFreesDeviceSlotsAndIgnoresTheAbandonedCopysReport) {

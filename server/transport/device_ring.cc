@@ -104,6 +104,7 @@ void DeviceRing::Filled(uint64_t ticket) {
     if (q.ticket != ticket) continue;
     q.filled = true;
     q.filled_at = clock_.Now();
+    stage_->BatchFilled(q.host_slot, q.num_samples);
     break;
   }
   OrderCopiesLocked();
@@ -167,6 +168,7 @@ void DeviceRing::DropQueued(std::vector<int>* freed) {
       // comes back through host_slot_free once the copy has read it.
       FreeLocked(slots_[q.device_slot]);
     } else if (q.filled) {
+      stage_->BatchDropped(q.host_slot);
       freed->push_back(q.host_slot);
     }
   }

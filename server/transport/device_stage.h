@@ -86,6 +86,16 @@ class DeviceStage {
   // stage's device work proceeds beside every other's. Constant.
   virtual bool start_copy_waits() const { return false; }
 
+  // The batch in host slot `host_slot` (`num_samples` rows) is filled: a StartCopy of it
+  // follows, unless BatchDropped(host_slot) comes first. The stage may read the host slot
+  // from now on (nothing writes it before its host_slot_free or BatchDropped), e.g. to
+  // prepare the copy while earlier ones run. Called under the ring's lock: must not block.
+  virtual void BatchFilled(int host_slot, uint32_t num_samples) {}
+  // The filled batch in host slot `host_slot` will not be copied (DeliveryRing::DropQueued).
+  // Once this returns the stage reads the host slot no more: it may be refilled. Called
+  // under the ring's lock.
+  virtual void BatchDropped(int host_slot) {}
+
   // Copies host slot `host_slot` (holding `num_samples` rows) into device slot
   // `device_slot`, converts it there and records the slot's "ready" signal after that work;
   // then reports host_slot_free(host_slot) and device_slot_ready(device_slot, token). The

@@ -232,27 +232,77 @@ int GpuJpegDecoder::hardware_cores_per_engine() const { return impl_->cores_per_
 absl::string_view GpuJpegDecoder::library_version() const { return impl_->lib.version(); }
 const GpuJpegDecoder::CallStats& GpuJpegDecoder::stats() const { return impl_->stats; }
 
-GpuJpegVerdict GpuJpegDecoder::Probe(absl::Span<const uint8_t> jpeg) {
-  GpuJpegVerdict v = ClassifyForGpuDecode(jpeg, impl_->limits);
-  if (v.reason != GpuJpegReject::kNone || impl_->backend != Backend::kHardware) return v;
-  const NvJpegLibrary& lib = impl_->lib;
-  if (lib.nvjpegJpegStreamParseHeader(impl_->handle, jpeg.data(), jpeg.size(),
-                                      impl_->jpeg_stream) != NVJPEG_STATUS_SUCCESS) {
+namespace {
+
+// Probe's decision on `jpeg` for the decoder `d`, parsing it in `parse` (a stream of d's
+// handle that no other thread uses meanwhile).
+GpuJpegVerdict ProbeWith(const GpuJpegDecoder::Impl& d, nvjpegJpegStream_t parse,
+                         absl::Span<const uint8_t> jpeg) {
+  GpuJpegVerdict v = ClassifyForGpuDecode(jpeg, d.limits);
+  if (v.reason != GpuJpegReject::kNone || d.backend != GpuJpegDecoder::Backend::kHardware) {
+    return v;
+  }
+  const NvJpegLibrary& lib = d.lib;
+  if (lib.nvjpegJpegStreamParseHeader(d.handle, jpeg.data(), jpeg.size(), parse) !=
+      NVJPEG_STATUS_SUCCESS) {
     v.reason = GpuJpegReject::kCorrupt;
     return v;
   }
   int unsupported = 1;  // 0 means supported
   unsigned width = 0, height = 0;
-  if (lib.nvjpegDecodeBatchedSupported(impl_->handle, impl_->jpeg_stream, &unsupported) !=
-          NVJPEG_STATUS_SUCCESS ||
+  if (lib.nvjpegDecodeBatchedSupported(d.handle, parse, &unsupported) != NVJPEG_STATUS_SUCCESS ||
       unsupported != 0 ||
       // DecodeBatch sizes the targets from the verdict: nvJPEG must read the same frame.
-      lib.nvjpegJpegStreamGetFrameDimensions(impl_->jpeg_stream, &width, &height) !=
-          NVJPEG_STATUS_SUCCESS ||
+      lib.nvjpegJpegStreamGetFrameDimensions(parse, &width, &height) != NVJPEG_STATUS_SUCCESS ||
       width != static_cast<unsigned>(v.width) || height != static_cast<unsigned>(v.height)) {
     v.reason = GpuJpegReject::kDecoderRefused;
   }
   return v;
+}
+
+}  // namespace
+
+GpuJpegVerdict GpuJpegDecoder::Probe(absl::Span<const uint8_t> jpeg) {
+  return ProbeWith(*impl_, impl_->jpeg_stream, jpeg);
+}
+
+absl::StatusOr<GpuJpegDecoder::Prober> GpuJpegDecoder::MakeProber() const {
+  const Impl& d = *impl_;
+  ScopedDevice scope(d.device);
+  FERRY_RETURN_IF_ERROR(scope.status());
+  absl::MutexLock lock(&lifecycle_mutex);
+  nvjpegJpegStream_t parse = nullptr;
+  FERRY_RETURN_IF_ERROR(NvJpegStatus(d.lib.nvjpegJpegStreamCreate(d.handle, &parse),
+                                     "nvjpegJpegStreamCreate", absl::StrCat("device ", d.device)));
+  return Prober(&d, parse);
+}
+
+GpuJpegDecoder::Prober::Prober(const Impl* decoder, nvjpegJpegStream_t parse)
+    : decoder_(decoder), parse_(parse) {}
+
+GpuJpegDecoder::Prober::Prober(Prober&& other) noexcept
+    : decoder_(std::exchange(other.decoder_, nullptr)),
+      parse_(std::exchange(other.parse_, nullptr)) {}
+
+GpuJpegDecoder::Prober& GpuJpegDecoder::Prober::operator=(Prober&& other) noexcept {
+  if (this != &other) {
+    Prober gone(std::move(*this));
+    decoder_ = std::exchange(other.decoder_, nullptr);
+    parse_ = std::exchange(other.parse_, nullptr);
+  }
+  return *this;
+}
+
+GpuJpegDecoder::Prober::~Prober() {
+  if (parse_ == nullptr) return;
+  ScopedDevice scope(decoder_->device);
+  absl::MutexLock lock(&lifecycle_mutex);
+  LogIfFailed(decoder_->lib.nvjpegJpegStreamDestroy(parse_), "nvjpegJpegStreamDestroy",
+              decoder_->device);
+}
+
+GpuJpegVerdict GpuJpegDecoder::Prober::Probe(absl::Span<const uint8_t> jpeg) {
+  return ProbeWith(*decoder_, parse_, jpeg);
 }
 
 namespace {

@@ -34,6 +34,9 @@
 #include "server/decode/jpeg_header.h"
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*
+namespace ferry::nvjpeg {
+struct nvjpegJpegStream;  // nvjpegJpegStream_t is nvjpegJpegStream* (internal/nvjpeg_api.h)
+}  // namespace ferry::nvjpeg
 
 namespace ferry {
 
@@ -97,6 +100,30 @@ class GpuJpegDecoder final {
   // rules did; kCorrupt when nvJPEG cannot parse the header). Host work only.
   GpuJpegVerdict Probe(absl::Span<const uint8_t> jpeg);
 
+  struct Impl;
+
+  // Probe for another thread: a header parse of its own on this decoder's nvJPEG handle, so
+  // that one thread probes the next batch's files while another decodes this one. Used by
+  // one thread at a time; the decoder (or what it was moved to) must outlive it.
+  class Prober {
+   public:
+    Prober(Prober&& other) noexcept;
+    Prober& operator=(Prober&& other) noexcept;
+    Prober(const Prober&) = delete;
+    Prober& operator=(const Prober&) = delete;
+    ~Prober();
+    // GpuJpegDecoder::Probe's verdict.
+    GpuJpegVerdict Probe(absl::Span<const uint8_t> jpeg);
+
+   private:
+    friend class GpuJpegDecoder;
+    Prober(const Impl* decoder, nvjpeg::nvjpegJpegStream* parse);
+    const Impl* decoder_ = nullptr;
+    nvjpeg::nvjpegJpegStream* parse_ = nullptr;
+  };
+  // nvJPEG errors as NvJpegStatus gives them.
+  absl::StatusOr<Prober> MakeProber() const;
+
   // Where one image goes: `bytes` of device memory on this decoder's device, rows of
   // width * 3 bytes `pitch` bytes apart.
   struct Target {
@@ -139,8 +166,6 @@ class GpuJpegDecoder final {
     double decode_seconds = 0;  // inside nvjpegDecodeBatched
   };
   const CallStats& stats() const;
-
-  struct Impl;
 
  private:
   explicit GpuJpegDecoder(std::unique_ptr<Impl> impl);
