@@ -9,7 +9,6 @@
 #include "absl/types/span.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "common/thread_name.h"
 #include "cuda/scoped_device.h"
 #include "server/decode/gpu_decode_plan.h"
 #include "server/kernels/resample.h"
@@ -73,18 +72,19 @@ absl::StatusOr<std::unique_ptr<GpuJpegStage>> GpuJpegStage::Create(
   }
   jpeg->decode_pending_.assign(static_cast<size_t>(num_device_slots), 0);
   jpeg->fallback_decoder_.set_limits(DecodeLimits{});
-  jpeg->probe_thread_ = std::thread([stage = jpeg.get()] { stage->RunProbeThread(); });
+  GpuJpegStage* stage = jpeg.get();
+  jpeg->probes_.emplace(
+      [stage](int host_slot, uint32_t num_samples) {
+        return stage->ProbeRows(
+            *stage->prober_,
+            stage->slab_ + static_cast<size_t>(host_slot) * stage->host_->slot_bytes, num_samples);
+      },
+      absl::StrCat("g", device));
   return jpeg;
 }
 
 GpuJpegStage::~GpuJpegStage() {
-  if (probe_thread_.joinable()) {
-    {
-      absl::MutexLock lock(&probe_mutex_);
-      quitting_ = true;
-    }
-    probe_thread_.join();
-  }
+  probes_.reset();  // its thread uses prober_ and reads the slab
   if (!decode_stream_.has_value()) return;
   ScopedDevice scope(device_);
   absl::Status s = decode_stream_->Synchronize();
@@ -99,65 +99,6 @@ void GpuJpegStage::ReportDecodeTimes() {
     absl::StatusOr<float> ms = ElapsedMillis(decode_started_[d], decode_done_[d]);
     if (ms.ok()) gpu_decode_->ReportGpuBatch(decode_pending_[d], *ms / 1e3);
     decode_pending_[d] = 0;
-  }
-}
-
-void GpuJpegStage::ProbeAhead(int host_slot, uint32_t num_samples) {
-  absl::MutexLock lock(&probe_mutex_);
-  if (static_cast<size_t>(host_slot) >= probes_.size()) probes_.resize(host_slot + 1);
-  SlotProbe& probe = probes_[host_slot];
-  probe.num_samples = num_samples;
-  probe.done = false;
-  probe.verdicts.clear();
-  if (!probe.queued) probe_queue_.push_back(host_slot);
-  probe.queued = true;
-}
-
-std::optional<std::vector<GpuJpegVerdict>> GpuJpegStage::TakeProbe(int host_slot) {
-  absl::MutexLock lock(&probe_mutex_);
-  auto not_probing = [this, host_slot]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(probe_mutex_) {
-    return probing_ != host_slot;
-  };
-  probe_mutex_.Await(absl::Condition(&not_probing));
-  if (static_cast<size_t>(host_slot) >= probes_.size()) return std::nullopt;
-  SlotProbe& probe = probes_[host_slot];
-  if (probe.queued) {
-    probe_queue_.erase(std::find(probe_queue_.begin(), probe_queue_.end(), host_slot));
-    probe.queued = false;
-  }
-  std::optional<std::vector<GpuJpegVerdict>> verdicts;
-  if (probe.done) verdicts = std::move(probe.verdicts);
-  probe.done = false;
-  probe.verdicts.clear();
-  return verdicts;
-}
-
-void GpuJpegStage::ForgetProbe(int host_slot) { TakeProbe(host_slot); }
-
-void GpuJpegStage::RunProbeThread() {
-  NameThisThread(absl::StrCat("ferry-probe-g", device_));
-  for (;;) {
-    int host_slot = -1;
-    uint32_t num_samples = 0;
-    {
-      absl::MutexLock lock(&probe_mutex_);
-      auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(probe_mutex_) {
-        return quitting_ || !probe_queue_.empty();
-      };
-      probe_mutex_.Await(absl::Condition(&has_work));
-      if (quitting_) return;
-      host_slot = probe_queue_.front();
-      probe_queue_.pop_front();
-      probes_[host_slot].queued = false;
-      num_samples = probes_[host_slot].num_samples;
-      probing_ = host_slot;
-    }
-    std::vector<GpuJpegVerdict> verdicts = ProbeRows(
-        *prober_, slab_ + static_cast<size_t>(host_slot) * host_->slot_bytes, num_samples);
-    absl::MutexLock lock(&probe_mutex_);
-    probing_ = -1;
-    probes_[host_slot].verdicts = std::move(verdicts);
-    probes_[host_slot].done = true;
   }
 }
 
@@ -191,7 +132,7 @@ absl::Status GpuJpegStage::Enqueue(CudaStream& stream, int host_slot, const uint
   ReportDecodeTimes();
   // The probe thread's verdicts on this batch; when it had not started on it, this thread
   // probes each routed row below.
-  std::optional<std::vector<GpuJpegVerdict>> probed = TakeProbe(host_slot);
+  std::optional<std::vector<GpuJpegVerdict>> probed = probes_->Take(host_slot);
   if (probed.has_value() && probed->size() != num_samples) probed.reset();
   const int image = 0;  // the image sources' first field
   const FieldLayout& field = host_->fields[image];

@@ -9,17 +9,16 @@
 // Which batches are routed to the GPU is the rank's turn at the job's GpuDecodeSplit
 // (RouteBatch), which follows the rank's trainer's waits (ReportConsumerWait).
 //
-// Each routed JPEG is first probed (GpuJpegDecoder::Probe: nvJPEG parses its header), which
-// costs about as much host time per file as a tenth of its decode. A batch the ring reports
-// filled (ProbeAhead) is probed on the stage's probe thread while the batches before it
-// decode, so that Enqueue finds its verdicts ready; a batch Enqueue reaches first is probed
-// there.
+// Each routed JPEG is first probed (GpuJpegDecoder::Probe: nvJPEG parses its header), host
+// work that would otherwise hold the engines idle between two batches. A batch the ring
+// reports filled (ProbeAhead) is probed on the stage's probe thread while the batches before
+// it decode, so that Enqueue finds its verdicts ready; a batch Enqueue reaches first is
+// probed there.
 //
 //   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<GpuJpegStage> jpeg,
-//                          GpuJpegStage::Create(device, job, slab, layout, num_slots, counters));
-//   if (jpeg != nullptr) jpeg->ProbeAhead(host_slot, n);   // as the batch fills
-//   if (jpeg != nullptr) FERRY_RETURN_IF_ERROR(jpeg->Enqueue(stream, host_slot, src, dst, slot,
-//   n));
+//                          GpuJpegStage::Create(device, job, slab, layout, slots, counters));
+//   jpeg->ProbeAhead(host_slot, n);  // as the batch fills
+//   FERRY_RETURN_IF_ERROR(jpeg->Enqueue(stream, host_slot, src, dst, device_slot, n));
 //
 // Ownership: the Job, the slab and `layout` must outlive the stage. Thread safety: Enqueue
 // is called by one thread at a time (the CudaStage's StartCopy); it blocks while nvJPEG
@@ -30,22 +29,19 @@
 
 #include <array>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <optional>
-#include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cuda/cuda_resources.h"
 #include "server/decode/gpu_decode_split.h"
 #include "server/decode/image_transform.h"
 #include "server/gpu/device_slot_layout.h"
 #include "server/gpu/gpu_counters.h"
+#include "server/gpu/host_slot_probes.h"
 #include "server/gpu/jpeg/gpu_jpeg_decoder.h"
 #include "server/kernels/resample.h"
 #include "server/pipeline/job.h"
@@ -79,10 +75,10 @@ class GpuJpegStage {
 
   // Host slot `host_slot` holds a filled batch of `num_samples` rows that a later Enqueue
   // decodes: the probe thread probes its routed JPEGs meanwhile. Does not block.
-  void ProbeAhead(int host_slot, uint32_t num_samples);
+  void ProbeAhead(int host_slot, uint32_t num_samples) { probes_->Queue(host_slot, num_samples); }
   // The batch in `host_slot` will not be decoded: drops its probe; on return the probe
   // thread no longer reads the host slot.
-  void ForgetProbe(int host_slot);
+  void ForgetProbe(int host_slot) { probes_->Forget(host_slot); }
 
   // Whether the batch being planned is one the GPU decodes (the workers route its JPEGs
   // here): GpuDecodeSplit::Rank::RouteBatch.
@@ -107,13 +103,6 @@ class GpuJpegStage {
   // verdict per row, kCorrupt for the rows the workers decoded.
   std::vector<GpuJpegVerdict> ProbeRows(GpuJpegDecoder::Prober& prober, const uint8_t* src,
                                         uint32_t num_samples) const;
-  // The probe thread's loop: probes the host slots ProbeAhead queued, in turn.
-  void RunProbeThread();
-  // The verdicts of host slot `host_slot`'s probe, when the probe thread has done it;
-  // otherwise takes it from the thread's queue (the caller probes). Waits while the probe
-  // thread reads the slot.
-  std::optional<std::vector<GpuJpegVerdict>> TakeProbe(int host_slot)
-      ABSL_LOCKS_EXCLUDED(probe_mutex_);
 
   // Set in Create, then used by Enqueue's thread only (the probe thread reads the layout,
   // slab_ and the fields too).
@@ -152,22 +141,8 @@ class GpuJpegStage {
   std::vector<uint8_t> fallback_rgb_;
   std::vector<uint8_t> fallback_row_;
 
-  // Probing ahead. A host slot's entry lives from its ProbeAhead to its Enqueue (or
-  // ForgetProbe); the ring refills a host slot only after one of those, so the probe thread
-  // never reads a slot being written.
-  struct SlotProbe {
-    uint32_t num_samples = 0;
-    bool queued = false;  // in probe_queue_, not yet started
-    bool done = false;    // `verdicts` holds the probe
-    std::vector<GpuJpegVerdict> verdicts;
-  };
-  absl::Mutex probe_mutex_;
-  std::vector<SlotProbe> probes_ ABSL_GUARDED_BY(probe_mutex_);  // per host slot, grown
-  std::deque<int> probe_queue_ ABSL_GUARDED_BY(probe_mutex_);    // host slots, in fill order
-  int probing_ ABSL_GUARDED_BY(probe_mutex_) = -1;               // the probe thread's slot
-  bool quitting_ ABSL_GUARDED_BY(probe_mutex_) = false;
   std::optional<GpuJpegDecoder::Prober> prober_;  // the probe thread's; after jpeg_decoder_
-  std::thread probe_thread_;                      // joined by the destructor first
+  std::optional<HostSlotProbes> probes_;          // reset first by the destructor
 };
 
 }  // namespace ferry
