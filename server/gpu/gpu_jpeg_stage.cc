@@ -75,6 +75,11 @@ absl::StatusOr<std::unique_ptr<GpuJpegStage>> GpuJpegStage::Create(
   GpuJpegStage* stage = jpeg.get();
   jpeg->probes_.emplace(
       [stage](int host_slot, uint32_t num_samples) {
+        // nvJPEG's parse is host work; its handle is the device's, which is made current
+        // as on every thread of ferryd that calls into CUDA's libraries. No verdicts when
+        // that fails: Enqueue then probes the batch on its own thread.
+        ScopedDevice scope(stage->device_);
+        if (!scope.status().ok()) return std::vector<GpuJpegVerdict>();
         return stage->ProbeRows(
             *stage->prober_,
             stage->slab_ + static_cast<size_t>(host_slot) * stage->host_->slot_bytes, num_samples);
