@@ -27,7 +27,7 @@
 // decode; an input-bound one gets it within a few batches.
 //
 // The cost model treats the two sides as independent, and they are not: workers decoding on
-// every core slow the GPU's decode thread (its host work: nvJPEG's parse, the copies) and
+// every core slow the GPU's decode thread (the host work of its nvJPEG calls) and
 // each other, so the measured g and c rise with the CPU's share, and f settles where both
 // sides are slowed rather than where the batches come fastest (docs/operations.md). So
 // kAuto also searches: the balance is the model's f plus an offset that a perturb-and-
