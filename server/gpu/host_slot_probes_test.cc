@@ -74,6 +74,13 @@ HostSlotProbes::Probe Calling(TestProbe& probe) {
   return [&probe](int host_slot, uint32_t n) { return probe(host_slot, n); };
 }
 
+// Queues `host_slot` (`n` rows) and returns once the probe thread is held inside its probe.
+void QueueAndHold(HostSlotProbes& probes, TestProbe& probe, int host_slot, uint32_t n) {
+  probe.Hold();
+  probes.Queue(host_slot, n);
+  probe.AwaitInside(host_slot);
+}
+
 TEST(HostSlotProbesTest, AQueuedBatchIsProbedOnTheThreadAndTakenWithItsVerdicts) {
   TestProbe probe;
   HostSlotProbes probes(Calling(probe), "test");
@@ -98,9 +105,7 @@ TEST(HostSlotProbesTest, AQueuedBatchIsProbedOnTheThreadAndTakenWithItsVerdicts)
 TEST(HostSlotProbesTest, ATakeWhileTheThreadProbesTheSlotWaitsForItsVerdicts) {
   TestProbe probe;
   HostSlotProbes probes(Calling(probe), "test");
-  probe.Hold();
-  probes.Queue(0, 3);
-  probe.AwaitInside(0);
+  QueueAndHold(probes, probe, 0, 3);
   std::optional<std::vector<GpuJpegVerdict>> taken;
   std::thread taker([&] { taken = probes.Take(0); });
   probe.Release();  // whenever the taker got to wait, it returns only after the probe
@@ -112,9 +117,8 @@ TEST(HostSlotProbesTest, ATakeWhileTheThreadProbesTheSlotWaitsForItsVerdicts) {
 TEST(HostSlotProbesTest, ASlotTakenBeforeTheThreadReachesItLeavesTheQueueUnprobed) {
   TestProbe probe;
   HostSlotProbes probes(Calling(probe), "test");
-  probe.Hold();
-  probes.Queue(0, 1);
-  probe.AwaitInside(0);  // the thread is busy with slot 0; slots 1 and 2 wait in the queue
+  // The thread is busy with slot 0; slots 1 and 2 wait in the queue.
+  QueueAndHold(probes, probe, 0, 1);
   probes.Queue(1, 1);
   probes.Queue(2, 1);
   EXPECT_FALSE(probes.Take(1).has_value());  // the caller probes it itself
@@ -133,9 +137,7 @@ TEST(HostSlotProbesTest, ASlotTakenBeforeTheThreadReachesItLeavesTheQueueUnprobe
 TEST(HostSlotProbesTest, ForgetWaitsForTheProbeOfItsSlotAndDropsIt) {
   TestProbe probe;
   HostSlotProbes probes(Calling(probe), "test");
-  probe.Hold();
-  probes.Queue(4, 2);
-  probe.AwaitInside(4);
+  QueueAndHold(probes, probe, 4, 2);
   std::thread forgetter([&] { probes.Forget(4); });
   probe.Release();
   forgetter.join();  // returns only once the thread no longer reads slot 4
@@ -146,9 +148,7 @@ TEST(HostSlotProbesTest, DestroyingItWhileItProbesJoinsAfterThatProbeAndDropsThe
   TestProbe probe;
   {
     HostSlotProbes probes(Calling(probe), "test");
-    probe.Hold();
-    probes.Queue(0, 1);
-    probe.AwaitInside(0);
+    QueueAndHold(probes, probe, 0, 1);
     probes.Queue(1, 1);
     probe.Release();
   }  // joins: slot 0's probe ends; slot 1 may or may not have started before the quit
