@@ -26,9 +26,13 @@
 // with a plain HTTP client). S3RVER_MB_PER_S=R sends the bodies of GETs through one link of
 // R MB/s that every connection shares, as a store behind a network of that bandwidth (each
 // answer's bytes wait for the link in the order they are written; benchmarks measure a
-// store slower than this machine's loopback). S3RVER_FLAKY=1 makes it a store having a bad day, deterministically: every second read
-// request is answered 503 SlowDown, and every sixth cut after its first 4 KiB (the
-// connection closed mid-body).
+// store slower than this machine's loopback).
+// S3RVER_FLAKY=1 makes it a store having a bad day, the same whatever the order in which
+// concurrent requests arrive: the first attempt of every read (a HEAD, a listing page, a GET
+// of one range) is answered 503 SlowDown, and the first GET of each object that is answered
+// is cut after its first 4 KiB (the connection closed mid-body). A client that retries a
+// refused request and resumes a cut transfer from its last byte reads every object within
+// 4 attempts a request.
 'use strict';
 
 const http = require('http');
@@ -128,7 +132,8 @@ let holding = hold !== '';
 const waiting = [];
 const listOnly = process.env.S3RVER_LIST_ONLY || '';
 const stalled = new Set();
-let reads = 0;
+const flakyTries = new Map();  // "METHOD URL RANGE" -> attempts seen (S3RVER_FLAKY)
+const flakyCut = new Set();  // objects whose one cut transfer was served (S3RVER_FLAKY)
 const server = http.createServer((request, response) => {
   if (request.url === '/__stats') {
     response.writeHead(200, { 'Content-Type': 'application/json' });
@@ -191,14 +196,20 @@ function serve(request, response) {
     response.end = () => response;  // and never ends
   }
   if (flaky && request.method !== 'PUT') {
-    reads += 1;
-    if (reads % 2 === 0) {
+    const attempt = `${request.method} ${request.url} ${request.headers.range || ''}`;
+    const tries = (flakyTries.get(attempt) || 0) + 1;
+    flakyTries.set(attempt, tries);
+    if (tries === 1) {
       const body = '<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>';
       response.writeHead(503, { 'Content-Type': 'application/xml', 'Content-Length': body.length });
       response.end(request.method === 'HEAD' ? undefined : body);
       return;
     }
-    if (reads % 6 === 3 && request.method === 'GET') cutAfter4KiB(response);
+    const object = request.url.split('?')[0];
+    if (request.method === 'GET' && !request.url.includes('list-type') && !flakyCut.has(object)) {
+      flakyCut.add(object);
+      cutAfter4KiB(response);
+    }
   }
   if (cutFirst && request.method === 'GET' && request.url.includes(cutFirst) &&
       !cut.has(request.url)) {

@@ -580,9 +580,10 @@ class ShardIndexTest(StoreTestCase):
 
 
 class FlakyStoreTest(S3StoreTest):
-    """Every test of S3StoreTest against a store that answers every second read 503 SlowDown
-    and cuts every sixth transfer midway: the same samples, each once; the retries counted
-    by cause."""
+    """Every test of S3StoreTest against a store that answers the first attempt of every
+    request 503 SlowDown and cuts each object's first transfer midway (whatever the order in
+    which ferryd's concurrent requests arrive): the same samples, each once; the retries
+    counted by cause."""
 
     FLAKY = True
 
