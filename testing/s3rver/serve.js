@@ -132,8 +132,7 @@ let holding = hold !== '';
 const waiting = [];
 const listOnly = process.env.S3RVER_LIST_ONLY || '';
 const stalled = new Set();
-const flakyTries = new Map();  // "METHOD URL RANGE" -> attempts seen (S3RVER_FLAKY)
-const flakyCut = new Set();  // objects whose one cut transfer was served (S3RVER_FLAKY)
+const refusedOnce = new Set();  // "METHOD URL RANGE" of each read refused (S3RVER_FLAKY)
 const server = http.createServer((request, response) => {
   if (request.url === '/__stats') {
     response.writeHead(200, { 'Content-Type': 'application/json' });
@@ -197,22 +196,18 @@ function serve(request, response) {
   }
   if (flaky && request.method !== 'PUT') {
     const attempt = `${request.method} ${request.url} ${request.headers.range || ''}`;
-    const tries = (flakyTries.get(attempt) || 0) + 1;
-    flakyTries.set(attempt, tries);
-    if (tries === 1) {
+    if (!refusedOnce.has(attempt)) {
+      refusedOnce.add(attempt);
       const body = '<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>';
       response.writeHead(503, { 'Content-Type': 'application/xml', 'Content-Length': body.length });
       response.end(request.method === 'HEAD' ? undefined : body);
       return;
     }
-    const object = request.url.split('?')[0];
-    if (request.method === 'GET' && !request.url.includes('list-type') && !flakyCut.has(object)) {
-      flakyCut.add(object);
-      cutAfter4KiB(response);
-    }
   }
-  if (cutFirst && request.method === 'GET' && request.url.includes(cutFirst) &&
-      !cut.has(request.url)) {
+  // Cuts the first answered GET of each object S3RVER_CUT_FIRST names (every object's when
+  // the store is flaky).
+  const cutThis = flaky ? !request.url.includes('list-type') : request.url.includes(cutFirst);
+  if ((flaky || cutFirst) && request.method === 'GET' && cutThis && !cut.has(request.url)) {
     cut.add(request.url);
     cutAfter4KiB(response);
   }
